@@ -1,0 +1,186 @@
+"""Agents and the context handed to their handlers.
+
+An agent is a named actor with a typed state. The runtime calls its
+[`handle`][agentsnap.Agent.handle] method with one message at a time; the handler reads and
+updates ``self.state`` and talks to other agents through the [`Context`][agentsnap.Context].
+
+Example:
+    ```python
+    from agentsnap import Agent, AgentState, Context, Message
+
+    class CounterState(AgentState):
+        count: int = 0
+
+    class Counter(Agent[CounterState]):
+        async def handle(self, message: Message, ctx: Context) -> None:
+            self.state.count += 1
+            if message.payload.get("reply_to"):
+                ctx.send(message.payload["reply_to"], {"count": self.state.count})
+    ```
+"""
+
+from __future__ import annotations
+
+import abc
+import typing
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from agentsnap.bus import check_agent_name
+from agentsnap.exceptions import ConfigurationError
+from agentsnap.state import AgentState
+
+if TYPE_CHECKING:
+    from agentsnap.bus import Bus, Endpoint
+    from agentsnap.messages import JsonValue, Message
+    from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle
+
+__all__ = ["Agent", "Context", "Feedback"]
+
+S = TypeVar("S", bound=AgentState)
+
+
+class Feedback(BaseModel):
+    """Something the runtime tells an agent about its earlier work (a rejection, say)."""
+
+    reason: str
+    """What was wrong."""
+    source: str
+    """Who said so: an agent name, a validator, the runtime."""
+
+
+class Agent(abc.ABC, Generic[S]):
+    """Base class of agents.
+
+    Subclass it with the type of your state as parameter, ``Agent[MyState]``, and implement
+    [`handle`][agentsnap.Agent.handle]. The state type is read from that parameter; set
+    ``state_type`` yourself only when the parameter is a type variable.
+
+    Args:
+        name: Unique name within the runtime: 1 to 128 characters of ``[A-Za-z0-9_.-]``.
+        state: Initial state; by default the state type built with no arguments.
+
+    Attributes:
+        name: The agent's name.
+        state: The agent's current state. Update it in the handler; snapshots record it
+            between two handler calls, never half-way through one.
+    """
+
+    state_type: ClassVar[type[AgentState]] = AgentState
+    """The pydantic model of this agent's state."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            if typing.get_origin(base) is Agent:
+                (arg,) = typing.get_args(base)
+                if isinstance(arg, type) and issubclass(arg, AgentState):
+                    cls.state_type = arg
+                elif isinstance(arg, type):
+                    raise ConfigurationError(
+                        f"{cls.__name__} is declared as Agent[{arg.__name__}], but the state "
+                        "type must be a subclass of agentsnap.AgentState"
+                    )
+
+    def __init__(self, name: str, state: S | None = None) -> None:
+        self.name = check_agent_name(name)
+        if state is None:
+            state = typing.cast("S", self.state_type())
+        elif not isinstance(state, self.state_type):
+            raise ConfigurationError(
+                f"agent {name!r} of type {type(self).__name__} needs a state of type "
+                f"{self.state_type.__name__}, got {type(state).__name__}"
+            )
+        self.state: S = state
+
+    @abc.abstractmethod
+    async def handle(self, message: Message, ctx: Context[S]) -> None:
+        """Handle one message.
+
+        Args:
+            message: The message delivered to this agent.
+            ctx: Sends messages, requests snapshots, tells the run and any feedback.
+        """
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+class Context(Generic[S]):
+    """What a handler can do besides changing its own state.
+
+    One context belongs to each agent; ``message`` is the message being handled.
+    """
+
+    __slots__ = ("_bus", "_endpoint", "_feedback", "_snapshots", "agent", "message", "run_id")
+
+    def __init__(
+        self,
+        agent: Agent[S],
+        endpoint: Endpoint,
+        bus: Bus,
+        snapshots: SnapshotCoordinator,
+        run_id: str,
+    ) -> None:
+        self.agent = agent
+        """The agent handling the message."""
+        self.run_id = run_id
+        """Id of the run."""
+        self.message: Message | None = None
+        """The message being handled."""
+        self._endpoint = endpoint
+        self._bus = bus
+        self._snapshots = snapshots
+        self._feedback: list[Feedback] = []
+
+    @property
+    def state(self) -> S:
+        """The agent's state (the same object as ``agent.state``)."""
+        return self.agent.state
+
+    @property
+    def feedback(self) -> Sequence[Feedback]:
+        """Feedback given to this agent, oldest first."""
+        return tuple(self._feedback)
+
+    def send(
+        self,
+        to: str,
+        payload: JsonValue | BaseModel = None,
+        *,
+        kind: str = "message",
+        headers: Mapping[str, str] | None = None,
+    ) -> Message:
+        """Send a message to agent ``to`` on the FIFO channel from this agent to it.
+
+        Args:
+            to: Name of the receiving agent.
+            payload: A JSON value, or a pydantic model (sent as its JSON form).
+            kind: What the message is; receivers usually dispatch on it.
+            headers: Extra string headers.
+
+        Returns:
+            The message as sent, with its sequence number.
+
+        Raises:
+            UnknownAgentError: ``to`` is not a registered agent.
+            PayloadNotSerializable: ``payload`` is not JSON.
+        """
+        return self._bus.send(self._endpoint, to, payload, kind, headers)
+
+    def snapshot(self) -> SnapshotHandle:
+        """Start a snapshot with this agent as initiator.
+
+        The agent records its state as soon as the running handler returns, so the state in
+        the snapshot includes what this handler still does after the call.
+
+        Returns:
+            A handle to await for the completed snapshot.
+        """
+        return self._snapshots.begin(initiator=self._endpoint)
+
+    def add_feedback(self, reason: str, source: str) -> None:
+        """Record feedback for this agent (used by the runtime and validators)."""
+        self._feedback.append(Feedback(reason=reason, source=source))

@@ -1,0 +1,369 @@
+"""The in-process bus: FIFO channels, sequence numbers and schedulers.
+
+Every ordered pair of processes that has talked has one [`Channel`][agentsnap.bus.Channel],
+created on first send. Messages and snapshot markers travel on the channel in FIFO order; each
+message takes the channel's next sequence number, starting at 1.
+
+A scheduler decides *which* deliverable item goes next. The
+[`AsyncioScheduler`][agentsnap.AsyncioScheduler] runs one task per agent, so an agent awaiting
+I/O never holds the others up; `agentsnap.testing` has deterministic ones. Whatever the
+scheduler, each agent handles one item at a time and each channel is delivered in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import BaseModel
+
+from agentsnap.exceptions import (
+    InvalidAgentName,
+    PayloadNotSerializable,
+    UnknownAgentError,
+)
+from agentsnap.messages import EMPTY_HEADERS, ENVIRONMENT, Marker, Message, json_problem
+
+if TYPE_CHECKING:
+    from agentsnap.messages import JsonValue
+
+__all__ = [
+    "AsyncioScheduler",
+    "Bus",
+    "Channel",
+    "Deliver",
+    "Endpoint",
+    "Scheduler",
+    "check_agent_name",
+]
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_new_message = tuple.__new__
+
+
+def check_agent_name(name: object) -> str:
+    """Return ``name`` if it is a valid agent name, else raise.
+
+    Raises:
+        InvalidAgentName: The name is not 1 to 128 characters of ``[A-Za-z0-9_.-]``
+            starting with a letter, digit or underscore.
+    """
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        raise InvalidAgentName(
+            f"{name!r} is not a valid agent name: use 1 to 128 characters of letters, digits, "
+            "'_', '.' or '-', starting with a letter, digit or '_'"
+        )
+    return name
+
+
+class Channel:
+    """The FIFO channel from ``src`` to ``dst``, with its counters.
+
+    Attributes:
+        src: Sending process.
+        dst: Receiving process.
+        sent: Messages sent so far (the last sequence number used).
+        delivered: Messages taken off the channel by the receiver so far.
+        queue: Items (messages and markers) sent but not yet delivered, oldest first.
+        closed: Highest snapshot number for which nothing more on this channel can be
+            in flight (raised by markers and by messages from a sender that had recorded).
+        receiver: The receiving endpoint.
+    """
+
+    __slots__ = ("closed", "delivered", "dst", "queue", "receiver", "sent", "src")
+
+    def __init__(self, src: str, dst: str, receiver: Endpoint, closed: int) -> None:
+        self.src = src
+        self.dst = dst
+        self.sent = 0
+        self.delivered = 0
+        self.queue: deque[Message | Marker] = deque()
+        self.closed = closed
+        self.receiver = receiver
+
+    def __repr__(self) -> str:
+        return (
+            f"<Channel {self.src}>{self.dst} sent={self.sent} delivered={self.delivered} "
+            f"queued={len(self.queue)}>"
+        )
+
+
+class Endpoint:
+    """A process on the bus: an agent, or the environment.
+
+    Attributes:
+        name: Process name.
+        epoch: Highest snapshot number this process has recorded (or skipped past).
+        outgoing: Channels this process sends on, by receiver.
+        incoming: Channels this process receives from, by sender.
+        busy: Whether a handler of this process is running.
+        record_wanted: A snapshot number to record as soon as the running handler returns.
+    """
+
+    __slots__ = (
+        "busy",
+        "epoch",
+        "inbox",
+        "incoming",
+        "name",
+        "outgoing",
+        "record_wanted",
+        "waiter",
+    )
+
+    def __init__(self, name: str, epoch: int = 0) -> None:
+        self.name = name
+        self.epoch = epoch
+        self.outgoing: dict[str, Channel] = {}
+        self.incoming: dict[str, Channel] = {}
+        self.busy = False
+        self.record_wanted = 0
+        # Owned by the scheduler: channels with an item waiting, one entry per item.
+        self.inbox: deque[Channel] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self.name} epoch={self.epoch}>"
+
+
+Deliver = Callable[[Channel], Awaitable[None]]
+"""Takes the next item off a channel and has its receiver handle it."""
+
+
+class Scheduler(Protocol):
+    """Decides which deliverable item is delivered next."""
+
+    def bind(self, bus: Bus, deliver: Deliver) -> None:
+        """Attach to ``bus``; ``deliver`` handles the next item of a channel."""
+
+    def notify(self, channel: Channel) -> None:
+        """An item was appended to ``channel.queue``."""
+
+    def start(self) -> None:
+        """Begin delivering (called from a running event loop)."""
+
+    def added(self, endpoint: Endpoint) -> None:
+        """A process joined the bus."""
+
+    async def run_until_idle(self) -> None:
+        """Deliver until no item is left and no handler is running."""
+
+    async def close(self) -> None:
+        """Stop delivering; queued items stay on their channels."""
+
+
+class Bus:
+    """Processes, their channels, and the send path.
+
+    Attributes:
+        endpoints: Every process on the bus, by name (the environment first).
+        channels: Every channel, by ``(src, dst)``, in creation order.
+        environment: The environment process.
+        scheduler: The scheduler delivering items.
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.environment = Endpoint(ENVIRONMENT)
+        self.endpoints: dict[str, Endpoint] = {ENVIRONMENT: self.environment}
+        self.channels: dict[tuple[str, str], Channel] = {}
+        self.scheduler = scheduler
+        self._notify = scheduler.notify
+
+    def add(self, name: str, epoch: int) -> Endpoint:
+        """Add a process; the environment gets a channel to it at once."""
+        endpoint = Endpoint(name, epoch)
+        self.endpoints[name] = endpoint
+        self.channel(self.environment, name)
+        self.scheduler.added(endpoint)
+        return endpoint
+
+    def channel(self, sender: Endpoint, dst: str) -> Channel:
+        """The channel from ``sender`` to ``dst``, created on first use.
+
+        Raises:
+            UnknownAgentError: ``dst`` is not a process on the bus.
+        """
+        channel = sender.outgoing.get(dst)
+        if channel is not None:
+            return channel
+        receiver = self.endpoints.get(dst)
+        if receiver is None or dst == ENVIRONMENT:
+            known = [n for n in self.endpoints if n != ENVIRONMENT]
+            raise UnknownAgentError(sender.name, dst, known)
+        # Everything sent on a new channel comes after its sender's last recording, so no
+        # snapshot up to the sender's epoch can have anything in flight on it.
+        channel = Channel(sender.name, dst, receiver, closed=sender.epoch)
+        sender.outgoing[dst] = channel
+        receiver.incoming[sender.name] = channel
+        self.channels[sender.name, dst] = channel
+        return channel
+
+    def send(
+        self,
+        sender: Endpoint,
+        dst: str,
+        payload: JsonValue | BaseModel,
+        kind: str,
+        headers: Mapping[str, str] | None,
+    ) -> Message:
+        """Append a message to the channel ``sender -> dst`` and return it.
+
+        Raises:
+            UnknownAgentError: ``dst`` is not a registered agent.
+            PayloadNotSerializable: ``payload`` is not JSON.
+        """
+        channel = sender.outgoing.get(dst)
+        if channel is None:
+            channel = self.channel(sender, dst)
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump(mode="json")
+        else:
+            problem = json_problem(payload)
+            if problem is not None:
+                raise PayloadNotSerializable(sender.name, dst, problem)
+        headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
+        channel.sent = seq = channel.sent + 1
+        message: Message = _new_message(
+            Message, (sender.name, dst, seq, kind, payload, headers, sender.epoch)
+        )
+        channel.queue.append(message)
+        self._notify(channel)
+        return message
+
+    def post_marker(self, channel: Channel, snapshot: int) -> None:
+        """Append a marker for ``snapshot`` to ``channel``."""
+        channel.queue.append(Marker(channel.src, channel.dst, snapshot))
+        self._notify(channel)
+
+
+def _freeze_headers(src: str, dst: str, headers: Mapping[str, str]) -> Mapping[str, str]:
+    for key, value in headers.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise PayloadNotSerializable(
+                src, dst, f"header {key!r}: {value!r} is not a pair of strings"
+            )
+    return MappingProxyType(dict(headers))
+
+
+class AsyncioScheduler:
+    """The default scheduler: one asyncio task per agent.
+
+    Each agent takes its items in the order they arrived (so every channel stays FIFO), one at
+    a time; an agent awaiting I/O in its handler lets every other agent go on.
+
+    Args:
+        fairness: Items an agent handles in a row before it yields to the event loop, so that
+            a busy agent whose handlers never await cannot starve the rest.
+    """
+
+    def __init__(self, fairness: int = 64) -> None:
+        if fairness < 1:
+            raise ValueError("fairness must be at least 1")
+        self._fairness = fairness
+        self._deliver: Deliver | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._pending = 0
+        self._idle: asyncio.Future[None] | None = None
+        self._started = False
+        self._endpoints: list[Endpoint] = []
+        self._error: BaseException | None = None
+
+    def bind(self, bus: Bus, deliver: Deliver) -> None:  # noqa: D102
+        self._deliver = deliver
+
+    def notify(self, channel: Channel) -> None:  # noqa: D102
+        endpoint = channel.receiver
+        endpoint.inbox.append(channel)
+        self._pending += 1
+        waiter = endpoint.waiter
+        if waiter is not None:
+            endpoint.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def added(self, endpoint: Endpoint) -> None:  # noqa: D102
+        self._endpoints.append(endpoint)
+        if self._started:
+            self._spawn(endpoint)
+
+    def start(self) -> None:  # noqa: D102
+        if self._started:
+            return
+        self._started = True
+        for endpoint in self._endpoints:
+            self._spawn(endpoint)
+
+    def _spawn(self, endpoint: Endpoint) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._serve(endpoint), name=f"agentsnap:{endpoint.name}"
+        )
+        self._tasks[endpoint.name] = task
+
+    async def _serve(self, endpoint: Endpoint) -> None:
+        deliver = self._deliver
+        assert deliver is not None, "scheduler used before bind()"
+        inbox = endpoint.inbox
+        loop = asyncio.get_running_loop()
+        fairness = self._fairness
+        streak = 0
+        try:
+            while True:
+                if inbox:
+                    await deliver(inbox.popleft())
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._wake_idle()
+                    streak += 1
+                    if streak >= fairness:
+                        streak = 0
+                        await asyncio.sleep(0)
+                else:
+                    streak = 0
+                    endpoint.waiter = waiter = loop.create_future()
+                    await waiter
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            # deliver() reports handler errors itself; anything here is a bug in agentsnap
+            # and must not leave run_until_idle() waiting forever.
+            self._error = exc
+            self._wake_idle()
+            raise
+
+    def _wake_idle(self) -> None:
+        idle = self._idle
+        if idle is not None:
+            self._idle = None
+            if not idle.done():
+                idle.set_result(None)
+
+    async def run_until_idle(self) -> None:  # noqa: D102
+        self.start()
+        while self._pending and self._error is None:
+            if self._idle is None:
+                self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+        if self._error is not None:
+            raise self._error
+
+    async def close(self) -> None:  # noqa: D102
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                # A task cancelled here ends this way; a cancellation of close() itself
+                # still propagates below.
+                pass
+            except BaseException:  # noqa: S110
+                # Already reported through run_until_idle().
+                pass
+        self._tasks.clear()
+        self._started = False
+        self._wake_idle()

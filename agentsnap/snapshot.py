@@ -1,0 +1,375 @@
+"""Coordinated snapshots after Chandy and Lamport (1985).
+
+Snapshots are numbered 1, 2, 3 … within a run. Every process (each agent, and the environment
+that injects work) keeps an *epoch*: the highest snapshot number it has recorded. The protocol:
+
+1. **Initiation.** The environment records at once and sends a marker to every agent, so the
+   snapshot reaches agents that have never talked to anyone. An agent named as initiator
+   records as soon as it is between two handler calls.
+2. **Recording.** A process records when it takes a marker ``k`` off a channel, or a message
+   whose epoch is ``k`` (the sender recorded before sending it, so the message must not count
+   in the receiver's state). Recording ``k`` records every snapshot up to ``k`` still in
+   progress at the same point, which keeps each process's recordings in order and lets a
+   single integer stand for "which snapshots had the sender recorded". After recording, the
+   process sends marker ``k`` on each outgoing channel.
+3. **Channel state.** A channel is *closed* for ``k`` once a marker or a message with epoch
+   ``>= k`` has come through it. A message the receiver takes after recording ``k`` from a
+   channel not yet closed for ``k`` was in flight across the cut and is recorded with it.
+   A channel created after its sender recorded ``k`` starts closed, so channels that appear
+   during a snapshot stay correct.
+4. **Completion.** When every process has recorded ``k`` and every channel is closed for
+   ``k``, the snapshot is a consistent cut and is handed to the store; the handle resolves once
+   it is written. Several snapshots may be in progress at once; the bus never pauses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentsnap.exceptions import SnapshotFailed, StateNotSerializable
+from agentsnap.messages import ENVIRONMENT
+from agentsnap.records import (
+    AgentCut,
+    ChannelRecord,
+    RecordedMessage,
+    Snapshot,
+    SnapshotStatus,
+    utcnow,
+)
+from agentsnap.state import StateBlob, canonical_json, encode_state
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from agentsnap.agents import Agent
+    from agentsnap.bus import Bus, Channel, Endpoint
+    from agentsnap.messages import Message
+
+__all__ = ["SnapshotCoordinator", "SnapshotHandle", "SnapshotPolicy"]
+
+logger = logging.getLogger("agentsnap.snapshot")
+
+_EMPTY_STATE = StateBlob("{}")
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPolicy:
+    """When the runtime takes snapshots on its own (besides on demand).
+
+    Attributes:
+        every_deliveries: Start a snapshot after every this many delivered messages.
+        every_seconds: Start a snapshot every this many seconds of wall-clock time.
+        max_in_progress: Skip a policy snapshot while this many are already in progress,
+            so that a slow store cannot make snapshots pile up.
+    """
+
+    every_deliveries: int | None = None
+    every_seconds: float | None = None
+    max_in_progress: int = 1
+
+    def __post_init__(self) -> None:
+        if self.every_deliveries is not None and self.every_deliveries < 1:
+            raise ValueError("every_deliveries must be a positive number of messages")
+        if self.every_seconds is not None and not self.every_seconds > 0:
+            raise ValueError("every_seconds must be a positive number of seconds")
+        if self.max_in_progress < 1:
+            raise ValueError("max_in_progress must be at least 1")
+
+
+class SnapshotHandle:
+    """A snapshot in progress; await it for the completed [`Snapshot`][agentsnap.Snapshot].
+
+    Awaiting raises [`SnapshotFailed`][agentsnap.SnapshotFailed] if the snapshot could not be
+    completed.
+    """
+
+    __slots__ = ("_done", "_error", "_result", "id", "initiator", "seq")
+
+    def __init__(self, snapshot_id: str, seq: int, initiator: str) -> None:
+        self.id = snapshot_id
+        """Snapshot id."""
+        self.seq = seq
+        """Number of the snapshot within the run."""
+        self.initiator = initiator
+        """Who started it."""
+        self._done = asyncio.Event()
+        self._result: Snapshot | None = None
+        self._error: SnapshotFailed | None = None
+
+    def done(self) -> bool:
+        """Whether the snapshot completed or failed."""
+        return self._done.is_set()
+
+    def result(self) -> Snapshot:
+        """The completed snapshot.
+
+        Raises:
+            SnapshotFailed: The snapshot failed.
+            RuntimeError: It is still in progress.
+        """
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise RuntimeError(f"snapshot {self.seq} is still in progress; await it first")
+        return self._result
+
+    async def wait(self) -> Snapshot:
+        """Wait for the snapshot to complete and return it."""
+        await self._done.wait()
+        return self.result()
+
+    def __await__(self) -> Generator[Any, None, Snapshot]:
+        return self.wait().__await__()
+
+    def _resolve(self, snapshot: Snapshot | None, error: SnapshotFailed | None) -> None:
+        self._result = snapshot
+        self._error = error
+        self._done.set()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else "complete" if self._result else "in progress"
+        return f"<SnapshotHandle {self.seq} {self.id[:8]} {state}>"
+
+
+class _Progress:
+    """Book-keeping for one snapshot in progress."""
+
+    __slots__ = ("cuts", "handle", "inflight", "started_at", "unclosed", "unrecorded")
+
+    def __init__(self, handle: SnapshotHandle, processes: list[str]) -> None:
+        self.handle = handle
+        self.started_at: datetime = utcnow()
+        self.unrecorded = set(processes)
+        self.cuts: dict[str, AgentCut] = {}
+        self.inflight: dict[Channel, list[RecordedMessage]] = {}
+        # Filled once every process has recorded: the channels still to be closed.
+        self.unclosed: set[Channel] | None = None
+
+
+Persist = Callable[[Snapshot], Awaitable[None]]
+
+
+class SnapshotCoordinator:
+    """Runs the snapshot protocol on a bus.
+
+    The runtime calls [`on_marker`][agentsnap.snapshot.SnapshotCoordinator.on_marker] and
+    [`on_message`][agentsnap.snapshot.SnapshotCoordinator.on_message] as items are delivered;
+    everything here is synchronous and runs between two handler calls of the process concerned.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        agents: Mapping[str, Agent[Any]],
+        run_id: str,
+        persist: Persist,
+    ) -> None:
+        self.bus = bus
+        self.run_id = run_id
+        self.active: dict[int, _Progress] = {}
+        """Snapshots in progress, by number, oldest first."""
+        self.last_seq = 0
+        self._agents = agents
+        self._persist = persist
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- initiation -----------------------------------------------------------------------
+
+    def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
+        """Start a new snapshot; ``initiator`` is an agent, or ``None`` for the runtime."""
+        self.last_seq = seq = self.last_seq + 1
+        name = initiator.name if initiator is not None else ENVIRONMENT
+        handle = SnapshotHandle(uuid.uuid4().hex, seq, name)
+        self.active[seq] = _Progress(handle, list(self.bus.endpoints))
+        logger.debug("snapshot %d started by %s", seq, name)
+        self.record(self.bus.environment, seq)
+        if initiator is not None and seq in self.active:
+            self.request(initiator, seq)
+        return handle
+
+    def request(self, endpoint: Endpoint, seq: int) -> None:
+        """Have ``endpoint`` record ``seq`` now, or when its running handler returns."""
+        if endpoint.busy:
+            endpoint.record_wanted = max(endpoint.record_wanted, seq)
+        else:
+            self.record(endpoint, seq)
+
+    def joined(self, endpoint: Endpoint) -> None:
+        """A process joined: it records every snapshot in progress at its first moment."""
+        for progress in self.active.values():
+            progress.unrecorded.add(endpoint.name)
+        if self.active:
+            self.record(endpoint, self.last_seq)
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    def on_marker(self, endpoint: Endpoint, channel: Channel, seq: int) -> None:
+        """``endpoint`` took a marker for snapshot ``seq`` off ``channel``."""
+        if seq > endpoint.epoch:
+            self.record(endpoint, seq)
+        if seq > channel.closed:
+            self._close(channel, seq)
+
+    def on_message(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:
+        """``endpoint`` is about to take ``message`` off ``channel`` (snapshots in progress)."""
+        epoch = message.epoch
+        if epoch > endpoint.epoch:
+            # The sender recorded before sending: record before this message counts.
+            self.record(endpoint, epoch)
+        if epoch > channel.closed:
+            self._close(channel, epoch)
+        closed = channel.closed
+        mine = endpoint.epoch
+        for seq, progress in self.active.items():
+            if closed < seq <= mine:
+                self._record_in_flight(seq, progress, channel, message)
+
+    def record(self, endpoint: Endpoint, upto: int) -> None:
+        """``endpoint`` records every snapshot in progress up to ``upto`` it has not recorded."""
+        if upto <= endpoint.epoch:
+            return
+        endpoint.record_wanted = 0
+        due = [seq for seq in self.active if endpoint.epoch < seq <= upto]
+        endpoint.epoch = upto
+        if not due:
+            return
+        cut = self._cut(endpoint, due)
+        for seq in due:
+            progress = self.active.get(seq)
+            if progress is None or cut is None:
+                continue
+            progress.cuts[endpoint.name] = cut
+            progress.unrecorded.discard(endpoint.name)
+            if not progress.unrecorded:
+                self._all_recorded(seq, progress)
+        for channel in endpoint.outgoing.values():
+            self.bus.post_marker(channel, upto)
+
+    def _cut(self, endpoint: Endpoint, due: list[int]) -> AgentCut | None:
+        if endpoint.name == ENVIRONMENT:
+            blob = _EMPTY_STATE
+        else:
+            agent = self._agents[endpoint.name]
+            try:
+                blob = encode_state(endpoint.name, agent.state)
+            except StateNotSerializable as exc:
+                for seq in due:
+                    self.fail(seq, str(exc))
+                return None
+        return AgentCut(
+            state_json=blob.json,
+            state_hash=blob.hash,
+            sent={dst: ch.sent for dst, ch in endpoint.outgoing.items()},
+            received={src: ch.delivered for src, ch in endpoint.incoming.items()},
+        )
+
+    def _record_in_flight(
+        self, seq: int, progress: _Progress, channel: Channel, message: Message
+    ) -> None:
+        try:
+            # A copy frozen now: the receiver may change the payload while handling it.
+            payload = json.loads(canonical_json(message.payload))
+        except (TypeError, ValueError) as exc:
+            self.fail(seq, f"message {message.id} in flight is not JSON: {exc}")
+            return
+        recorded = RecordedMessage(
+            id=message.id,
+            seq=message.seq,
+            kind=message.kind,
+            payload=payload,
+            headers=dict(message.headers),
+            epoch=message.epoch,
+        )
+        progress.inflight.setdefault(channel, []).append(recorded)
+
+    def _all_recorded(self, seq: int, progress: _Progress) -> None:
+        progress.unclosed = {ch for ch in self.bus.channels.values() if ch.closed < seq}
+        if not progress.unclosed:
+            self._complete(seq)
+
+    def _close(self, channel: Channel, upto: int) -> None:
+        before = channel.closed
+        channel.closed = upto
+        for seq in [s for s in self.active if before < s <= upto]:
+            unclosed = self.active[seq].unclosed
+            if unclosed is not None:
+                unclosed.discard(channel)
+                if not unclosed:
+                    self._complete(seq)
+
+    # -- completion -----------------------------------------------------------------------
+
+    def _complete(self, seq: int) -> None:
+        progress = self.active.pop(seq)
+        handle = progress.handle
+        channels = [
+            ChannelRecord(src=ch.src, dst=ch.dst, messages=messages)
+            for ch, messages in sorted(
+                progress.inflight.items(), key=lambda item: (item[0].src, item[0].dst)
+            )
+        ]
+        snapshot = Snapshot(
+            id=handle.id,
+            run_id=self.run_id,
+            seq=seq,
+            initiator=handle.initiator,
+            status=SnapshotStatus.COMPLETE,
+            started_at=progress.started_at,
+            completed_at=utcnow(),
+            agents=dict(sorted(progress.cuts.items())),
+            channels=channels,
+        )
+        logger.debug("snapshot %d complete", seq)
+        self._spawn(self._write(snapshot, handle))
+
+    def fail(self, seq: int, reason: str) -> None:
+        """Abandon snapshot ``seq``: it stays failed; other snapshots are unaffected."""
+        progress = self.active.pop(seq, None)
+        if progress is None:
+            return
+        handle = progress.handle
+        logger.warning("snapshot %d failed: %s", seq, reason)
+        failed = Snapshot(
+            id=handle.id,
+            run_id=self.run_id,
+            seq=seq,
+            initiator=handle.initiator,
+            status=SnapshotStatus.FAILED,
+            started_at=progress.started_at,
+            error=reason,
+        )
+        self._spawn(self._write(failed, handle))
+
+    def abort_all(self, reason: str) -> None:
+        """Fail every snapshot in progress (the runtime is closing or rolling back)."""
+        for seq in list(self.active):
+            self.fail(seq, reason)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, snapshot: Snapshot, handle: SnapshotHandle) -> None:
+        try:
+            await self._persist(snapshot)
+        except Exception as exc:
+            reason = f"the store could not write it: {type(exc).__name__}: {exc}"
+            logger.exception("snapshot %d (%s) was not written", snapshot.seq, snapshot.id)
+            handle._resolve(None, SnapshotFailed(snapshot.id, reason))
+            return
+        if snapshot.status is SnapshotStatus.COMPLETE:
+            handle._resolve(snapshot, None)
+        else:
+            handle._resolve(None, SnapshotFailed(snapshot.id, snapshot.error or "unknown"))
+
+    async def drain(self) -> None:
+        """Wait until every completed or failed snapshot has been handed to the store."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

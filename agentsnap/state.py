@@ -1,0 +1,166 @@
+"""Agent state: the pydantic base users subclass, and its canonical JSON form.
+
+Every agent's state is a pydantic model deriving from [`AgentState`][agentsnap.AgentState].
+Snapshots store it as canonical JSON (sorted keys, no whitespace) with a SHA-256 content hash,
+so an unchanged state is recognised and stored once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticSerializationError
+
+from agentsnap.exceptions import StateNotSerializable
+from agentsnap.messages import JsonValue
+
+__all__ = [
+    "AgentState",
+    "PlanStep",
+    "StateBlob",
+    "ToolCallRecord",
+    "canonical_json",
+    "content_hash",
+    "encode_state",
+]
+
+
+class PlanStep(BaseModel):
+    """One step of an agent's plan."""
+
+    description: str
+    """What the step is meant to achieve."""
+    status: Literal["pending", "in_progress", "done", "failed", "skipped"] = "pending"
+    """Where the step stands."""
+    note: str | None = None
+    """Free-form detail (an outcome, a reason for failure)."""
+
+
+class ToolCallRecord(BaseModel):
+    """One tool call in an agent's history."""
+
+    tool: str
+    """Name of the tool."""
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    """Arguments as JSON."""
+    key: str | None = None
+    """Idempotency key of a side-effecting call."""
+    status: str = "ok"
+    """Outcome of the call (``"ok"``, ``"error"``, ``"deduplicated"`` …)."""
+    result: JsonValue = None
+    """Result, or a summary of it."""
+
+
+class AgentState(BaseModel):
+    """Base class of every agent's state.
+
+    Subclass it with your own fields; every field must hold JSON (directly or through pydantic
+    models), since snapshots store state as JSON.
+
+    Example:
+        ```python
+        from agentsnap import AgentState
+
+        class TellerState(AgentState):
+            balance: int = 0
+        ```
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory: dict[str, JsonValue] = Field(default_factory=dict)
+    """What the agent knows: named facts, notes, conversation, as JSON."""
+    plan: list[PlanStep] = Field(default_factory=list)
+    """The steps the agent intends to take."""
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    """Every tool call the agent made, in order."""
+
+
+class StateBlob:
+    """A state frozen as canonical JSON with its content hash."""
+
+    __slots__ = ("hash", "json")
+
+    def __init__(self, text: str) -> None:
+        self.json = text
+        """Canonical JSON text."""
+        self.hash = content_hash(text)
+        """SHA-256 of the text, hex."""
+
+    def value(self) -> dict[str, JsonValue]:
+        """A fresh copy of the state as a JSON object."""
+        loaded: dict[str, JsonValue] = json.loads(self.json)
+        return loaded
+
+
+def canonical_json(value: JsonValue) -> str:
+    """Serialize ``value`` as canonical JSON: sorted keys, compact, UTF-8, no NaN.
+
+    Raises:
+        ValueError: ``value`` holds a non-finite float.
+        TypeError: ``value`` holds something that is not JSON.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def content_hash(text: str) -> str:
+    """SHA-256 of ``text`` (UTF-8), as 64 hex digits."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def encode_state(agent: str, state: BaseModel) -> StateBlob:
+    """Freeze ``state`` as canonical JSON.
+
+    Args:
+        agent: Name of the agent the state belongs to (for the error message).
+        state: The state to encode.
+
+    Raises:
+        StateNotSerializable: A field holds a value that is not JSON; the error names it.
+    """
+    try:
+        return StateBlob(canonical_json(state.model_dump(mode="json")))
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        field = _failing_field(state)
+        raise StateNotSerializable(agent, field, _short(exc)) from exc
+
+
+def check_round_trip(agent: str, state: BaseModel) -> None:
+    """Check that ``state`` survives JSON and back unchanged.
+
+    Restoring a snapshot rebuilds the state from JSON; a field that comes back different
+    would make a restored run diverge from the recorded one.
+
+    Raises:
+        StateNotSerializable: The state is not JSON, or a field does not survive the trip.
+    """
+    blob = encode_state(agent, state)
+    try:
+        again = type(state).model_validate(blob.value())
+    except ValueError as exc:
+        raise StateNotSerializable(agent, None, f"it does not load back: {_short(exc)}") from exc
+    if again != state:
+        for name in type(state).model_fields:
+            if getattr(again, name) != getattr(state, name):
+                raise StateNotSerializable(
+                    agent, name, "its value comes back different after a JSON round trip"
+                )
+
+
+def _failing_field(state: BaseModel) -> str | None:
+    for name in type(state).model_fields:
+        try:
+            canonical_json(state.model_dump(mode="json", include={name}))
+        except (PydanticSerializationError, TypeError, ValueError):
+            return name
+    return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

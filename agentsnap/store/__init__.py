@@ -1,0 +1,49 @@
+"""Where runs and snapshots are kept.
+
+A store implements the [`Store`][agentsnap.store.Store] protocol. The runtime hands it each
+snapshot once the snapshot is complete (or has failed), in one call; a store must make that
+write atomic, so a snapshot is either entirely there or not at all.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from agentsnap.records import RunInfo, Snapshot
+from agentsnap.store.memory import MemoryStore
+
+__all__ = ["MemoryStore", "Store"]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The contract every store fulfils."""
+
+    async def create_run(self, run: RunInfo) -> None:
+        """Record that a run started (a run id already present is left as it is)."""
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Write a completed or failed snapshot, all or nothing."""
+
+    async def get_run(self, run_id: str) -> RunInfo:
+        """The run with this id.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
+    async def list_runs(self) -> list[RunInfo]:
+        """Every run, oldest first."""
+
+    async def list_snapshots(self, run_id: str) -> list[Snapshot]:
+        """Every snapshot of a run, in the order they were started."""
+
+    async def load_snapshot(self, snapshot_id: str) -> Snapshot:
+        """The snapshot with this id.
+
+        Raises:
+            NotFoundError: The store holds no such snapshot.
+        """
+
+    async def close(self) -> None:
+        """Release connections and files."""

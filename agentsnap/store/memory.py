@@ -1,0 +1,73 @@
+"""A store that keeps everything in memory, for tests and quick experiments."""
+
+from __future__ import annotations
+
+from agentsnap.exceptions import NotFoundError
+from agentsnap.records import AgentCut, RunInfo, Snapshot
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """Keeps runs and snapshots in dictionaries.
+
+    Agent states are kept once per content hash, like the SQL store does, so a thousand
+    snapshots of an agent that did not change hold its state once.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, RunInfo] = {}
+        self._snapshots: dict[str, Snapshot] = {}
+        self._by_run: dict[str, list[str]] = {}
+        self._blobs: dict[str, str] = {}
+
+    @property
+    def blob_count(self) -> int:
+        """How many distinct agent states are held."""
+        return len(self._blobs)
+
+    async def create_run(self, run: RunInfo) -> None:  # noqa: D102
+        if run.id not in self._runs:
+            self._runs[run.id] = run
+            self._by_run[run.id] = []
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:  # noqa: D102
+        if snapshot.run_id not in self._runs:
+            raise NotFoundError("run", snapshot.run_id)
+        # Share one string per distinct state, the in-memory analogue of the blob table.
+        agents = {
+            name: AgentCut(
+                state_json=self._blobs.setdefault(cut.state_hash, cut.state_json),
+                state_hash=cut.state_hash,
+                sent=cut.sent,
+                received=cut.received,
+            )
+            for name, cut in snapshot.agents.items()
+        }
+        stored = snapshot.model_copy(update={"agents": agents})
+        self._snapshots[snapshot.id] = stored
+        self._by_run[snapshot.run_id].append(snapshot.id)
+
+    async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
+        try:
+            return self._runs[run_id]
+        except KeyError:
+            raise NotFoundError("run", run_id) from None
+
+    async def list_runs(self) -> list[RunInfo]:  # noqa: D102
+        return sorted(self._runs.values(), key=lambda run: run.created_at)
+
+    async def list_snapshots(self, run_id: str) -> list[Snapshot]:  # noqa: D102
+        ids = self._by_run.get(run_id)
+        if ids is None:
+            raise NotFoundError("run", run_id)
+        return sorted((self._snapshots[i] for i in ids), key=lambda s: s.seq)
+
+    async def load_snapshot(self, snapshot_id: str) -> Snapshot:  # noqa: D102
+        try:
+            return self._snapshots[snapshot_id]
+        except KeyError:
+            raise NotFoundError("snapshot", snapshot_id) from None
+
+    async def close(self) -> None:  # noqa: D102
+        return None

@@ -1,0 +1,203 @@
+"""Test doubles for agentsnap users: deterministic schedulers and a consistency checker.
+
+The schedulers here deliver one item at a time and wait for its handler to finish before the
+next, so a run is a pure function of the schedule:
+
+* [`SeededScheduler`][agentsnap.testing.SeededScheduler] picks any deliverable item at random
+  from a seeded generator: every interleaving is possible, and the seed reproduces one.
+* [`ScriptedScheduler`][agentsnap.testing.ScriptedScheduler] delivers exactly what the test
+  asks for, channel by channel, to replay a given schedule step by step.
+
+Example:
+    ```python
+    from agentsnap import Runtime
+    from agentsnap.testing import ScriptedScheduler
+
+    scheduler = ScriptedScheduler()
+    runtime = Runtime(scheduler=scheduler)
+    # ... add agents, send messages, then:
+    # await scheduler.deliver("$env", "alice")   # the next item from $env to alice
+    ```
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from agentsnap.exceptions import ScheduleError
+from agentsnap.records import Snapshot, SnapshotStatus
+
+if TYPE_CHECKING:
+    from agentsnap.bus import Bus, Channel, Deliver, Endpoint
+    from agentsnap.messages import Marker, Message
+
+__all__ = [
+    "ScriptedScheduler",
+    "SeededScheduler",
+    "SequentialScheduler",
+    "assert_consistent",
+    "cut_problems",
+]
+
+
+class SequentialScheduler:
+    """Base of the deterministic schedulers: one delivery at a time, in the caller's order."""
+
+    def __init__(self) -> None:
+        self._bus: Bus | None = None
+        self._deliver: Deliver | None = None
+        # Channels that may hold items, in the order they last became non-empty.
+        self._ready: dict[Channel, None] = {}
+        self.steps = 0
+        """Deliveries made so far."""
+
+    def bind(self, bus: Bus, deliver: Deliver) -> None:  # noqa: D102
+        self._bus = bus
+        self._deliver = deliver
+
+    def notify(self, channel: Channel) -> None:  # noqa: D102
+        self._ready[channel] = None
+
+    def added(self, endpoint: Endpoint) -> None:  # noqa: D102
+        return None
+
+    def start(self) -> None:  # noqa: D102
+        return None
+
+    async def close(self) -> None:  # noqa: D102
+        return None
+
+    def deliverable(self) -> list[Channel]:
+        """Channels whose next item can be delivered now, in a stable order."""
+        ready = [channel for channel in self._ready if channel.queue]
+        if len(ready) != len(self._ready):
+            self._ready = dict.fromkeys(ready)
+        return ready
+
+    def pending(self) -> list[Message | Marker]:
+        """The next item of every deliverable channel."""
+        return [channel.queue[0] for channel in self.deliverable()]
+
+    async def deliver_from(self, channel: Channel) -> Message | Marker:
+        """Deliver the next item of ``channel`` and wait for its handler to return."""
+        if self._deliver is None:
+            raise ScheduleError("the scheduler is not attached to a runtime yet")
+        if not channel.queue:
+            raise ScheduleError(f"nothing to deliver on channel {channel.src}>{channel.dst}")
+        item = channel.queue[0]
+        self.steps += 1
+        await self._deliver(channel)
+        return item
+
+    async def step(self) -> bool:
+        """Deliver one item chosen by this scheduler; ``False`` when nothing is deliverable."""
+        ready = self.deliverable()
+        if not ready:
+            return False
+        await self.deliver_from(self.choose(ready))
+        return True
+
+    def choose(self, ready: list[Channel]) -> Channel:
+        """Pick the channel to deliver from next (first come, first served here)."""
+        return ready[0]
+
+    async def run_until_idle(self) -> None:  # noqa: D102
+        while await self.step():
+            pass
+
+
+class SeededScheduler(SequentialScheduler):
+    """Delivers any deliverable item, chosen by a seeded random generator.
+
+    The same seed, agents and inputs give the same run, so a failing schedule can be replayed
+    from its seed.
+
+    Args:
+        seed: Seed of the generator.
+    """
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.seed = seed
+        """The seed this scheduler was made with."""
+        self.random = random.Random(seed)
+        """The generator; tests may draw from it to interleave their own actions."""
+
+    def choose(self, ready: list[Channel]) -> Channel:  # noqa: D102
+        return ready[self.random.randrange(len(ready))]
+
+
+class ScriptedScheduler(SequentialScheduler):
+    """Delivers exactly what the test asks for.
+
+    ``run_until_idle`` delivers in the order items were sent.
+    """
+
+    async def deliver(self, src: str, dst: str) -> Message | Marker:
+        """Deliver the next item on channel ``src -> dst`` and wait for its handler.
+
+        Returns:
+            The item delivered: a message, or a snapshot marker.
+
+        Raises:
+            ScheduleError: The channel does not exist or is empty.
+        """
+        if self._bus is None:
+            raise ScheduleError("the scheduler is not attached to a runtime yet")
+        channel = self._bus.channels.get((src, dst))
+        if channel is None:
+            raise ScheduleError(f"there is no channel {src}>{dst}: nothing was sent on it yet")
+        return await self.deliver_from(channel)
+
+    def queued(self, src: str, dst: str) -> list[Message | Marker]:
+        """The items waiting on channel ``src -> dst``, oldest first."""
+        if self._bus is None:
+            return []
+        channel = self._bus.channels.get((src, dst))
+        return list(channel.queue) if channel is not None else []
+
+
+def cut_problems(snapshot: Snapshot) -> list[str]:
+    """Check that a snapshot is a consistent cut; return what is wrong (empty when nothing).
+
+    For every channel ``(src, dst)``: the receiver cannot have received more than the sender
+    had sent at the cut, and the channel's recorded messages must be exactly sequence numbers
+    ``received + 1 .. sent``, in order.
+    """
+    if snapshot.status is not SnapshotStatus.COMPLETE:
+        return [f"snapshot {snapshot.seq} is {snapshot.status}, not complete"]
+    problems: list[str] = []
+    pairs: set[tuple[str, str]] = set()
+    for name, cut in snapshot.agents.items():
+        pairs.update((name, dst) for dst in cut.sent)
+        pairs.update((src, name) for src in cut.received)
+    pairs.update((ch.src, ch.dst) for ch in snapshot.channels)
+    for src, dst in sorted(pairs):
+        if src not in snapshot.agents or dst not in snapshot.agents:
+            problems.append(f"channel {src}>{dst} names a process missing from the cut")
+            continue
+        sent = snapshot.agents[src].sent.get(dst, 0)
+        received = snapshot.agents[dst].received.get(src, 0)
+        seqs = [m.seq for m in snapshot.in_flight(src, dst)]
+        if received > sent:
+            problems.append(
+                f"channel {src}>{dst}: {dst} received {received} but {src} had sent only {sent}"
+            )
+        expected = list(range(received + 1, sent + 1))
+        if seqs != expected:
+            problems.append(
+                f"channel {src}>{dst}: in flight {seqs}, expected {expected} "
+                f"(sent {sent}, received {received})"
+            )
+    return problems
+
+
+def assert_consistent(snapshot: Snapshot) -> None:
+    """Raise ``AssertionError`` listing every way ``snapshot`` is not a consistent cut."""
+    problems = cut_problems(snapshot)
+    if problems:
+        raise AssertionError(
+            f"snapshot {snapshot.seq} ({snapshot.id}) is not a consistent cut:\n  "
+            + "\n  ".join(problems)
+        )
