@@ -74,15 +74,19 @@ class Agent(abc.ABC, Generic[S]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for base in getattr(cls, "__orig_bases__", ()):
-            if typing.get_origin(base) is Agent:
-                (arg,) = typing.get_args(base)
-                if isinstance(arg, type) and issubclass(arg, AgentState):
-                    cls.state_type = arg
-                elif isinstance(arg, type):
-                    raise ConfigurationError(
-                        f"{cls.__name__} is declared as Agent[{arg.__name__}], but the state "
-                        "type must be a subclass of agentsnap.AgentState"
-                    )
+            if typing.get_origin(base) is not Agent:
+                continue
+            (arg,) = typing.get_args(base)
+            if isinstance(arg, TypeVar):
+                continue  # a generic subclass; its own subclasses name the state type
+            if isinstance(arg, type) and issubclass(arg, AgentState):
+                cls.state_type = arg
+            else:
+                shown = arg.__name__ if isinstance(arg, type) else repr(arg)
+                raise ConfigurationError(
+                    f"{cls.__name__} is declared as Agent[{shown}], but the state type must be "
+                    "a subclass of agentsnap.AgentState, given as the class itself"
+                )
 
     def __init__(self, name: str, state: S | None = None) -> None:
         self.name = check_agent_name(name)

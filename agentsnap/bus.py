@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
 
 from agentsnap.exceptions import (
     InvalidAgentName,
@@ -219,12 +220,14 @@ class Bus:
         channel = sender.outgoing.get(dst)
         if channel is None:
             channel = self.channel(sender, dst)
-        if isinstance(payload, BaseModel):
-            payload = payload.model_dump(mode="json")
-        else:
-            problem = json_problem(payload)
-            if problem is not None:
-                raise PayloadNotSerializable(sender.name, dst, problem)
+        if type(payload) is not dict and isinstance(payload, BaseModel):
+            try:
+                payload = payload.model_dump(mode="json")
+            except PydanticSerializationError as exc:
+                raise PayloadNotSerializable(sender.name, dst, str(exc)) from exc
+        problem = json_problem(payload)
+        if problem is not None:
+            raise PayloadNotSerializable(sender.name, dst, problem)
         headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
         channel.sent = seq = channel.sent + 1
         message: Message = _new_message(
@@ -354,16 +357,8 @@ class AsyncioScheduler:
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                # A task cancelled here ends this way; a cancellation of close() itself
-                # still propagates below.
-                pass
-            except BaseException:  # noqa: S110
-                # Already reported through run_until_idle().
-                pass
+        # Errors of the serve tasks were already raised by run_until_idle().
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         self._started = False
         self._wake_idle()

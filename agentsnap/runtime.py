@@ -104,6 +104,7 @@ class Runtime:
         self._countdown = self._policy.every_deliveries or 0
         self._timer: asyncio.Task[None] | None = None
         self._started = False
+        self._run_created = False
         self._closed = False
         self._reported = 0
         self._scheduler.bind(self._bus, self._deliver)
@@ -151,7 +152,7 @@ class Runtime:
         if self._started:
             return
         self._started = True
-        await self.store.create_run(RunInfo(id=self.run_id, metadata=self._metadata))
+        await self._ensure_run()
         self._scheduler.start()
         if self._policy.every_seconds is not None:
             self._timer = asyncio.get_running_loop().create_task(
@@ -218,8 +219,16 @@ class Runtime:
 
         Raises:
             UnknownAgentError: ``initiator`` is not a registered agent.
+            ConfigurationError: Called outside a running event loop.
         """
         self._check_open()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise ConfigurationError(
+                "Runtime.snapshot() must be called from a coroutine running in the event loop "
+                "(inside an async function), since the snapshot completes asynchronously"
+            ) from None
         endpoint = None
         if initiator is not None:
             if initiator not in self._agents:
@@ -304,9 +313,13 @@ class Runtime:
             await asyncio.sleep(seconds)
             self._policy_snapshot()
 
+    async def _ensure_run(self) -> None:
+        if not self._run_created:
+            await self.store.create_run(RunInfo(id=self.run_id, metadata=self._metadata))
+            self._run_created = True
+
     async def _persist(self, snapshot: Snapshot) -> None:
-        if not self._started:
-            await self.start()
+        await self._ensure_run()
         await self.store.save_snapshot(snapshot)
 
     def _has_queued(self) -> bool:

@@ -42,7 +42,7 @@ from agentsnap.records import (
     SnapshotStatus,
     utcnow,
 )
-from agentsnap.state import StateBlob, canonical_json, encode_state
+from agentsnap.state import StateBlob, canonical_json, check_round_trip, encode_state
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -178,6 +178,8 @@ class SnapshotCoordinator:
         self._agents = agents
         self._persist = persist
         self._tasks: set[asyncio.Task[None]] = set()
+        # Per agent, the hash of the last state shown to survive a JSON round trip.
+        self._verified: dict[str, str] = {}
 
     # -- initiation -----------------------------------------------------------------------
 
@@ -258,6 +260,10 @@ class SnapshotCoordinator:
             agent = self._agents[endpoint.name]
             try:
                 blob = encode_state(endpoint.name, agent.state)
+                if self._verified.get(endpoint.name) != blob.hash:
+                    # Only a state that changed since it was last verified pays for the check.
+                    check_round_trip(endpoint.name, agent.state, blob)
+                    self._verified[endpoint.name] = blob.hash
             except StateNotSerializable as exc:
                 for seq in due:
                     self.fail(seq, str(exc))

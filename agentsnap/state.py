@@ -23,6 +23,7 @@ __all__ = [
     "StateBlob",
     "ToolCallRecord",
     "canonical_json",
+    "check_round_trip",
     "content_hash",
     "encode_state",
 ]
@@ -130,16 +131,23 @@ def encode_state(agent: str, state: BaseModel) -> StateBlob:
         raise StateNotSerializable(agent, field, _short(exc)) from exc
 
 
-def check_round_trip(agent: str, state: BaseModel) -> None:
-    """Check that ``state`` survives JSON and back unchanged.
+def check_round_trip(agent: str, state: BaseModel, blob: StateBlob | None = None) -> StateBlob:
+    """Check that ``state`` survives JSON and back unchanged, and return its blob.
 
-    Restoring a snapshot rebuilds the state from JSON; a field that comes back different
-    would make a restored run diverge from the recorded one.
+    Restoring a snapshot rebuilds the state from JSON; a field that comes back different (a
+    set or tuple in a loosely typed field turns into a list, say) would make a restored run
+    diverge from the recorded one.
+
+    Args:
+        agent: Name of the agent (for the error message).
+        state: The state to check.
+        blob: The state already encoded, if at hand.
 
     Raises:
         StateNotSerializable: The state is not JSON, or a field does not survive the trip.
     """
-    blob = encode_state(agent, state)
+    if blob is None:
+        blob = encode_state(agent, state)
     try:
         again = type(state).model_validate(blob.value())
     except ValueError as exc:
@@ -150,6 +158,8 @@ def check_round_trip(agent: str, state: BaseModel) -> None:
                 raise StateNotSerializable(
                     agent, name, "its value comes back different after a JSON round trip"
                 )
+        raise StateNotSerializable(agent, None, "it comes back different after a JSON round trip")
+    return blob
 
 
 def _failing_field(state: BaseModel) -> str | None:

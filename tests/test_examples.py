@@ -1,0 +1,125 @@
+"""Every example runs, checks itself, and documents the command that runs it."""
+
+from __future__ import annotations
+
+import ast
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+# Small, quick argument sets for each example: one run per entry. A new example needs an entry
+# here (an empty list of arguments, [[]], if its defaults are already quick).
+EXAMPLE_ARGS: dict[str, list[list[str]]] = {
+    "bank_transfers.py": [
+        ["--agents", "4", "--transfers", "200", "--snapshot-every", "20", "--seed", "3"],
+        [
+            "--agents",
+            "4",
+            "--transfers",
+            "200",
+            "--snapshot-every",
+            "20",
+            "--seed",
+            "3",
+            "--deterministic",
+        ],
+    ],
+}
+
+# What every example prints when all its checks pass.
+SUCCESS = "all snapshots consistent"
+TIMEOUT = 60
+
+
+def discover() -> list[str]:
+    return sorted(path.name for path in EXAMPLES.glob("*.py") if not path.name.startswith("_"))
+
+
+def run_params() -> list[object]:
+    params: list[object] = []
+    for name in discover():
+        runs = EXAMPLE_ARGS.get(name)
+        if runs is None:
+            # Still collected, so the missing entry fails loudly instead of going unnoticed.
+            params.append(pytest.param(name, None, id=f"{name}-no-entry"))
+            continue
+        params.extend(
+            pytest.param(name, args, id=f"{name}-{' '.join(args) or 'defaults'}") for args in runs
+        )
+    return params
+
+
+def run_example(path: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(path), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def docstring_command(name: str) -> str:
+    docstring = ast.get_docstring(ast.parse((EXAMPLES / name).read_text(encoding="utf-8")))
+    assert docstring, f"examples/{name} has no module docstring"
+    lines = [line.strip() for line in docstring.splitlines() if line.strip()]
+    return lines[-1]
+
+
+def test_there_are_examples() -> None:
+    assert discover(), f"no examples found in {EXAMPLES}"
+
+
+def test_argument_table_has_no_stale_entries() -> None:
+    stale = sorted(set(EXAMPLE_ARGS) - set(discover()))
+    assert not stale, f"EXAMPLE_ARGS in tests/test_examples.py lists missing examples: {stale}"
+
+
+@pytest.mark.parametrize("name", discover())
+def test_every_example_has_an_argument_entry(name: str) -> None:
+    assert name in EXAMPLE_ARGS, (
+        f"examples/{name} has no entry in EXAMPLE_ARGS in tests/test_examples.py; add one "
+        "with arguments that run it in a few seconds"
+    )
+    assert EXAMPLE_ARGS[name], f"EXAMPLE_ARGS[{name!r}] is empty; give at least one run"
+
+
+@pytest.mark.parametrize(("name", "args"), run_params())
+def test_example_runs_and_passes_its_checks(name: str, args: list[str] | None) -> None:
+    if args is None:
+        pytest.fail(
+            f"examples/{name} has no entry in EXAMPLE_ARGS in tests/test_examples.py, so it "
+            "is not run; add one with arguments that run it in a few seconds"
+        )
+    result = run_example(EXAMPLES / name, args)
+    report = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, f"examples/{name} {shlex.join(args)} failed\n{report}"
+    assert SUCCESS in result.stdout, report
+
+
+@pytest.mark.parametrize("name", discover())
+def test_docstring_ends_with_the_command_that_runs_it(name: str) -> None:
+    command = docstring_command(name)
+    assert command.startswith(f"python examples/{name}"), (
+        f"the last line of the docstring of examples/{name} should be the command that runs "
+        f"it, starting with 'python examples/{name}'; found {command!r}"
+    )
+    words = shlex.split(command)
+    assert words[:2] == ["python", f"examples/{name}"], command
+
+
+@pytest.mark.parametrize("name", discover())
+def test_documented_command_works(name: str) -> None:
+    words = shlex.split(docstring_command(name))
+    if words[:2] != ["python", f"examples/{name}"]:
+        pytest.fail(f"examples/{name}: the docstring does not end with its command")
+    result = run_example(ROOT / words[1], words[2:])
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert SUCCESS in result.stdout

@@ -1,0 +1,127 @@
+"""The public API is what ``__all__`` says; changing it must be a deliberate edit here."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from types import ModuleType
+
+import pytest
+
+import agentsnap
+import agentsnap.testing
+
+# The public API of agentsnap. Adding or removing a name is an API change: update this list
+# in the same change, on purpose.
+EXPECTED_ALL = [
+    "ENVIRONMENT",
+    "Agent",
+    "AgentCut",
+    "AgentState",
+    "AgentsnapError",
+    "AsyncioScheduler",
+    "ChannelId",
+    "ChannelRecord",
+    "ConfigurationError",
+    "Context",
+    "DuplicateAgentError",
+    "Feedback",
+    "HandlerFailed",
+    "InvalidAgentName",
+    "JsonValue",
+    "Marker",
+    "MemoryStore",
+    "Message",
+    "NotFoundError",
+    "PayloadNotSerializable",
+    "PlanStep",
+    "RecordedMessage",
+    "RunError",
+    "RunInfo",
+    "Runtime",
+    "RuntimeClosedError",
+    "ScheduleError",
+    "Scheduler",
+    "Snapshot",
+    "SnapshotFailed",
+    "SnapshotHandle",
+    "SnapshotPolicy",
+    "SnapshotStatus",
+    "StateNotSerializable",
+    "Store",
+    "ToolCallRecord",
+    "UnknownAgentError",
+    "__version__",
+]
+
+EXPECTED_TESTING_ALL = [
+    "ScriptedScheduler",
+    "SeededScheduler",
+    "SequentialScheduler",
+    "assert_consistent",
+    "cut_problems",
+]
+
+
+def isort_key(name: str) -> tuple[int, list[int | str]]:
+    """The order ruff's RUF022 keeps ``__all__`` in.
+
+    SCREAMING_CASE constants first, then CamelCase classes, then everything else; within each
+    group a natural sort (digit runs compare as numbers).
+    """
+    if len(name) > 1 and name.isupper():
+        group = 0
+    elif name[:1].isupper():
+        group = 1
+    else:
+        group = 2
+    natural: list[int | str] = [
+        int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name) if part
+    ]
+    return group, natural
+
+
+def test_agentsnap_all_is_pinned() -> None:
+    assert agentsnap.__all__ == EXPECTED_ALL, (
+        "agentsnap.__all__ changed; if the public API change is deliberate, update "
+        "EXPECTED_ALL in tests/test_exported_members.py"
+    )
+
+
+def test_testing_all_is_pinned() -> None:
+    assert agentsnap.testing.__all__ == EXPECTED_TESTING_ALL, (
+        "agentsnap.testing.__all__ changed; if that is deliberate, update "
+        "EXPECTED_TESTING_ALL in tests/test_exported_members.py"
+    )
+
+
+def test_expected_lists_are_sorted_and_unique() -> None:
+    # Guards the lists above, so that a hand edit keeps them in ruff's order.
+    for names in (EXPECTED_ALL, EXPECTED_TESTING_ALL):
+        assert len(set(names)) == len(names)
+        assert names == sorted(names, key=isort_key)
+
+
+@pytest.mark.parametrize("module", [agentsnap, agentsnap.testing], ids=lambda m: m.__name__)
+def test_all_is_sorted_and_unique(module: ModuleType) -> None:
+    names = list(module.__all__)
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    assert not duplicates, f"{module.__name__}.__all__ lists {duplicates} more than once"
+    assert names == sorted(names, key=isort_key), f"{module.__name__}.__all__ is not sorted"
+
+
+@pytest.mark.parametrize("module", [agentsnap, agentsnap.testing], ids=lambda m: m.__name__)
+def test_every_exported_name_exists(module: ModuleType) -> None:
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert not missing, f"{module.__name__}.__all__ names missing attributes: {missing}"
+
+
+def test_star_import_gives_exactly_all() -> None:
+    namespace: dict[str, object] = {}
+    exec("from agentsnap import *", namespace)
+    namespace.pop("__builtins__", None)
+    assert sorted(namespace) == sorted(EXPECTED_ALL)
+
+
+def test_version_matches_the_installed_distribution() -> None:
+    assert agentsnap.__version__ == importlib.metadata.version("agentsnap")
