@@ -17,7 +17,7 @@ import re
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
@@ -27,9 +27,17 @@ from agentsnap.exceptions import (
     PayloadNotSerializable,
     UnknownAgentError,
 )
-from agentsnap.messages import EMPTY_HEADERS, ENVIRONMENT, Marker, Message, json_problem
+from agentsnap.messages import (
+    EMPTY_HEADERS,
+    ENVIRONMENT,
+    Marker,
+    Message,
+    is_json,
+    json_problem,
+)
 
 if TYPE_CHECKING:
+    from agentsnap.agents import Context
     from agentsnap.messages import JsonValue
 
 __all__ = [
@@ -107,6 +115,7 @@ class Endpoint:
 
     __slots__ = (
         "busy",
+        "context",
         "epoch",
         "inbox",
         "incoming",
@@ -123,6 +132,8 @@ class Endpoint:
         self.incoming: dict[str, Channel] = {}
         self.busy = False
         self.record_wanted = 0
+        # The agent's handler context (set by the runtime; None for the environment).
+        self.context: Context[Any] | None = None
         # Owned by the scheduler: channels with an item waiting, one entry per item.
         self.inbox: deque[Channel] = deque()
         self.waiter: asyncio.Future[None] | None = None
@@ -225,9 +236,10 @@ class Bus:
                 payload = payload.model_dump(mode="json")
             except PydanticSerializationError as exc:
                 raise PayloadNotSerializable(sender.name, dst, str(exc)) from exc
-        problem = json_problem(payload)
-        if problem is not None:
-            raise PayloadNotSerializable(sender.name, dst, problem)
+        if not is_json(payload):
+            problem = json_problem(payload)
+            if problem is not None:
+                raise PayloadNotSerializable(sender.name, dst, problem)
         headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
         channel.sent = seq = channel.sent + 1
         message: Message = _new_message(

@@ -19,6 +19,7 @@ __all__ = [
     "JsonValue",
     "Marker",
     "Message",
+    "is_json",
     "json_problem",
 ]
 
@@ -116,6 +117,31 @@ class Marker(NamedTuple):
 
 
 _SCALARS = (str, int, bool, type(None))
+
+
+def is_json(value: object) -> bool:
+    """Whether ``value`` is a JSON value built of plain ``dict``, ``list`` and scalars.
+
+    The fast check on the send path; [`json_problem`][agentsnap.messages.json_problem] says
+    what is wrong, and accepts subclasses (an ``IntEnum``, an ``OrderedDict``) too.
+    """
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value)  # type: ignore[arg-type]
+    # Plain loops: faster than all() over a generator on this hot path.
+    if kind is dict:
+        for key, item in value.items():  # type: ignore[attr-defined]  # noqa: SIM110
+            if type(key) is not str or not is_json(item):
+                return False
+        return True
+    if kind is list:
+        for item in value:  # type: ignore[attr-defined]  # noqa: SIM110
+            if not is_json(item):
+                return False
+        return True
+    return False
 
 
 def json_problem(value: object, path: str = "payload") -> str | None:

@@ -98,7 +98,6 @@ class Runtime:
         self._scheduler: Scheduler = scheduler if scheduler is not None else AsyncioScheduler()
         self._bus = Bus(self._scheduler)
         self._agents: dict[str, Agent[Any]] = {}
-        self._contexts: dict[str, Context[Any]] = {}
         self._snapshots = SnapshotCoordinator(self._bus, self._agents, self.run_id, self._persist)
         self._policy = snapshot_policy or SnapshotPolicy()
         self._countdown = self._policy.every_deliveries or 0
@@ -142,7 +141,7 @@ class Runtime:
         epoch = min(coordinator.active) - 1 if coordinator.active else coordinator.last_seq
         self._agents[agent.name] = agent
         endpoint = self._bus.add(agent.name, epoch)
-        self._contexts[agent.name] = Context(agent, endpoint, self._bus, coordinator, self.run_id)
+        endpoint.context = Context(agent, endpoint, self._bus, coordinator, self.run_id)
         coordinator.joined(endpoint)
         return agent
 
@@ -205,7 +204,8 @@ class Runtime:
             UnknownAgentError: ``to`` is not a registered agent.
             PayloadNotSerializable: ``payload`` is not JSON.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         return self._bus.send(self._bus.environment, to, payload, kind, headers)
 
     def snapshot(self, initiator: str | None = None) -> SnapshotHandle:
@@ -280,7 +280,8 @@ class Runtime:
         if snapshots.active:
             snapshots.on_message(endpoint, channel, message)
         channel.delivered += 1
-        ctx = self._contexts[endpoint.name]
+        ctx = endpoint.context
+        assert ctx is not None, "only agents receive messages"
         ctx.message = message
         endpoint.busy = True
         try:

@@ -1,0 +1,403 @@
+"""Throughput of the agentsnap bus, measured against bare asyncio queues in the same process.
+
+Three comparisons, each run as interleaved repetitions (reference and agentsnap alternately,
+the order flipped on every repetition). Rates are medians over the repetitions; each ratio is
+the median of the per-repetition ratios, so that both sides of a ratio ran seconds apart on
+the same (shared, noisy) machine:
+
+* hand-off: the program sends N small messages to one agent whose handler only counts them,
+  against one producer task and one consumer task sharing an unbounded ``asyncio.Queue``.
+  Both producers yield to the event loop every 64 items. Reported as ``ratio_vs_queue``.
+* ping-pong: two agents bouncing one message back and forth N times, against two tasks doing
+  the same through two ``asyncio.Queue`` objects. Reported as ``pingpong_ratio``.
+* snapshots: a ring of 6 agents passing 4 tokens (injected together, so they travel as a
+  convoy and every run follows the same schedule) for a fixed number of messages, once
+  without snapshots and once with ``SnapshotPolicy(every_seconds=0.1)``. Reported as
+  ``snapshot_overhead = 1 - with / without``. The message count is calibrated at start-up so
+  that each run lasts about a second (0.6 s with ``--quick``); the program exits with status 1
+  if a run completed fewer than 5 snapshots (3 with ``--quick``).
+
+``--json`` prints a single JSON object on stdout; ``--quick`` runs smaller and fewer
+repetitions (well under 30 s). Run it from the repository root with:
+
+    python benchmarks/bus.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import agentsnap
+from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotPolicy
+
+TARGET_RATIO_VS_QUEUE = 0.33
+TARGET_SNAPSHOT_OVERHEAD = 0.10
+SNAPSHOT_EVERY_SECONDS = 0.1
+YIELD_EVERY = 64  # producers yield to the event loop after this many sends / puts
+
+# name: (hand-off N, ping-pong N, repetitions, target seconds of one ring run, min snapshots)
+PROFILES: dict[str, tuple[int, int, int, float, int]] = {
+    "full": (300_000, 100_000, 9, 1.0, 5),
+    "quick": (100_000, 40_000, 5, 0.6, 3),
+}
+RING_AGENTS = 6
+RING_TOKENS = 4
+
+Timed = Callable[[], Awaitable[float]]
+
+
+# -- agents ----------------------------------------------------------------------------------
+
+
+class Sink(Agent[AgentState]):
+    """Counts what it receives, in a plain attribute (the bus is measured, not pydantic)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.count = 0
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        self.count += 1
+
+
+class Player(Agent[AgentState]):
+    """Sends every ball back to its peer until the ball has been handed on ``limit`` times."""
+
+    def __init__(self, name: str, peer: str, limit: int) -> None:
+        super().__init__(name)
+        self.peer = peer
+        self.limit = limit
+        self.count = 0
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        self.count += 1
+        k = message.payload["k"]
+        if k < self.limit:
+            ctx.send(self.peer, {"k": k + 1})
+
+
+class RingState(AgentState):
+    forwarded: int = 0
+
+
+class RingNode(Agent[RingState]):
+    """Forwards each token to the next node until the token has made ``hops`` hops."""
+
+    def __init__(self, name: str, nxt: str, hops: int) -> None:
+        super().__init__(name)
+        self.next = nxt
+        self.hops = hops
+
+    async def handle(self, message: Message, ctx: Context[RingState]) -> None:
+        # State changes on every message, so each snapshot records something new.
+        self.state.forwarded += 1
+        payload = message.payload
+        h = payload["h"]
+        if h < self.hops:
+            ctx.send(self.next, {"t": payload["t"], "h": h + 1})
+
+
+# -- one timed run of each workload ----------------------------------------------------------
+
+
+async def queue_handoff(n: int) -> float:
+    """Seconds for one producer task to hand ``n`` items to one consumer task."""
+    queue: asyncio.Queue[dict[str, int]] = asyncio.Queue()
+    received = 0
+
+    async def producer() -> None:
+        put = queue.put_nowait  # the bus's send is synchronous too
+        for i in range(n):
+            put({"i": i})
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+
+    async def consumer() -> None:
+        nonlocal received
+        get = queue.get
+        for _ in range(n):
+            await get()
+            received += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(producer(), consumer())
+    elapsed = time.perf_counter() - start
+    assert received == n, (received, n)
+    return elapsed
+
+
+async def bus_handoff(n: int) -> float:
+    """Seconds to send ``n`` messages to one counting agent until the runtime is idle."""
+    async with Runtime() as runtime:
+        sink = Sink("sink")
+        runtime.add(sink)
+        await runtime.run_until_idle()
+        send = runtime.send
+        start = time.perf_counter()
+        for i in range(n):
+            send("sink", {"i": i})
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        await runtime.run_until_idle()
+        elapsed = time.perf_counter() - start
+    assert sink.count == n, (sink.count, n)
+    return elapsed
+
+
+async def queue_pingpong(n: int) -> float:
+    """Seconds for two tasks to bounce one item ``n`` times through two queues."""
+    a_in: asyncio.Queue[dict[str, int] | None] = asyncio.Queue()
+    b_in: asyncio.Queue[dict[str, int] | None] = asyncio.Queue()
+    counts = [0, 0]
+
+    async def player(index: int, inbox: asyncio.Queue[Any], outbox: asyncio.Queue[Any]) -> None:
+        while True:
+            item = await inbox.get()
+            if item is None:
+                return
+            counts[index] += 1
+            k = item["k"]
+            if k < n:
+                outbox.put_nowait({"k": k + 1})
+            else:
+                outbox.put_nowait(None)
+                return
+
+    start = time.perf_counter()
+    a_in.put_nowait({"k": 1})
+    await asyncio.gather(player(0, a_in, b_in), player(1, b_in, a_in))
+    elapsed = time.perf_counter() - start
+    assert sum(counts) == n, (counts, n)
+    return elapsed
+
+
+async def bus_pingpong(n: int) -> float:
+    """Seconds for two agents to bounce one message ``n`` times."""
+    async with Runtime() as runtime:
+        a = Player("a", "b", n)
+        b = Player("b", "a", n)
+        runtime.add(a)
+        runtime.add(b)
+        await runtime.run_until_idle()
+        start = time.perf_counter()
+        runtime.send("a", {"k": 1})
+        await runtime.run_until_idle()
+        elapsed = time.perf_counter() - start
+    assert a.count + b.count == n, (a.count, b.count, n)
+    return elapsed
+
+
+async def ring(hops: int, snapshots: bool) -> tuple[float, int]:
+    """Seconds for the ring to forward ``RING_TOKENS * hops`` messages, and snapshots taken."""
+    policy = SnapshotPolicy(every_seconds=SNAPSHOT_EVERY_SECONDS) if snapshots else None
+    async with Runtime(snapshot_policy=policy) as runtime:
+        names = [f"node-{i}" for i in range(RING_AGENTS)]
+        nodes = [RingNode(name, names[(i + 1) % RING_AGENTS], hops) for i, name in enumerate(names)]
+        for node in nodes:
+            runtime.add(node)
+        start = time.perf_counter()
+        for token in range(RING_TOKENS):
+            runtime.send(names[0], {"t": token, "h": 1})
+        await runtime.run_until_idle()
+        elapsed = time.perf_counter() - start
+        taken = [s for s in await runtime.list_snapshots() if s.status == "complete"]
+    delivered = sum(node.state.forwarded for node in nodes)
+    assert delivered == RING_TOKENS * hops, (delivered, RING_TOKENS * hops)
+    if not snapshots:
+        assert not taken
+    return elapsed, len(taken)
+
+
+# -- driver ------------------------------------------------------------------------------------
+
+
+def _timed(work: Timed) -> Timed:
+    async def run() -> float:
+        gc.collect()
+        return await work()
+
+    return run
+
+
+async def _pairs(
+    reference: Timed, subject: Timed, repetitions: int
+) -> tuple[list[float], list[float]]:
+    """Run both ``repetitions`` times, alternating which goes first; return both timings."""
+    ref_times: list[float] = []
+    sub_times: list[float] = []
+    for rep in range(repetitions):
+        if rep % 2 == 0:
+            ref_times.append(await _timed(reference)())
+            sub_times.append(await _timed(subject)())
+        else:
+            sub_times.append(await _timed(subject)())
+            ref_times.append(await _timed(reference)())
+    return ref_times, sub_times
+
+
+def _median_ratio(ref_times: list[float], sub_times: list[float]) -> float:
+    """Median over repetitions of subject rate / reference rate (runs side by side)."""
+    return statistics.median(r / s for r, s in zip(ref_times, sub_times, strict=True))
+
+
+async def _calibrate_ring(target_seconds: float) -> int:
+    """Hops per token so that a ring run without snapshots lasts about ``target_seconds``."""
+    probe = 2_000
+    fastest = min([(await ring(probe, snapshots=False))[0] for _ in range(3)])
+    # Sized from the fastest probe: a probe slowed down by noise must not shorten the runs
+    # (and with them the number of snapshots taken).
+    return max(probe, round(probe * target_seconds / fastest))
+
+
+async def measure(profile: str) -> dict[str, Any]:
+    """Run every comparison and return the results as a JSON-ready dict."""
+    n, pingpong_n, repetitions, ring_seconds, min_snapshots = PROFILES[profile]
+    began = time.perf_counter()
+
+    # Warm-up (allocator, caches, code paths), not timed.
+    await queue_handoff(n // 10)
+    await bus_handoff(n // 10)
+    await queue_pingpong(pingpong_n // 10)
+    await bus_pingpong(pingpong_n // 10)
+
+    queue_s, bus_s = await _pairs(lambda: queue_handoff(n), lambda: bus_handoff(n), repetitions)
+    qpp_s, pp_s = await _pairs(
+        lambda: queue_pingpong(pingpong_n), lambda: bus_pingpong(pingpong_n), repetitions
+    )
+
+    hops = await _calibrate_ring(ring_seconds)
+    ring_n = RING_TOKENS * hops
+    snapshot_counts: list[int] = []
+
+    async def without() -> float:
+        return (await ring(hops, snapshots=False))[0]
+
+    async def with_snapshots() -> float:
+        elapsed, taken = await ring(hops, snapshots=True)
+        snapshot_counts.append(taken)
+        return elapsed
+
+    nosnap_s, snap_s = await _pairs(without, with_snapshots, repetitions)
+
+    def rate(count: int, seconds: list[float]) -> float:
+        return round(statistics.median(count / s for s in seconds), 1)
+
+    def samples(count: int, seconds: list[float]) -> list[float]:
+        return [round(count / s, 1) for s in seconds]
+
+    ratio = _median_ratio(queue_s, bus_s)
+    overhead = 1 - _median_ratio(nosnap_s, snap_s)
+    snapshots_taken = min(snapshot_counts)
+    return {
+        "benchmark": "agentsnap bus",
+        "profile": profile,
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "agentsnap_version": agentsnap.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "statistic": "median of repetitions; ratios are medians of per-repetition ratios",
+        "repetitions": repetitions,
+        "n": n,
+        "pingpong_n": pingpong_n,
+        "ring_agents": RING_AGENTS,
+        "ring_tokens": RING_TOKENS,
+        "ring_n": ring_n,
+        "queue_msgs_per_s": rate(n, queue_s),
+        "bus_msgs_per_s": rate(n, bus_s),
+        "ratio_vs_queue": round(ratio, 4),
+        "queue_pingpong_msgs_per_s": rate(pingpong_n, qpp_s),
+        "pingpong_msgs_per_s": rate(pingpong_n, pp_s),
+        "pingpong_ratio": round(_median_ratio(qpp_s, pp_s), 4),
+        "nosnapshot_msgs_per_s": rate(ring_n, nosnap_s),
+        "snapshot_msgs_per_s": rate(ring_n, snap_s),
+        "snapshot_overhead": round(overhead, 4),
+        "snapshot_every_s": SNAPSHOT_EVERY_SECONDS,
+        "snapshots_taken": snapshots_taken,
+        "snapshots_per_repetition": snapshot_counts,
+        "min_snapshots_required": min_snapshots,
+        "samples_msgs_per_s": {
+            "queue": samples(n, queue_s),
+            "bus": samples(n, bus_s),
+            "queue_pingpong": samples(pingpong_n, qpp_s),
+            "pingpong": samples(pingpong_n, pp_s),
+            "nosnapshot": samples(ring_n, nosnap_s),
+            "snapshot": samples(ring_n, snap_s),
+        },
+        "targets": {
+            "ratio_vs_queue_min": TARGET_RATIO_VS_QUEUE,
+            "ratio_vs_queue_met": ratio >= TARGET_RATIO_VS_QUEUE,
+            "snapshot_overhead_max": TARGET_SNAPSHOT_OVERHEAD,
+            "snapshot_overhead_met": overhead < TARGET_SNAPSHOT_OVERHEAD,
+            "snapshots_taken_met": snapshots_taken >= min_snapshots,
+        },
+        "elapsed_s": round(time.perf_counter() - began, 2),
+    }
+
+
+def _table(r: dict[str, Any]) -> str:
+    t = r["targets"]
+
+    def met(ok: bool) -> str:
+        return "MET" if ok else "NOT MET"
+
+    lines = [
+        f"agentsnap {r['agentsnap_version']} bus benchmark, {r['python_implementation']} "
+        f"{r['python']}, {r['cpu_count']} CPUs, profile {r['profile']}",
+        f"median of {r['repetitions']} interleaved repetitions (ratios: median of per-run ratios)",
+        f"hand-off N={r['n']:,}, ping-pong N={r['pingpong_n']:,}, ring {r['ring_agents']} agents x "
+        f"{r['ring_tokens']} tokens = {r['ring_n']:,} messages",
+        "",
+        f"{'baseline vs measured':<34}{'baseline msg/s':>17}{'measured msg/s':>17}{'ratio':>9}",
+        f"{'hand-off: asyncio.Queue vs bus':<34}{r['queue_msgs_per_s']:>17,.0f}"
+        f"{r['bus_msgs_per_s']:>17,.0f}{r['ratio_vs_queue']:>9.3f}",
+        f"{'ping-pong: 2 Queues vs 2 agents':<34}{r['queue_pingpong_msgs_per_s']:>17,.0f}"
+        f"{r['pingpong_msgs_per_s']:>17,.0f}{r['pingpong_ratio']:>9.3f}",
+        f"{'ring: no snapshots vs every 0.1 s':<34}{r['nosnapshot_msgs_per_s']:>17,.0f}"
+        f"{r['snapshot_msgs_per_s']:>17,.0f}"
+        f"{1 - r['snapshot_overhead']:>9.3f}",
+        "",
+        f"snapshots taken per run: {r['snapshots_per_repetition']} "
+        f"(need >= {r['min_snapshots_required']}: {met(t['snapshots_taken_met'])})",
+        f"ratio_vs_queue    = {r['ratio_vs_queue']:.3f}  "
+        f"target >= {t['ratio_vs_queue_min']}: {met(t['ratio_vs_queue_met'])}",
+        f"snapshot_overhead = {r['snapshot_overhead']:.3f}  "
+        f"target <  {t['snapshot_overhead_max']}: {met(t['snapshot_overhead_met'])}",
+        f"total {r['elapsed_s']} s",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--quick", action="store_true", help="smaller and fewer runs (< 30 s)")
+    args = parser.parse_args(argv)
+
+    results = asyncio.run(measure("quick" if args.quick else "full"))
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(_table(results))
+    if not results["targets"]["snapshots_taken_met"]:
+        print(
+            f"error: a run with snapshots took only {results['snapshots_taken']}; "
+            f"the overhead figure needs at least {results['min_snapshots_required']}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
