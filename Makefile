@@ -19,8 +19,8 @@ demo: $(STAMP)
 test: $(STAMP) lint typecheck pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentsnap tests examples benchmarks
-	$(BIN)/ruff format --check agentsnap tests examples benchmarks
+	$(BIN)/ruff check agentsnap tests examples benchmarks migrations
+	$(BIN)/ruff format --check agentsnap tests examples benchmarks migrations
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

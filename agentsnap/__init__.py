@@ -16,8 +16,10 @@ from agentsnap.exceptions import (
     RunError,
     RuntimeClosedError,
     ScheduleError,
+    SchemaOutOfDate,
     SnapshotFailed,
     StateNotSerializable,
+    StoreError,
     UnknownAgentError,
 )
 from agentsnap.messages import ENVIRONMENT, ChannelId, JsonValue, Marker, Message
@@ -65,6 +67,7 @@ __all__ = [
     "RuntimeClosedError",
     "ScheduleError",
     "Scheduler",
+    "SchemaOutOfDate",
     "Snapshot",
     "SnapshotFailed",
     "SnapshotHandle",
@@ -72,6 +75,7 @@ __all__ = [
     "SnapshotStatus",
     "StateNotSerializable",
     "Store",
+    "StoreError",
     "ToolCallRecord",
     "UnknownAgentError",
     "__version__",

@@ -13,6 +13,8 @@ AgentsnapError
 └── RunError                    something went wrong while a run was executing
     ├── HandlerFailed
     ├── SnapshotFailed
+    ├── StoreError
+    │   └── SchemaOutOfDate
     └── RuntimeClosedError
 ```
 
@@ -39,8 +41,10 @@ __all__ = [
     "RunError",
     "RuntimeClosedError",
     "ScheduleError",
+    "SchemaOutOfDate",
     "SnapshotFailed",
     "StateNotSerializable",
+    "StoreError",
     "UnknownAgentError",
 ]
 
@@ -161,6 +165,22 @@ class SnapshotFailed(RunError):
         self.snapshot_id = snapshot_id
         self.reason = reason
         super().__init__(f"snapshot {snapshot_id} failed: {reason}")
+
+
+class StoreError(RunError):
+    """The store could not do what was asked; what was stored before is intact."""
+
+
+class SchemaOutOfDate(StoreError):
+    """The database schema is not the one this version of agentsnap needs."""
+
+    def __init__(self, url: str, found: str | None, needed: str) -> None:
+        self.found = found
+        self.needed = needed
+        super().__init__(
+            f"the agentsnap schema in {url} is at revision {found or 'none'}, this agentsnap "
+            f"needs {needed}: run `agentsnap db upgrade --db {url}`"
+        )
 
 
 class RuntimeClosedError(RunError):

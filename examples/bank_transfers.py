@@ -4,7 +4,8 @@ N tellers each start with the same balance and send random amounts to one anothe
 snapshots start from random initiators, several at once. Money is only ever moved, so for every
 completed snapshot the balances recorded in the agents plus the amounts recorded in flight on
 the channels must add up to the initial total. The program prints that sum for each snapshot
-and exits with status 1 if any snapshot gets it wrong.
+and exits with status 1 if any snapshot gets it wrong. With ``--db URL`` (SQLite or
+PostgreSQL) the run and its snapshots are written to that database and the run id is printed.
 
 Run it with:
 
@@ -18,7 +19,8 @@ import asyncio
 import random
 import sys
 
-from agentsnap import Agent, AgentState, Context, Message, Runtime, Snapshot
+from agentsnap import Agent, AgentState, Context, Message, Runtime, Snapshot, Store
+from agentsnap.store.sql import SqlStore
 from agentsnap.testing import SeededScheduler, cut_problems
 
 
@@ -53,14 +55,20 @@ def money_in(snapshot: Snapshot) -> int:
     return total
 
 
-async def simulate(
-    agents: int, transfers: int, snapshot_every: int, seed: int, deterministic: bool
-) -> tuple[int, list[Snapshot]]:
-    """Run the simulation; return the initial total and every snapshot taken."""
+async def simulate(  # noqa: PLR0917
+    agents: int,
+    transfers: int,
+    snapshot_every: int,
+    seed: int,
+    deterministic: bool,
+    store: Store | None = None,
+) -> tuple[str, int, list[Snapshot]]:
+    """Run the simulation; return the run id, the initial total and every snapshot taken."""
     rng = random.Random(seed)
     names = [f"teller-{i}" for i in range(agents)]
     scheduler = SeededScheduler(seed) if deterministic else None
-    async with Runtime(scheduler=scheduler, metadata={"example": "bank_transfers"}) as runtime:
+    metadata = {"example": "bank_transfers", "seed": seed}
+    async with Runtime(scheduler=scheduler, store=store, metadata=metadata) as runtime:
         for name in names:
             peers = [n for n in names if n != name]
             runtime.add(Teller(name, 1_000, peers, random.Random(rng.random())))
@@ -74,7 +82,7 @@ async def simulate(
             if i % 10 == 0:
                 await asyncio.sleep(0) if not deterministic else await _steps(scheduler, rng)
         await runtime.run_until_idle()
-        return total, await runtime.list_snapshots()
+        return runtime.run_id, total, await runtime.list_snapshots()
 
 
 async def _steps(scheduler: SeededScheduler | None, rng: random.Random) -> None:
@@ -82,6 +90,19 @@ async def _steps(scheduler: SeededScheduler | None, rng: random.Random) -> None:
     for _ in range(rng.randint(0, 20)):
         if not await scheduler.step():
             break
+
+
+async def run(args: argparse.Namespace) -> tuple[str, int, list[Snapshot]]:
+    store: Store | None = None
+    if args.db:
+        store = SqlStore(args.db)
+    try:
+        return await simulate(
+            args.agents, args.transfers, args.snapshot_every, args.seed, args.deterministic, store
+        )
+    finally:
+        if store is not None:
+            await store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,15 +118,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="use the seeded scheduler: the same seed gives the same interleaving",
     )
+    parser.add_argument(
+        "--db", help="write the run to this database (sqlite:///file.db or postgresql://...)"
+    )
     args = parser.parse_args(argv)
     if args.agents < 2:
         parser.error("--agents must be at least 2 (tellers need someone to pay)")
     if args.transfers < 0 or args.snapshot_every < 1:
         parser.error("--transfers must be >= 0 and --snapshot-every >= 1")
 
-    total, snapshots = asyncio.run(
-        simulate(args.agents, args.transfers, args.snapshot_every, args.seed, args.deterministic)
-    )
+    run_id, total, snapshots = asyncio.run(run(args))
     bad = 0
     print(f"{args.agents} tellers, initial total {total}, {len(snapshots)} snapshots")
     for snapshot in snapshots:
@@ -125,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"      {problem}")
     print("all snapshots consistent" if not bad else f"{bad} snapshot(s) inconsistent")
+    if args.db:
+        print(f"run {run_id} written to {args.db}")
     return 1 if bad else 0
 
 

@@ -123,3 +123,28 @@ def test_documented_command_works(name: str) -> None:
     result = run_example(ROOT / words[1], words[2:])
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert SUCCESS in result.stdout
+
+
+async def test_bank_transfers_writes_its_run_to_sql(tmp_path: Path) -> None:
+    from agentsnap.store.sql import SqlStore
+    from agentsnap.testing import assert_consistent
+
+    url = f"sqlite:///{tmp_path / 'bank.db'}"
+    args = ["--agents", "3", "--transfers", "100", "--snapshot-every", "25", "--db", url]
+    result = run_example(EXAMPLES / "bank_transfers.py", args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("run "), last
+    assert last.endswith(f"written to {url}"), last
+    run_id = last.split()[1]
+
+    store = SqlStore(url)
+    try:
+        run = await store.get_run(run_id)
+        snapshots = await store.list_snapshots(run_id)
+    finally:
+        await store.close()
+    assert run.metadata["example"] == "bank_transfers"
+    assert snapshots, "the example took snapshots"
+    for snapshot in snapshots:
+        assert_consistent(snapshot)

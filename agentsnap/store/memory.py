@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentsnap.exceptions import NotFoundError
+from agentsnap.exceptions import NotFoundError, StoreError
 from agentsnap.records import AgentCut, RunInfo, Snapshot
 
 __all__ = ["MemoryStore"]
@@ -34,6 +34,10 @@ class MemoryStore:
     async def save_snapshot(self, snapshot: Snapshot) -> None:  # noqa: D102
         if snapshot.run_id not in self._runs:
             raise NotFoundError("run", snapshot.run_id)
+        if snapshot.id in self._snapshots:
+            raise StoreError(f"a snapshot with id {snapshot.id} is already stored")
+        if any(self._snapshots[i].seq == snapshot.seq for i in self._by_run[snapshot.run_id]):
+            raise StoreError(f"run {snapshot.run_id} already has a snapshot number {snapshot.seq}")
         # Share one string per distinct state, the in-memory analogue of the blob table.
         agents = {
             name: AgentCut(

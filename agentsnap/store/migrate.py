@@ -1,0 +1,129 @@
+"""Schema migrations: upgrade, downgrade and check agentsnap's tables with Alembic.
+
+The migration scripts live in the repository's top-level ``migrations/`` folder and are
+shipped inside the wheel as ``agentsnap/_migrations``, so these functions (and the
+``agentsnap db`` commands built on them) work from an installed package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect, pool
+from sqlalchemy.engine import make_url
+
+from agentsnap.exceptions import ConfigurationError, SchemaOutOfDate
+from agentsnap.store.tables import VERSION_TABLE, Base
+
+__all__ = [
+    "alembic_config",
+    "current",
+    "downgrade",
+    "ensure_schema",
+    "head",
+    "migrations_dir",
+    "sync_url",
+    "upgrade",
+]
+
+
+def migrations_dir() -> Path:
+    """Where the migration scripts are: inside the package when installed from a wheel."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_migrations", package.parent / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise ConfigurationError(
+        "agentsnap's migration scripts are missing from this installation; reinstall agentsnap"
+    )
+
+
+def sync_url(url: str) -> str:
+    """The URL with a synchronous driver: ``sqlite`` or ``postgresql+psycopg``.
+
+    Raises:
+        ConfigurationError: The URL is not an SQLite or PostgreSQL URL.
+    """
+    try:
+        parsed = make_url(url)
+    except Exception as exc:
+        raise ConfigurationError(f"{url!r} is not a database URL: {exc}") from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite").render_as_string(hide_password=False)
+    if backend == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    raise ConfigurationError(
+        f"agentsnap stores runs in SQLite or PostgreSQL; {url!r} is a {backend} URL"
+    )
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic configuration for agentsnap's schema in the database at ``url``."""
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("sqlalchemy.url", sync_url(url).replace("%", "%%"))
+    return config
+
+
+def head() -> str:
+    """The newest schema revision this version of agentsnap knows."""
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    revision = script.get_current_head()
+    assert revision is not None, "agentsnap ships at least one migration"
+    return revision
+
+
+def current(url: str) -> str | None:
+    """The schema revision of the database at ``url`` (``None`` for an empty database)."""
+    engine = create_engine(sync_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+            return context.get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Upgrade the schema of the database at ``url`` to ``revision``."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    """Downgrade the schema of the database at ``url`` to ``revision``."""
+    command.downgrade(alembic_config(url), revision)
+
+
+def ensure_schema(url: str) -> None:
+    """Make the database at ``url`` ready for a store.
+
+    An empty database (no agentsnap tables) is brought to the newest revision; one at the
+    newest revision is used as it is.
+
+    Raises:
+        SchemaOutOfDate: The database holds agentsnap tables at another revision; the message
+            says which command upgrades it.
+    """
+    needed = head()
+    found = current(url)
+    if found == needed:
+        return
+    if found is None and not _has_tables(url):
+        upgrade(url)
+        return
+    raise SchemaOutOfDate(make_url(url).render_as_string(hide_password=True), found, needed)
+
+
+def _has_tables(url: str) -> bool:
+    engine = create_engine(sync_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            existing = set(inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+    return bool(existing & set(Base.metadata.tables))

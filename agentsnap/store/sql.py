@@ -1,0 +1,347 @@
+"""SqlStore: runs and snapshots in SQLite (the default) or PostgreSQL.
+
+Example:
+    ```python
+    import asyncio
+
+    from agentsnap.store.sql import SqlStore
+
+    async def main() -> None:
+        store = SqlStore("sqlite:///agentsnap.db")
+        for run in await store.list_runs():
+            print(run.id, run.created_at)
+        await store.close()
+
+    asyncio.run(main())
+    ```
+
+Each snapshot is written in one transaction: it is in the database whole, or not at all. A
+state already stored under its content hash is not written again. On first use an empty
+database gets the schema through the migrations; a database at another schema revision is
+refused with a message saying how to upgrade it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Insert, Table, event, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
+from agentsnap.records import (
+    AgentCut,
+    ChannelRecord,
+    RecordedMessage,
+    RunInfo,
+    Snapshot,
+    SnapshotStatus,
+)
+from agentsnap.store.migrate import ensure_schema, sync_url
+from agentsnap.store.tables import (
+    RunRow,
+    SnapshotAgentRow,
+    SnapshotMessageRow,
+    SnapshotRow,
+    StateBlobRow,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine.interfaces import DBAPIConnection
+    from sqlalchemy.pool import ConnectionPoolEntry
+
+__all__ = ["DEFAULT_URL", "SqlStore", "async_url"]
+
+DEFAULT_URL = "sqlite:///agentsnap.db"
+"""Where runs go when no database is named."""
+
+_runs: Table = RunRow.__table__  # type: ignore[assignment]
+_snapshots: Table = SnapshotRow.__table__  # type: ignore[assignment]
+_blobs: Table = StateBlobRow.__table__  # type: ignore[assignment]
+_agents: Table = SnapshotAgentRow.__table__  # type: ignore[assignment]
+_messages: Table = SnapshotMessageRow.__table__  # type: ignore[assignment]
+
+
+def async_url(url: str) -> str:
+    """The URL with an asyncio driver: ``sqlite+aiosqlite`` or ``postgresql+psycopg``."""
+    parsed = make_url(sync_url(url))
+    if parsed.get_backend_name() == "sqlite":
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    return parsed.render_as_string(hide_password=False)
+
+
+class SqlStore:
+    """A [`Store`][agentsnap.Store] on SQLAlchemy's asyncio engine.
+
+    Args:
+        url: Database URL: ``sqlite:///path.db`` (WAL mode) or ``postgresql://…``; the driver
+            is chosen for you (aiosqlite, psycopg 3).
+        echo: Log every SQL statement (SQLAlchemy's ``echo``).
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, *, echo: bool = False) -> None:
+        self.url = url
+        self._engine: AsyncEngine = create_async_engine(async_url(url), echo=echo)
+        self._backend = self._engine.dialect.name
+        if self._backend == "sqlite":
+            event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"SqlStore({make_url(self.url).render_as_string(hide_password=True)!r})"
+
+    async def _connect_ready(self) -> None:
+        if self._ready:
+            return
+        async with self._ready_lock:
+            if not self._ready:
+                # Alembic is synchronous: run it off the event loop.
+                await asyncio.to_thread(ensure_schema, self.url)
+                self._ready = True
+
+    # -- writes ---------------------------------------------------------------------------
+
+    async def create_run(self, run: RunInfo) -> None:  # noqa: D102
+        await self._connect_ready()
+        row = {
+            "id": run.id,
+            "created_at": run.created_at,
+            "parent_run_id": run.parent_run_id,
+            "parent_snapshot_id": run.parent_snapshot_id,
+            "metadata": run.metadata,
+        }
+        async with self._begin() as conn:
+            await conn.execute(self._insert_ignore(_runs, ["id"]).values(row))
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:  # noqa: D102
+        await self._connect_ready()
+        async with self._begin() as conn:
+            run = await conn.scalar(select(_runs.c.id).where(_runs.c.id == snapshot.run_id))
+            if run is None:
+                raise NotFoundError("run", snapshot.run_id)
+            try:
+                await conn.execute(
+                    _snapshots.insert().values(
+                        id=snapshot.id,
+                        run_id=snapshot.run_id,
+                        seq=snapshot.seq,
+                        initiator=snapshot.initiator,
+                        status=snapshot.status.value,
+                        started_at=snapshot.started_at,
+                        completed_at=snapshot.completed_at,
+                        error=snapshot.error,
+                    )
+                )
+            except IntegrityError as exc:
+                raise StoreError(
+                    f"snapshot {snapshot.id} (number {snapshot.seq} of run {snapshot.run_id}) "
+                    "is already stored"
+                ) from exc
+            await self._write_blobs(conn, snapshot)
+            if snapshot.agents:
+                await conn.execute(
+                    _agents.insert(),
+                    [
+                        {
+                            "snapshot_id": snapshot.id,
+                            "agent": name,
+                            "state_hash": cut.state_hash,
+                            "sent": cut.sent,
+                            "received": cut.received,
+                        }
+                        for name, cut in snapshot.agents.items()
+                    ],
+                )
+            rows = [
+                {
+                    "snapshot_id": snapshot.id,
+                    "src": channel.src,
+                    "dst": channel.dst,
+                    "seq": message.seq,
+                    "kind": message.kind,
+                    "payload": message.payload,
+                    "headers": message.headers,
+                    "epoch": message.epoch,
+                }
+                for channel in snapshot.channels
+                for message in channel.messages
+            ]
+            if rows:
+                await conn.execute(_messages.insert(), rows)
+
+    async def _write_blobs(self, conn: AsyncConnection, snapshot: Snapshot) -> None:
+        blobs = {cut.state_hash: cut.state_json for cut in snapshot.agents.values()}
+        if not blobs:
+            return
+        present: set[str] = set()
+        hashes = list(blobs)
+        for start in range(0, len(hashes), 500):
+            chunk = hashes[start : start + 500]
+            result = await conn.execute(select(_blobs.c.hash).where(_blobs.c.hash.in_(chunk)))
+            present.update(result.scalars())
+        missing = [{"hash": h, "state": text} for h, text in blobs.items() if h not in present]
+        if missing:
+            # Another writer may store the same state at the same moment: equal hash, equal
+            # text, so either row will do.
+            await conn.execute(self._insert_ignore(_blobs, ["hash"]), missing)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
+        await self._connect_ready()
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(select(_runs).where(_runs.c.id == run_id))).one_or_none()
+        if row is None:
+            raise NotFoundError("run", run_id)
+        return _run(row._mapping)
+
+    async def list_runs(self) -> list[RunInfo]:  # noqa: D102
+        await self._connect_ready()
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(select(_runs).order_by(_runs.c.created_at, _runs.c.id))
+            return [_run(row._mapping) for row in rows]
+
+    async def list_snapshots(self, run_id: str) -> list[Snapshot]:  # noqa: D102
+        await self._connect_ready()
+        async with self._engine.connect() as conn:
+            if await conn.scalar(select(_runs.c.id).where(_runs.c.id == run_id)) is None:
+                raise NotFoundError("run", run_id)
+            rows = (
+                await conn.execute(
+                    select(_snapshots)
+                    .where(_snapshots.c.run_id == run_id)
+                    .order_by(_snapshots.c.seq)
+                )
+            ).all()
+            return await self._assemble(conn, [row._mapping for row in rows])
+
+    async def load_snapshot(self, snapshot_id: str) -> Snapshot:  # noqa: D102
+        await self._connect_ready()
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(select(_snapshots).where(_snapshots.c.id == snapshot_id))
+            ).one_or_none()
+            if row is None:
+                raise NotFoundError("snapshot", snapshot_id)
+            (snapshot,) = await self._assemble(conn, [row._mapping])
+            return snapshot
+
+    async def _assemble(self, conn: AsyncConnection, rows: Sequence[Any]) -> list[Snapshot]:
+        if not rows:
+            return []
+        ids = [row["id"] for row in rows]
+        agents: dict[str, dict[str, AgentCut]] = {i: {} for i in ids}
+        channels: dict[str, dict[tuple[str, str], list[RecordedMessage]]] = {i: {} for i in ids}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            cuts = await conn.execute(
+                select(_agents, _blobs.c.state)
+                .join(_blobs, _blobs.c.hash == _agents.c.state_hash)
+                .where(_agents.c.snapshot_id.in_(chunk))
+                .order_by(_agents.c.snapshot_id, _agents.c.agent)
+            )
+            for cut in cuts:
+                agents[cut.snapshot_id][cut.agent] = AgentCut(
+                    state_json=cut.state,
+                    state_hash=cut.state_hash,
+                    sent=cut.sent,
+                    received=cut.received,
+                )
+            messages = await conn.execute(
+                select(_messages)
+                .where(_messages.c.snapshot_id.in_(chunk))
+                .order_by(
+                    _messages.c.snapshot_id, _messages.c.src, _messages.c.dst, _messages.c.seq
+                )
+            )
+            for m in messages:
+                channels[m.snapshot_id].setdefault((m.src, m.dst), []).append(
+                    RecordedMessage(
+                        id=f"{m.src}>{m.dst}#{m.seq}",
+                        seq=m.seq,
+                        kind=m.kind,
+                        payload=m.payload,
+                        headers=m.headers,
+                        epoch=m.epoch,
+                    )
+                )
+        return [
+            Snapshot(
+                id=row["id"],
+                run_id=row["run_id"],
+                seq=row["seq"],
+                initiator=row["initiator"],
+                status=SnapshotStatus(row["status"]),
+                started_at=row["started_at"],
+                completed_at=row["completed_at"],
+                error=row["error"],
+                agents=agents[row["id"]],
+                channels=[
+                    ChannelRecord(src=src, dst=dst, messages=found)
+                    for (src, dst), found in sorted(channels[row["id"]].items())
+                ],
+            )
+            for row in rows
+        ]
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _begin(self) -> _Transaction:
+        return _Transaction(self._engine)
+
+    def _insert_ignore(self, table: Any, keys: list[str]) -> Insert:
+        if self._backend == "sqlite":
+            return sqlite.insert(table).on_conflict_do_nothing(index_elements=keys)
+        if self._backend == "postgresql":
+            return postgresql.insert(table).on_conflict_do_nothing(index_elements=keys)
+        raise ConfigurationError(f"unsupported database backend {self._backend!r}")
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        await self._engine.dispose()
+
+
+class _Transaction:
+    """``engine.begin()`` whose database errors come out as StoreError."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._context = engine.begin()
+
+    async def __aenter__(self) -> AsyncConnection:
+        try:
+            return await self._context.__aenter__()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot reach the database: {exc}") from exc
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await self._context.__aexit__(*exc_info)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"the database refused the write: {exc}") from exc
+        error = exc_info[1]
+        if isinstance(error, SQLAlchemyError):
+            raise StoreError(f"the database refused the write: {error}") from error
+
+
+def _run(row: Any) -> RunInfo:
+    return RunInfo(
+        id=row["id"],
+        created_at=row["created_at"],
+        parent_run_id=row["parent_run_id"],
+        parent_snapshot_id=row["parent_snapshot_id"],
+        metadata=row["metadata"],
+    )
+
+
+def _sqlite_pragmas(dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()

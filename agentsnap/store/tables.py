@@ -1,0 +1,164 @@
+"""The SQL schema, declared once; Alembic migrations create and change it.
+
+Agent states live in ``agentsnap_state_blobs`` keyed by their content hash, so a state that did
+not change between snapshots is stored once. Every table carries the ``agentsnap_`` prefix so
+that the schema can share a database with an application's own tables.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    DateTime,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "VERSION_TABLE",
+    "Base",
+    "RunRow",
+    "SnapshotAgentRow",
+    "SnapshotMessageRow",
+    "SnapshotRow",
+    "StateBlobRow",
+]
+
+VERSION_TABLE = "agentsnap_alembic_version"
+"""Alembic's version table for agentsnap's schema (apart from an application's own)."""
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend (SQLite keeps no zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("agentsnap stores timezone-aware datetimes only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Json(TypeDecorator[Any]):
+    """JSON kept as text, exactly as Python wrote it.
+
+    Native JSON columns change values: SQLite gives a bare number numeric affinity (``3.0``
+    comes back as ``3``), PostgreSQL's ``jsonb`` turns ``1e16`` into an integer and refuses
+    the NUL character. Nothing queries inside these columns, so text loses nothing.
+    """
+
+    impl = Text()
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of agentsnap's tables."""
+
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class RunRow(Base):
+    """One run."""
+
+    __tablename__ = "agentsnap_runs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    parent_run_id: Mapped[str | None] = mapped_column(String(64))
+    parent_snapshot_id: Mapped[str | None] = mapped_column(String(64))
+    run_metadata: Mapped[dict[str, Any]] = mapped_column("metadata", Json())
+
+
+class SnapshotRow(Base):
+    """One snapshot (complete or failed) of a run."""
+
+    __tablename__ = "agentsnap_snapshots"
+    __table_args__ = (UniqueConstraint("run_id", "seq"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE"), index=True
+    )
+    seq: Mapped[int] = mapped_column(Integer)
+    initiator: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    completed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class StateBlobRow(Base):
+    """A distinct agent state, as canonical JSON text, keyed by its SHA-256."""
+
+    __tablename__ = "agentsnap_state_blobs"
+
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(Text)
+
+
+class SnapshotAgentRow(Base):
+    """One process's part of a snapshot: its state (by hash) and its channel counters."""
+
+    __tablename__ = "agentsnap_snapshot_agents"
+
+    snapshot_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_snapshots.id", ondelete="CASCADE"), primary_key=True
+    )
+    agent: Mapped[str] = mapped_column(String(128), primary_key=True)
+    state_hash: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_state_blobs.hash"), index=True
+    )
+    sent: Mapped[dict[str, int]] = mapped_column(Json())
+    received: Mapped[dict[str, int]] = mapped_column(Json())
+
+
+class SnapshotMessageRow(Base):
+    """A message in flight on a channel at a snapshot's cut."""
+
+    __tablename__ = "agentsnap_snapshot_messages"
+
+    snapshot_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_snapshots.id", ondelete="CASCADE"), primary_key=True
+    )
+    src: Mapped[str] = mapped_column(String(128), primary_key=True)
+    dst: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(128))
+    payload: Mapped[Any] = mapped_column(Json())
+    headers: Mapped[dict[str, str]] = mapped_column(Json())
+    epoch: Mapped[int] = mapped_column(Integer)

@@ -1,0 +1,560 @@
+"""The store contract: what every backend must do, run against each one (see conftest.py)."""
+
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import agentsnap
+from agentsnap import (
+    Agent,
+    AgentCut,
+    AgentState,
+    ChannelRecord,
+    Context,
+    Message,
+    NotFoundError,
+    RecordedMessage,
+    RunError,
+    RunInfo,
+    Runtime,
+    Snapshot,
+    SnapshotHandle,
+    SnapshotStatus,
+    Store,
+)
+from agentsnap.messages import JsonValue
+from agentsnap.state import canonical_json, content_hash
+from agentsnap.testing import SeededScheduler, assert_consistent
+
+# -- builders -------------------------------------------------------------------------------
+
+T0 = datetime(2024, 5, 17, 12, 30, 45, 123456, tzinfo=UTC)
+
+NESTED_PAYLOAD: JsonValue = {
+    "amount": 2**53 + 1,
+    "negative": -(2**62),
+    "ratio": 0.1,
+    "tiny": 1e-7,
+    "whole_float": 3.0,
+    "flags": [True, False, None],
+    "text": "naïve café — 日本語 — emoji 🚀",
+    "escapes": 'quote " backslash \\ newline \n tab \t',
+    "empty": {"list": [], "object": {}, "string": ""},
+    "deep": {"a": {"b": {"c": [1, [2, [3, {"d": None}]]]}}},
+}
+
+# JSON values that are easy to change on the way through a database, each tested as a whole
+# payload, inside metadata and inside a state: floats a column may turn into integers (a
+# SQLite column of NUMERIC affinity stores the text 3.0 as the integer 3; PostgreSQL's JSONB
+# prints 1e16 as 10000000000000000), integers beyond 64 bits, and characters some databases
+# refuse (JSONB cannot hold \u0000).
+EDGE_VALUES: dict[str, JsonValue] = {
+    "float_whole": 3.0,
+    "float_1e16": 1e16,
+    "float_1.5e300": 1.5e300,
+    "float_smallest": 5e-324,
+    "float_0.1+0.2": 0.1 + 0.2,
+    "int_2**63": 2**63,
+    "int_-(2**63)-1": -(2**63) - 1,
+    "string_with_nul": "before \x00 after",
+    "string_with_line_separator": "a \u2028 b \u2029 c",
+    "bool_true": True,
+    "empty_string": "",
+}
+
+
+def new_id() -> str:
+    """A fresh 32-hex-digit id, like the runtime makes."""
+    return uuid.uuid4().hex
+
+
+def make_run(
+    run_id: str | None = None,
+    *,
+    created_at: datetime = T0,
+    parent_run_id: str | None = None,
+    parent_snapshot_id: str | None = None,
+    metadata: dict[str, JsonValue] | None = None,
+) -> RunInfo:
+    return RunInfo(
+        id=run_id or new_id(),
+        created_at=created_at,
+        parent_run_id=parent_run_id,
+        parent_snapshot_id=parent_snapshot_id,
+        metadata=metadata or {},
+    )
+
+
+def make_cut(
+    state: dict[str, JsonValue],
+    *,
+    sent: dict[str, int] | None = None,
+    received: dict[str, int] | None = None,
+) -> AgentCut:
+    text = canonical_json(state)
+    return AgentCut(
+        state_json=text, state_hash=content_hash(text), sent=sent or {}, received=received or {}
+    )
+
+
+def default_agents() -> dict[str, AgentCut]:
+    """Three processes, $env included, whose counters match ``default_channels()``."""
+    return {
+        "$env": make_cut({}, sent={"alice": 3, "bob": 1}),
+        "alice": make_cut(
+            {"balance": 950, "notes": ["ünïcødé ✓", "日本語"], "ratio": 0.25, "big": 2**53 + 1},
+            sent={"bob": 4},
+            received={"$env": 2, "bob": 1},
+        ),
+        "bob": make_cut(
+            {"balance": 1050, "history": [{"from": "alice", "amount": 50}], "last": None},
+            sent={"alice": 1},
+            received={"$env": 1, "alice": 1},
+        ),
+    }
+
+
+def default_channels() -> list[ChannelRecord]:
+    """In-flight messages on two channels, ordered by ``(src, dst)`` as the runtime does."""
+    return [
+        ChannelRecord(
+            src="$env",
+            dst="alice",
+            messages=[RecordedMessage(id="$env>alice#3", seq=3, kind="go", payload=None)],
+        ),
+        ChannelRecord(
+            src="alice",
+            dst="bob",
+            messages=[
+                RecordedMessage(
+                    id="alice>bob#2",
+                    seq=2,
+                    kind="transfer",
+                    payload=NESTED_PAYLOAD,
+                    headers={"trace-id": "4bf92f3577b34da6", "ünï": "çødé ✓"},
+                    epoch=1,
+                ),
+                RecordedMessage(
+                    id="alice>bob#3", seq=3, kind="note", payload="just a string: ☃ ∑ 𝄞"
+                ),
+                RecordedMessage(id="alice>bob#4", seq=4, kind="floats", payload=[0.5, -2.5e-8]),
+            ],
+        ),
+    ]
+
+
+def make_snapshot(
+    run_id: str,
+    seq: int = 1,
+    *,
+    snapshot_id: str | None = None,
+    status: SnapshotStatus = SnapshotStatus.COMPLETE,
+    initiator: str = "$env",
+    agents: dict[str, AgentCut] | None = None,
+    channels: list[ChannelRecord] | None = None,
+    error: str | None = None,
+    started_at: datetime | None = None,
+) -> Snapshot:
+    """A snapshot of ``run_id``: by default complete, with agents and in-flight messages.
+
+    A failed snapshot has no agents, channels or completion time unless given.
+    """
+    started = started_at or T0 + timedelta(seconds=seq)
+    failed = status is SnapshotStatus.FAILED
+    return Snapshot(
+        id=snapshot_id or new_id(),
+        run_id=run_id,
+        seq=seq,
+        initiator=initiator,
+        status=status,
+        started_at=started,
+        completed_at=None if failed else started + timedelta(microseconds=654321),
+        error=error,
+        agents=agents if agents is not None else ({} if failed else default_agents()),
+        channels=channels if channels is not None else ([] if failed else default_channels()),
+    )
+
+
+async def stored_run(store: Store, **fields: Any) -> RunInfo:
+    run = make_run(**fields)
+    await store.create_run(run)
+    return run
+
+
+def store_error_class() -> type[Exception]:
+    """``agentsnap.StoreError``, imported late so the other tests run while it is missing."""
+    from agentsnap.exceptions import StoreError
+
+    return StoreError
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+
+def assert_same_json(loaded: object, saved: object, where: str = "value") -> None:
+    """Equal, and of the same JSON types all the way down (``==`` takes ``1 == 1.0 == True``)."""
+    assert type(loaded) is type(saved), f"{where}: {loaded!r} came back for {saved!r}"
+    if isinstance(saved, dict):
+        assert isinstance(loaded, dict)
+        assert loaded.keys() == saved.keys(), f"{where}: keys {loaded.keys()} != {saved.keys()}"
+        for key, value in saved.items():
+            assert_same_json(loaded[key], value, f"{where}[{key!r}]")
+    elif isinstance(saved, list):
+        assert isinstance(loaded, list)
+        assert len(loaded) == len(saved), f"{where}: {loaded!r} came back for {saved!r}"
+        for i, (got, want) in enumerate(zip(loaded, saved, strict=True)):
+            assert_same_json(got, want, f"{where}[{i}]")
+    else:
+        assert loaded == saved, f"{where}: {loaded!r} came back for {saved!r}"
+
+
+def assert_aware_equal(loaded: datetime | None, saved: datetime | None, what: str) -> None:
+    if saved is None:
+        assert loaded is None, f"{what}: {loaded!r} came back for None"
+        return
+    assert loaded is not None, f"{what}: None came back for {saved!r}"
+    assert loaded.utcoffset() is not None, f"{what} came back naive: {loaded!r}"
+    assert loaded == saved, f"{what}: {loaded.isoformat()} came back for {saved.isoformat()}"
+
+
+def channel_layout(snapshot: Snapshot) -> list[tuple[str, str, list[str]]]:
+    return [(c.src, c.dst, [m.id for m in c.messages]) for c in snapshot.channels]
+
+
+def assert_same_snapshot(loaded: Snapshot, saved: Snapshot) -> None:
+    """``loaded == saved``, aware datetimes, and payloads of the same JSON types."""
+    assert_aware_equal(loaded.started_at, saved.started_at, "started_at")
+    assert_aware_equal(loaded.completed_at, saved.completed_at, "completed_at")
+    assert loaded.status is saved.status
+    assert channel_layout(loaded) == channel_layout(saved)
+    for got, want in zip(loaded.channels, saved.channels, strict=True):
+        for got_message, want_message in zip(got.messages, want.messages, strict=True):
+            assert_same_json(got_message.payload, want_message.payload, f"{want_message.id}")
+            assert_same_json(got_message.headers, want_message.headers, f"{want_message.id}")
+    assert loaded == saved
+
+
+def assert_not_found(error: pytest.ExceptionInfo[NotFoundError], what: str, ident: str) -> None:
+    assert error.value.what == what
+    assert error.value.ident == ident
+    assert ident in str(error.value)
+
+
+# -- runs -----------------------------------------------------------------------------------
+
+
+async def test_created_run_reads_back_equal(store: Store) -> None:
+    parent = await stored_run(store, metadata={"example": "parent"})
+    run = make_run(
+        created_at=datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC),
+        parent_run_id=parent.id,
+        parent_snapshot_id=new_id(),
+        metadata={"example": "bank", "tags": ["a", "ü"], "n": 2**53 + 1, "x": 0.5, "ok": True},
+    )
+    await store.create_run(run)
+
+    loaded = await store.get_run(run.id)
+
+    assert loaded == run
+    assert loaded.created_at.utcoffset() == timedelta(0), loaded.created_at
+    assert loaded.created_at == run.created_at
+    assert_same_json(loaded.metadata, run.metadata, "metadata")
+    assert await store.get_run(parent.id) == parent
+
+
+async def test_run_without_parent_or_metadata_reads_back_equal(store: Store) -> None:
+    run = await stored_run(store)
+    loaded = await store.get_run(run.id)
+    assert loaded == run
+    assert loaded.parent_run_id is None
+    assert loaded.parent_snapshot_id is None
+    assert loaded.metadata == {}
+
+
+async def test_creating_a_run_twice_keeps_the_first(store: Store) -> None:
+    first = await stored_run(store, metadata={"version": 1})
+    second = make_run(first.id, created_at=T0 + timedelta(hours=1), metadata={"version": 2})
+
+    await store.create_run(second)
+
+    assert await store.get_run(first.id) == first
+    assert await store.list_runs() == [first]
+
+
+async def test_list_runs_returns_every_run_oldest_first(store: Store) -> None:
+    assert await store.list_runs() == []
+    middle = await stored_run(store, created_at=T0 + timedelta(seconds=2))
+    oldest = await stored_run(store, created_at=T0)
+    newest = await stored_run(store, created_at=T0 + timedelta(days=1))
+
+    assert await store.list_runs() == [oldest, middle, newest]
+
+
+async def test_unknown_run_is_not_found(store: Store) -> None:
+    await stored_run(store)
+    missing = new_id()
+    with pytest.raises(NotFoundError) as error:
+        await store.get_run(missing)
+    assert_not_found(error, "run", missing)
+
+
+@pytest.mark.parametrize("value", list(EDGE_VALUES.values()), ids=list(EDGE_VALUES))
+async def test_json_edge_values_read_back_identical(store: Store, value: JsonValue) -> None:
+    run = await stored_run(store, metadata={"value": value, "in_list": [value]})
+    message = RecordedMessage(
+        id="alice>bob#1", seq=1, kind="edge", payload=value, headers={"h": "x"}
+    )
+    snapshot = make_snapshot(
+        run.id,
+        agents={
+            "$env": make_cut({}),
+            "alice": make_cut({"value": value}, sent={"bob": 1}),
+            "bob": make_cut({}),
+        },
+        channels=[ChannelRecord(src="alice", dst="bob", messages=[message])],
+    )
+    await store.save_snapshot(snapshot)
+
+    assert_same_json((await store.get_run(run.id)).metadata, run.metadata, "metadata")
+    loaded = await store.load_snapshot(snapshot.id)
+    assert_same_snapshot(loaded, snapshot)
+    assert_same_json(loaded.agents["alice"].state, {"value": value}, "state")
+
+
+# -- snapshots ------------------------------------------------------------------------------
+
+
+async def test_complete_snapshot_reads_back_equal(store: Store) -> None:
+    run = await stored_run(store)
+    snapshot = make_snapshot(run.id, initiator="alice")
+    assert snapshot.agents["$env"].state_json == "{}"
+
+    await store.save_snapshot(snapshot)
+    loaded = await store.load_snapshot(snapshot.id)
+
+    assert_same_snapshot(loaded, snapshot)
+    assert loaded.agents["$env"].state_json == "{}"
+    assert loaded.agents["$env"].state == {}
+    assert loaded.agents["alice"].state == snapshot.agents["alice"].state
+    assert loaded.in_flight("alice", "bob") == snapshot.in_flight("alice", "bob")
+
+
+async def test_failed_snapshot_reads_back_equal(store: Store) -> None:
+    run = await stored_run(store)
+    snapshot = make_snapshot(
+        run.id,
+        status=SnapshotStatus.FAILED,
+        error="agent 'bob' state is not JSON: field 'when' holds a datetime — ünïcødé\nline 2",
+    )
+
+    await store.save_snapshot(snapshot)
+    loaded = await store.load_snapshot(snapshot.id)
+
+    assert_same_snapshot(loaded, snapshot)
+    assert loaded.status is SnapshotStatus.FAILED
+    assert loaded.error == snapshot.error
+    assert loaded.agents == {}
+    assert loaded.channels == []
+    assert loaded.completed_at is None
+
+
+async def test_snapshot_with_nothing_in_flight_reads_back_equal(store: Store) -> None:
+    run = await stored_run(store)
+    snapshot = make_snapshot(run.id, agents={"$env": make_cut({})}, channels=[])
+
+    await store.save_snapshot(snapshot)
+
+    assert_same_snapshot(await store.load_snapshot(snapshot.id), snapshot)
+
+
+async def test_list_snapshots_orders_by_seq_and_keeps_runs_apart(store: Store) -> None:
+    run = await stored_run(store)
+    other = await stored_run(store)
+    snapshots = {seq: make_snapshot(run.id, seq) for seq in (1, 2, 3, 4)}
+    snapshots[3] = make_snapshot(run.id, 3, status=SnapshotStatus.FAILED, error="closed")
+    for seq in (3, 1, 4, 2):
+        await store.save_snapshot(snapshots[seq])
+    others = [make_snapshot(other.id, seq) for seq in (2, 1)]
+    for snapshot in others:
+        await store.save_snapshot(snapshot)
+
+    listed = await store.list_snapshots(run.id)
+
+    assert [s.seq for s in listed] == [1, 2, 3, 4]
+    for loaded, saved in zip(listed, [snapshots[seq] for seq in (1, 2, 3, 4)], strict=True):
+        assert_same_snapshot(loaded, saved)
+    assert await store.list_snapshots(other.id) == [others[1], others[0]]
+
+
+async def test_list_snapshots_of_a_run_without_snapshots_is_empty(store: Store) -> None:
+    run = await stored_run(store)
+    assert await store.list_snapshots(run.id) == []
+
+
+async def test_list_snapshots_of_an_unknown_run_is_not_found(store: Store) -> None:
+    run = await stored_run(store)
+    await store.save_snapshot(make_snapshot(run.id))
+    missing = new_id()
+    with pytest.raises(NotFoundError) as error:
+        await store.list_snapshots(missing)
+    assert_not_found(error, "run", missing)
+
+
+async def test_unknown_snapshot_is_not_found(store: Store) -> None:
+    run = await stored_run(store)
+    await store.save_snapshot(make_snapshot(run.id))
+    missing = new_id()
+    with pytest.raises(NotFoundError) as error:
+        await store.load_snapshot(missing)
+    assert_not_found(error, "snapshot", missing)
+
+
+async def test_snapshot_of_an_unknown_run_is_not_saved(store: Store) -> None:
+    missing = new_id()
+    snapshot = make_snapshot(missing)
+
+    with pytest.raises(NotFoundError) as error:
+        await store.save_snapshot(snapshot)
+
+    assert_not_found(error, "run", missing)
+    with pytest.raises(NotFoundError):
+        await store.load_snapshot(snapshot.id)
+
+
+async def test_saving_a_snapshot_id_twice_fails_and_keeps_the_first(store: Store) -> None:
+    store_error = store_error_class()
+    run = await stored_run(store)
+    first = make_snapshot(run.id, 1)
+    await store.save_snapshot(first)
+    duplicate = make_snapshot(
+        run.id,
+        2,
+        snapshot_id=first.id,
+        agents={"$env": make_cut({}), "carol": make_cut({"balance": 1})},
+        channels=[],
+    )
+
+    with pytest.raises(store_error, match=re.escape(first.id)):
+        await store.save_snapshot(duplicate)
+
+    assert_same_snapshot(await store.load_snapshot(first.id), first)
+    assert await store.list_snapshots(run.id) == [first]
+    # The store is still usable after the rejected write.
+    third = make_snapshot(run.id, 3)
+    await store.save_snapshot(third)
+    assert await store.list_snapshots(run.id) == [first, third]
+
+
+def test_store_error_is_a_run_error_exported_by_agentsnap() -> None:
+    store_error = store_error_class()
+    assert issubclass(store_error, RunError)
+    assert getattr(agentsnap, "StoreError", None) is store_error
+
+
+async def test_identical_states_share_their_content(store: Store) -> None:
+    run = await stored_run(store)
+    other = await stored_run(store)
+    same = {"balance": 1000, "notes": ["ü", 0.5, None]}
+    first = make_snapshot(
+        run.id,
+        1,
+        agents={"$env": make_cut({}), "alice": make_cut(same), "bob": make_cut(same)},
+        channels=[],
+    )
+    second = make_snapshot(
+        run.id,
+        2,
+        agents={"$env": make_cut({}), "alice": make_cut(same), "bob": make_cut({"balance": 7})},
+        channels=[],
+    )
+    elsewhere = make_snapshot(other.id, 1, agents={"carol": make_cut(same)}, channels=[])
+    for snapshot in (first, second, elsewhere):
+        await store.save_snapshot(snapshot)
+
+    one = await store.load_snapshot(first.id)
+    two = await store.load_snapshot(second.id)
+    three = await store.load_snapshot(elsewhere.id)
+
+    shared = [one.agents["alice"], one.agents["bob"], two.agents["alice"], three.agents["carol"]]
+    assert {cut.state_hash for cut in shared} == {content_hash(canonical_json(same))}
+    assert all(cut.state == same for cut in shared)
+    assert all(cut.state_json == canonical_json(same) for cut in shared)
+    assert one.agents["$env"].state_hash == two.agents["$env"].state_hash
+    assert two.agents["bob"].state == {"balance": 7}
+    assert two.agents["bob"].state_hash != two.agents["alice"].state_hash
+    for loaded, saved in ((one, first), (two, second), (three, elsewhere)):
+        assert_same_snapshot(loaded, saved)
+
+
+# -- end to end -----------------------------------------------------------------------------
+
+
+class TellerState(AgentState):
+    balance: int
+    transfers_out: int = 0
+
+
+class Teller(Agent[TellerState]):
+    """On ``go``, passes some of its balance to the next teller in the ring."""
+
+    def __init__(self, name: str, balance: int, next_teller: str, rng: random.Random) -> None:
+        super().__init__(name, TellerState(balance=balance))
+        self.next_teller = next_teller
+        self.rng = rng
+
+    async def handle(self, message: Message, ctx: Context[TellerState]) -> None:
+        if message.kind == "transfer":
+            self.state.balance += message.payload["amount"]
+        elif message.kind == "go" and self.state.balance > 0:
+            amount = self.rng.randint(1, min(self.state.balance, 50))
+            self.state.balance -= amount
+            self.state.transfers_out += 1
+            ctx.send(self.next_teller, {"amount": amount, "note": "→ ring"}, kind="transfer")
+
+
+def money_in(snapshot: Snapshot) -> int:
+    total = sum(cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env")  # type: ignore[misc]
+    for channel in snapshot.channels:
+        total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")  # type: ignore[index,call-overload,misc]
+    return total
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+async def test_bank_ring_snapshots_are_stored_as_taken(store: Store, seed: int) -> None:
+    tellers = 4
+    rng = random.Random(seed)
+    names = [f"teller-{i}" for i in range(tellers)]
+    scheduler = SeededScheduler(seed)
+    handles: list[SnapshotHandle] = []
+    async with Runtime(
+        store=store, scheduler=scheduler, metadata={"example": "bank ring", "seed": seed}
+    ) as runtime:
+        for i, name in enumerate(names):
+            runtime.add(Teller(name, 1_000, names[(i + 1) % tellers], random.Random(rng.random())))
+        for i in range(120):
+            runtime.send(rng.choice(names), kind="go")
+            if i % 20 == 0:
+                initiators = [rng.choice([None, *names]) for _ in range(rng.choice((1, 2)))]
+                handles.extend(runtime.snapshot(initiator=who) for who in initiators)
+            for _ in range(rng.randint(0, 6)):
+                if not await scheduler.step():
+                    break
+        await runtime.run_until_idle()
+        run_id = runtime.run_id
+
+    taken = [await handle for handle in handles]
+    assert len(taken) >= 6
+    assert (await store.get_run(run_id)).metadata == {"example": "bank ring", "seed": seed}
+    listed = await store.list_snapshots(run_id)
+    assert [s.id for s in listed] == [s.id for s in sorted(taken, key=lambda s: s.seq)]
+    for snapshot in taken:
+        loaded = await store.load_snapshot(snapshot.id)
+        assert_consistent(loaded)
+        assert_same_snapshot(loaded, snapshot)
+        assert money_in(loaded) == 1_000 * tellers
