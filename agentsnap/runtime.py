@@ -135,14 +135,14 @@ class Runtime:
             )
         if agent.name in self._agents:
             raise DuplicateAgentError(agent.name)
-        check_round_trip(agent.name, agent.state)
+        blob = check_round_trip(agent.name, agent.state)
         coordinator = self._snapshots
         # A newcomer records the snapshots in progress at its first moment (joined() below).
         epoch = min(coordinator.active) - 1 if coordinator.active else coordinator.last_seq
         self._agents[agent.name] = agent
         endpoint = self._bus.add(agent.name, epoch)
         endpoint.context = Context(agent, endpoint, self._bus, coordinator, self.run_id)
-        coordinator.joined(endpoint)
+        coordinator.joined(endpoint, blob.hash)
         return agent
 
     async def start(self) -> None:

@@ -202,8 +202,12 @@ class SnapshotCoordinator:
         else:
             self.record(endpoint, seq)
 
-    def joined(self, endpoint: Endpoint) -> None:
-        """A process joined: it records every snapshot in progress at its first moment."""
+    def joined(self, endpoint: Endpoint, verified_hash: str) -> None:
+        """A process joined: it records every snapshot in progress at its first moment.
+
+        ``verified_hash`` is the hash of its state, already shown to survive a JSON round trip.
+        """
+        self._verified[endpoint.name] = verified_hash
         for progress in self.active.values():
             progress.unrecorded.add(endpoint.name)
         if self.active:
@@ -313,44 +317,41 @@ class SnapshotCoordinator:
 
     def _complete(self, seq: int) -> None:
         progress = self.active.pop(seq)
-        handle = progress.handle
         channels = [
             ChannelRecord(src=ch.src, dst=ch.dst, messages=messages)
             for ch, messages in sorted(
                 progress.inflight.items(), key=lambda item: (item[0].src, item[0].dst)
             )
         ]
-        snapshot = Snapshot(
-            id=handle.id,
-            run_id=self.run_id,
-            seq=seq,
-            initiator=handle.initiator,
+        logger.debug("snapshot %d complete", seq)
+        self._finish(
+            seq,
+            progress,
             status=SnapshotStatus.COMPLETE,
-            started_at=progress.started_at,
             completed_at=utcnow(),
             agents=dict(sorted(progress.cuts.items())),
             channels=channels,
         )
-        logger.debug("snapshot %d complete", seq)
-        self._spawn(self._write(snapshot, handle))
 
     def fail(self, seq: int, reason: str) -> None:
         """Abandon snapshot ``seq``: it stays failed; other snapshots are unaffected."""
         progress = self.active.pop(seq, None)
         if progress is None:
             return
-        handle = progress.handle
         logger.warning("snapshot %d failed: %s", seq, reason)
-        failed = Snapshot(
+        self._finish(seq, progress, status=SnapshotStatus.FAILED, error=reason)
+
+    def _finish(self, seq: int, progress: _Progress, **outcome: Any) -> None:
+        handle = progress.handle
+        snapshot = Snapshot(
             id=handle.id,
             run_id=self.run_id,
             seq=seq,
             initiator=handle.initiator,
-            status=SnapshotStatus.FAILED,
             started_at=progress.started_at,
-            error=reason,
+            **outcome,
         )
-        self._spawn(self._write(failed, handle))
+        self._spawn(self._write(snapshot, handle))
 
     def abort_all(self, reason: str) -> None:
         """Fail every snapshot in progress (the runtime is closing or rolling back)."""
