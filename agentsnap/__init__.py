@@ -25,7 +25,10 @@ from agentsnap.exceptions import (
 from agentsnap.messages import ENVIRONMENT, ChannelId, JsonValue, Marker, Message
 from agentsnap.records import (
     AgentCut,
+    AgentVersion,
     ChannelRecord,
+    JournalMessage,
+    JournalSegment,
     RecordedMessage,
     RunInfo,
     Snapshot,
@@ -43,6 +46,7 @@ __all__ = [
     "Agent",
     "AgentCut",
     "AgentState",
+    "AgentVersion",
     "AgentsnapError",
     "AsyncioScheduler",
     "ChannelId",
@@ -53,6 +57,8 @@ __all__ = [
     "Feedback",
     "HandlerFailed",
     "InvalidAgentName",
+    "JournalMessage",
+    "JournalSegment",
     "JsonValue",
     "Marker",
     "MemoryStore",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
@@ -52,6 +53,7 @@ __all__ = [
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _new_message = tuple.__new__
+_now_ns = time.time_ns
 
 
 def check_agent_name(name: object) -> str:
@@ -81,9 +83,23 @@ class Channel:
         closed: Highest snapshot number for which nothing more on this channel can be
             in flight (raised by markers and by messages from a sender that had recorded).
         receiver: The receiving endpoint.
+        sent_log: Sends not yet journaled, as ``message, microseconds since the epoch``
+            pairs laid out flat; ``None`` when the run keeps no journal.
+        delivered_log: Deliveries not yet journaled, as ``seq, microseconds`` pairs laid
+            out flat; ``None`` when the run keeps no journal.
     """
 
-    __slots__ = ("closed", "delivered", "dst", "queue", "receiver", "sent", "src")
+    __slots__ = (
+        "closed",
+        "delivered",
+        "delivered_log",
+        "dst",
+        "queue",
+        "receiver",
+        "sent",
+        "sent_log",
+        "src",
+    )
 
     def __init__(self, src: str, dst: str, receiver: Endpoint, closed: int) -> None:
         self.src = src
@@ -93,6 +109,8 @@ class Channel:
         self.queue: deque[Message | Marker] = deque()
         self.closed = closed
         self.receiver = receiver
+        self.sent_log: list[Message | int] | None = None
+        self.delivered_log: list[int] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -176,6 +194,8 @@ class Bus:
         channels: Every channel, by ``(src, dst)``, in creation order.
         environment: The environment process.
         scheduler: The scheduler delivering items.
+        journaling: Whether channels log sends and deliveries for the
+            [`Journal`][agentsnap.journal.Journal].
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -183,6 +203,7 @@ class Bus:
         self.endpoints: dict[str, Endpoint] = {ENVIRONMENT: self.environment}
         self.channels: dict[tuple[str, str], Channel] = {}
         self.scheduler = scheduler
+        self.journaling = False
         self._notify = scheduler.notify
 
     def add(self, name: str, epoch: int) -> Endpoint:
@@ -209,6 +230,9 @@ class Bus:
         # Everything sent on a new channel comes after its sender's last recording, so no
         # snapshot up to the sender's epoch can have anything in flight on it.
         channel = Channel(sender.name, dst, receiver, closed=sender.epoch)
+        if self.journaling:
+            channel.sent_log = []
+            channel.delivered_log = []
         sender.outgoing[dst] = channel
         receiver.incoming[sender.name] = channel
         self.channels[sender.name, dst] = channel
@@ -246,6 +270,10 @@ class Bus:
             Message, (sender.name, dst, seq, kind, payload, headers, sender.epoch)
         )
         channel.queue.append(message)
+        log = channel.sent_log
+        if log is not None:
+            log.append(message)
+            log.append(_now_ns() // 1000)
         self._notify(channel)
         return message
 

@@ -6,13 +6,18 @@ The database comes from ``--db``, else the ``AGENTSNAP_DB`` environment variable
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import IO, TYPE_CHECKING, TypeVar
 
 import click
 
 from agentsnap import __version__
 from agentsnap.exceptions import AgentsnapError
+
+if TYPE_CHECKING:
+    from agentsnap.store.sql import SqlStore
 
 __all__ = ["main"]
 
@@ -63,6 +68,43 @@ def current(db: str) -> None:
         click.echo(f"{found} (newest)")
     else:
         click.echo(f"{found} (newest is {newest}): run `agentsnap db upgrade`")
+
+
+@main.command()
+@click.argument("run_id")
+@_DB
+@click.option(
+    "-o",
+    "--output",
+    type=click.File("w", encoding="utf-8"),
+    default="-",
+    help="Write the document to this file instead of standard output.",
+)
+@click.option("--indent", type=click.IntRange(min=0), default=None, help="Pretty-print.")
+def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
+    """Print run RUN_ID as one JSON document: the run, its snapshots, its journal.
+
+    The document's keys are described in the documentation (reference/export).
+    """
+    from agentsnap.inspect import export_run  # noqa: PLC0415
+
+    document = _read(db, lambda store: export_run(store, run_id))
+    json.dump(document, output, indent=indent, ensure_ascii=False)
+    output.write("\n")
+
+
+def _read(db: str, query: Callable[[SqlStore], Awaitable[T]]) -> T:
+    """Run one query against the database at ``db`` without creating anything there."""
+    from agentsnap.store.sql import SqlStore  # noqa: PLC0415
+
+    async def go() -> T:
+        store = SqlStore(db, create=False)
+        try:
+            return await query(store)
+        finally:
+            await store.close()
+
+    return _guard(lambda: asyncio.run(go()))
 
 
 def _guard(action: Callable[[], T]) -> T:

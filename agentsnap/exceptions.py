@@ -122,12 +122,26 @@ class ScheduleError(ConfigurationError):
 
 
 class NotFoundError(AgentsnapError, LookupError):
-    """A run or snapshot id that the store does not hold."""
+    """A run, snapshot or agent that the store does not hold.
 
-    def __init__(self, what: str, ident: str) -> None:
+    Attributes:
+        what: What was looked for (``"run"``, ``"snapshot"``, ``"agent"`` …).
+        ident: The id or name that was not found.
+    """
+
+    def __init__(self, what: str, ident: str, message: str | None = None) -> None:
         self.what = what
         self.ident = ident
-        super().__init__(f"no {what} with id {ident!r} in this store")
+        super().__init__(message or f"no {what} with id {ident!r} in this store")
+
+    @classmethod
+    def agent(cls, run_id: str, agent: str) -> NotFoundError:
+        """The error for an agent that no complete snapshot of ``run_id`` recorded."""
+        return cls(
+            "agent",
+            agent,
+            f"no complete snapshot of run {run_id!r} recorded an agent named {agent!r}",
+        )
 
 
 class RunError(AgentsnapError):

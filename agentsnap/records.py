@@ -10,6 +10,7 @@ import enum
 import json
 from datetime import UTC, datetime
 from functools import cached_property
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,7 +18,10 @@ from agentsnap.messages import JsonValue
 
 __all__ = [
     "AgentCut",
+    "AgentVersion",
     "ChannelRecord",
+    "JournalMessage",
+    "JournalSegment",
     "RecordedMessage",
     "RunInfo",
     "Snapshot",
@@ -147,3 +151,67 @@ class Snapshot(BaseModel):
             if channel.src == src and channel.dst == dst:
                 return list(channel.messages)
         return []
+
+
+class AgentVersion(BaseModel):
+    """One agent's recorded part of one complete snapshot: a point in its state history."""
+
+    model_config = ConfigDict(frozen=True)
+
+    snapshot_id: str
+    """The snapshot that recorded it."""
+    snapshot_seq: int
+    """Number of that snapshot within the run."""
+    completed_at: datetime | None
+    """When that snapshot completed."""
+    cut: AgentCut
+    """The agent's state and channel counters at the cut."""
+
+
+class JournalSegment(NamedTuple):
+    """A batch of journal events of one channel, as the store keeps it.
+
+    The journal is written in segments rather than a row per message, so that keeping it
+    costs the bus little; [`read_journal`][agentsnap.journal.read_journal] turns segments
+    back into messages.
+    """
+
+    src: str
+    """Sending process."""
+    dst: str
+    """Receiving process."""
+    event: str
+    """``"send"`` or ``"deliver"``."""
+    first_seq: int
+    """Sequence number of the first event in ``entries``."""
+    last_seq: int
+    """Sequence number of the last event in ``entries``."""
+    entries: str
+    """JSON array, oldest first. A send is ``[seq, kind, payload, epoch, at_us]`` with the
+    headers object appended when there are headers; a delivery is ``[seq, at_us]``;
+    ``at_us`` is microseconds since the Unix epoch."""
+
+
+class JournalMessage(BaseModel):
+    """A message as the journal saw it: when it was sent and when it was delivered."""
+
+    model_config = ConfigDict(frozen=True)
+
+    src: str
+    """Sending process."""
+    dst: str
+    """Receiving process."""
+    seq: int
+    """Position on its channel."""
+    kind: str
+    """Message kind."""
+    payload: JsonValue = None
+    """JSON payload, as it was sent."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Message headers."""
+    epoch: int = 0
+    """The sender's snapshot epoch when it sent the message."""
+    sent_at: datetime
+    """When it was sent."""
+    delivered_at: datetime | None = None
+    """When the receiver took it off the channel, or ``None`` if it never did."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -42,6 +43,7 @@ from agentsnap.exceptions import (
     RuntimeClosedError,
     UnknownAgentError,
 )
+from agentsnap.journal import Journal
 from agentsnap.messages import ENVIRONMENT, Marker, Message
 from agentsnap.records import RunInfo, Snapshot
 from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle, SnapshotPolicy
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["Runtime"]
 
 logger = logging.getLogger("agentsnap")
+_now_ns = time.time_ns
 
 
 class Runtime:
@@ -75,6 +78,8 @@ class Runtime:
         snapshot_policy: When to take snapshots without being asked.
         run_id: Id of the run (32 hex digits are generated when omitted).
         metadata: JSON recorded with the run.
+        journal: Keep a journal of every send and delivery in the store (see
+            [`agentsnap.journal`][agentsnap.journal]); off by default.
 
     Attributes:
         run_id: Id of this run.
@@ -90,6 +95,7 @@ class Runtime:
         snapshot_policy: SnapshotPolicy | None = None,
         run_id: str | None = None,
         metadata: Mapping[str, JsonValue] | None = None,
+        journal: bool = False,
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
         self.store: Store = store if store is not None else MemoryStore()
@@ -97,6 +103,7 @@ class Runtime:
         self._metadata = dict(metadata or {})
         self._scheduler: Scheduler = scheduler if scheduler is not None else AsyncioScheduler()
         self._bus = Bus(self._scheduler)
+        self._journal = Journal(self._bus, self.store, self.run_id) if journal else None
         self._agents: dict[str, Agent[Any]] = {}
         self._snapshots = SnapshotCoordinator(self._bus, self._agents, self.run_id, self._persist)
         self._policy = snapshot_policy or SnapshotPolicy()
@@ -153,6 +160,8 @@ class Runtime:
         self._started = True
         await self._ensure_run()
         self._scheduler.start()
+        if self._journal is not None:
+            self._journal.start()
         if self._policy.every_seconds is not None:
             self._timer = asyncio.get_running_loop().create_task(
                 self._tick(self._policy.every_seconds), name="agentsnap:snapshot-timer"
@@ -172,6 +181,8 @@ class Runtime:
         await self._scheduler.close()
         self._snapshots.abort_all("the runtime was closed before the snapshot completed")
         await self._snapshots.drain()
+        if self._journal is not None:
+            await self._journal.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -242,7 +253,10 @@ class Runtime:
         return len(self._snapshots.active)
 
     async def run_until_idle(self, *, raise_failures: bool = True) -> None:
-        """Deliver messages until none is left, no handler runs and every snapshot is written.
+        """Deliver until no message is left and no handler runs; then wait for the writes.
+
+        Every snapshot completed so far, and the journal when there is one, is in the store
+        when this returns.
 
         Args:
             raise_failures: Raise the first handler failure that happened during this call.
@@ -257,6 +271,8 @@ class Runtime:
             await self._snapshots.drain()
             if not self._has_queued():
                 break
+        if self._journal is not None:
+            await self._journal.flush()
         if raise_failures and len(self.failures) > self._reported:
             first = self.failures[self._reported]
             self._reported = len(self.failures)
@@ -280,6 +296,10 @@ class Runtime:
         if snapshots.active:
             snapshots.on_message(endpoint, channel, message)
         channel.delivered += 1
+        log = channel.delivered_log
+        if log is not None:
+            log.append(message.seq)
+            log.append(_now_ns() // 1000)
         ctx = endpoint.context
         assert ctx is not None, "only agents receive messages"
         ctx.message = message

@@ -370,11 +370,33 @@ class SnapshotCoordinator:
             reason = f"the store could not write it: {type(exc).__name__}: {exc}"
             logger.exception("snapshot %d (%s) was not written", snapshot.seq, snapshot.id)
             handle._resolve(None, SnapshotFailed(snapshot.id, reason))
+            if snapshot.status is SnapshotStatus.COMPLETE:
+                await self._record_failure(snapshot, reason)
             return
         if snapshot.status is SnapshotStatus.COMPLETE:
             handle._resolve(snapshot, None)
         else:
             handle._resolve(None, SnapshotFailed(snapshot.id, snapshot.error or "unknown"))
+
+    async def _record_failure(self, snapshot: Snapshot, reason: str) -> None:
+        """Leave a failed record in place of a snapshot whose write failed, if the store can.
+
+        The write was one transaction, so nothing of the snapshot is stored; the record says
+        why it is missing. When the store is down this fails too, and the log says so.
+        """
+        failed = snapshot.model_copy(
+            update={"status": SnapshotStatus.FAILED, "error": reason, "agents": {}, "channels": []}
+        )
+        try:
+            await self._persist(failed)
+        except Exception as exc:  # already reported above; keep the run going
+            logger.warning(
+                "snapshot %d (%s) could not be marked failed either: %s: %s",
+                snapshot.seq,
+                snapshot.id,
+                type(exc).__name__,
+                exc,
+            )
 
     async def drain(self) -> None:
         """Wait until every completed or failed snapshot has been handed to the store."""

@@ -7,9 +7,10 @@ write atomic, so a snapshot is either entirely there or not at all.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from agentsnap.records import RunInfo, Snapshot
+from agentsnap.records import AgentVersion, JournalSegment, RunInfo, Snapshot
 from agentsnap.store.memory import MemoryStore
 
 __all__ = ["MemoryStore", "Store"]
@@ -43,6 +44,28 @@ class Store(Protocol):
 
         Raises:
             NotFoundError: The store holds no such snapshot.
+        """
+
+    async def agent_history(self, run_id: str, agent: str) -> list[AgentVersion]:
+        """An agent's part of every complete snapshot of a run, oldest first.
+
+        Raises:
+            NotFoundError: The store holds no such run, or no snapshot of the run has
+                recorded this agent.
+        """
+
+    async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:
+        """Append journal segments to a run's journal, all or nothing, in the given order.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
+    async def load_journal(self, run_id: str) -> list[JournalSegment]:
+        """Every journal segment of a run, in the order they were appended.
+
+        Raises:
+            NotFoundError: The store holds no such run.
         """
 
     async def close(self) -> None:

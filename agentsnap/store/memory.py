@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agentsnap.exceptions import NotFoundError, StoreError
-from agentsnap.records import AgentCut, RunInfo, Snapshot
+from agentsnap.records import (
+    AgentCut,
+    AgentVersion,
+    JournalSegment,
+    RunInfo,
+    Snapshot,
+    SnapshotStatus,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -20,6 +29,7 @@ class MemoryStore:
         self._snapshots: dict[str, Snapshot] = {}
         self._by_run: dict[str, list[str]] = {}
         self._blobs: dict[str, str] = {}
+        self._journals: dict[str, list[JournalSegment]] = {}
 
     @property
     def blob_count(self) -> int:
@@ -72,6 +82,31 @@ class MemoryStore:
             return self._snapshots[snapshot_id]
         except KeyError:
             raise NotFoundError("snapshot", snapshot_id) from None
+
+    async def agent_history(self, run_id: str, agent: str) -> list[AgentVersion]:  # noqa: D102
+        versions = [
+            AgentVersion(
+                snapshot_id=snapshot.id,
+                snapshot_seq=snapshot.seq,
+                completed_at=snapshot.completed_at,
+                cut=snapshot.agents[agent],
+            )
+            for snapshot in await self.list_snapshots(run_id)
+            if snapshot.status is SnapshotStatus.COMPLETE and agent in snapshot.agents
+        ]
+        if not versions:
+            raise NotFoundError.agent(run_id, agent)
+        return versions
+
+    async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:  # noqa: D102
+        if run_id not in self._runs:
+            raise NotFoundError("run", run_id)
+        self._journals.setdefault(run_id, []).extend(segments)
+
+    async def load_journal(self, run_id: str) -> list[JournalSegment]:  # noqa: D102
+        if run_id not in self._runs:
+            raise NotFoundError("run", run_id)
+        return list(self._journals.get(run_id, ()))
 
     async def close(self) -> None:  # noqa: D102
         return None

@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, pool
 from sqlalchemy.engine import make_url
 
-from agentsnap.exceptions import ConfigurationError, SchemaOutOfDate
+from agentsnap.exceptions import ConfigurationError, SchemaOutOfDate, StoreError
 from agentsnap.store.tables import VERSION_TABLE, Base
 
 __all__ = [
@@ -70,10 +70,14 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+def script_directory() -> ScriptDirectory:
+    """Alembic's view of agentsnap's migrations."""
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
 def head() -> str:
     """The newest schema revision this version of agentsnap knows."""
-    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    revision = script.get_current_head()
+    revision = script_directory().get_current_head()
     assert revision is not None, "agentsnap ships at least one migration"
     return revision
 
@@ -99,24 +103,38 @@ def downgrade(url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
 
 
-def ensure_schema(url: str) -> None:
+def ensure_schema(url: str, *, create: bool = True) -> None:
     """Make the database at ``url`` ready for a store.
 
-    An empty database (no agentsnap tables) is brought to the newest revision; one at the
-    newest revision is used as it is.
+    An empty database (no agentsnap tables) is brought to the newest revision when ``create``
+    is true; one at the newest revision is used as it is.
 
     Raises:
         SchemaOutOfDate: The database holds agentsnap tables at another revision; the message
             says which command upgrades it.
+        StoreError: ``create`` is false and there is no agentsnap database at ``url``.
     """
+    shown = make_url(url).render_as_string(hide_password=True)
+    if not create and not _sqlite_file_exists(url):
+        raise StoreError(f"there is no database at {shown}: check the --db URL")
     needed = head()
     found = current(url)
     if found == needed:
         return
     if found is None and not _has_tables(url):
+        if not create:
+            raise StoreError(f"{shown} holds no agentsnap runs (it has no agentsnap tables)")
         upgrade(url)
         return
-    raise SchemaOutOfDate(make_url(url).render_as_string(hide_password=True), found, needed)
+    raise SchemaOutOfDate(shown, found, needed)
+
+
+def _sqlite_file_exists(url: str) -> bool:
+    """False only for a SQLite URL naming a file that does not exist."""
+    parsed = make_url(sync_url(url))
+    if parsed.get_backend_name() != "sqlite" or parsed.database in {None, "", ":memory:"}:
+        return True
+    return Path(parsed.database).exists()
 
 
 def _has_tables(url: str) -> bool:

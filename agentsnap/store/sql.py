@@ -36,7 +36,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.records import (
     AgentCut,
+    AgentVersion,
     ChannelRecord,
+    JournalSegment,
     RecordedMessage,
     RunInfo,
     Snapshot,
@@ -44,6 +46,7 @@ from agentsnap.records import (
 )
 from agentsnap.store.migrate import ensure_schema, sync_url
 from agentsnap.store.tables import (
+    JournalRow,
     RunRow,
     SnapshotAgentRow,
     SnapshotMessageRow,
@@ -65,6 +68,7 @@ _snapshots: Table = SnapshotRow.__table__  # type: ignore[assignment]
 _blobs: Table = StateBlobRow.__table__  # type: ignore[assignment]
 _agents: Table = SnapshotAgentRow.__table__  # type: ignore[assignment]
 _messages: Table = SnapshotMessageRow.__table__  # type: ignore[assignment]
+_journal: Table = JournalRow.__table__  # type: ignore[assignment]
 
 
 def async_url(url: str) -> str:
@@ -82,10 +86,13 @@ class SqlStore:
         url: Database URL: ``sqlite:///path.db`` (WAL mode) or ``postgresql://…``; the driver
             is chosen for you (aiosqlite, psycopg 3).
         echo: Log every SQL statement (SQLAlchemy's ``echo``).
+        create: Create the schema in an empty database on first use. Readers that must not
+            create anything (the CLI) pass ``False`` and get a clear error instead.
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, echo: bool = False) -> None:
+    def __init__(self, url: str = DEFAULT_URL, *, echo: bool = False, create: bool = True) -> None:
         self.url = url
+        self._create = create
         self._engine: AsyncEngine = create_async_engine(async_url(url), echo=echo)
         self._backend = self._engine.dialect.name
         if self._backend == "sqlite":
@@ -102,7 +109,7 @@ class SqlStore:
         async with self._ready_lock:
             if not self._ready:
                 # Alembic is synchronous: run it off the event loop.
-                await asyncio.to_thread(ensure_schema, self.url)
+                await asyncio.to_thread(ensure_schema, self.url, create=self._create)
                 self._ready = True
 
     # -- writes ---------------------------------------------------------------------------
@@ -122,9 +129,7 @@ class SqlStore:
     async def save_snapshot(self, snapshot: Snapshot) -> None:  # noqa: D102
         await self._connect_ready()
         async with self._begin() as conn:
-            run = await conn.scalar(select(_runs.c.id).where(_runs.c.id == snapshot.run_id))
-            if run is None:
-                raise NotFoundError("run", snapshot.run_id)
+            await self._require_run(conn, snapshot.run_id)
             try:
                 await conn.execute(
                     _snapshots.insert().values(
@@ -191,6 +196,28 @@ class SqlStore:
             # text, so either row will do.
             await conn.execute(self._insert_ignore(_blobs, ["hash"]), missing)
 
+    async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:  # noqa: D102
+        await self._connect_ready()
+        if not segments:
+            return
+        async with self._begin() as conn:
+            await self._require_run(conn, run_id)
+            await conn.execute(
+                _journal.insert(),
+                [
+                    {
+                        "run_id": run_id,
+                        "src": segment.src,
+                        "dst": segment.dst,
+                        "event": segment.event,
+                        "first_seq": segment.first_seq,
+                        "last_seq": segment.last_seq,
+                        "entries": segment.entries,
+                    }
+                    for segment in segments
+                ],
+            )
+
     # -- reads ----------------------------------------------------------------------------
 
     async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
@@ -210,8 +237,7 @@ class SqlStore:
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:  # noqa: D102
         await self._connect_ready()
         async with self._engine.connect() as conn:
-            if await conn.scalar(select(_runs.c.id).where(_runs.c.id == run_id)) is None:
-                raise NotFoundError("run", run_id)
+            await self._require_run(conn, run_id)
             rows = (
                 await conn.execute(
                     select(_snapshots)
@@ -231,6 +257,70 @@ class SqlStore:
                 raise NotFoundError("snapshot", snapshot_id)
             (snapshot,) = await self._assemble(conn, [row._mapping])
             return snapshot
+
+    async def agent_history(self, run_id: str, agent: str) -> list[AgentVersion]:  # noqa: D102
+        await self._connect_ready()
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows = (
+                await conn.execute(
+                    select(
+                        _snapshots.c.id,
+                        _snapshots.c.seq,
+                        _snapshots.c.completed_at,
+                        _agents.c.state_hash,
+                        _agents.c.sent,
+                        _agents.c.received,
+                        _blobs.c.state,
+                    )
+                    .join(_agents, _agents.c.snapshot_id == _snapshots.c.id)
+                    .join(_blobs, _blobs.c.hash == _agents.c.state_hash)
+                    .where(
+                        _snapshots.c.run_id == run_id,
+                        _snapshots.c.status == SnapshotStatus.COMPLETE.value,
+                        _agents.c.agent == agent,
+                    )
+                    .order_by(_snapshots.c.seq)
+                )
+            ).all()
+        if not rows:
+            raise NotFoundError.agent(run_id, agent)
+        return [
+            AgentVersion(
+                snapshot_id=row.id,
+                snapshot_seq=row.seq,
+                completed_at=row.completed_at,
+                cut=AgentCut(
+                    state_json=row.state,
+                    state_hash=row.state_hash,
+                    sent=row.sent,
+                    received=row.received,
+                ),
+            )
+            for row in rows
+        ]
+
+    async def load_journal(self, run_id: str) -> list[JournalSegment]:  # noqa: D102
+        await self._connect_ready()
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows = await conn.execute(
+                select(
+                    _journal.c.src,
+                    _journal.c.dst,
+                    _journal.c.event,
+                    _journal.c.first_seq,
+                    _journal.c.last_seq,
+                    _journal.c.entries,
+                )
+                .where(_journal.c.run_id == run_id)
+                .order_by(_journal.c.pos)
+            )
+            return [JournalSegment(*row) for row in rows]
+
+    async def _require_run(self, conn: AsyncConnection, run_id: str) -> None:
+        if await conn.scalar(select(_runs.c.id).where(_runs.c.id == run_id)) is None:
+            raise NotFoundError("run", run_id)
 
     async def _assemble(self, conn: AsyncConnection, rows: Sequence[Any]) -> list[Snapshot]:
         if not rows:

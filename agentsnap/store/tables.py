@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     DateTime,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -27,6 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 __all__ = [
     "VERSION_TABLE",
     "Base",
+    "JournalRow",
     "RunRow",
     "SnapshotAgentRow",
     "SnapshotMessageRow",
@@ -162,3 +164,25 @@ class SnapshotMessageRow(Base):
     payload: Mapped[Any] = mapped_column(Json())
     headers: Mapped[dict[str, str]] = mapped_column(Json())
     epoch: Mapped[int] = mapped_column(Integer)
+
+
+class JournalRow(Base):
+    """A segment of a run's message journal: one channel's sends or deliveries in a batch.
+
+    ``entries`` is a JSON array in the format described by
+    [`JournalSegment`][agentsnap.records.JournalSegment]; ``pos`` orders the segments.
+    """
+
+    __tablename__ = "agentsnap_journal"
+    __table_args__ = (Index("ix_agentsnap_journal_run_id_pos", "run_id", "pos"),)
+
+    pos: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE")
+    )
+    src: Mapped[str] = mapped_column(String(128))
+    dst: Mapped[str] = mapped_column(String(128))
+    event: Mapped[str] = mapped_column(String(16))
+    first_seq: Mapped[int] = mapped_column(Integer)
+    last_seq: Mapped[int] = mapped_column(Integer)
+    entries: Mapped[str] = mapped_column(Text)

@@ -17,6 +17,7 @@ from agentsnap import (
     AgentState,
     ChannelRecord,
     Context,
+    JournalSegment,
     Message,
     NotFoundError,
     RecordedMessage,
@@ -490,6 +491,99 @@ async def test_identical_states_share_their_content(store: Store) -> None:
     assert two.agents["bob"].state_hash != two.agents["alice"].state_hash
     for loaded, saved in ((one, first), (two, second), (three, elsewhere)):
         assert_same_snapshot(loaded, saved)
+
+
+# -- agent history --------------------------------------------------------------------------
+
+
+async def test_agent_history_lists_complete_snapshots_in_order(store: Store) -> None:
+    run = await stored_run(store)
+    other = await stored_run(store)
+    states: list[dict[str, JsonValue]] = [{"balance": 1}, {"balance": 1}, {"balance": 2}]
+    saved = []
+    for seq, state in enumerate(states, start=1):
+        snapshot = make_snapshot(
+            run.id,
+            seq,
+            agents={"$env": make_cut({}), "alice": make_cut(state, received={"$env": seq})},
+            channels=[],
+        )
+        await store.save_snapshot(snapshot)
+        saved.append(snapshot)
+    # A failed snapshot between them and another run's snapshot are left out.
+    await store.save_snapshot(
+        make_snapshot(run.id, 4, status=SnapshotStatus.FAILED, error="store was down")
+    )
+    await store.save_snapshot(
+        make_snapshot(other.id, 1, agents={"alice": make_cut({"balance": 99})}, channels=[])
+    )
+
+    history = await store.agent_history(run.id, "alice")
+
+    assert [v.snapshot_id for v in history] == [s.id for s in saved]
+    assert [v.snapshot_seq for v in history] == [1, 2, 3]
+    assert [v.cut.state for v in history] == states
+    assert [v.cut.received for v in history] == [{"$env": 1}, {"$env": 2}, {"$env": 3}]
+    for version, snapshot in zip(history, saved, strict=True):
+        assert version.cut == snapshot.agents["alice"]
+        assert_aware_equal(version.completed_at, snapshot.completed_at, "completed_at")
+    assert history[0].cut.state_hash == history[1].cut.state_hash != history[2].cut.state_hash
+
+
+async def test_agent_history_of_an_unknown_agent_is_not_found(store: Store) -> None:
+    run = await stored_run(store)
+    await store.save_snapshot(make_snapshot(run.id, 1))
+    with pytest.raises(NotFoundError) as error:
+        await store.agent_history(run.id, "mallory")
+    assert_not_found(error, "agent", "mallory")
+    assert run.id in str(error.value)
+
+
+async def test_agent_history_of_an_unknown_run_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFoundError) as error:
+        await store.agent_history("no-such-run", "alice")
+    assert_not_found(error, "run", "no-such-run")
+
+
+# -- journal --------------------------------------------------------------------------------
+
+
+def segment(src: str, dst: str, event: str, first: int, last: int, note: str) -> JournalSegment:
+    return JournalSegment(src, dst, event, first, last, f'{{"note":"{note}"}}')
+
+
+async def test_journal_segments_read_back_in_append_order(store: Store) -> None:
+    run = await stored_run(store)
+    other = await stored_run(store)
+    first = [
+        segment("$env", "alice", "send", 1, 3, "ünï ✓"),
+        segment("alice", "bob", "send", 1, 1, "b"),
+    ]
+    second = [
+        segment("$env", "alice", "deliver", 1, 3, "c"),
+        segment("$env", "alice", "send", 4, 4, "d"),
+    ]
+    await store.append_journal(run.id, first)
+    await store.append_journal(other.id, [segment("x", "y", "send", 1, 1, "elsewhere")])
+    await store.append_journal(run.id, [])
+    await store.append_journal(run.id, second)
+
+    assert await store.load_journal(run.id) == first + second
+    assert await store.load_journal(other.id) == [segment("x", "y", "send", 1, 1, "elsewhere")]
+
+
+async def test_journal_of_a_run_without_one_is_empty(store: Store) -> None:
+    run = await stored_run(store)
+    assert await store.load_journal(run.id) == []
+
+
+async def test_journal_of_an_unknown_run_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFoundError) as error:
+        await store.append_journal("no-such-run", [segment("a", "b", "send", 1, 1, "x")])
+    assert_not_found(error, "run", "no-such-run")
+    with pytest.raises(NotFoundError) as error:
+        await store.load_journal("no-such-run")
+    assert_not_found(error, "run", "no-such-run")
 
 
 # -- end to end -----------------------------------------------------------------------------

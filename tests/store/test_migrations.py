@@ -95,6 +95,43 @@ async def test_a_database_at_another_revision_is_refused_with_the_fix(empty_db: 
     assert "agentsnap db upgrade" in message
 
 
+async def test_a_database_at_an_older_revision_is_refused_then_upgraded(empty_db: str) -> None:
+    migrate.upgrade(empty_db, "0001")
+
+    store = SqlStore(empty_db)
+    try:
+        with pytest.raises(SchemaOutOfDate) as info:
+            await store.list_runs()
+    finally:
+        await store.close()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "revision 0001" in message
+    assert f"needs {migrate.head()}" in message
+    assert "agentsnap db upgrade" in message
+
+    migrate.upgrade(empty_db)
+    store = SqlStore(empty_db)
+    try:
+        assert await store.list_runs() == []
+    finally:
+        await store.close()
+
+
+def test_every_revision_upgrades_and_downgrades_one_step_at_a_time(empty_db: str) -> None:
+    revisions = [r.revision for r in reversed(list(migrate.script_directory().walk_revisions()))]
+    assert revisions[0] == "0001"
+    assert revisions[-1] == migrate.head()
+    for revision in revisions:
+        migrate.upgrade(empty_db, revision)
+        assert migrate.current(empty_db) == revision
+    for revision in reversed(revisions[:-1]):
+        migrate.downgrade(empty_db, revision)
+        assert migrate.current(empty_db) == revision
+    migrate.downgrade(empty_db, "base")
+    assert migrate.current(empty_db) is None
+
+
 def test_cli_db_upgrade_and_current(empty_db: str) -> None:
     runner = CliRunner()
     before = runner.invoke(main, ["db", "current", "--db", empty_db])

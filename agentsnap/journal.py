@@ -1,0 +1,249 @@
+"""The message journal: every send and every delivery of a run, kept in the store.
+
+Snapshots say what the run looked like at a few cuts; the journal says what happened in
+between, and is what a space-time diagram of the run is drawn from. It is off by default:
+
+```python
+import asyncio
+
+from agentsnap import Runtime
+from agentsnap.journal import read_journal
+
+async def main() -> None:
+    async with Runtime(journal=True) as runtime:
+        ...  # add agents, send work, run_until_idle()
+        messages = read_journal(await runtime.store.load_journal(runtime.run_id))
+        print(len(messages))
+
+asyncio.run(main())
+```
+
+Keeping the journal must not slow the bus down much, so the send and delivery paths only
+append the message (or its sequence number) and the time to a list on the channel. Every
+``interval`` seconds, whenever the run goes idle, and when the runtime closes, the lists are
+taken, encoded as one JSON segment per channel and event, and written to the store in one
+call, off the hot path. A write that fails is logged and kept for the next flush, so the
+journal loses nothing while the database is briefly away; what was not yet written when a
+process dies is lost (the snapshots, not the journal, are what a run is recovered from).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from agentsnap.records import JournalMessage, JournalSegment
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from agentsnap.bus import Bus
+    from agentsnap.messages import Message
+    from agentsnap.store import Store
+
+__all__ = ["Journal", "read_journal"]
+
+logger = logging.getLogger("agentsnap.journal")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+class Journal:
+    """Collects a run's sends and deliveries and writes them to the store in segments.
+
+    The runtime creates one when it is given ``journal=True``; applications do not need to.
+
+    Args:
+        bus: The bus whose channels are journaled (existing and future ones).
+        store: Where segments are written.
+        run_id: The run they belong to.
+        interval: Seconds between background flushes.
+
+    Attributes:
+        failures: Errors of journal writes that failed (the segments were kept and retried).
+    """
+
+    def __init__(self, bus: Bus, store: Store, run_id: str, *, interval: float = 0.25) -> None:
+        if not interval > 0:
+            raise ValueError("the journal interval must be a positive number of seconds")
+        self._bus = bus
+        self._store = store
+        self._run_id = run_id
+        self._interval = interval
+        self._pending: list[JournalSegment] = []
+        self._lock = asyncio.Lock()
+        self._timer: asyncio.Task[None] | None = None
+        self.failures: list[Exception] = []
+        bus.journaling = True
+        for channel in bus.channels.values():
+            channel.sent_log = []
+            channel.delivered_log = []
+
+    def start(self) -> None:
+        """Start flushing in the background (called from the running event loop)."""
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().create_task(
+                self._tick(), name="agentsnap:journal"
+            )
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            await self.flush()
+
+    def take(self) -> list[JournalSegment]:
+        """Take every event logged since the last call, as segments (sends first)."""
+        segments: list[JournalSegment] = []
+        for channel in self._bus.channels.values():
+            sent = channel.sent_log
+            if sent:
+                channel.sent_log = []
+                segments.append(_send_segment(channel.src, channel.dst, sent))
+            delivered = channel.delivered_log
+            if delivered:
+                channel.delivered_log = []
+                segments.append(_deliver_segment(channel.src, channel.dst, delivered))
+        return segments
+
+    async def flush(self) -> None:
+        """Write everything logged so far; a failed write is logged and retried next time."""
+        async with self._lock:
+            segments = self._pending + self.take()
+            self._pending = []
+            if not segments:
+                return
+            try:
+                await self._store.append_journal(self._run_id, segments)
+            except Exception as exc:
+                self._pending = segments
+                self.failures.append(exc)
+                logger.error(
+                    "journal write of %d segment(s) failed, will retry: %s: %s",
+                    len(segments),
+                    type(exc).__name__,
+                    exc,
+                )
+
+    async def close(self) -> None:
+        """Stop the background flushes and write what is left."""
+        if self._timer is not None:
+            self._timer.cancel()
+            await asyncio.gather(self._timer, return_exceptions=True)
+            self._timer = None
+        await self.flush()
+        if self._pending:
+            logger.error(
+                "%d journal segment(s) of run %s could not be written and are lost",
+                len(self._pending),
+                self._run_id,
+            )
+
+
+# Segments are encoded column by column: one JSON array per field, which the C encoder turns
+# out far faster than an object per message. A column whose values are all equal (the kind,
+# the epoch) is kept as that single value, and consecutive sequence numbers as the first one.
+
+
+def _send_segment(src: str, dst: str, log: list[Any]) -> JournalSegment:
+    messages: tuple[Message, ...] = tuple(log[0::2])
+    _, _, seqs, kinds, payloads, headers, epochs = zip(*messages, strict=True)
+    columns: dict[str, Any] = {
+        "seq": _sequence(seqs),
+        "kind": _constant(kinds),
+        "payload": payloads,
+        "epoch": _constant(epochs),
+        "at": log[1::2],
+    }
+    if any(headers):
+        columns["headers"] = {str(i): dict(h) for i, h in enumerate(headers) if h}
+    return JournalSegment(src, dst, "send", seqs[0], seqs[-1], _encode(columns))
+
+
+def _deliver_segment(src: str, dst: str, log: list[int]) -> JournalSegment:
+    seqs = log[0::2]
+    columns = {"seq": _sequence(seqs), "at": log[1::2]}
+    return JournalSegment(src, dst, "deliver", seqs[0], seqs[-1], _encode(columns))
+
+
+def _sequence(seqs: Sequence[int]) -> int | Sequence[int]:
+    """The first number when the numbers count up by one (as they do on a channel)."""
+    first = seqs[0]
+    if seqs[-1] - first + 1 == len(seqs) and list(seqs) == list(range(first, first + len(seqs))):
+        return first
+    return seqs
+
+
+def _constant(values: Sequence[Any]) -> Any:
+    first = values[0]
+    return first if values.count(first) == len(values) else values
+
+
+def _column(columns: dict[str, Any], name: str, count: int) -> list[Any]:
+    value = columns[name]
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ValueError(f"journal column {name!r} has {len(value)} values, not {count}")
+        return value
+    if name == "seq":
+        return list(range(value, value + count))
+    return [value] * count
+
+
+def read_journal(segments: Iterable[JournalSegment]) -> list[JournalMessage]:
+    """Turn journal segments (in the order they were written) into messages, in send order.
+
+    Messages are ordered by the time they were sent; those of one channel always in the
+    order they were sent on it.
+
+    A delivery is matched with the latest send of the same channel and sequence number that
+    has not been delivered yet.
+
+    Raises:
+        ValueError: A segment is not in the journal's format.
+    """
+    messages: list[dict[str, Any]] = []
+    latest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for segment in segments:
+        where = f"journal segment {segment.event} {segment.src}>{segment.dst}"
+        try:
+            columns = json.loads(segment.entries)
+            at = columns["at"]
+            count = len(at)
+            seqs = _column(columns, "seq", count)
+            if segment.event == "send":
+                kinds = _column(columns, "kind", count)
+                payloads = _column(columns, "payload", count)
+                epochs = _column(columns, "epoch", count)
+                headers = columns.get("headers", {})
+            elif segment.event != "deliver":
+                raise ValueError(f"unknown event {segment.event!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{where} is damaged: {exc}") from exc
+        if segment.event == "send":
+            for i in range(count):
+                message = {
+                    "src": segment.src,
+                    "dst": segment.dst,
+                    "seq": seqs[i],
+                    "kind": kinds[i],
+                    "payload": payloads[i],
+                    "headers": headers.get(str(i), {}),
+                    "epoch": epochs[i],
+                    "sent_at": _EPOCH + timedelta(microseconds=at[i]),
+                    "delivered_at": None,
+                }
+                messages.append(message)
+                latest[segment.src, segment.dst, seqs[i]] = message
+        else:
+            for seq, when in zip(seqs, at, strict=True):
+                found = latest.get((segment.src, segment.dst, seq))
+                if found is not None and found["delivered_at"] is None:
+                    found["delivered_at"] = _EPOCH + timedelta(microseconds=when)
+    # Segments come channel by channel; the clock puts the channels back together (sort is
+    # stable, so each channel keeps its own order even where the clock ticked too coarsely).
+    messages.sort(key=lambda message: message["sent_at"])
+    return [JournalMessage.model_validate(message) for message in messages]
