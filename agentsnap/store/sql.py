@@ -99,6 +99,7 @@ class SqlStore:
             event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
         self._ready = False
         self._ready_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock() if self._backend == "sqlite" else None
 
     def __repr__(self) -> str:
         return f"SqlStore({make_url(self.url).render_as_string(hide_password=True)!r})"
@@ -383,7 +384,7 @@ class SqlStore:
     # -- plumbing -------------------------------------------------------------------------
 
     def _begin(self) -> _Transaction:
-        return _Transaction(self._engine)
+        return _Transaction(self._engine, self._write_lock)
 
     def _insert_ignore(self, table: Any, keys: list[str]) -> Insert:
         if self._backend == "sqlite":
@@ -398,22 +399,37 @@ class SqlStore:
 
 
 class _Transaction:
-    """``engine.begin()`` whose database errors come out as StoreError."""
+    """``engine.begin()`` whose database errors come out as StoreError.
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    With a lock, one transaction at a time: SQLite has a single writer, and writers queued
+    on an asyncio lock cost nothing, where writers queued in SQLite's busy handler each hold
+    a thread and a connection and retry on a timer.
+    """
+
+    def __init__(self, engine: AsyncEngine, lock: asyncio.Lock | None) -> None:
         self._context = engine.begin()
+        self._lock = lock
 
     async def __aenter__(self) -> AsyncConnection:
+        if self._lock is not None:
+            await self._lock.acquire()
         try:
             return await self._context.__aenter__()
-        except SQLAlchemyError as exc:
-            raise StoreError(f"cannot reach the database: {exc}") from exc
+        except BaseException as exc:
+            if self._lock is not None:
+                self._lock.release()
+            if isinstance(exc, SQLAlchemyError):
+                raise StoreError(f"cannot reach the database: {exc}") from exc
+            raise
 
     async def __aexit__(self, *exc_info: Any) -> None:
         try:
             await self._context.__aexit__(*exc_info)
         except SQLAlchemyError as exc:
             raise StoreError(f"the database refused the write: {exc}") from exc
+        finally:
+            if self._lock is not None:
+                self._lock.release()
         error = exc_info[1]
         if isinstance(error, SQLAlchemyError):
             raise StoreError(f"the database refused the write: {error}") from error
