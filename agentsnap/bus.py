@@ -195,7 +195,7 @@ class Bus:
         environment: The environment process.
         scheduler: The scheduler delivering items.
         journaling: Whether channels log sends and deliveries for the
-            [`Journal`][agentsnap.journal.Journal].
+            [`Journal`][agentsnap.journal.Journal] (see [`journal`][agentsnap.bus.Bus.journal]).
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -204,6 +204,8 @@ class Bus:
         self.channels: dict[tuple[str, str], Channel] = {}
         self.scheduler = scheduler
         self.journaling = False
+        self._spill: Callable[[Channel], None] | None = None
+        self._spill_at = 0
         self._notify = scheduler.notify
 
     def add(self, name: str, epoch: int) -> Endpoint:
@@ -213,6 +215,18 @@ class Bus:
         self.channel(self.environment, name)
         self.scheduler.added(endpoint)
         return endpoint
+
+    def journal(self, spill: Callable[[Channel], None], every: int) -> None:
+        """Log sends and deliveries on every channel, present and future.
+
+        ``spill(channel)`` is called once ``every`` sends are logged on a channel, to take them.
+        """
+        self.journaling = True
+        self._spill = spill
+        self._spill_at = 2 * every  # the log holds (message, time) pairs laid out flat
+        for channel in self.channels.values():
+            channel.sent_log = []
+            channel.delivered_log = []
 
     def channel(self, sender: Endpoint, dst: str) -> Channel:
         """The channel from ``sender`` to ``dst``, created on first use.
@@ -274,6 +288,8 @@ class Bus:
         if log is not None:
             log.append(message)
             log.append(_now_ns() // 1000)
+            if len(log) >= self._spill_at:
+                self._spill(channel)  # type: ignore[misc]
         self._notify(channel)
         return message
 

@@ -40,7 +40,7 @@ from agentsnap.records import JournalMessage, JournalSegment
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from agentsnap.bus import Bus
+    from agentsnap.bus import Bus, Channel
     from agentsnap.messages import Message
     from agentsnap.store import Store
 
@@ -62,14 +62,27 @@ class Journal:
         store: Where segments are written.
         run_id: The run they belong to.
         interval: Seconds between background flushes.
+        segment_size: A channel's sends are encoded as soon as this many are logged, so the
+            journal holds on to few live messages (which would slow Python's garbage
+            collector down) and mostly to encoded text until the next flush.
 
     Attributes:
         failures: Errors of journal writes that failed (the segments were kept and retried).
     """
 
-    def __init__(self, bus: Bus, store: Store, run_id: str, *, interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        store: Store,
+        run_id: str,
+        *,
+        interval: float = 0.25,
+        segment_size: int = 64,
+    ) -> None:
         if not interval > 0:
             raise ValueError("the journal interval must be a positive number of seconds")
+        if segment_size < 1:
+            raise ValueError("the journal segment size must be at least 1 message")
         self._bus = bus
         self._store = store
         self._run_id = run_id
@@ -78,10 +91,7 @@ class Journal:
         self._lock = asyncio.Lock()
         self._timer: asyncio.Task[None] | None = None
         self.failures: list[Exception] = []
-        bus.journaling = True
-        for channel in bus.channels.values():
-            channel.sent_log = []
-            channel.delivered_log = []
+        bus.journal(self.spill, segment_size)
 
     def start(self) -> None:
         """Start flushing in the background (called from the running event loop)."""
@@ -94,6 +104,13 @@ class Journal:
         while True:
             await asyncio.sleep(self._interval)
             await self.flush()
+
+    def spill(self, channel: Channel) -> None:
+        """Encode the sends logged on ``channel`` now; they are written at the next flush."""
+        sent = channel.sent_log
+        if sent:
+            channel.sent_log = []
+            self._pending.append(_send_segment(channel.src, channel.dst, sent))
 
     def take(self) -> list[JournalSegment]:
         """Take every event logged since the last call, as segments (sends first)."""
@@ -119,7 +136,8 @@ class Journal:
             try:
                 await self._store.append_journal(self._run_id, segments)
             except Exception as exc:
-                self._pending = segments
+                # Keep the order: these first, then whatever was spilled meanwhile.
+                self._pending[:0] = segments
                 self.failures.append(exc)
                 logger.error(
                     "journal write of %d segment(s) failed, will retry: %s: %s",
