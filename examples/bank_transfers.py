@@ -5,7 +5,8 @@ snapshots start from random initiators, several at once. Money is only ever move
 completed snapshot the balances recorded in the agents plus the amounts recorded in flight on
 the channels must add up to the initial total. The program prints that sum for each snapshot
 and exits with status 1 if any snapshot gets it wrong. With ``--db URL`` (SQLite or
-PostgreSQL) the run and its snapshots are written to that database and the run id is printed.
+PostgreSQL) the run and its snapshots are written to that database and the run id is printed;
+``--journal`` keeps every transfer there too (see ``agentsnap export``).
 
 Run it with:
 
@@ -62,13 +63,16 @@ async def simulate(  # noqa: PLR0917
     seed: int,
     deterministic: bool,
     store: Store | None = None,
+    journal: bool = False,
 ) -> tuple[str, int, list[Snapshot]]:
     """Run the simulation; return the run id, the initial total and every snapshot taken."""
     rng = random.Random(seed)
     names = [f"teller-{i}" for i in range(agents)]
     scheduler = SeededScheduler(seed) if deterministic else None
     metadata = {"example": "bank_transfers", "seed": seed}
-    async with Runtime(scheduler=scheduler, store=store, metadata=metadata) as runtime:
+    async with Runtime(
+        scheduler=scheduler, store=store, metadata=metadata, journal=journal
+    ) as runtime:
         for name in names:
             peers = [n for n in names if n != name]
             runtime.add(Teller(name, 1_000, peers, random.Random(rng.random())))
@@ -98,7 +102,13 @@ async def run(args: argparse.Namespace) -> tuple[str, int, list[Snapshot]]:
         store = SqlStore(args.db)
     try:
         return await simulate(
-            args.agents, args.transfers, args.snapshot_every, args.seed, args.deterministic, store
+            args.agents,
+            args.transfers,
+            args.snapshot_every,
+            args.seed,
+            args.deterministic,
+            store,
+            args.journal,
         )
     finally:
         if store is not None:
@@ -121,9 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--db", help="write the run to this database (sqlite:///file.db or postgresql://...)"
     )
+    parser.add_argument(
+        "--journal", action="store_true", help="keep every message in the database (needs --db)"
+    )
     args = parser.parse_args(argv)
     if args.agents < 2:
         parser.error("--agents must be at least 2 (tellers need someone to pay)")
+    if args.journal and not args.db:
+        parser.error("--journal needs --db: the journal is kept in the database")
     if args.transfers < 0 or args.snapshot_every < 1:
         parser.error("--transfers must be >= 0 and --snapshot-every >= 1")
 
@@ -149,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print("all snapshots consistent" if not bad else f"{bad} snapshot(s) inconsistent")
     if args.db:
         print(f"run {run_id} written to {args.db}")
+        print(f"inspect it with: agentsnap export {run_id} --db {args.db}")
     return 1 if bad else 0
 
 

@@ -126,25 +126,37 @@ def test_documented_command_works(name: str) -> None:
 
 
 async def test_bank_transfers_writes_its_run_to_sql(tmp_path: Path) -> None:
+    from agentsnap.journal import read_journal
     from agentsnap.store.sql import SqlStore
     from agentsnap.testing import assert_consistent
 
     url = f"sqlite:///{tmp_path / 'bank.db'}"
     args = ["--agents", "3", "--transfers", "100", "--snapshot-every", "25", "--db", url]
-    result = run_example(EXAMPLES / "bank_transfers.py", args)
+    result = run_example(EXAMPLES / "bank_transfers.py", [*args, "--journal"])
     assert result.returncode == 0, result.stdout + result.stderr
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("run "), last
-    assert last.endswith(f"written to {url}"), last
-    run_id = last.split()[1]
+    lines = result.stdout.strip().splitlines()
+    written = [line for line in lines if line.startswith("run ")]
+    assert len(written) == 1, result.stdout
+    assert written[0].endswith(f"written to {url}"), written
+    run_id = written[0].split()[1]
+    assert lines[-1] == f"inspect it with: agentsnap export {run_id} --db {url}"
 
     store = SqlStore(url)
     try:
         run = await store.get_run(run_id)
         snapshots = await store.list_snapshots(run_id)
+        messages = read_journal(await store.load_journal(run_id))
     finally:
         await store.close()
     assert run.metadata["example"] == "bank_transfers"
     assert snapshots, "the example took snapshots"
     for snapshot in snapshots:
         assert_consistent(snapshot)
+    assert sum(m.kind == "go" for m in messages) == 100
+    assert all(m.delivered_at is not None for m in messages)
+
+
+def test_bank_transfers_journal_needs_a_database() -> None:
+    result = run_example(EXAMPLES / "bank_transfers.py", ["--journal"])
+    assert result.returncode == 2
+    assert "--journal needs --db" in result.stderr
