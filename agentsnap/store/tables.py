@@ -29,6 +29,7 @@ __all__ = [
     "VERSION_TABLE",
     "Base",
     "JournalRow",
+    "RollbackRow",
     "RunRow",
     "SnapshotAgentRow",
     "SnapshotMessageRow",
@@ -104,6 +105,8 @@ class RunRow(Base):
     parent_run_id: Mapped[str | None] = mapped_column(String(64))
     parent_snapshot_id: Mapped[str | None] = mapped_column(String(64))
     run_metadata: Mapped[dict[str, Any]] = mapped_column("metadata", Json())
+    status: Mapped[str] = mapped_column(String(16), server_default="running")
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
 
 class SnapshotRow(Base):
@@ -186,3 +189,22 @@ class JournalRow(Base):
     first_seq: Mapped[int] = mapped_column(Integer)
     last_seq: Mapped[int] = mapped_column(Integer)
     entries: Mapped[str] = mapped_column(Text)
+
+
+class RollbackRow(Base):
+    """A rollback of a run to one of its complete snapshots: who failed, why, what was lost."""
+
+    __tablename__ = "agentsnap_rollbacks"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE"), index=True
+    )
+    snapshot_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_snapshots.id", ondelete="CASCADE")
+    )
+    agent: Mapped[str | None] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer)
+    discarded: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(UtcDateTime())
