@@ -10,6 +10,7 @@ from agentsnap.exceptions import (
     ConfigurationError,
     DuplicateAgentError,
     HandlerFailed,
+    IdempotencyConflict,
     InvalidAgentName,
     NotFoundError,
     PayloadNotSerializable,
@@ -20,6 +21,10 @@ from agentsnap.exceptions import (
     SnapshotFailed,
     StateNotSerializable,
     StoreError,
+    ToolArgumentsInvalid,
+    ToolFailed,
+    ToolInProgress,
+    ToolOutcomeUnknown,
     UnknownAgentError,
 )
 from agentsnap.messages import ENVIRONMENT, ChannelId, JsonValue, Marker, Message
@@ -38,6 +43,7 @@ from agentsnap.runtime import Runtime
 from agentsnap.snapshot import SnapshotHandle, SnapshotPolicy
 from agentsnap.state import AgentState, PlanStep, ToolCallRecord
 from agentsnap.store import MemoryStore, Store
+from agentsnap.tools import Ledger, LedgerEntry, Tool, ToolCall, ToolCallStatus, ToolRetry, tool
 
 __version__ = "0.1.0"
 
@@ -56,10 +62,13 @@ __all__ = [
     "DuplicateAgentError",
     "Feedback",
     "HandlerFailed",
+    "IdempotencyConflict",
     "InvalidAgentName",
     "JournalMessage",
     "JournalSegment",
     "JsonValue",
+    "Ledger",
+    "LedgerEntry",
     "Marker",
     "MemoryStore",
     "Message",
@@ -82,7 +91,16 @@ __all__ = [
     "StateNotSerializable",
     "Store",
     "StoreError",
+    "Tool",
+    "ToolArgumentsInvalid",
+    "ToolCall",
     "ToolCallRecord",
+    "ToolCallStatus",
+    "ToolFailed",
+    "ToolInProgress",
+    "ToolOutcomeUnknown",
+    "ToolRetry",
     "UnknownAgentError",
     "__version__",
+    "tool",
 ]

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from agentsnap.bus import Bus, Endpoint
     from agentsnap.messages import JsonValue, Message
     from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle
+    from agentsnap.tools import Ledger
 
 __all__ = ["Agent", "Context", "Feedback"]
 
@@ -118,7 +119,16 @@ class Context(Generic[S]):
     One context belongs to each agent; ``message`` is the message being handled.
     """
 
-    __slots__ = ("_bus", "_endpoint", "_feedback", "_snapshots", "agent", "message", "run_id")
+    __slots__ = (
+        "_bus",
+        "_endpoint",
+        "_feedback",
+        "_snapshots",
+        "agent",
+        "ledger",
+        "message",
+        "run_id",
+    )
 
     def __init__(
         self,
@@ -138,6 +148,8 @@ class Context(Generic[S]):
         self._bus = bus
         self._snapshots = snapshots
         self._feedback: list[Feedback] = []
+        self.ledger: Ledger | None = None
+        """Where side-effecting tool calls are recorded (set by the runtime)."""
 
     @property
     def state(self) -> S:

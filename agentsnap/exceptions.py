@@ -8,13 +8,18 @@ AgentsnapError
 │   ├── UnknownAgentError
 │   ├── StateNotSerializable
 │   ├── PayloadNotSerializable
-│   └── ScheduleError
+│   ├── ScheduleError
+│   ├── ToolArgumentsInvalid
+│   └── IdempotencyConflict
 ├── NotFoundError               an id that the store does not hold
 └── RunError                    something went wrong while a run was executing
     ├── HandlerFailed
     ├── SnapshotFailed
     ├── StoreError
     │   └── SchemaOutOfDate
+    ├── ToolFailed
+    ├── ToolInProgress
+    ├── ToolOutcomeUnknown
     └── RuntimeClosedError
 ```
 
@@ -35,6 +40,7 @@ __all__ = [
     "ConfigurationError",
     "DuplicateAgentError",
     "HandlerFailed",
+    "IdempotencyConflict",
     "InvalidAgentName",
     "NotFoundError",
     "PayloadNotSerializable",
@@ -45,6 +51,10 @@ __all__ = [
     "SnapshotFailed",
     "StateNotSerializable",
     "StoreError",
+    "ToolArgumentsInvalid",
+    "ToolFailed",
+    "ToolInProgress",
+    "ToolOutcomeUnknown",
     "UnknownAgentError",
 ]
 
@@ -119,6 +129,41 @@ class PayloadNotSerializable(ConfigurationError):
 
 class ScheduleError(ConfigurationError):
     """A scripted schedule asked for a delivery that is not possible."""
+
+
+class ToolArgumentsInvalid(ConfigurationError):
+    """A tool was called with arguments that do not fit its signature; nothing ran.
+
+    Attributes:
+        tool: Name of the tool.
+    """
+
+    def __init__(self, tool: str, detail: str) -> None:
+        self.tool = tool
+        super().__init__(
+            f"tool {tool!r} was called with invalid arguments ({detail}); pass keyword "
+            "arguments that match the tool function's parameters"
+        )
+
+
+class IdempotencyConflict(ConfigurationError):
+    """An idempotency key was reused for a different call; nothing ran.
+
+    A key names one effect. Reusing it with other arguments (or for another tool) would
+    return the first call's outcome for a call that asked for something else.
+
+    Attributes:
+        key: The idempotency key.
+        tool: The tool of the call that was refused.
+    """
+
+    def __init__(self, key: str, tool: str, detail: str) -> None:
+        self.key = key
+        self.tool = tool
+        super().__init__(
+            f"idempotency key {key!r} cannot be used for this call of tool {tool!r}: {detail}; "
+            "use a new key for a different call"
+        )
 
 
 class NotFoundError(AgentsnapError, LookupError):
@@ -199,3 +244,108 @@ class SchemaOutOfDate(StoreError):
 
 class RuntimeClosedError(RunError):
     """The runtime was closed; create a new one to continue."""
+
+
+class ToolFailed(RunError):
+    """A tool call failed; the original exception is the ``__cause__`` when the tool ran.
+
+    A final failure is recorded in the ledger: calling again with the same key raises this
+    error again (``replayed`` is then true) and does not run the tool. A transient failure
+    that outlasted its retries (``transient``) is not recorded as final: the next call with
+    the same key runs the tool again.
+
+    Attributes:
+        tool: Name of the tool.
+        key: Idempotency key of the call (``None`` for a tool without side effects).
+        error_type: Name of the exception the tool raised.
+        detail: Its message.
+        transient: The failure was a declared transient error, retried until the retry
+            policy gave up.
+        replayed: The failure was read from the ledger; the tool did not run.
+        attempts: How many times the tool ran for this call (0 when replayed).
+    """
+
+    def __init__(  # noqa: PLR0917
+        self,
+        tool: str,
+        key: str | None,
+        error_type: str,
+        detail: str,
+        transient: bool = False,
+        replayed: bool = False,
+        attempts: int = 1,
+    ) -> None:
+        self.tool = tool
+        self.key = key
+        self.error_type = error_type
+        self.detail = detail
+        self.transient = transient
+        self.replayed = replayed
+        self.attempts = 0 if replayed else attempts
+        where = f"tool {tool!r}" + (f" (key {key!r})" if key else "")
+        if transient:
+            after = (
+                "a transient error, retried until the retry policy gave up; it is not recorded "
+                "as final, so a later call with the same key tries again"
+            )
+        elif replayed:
+            after = (
+                "recorded in the ledger by an earlier call with this key, so the tool did not "
+                "run again; fix the cause and call with a new key"
+            )
+        elif key is not None:
+            after = "recorded in the ledger: a call with the same key raises it without running"
+        else:
+            after = "the tool has no side effects, nothing was recorded"
+        super().__init__(f"{where} failed with {error_type}: {detail} ({after})")
+
+
+class ToolInProgress(RunError):
+    """A call with the same idempotency key is still running elsewhere; this one gave up waiting.
+
+    Attributes:
+        key: The idempotency key.
+        tool: Name of the tool.
+        owner: Who is running it (``host:pid:token``).
+        waited: How long this call waited, in seconds.
+    """
+
+    def __init__(self, key: str, tool: str, owner: str | None, waited: float) -> None:
+        self.key = key
+        self.tool = tool
+        self.owner = owner
+        self.waited = waited
+        super().__init__(
+            f"tool {tool!r} with key {key!r} is in progress in {owner or 'another process'} and "
+            f"recorded no outcome within {waited:g} s; call again later to get its outcome, or "
+            "give the tool a longer wait (@tool(wait=...))"
+        )
+
+
+class ToolOutcomeUnknown(RunError):
+    """A side-effecting call was claimed but its outcome was never recorded.
+
+    Its owner stopped (a crash, a kill, a cancelled task) between claiming the key and
+    recording the outcome, so the effect may or may not have happened. The tool does not
+    declare that running it again is safe, so it is not run again: a person must check the
+    outside system and record what happened with ``agentsnap tools resolve`` (or
+    [`agentsnap.tools.resolve`][agentsnap.tools.resolve]).
+
+    Attributes:
+        key: The idempotency key.
+        tool: Name of the tool.
+        owner: Who had claimed it (``host:pid:token``).
+    """
+
+    def __init__(self, key: str, tool: str, owner: str | None) -> None:
+        self.key = key
+        self.tool = tool
+        self.owner = owner
+        super().__init__(
+            f"the outcome of tool {tool!r} with key {key!r} is unknown: "
+            f"{owner or 'its owner'} claimed it and stopped before recording an outcome, so the "
+            "effect may or may not have happened. Check the outside system, then record what "
+            f"happened: `agentsnap tools resolve {key} --result JSON` (or --error TEXT), or "
+            "agentsnap.tools.resolve(); a tool that passes its key to the service may declare "
+            "@tool(rerun_if_unknown=True) to be run again instead"
+        )

@@ -48,7 +48,9 @@ from agentsnap.messages import ENVIRONMENT, Marker, Message
 from agentsnap.records import RunInfo, Snapshot
 from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle, SnapshotPolicy
 from agentsnap.state import check_round_trip
+from agentsnap.store.ledger import MemoryLedger, ledger_for
 from agentsnap.store.memory import MemoryStore
+from agentsnap.tools import Ledger, reconcile
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -80,10 +82,17 @@ class Runtime:
         metadata: JSON recorded with the run.
         journal: Keep a journal of every send and delivery in the store (see
             [`agentsnap.journal`][agentsnap.journal]); off by default.
+        ledger: Where side-effecting tool calls are recorded (see
+            [`agentsnap.tools`][agentsnap.tools]); by default an
+            [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger] on the store's database when
+            the store is an ``SqlStore``, else a
+            [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger]. A ledger you pass is not
+            closed by the runtime.
 
     Attributes:
         run_id: Id of this run.
         store: The store snapshots are written to.
+        ledger: The tool-call ledger.
         failures: Every handler failure so far, oldest first.
     """
 
@@ -96,9 +105,14 @@ class Runtime:
         run_id: str | None = None,
         metadata: Mapping[str, JsonValue] | None = None,
         journal: bool = False,
+        ledger: Ledger | None = None,
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
         self.store: Store = store if store is not None else MemoryStore()
+        self._owns_ledger = ledger is None
+        if ledger is None:
+            ledger = ledger_for(self.store) or MemoryLedger()
+        self.ledger: Ledger = ledger
         self.failures: list[HandlerFailed] = []
         self._metadata = dict(metadata or {})
         self._scheduler: Scheduler = scheduler if scheduler is not None else AsyncioScheduler()
@@ -149,6 +163,7 @@ class Runtime:
         self._agents[agent.name] = agent
         endpoint = self._bus.add(agent.name, epoch)
         endpoint.context = Context(agent, endpoint, self._bus, coordinator, self.run_id)
+        endpoint.context.ledger = self.ledger
         coordinator.joined(endpoint, blob.hash)
         return agent
 
@@ -183,6 +198,12 @@ class Runtime:
         await self._snapshots.drain()
         if self._journal is not None:
             await self._journal.close()
+        try:
+            if self._started:  # effects no final state holds were abandoned by rollbacks
+                await reconcile(self.ledger, self.run_id, [a.state for a in self._agents.values()])
+        finally:
+            if self._owns_ledger:
+                await self.ledger.close()
 
     async def __aenter__(self) -> Self:
         await self.start()

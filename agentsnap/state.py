@@ -41,7 +41,7 @@ class PlanStep(BaseModel):
 
 
 class ToolCallRecord(BaseModel):
-    """One tool call in an agent's history."""
+    """One tool call in an agent's history (see [`agentsnap.tools`][agentsnap.tools])."""
 
     tool: str
     """Name of the tool."""
@@ -50,9 +50,19 @@ class ToolCallRecord(BaseModel):
     key: str | None = None
     """Idempotency key of a side-effecting call."""
     status: str = "ok"
-    """Outcome of the call (``"ok"``, ``"error"``, ``"deduplicated"`` …)."""
+    """Outcome of the call: ``"ok"`` (the tool ran), ``"replayed"`` (the ledger's recorded
+    outcome was returned and the tool did not run), ``"error"``, or ``"running"`` while the
+    call is under way."""
     result: JsonValue = None
-    """Result, or a summary of it."""
+    """Result, or a summary of it when its JSON is long."""
+    message_id: str | None = None
+    """Id of the message whose handler made the call (``None`` outside a handler)."""
+    fingerprint: str | None = None
+    """SHA-256 of the canonical JSON of the arguments."""
+    attempts: int = 1
+    """How many times the tool ran for this call (retries included; 0 when replayed)."""
+    error: str | None = None
+    """What went wrong, when ``status`` is ``"error"``."""
 
 
 class AgentState(BaseModel):

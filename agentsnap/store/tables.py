@@ -35,6 +35,7 @@ __all__ = [
     "SnapshotMessageRow",
     "SnapshotRow",
     "StateBlobRow",
+    "ToolCallRow",
 ]
 
 VERSION_TABLE = "agentsnap_alembic_version"
@@ -208,3 +209,32 @@ class RollbackRow(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     discarded: Mapped[int] = mapped_column(Integer)
     at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class ToolCallRow(Base):
+    """The ledger: one side-effecting tool call per idempotency key.
+
+    The key is the primary key, so two callers can never both claim it. Rows are never
+    deleted or rolled back; ``status`` moves as described in
+    [`ToolCallStatus`][agentsnap.tools.ToolCallStatus]. There is no foreign key to the runs:
+    a call may be made outside a run, or through a ledger in another database than the run.
+    """
+
+    __tablename__ = "agentsnap_tool_calls"
+
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    agent: Mapped[str | None] = mapped_column(String(128))
+    message_id: Mapped[str | None] = mapped_column(String(300))
+    tool: Mapped[str] = mapped_column(String(128))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    arguments: Mapped[Any] = mapped_column(Json())
+    status: Mapped[str] = mapped_column(String(24))
+    owner: Mapped[str | None] = mapped_column(String(255))
+    lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    attempts: Mapped[int] = mapped_column(Integer)
+    result: Mapped[Any] = mapped_column(Json())
+    error: Mapped[str | None] = mapped_column(Text)
+    compensation: Mapped[Any] = mapped_column(Json())
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())

@@ -1,0 +1,99 @@
+"""Ledgers for side-effecting tool calls: in memory, or in SQL beside the runs.
+
+A [`Ledger`][agentsnap.tools.Ledger] keeps one entry per idempotency key; the rules for using
+it live in [`agentsnap.tools`][agentsnap.tools]. Two implementations:
+
+* [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger]: dictionaries, for tests and quick
+  experiments; what it holds ends with the process;
+* [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger]: the ``agentsnap_tool_calls`` table in
+  SQLite or PostgreSQL, where the key is the primary key, so that the database enforces "at
+  most once" across tasks and processes.
+
+[`ledger_for`][agentsnap.store.ledger.ledger_for] picks the one that goes with a store. This
+module does not import SQLAlchemy; ``SqlLedger`` lives in ``agentsnap.store.sql_ledger``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from agentsnap.tools import Change, Ledger, LedgerEntry, ToolCallStatus
+
+if TYPE_CHECKING:
+    from agentsnap.store.sql_ledger import SqlLedger
+
+__all__ = ["MemoryLedger", "ledger_for"]
+
+
+class MemoryLedger:
+    """A [`Ledger`][agentsnap.tools.Ledger] in a dictionary, for one process.
+
+    Every method runs without awaiting anything, so each is atomic among the tasks of one
+    event loop, as the SQL ledger's statements are among connections.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, LedgerEntry] = {}
+
+    def __repr__(self) -> str:
+        return f"MemoryLedger({len(self._entries)} entries)"
+
+    async def claim(self, entry: LedgerEntry) -> LedgerEntry | None:  # noqa: D102
+        found = self._entries.get(entry.key)
+        if found is None:
+            self._entries[entry.key] = entry
+        return found
+
+    async def get(self, key: str) -> LedgerEntry | None:  # noqa: D102
+        return self._entries.get(key)
+
+    async def update(  # noqa: D102
+        self,
+        key: str,
+        change: Change,
+        *,
+        statuses: Collection[ToolCallStatus],
+        owner: str | None = None,
+        attempts: int | None = None,
+    ) -> bool:
+        found = self._entries.get(key)
+        if (
+            found is None
+            or found.status not in statuses
+            or (owner is not None and found.owner != owner)
+            or (attempts is not None and found.attempts != attempts)
+        ):
+            return False
+        self._entries[key] = dataclasses.replace(found, **change)
+        return True
+
+    async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:  # noqa: D102
+        entries = [e for e in self._entries.values() if run_id is None or e.run_id == run_id]
+        return sorted(entries, key=lambda e: (e.created_at, e.key))
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+def ledger_for(store: object, *, create: bool = True) -> Ledger | None:
+    """The ledger that goes with ``store``: an [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger]
+    on the same database for a [`SqlStore`][agentsnap.store.sql.SqlStore], else ``None``.
+
+    Args:
+        store: A store.
+        create: Create the schema in an empty database (readers pass ``False``).
+    """  # noqa: D205
+    sql = sys.modules.get("agentsnap.store.sql")
+    # A SqlStore exists only once its module is imported: other stores cost no import.
+    if sql is None or not isinstance(store, sql.SqlStore):
+        return None
+    return _sql_ledger(store.url, create)
+
+
+def _sql_ledger(url: str, create: bool) -> SqlLedger:
+    from agentsnap.store.sql_ledger import SqlLedger  # noqa: PLC0415  # SQLAlchemy on demand
+
+    return SqlLedger(url, create=create)

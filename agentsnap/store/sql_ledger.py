@@ -1,0 +1,449 @@
+"""SqlLedger: side-effecting tool calls in the ``agentsnap_tool_calls`` table.
+
+Example:
+    ```python
+    import asyncio
+    import tempfile
+
+    from agentsnap import tool
+    from agentsnap.store.sql_ledger import SqlLedger
+
+    @tool(side_effect=True)
+    async def send_invoice(order: str) -> str:
+        return f"invoice for {order}"
+
+    async def main(url: str) -> None:
+        ledger = SqlLedger(url)
+        try:
+            first = await send_invoice.invoke(ledger, key="invoice-17", order="17")
+            again = await send_invoice.invoke(ledger, key="invoice-17", order="17")
+            assert first == again  # the second call returned the recorded result
+            for entry in await ledger.list_calls():
+                print(entry.key, entry.status, entry.attempts, entry.result)
+        finally:
+            await ledger.close()
+
+    with tempfile.TemporaryDirectory() as folder:
+        asyncio.run(main(f"sqlite:///{folder}/agentsnap.db"))
+    ```
+
+Every operation is one SQL statement in autocommit mode, atomic on its own: a claim is an
+``INSERT … ON CONFLICT DO NOTHING`` on the primary key (then a ``SELECT`` only when the key
+was taken), an outcome is an ``UPDATE … WHERE status IN … AND owner = … AND attempts = …``
+that changes the row only if it is still as the caller last saw it. No transaction spans two
+statements, so no lock is held while a tool runs.
+
+**PostgreSQL** (SQLAlchemy's asyncio engine, psycopg): concurrent claims of one key wait for
+each other on the key's index entry and exactly one inserts; a conditional update that lost
+a race changes no row, because PostgreSQL re-checks the ``WHERE`` on the newest row version.
+No ``SELECT … FOR UPDATE`` is needed, since no decision is taken between two statements
+without being re-checked by the second.
+
+**SQLite**: a claim and an outcome are one-row writes of about 50 µs; handing each to a
+thread (as the asyncio driver does for every cursor call) would cost more than the write.
+So the ledger runs them on the event loop's thread on a connection that never waits: its busy
+timeout is 0, and a write that finds the database locked (a snapshot being written, another
+process) is handed to the ledger's own thread, whose connection waits in SQLite's busy handler.
+That connection also serves the reads and runs the WAL checkpoints, which the event-loop
+connection never does. As for the store, ``synchronous=NORMAL``: a committed claim survives
+the process being killed, but not a power cut; pass ``durable=True`` to have each write
+flushed to disk (``synchronous=FULL``) if that matters more than a millisecond per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import sqlite3
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+
+from sqlalchemy import Connection, Engine, Table, bindparam, create_engine, event, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from agentsnap.exceptions import ConfigurationError, StoreError
+from agentsnap.store.migrate import ensure_schema, sync_url
+from agentsnap.store.sql import DEFAULT_URL, async_url
+from agentsnap.store.tables import ToolCallRow
+from agentsnap.tools import Change, LedgerEntry, ToolCallStatus
+
+if TYPE_CHECKING:
+    from sqlalchemy.sql.dml import Update
+
+__all__ = ["SqlLedger"]
+
+logger = logging.getLogger("agentsnap")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_calls: Table = ToolCallRow.__table__  # type: ignore[assignment]
+_COLUMNS = tuple(column.name for column in _calls.columns)
+_get = select(_calls).where(_calls.c.key == bindparam("k"))
+_INSERTED: Any = object()
+CHECKPOINT_EVERY = 500
+"""Writes on the event-loop connection between two WAL checkpoints (in the ledger's thread)."""
+
+
+class SqlLedger:
+    """A [`Ledger`][agentsnap.tools.Ledger] in SQLite or PostgreSQL.
+
+    Args:
+        url: Database URL, as for [`SqlStore`][agentsnap.store.sql.SqlStore]; the ledger may
+            share the database of the runs (the runtime's default) or have its own.
+        create: Create the schema in an empty database on first use.
+        durable: SQLite only: flush every ledger write to disk, so that claims also survive
+            a power cut (``synchronous=FULL``; costs an fsync per write).
+        echo: Log every SQL statement (the SQLite fast path is not logged).
+
+    Raises:
+        ConfigurationError: The URL is not SQLite or PostgreSQL, or is an in-memory SQLite
+            database (each connection would see its own).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        create: bool = True,
+        durable: bool = False,
+        echo: bool = False,
+    ) -> None:
+        self.url = url
+        self._create = create
+        parsed = make_url(sync_url(url))
+        self._engine: AsyncEngine | None = None
+        self._sqlite: _Sqlite | None = None
+        if parsed.get_backend_name() == "sqlite":
+            if parsed.database in {None, "", ":memory:"}:
+                raise ConfigurationError(
+                    "the ledger needs an SQLite file (sqlite:///path.db): an in-memory database "
+                    "is private to one connection"
+                )
+            self._sqlite = _Sqlite(url, str(parsed.database), durable=durable, echo=echo)
+        else:
+            # Every statement commits on its own, so a connection going back to the pool has
+            # no transaction to roll back: skip the reset, a round trip per operation.
+            self._engine = create_async_engine(
+                async_url(url), echo=echo, isolation_level="AUTOCOMMIT", pool_reset_on_return=None
+            )
+        # Without preserve_rowcount psycopg leaves an INSERT's rowcount unset.
+        self._claim = (
+            postgresql.insert(_calls)
+            .on_conflict_do_nothing(index_elements=["key"])
+            .execution_options(preserve_rowcount=True)
+        )
+        self._updates: dict[tuple[tuple[str, ...], bool, bool], Update] = {}
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"SqlLedger({make_url(self.url).render_as_string(hide_password=True)!r})"
+
+    async def _connect_ready(self) -> None:
+        if self._ready:
+            return
+        async with self._ready_lock:
+            if not self._ready:
+                # Alembic is synchronous: run it off the event loop.
+                await asyncio.to_thread(ensure_schema, self.url, create=self._create)
+                if self._sqlite is not None:
+                    await self._sqlite.open()
+                self._ready = True
+
+    async def _run(
+        self, what: str, op: Callable[Concatenate[Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        """Run ``op`` with a connection: in SQLite's thread, or through the asyncio engine."""
+        await self._connect_ready()
+        try:
+            if self._sqlite is not None:
+                return await self._sqlite.run(op, *args, **kw)
+            assert self._engine is not None
+            async with self._engine.connect() as conn:
+                return await conn.run_sync(op, *args, **kw)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"the ledger could not {what}: {exc}") from exc
+
+    async def claim(self, entry: LedgerEntry) -> LedgerEntry | None:  # noqa: D102
+        what = f"claim key {entry.key!r}"
+        if self._sqlite is not None:
+            await self._connect_ready()
+            values = [_BIND[name](getattr(entry, name)) for name in _COLUMNS]
+            if await self._sqlite.write(what, _SQLITE_CLAIM, values):
+                return None
+            found = await self._run(what, _one, entry.key)
+        else:
+            row = {name: getattr(entry, name) for name in _COLUMNS}
+            found = await self._run(what, _claim, self._claim, row)
+            if found is _INSERTED:
+                return None
+        if found is None:  # nothing deletes rows; only a hand-edited ledger gets here
+            raise StoreError(f"key {entry.key!r} is taken in the ledger, yet has no row")
+        return _entry(found)
+
+    async def get(self, key: str) -> LedgerEntry | None:  # noqa: D102
+        found = await self._run(f"read key {key!r}", _one, key)
+        return None if found is None else _entry(found)
+
+    async def update(  # noqa: D102
+        self,
+        key: str,
+        change: Change,
+        *,
+        statuses: Collection[ToolCallStatus],
+        owner: str | None = None,
+        attempts: int | None = None,
+    ) -> bool:
+        what = f"update key {key!r}"
+        if self._sqlite is not None:
+            await self._connect_ready()
+            sql = _sqlite_update(tuple(change), len(statuses), owner is not None, attempts)
+            values = [_BIND[name](value) for name, value in change.items()]
+            values.append(key)
+            values.extend(str(status) for status in statuses)
+            if owner is not None:
+                values.append(owner)
+            if attempts is not None:
+                values.append(attempts)
+            return await self._sqlite.write(what, sql, values)
+        statement = self._update(tuple(sorted(change)), owner is not None, attempts is not None)
+        params: dict[str, Any] = {f"v_{name}": value for name, value in change.items()}
+        params.update(
+            w_key=key,
+            w_statuses=[str(status) for status in statuses],
+            w_owner=owner,
+            w_attempts=attempts,
+        )
+        return await self._run(what, _changed, statement, params)
+
+    def _update(self, columns: tuple[str, ...], by_owner: bool, by_attempts: bool) -> Update:
+        # One statement per shape, built once: its compiled form is then cached too.
+        shape = (columns, by_owner, by_attempts)
+        statement = self._updates.get(shape)
+        if statement is None:
+            conditions = [
+                _calls.c.key == bindparam("w_key"),
+                _calls.c.status.in_(bindparam("w_statuses", expanding=True)),
+            ]
+            if by_owner:
+                conditions.append(_calls.c.owner == bindparam("w_owner"))
+            if by_attempts:
+                conditions.append(_calls.c.attempts == bindparam("w_attempts"))
+            statement = (
+                update(_calls)
+                .where(*conditions)
+                .values({name: bindparam(f"v_{name}") for name in columns})
+            )
+            self._updates[shape] = statement
+        return statement
+
+    async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:  # noqa: D102
+        rows = await self._run("read the calls", _all, run_id)
+        return [_entry(row) for row in rows]
+
+    async def close(self) -> None:
+        """Close the connections (and the SQLite thread)."""
+        if self._sqlite is not None:
+            await self._sqlite.close()
+        if self._engine is not None:
+            await self._engine.dispose()
+
+
+# -- operations, each run with one connection ------------------------------------------------
+
+
+def _claim(conn: Connection, statement: Any, row: dict[str, Any]) -> Any:
+    if conn.execute(statement, row).rowcount == 1:
+        return _INSERTED
+    return _one(conn, row["key"])
+
+
+def _one(conn: Connection, key: str) -> Mapping[Any, Any] | None:
+    found = conn.execute(_get, {"k": key}).one_or_none()
+    return None if found is None else found._mapping
+
+
+def _changed(conn: Connection, statement: Update, values: dict[str, Any]) -> bool:
+    return bool(conn.execute(statement, values).rowcount == 1)
+
+
+def _all(conn: Connection, run_id: str | None) -> list[Mapping[Any, Any]]:
+    query = select(_calls).order_by(_calls.c.created_at, _calls.c.key)
+    if run_id is not None:
+        query = query.where(_calls.c.run_id == run_id)
+    return [row._mapping for row in conn.execute(query)]
+
+
+def _entry(row: Mapping[Any, Any]) -> LedgerEntry:
+    values = dict(row)
+    values["status"] = ToolCallStatus(values["status"])
+    return LedgerEntry(**values)
+
+
+# -- SQLite ----------------------------------------------------------------------------------
+
+# The fast path writes plain SQL on the driver's connection, with values converted by the
+# columns' own SQLAlchemy types: what it writes is exactly what SQLAlchemy writes and reads.
+_DIALECT = sqlite.dialect()
+
+
+def _binder(column: Any) -> Callable[[Any], Any]:
+    if column.name == "status":
+        return str  # the enum's value
+    process = column.type.dialect_impl(_DIALECT).bind_processor(_DIALECT)
+    return process if process is not None else _same
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+_BIND: dict[str, Callable[[Any], Any]] = {column.name: _binder(column) for column in _calls.columns}
+_SQLITE_CLAIM = (
+    f"INSERT INTO {_calls.name} ({', '.join(_COLUMNS)}) "  # noqa: S608  # names from the model
+    f"VALUES ({', '.join('?' for _ in _COLUMNS)}) ON CONFLICT (key) DO NOTHING"
+)
+_sqlite_updates: dict[tuple[tuple[str, ...], int, bool, bool], str] = {}
+
+
+def _sqlite_update(columns: tuple[str, ...], statuses: int, by_owner: bool, attempts: Any) -> str:
+    shape = (columns, statuses, by_owner, attempts is not None)
+    sql = _sqlite_updates.get(shape)
+    if sql is None:
+        if not set(columns) <= set(_COLUMNS):
+            raise ConfigurationError(
+                f"the ledger has no columns {sorted(set(columns) - set(_COLUMNS))}"
+            )
+        sets = ", ".join(f"{name} = ?" for name in columns)
+        where = f"key = ? AND status IN ({', '.join('?' for _ in range(statuses))})"
+        if by_owner:
+            where += " AND owner = ?"
+        if attempts is not None:
+            where += " AND attempts = ?"
+        sql = f"UPDATE {_calls.name} SET {sets} WHERE {where}"  # noqa: S608  # model's names
+        _sqlite_updates[shape] = sql
+    return sql
+
+
+class _Sqlite:
+    """Two connections to one SQLite file.
+
+    One is used on the event loop and never waits; the other lives in a thread of its own and
+    does everything else: waiting writes, reads, checkpoints.
+    """
+
+    def __init__(self, url: str, path: str, *, durable: bool, echo: bool) -> None:
+        self._url = url
+        self._path = path
+        self._synchronous = "FULL" if durable else "NORMAL"
+        self._echo = echo
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="agentsnap-ledger"
+        )
+        self._engine: Engine | None = None
+        self._conn: Connection | None = None
+        self._fast: sqlite3.Connection | None = None
+        self._writes = 0
+
+    # the thread's connection
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            self._engine = create_engine(
+                sync_url(self._url), echo=self._echo, isolation_level="AUTOCOMMIT"
+            )
+            synchronous = self._synchronous
+
+            def pragmas(dbapi_connection: Any, record: Any) -> None:
+                cursor = dbapi_connection.cursor()
+                cursor.execute("PRAGMA busy_timeout=30000")
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute(f"PRAGMA synchronous={synchronous}")
+                cursor.close()
+
+            event.listen(self._engine, "connect", pragmas)
+            self._conn = self._engine.connect()
+        return self._conn
+
+    async def open(self) -> None:
+        """Open both connections (the thread's first: it puts the database in WAL mode)."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._connection)
+        if self._fast is None:
+            self._open_fast()
+
+    async def run(
+        self, op: Callable[Concatenate[Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        def call() -> T:
+            return op(self._connection(), *args, **kw)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    def _write_waiting(self, sql: str, values: list[Any]) -> bool:
+        cursor = self._connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            return bool(cursor.execute(sql, values).rowcount == 1)
+        finally:
+            cursor.close()
+
+    def _checkpoint(self) -> None:
+        try:
+            self._connection().exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+        except SQLAlchemyError as exc:  # a later checkpoint will do
+            logger.warning("ledger WAL checkpoint failed: %s", exc)
+
+    # the event loop's connection
+
+    async def write(self, what: str, sql: str, values: list[Any]) -> bool:
+        """Run one write; True when it changed a row.
+
+        On the event loop when the database is free, else (locked) in the thread, waiting.
+        """
+        try:
+            fast = self._fast or self._open_fast()
+            cursor = fast.execute(sql, values)
+            changed = cursor.rowcount == 1
+            cursor.close()
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF not in {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}:
+                raise StoreError(f"the ledger could not {what}: {exc}") from exc
+            # Nothing was written: do it where waiting for the lock blocks nobody.
+            try:
+                return await self.run(lambda _: self._write_waiting(sql, values))
+            except (SQLAlchemyError, sqlite3.Error) as waited:
+                raise StoreError(f"the ledger could not {what}: {waited}") from waited
+        except sqlite3.Error as exc:
+            raise StoreError(f"the ledger could not {what}: {exc}") from exc
+        self._writes += 1
+        if self._writes % CHECKPOINT_EVERY == 0:
+            self._executor.submit(self._checkpoint)
+        return changed
+
+    def _open_fast(self) -> sqlite3.Connection:
+        fast = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=0)
+        fast.execute("PRAGMA busy_timeout=0")
+        fast.execute(f"PRAGMA synchronous={self._synchronous}")
+        # Checkpoints copy the WAL into the database and fsync: the thread runs them.
+        fast.execute("PRAGMA wal_autocheckpoint=0")
+        self._fast = fast
+        return fast
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            if self._engine is not None:
+                self._engine.dispose()
+                self._engine = None
+
+        if self._fast is not None:
+            self._fast.close()
+            self._fast = None
+        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        self._executor.shutdown(wait=False)

@@ -1,0 +1,1204 @@
+"""Tools for agents, and a ledger that makes side-effecting ones happen once.
+
+A tool is a function an agent calls from its handler. Decorate it with [`tool`][agentsnap.tool]:
+its keyword arguments are validated by pydantic, and every call is recorded in the calling
+agent's state (``tool_calls``), so snapshots carry the agent's tool-call history.
+
+A tool declared ``side_effect=True`` touches the outside world (charges a card, sends an
+email), so it must not run twice for the same call, whatever happens to the run: a retry, a
+rollback that re-executes the handler, a crash and a resume. Each such call has an
+**idempotency key**, given by the caller (``key=``) or derived from the run, the agent, the
+message being handled, the index of the call within that handler, the tool's name and the
+fingerprint of its arguments (the SHA-256 of their canonical JSON). A **ledger** keyed by it
+decides what happens, following Stripe's idempotency keys and the IETF Idempotency-Key draft:
+
+* the key is claimed before the tool runs (status ``in_progress``, an owner, a lease) and the
+  outcome is recorded after;
+* a key whose outcome is recorded returns the recorded result (or raises the recorded final
+  error, as [`ToolFailed`][agentsnap.ToolFailed]) without running the tool;
+* a key reused with other arguments is an [`IdempotencyConflict`][agentsnap.IdempotencyConflict];
+* a key in progress elsewhere is waited for, up to the tool's ``wait``, then
+  [`ToolInProgress`][agentsnap.ToolInProgress];
+* a key claimed by an owner that stopped before recording an outcome has an unknown outcome:
+  it is run again only when the tool declares ``rerun_if_unknown=True`` (it hands its key to
+  the service, which deduplicates), otherwise
+  [`ToolOutcomeUnknown`][agentsnap.ToolOutcomeUnknown] asks a person to
+  [`resolve`][agentsnap.tools.resolve] it;
+* errors the tool declares ``transient`` are retried with tenacity under the same key and
+  are never cached; successes and other (final) errors are.
+
+The ledger is never rolled back. A handler re-executed after a rollback derives the same keys
+for the calls it repeats and gets their recorded results; the calls the new path does not
+repeat are marked ``abandoned`` by [`reconcile`][agentsnap.tools.reconcile] when the run ends,
+and a tool's ``compensate`` action runs once for each of them.
+
+Example:
+    ```python
+    import asyncio
+
+    from agentsnap import Agent, AgentState, Context, Message, Runtime, tool
+
+    CHARGES: list[int] = []
+
+    @tool(side_effect=True)
+    async def charge(card: str, amount: int) -> dict[str, int]:
+        CHARGES.append(amount)
+        return {"charge_id": len(CHARGES)}
+
+    class Payer(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            receipt = await charge(ctx, card="4242", amount=message.payload["amount"])
+            self.state.memory["receipt"] = receipt
+
+    async def main() -> None:
+        async with Runtime() as runtime:
+            runtime.add(Payer("payer"))
+            runtime.send("payer", {"amount": 500})
+            await runtime.run_until_idle()
+            print(runtime.agents["payer"].state.tool_calls[0].key, CHARGES)
+
+    asyncio.run(main())
+    ```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import hashlib
+import inspect
+import logging
+import os
+import socket
+import typing
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, overload
+
+import tenacity
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic_core import PydanticSerializationError
+
+from agentsnap.exceptions import (
+    ConfigurationError,
+    IdempotencyConflict,
+    NotFoundError,
+    ToolArgumentsInvalid,
+    ToolFailed,
+    ToolInProgress,
+    ToolOutcomeUnknown,
+)
+from agentsnap.records import utcnow
+from agentsnap.state import AgentState, ToolCallRecord, canonical_json
+
+if TYPE_CHECKING:
+    from agentsnap.agents import Context
+    from agentsnap.messages import JsonValue
+
+__all__ = [
+    "Change",
+    "Ledger",
+    "LedgerEntry",
+    "Tool",
+    "ToolCall",
+    "ToolCallStatus",
+    "ToolRetry",
+    "derive_key",
+    "fingerprint",
+    "owner_id",
+    "reconcile",
+    "resolve",
+    "tool",
+]
+
+logger = logging.getLogger("agentsnap")
+
+R = TypeVar("R")
+
+MAX_KEY_LENGTH = 255
+"""Longest idempotency key the ledger holds."""
+RESULT_SUMMARY_CHARS = 500
+"""A result whose JSON is longer than this is summarised in the agent's state."""
+_POLL_FIRST = 0.002
+_POLL_MAX = 0.1
+
+
+# -- the ledger's data ----------------------------------------------------------------------
+
+
+class ToolCallStatus(enum.StrEnum):
+    """Where a ledger entry stands."""
+
+    IN_PROGRESS = "in_progress"
+    """Claimed; the tool is running (or its owner stopped: see ``lease_until``)."""
+    SUCCEEDED = "succeeded"
+    """The tool returned; ``result`` holds what it returned."""
+    FAILED = "failed"
+    """The tool raised a final error; ``error`` says what it was."""
+    RETRYABLE = "retryable"
+    """The tool kept raising a declared transient error; the next call runs it again."""
+    UNKNOWN = "unknown"
+    """Claimed, and its owner stopped before recording an outcome: a person must resolve it."""
+    ABANDONED = "abandoned"
+    """Succeeded on a path of the run that a rollback discarded."""
+    COMPENSATING = "compensating"
+    """Abandoned, and the tool's compensating action is running."""
+    COMPENSATED = "compensated"
+    """Abandoned, and the compensating action returned; ``compensation`` holds its result."""
+    COMPENSATION_FAILED = "compensation_failed"
+    """Abandoned, and the compensating action raised; ``compensation`` holds the error."""
+
+
+_OUTCOME_KNOWN = frozenset(
+    {ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.ABANDONED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One side-effecting tool call in the ledger."""
+
+    key: str
+    """Idempotency key (the primary key)."""
+    tool: str
+    """Name of the tool."""
+    fingerprint: str
+    """SHA-256 of the canonical JSON of the arguments."""
+    arguments: dict[str, JsonValue]
+    """Arguments as JSON."""
+    status: ToolCallStatus
+    """Where the call stands."""
+    created_at: datetime
+    """When the key was first claimed."""
+    updated_at: datetime
+    """When the entry last changed."""
+    run_id: str | None = None
+    """The run that made the call (``None`` for a call made outside a run)."""
+    agent: str | None = None
+    """The agent that made the call."""
+    message_id: str | None = None
+    """The message whose handler made the call."""
+    owner: str | None = None
+    """Who claimed it last (``host:pid:token``)."""
+    lease_until: datetime | None = None
+    """Until when the owner's claim holds; after that, without an outcome, it is unknown."""
+    attempts: int = 1
+    """How many times the tool ran under this key, retries included."""
+    result: JsonValue = None
+    """The tool's result as JSON, once it succeeded."""
+    error: str | None = None
+    """The last error, as ``"TypeName: message"``."""
+    compensation: JsonValue = None
+    """``{"result": …}`` or ``{"error": …}`` of the compensating action, once it ran."""
+
+
+class Change(TypedDict, total=False):
+    """The columns a ledger update sets (absent keys are left as they are)."""
+
+    status: ToolCallStatus
+    owner: str | None
+    lease_until: datetime | None
+    attempts: int
+    result: JsonValue
+    error: str | None
+    compensation: JsonValue
+    updated_at: datetime
+
+
+@typing.runtime_checkable
+class Ledger(Protocol):
+    """Where side-effecting tool calls are recorded, keyed by idempotency key.
+
+    Every method is atomic on its own; the rules (what a status means, who may change it)
+    live in this module, so every ledger behaves alike. Implementations:
+    [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger] and
+    [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger].
+    """
+
+    async def claim(self, entry: LedgerEntry) -> LedgerEntry | None:
+        """Insert ``entry`` if no entry has its key.
+
+        Returns:
+            ``None`` when ``entry`` was inserted (the caller owns the key), else the entry
+            already there.
+        """
+
+    async def get(self, key: str) -> LedgerEntry | None:
+        """The entry with this key, or ``None``."""
+
+    async def update(
+        self,
+        key: str,
+        change: Change,
+        *,
+        statuses: Collection[ToolCallStatus],
+        owner: str | None = None,
+        attempts: int | None = None,
+    ) -> bool:
+        """Apply ``change`` if the entry's status is one of ``statuses`` (compare and set).
+
+        Args:
+            key: The entry's key.
+            change: The columns to set.
+            statuses: The statuses the entry may be in.
+            owner: When given, the entry's owner must be this.
+            attempts: When given, the entry's attempts must be this.
+
+        Returns:
+            Whether the entry was changed.
+        """
+
+    async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:
+        """Every entry (of one run, when ``run_id`` is given), oldest first."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+# -- identity -------------------------------------------------------------------------------
+
+
+_owner: tuple[int, str] | None = None
+
+
+def owner_id() -> str:
+    """Who this process is in the ledger: ``host:pid:token``, new in every process."""
+    global _owner  # noqa: PLW0603  # one identity per process, renewed after a fork
+    pid = os.getpid()
+    if _owner is None or _owner[0] != pid:
+        _owner = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:12]}")
+    return _owner[1]
+
+
+def _owner_is_gone(owner: str | None) -> bool:
+    """True only when ``owner`` surely stopped: a process of this host that no longer runs.
+
+    Owners on other hosts cannot be checked; their lease decides.
+    """
+    if owner is None:
+        return True
+    host, _, rest = owner.partition(":")
+    pid_text, _, _ = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    if int(pid_text) == os.getpid():
+        return owner != owner_id()  # this pid, an earlier process: that one is gone
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by someone else
+        return False
+    return False
+
+
+# -- keys -----------------------------------------------------------------------------------
+
+
+def fingerprint(arguments: Mapping[str, JsonValue]) -> str:
+    """SHA-256 (hex) of the canonical JSON of a call's arguments."""
+    return hashlib.sha256(canonical_json(dict(arguments)).encode()).hexdigest()
+
+
+def derive_key(  # noqa: PLR0917
+    run_id: str, agent: str, message_id: str, index: int, tool: str, fingerprint: str
+) -> str:
+    """The idempotency key of a call made from a handler, when the caller gives none.
+
+    The same call on a re-executed path (after a rollback or a resume) derives the same key.
+
+    Args:
+        run_id: Id of the run.
+        agent: Name of the calling agent.
+        message_id: Id of the message being handled.
+        index: How many tool calls the handler made for this message before this one.
+        tool: Name of the tool.
+        fingerprint: Fingerprint of the arguments.
+
+    Returns:
+        32 hex digits.
+    """
+    text = canonical_json([run_id, agent, message_id, index, tool, fingerprint])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _check_key(key: str) -> str:
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise ConfigurationError(
+            f"an idempotency key must be a string of 1 to {MAX_KEY_LENGTH} characters, got {key!r}"
+        )
+    return key
+
+
+# -- tools ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolRetry:
+    """How a tool's declared transient errors are retried (with tenacity), under one key.
+
+    ``stop`` and ``wait`` are tenacity strategies. Only the exceptions the tool declares
+    ``transient`` are retried; any other error is final at once.
+
+    Attributes:
+        stop: When to give up (default: after 3 attempts).
+        wait: Pause between attempts (default: random exponential, 50 ms doubling up to 2 s).
+    """
+
+    stop: Any = field(default_factory=lambda: tenacity.stop_after_attempt(3))
+    wait: Any = field(
+        default_factory=lambda: tenacity.wait_random_exponential(multiplier=0.05, max=2.0)
+    )
+
+    @classmethod
+    def attempts(cls, count: int, *, wait: Any = None) -> ToolRetry:
+        """Allow ``count`` attempts in all, pausing as ``wait`` says (default: none).
+
+        Raises:
+            ConfigurationError: ``count`` is below 1.
+        """
+        if count < 1:
+            raise ConfigurationError("a tool retry policy needs at least 1 attempt")
+        return cls(stop=tenacity.stop_after_attempt(count), wait=wait or tenacity.wait_none())
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """What a tool function learns about the call, if its first parameter asks for it.
+
+    Example:
+        ```python
+        from agentsnap import ToolCall, tool
+
+        @tool(side_effect=True, rerun_if_unknown=True)
+        async def send_email(call: ToolCall, to: str, text: str) -> str:
+            # The mail service drops a second request with the same idempotency key.
+            return f"queued {call.key}"
+        ```
+    """
+
+    tool: str
+    """Name of the tool."""
+    key: str | None
+    """Idempotency key (``None`` for a tool without side effects); hand it to the service."""
+    attempt: int
+    """1 for the first run under this key, counting retries and earlier claims."""
+    run_id: str | None
+    """Id of the calling run."""
+    agent: str | None
+    """Name of the calling agent."""
+    message_id: str | None
+    """Id of the message being handled."""
+
+
+Compensation = Callable[[LedgerEntry], Any]
+"""A compensating action: takes the abandoned entry, returns JSON (or an awaitable of it)."""
+
+
+class _Outcome(typing.NamedTuple):
+    value: Any
+    result: JsonValue
+    attempts: int
+    replayed: bool
+
+
+_registry: weakref.WeakValueDictionary[str, Tool[Any]] = weakref.WeakValueDictionary()
+
+
+class Tool(Generic[R]):
+    """A function agents call as a tool; made by the [`tool`][agentsnap.tool] decorator.
+
+    Call it from a handler with the handler's context and keyword arguments:
+    ``await charge(ctx, card="4242", amount=500)``; pass ``key=`` to give the idempotency
+    key yourself. Outside a runtime, [`invoke`][agentsnap.Tool.invoke] calls it against a
+    ledger directly.
+
+    Attributes:
+        name: Name of the tool (in the ledger and in agent states).
+        fn: The decorated function, unchanged.
+        side_effect: Calls go through the ledger.
+        transient: Exceptions retried under the same key.
+        retry: How they are retried.
+        rerun_if_unknown: Run again when a claim's outcome is unknown.
+        compensate: Undoes an abandoned effect, once.
+        lease: Seconds a claim holds before another caller may find it unknown.
+        wait: Seconds a call waits for the same key in progress elsewhere.
+    """
+
+    def __init__(  # noqa: PLR0917
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        side_effect: bool = False,
+        transient: tuple[type[BaseException], ...] = (),
+        retry: ToolRetry | None = None,
+        rerun_if_unknown: bool = False,
+        compensate: Compensation | None = None,
+        lease: float = 60.0,
+        wait: float = 10.0,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigurationError(f"@tool decorates a function, got {type(fn).__name__}")
+        self.fn = fn
+        self.name: str = name or str(getattr(fn, "__name__", ""))
+        if not self.name or len(self.name) > 128:
+            raise ConfigurationError(
+                f"a tool needs a name of 1 to 128 characters, got {self.name!r}: pass name="
+            )
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in transient):
+            raise ConfigurationError(
+                f"transient= of tool {self.name!r} takes a tuple of exception classes, "
+                f"got {transient!r}"
+            )
+        if lease <= 0 or wait < 0:
+            raise ConfigurationError(
+                f"tool {self.name!r} needs lease > 0 and wait >= 0 (seconds), got "
+                f"lease={lease!r}, wait={wait!r}"
+            )
+        if compensate is not None and not side_effect:
+            raise ConfigurationError(
+                f"tool {self.name!r} declares compensate= but not side_effect=True; only "
+                "side-effecting calls are recorded, so only they can be compensated"
+            )
+        self.side_effect = side_effect
+        self.transient = tuple(transient)
+        self.retry = retry or ToolRetry()
+        self.rerun_if_unknown = rerun_if_unknown
+        self.compensate = compensate
+        self.lease = lease
+        self.wait = wait
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._wants_call, self._arguments, self._names, self._returns = _signature(fn, self.name)
+        _registry[self.name] = self
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name!r}{' side_effect' if self.side_effect else ''}>"
+
+    async def __call__(
+        self, ctx: Context[Any], /, *, key: str | None = None, **arguments: Any
+    ) -> R:
+        """Call the tool from a handler; the call is recorded in the agent's state.
+
+        Args:
+            ctx: The handler's context.
+            key: Idempotency key; derived from the call when omitted (side-effecting tools).
+            **arguments: The tool's arguments.
+
+        Returns:
+            What the tool returned, or the result recorded for this key.
+
+        Raises:
+            ToolArgumentsInvalid: The arguments do not fit the tool.
+            ConfigurationError: A side-effecting call outside a handler without ``key``.
+            IdempotencyConflict: ``key`` was used for another call.
+            ToolFailed: The tool failed (now, or as recorded for this key).
+            ToolInProgress: The same key is in progress elsewhere beyond the tool's wait.
+            ToolOutcomeUnknown: The key's outcome is unknown and re-running is not safe.
+        """
+        values, args_json, printed = self._validate(arguments)
+        message = ctx.message
+        message_id = message.id if message is not None else None
+        agent = ctx.agent.name
+        calls = ctx.state.tool_calls
+        index = 0
+        for earlier in reversed(calls):  # this handler's calls are the last ones
+            if earlier.message_id != message_id or message_id is None:
+                break
+            index += 1
+        ledger: Ledger | None = None
+        if self.side_effect:
+            if key is None:
+                if message_id is None:
+                    raise ConfigurationError(
+                        f"side-effecting tool {self.name!r} was called outside a handler "
+                        "without an idempotency key; pass key= (a string naming this effect)"
+                    )
+                key = derive_key(ctx.run_id, agent, message_id, index, self.name, printed)
+            else:
+                _check_key(key)
+            ledger = ctx.ledger
+            if ledger is None:
+                raise ConfigurationError(
+                    f"side-effecting tool {self.name!r} needs a ledger, and this context has "
+                    "none: register the agent with Runtime.add() and call the tool from its "
+                    "handler, or use Tool.invoke(ledger, ...)"
+                )
+        elif key is not None:
+            raise ConfigurationError(self._no_key())
+        record = ToolCallRecord(
+            tool=self.name,
+            arguments=args_json,
+            key=key,
+            status="running",
+            message_id=message_id,
+            fingerprint=printed,
+            attempts=0,
+        )
+        calls.append(record)
+        info = ToolCall(self.name, key, 1, ctx.run_id, agent, message_id)
+        try:
+            if ledger is not None:
+                assert key is not None
+                outcome = await self._guarded(ledger, info, values, args_json, printed)
+            else:
+                outcome = await self._run(values, info, 1)
+        except ToolFailed as exc:
+            record.status = "error"
+            record.error = f"{exc.error_type}: {exc.detail}"
+            record.attempts = exc.attempts
+            raise
+        except Exception as exc:
+            record.status = "error"
+            record.error = f"{type(exc).__name__}: {exc}"
+            raise
+        record.status = "replayed" if outcome.replayed else "ok"
+        record.attempts = outcome.attempts
+        record.result = _summary(outcome.result)
+        return typing.cast("R", outcome.value)
+
+    async def invoke(
+        self,
+        ledger: Ledger | None,
+        /,
+        *,
+        key: str | None = None,
+        run_id: str | None = None,
+        agent: str | None = None,
+        **arguments: Any,
+    ) -> R:
+        """Call the tool outside a handler, against ``ledger``; no agent state records it.
+
+        Args:
+            ledger: The ledger (may be ``None`` for a tool without side effects).
+            key: Idempotency key; required for a side-effecting tool.
+            run_id: Run to file the call under, if any.
+            agent: Agent to file the call under, if any.
+            **arguments: The tool's arguments.
+
+        Returns:
+            What the tool returned, or the result recorded for this key.
+
+        Raises:
+            ConfigurationError: A side-effecting tool without ``key`` or ``ledger``.
+            ToolArgumentsInvalid, IdempotencyConflict, ToolFailed, ToolInProgress,
+                ToolOutcomeUnknown: As for a call from a handler.
+        """
+        values, args_json, printed = self._validate(arguments)
+        info = ToolCall(self.name, key, 1, run_id, agent, None)
+        if not self.side_effect:
+            if key is not None:
+                raise ConfigurationError(self._no_key())
+            return typing.cast("R", (await self._run(values, info, 1)).value)
+        if key is None:
+            raise ConfigurationError(
+                f"side-effecting tool {self.name!r} was called outside a handler without an "
+                "idempotency key; pass key= (a string naming this effect)"
+            )
+        if ledger is None:
+            raise ConfigurationError(f"side-effecting tool {self.name!r} needs a ledger")
+        _check_key(key)
+        outcome = await self._guarded(ledger, info, values, args_json, printed)
+        return typing.cast("R", outcome.value)
+
+    def _no_key(self) -> str:
+        return (
+            f"tool {self.name!r} has no side effects, so it takes no key=; declare it "
+            "@tool(side_effect=True) if it touches the outside world"
+        )
+
+    # -- the ledger protocol of one call ----------------------------------------------------
+
+    async def _guarded(
+        self,
+        ledger: Ledger,
+        info: ToolCall,
+        values: dict[str, Any],
+        args_json: dict[str, JsonValue],
+        printed: str,
+    ) -> _Outcome:
+        key = info.key
+        assert key is not None
+        me = owner_id()
+        now = utcnow()
+        entry = LedgerEntry(
+            key=key,
+            tool=self.name,
+            fingerprint=printed,
+            arguments=args_json,
+            status=ToolCallStatus.IN_PROGRESS,
+            created_at=now,
+            updated_at=now,
+            run_id=info.run_id,
+            agent=info.agent,
+            message_id=info.message_id,
+            owner=me,
+            lease_until=now + timedelta(seconds=self.lease),
+            attempts=1,
+        )
+        found = await ledger.claim(entry)
+        if found is None:
+            return await self._run_claimed(ledger, info, values, 1)
+        deadline: float | None = None
+        pause = _POLL_FIRST
+        loop = asyncio.get_running_loop()
+        while True:
+            if found.tool != self.name or found.fingerprint != printed:
+                what = (
+                    f"it was used for tool {found.tool!r}"
+                    if found.tool != self.name
+                    else "it was used with other arguments"
+                )
+                raise IdempotencyConflict(
+                    key, self.name, f"{what} ({_short_json(found.arguments)})"
+                )
+            status = found.status
+            if status in _OUTCOME_KNOWN:
+                if status == ToolCallStatus.ABANDONED:
+                    # A path that repeats the call again: the effect is live once more.
+                    await ledger.update(
+                        key,
+                        {"status": ToolCallStatus.SUCCEEDED, "updated_at": utcnow()},
+                        statuses=(ToolCallStatus.ABANDONED,),
+                    )
+                return self._replay(found)
+            takeover = False
+            if status == ToolCallStatus.RETRYABLE:
+                takeover = True
+            elif status == ToolCallStatus.IN_PROGRESS:
+                expired = found.lease_until is None or found.lease_until <= utcnow()
+                if expired or _owner_is_gone(found.owner):
+                    if self.rerun_if_unknown:
+                        takeover = True
+                    else:
+                        marked = await ledger.update(
+                            key,
+                            {"status": ToolCallStatus.UNKNOWN, "updated_at": utcnow()},
+                            statuses=(ToolCallStatus.IN_PROGRESS,),
+                            owner=found.owner,
+                            attempts=found.attempts,
+                        )
+                        if marked:
+                            raise ToolOutcomeUnknown(key, self.name, found.owner)
+                else:
+                    if deadline is None:
+                        deadline = loop.time() + self.wait
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise ToolInProgress(key, self.name, found.owner, self.wait)
+                    await asyncio.sleep(min(pause, remaining))
+                    pause = min(pause * 2, _POLL_MAX)
+            elif status == ToolCallStatus.UNKNOWN:
+                if not self.rerun_if_unknown:
+                    raise ToolOutcomeUnknown(key, self.name, found.owner)
+                takeover = True
+            else:  # compensating, compensated, compensation_failed
+                raise IdempotencyConflict(
+                    key,
+                    self.name,
+                    "its effect was abandoned by a rollback and is "
+                    + status.value.replace("_", " "),
+                )
+            if takeover:
+                attempt = found.attempts + 1
+                now = utcnow()
+                won = await ledger.update(
+                    key,
+                    {
+                        "status": ToolCallStatus.IN_PROGRESS,
+                        "owner": me,
+                        "lease_until": now + timedelta(seconds=self.lease),
+                        "attempts": attempt,
+                        "updated_at": now,
+                    },
+                    statuses=(status,),
+                    owner=found.owner,
+                    attempts=found.attempts,
+                )
+                if won:
+                    if status != ToolCallStatus.RETRYABLE:
+                        logger.warning(
+                            "tool %r: running key %s again after an unknown outcome (the tool "
+                            "declares rerun_if_unknown)",
+                            self.name,
+                            key,
+                        )
+                    return await self._run_claimed(ledger, info, values, attempt)
+            again = await ledger.get(key)
+            if again is None:  # nothing deletes entries; only a hand-edited ledger gets here
+                raise NotFoundError("ledger entry", key)
+            found = again
+
+    def _replay(self, entry: LedgerEntry) -> _Outcome:
+        if entry.status == ToolCallStatus.FAILED:
+            error_type, _, detail = (entry.error or "Error: unknown").partition(": ")
+            raise ToolFailed(self.name, entry.key, error_type, detail, replayed=True)
+        value = self._returns.validate_python(entry.result) if self._returns else entry.result
+        return _Outcome(value, entry.result, 0, replayed=True)
+
+    async def _run_claimed(
+        self, ledger: Ledger, info: ToolCall, values: dict[str, Any], attempt: int
+    ) -> _Outcome:
+        key = info.key
+        assert key is not None
+        me = owner_id()
+        try:
+            outcome = await self._run(values, info, attempt)
+        except ToolFailed as failed:
+            status = ToolCallStatus.RETRYABLE if failed.transient else ToolCallStatus.FAILED
+            ran = attempt - 1 + failed.attempts
+            await self._record(
+                ledger,
+                key,
+                attempt,
+                {
+                    "status": status,
+                    "error": f"{failed.error_type}: {failed.detail}",
+                    "attempts": ran,
+                    "owner": None,
+                    "lease_until": None,
+                },
+            )
+            raise
+        except BaseException:
+            # Cancelled (or interrupted) while the tool ran: whether the effect happened is
+            # unknown, and saying so at once spares other callers the wait for the lease.
+            await _shielded(
+                ledger.update(
+                    key,
+                    {"status": ToolCallStatus.UNKNOWN, "updated_at": utcnow()},
+                    statuses=(ToolCallStatus.IN_PROGRESS,),
+                    owner=me,
+                    attempts=attempt,
+                )
+            )
+            raise
+        ran = attempt - 1 + outcome.attempts
+        await self._record(
+            ledger,
+            key,
+            attempt,
+            {
+                "status": ToolCallStatus.SUCCEEDED,
+                "result": outcome.result,
+                "attempts": ran,
+                "owner": None,
+                "lease_until": None,
+            },
+        )
+        return outcome._replace(attempts=ran)
+
+    async def _record(self, ledger: Ledger, key: str, attempt: int, change: Change) -> None:
+        change["updated_at"] = utcnow()
+        recorded = await ledger.update(
+            key,
+            change,
+            statuses=(ToolCallStatus.IN_PROGRESS, ToolCallStatus.UNKNOWN),
+            owner=owner_id(),
+            attempts=attempt,
+        )
+        if not recorded:
+            logger.warning(
+                "tool %r: the outcome of key %s was not recorded, because another caller took "
+                "the key over or a person resolved it meanwhile",
+                self.name,
+                key,
+            )
+
+    async def _run(self, values: dict[str, Any], info: ToolCall, first_attempt: int) -> _Outcome:
+        """Run the function, retrying declared transient errors; wrap failures in ToolFailed."""
+        attempts = 0
+        try:
+            if self.transient:
+                retrying = tenacity.AsyncRetrying(
+                    stop=self.retry.stop,
+                    wait=self.retry.wait,
+                    retry=tenacity.retry_if_exception_type(self.transient),
+                    reraise=True,
+                )
+                async for attempt in retrying:
+                    with attempt:
+                        attempts += 1
+                        value = await self._call_fn(values, info, first_attempt + attempts - 1)
+            else:
+                attempts = 1
+                value = await self._call_fn(values, info, first_attempt)
+        except Exception as exc:
+            raise ToolFailed(
+                self.name,
+                info.key,
+                type(exc).__name__,
+                str(exc),
+                transient=isinstance(exc, self.transient),
+                attempts=attempts,
+            ) from exc
+        try:
+            result = self._dump(value)
+        except (PydanticSerializationError, TypeError, ValueError) as exc:
+            raise ToolFailed(
+                self.name,
+                info.key,
+                "ResultNotSerializable",
+                f"the tool returned a value that is not JSON ({_first_line(exc)}); return JSON "
+                "values or pydantic models, and annotate the return type",
+                attempts=attempts,
+            ) from exc
+        return _Outcome(value, result, attempts, replayed=False)
+
+    async def _call_fn(self, values: dict[str, Any], info: ToolCall, attempt: int) -> Any:
+        if self._wants_call:
+            call = dataclasses.replace(info, attempt=attempt)
+            if self._is_async:
+                return await self.fn(call, **values)
+            return await asyncio.to_thread(self.fn, call, **values)
+        if self._is_async:
+            return await self.fn(**values)
+        return await asyncio.to_thread(self.fn, **values)
+
+    def _validate(self, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
+        try:
+            model = self._arguments.model_validate(arguments)
+        except ValidationError as exc:
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in error['loc']) or 'arguments'}: {error['msg']}"
+                for error in exc.errors()
+            )
+            raise ToolArgumentsInvalid(self.name, detail) from exc
+        try:
+            args_json: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
+            printed = fingerprint(args_json)
+        except (PydanticSerializationError, TypeError, ValueError) as exc:
+            raise ToolArgumentsInvalid(self.name, f"they are not JSON: {_first_line(exc)}") from exc
+        values = dict(zip(self._names, model.__dict__.values(), strict=True))
+        return values, args_json, printed
+
+    def _dump(self, value: Any) -> JsonValue:
+        adapter = self._returns or _ANY
+        dumped = adapter.dump_python(value, mode="json")
+        canonical_json(dumped)  # refuses NaN and other non-JSON the dump let through
+        return dumped
+
+    async def _run_compensation(self, entry: LedgerEntry) -> JsonValue:
+        assert self.compensate is not None
+        retrying = tenacity.AsyncRetrying(
+            stop=self.retry.stop if self.transient else tenacity.stop_after_attempt(1),
+            wait=self.retry.wait,
+            retry=tenacity.retry_if_exception_type(self.transient),
+            reraise=True,
+        )
+        value: Any = None
+        async for attempt in retrying:
+            with attempt:
+                value = self.compensate(entry)
+                if inspect.isawaitable(value):
+                    value = await value
+        dumped = _ANY.dump_python(value, mode="json")
+        canonical_json(dumped)
+        return dumped
+
+
+_ANY: TypeAdapter[Any] = TypeAdapter(Any)
+
+
+async def _shielded(update: Awaitable[bool]) -> None:
+    """Run a ledger update even while the caller is being cancelled; never raise."""
+    task = asyncio.ensure_future(update)
+    try:
+        await asyncio.shield(task)
+    except BaseException:  # best effort: the lease covers a lost update
+        logger.warning("could not mark a cancelled tool call as unknown in the ledger")
+
+
+def _signature(
+    fn: Callable[..., Any], name: str
+) -> tuple[bool, type[BaseModel], list[str], TypeAdapter[Any] | None]:
+    """Read the tool's parameters into a pydantic model, and its return type."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the annotations of tool {name!r} cannot be resolved ({_first_line(exc)}); import "
+            "the types they name at module level"
+        ) from exc
+    parameters = list(inspect.signature(fn).parameters.values())
+    wants_call = bool(parameters) and hints.get(parameters[0].name) is ToolCall
+    if wants_call:
+        parameters = parameters[1:]
+    fields: dict[str, Any] = {}
+    names: list[str] = []
+    for position, parameter in enumerate(parameters):
+        if parameter.kind in {parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD}:
+            raise ConfigurationError(
+                f"tool {name!r} takes *args or **kwargs; a tool's parameters must be named, "
+                "so that its calls can be validated and fingerprinted"
+            )
+        if parameter.kind == parameter.POSITIONAL_ONLY:
+            raise ConfigurationError(
+                f"parameter {parameter.name!r} of tool {name!r} is positional-only; tools are "
+                "called with keyword arguments"
+            )
+        if parameter.name == "key":
+            raise ConfigurationError(
+                f"tool {name!r} has a parameter named 'key', which is reserved for the "
+                "idempotency key; rename it"
+            )
+        if hints.get(parameter.name) is ToolCall:
+            raise ConfigurationError(
+                f"tool {name!r} asks for a ToolCall in parameter {parameter.name!r}; it must be "
+                "the first parameter"
+            )
+        annotation = hints.get(parameter.name, Any)
+        default = ... if parameter.default is parameter.empty else parameter.default
+        # Fields get neutral names and the parameter names as aliases, so that a parameter
+        # may be called anything (``json``, ``schema``, ``_private``) without clashing with
+        # pydantic's own attributes.
+        fields[f"p{position}"] = (annotation, Field(default, alias=parameter.name))
+        names.append(parameter.name)
+    config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+    model = create_model(f"{name}_arguments", __config__=config, **fields)
+    returns = hints.get("return")
+    adapter = None if returns is None or returns is Any else TypeAdapter(returns)
+    return wants_call, model, names, adapter
+
+
+def _summary(result: JsonValue) -> JsonValue:
+    text = canonical_json(result)
+    if len(text) <= RESULT_SUMMARY_CHARS:
+        return result
+    return f"{text[: RESULT_SUMMARY_CHARS - 40]}… ({len(text)} characters of JSON)"
+
+
+def _short_json(value: JsonValue) -> str:
+    text = canonical_json(value)
+    return text if len(text) <= 120 else f"{text[:117]}..."
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# -- the decorator --------------------------------------------------------------------------
+
+
+class _Decorator(Protocol):
+    @overload
+    def __call__(self, fn: Callable[..., Awaitable[R]], /) -> Tool[R]: ...
+    @overload
+    def __call__(self, fn: Callable[..., R], /) -> Tool[R]: ...
+
+
+@overload
+def tool(fn: Callable[..., Awaitable[R]], /) -> Tool[R]: ...
+@overload
+def tool(fn: Callable[..., R], /) -> Tool[R]: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    side_effect: bool = False,
+    transient: tuple[type[BaseException], ...] = (),
+    retry: ToolRetry | None = None,
+    rerun_if_unknown: bool = False,
+    compensate: Compensation | None = None,
+    lease: float = 60.0,
+    wait: float = 10.0,
+) -> _Decorator: ...
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    side_effect: bool = False,
+    transient: tuple[type[BaseException], ...] = (),
+    retry: ToolRetry | None = None,
+    rerun_if_unknown: bool = False,
+    compensate: Compensation | None = None,
+    lease: float = 60.0,
+    wait: float = 10.0,
+) -> Any:
+    """Make a function (sync or async) a tool agents call from their handlers.
+
+    Its parameters become the tool's keyword arguments, validated by pydantic; a first
+    parameter annotated [`ToolCall`][agentsnap.ToolCall] receives the call's key and attempt
+    instead. Its return value must be JSON (or a pydantic model, with the return type
+    annotated, so that a replayed result comes back as the same type). Sync functions run in
+    a worker thread.
+
+    Args:
+        fn: The function (when used as ``@tool`` without parentheses).
+        name: Name in the ledger and in agent states (default: the function's name). Keep
+            it stable: derived keys and compensation depend on it.
+        side_effect: The tool touches the outside world: every call is claimed in the ledger
+            under an idempotency key before it runs, and its outcome recorded.
+        transient: Exceptions meaning "the effect did not happen, try again": retried under
+            the same key as ``retry`` says, and never cached.
+        retry: How transient errors are retried (default: 3 attempts, exponential wait).
+        rerun_if_unknown: Running the tool again after an unknown outcome (its owner crashed
+            mid-call) is safe, because it passes its key to the service, which deduplicates.
+            Without it such a call raises [`ToolOutcomeUnknown`][agentsnap.ToolOutcomeUnknown].
+        compensate: Undoes the effect of a call that a rollback abandoned: called once with
+            the [`LedgerEntry`][agentsnap.tools.LedgerEntry] (arguments, result, key) when the
+            run ends; its JSON result (or error) is recorded.
+        lease: Seconds a claim holds. A call still in progress after its lease, or whose
+            owning process on this host has died, has an unknown outcome.
+        wait: Seconds a call waits for the same key in progress elsewhere before it raises
+            [`ToolInProgress`][agentsnap.ToolInProgress].
+
+    Returns:
+        A [`Tool`][agentsnap.Tool] (or a decorator making one, when called with options).
+
+    Raises:
+        ConfigurationError: The function cannot be a tool (``*args``, a parameter named
+            ``key``, annotations that cannot be resolved); the message says why.
+    """
+    options: dict[str, Any] = {
+        "name": name,
+        "side_effect": side_effect,
+        "transient": transient,
+        "retry": retry,
+        "rerun_if_unknown": rerun_if_unknown,
+        "compensate": compensate,
+        "lease": lease,
+        "wait": wait,
+    }
+    if fn is not None:
+        return Tool(fn, **options)
+
+    def decorate(function: Callable[..., Any]) -> Tool[Any]:
+        return Tool(function, **options)
+
+    return decorate
+
+
+# -- after the run --------------------------------------------------------------------------
+
+
+async def reconcile(
+    ledger: Ledger,
+    run_id: str,
+    states: Iterable[AgentState],
+    tools: Mapping[str, Tool[Any]] | None = None,
+) -> list[LedgerEntry]:
+    """Mark the run's effects that no agent's final state holds as abandoned; compensate them.
+
+    A call that succeeded on a path a rollback discarded, and that the re-executed path did
+    not repeat (same key), is no longer part of the run: it becomes ``abandoned``. When its
+    tool declares ``compensate``, the compensating action runs once (the entry is claimed as
+    ``compensating`` first, so two reconciliations never both run it) and the entry ends
+    ``compensated`` or ``compensation_failed`` with the action's result or error. The
+    runtime calls this when it closes.
+
+    Args:
+        ledger: The run's ledger.
+        run_id: Id of the run.
+        states: The final state of every agent of the run.
+        tools: Tools by name (default: every live tool, by its name).
+
+    Returns:
+        The entries this call changed, as they ended.
+    """
+    kept = {call.key for state in states for call in state.tool_calls if call.key is not None}
+    known = dict(_registry) if tools is None else dict(tools)
+    me = owner_id()
+    changed: list[LedgerEntry] = []
+    for entry in await ledger.list_calls(run_id):
+        if entry.key in kept:
+            continue
+        current = entry
+        if entry.status == ToolCallStatus.SUCCEEDED:
+            now = utcnow()
+            change: Change = {"status": ToolCallStatus.ABANDONED, "updated_at": now}
+            if not await ledger.update(entry.key, change, statuses=(ToolCallStatus.SUCCEEDED,)):
+                continue
+            current = dataclasses.replace(entry, status=ToolCallStatus.ABANDONED, updated_at=now)
+            logger.info("tool %r: key %s was abandoned by a rollback", entry.tool, entry.key)
+        elif entry.status != ToolCallStatus.ABANDONED:
+            continue
+        found = known.get(entry.tool)
+        if found is None or found.compensate is None:
+            if current is not entry:
+                changed.append(current)
+            continue
+        claimed = await ledger.update(
+            entry.key,
+            {"status": ToolCallStatus.COMPENSATING, "owner": me, "updated_at": utcnow()},
+            statuses=(ToolCallStatus.ABANDONED,),
+        )
+        if not claimed:
+            continue
+        try:
+            outcome: JsonValue = {"result": await found._run_compensation(current)}
+            status = ToolCallStatus.COMPENSATED
+        except Exception as exc:
+            outcome = {"error": f"{type(exc).__name__}: {exc}"}
+            status = ToolCallStatus.COMPENSATION_FAILED
+            logger.exception("tool %r: compensating key %s failed", entry.tool, entry.key)
+        now = utcnow()
+        await ledger.update(
+            entry.key,
+            {"status": status, "compensation": outcome, "owner": None, "updated_at": now},
+            statuses=(ToolCallStatus.COMPENSATING,),
+            owner=me,
+        )
+        changed.append(
+            dataclasses.replace(
+                current, status=status, compensation=outcome, owner=None, updated_at=now
+            )
+        )
+    return changed
+
+
+_UNSET: Any = object()
+
+
+async def resolve(
+    ledger: Ledger, key: str, *, result: JsonValue = _UNSET, error: str | None = None
+) -> LedgerEntry:
+    """Record the outcome of a call whose outcome is unknown, once a person has checked it.
+
+    Pass ``result`` when the effect happened (later calls with the key get it back), or
+    ``error`` when it did not (later calls raise it as a final failure).
+
+    Args:
+        ledger: The ledger holding the key.
+        key: The idempotency key.
+        result: The result the tool would have returned, as JSON.
+        error: What went wrong, when the effect did not happen.
+
+    Returns:
+        The entry as recorded.
+
+    Raises:
+        ConfigurationError: Neither or both of ``result`` and ``error`` given, or the entry's
+            outcome is not unknown.
+        NotFoundError: The ledger holds no such key.
+    """
+    if (result is _UNSET) == (error is None):
+        raise ConfigurationError("resolve() takes either result= or error=, not both or neither")
+    entry = await ledger.get(key)
+    if entry is None:
+        raise NotFoundError("ledger entry", key, f"the ledger holds no tool call with key {key!r}")
+    resolvable = (ToolCallStatus.UNKNOWN, ToolCallStatus.IN_PROGRESS)
+    if entry.status not in resolvable:
+        raise ConfigurationError(
+            f"tool call {key!r} is {entry.status.value}, its outcome is known; only an unknown "
+            "(or stuck in-progress) call can be resolved"
+        )
+    now = utcnow()
+    change: Change = {"owner": None, "lease_until": None, "updated_at": now}
+    if error is not None:
+        change["status"] = ToolCallStatus.FAILED
+        change["error"] = f"ResolvedFailure: {error}"
+    else:
+        canonical_json(result)
+        change["status"] = ToolCallStatus.SUCCEEDED
+        change["result"] = result
+    if not await ledger.update(key, change, statuses=(entry.status,), attempts=entry.attempts):
+        raise ConfigurationError(f"tool call {key!r} changed while it was being resolved; retry")
+    found = await ledger.get(key)
+    assert found is not None
+    return found
