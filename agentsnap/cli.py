@@ -18,6 +18,7 @@ from agentsnap.exceptions import AgentsnapError
 
 if TYPE_CHECKING:
     from agentsnap.store.sql import SqlStore
+    from agentsnap.tools import Ledger
 
 __all__ = ["main"]
 
@@ -91,6 +92,66 @@ def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
     document = _read(db, lambda store: export_run(store, run_id))
     json.dump(document, output, indent=indent, ensure_ascii=False)
     output.write("\n")
+
+
+@main.group()
+def tools() -> None:
+    """Side-effecting tool calls in the ledger: list them, resolve unknown outcomes."""
+
+
+@tools.command("list")
+@click.argument("run_id", required=False)
+@_DB
+@click.option("--status", default=None, help="Only calls in this status (e.g. unknown).")
+def list_tool_calls(run_id: str | None, db: str, status: str | None) -> None:
+    """Print the ledger's calls (of run RUN_ID, if given): key, status, tool, run, agent."""
+    entries = _ledger(db, lambda ledger: ledger.list_calls(run_id))
+    for entry in entries:
+        if status is None or entry.status.value == status:
+            click.echo(
+                f"{entry.key}  {entry.status.value}  {entry.tool}  attempts={entry.attempts}  "
+                f"run={entry.run_id or '-'}  agent={entry.agent or '-'}"
+            )
+
+
+@tools.command("resolve")
+@click.argument("key")
+@_DB
+@click.option("--result", "result", metavar="JSON", help="It happened: what the tool returned.")
+@click.option("--error", metavar="TEXT", help="It did not happen: what went wrong.")
+def resolve_tool_call(key: str, db: str, result: str | None, error: str | None) -> None:
+    """Record the outcome of tool call KEY, whose outcome is unknown.
+
+    Check the outside system first (did the card get charged?). With --result, later calls
+    with this key return that JSON without running the tool; with --error, they fail.
+    """
+    from agentsnap.tools import resolve  # noqa: PLC0415
+
+    if (result is None) == (error is None):
+        raise click.UsageError("give either --result JSON or --error TEXT")
+    if result is not None:
+        try:
+            value = json.loads(result)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--result") from exc
+        entry = _ledger(db, lambda ledger: resolve(ledger, key, result=value))
+    else:
+        entry = _ledger(db, lambda ledger: resolve(ledger, key, error=error))
+    click.echo(f"{entry.key}: {entry.status.value}")
+
+
+def _ledger(db: str, action: Callable[[Ledger], Awaitable[T]]) -> T:
+    """Run ``action`` against the ledger at ``db`` without creating anything there."""
+    from agentsnap.store.sql_ledger import SqlLedger  # noqa: PLC0415
+
+    async def go() -> T:
+        ledger = SqlLedger(db, create=False)
+        try:
+            return await action(ledger)
+        finally:
+            await ledger.close()
+
+    return _guard(lambda: asyncio.run(go()))
 
 
 def _read(db: str, query: Callable[[SqlStore], Awaitable[T]]) -> T:

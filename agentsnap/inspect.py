@@ -26,12 +26,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agentsnap.journal import read_journal
+from agentsnap.store.ledger import ledger_for
 
 if TYPE_CHECKING:
     from datetime import datetime
 
     from agentsnap.records import JournalMessage, RunInfo, Snapshot
     from agentsnap.store import Store
+    from agentsnap.tools import Ledger, LedgerEntry
 
 __all__ = ["EXPORT_FORMAT", "export_run"]
 
@@ -39,10 +41,12 @@ EXPORT_FORMAT = 1
 """Version of the export document's layout, in its ``"format"`` key."""
 
 
-async def export_run(store: Store, run_id: str) -> dict[str, Any]:
+async def export_run(store: Store, run_id: str, ledger: Ledger | None = None) -> dict[str, Any]:
     """Everything a store holds about a run, as one JSON-ready document.
 
-    The ``"messages"`` key is present only when the run kept a journal.
+    The ``"messages"`` key is present only when the run kept a journal. ``"tool_calls"``
+    lists the run's side-effecting tool calls from ``ledger``: by default the ledger in the
+    store's database (an ``SqlStore``'s), none for other stores.
 
     Raises:
         NotFoundError: The store holds no such run.
@@ -54,10 +58,45 @@ async def export_run(store: Store, run_id: str) -> dict[str, Any]:
         "run": _run(run),
         "snapshots": [_snapshot(snapshot) for snapshot in snapshots],
     }
+    calls = await _ledger_calls(store, run_id, ledger)
+    document["tool_calls"] = [_tool_call(entry) for entry in calls]
     segments = await store.load_journal(run_id)
     if segments:
         document["messages"] = [_message(m) for m in read_journal(segments)]
     return document
+
+
+async def _ledger_calls(store: Store, run_id: str, ledger: Ledger | None) -> list[LedgerEntry]:
+    if ledger is not None:
+        return await ledger.list_calls(run_id)
+    opened = ledger_for(store, create=False)
+    if opened is None:
+        return []
+    try:
+        return await opened.list_calls(run_id)
+    finally:
+        await opened.close()
+
+
+def _tool_call(entry: LedgerEntry) -> dict[str, Any]:
+    return {
+        "key": entry.key,
+        "run": entry.run_id,
+        "agent": entry.agent,
+        "message": entry.message_id,
+        "tool": entry.tool,
+        "arguments": entry.arguments,
+        "fingerprint": entry.fingerprint,
+        "status": entry.status.value,
+        "attempts": entry.attempts,
+        "result": entry.result,
+        "error": entry.error,
+        "compensation": entry.compensation,
+        "owner": entry.owner,
+        "lease_until": _time(entry.lease_until),
+        "created_at": _time(entry.created_at),
+        "updated_at": _time(entry.updated_at),
+    }
 
 
 def _time(moment: datetime | None) -> str | None:
