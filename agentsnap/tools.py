@@ -551,9 +551,9 @@ class Tool(Generic[R]):
             record.error = f"{exc.error_type}: {exc.detail}"
             record.attempts = exc.attempts
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a cancelled call is not left "running" either
             record.status = "error"
-            record.error = f"{type(exc).__name__}: {exc}"
+            record.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
             raise
         record.status = "replayed" if outcome.replayed else "ok"
         record.attempts = outcome.attempts

@@ -252,3 +252,26 @@ async def test_concurrent_calls_in_one_handler_get_distinct_keys() -> None:
     keys = [call.key for call in fanout.state.tool_calls]
     assert len(set(keys)) == 3
     assert CHARGED == [1, 1, 1]
+
+
+async def test_a_call_cut_short_by_closing_the_runtime_is_not_left_running() -> None:
+    started = asyncio.Event()
+
+    @tool(side_effect=True, name="never_returns")
+    async def never_returns() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    class Caller(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            await never_returns(ctx)
+
+    runtime = Runtime()
+    async with runtime:
+        caller = runtime.add(Caller("caller"))
+        runtime.send("caller", None)
+        await started.wait()
+    (call,) = caller.state.tool_calls
+    assert (call.status, call.error) == ("error", "CancelledError")
+    (entry,) = await runtime.ledger.list_calls()
+    assert entry.status == "unknown", "whether it had its effect is not known"
