@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/bank_transfers.py
+	$(BIN)/agentsnap demo
 
 test: $(STAMP) lint typecheck pytest
 

@@ -3,6 +3,8 @@
 The names below are the public API; everything else may change without notice.
 """
 
+import logging
+
 from agentsnap.agents import Agent, Context, Feedback
 from agentsnap.bus import AsyncioScheduler, Scheduler
 from agentsnap.exceptions import (
@@ -13,11 +15,14 @@ from agentsnap.exceptions import (
     IdempotencyConflict,
     InvalidAgentName,
     NotFoundError,
+    OutputRejected,
     PayloadNotSerializable,
+    RollbackExhausted,
     RunError,
     RuntimeClosedError,
     ScheduleError,
     SchemaOutOfDate,
+    Signal,
     SnapshotFailed,
     StateNotSerializable,
     StoreError,
@@ -35,10 +40,13 @@ from agentsnap.records import (
     JournalMessage,
     JournalSegment,
     RecordedMessage,
+    RollbackInfo,
     RunInfo,
+    RunStatus,
     Snapshot,
     SnapshotStatus,
 )
+from agentsnap.rollback import RetryPolicy, Verdict
 from agentsnap.runtime import Runtime
 from agentsnap.snapshot import SnapshotHandle, SnapshotPolicy
 from agentsnap.state import AgentState, PlanStep, ToolCallRecord
@@ -46,6 +54,10 @@ from agentsnap.store import MemoryStore, Store
 from agentsnap.tools import Ledger, LedgerEntry, Tool, ToolCall, ToolCallStatus, ToolRetry, tool
 
 __version__ = "0.1.0"
+
+# Log records go where the application sends them; none are printed unless it configures
+# logging (the standard advice for libraries).
+logging.getLogger("agentsnap").addHandler(logging.NullHandler())
 
 __all__ = [
     "ENVIRONMENT",
@@ -73,16 +85,22 @@ __all__ = [
     "MemoryStore",
     "Message",
     "NotFoundError",
+    "OutputRejected",
     "PayloadNotSerializable",
     "PlanStep",
     "RecordedMessage",
+    "RetryPolicy",
+    "RollbackExhausted",
+    "RollbackInfo",
     "RunError",
     "RunInfo",
+    "RunStatus",
     "Runtime",
     "RuntimeClosedError",
     "ScheduleError",
     "Scheduler",
     "SchemaOutOfDate",
+    "Signal",
     "Snapshot",
     "SnapshotFailed",
     "SnapshotHandle",
@@ -101,6 +119,7 @@ __all__ = [
     "ToolOutcomeUnknown",
     "ToolRetry",
     "UnknownAgentError",
+    "Verdict",
     "__version__",
     "tool",
 ]

@@ -24,18 +24,21 @@ from __future__ import annotations
 import abc
 import typing
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, TypeVar
 
 from pydantic import BaseModel
 
 from agentsnap.bus import check_agent_name
-from agentsnap.exceptions import ConfigurationError
+from agentsnap.exceptions import ConfigurationError, OutputRejected
 from agentsnap.state import AgentState
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Endpoint
     from agentsnap.messages import JsonValue, Message
+    from agentsnap.records import RollbackInfo
+    from agentsnap.rollback import CheckResult, Guard
     from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle
+    from agentsnap.telemetry import Telemetry
     from agentsnap.tools import Ledger
 
 __all__ = ["Agent", "Context", "Feedback"]
@@ -109,6 +112,30 @@ class Agent(abc.ABC, Generic[S]):
             ctx: Sends messages, requests snapshots, tells the run and any feedback.
         """
 
+    async def evaluate(self, outputs: Sequence[Message], ctx: Context[S]) -> CheckResult:
+        """Judge what the handler just did (self-evaluation); the default accepts everything.
+
+        Override it to check your own work: it is called after every ``handle`` that
+        returned normally, with the messages that handler sent. Return ``True`` or ``None``
+        to accept; ``False``, a reason string or ``Verdict.failed(reason)`` to reject, which
+        rolls the run back to the last consistent cut and hands you the reason as feedback.
+
+        Args:
+            outputs: The messages the handler sent, in order.
+            ctx: The handler's context; ``ctx.message`` is the message it handled.
+        """
+        return None
+
+    async def on_rollback(self, rollback: RollbackInfo, ctx: Context[S]) -> None:
+        """Called on every agent after a rollback restored its state; does nothing by default.
+
+        Args:
+            rollback: What happened: the agent whose output was rejected, why, by what, and
+                the snapshot the run went back to.
+            ctx: The agent's context (its ``feedback`` holds the reason when the rejected
+                output was this agent's).
+        """
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -125,6 +152,7 @@ class Context(Generic[S]):
         "_feedback",
         "_snapshots",
         "agent",
+        "guard",
         "ledger",
         "message",
         "run_id",
@@ -148,6 +176,8 @@ class Context(Generic[S]):
         self._bus = bus
         self._snapshots = snapshots
         self._feedback: list[Feedback] = []
+        self.guard: Guard | None = None
+        """The checks on this agent's outgoing messages, if any (set by the runtime)."""
         self.ledger: Ledger | None = None
         """Where side-effecting tool calls are recorded (set by the runtime)."""
 
@@ -160,6 +190,11 @@ class Context(Generic[S]):
     def feedback(self) -> Sequence[Feedback]:
         """Feedback given to this agent, oldest first."""
         return tuple(self._feedback)
+
+    @property
+    def telemetry(self) -> Telemetry | None:
+        """Where the run's spans and metrics go, or ``None`` when nothing is recorded."""
+        return self._bus.telemetry
 
     def send(
         self,
@@ -183,8 +218,31 @@ class Context(Generic[S]):
         Raises:
             UnknownAgentError: ``to`` is not a registered agent.
             PayloadNotSerializable: ``payload`` is not JSON.
+            OutputRejected: A check declared for this agent failed the message (the runtime
+                handles it: let it propagate).
         """
-        return self._bus.send(self._endpoint, to, payload, kind, headers)
+        message = self._bus.send(self._endpoint, to, payload, kind, headers)
+        guard = self.guard
+        if guard is not None:
+            guard(message)
+        return message
+
+    def reject(self, agent: str, reason: str) -> NoReturn:
+        """Reject another agent's output, as a critic: the run rolls back and ``agent`` is told.
+
+        The rejected output is the message being handled when it came from ``agent``;
+        the run goes back to the last consistent cut from before that message was sent.
+        Does not return.
+
+        Args:
+            agent: The agent whose work is rejected.
+            reason: Why, in words that agent can act on.
+
+        Raises:
+            OutputRejected: Always; the runtime handles it.
+        """
+        output = self.message if self.message is not None and self.message.src == agent else None
+        raise OutputRejected(agent, reason, self.agent.name, output)
 
     def snapshot(self) -> SnapshotHandle:
         """Start a snapshot with this agent as initiator.
@@ -198,5 +256,5 @@ class Context(Generic[S]):
         return self._snapshots.begin(initiator=self._endpoint)
 
     def add_feedback(self, reason: str, source: str) -> None:
-        """Record feedback for this agent (used by the runtime and validators)."""
+        """Record feedback for this agent (the runtime does after a rollback)."""
         self._feedback.append(Feedback(reason=reason, source=source))

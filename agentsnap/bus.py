@@ -40,6 +40,7 @@ from agentsnap.messages import (
 if TYPE_CHECKING:
     from agentsnap.agents import Context
     from agentsnap.messages import JsonValue
+    from agentsnap.telemetry import Telemetry
 
 __all__ = [
     "AsyncioScheduler",
@@ -185,6 +186,18 @@ class Scheduler(Protocol):
     async def close(self) -> None:
         """Stop delivering; queued items stay on their channels."""
 
+    def pause(self) -> None:
+        """Start no new delivery until ``resume`` (deliveries under way finish)."""
+
+    def resume(self) -> None:
+        """Deliver again after ``pause``."""
+
+    def reset(self) -> None:
+        """Forget every queued item: the runtime has emptied the channels (a rollback).
+
+        Items appended afterwards are announced through ``notify`` as usual.
+        """
+
 
 class Bus:
     """Processes, their channels, and the send path.
@@ -196,6 +209,9 @@ class Bus:
         scheduler: The scheduler delivering items.
         journaling: Whether channels log sends and deliveries for the
             [`Journal`][agentsnap.journal.Journal] (see [`journal`][agentsnap.bus.Bus.journal]).
+        telemetry: Where the run's spans and metrics go, or ``None`` (set by the runtime).
+        tracing: ``telemetry`` when it traces, so that each send makes a span and carries
+            the trace context in its headers; else ``None``.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -207,6 +223,8 @@ class Bus:
         self._spill: Callable[[Channel], None] | None = None
         self._spill_at = 0
         self._notify = scheduler.notify
+        self.telemetry: Telemetry | None = None
+        self.tracing: Telemetry | None = None
 
     def add(self, name: str, epoch: int) -> Endpoint:
         """Add a process; the environment gets a channel to it at once."""
@@ -279,6 +297,9 @@ class Bus:
             if problem is not None:
                 raise PayloadNotSerializable(sender.name, dst, problem)
         headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
+        tracing = self.tracing
+        if tracing is not None:
+            headers = tracing.sent(sender.name, dst, channel.sent + 1, kind, headers)
         channel.sent = seq = channel.sent + 1
         message: Message = _new_message(
             Message, (sender.name, dst, seq, kind, payload, headers, sender.epoch)
@@ -325,7 +346,10 @@ class AsyncioScheduler:
         self._fairness = fairness
         self._deliver: Deliver | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Items waiting in inboxes, and deliveries under way: idle when both are zero.
         self._pending = 0
+        self._active = 0
+        self._paused = False
         self._idle: asyncio.Future[None] | None = None
         self._started = False
         self._endpoints: list[Endpoint] = []
@@ -371,10 +395,14 @@ class AsyncioScheduler:
         streak = 0
         try:
             while True:
-                if inbox:
-                    await deliver(inbox.popleft())
+                if inbox and not self._paused:
                     self._pending -= 1
-                    if self._pending == 0:
+                    self._active += 1
+                    try:
+                        await deliver(inbox.popleft())
+                    finally:
+                        self._active -= 1
+                    if not self._pending and not self._active:
                         self._wake_idle()
                     streak += 1
                     if streak >= fairness:
@@ -402,12 +430,31 @@ class AsyncioScheduler:
 
     async def run_until_idle(self) -> None:  # noqa: D102
         self.start()
-        while self._pending and self._error is None:
+        while (self._pending or self._active) and self._error is None:
             if self._idle is None:
                 self._idle = asyncio.get_running_loop().create_future()
             await self._idle
         if self._error is not None:
             raise self._error
+
+    def pause(self) -> None:  # noqa: D102
+        self._paused = True
+
+    def resume(self) -> None:  # noqa: D102
+        self._paused = False
+        for endpoint in self._endpoints:
+            waiter = endpoint.waiter
+            if waiter is not None:
+                endpoint.waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
+        if not self._pending and not self._active:
+            self._wake_idle()
+
+    def reset(self) -> None:  # noqa: D102
+        for endpoint in self._endpoints:
+            endpoint.inbox.clear()
+        self._pending = 0
 
     async def close(self) -> None:  # noqa: D102
         tasks = list(self._tasks.values())

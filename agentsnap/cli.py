@@ -17,7 +17,9 @@ from agentsnap import __version__
 from agentsnap.exceptions import AgentsnapError
 
 if TYPE_CHECKING:
+    from agentsnap.demo import DemoResult
     from agentsnap.store.sql import SqlStore
+    from agentsnap.telemetry import Exporter
     from agentsnap.tools import Ledger
 
 __all__ = ["main"]
@@ -92,6 +94,50 @@ def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
     document = _read(db, lambda store: export_run(store, run_id))
     json.dump(document, output, indent=indent, ensure_ascii=False)
     output.write("\n")
+
+
+@main.command()
+@_DB
+@click.option(
+    "--model",
+    default=None,
+    metavar="PROVIDER:NAME",
+    help="Use this LangChain chat model instead of the scripted one (needs langchain).",
+)
+@click.option(
+    "--trace",
+    "exporter",
+    type=click.Choice(["console", "otlp"]),
+    default=None,
+    help="Export spans and metrics: print them, or send them with OTLP (OTEL_* settings).",
+)
+def demo(db: str, model: str | None, exporter: Exporter | None) -> None:
+    """Run the demo: a critic rejects a draft, the team rolls back, the second draft passes."""
+    from agentsnap.demo import describe, run_demo  # noqa: PLC0415
+    from agentsnap.models import load_model  # noqa: PLC0415
+    from agentsnap.store.sql import SqlStore  # noqa: PLC0415
+    from agentsnap.telemetry import install_sdk  # noqa: PLC0415
+
+    chat = _guard(lambda: load_model(model)) if model else None
+    # Before the runtime exists: it decides once whether to trace.
+    shutdown = _guard(lambda: install_sdk(exporter)) if exporter else None
+
+    async def go() -> DemoResult:
+        store = SqlStore(db)
+        try:
+            return await run_demo(store, chat)
+        finally:
+            await store.close()
+
+    try:
+        result = _guard(lambda: asyncio.run(go()))
+    finally:
+        if shutdown is not None:
+            shutdown()  # flushes the spans and metrics (printed before the summary)
+    for line in describe(result, db):
+        click.echo(line)
+    if result.report is None or result.run.status.value != "succeeded":
+        raise click.exceptions.Exit(1)
 
 
 @main.group()

@@ -17,15 +17,21 @@ AgentsnapError
     ├── SnapshotFailed
     ├── StoreError
     │   └── SchemaOutOfDate
+    ├── RollbackExhausted
     ├── ToolFailed
     ├── ToolInProgress
     ├── ToolOutcomeUnknown
     └── RuntimeClosedError
+
+Signal                          control flow, not an error: the runtime handles it
+└── OutputRejected              an output failed validation; the run rolls back
 ```
 
 Developer mistakes (`ConfigurationError`) are raised where the mistake is made, so the
 traceback points at the offending line. Run failures (`RunError`) are reported by the runtime
-and carry what is needed to find their cause: the agent, the message, the snapshot.
+and carry what is needed to find their cause: the agent, the message, the snapshot. Signals
+(`Signal`) travel from a handler to the runtime, which acts on them; they only reach
+application code when it raises them itself.
 """
 
 from __future__ import annotations
@@ -240,6 +246,58 @@ class SchemaOutOfDate(StoreError):
             f"the agentsnap schema in {url} is at revision {found or 'none'}, this agentsnap "
             f"needs {needed}: run `agentsnap db upgrade --db {url}`"
         )
+
+
+class RollbackExhausted(RunError):
+    """A failure kept coming back after every rollback the retry policy allowed.
+
+    The run stops; everything it did stays in the store to inspect.
+
+    Attributes:
+        agent: The agent whose output kept failing.
+        source: What rejected it (a check's name, ``"self-evaluation"``, a critic agent).
+        attempts: How many times it failed.
+        reasons: The reasons given, oldest first.
+    """
+
+    def __init__(self, agent: str, source: str, attempts: int, reasons: list[str]) -> None:
+        self.agent = agent
+        self.source = source
+        self.attempts = attempts
+        self.reasons = reasons
+        last = "; ".join(repr(r) for r in reasons[-3:])
+        super().__init__(
+            f"output of agent {agent!r} was rejected by {source} {attempts} time(s), the most "
+            f"the retry policy allows; last reasons: {last}. The run stopped; inspect it with "
+            "`agentsnap export`, or allow more attempts (RetryPolicy)"
+        )
+
+
+class Signal(AgentsnapError):
+    """Base of control-flow signals: raised in a handler, handled by the runtime."""
+
+
+class OutputRejected(Signal):
+    """An agent's output failed validation: a schema, a check, its own evaluation, or a critic.
+
+    Raised inside a handler (by a check on ``ctx.send``, by ``ctx.reject``, or after
+    ``Agent.evaluate``), it makes the runtime roll every agent back to the last consistent cut
+    taken before the rejected output and hand ``reason`` to ``agent`` as feedback.
+
+    Attributes:
+        agent: The agent whose output was rejected.
+        reason: Why, in words the agent can act on.
+        source: What rejected it: a check's name, ``"schema"``, ``"self-evaluation"``, or the
+            name of the critic agent.
+        output: The rejected message, when there is one.
+    """
+
+    def __init__(self, agent: str, reason: str, source: str, output: Message | None = None) -> None:
+        self.agent = agent
+        self.reason = reason
+        self.source = source
+        self.output = output
+        super().__init__(f"output of agent {agent!r} rejected by {source}: {reason}")
 
 
 class RuntimeClosedError(RunError):

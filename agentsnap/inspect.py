@@ -31,7 +31,7 @@ from agentsnap.store.ledger import ledger_for
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from agentsnap.records import JournalMessage, RunInfo, Snapshot
+    from agentsnap.records import JournalMessage, RollbackInfo, RunInfo, Snapshot
     from agentsnap.store import Store
     from agentsnap.tools import Ledger, LedgerEntry
 
@@ -57,9 +57,11 @@ async def export_run(store: Store, run_id: str, ledger: Ledger | None = None) ->
         "format": EXPORT_FORMAT,
         "run": _run(run),
         "snapshots": [_snapshot(snapshot) for snapshot in snapshots],
+        "rollbacks": [_rollback(r) for r in await store.list_rollbacks(run_id)],
     }
-    calls = await _ledger_calls(store, run_id, ledger)
-    document["tool_calls"] = [_tool_call(entry) for entry in calls]
+    document["tool_calls"] = [
+        _tool_call(entry) for entry in await _ledger_calls(store, run_id, ledger)
+    ]
     segments = await store.load_journal(run_id)
     if segments:
         document["messages"] = [_message(m) for m in read_journal(segments)]
@@ -106,10 +108,25 @@ def _time(moment: datetime | None) -> str | None:
 def _run(run: RunInfo) -> dict[str, Any]:
     return {
         "id": run.id,
+        "status": run.status.value,
         "created_at": _time(run.created_at),
+        "finished_at": _time(run.finished_at),
         "parent_run_id": run.parent_run_id,
         "parent_snapshot_id": run.parent_snapshot_id,
         "metadata": run.metadata,
+    }
+
+
+def _rollback(rollback: RollbackInfo) -> dict[str, Any]:
+    return {
+        "id": rollback.id,
+        "snapshot_id": rollback.snapshot_id,
+        "agent": rollback.agent,
+        "reason": rollback.reason,
+        "source": rollback.source,
+        "attempt": rollback.attempt,
+        "discarded": rollback.discarded,
+        "at": _time(rollback.at),
     }
 
 

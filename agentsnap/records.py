@@ -23,7 +23,9 @@ __all__ = [
     "JournalMessage",
     "JournalSegment",
     "RecordedMessage",
+    "RollbackInfo",
     "RunInfo",
+    "RunStatus",
     "Snapshot",
     "SnapshotStatus",
     "utcnow",
@@ -33,6 +35,17 @@ __all__ = [
 def utcnow() -> datetime:
     """The current time, timezone-aware, in UTC."""
     return datetime.now(UTC)
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run stands."""
+
+    RUNNING = "running"
+    """Started and not finished (or its process died)."""
+    SUCCEEDED = "succeeded"
+    """Closed normally."""
+    FAILED = "failed"
+    """Stopped by a failure: rollbacks exhausted, a handler error, or an exception."""
 
 
 class RunInfo(BaseModel):
@@ -50,6 +63,10 @@ class RunInfo(BaseModel):
     """The snapshot of the parent run this one started from, if any."""
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     """Free-form JSON the application attached to the run."""
+    status: RunStatus = RunStatus.RUNNING
+    """Running, succeeded or failed."""
+    finished_at: datetime | None = None
+    """When the run finished, if it has."""
 
 
 class SnapshotStatus(enum.StrEnum):
@@ -215,3 +232,28 @@ class JournalMessage(BaseModel):
     """When it was sent."""
     delivered_at: datetime | None = None
     """When the receiver took it off the channel, or ``None`` if it never did."""
+
+
+class RollbackInfo(BaseModel):
+    """One rollback of a run: who failed, why, which cut it returned to, what was lost."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    """Rollback id (32 hex digits)."""
+    run_id: str
+    """The run rolled back."""
+    snapshot_id: str
+    """The complete snapshot every agent was restored from."""
+    agent: str | None
+    """The agent whose output was rejected (``None`` for a manual rollback)."""
+    reason: str
+    """Why."""
+    source: str
+    """What rejected the output (a check, ``"self-evaluation"``, a critic) or ``"manual"``."""
+    attempt: int
+    """Which failure of this agent and source this was: 1 for the first."""
+    discarded: int
+    """Messages that were queued and dropped, sent after the cut."""
+    at: datetime = Field(default_factory=utcnow)
+    """When it happened."""

@@ -34,28 +34,40 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Self
 
+from pydantic import BaseModel
+
 from agentsnap.agents import Agent, Context
 from agentsnap.bus import AsyncioScheduler, Bus, Channel, Scheduler
 from agentsnap.exceptions import (
     ConfigurationError,
     DuplicateAgentError,
     HandlerFailed,
+    OutputRejected,
     RuntimeClosedError,
     UnknownAgentError,
 )
 from agentsnap.journal import Journal
 from agentsnap.messages import ENVIRONMENT, Marker, Message
-from agentsnap.records import RunInfo, Snapshot
+from agentsnap.records import RollbackInfo, RunInfo, RunStatus, Snapshot, SnapshotStatus, utcnow
+from agentsnap.rollback import (
+    Check,
+    Guard,
+    OutputCheck,
+    RetryPolicy,
+    RollbackManager,
+    current_cut,
+    failure_reason,
+    restore_cut,
+)
 from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle, SnapshotPolicy
 from agentsnap.state import check_round_trip
 from agentsnap.store.ledger import MemoryLedger, ledger_for
 from agentsnap.store.memory import MemoryStore
+from agentsnap.telemetry import Telemetry, resolve
 from agentsnap.tools import Ledger, reconcile
 
 if TYPE_CHECKING:
     from types import TracebackType
-
-    from pydantic import BaseModel
 
     from agentsnap.messages import JsonValue
     from agentsnap.store import Store
@@ -82,12 +94,19 @@ class Runtime:
         metadata: JSON recorded with the run.
         journal: Keep a journal of every send and delivery in the store (see
             [`agentsnap.journal`][agentsnap.journal]); off by default.
+        retry: How often a rejected output is retried by rolling back, and how long to wait
+            in between (see [`agentsnap.rollback`][agentsnap.rollback]).
         ledger: Where side-effecting tool calls are recorded (see
             [`agentsnap.tools`][agentsnap.tools]); by default an
             [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger] on the store's database when
             the store is an ``SqlStore``, else a
             [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger]. A ledger you pass is not
             closed by the runtime.
+        telemetry: Where spans and metrics go (see [`agentsnap.telemetry`][agentsnap.telemetry]):
+            by default the global OpenTelemetry providers when an SDK is installed there,
+            and nothing otherwise; ``False`` records nothing; a
+            [`Telemetry`][agentsnap.telemetry.Telemetry] uses its providers. Decided here,
+            once: configure the SDK before creating the runtime.
 
     Attributes:
         run_id: Id of this run.
@@ -105,7 +124,9 @@ class Runtime:
         run_id: str | None = None,
         metadata: Mapping[str, JsonValue] | None = None,
         journal: bool = False,
+        retry: RetryPolicy | None = None,
         ledger: Ledger | None = None,
+        telemetry: Telemetry | bool | None = None,
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
         self.store: Store = store if store is not None else MemoryStore()
@@ -120,6 +141,13 @@ class Runtime:
         self._journal = Journal(self._bus, self.store, self.run_id) if journal else None
         self._agents: dict[str, Agent[Any]] = {}
         self._snapshots = SnapshotCoordinator(self._bus, self._agents, self.run_id, self._persist)
+        # Without an SDK this is None, and the hot paths pay one None check per message.
+        self._telemetry = resolve(telemetry)
+        self._tracing = self._telemetry if self._telemetry and self._telemetry.tracing else None
+        self._bus.telemetry = self._snapshots.telemetry = self._telemetry
+        self._bus.tracing = self._tracing
+        if self._telemetry is not None:
+            self._telemetry.watch(self._bus)
         self._policy = snapshot_policy or SnapshotPolicy()
         self._countdown = self._policy.every_deliveries or 0
         self._timer: asyncio.Task[None] | None = None
@@ -128,6 +156,24 @@ class Runtime:
         self._closed = False
         self._reported = 0
         self._scheduler.bind(self._bus, self._deliver)
+        # Rollback: checks by agent, the state each agent was registered with, and every
+        # message the environment sent (replayed after a rollback, like a source).
+        self._guards: dict[str, Guard] = {}
+        self._checks: dict[str, list[OutputCheck]] = {}
+        self._initial: dict[str, str] = {}
+        self._inputs: list[Message] = []
+        self._prune_inputs_at = 1024
+        self._have_cut = False
+        self._status_on_close: RunStatus | None = None
+        self._rollbacks = RollbackManager(
+            self.run_id,
+            self._bus,
+            coordinator=self._snapshots,
+            policy=retry or RetryPolicy(),
+            restore=self._restore,
+            load=self.store.load_snapshot,
+            save=self._save_rollback,
+        )
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -161,11 +207,68 @@ class Runtime:
         # A newcomer records the snapshots in progress at its first moment (joined() below).
         epoch = min(coordinator.active) - 1 if coordinator.active else coordinator.last_seq
         self._agents[agent.name] = agent
+        self._initial[agent.name] = blob.json
         endpoint = self._bus.add(agent.name, epoch)
         endpoint.context = Context(agent, endpoint, self._bus, coordinator, self.run_id)
         endpoint.context.ledger = self.ledger
         coordinator.joined(endpoint, blob.hash)
+        self._arm(agent.name)
         return agent
+
+    def check(
+        self,
+        agent: str,
+        kind: str | None = None,
+        *,
+        schema: type[BaseModel] | None = None,
+        check: Check | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Declare a check on what ``agent`` sends: a failing message makes the run roll back.
+
+        Checks run as the message is sent, in the order declared. Declare them before or
+        after adding the agent.
+
+        Args:
+            agent: The agent whose messages are checked.
+            kind: Only messages of this kind (default: every message the agent sends).
+            schema: A pydantic model the payload must validate against.
+            check: A callable given the message; returns ``True``/``None`` to pass, or
+                ``False``, a reason string or ``Verdict.failed(reason)`` to fail.
+            name: How the check is called in feedback and in the store (default: ``"schema"``
+                for a schema, the callable's name for a check).
+
+        Raises:
+            ConfigurationError: Neither ``schema`` nor ``check`` is given, or ``schema`` is not
+                a pydantic model.
+        """
+        if schema is None and check is None:
+            raise ConfigurationError("Runtime.check() needs a schema=, a check=, or both")
+        if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise ConfigurationError(
+                f"schema= takes a pydantic model class, got {schema!r}; for a function, use check="
+            )
+        label = name or ("schema" if check is None else str(getattr(check, "__name__", "check")))
+        self._checks.setdefault(agent, []).append(
+            OutputCheck(kind=kind, name=label, schema=schema, check=check)
+        )
+        if agent in self._agents:
+            self._arm(agent)
+
+    def _arm(self, name: str) -> None:
+        """Give ``name``'s context a guard when it has checks or evaluates itself."""
+        agent = self._agents[name]
+        evaluates = type(agent).evaluate is not Agent.evaluate
+        checks = self._checks.get(name, [])
+        ctx = self._bus.endpoints[name].context
+        assert ctx is not None
+        if not checks and not evaluates:
+            ctx.guard = None
+            return
+        guard = Guard(name, evaluates)
+        for declared in checks:
+            guard.add(declared)
+        ctx.guard = self._guards[name] = guard
 
     async def start(self) -> None:
         """Record the run in the store and start delivering messages."""
@@ -185,11 +288,17 @@ class Runtime:
     async def close(self) -> None:
         """Stop delivering, fail the snapshots still in progress, and wait for store writes.
 
-        Messages still queued stay on their channels; nothing is handled after this.
+        Messages still queued stay on their channels; nothing is handled after this. The run
+        is recorded as failed when a rollback gave up or a handler raised, else as succeeded.
         """
+        await self._close(failed=False)
+
+    async def _close(self, *, failed: bool) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._telemetry is not None:
+            self._telemetry.unwatch(self._bus)
         if self._timer is not None:
             self._timer.cancel()
             await asyncio.gather(self._timer, return_exceptions=True)
@@ -204,6 +313,10 @@ class Runtime:
         finally:
             if self._owns_ledger:
                 await self.ledger.close()
+        if self._run_created:
+            bad = failed or self.failures or self._status_on_close is RunStatus.FAILED
+            status = RunStatus.FAILED if bad else RunStatus.SUCCEEDED
+            await self.store.finish_run(self.run_id, status, utcnow())
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -215,7 +328,7 @@ class Runtime:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        await self._close(failed=exc is not None)
 
     # -- driving a run ------------------------------------------------------------------
 
@@ -238,7 +351,26 @@ class Runtime:
         """
         if self._closed:
             self._check_open()
-        return self._bus.send(self._bus.environment, to, payload, kind, headers)
+        if self._rollbacks.exhausted is not None:
+            raise self._rollbacks.exhausted
+        if not self._have_cut:
+            self._have_cut = True
+            if self._policy.at_start and self._snapshots.capture() is None:
+                self._snapshots.begin(None)
+        message = self._bus.send(self._bus.environment, to, payload, kind, headers)
+        inputs = self._inputs
+        inputs.append(message)
+        if len(inputs) >= self._prune_inputs_at:
+            self._prune_inputs()
+        return message
+
+    def _prune_inputs(self) -> None:
+        """Forget input no rollback target can need (it precedes every target's cut)."""
+        oldest = self._snapshots.oldest_target()
+        if oldest is not None:
+            sent = oldest[1]
+            self._inputs = [m for m in self._inputs if m.seq > sent.get(m.dst, 0)]
+        self._prune_inputs_at = max(1024, 2 * len(self._inputs))
 
     def snapshot(self, initiator: str | None = None) -> SnapshotHandle:
         """Start a coordinated snapshot; await the handle for the completed snapshot.
@@ -287,18 +419,134 @@ class Runtime:
             HandlerFailed: A handler raised (when ``raise_failures``); the cause is attached.
         """
         await self.start()
+        if self._rollbacks.exhausted is not None:
+            raise self._rollbacks.exhausted
         while True:
             await self._scheduler.run_until_idle()
             await self._snapshots.drain()
-            if not self._has_queued():
+            if self._rollbacks.exhausted is not None or not self._has_queued():
                 break
         if self._journal is not None:
             await self._journal.flush()
+        exhausted = self._rollbacks.exhausted
+        if exhausted is not None:
+            raise exhausted
         if raise_failures and len(self.failures) > self._reported:
             first = self.failures[self._reported]
             self._reported = len(self.failures)
             raise first
         self._reported = len(self.failures)
+
+    @property
+    def rollbacks(self) -> list[RollbackInfo]:
+        """Every rollback of this runtime so far, oldest first."""
+        return list(self._rollbacks.history)
+
+    async def rollback(
+        self, snapshot_id: str | None = None, *, reason: str = "rolled back on request"
+    ) -> RollbackInfo:
+        """Put every agent and channel back on a complete snapshot of this run.
+
+        Call it from outside handlers (a handler rejects work with ``ctx.reject``). The
+        rollback is recorded in the store like any other; no retry budget is used.
+
+        Args:
+            snapshot_id: The snapshot to go back to (default: the newest complete one).
+            reason: Recorded with the rollback and shown to every agent's ``on_rollback``.
+
+        Raises:
+            NotFoundError: The store holds no such snapshot.
+            ConfigurationError: The snapshot failed, belongs to another run, or there is no
+                complete snapshot yet.
+        """
+        self._check_open()
+        await self.start()
+        latest = self._snapshots.latest
+        if snapshot_id is None and latest is None:
+            raise ConfigurationError(
+                "there is no complete snapshot of this run to roll back to yet"
+            )
+        if latest is not None and snapshot_id in {None, latest.id}:
+            snapshot = latest
+        else:
+            assert snapshot_id is not None
+            snapshot = await self.store.load_snapshot(snapshot_id)
+        work = self._rollbacks.manual(snapshot, reason)
+        if self._telemetry is not None:
+            work = self._telemetry.rolling_back(work, self.run_id, reason=reason)
+        info = await work
+        await self._after_rollback(info)
+        return info
+
+    async def resume(self) -> Snapshot:
+        """Continue this run (``run_id``) from its last complete snapshot, in a new process.
+
+        Register the same agents first. Their states, the channels' counters and the
+        messages in flight at the cut are restored; input the environment sent after the
+        cut is not (it was never stored): send it again if it is needed.
+
+        Returns:
+            The snapshot the run continues from.
+
+        Raises:
+            NotFoundError: The store holds no run with this id.
+            ConfigurationError: The run has no complete snapshot, or this runtime already
+                took input.
+        """
+        self._check_fresh("resume()")
+        await self.store.get_run(self.run_id)
+        await self.start()
+        snapshots = await self.store.list_snapshots(self.run_id)
+        rollbacks = await self.store.list_rollbacks(self.run_id)
+        snapshot = current_cut(snapshots, rollbacks)
+        if snapshot is None:
+            raise ConfigurationError(
+                f"run {self.run_id} has no complete snapshot to resume from; start it again"
+            )
+        self._snapshots.last_seq = max(s.seq for s in snapshots)
+        await self._rollbacks.restart(snapshot, own=True)
+        self._have_cut = True
+        return snapshot
+
+    async def fork_from(self, snapshot_id: str) -> Snapshot:
+        """Start this (new) run from a complete snapshot of another run.
+
+        Register the same agents first. The new run records its parent run and snapshot;
+        the original run is not touched. A snapshot of the new run is taken at once, so it
+        has its own cut to roll back to.
+
+        Returns:
+            The snapshot the new run starts from.
+
+        Raises:
+            NotFoundError: The store holds no such snapshot.
+            ConfigurationError: The snapshot failed, or this runtime already took input.
+        """
+        self._check_fresh("fork_from()")
+        snapshot = await self.store.load_snapshot(snapshot_id)
+        if snapshot.status is not SnapshotStatus.COMPLETE:
+            raise ConfigurationError(
+                f"snapshot {snapshot_id} is {snapshot.status.value}; fork from a complete one"
+            )
+        if snapshot.run_id == self.run_id:
+            raise ConfigurationError(
+                "fork_from() starts a new run; to go back within this run, use rollback()"
+            )
+        await self.start()
+        await self.store.set_parent(self.run_id, snapshot.run_id, snapshot.id)
+        await self._rollbacks.restart(snapshot, own=False)
+        self._have_cut = True
+        if self._snapshots.capture() is None:
+            self._snapshots.begin(None)
+        return snapshot
+
+    def _check_fresh(self, what: str) -> None:
+        self._check_open()
+        if self._inputs or self._snapshots.last_seq:
+            raise ConfigurationError(
+                f"{what} must come before the runtime takes input or snapshots; create a new "
+                "Runtime, register the agents, then call it"
+            )
 
     async def list_snapshots(self) -> list[Snapshot]:
         """Every snapshot of this run held by the store, in the order they were started."""
@@ -325,20 +573,89 @@ class Runtime:
         assert ctx is not None, "only agents receive messages"
         ctx.message = message
         endpoint.busy = True
+        rejected: OutputRejected | None = None
+        tracing = self._tracing
         try:
-            await ctx.agent.handle(message, ctx)
+            if tracing is None:
+                await ctx.agent.handle(message, ctx)
+                if ctx.guard is not None and ctx.guard.evaluates:
+                    await self._evaluate(ctx)
+            else:
+                with tracing.handling(self.run_id, endpoint.name, message):
+                    await ctx.agent.handle(message, ctx)
+                    if ctx.guard is not None and ctx.guard.evaluates:
+                        await self._evaluate(ctx)
+        except OutputRejected as exc:
+            rejected = exc
+            # Stop the world now, before any other handler sees what this one sent.
+            self._scheduler.pause()
+            snapshots.abort_all("an output was rejected before the snapshot completed")
         except Exception as exc:
             self._handler_failed(endpoint.name, message, exc)
         finally:
             endpoint.busy = False
             ctx.message = None
-            if endpoint.record_wanted:
+            if ctx.guard is not None:
+                ctx.guard.outputs.clear()
+            if endpoint.record_wanted and rejected is None:
                 snapshots.record(endpoint, endpoint.record_wanted)
+        if rejected is not None:
+            await self._recover(rejected)
+            return
         if self._countdown:
             self._countdown -= 1
             if not self._countdown:
                 self._countdown = self._policy.every_deliveries or 0
                 self._policy_snapshot()
+
+    async def _evaluate(self, ctx: Context[Any]) -> None:
+        guard = ctx.guard
+        assert guard is not None
+        outputs = list(guard.outputs)
+        guard.outputs.clear()
+        reason = failure_reason(
+            await ctx.agent.evaluate(outputs, ctx), f"self-evaluation of {ctx.agent.name!r}"
+        )
+        if reason is not None:
+            raise OutputRejected(
+                ctx.agent.name, reason, "self-evaluation", outputs[0] if outputs else None
+            )
+
+    async def _recover(self, rejected: OutputRejected) -> None:
+        """Roll back for a rejected output, or stop the run when the policy gave up."""
+        work = self._rollbacks.reject(rejected)
+        if self._telemetry is not None:
+            work = self._telemetry.rolling_back(work, self.run_id, rejection=rejected)
+        info = await work
+        if info is None:
+            self._status_on_close = RunStatus.FAILED
+            return  # the bus stays paused: the run is over
+        await self._after_rollback(info)
+
+    async def _after_rollback(self, info: RollbackInfo) -> None:
+        if info.agent is not None and info.agent in self._agents:
+            ctx = self._bus.endpoints[info.agent].context
+            assert ctx is not None
+            ctx.add_feedback(info.reason, info.source)
+        for name, agent in self._agents.items():
+            ctx = self._bus.endpoints[name].context
+            assert ctx is not None
+            await agent.on_rollback(info, ctx)
+        self._rollbacks.resume()
+
+    def _restore(self, snapshot: Snapshot) -> int:
+        return restore_cut(
+            self._bus,
+            self._agents,
+            snapshot,
+            initial_states=self._initial,
+            epoch=self._snapshots.last_seq,
+            replay=self._inputs,
+        )
+
+    async def _save_rollback(self, info: RollbackInfo) -> None:
+        await self._ensure_run()
+        await self.store.save_rollback(info)
 
     def _handler_failed(self, agent: str, message: Message, exc: Exception) -> None:
         failure = HandlerFailed(agent, message, exc)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentsnap.exceptions import SnapshotFailed, StateNotSerializable
-from agentsnap.messages import ENVIRONMENT
+from agentsnap.messages import ENVIRONMENT, Marker
 from agentsnap.records import (
     AgentCut,
     ChannelRecord,
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from agentsnap.agents import Agent
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.messages import Message
+    from agentsnap.telemetry import Telemetry
 
 __all__ = ["SnapshotCoordinator", "SnapshotHandle", "SnapshotPolicy"]
 
@@ -65,12 +66,15 @@ class SnapshotPolicy:
     Attributes:
         every_deliveries: Start a snapshot after every this many delivered messages.
         every_seconds: Start a snapshot every this many seconds of wall-clock time.
+        at_start: Take a snapshot when the run gets its first input (the first message sent
+            from the environment), so that a rollback always has a cut to go back to.
         max_in_progress: Skip a policy snapshot while this many are already in progress,
             so that a slow store cannot make snapshots pile up.
     """
 
     every_deliveries: int | None = None
     every_seconds: float | None = None
+    at_start: bool = True
     max_in_progress: int = 1
 
     def __post_init__(self) -> None:
@@ -175,11 +179,18 @@ class SnapshotCoordinator:
         self.active: dict[int, _Progress] = {}
         """Snapshots in progress, by number, oldest first."""
         self.last_seq = 0
+        self.telemetry: Telemetry | None = None
+        """Where snapshot spans and metrics go (set by the runtime), or ``None``."""
         self._agents = agents
         self._persist = persist
         self._tasks: set[asyncio.Task[None]] = set()
         # Per agent, the hash of the last state shown to survive a JSON round trip.
         self._verified: dict[str, str] = {}
+        # Complete, written snapshots of the current timeline (rollback targets), by number,
+        # with each process's sent counters; and the newest of them in full.
+        self._targets: dict[int, tuple[str, dict[str, dict[str, int]]]] = {}
+        self.latest: Snapshot | None = None
+        """The newest complete snapshot written to the store, in this timeline."""
 
     # -- initiation -----------------------------------------------------------------------
 
@@ -189,10 +200,43 @@ class SnapshotCoordinator:
         name = initiator.name if initiator is not None else ENVIRONMENT
         handle = SnapshotHandle(uuid.uuid4().hex, seq, name)
         self.active[seq] = _Progress(handle, list(self.bus.endpoints))
+        if self.telemetry is not None:
+            self.telemetry.snapshot_started(handle, self.run_id)
         logger.debug("snapshot %d started by %s", seq, name)
         self.record(self.bus.environment, seq)
         if initiator is not None and seq in self.active:
             self.request(initiator, seq)
+        return handle
+
+    def capture(self) -> SnapshotHandle | None:
+        """Take a whole snapshot at once, when no handler runs and no snapshot is in progress.
+
+        With no handler half-way, the agents' states and the messages queued on the channels
+        are together a consistent cut, so no markers are needed: this is how the run's first
+        snapshot is taken, and a fork's. Returns ``None`` when the bus is not quiet enough.
+        """
+        if self.active or any(e.busy or e.record_wanted for e in self.bus.endpoints.values()):
+            return None
+        self.last_seq = seq = self.last_seq + 1
+        handle = SnapshotHandle(uuid.uuid4().hex, seq, ENVIRONMENT)
+        progress = self.active[seq] = _Progress(handle, [])
+        if self.telemetry is not None:
+            self.telemetry.snapshot_started(handle, self.run_id)
+        for endpoint in self.bus.endpoints.values():
+            cut = self._cut(endpoint, [seq])
+            if cut is None:
+                return handle  # failed, and reported, by _cut
+            progress.cuts[endpoint.name] = cut
+            endpoint.epoch = seq
+        for channel in self.bus.channels.values():
+            channel.closed = seq
+            for item in channel.queue:
+                if type(item) is Marker:
+                    continue
+                self._record_in_flight(seq, progress, channel, item)  # type: ignore[arg-type]
+                if seq not in self.active:
+                    return handle
+        self._complete(seq)
         return handle
 
     def request(self, endpoint: Endpoint, seq: int) -> None:
@@ -217,6 +261,8 @@ class SnapshotCoordinator:
 
     def on_marker(self, endpoint: Endpoint, channel: Channel, seq: int) -> None:
         """``endpoint`` took a marker for snapshot ``seq`` off ``channel``."""
+        if self.telemetry is not None and seq in self.active:
+            self.telemetry.snapshot_marker(self.active[seq].handle.id, channel.src, channel.dst)
         if seq > endpoint.epoch:
             self.record(endpoint, seq)
         if seq > channel.closed:
@@ -252,6 +298,8 @@ class SnapshotCoordinator:
                 continue
             progress.cuts[endpoint.name] = cut
             progress.unrecorded.discard(endpoint.name)
+            if self.telemetry is not None:
+                self.telemetry.snapshot_recorded(progress.handle.id, endpoint.name)
             if not progress.unrecorded:
                 self._all_recorded(seq, progress)
         for channel in endpoint.outgoing.values():
@@ -351,7 +399,10 @@ class SnapshotCoordinator:
             started_at=progress.started_at,
             **outcome,
         )
-        self._spawn(self._write(snapshot, handle))
+        work = self._write(snapshot, handle)
+        if self.telemetry is not None:
+            work = self.telemetry.snapshot_written(snapshot, handle, work)
+        self._spawn(work)
 
     def abort_all(self, reason: str) -> None:
         """Fail every snapshot in progress (the runtime is closing or rolling back)."""
@@ -374,6 +425,7 @@ class SnapshotCoordinator:
                 await self._record_failure(snapshot, reason)
             return
         if snapshot.status is SnapshotStatus.COMPLETE:
+            self.written(snapshot)
             handle._resolve(snapshot, None)
         else:
             handle._resolve(None, SnapshotFailed(snapshot.id, snapshot.error or "unknown"))
@@ -397,6 +449,44 @@ class SnapshotCoordinator:
                 type(exc).__name__,
                 exc,
             )
+
+    # -- rollback targets -----------------------------------------------------------------
+
+    max_targets = 100
+    """How many of the newest complete snapshots are kept as rollback targets."""
+
+    def written(self, snapshot: Snapshot) -> None:
+        """``snapshot`` is complete and in the store: a cut the run can go back to."""
+        self._targets[snapshot.seq] = (
+            snapshot.id,
+            {name: cut.sent for name, cut in snapshot.agents.items()},
+        )
+        while len(self._targets) > self.max_targets:
+            del self._targets[min(self._targets)]
+        if self.latest is None or snapshot.seq > self.latest.seq:
+            self.latest = snapshot
+
+    def oldest_target(self) -> tuple[int, dict[str, int]] | None:
+        """Number of the oldest rollback target and what the environment had sent by then."""
+        if not self._targets:
+            return None
+        seq = min(self._targets)
+        return seq, self._targets[seq][1].get(ENVIRONMENT, {})
+
+    def target_before(self, output: Message | None) -> str | None:
+        """Id of the newest rollback target whose cut precedes ``output`` (or the newest)."""
+        for seq in sorted(self._targets, reverse=True):
+            snapshot_id, sent = self._targets[seq]
+            if output is None or sent.get(output.src, {}).get(output.dst, 0) < output.seq:
+                return snapshot_id
+        return None
+
+    def restored(self, snapshot: Snapshot) -> None:
+        """The run went back to ``snapshot``: snapshots taken after it are another future."""
+        for seq in [seq for seq in self._targets if seq > snapshot.seq]:
+            del self._targets[seq]
+        self.written(snapshot)
+        self.latest = snapshot
 
     async def drain(self) -> None:
         """Wait until every completed or failed snapshot has been handed to the store."""

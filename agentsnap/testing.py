@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from agentsnap.messages import Marker, Message
 
 __all__ = [
+    "ScriptedModel",
     "ScriptedScheduler",
     "SeededScheduler",
     "SequentialScheduler",
@@ -49,6 +51,7 @@ class SequentialScheduler:
         self._deliver: Deliver | None = None
         # Channels that may hold items, in the order they last became non-empty.
         self._ready: dict[Channel, None] = {}
+        self._paused = False
         self.steps = 0
         """Deliveries made so far."""
 
@@ -68,8 +71,19 @@ class SequentialScheduler:
     async def close(self) -> None:  # noqa: D102
         return None
 
+    def pause(self) -> None:  # noqa: D102
+        self._paused = True
+
+    def resume(self) -> None:  # noqa: D102
+        self._paused = False
+
+    def reset(self) -> None:  # noqa: D102
+        self._ready.clear()
+
     def deliverable(self) -> list[Channel]:
         """Channels whose next item can be delivered now, in a stable order."""
+        if self._paused:
+            return []
         ready = [channel for channel in self._ready if channel.queue]
         if len(ready) != len(self._ready):
             self._ready = dict.fromkeys(ready)
@@ -156,6 +170,54 @@ class ScriptedScheduler(SequentialScheduler):
             return []
         channel = self._bus.channels.get((src, dst))
         return list(channel.queue) if channel is not None else []
+
+
+class ScriptedModel:
+    """A stand-in for a language model: canned answers, chosen by what the prompt contains.
+
+    The first rule whose text occurs in the prompt gives the answer, so the same prompt always
+    gets the same answer, however often it is asked (an agent re-running after a rollback
+    asks again), and a prompt that carries feedback can be answered differently.
+
+    Example:
+        ```python
+        import asyncio
+        from agentsnap.testing import ScriptedModel
+
+        model = ScriptedModel([("Feedback:", "a better draft"), ("Write", "a first draft")])
+        assert asyncio.run(model.complete("Write about cuts")) == "a first draft"
+        ```
+
+    Args:
+        rules: ``(text to look for, answer)`` pairs, tried in order.
+        delay: Seconds each answer takes, as a real model's would (other agents run
+            meanwhile); none by default.
+
+    Attributes:
+        prompts: Every prompt asked so far, oldest first.
+    """
+
+    def __init__(self, rules: list[tuple[str, str]], *, delay: float = 0.0) -> None:
+        self.rules = list(rules)
+        self.delay = delay
+        self.prompts: list[str] = []
+
+    async def complete(self, prompt: str) -> str:
+        """The answer of the first rule that matches ``prompt``.
+
+        Raises:
+            ScheduleError: No rule matches; the message shows the start of the prompt.
+        """
+        self.prompts.append(prompt)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        for needle, answer in self.rules:
+            if needle in prompt:
+                return answer
+        raise ScheduleError(
+            f"the scripted model has no answer for the prompt {prompt[:80]!r}...; add a rule "
+            "whose text occurs in it"
+        )
 
 
 def cut_problems(snapshot: Snapshot) -> list[str]:

@@ -94,6 +94,7 @@ from agentsnap.exceptions import (
 )
 from agentsnap.records import utcnow
 from agentsnap.state import AgentState, ToolCallRecord, canonical_json
+from agentsnap.telemetry import tool_call
 
 if TYPE_CHECKING:
     from agentsnap.agents import Context
@@ -540,12 +541,22 @@ class Tool(Generic[R]):
         )
         calls.append(record)
         info = ToolCall(self.name, key, 1, ctx.run_id, agent, message_id)
+        traced = tool_call(
+            ctx.telemetry,
+            self.name,
+            key,
+            side_effect=self.side_effect,
+            run_id=ctx.run_id,
+            agent=agent,
+        )
         try:
-            if ledger is not None:
-                assert key is not None
-                outcome = await self._guarded(ledger, info, values, args_json, printed)
-            else:
-                outcome = await self._run(values, info, 1)
+            with traced:
+                if ledger is not None:
+                    assert key is not None
+                    outcome = await self._guarded(ledger, info, values, args_json, printed)
+                else:
+                    outcome = await self._run(values, info, 1)
+                traced.deduplicated(outcome.replayed)
         except ToolFailed as exc:
             record.status = "error"
             record.error = f"{exc.error_type}: {exc.detail}"

@@ -16,6 +16,13 @@ the same (shared, noisy) machine:
   ``snapshot_overhead = 1 - with / without``. The message count is calibrated at start-up so
   that each run lasts about a second (0.6 s with ``--quick``); the program exits with status 1
   if a run completed fewer than 5 snapshots (3 with ``--quick``).
+* tracing: the hand-off of N messages by a runtime built with ``telemetry=False`` (tracing
+  compiled out: no span is ever considered) against the default runtime, which has only the
+  OpenTelemetry API and no SDK configured, so it decides at start-up not to trace. Reported
+  as ``tracing_noop_overhead = 1 - default / off``. Then the same against a runtime given the
+  SDK (a ``TracerProvider`` sampling everything, a ``SimpleSpanProcessor`` and an
+  ``InMemorySpanExporter``, emptied after each run), with N / 20 messages because every
+  message then makes three spans that stay in memory: ``tracing_sdk_overhead``.
 
 ``--json`` prints a single JSON object on stdout; ``--quick`` runs smaller and fewer
 repetitions (well under 30 s). Run it from the repository root with:
@@ -39,9 +46,12 @@ from typing import Any
 
 import agentsnap
 from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotPolicy
+from agentsnap.telemetry import Telemetry, resolve
 
 TARGET_RATIO_VS_QUEUE = 0.33
 TARGET_SNAPSHOT_OVERHEAD = 0.10
+TARGET_TRACING_NOOP_OVERHEAD = 0.05
+SDK_DIVISOR = 20  # the SDK comparison sends N / 20 messages: each one's spans stay in memory
 SNAPSHOT_EVERY_SECONDS = 0.1
 YIELD_EVERY = 64  # producers yield to the event loop after this many sends / puts
 
@@ -136,9 +146,9 @@ async def queue_handoff(n: int) -> float:
     return elapsed
 
 
-async def bus_handoff(n: int) -> float:
+async def bus_handoff(n: int, telemetry: Telemetry | bool | None = None) -> float:
     """Seconds to send ``n`` messages to one counting agent until the runtime is idle."""
-    async with Runtime() as runtime:
+    async with Runtime(telemetry=telemetry) as runtime:
         sink = Sink("sink")
         runtime.add(sink)
         await runtime.run_until_idle()
@@ -199,7 +209,9 @@ async def bus_pingpong(n: int) -> float:
 
 async def ring(hops: int, snapshots: bool) -> tuple[float, int]:
     """Seconds for the ring to forward ``RING_TOKENS * hops`` messages, and snapshots taken."""
-    policy = SnapshotPolicy(every_seconds=SNAPSHOT_EVERY_SECONDS) if snapshots else None
+    # No snapshot at the first input either: the runs differ by the timed snapshots only.
+    every = SNAPSHOT_EVERY_SECONDS if snapshots else None
+    policy = SnapshotPolicy(every_seconds=every, at_start=False)
     async with Runtime(snapshot_policy=policy) as runtime:
         names = [f"node-{i}" for i in range(RING_AGENTS)]
         nodes = [RingNode(name, names[(i + 1) % RING_AGENTS], hops) for i, name in enumerate(names)]
@@ -216,6 +228,19 @@ async def ring(hops: int, snapshots: bool) -> tuple[float, int]:
     if not snapshots:
         assert not taken
     return elapsed, len(taken)
+
+
+def sdk_telemetry() -> tuple[Telemetry, Callable[[], None]]:
+    """A telemetry on the SDK, recording every span into memory; and what empties it."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON, shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return Telemetry(tracer_provider=provider), exporter.clear
 
 
 # -- driver ------------------------------------------------------------------------------------
@@ -289,6 +314,25 @@ async def measure(profile: str) -> dict[str, Any]:
 
     nosnap_s, snap_s = await _pairs(without, with_snapshots, repetitions)
 
+    # Tracing. The default runtime must find no SDK, as in an application that configures none.
+    assert resolve(None) is None, "an OpenTelemetry SDK is configured globally"
+    off_s, noop_s = await _pairs(
+        lambda: bus_handoff(n, telemetry=False), lambda: bus_handoff(n), repetitions
+    )
+    sdk_n = n // SDK_DIVISOR
+    sdk, clear_spans = sdk_telemetry()
+
+    async def with_sdk() -> float:
+        try:
+            return await bus_handoff(sdk_n, telemetry=sdk)
+        finally:
+            clear_spans()
+
+    await with_sdk()  # warm-up
+    sdk_off_s, sdk_s = await _pairs(
+        lambda: bus_handoff(sdk_n, telemetry=False), with_sdk, repetitions
+    )
+
     def rate(count: int, seconds: list[float]) -> float:
         return round(statistics.median(count / s for s in seconds), 1)
 
@@ -298,6 +342,8 @@ async def measure(profile: str) -> dict[str, Any]:
     ratio = _median_ratio(queue_s, bus_s)
     overhead = 1 - _median_ratio(nosnap_s, snap_s)
     snapshots_taken = min(snapshot_counts)
+    noop_overhead = 1 - _median_ratio(off_s, noop_s)
+    sdk_overhead = 1 - _median_ratio(sdk_off_s, sdk_s)
     return {
         "benchmark": "agentsnap bus",
         "profile": profile,
@@ -326,6 +372,14 @@ async def measure(profile: str) -> dict[str, Any]:
         "snapshots_taken": snapshots_taken,
         "snapshots_per_repetition": snapshot_counts,
         "min_snapshots_required": min_snapshots,
+        "tracing_off_msgs_per_s": rate(n, off_s),
+        "tracing_noop_msgs_per_s": rate(n, noop_s),
+        "tracing_noop_overhead": round(noop_overhead, 4),
+        "tracing_sdk_n": sdk_n,
+        "tracing_sdk_off_msgs_per_s": rate(sdk_n, sdk_off_s),
+        "tracing_sdk_msgs_per_s": rate(sdk_n, sdk_s),
+        "tracing_sdk_overhead": round(sdk_overhead, 4),
+        "tracing_sdk_spans_per_message": 3,
         "samples_msgs_per_s": {
             "queue": samples(n, queue_s),
             "bus": samples(n, bus_s),
@@ -333,6 +387,10 @@ async def measure(profile: str) -> dict[str, Any]:
             "pingpong": samples(pingpong_n, pp_s),
             "nosnapshot": samples(ring_n, nosnap_s),
             "snapshot": samples(ring_n, snap_s),
+            "tracing_off": samples(n, off_s),
+            "tracing_noop": samples(n, noop_s),
+            "tracing_sdk_off": samples(sdk_n, sdk_off_s),
+            "tracing_sdk": samples(sdk_n, sdk_s),
         },
         "targets": {
             "ratio_vs_queue_min": TARGET_RATIO_VS_QUEUE,
@@ -340,6 +398,8 @@ async def measure(profile: str) -> dict[str, Any]:
             "snapshot_overhead_max": TARGET_SNAPSHOT_OVERHEAD,
             "snapshot_overhead_met": overhead < TARGET_SNAPSHOT_OVERHEAD,
             "snapshots_taken_met": snapshots_taken >= min_snapshots,
+            "tracing_noop_overhead_max": TARGET_TRACING_NOOP_OVERHEAD,
+            "tracing_noop_overhead_met": noop_overhead < TARGET_TRACING_NOOP_OVERHEAD,
         },
         "elapsed_s": round(time.perf_counter() - began, 2),
     }
@@ -366,6 +426,10 @@ def _table(r: dict[str, Any]) -> str:
         f"{'ring: no snapshots vs every 0.1 s':<34}{r['nosnapshot_msgs_per_s']:>17,.0f}"
         f"{r['snapshot_msgs_per_s']:>17,.0f}"
         f"{1 - r['snapshot_overhead']:>9.3f}",
+        f"{'tracing: off vs API only (no SDK)':<34}{r['tracing_off_msgs_per_s']:>17,.0f}"
+        f"{r['tracing_noop_msgs_per_s']:>17,.0f}{1 - r['tracing_noop_overhead']:>9.3f}",
+        f"{'tracing: off vs SDK, in memory':<34}{r['tracing_sdk_off_msgs_per_s']:>17,.0f}"
+        f"{r['tracing_sdk_msgs_per_s']:>17,.0f}{1 - r['tracing_sdk_overhead']:>9.3f}",
         "",
         f"snapshots taken per run: {r['snapshots_per_repetition']} "
         f"(need >= {r['min_snapshots_required']}: {met(t['snapshots_taken_met'])})",
@@ -373,6 +437,10 @@ def _table(r: dict[str, Any]) -> str:
         f"target >= {t['ratio_vs_queue_min']}: {met(t['ratio_vs_queue_met'])}",
         f"snapshot_overhead = {r['snapshot_overhead']:.3f}  "
         f"target <  {t['snapshot_overhead_max']}: {met(t['snapshot_overhead_met'])}",
+        f"tracing_noop_overhead = {r['tracing_noop_overhead']:.3f}  "
+        f"target <  {t['tracing_noop_overhead_max']}: {met(t['tracing_noop_overhead_met'])}",
+        f"tracing_sdk_overhead  = {r['tracing_sdk_overhead']:.3f}  "
+        f"(SDK, 3 spans per message, N={r['tracing_sdk_n']:,}; no target)",
         f"total {r['elapsed_s']} s",
     ]
     return "\n".join(lines)

@@ -340,16 +340,22 @@ async def test_state_that_becomes_unserializable_fails_only_that_snapshot() -> N
 
         stored = await runtime.list_snapshots()
         assert [(s.seq, s.status) for s in stored] == [
-            (1, SnapshotStatus.COMPLETE),
-            (2, SnapshotStatus.FAILED),
-            (3, SnapshotStatus.COMPLETE),
+            (1, SnapshotStatus.COMPLETE),  # the start snapshot, taken at the first input
+            (2, SnapshotStatus.COMPLETE),
+            (3, SnapshotStatus.FAILED),
+            (4, SnapshotStatus.COMPLETE),
         ]
         failed = await runtime.store.load_snapshot(handle.id)
         assert failed.status is SnapshotStatus.FAILED
         assert failed.error == error.reason
         assert failed.agents == {}
 
-        # The earlier snapshot is untouched, the later one is whole again.
+        # The earlier snapshots are untouched, the later one is whole again.
+        start = stored[0]
+        assert start.initiator == "$env"
+        assert start.agents["mutant"].state["count"] == 0
+        assert start.agents["bystander"].state["count"] == 0
+        assert_consistent(start)
         assert await runtime.store.load_snapshot(before.id) == before
         assert before.agents["mutant"].state["value"] is None
         assert before.agents["mutant"].state["count"] == 1

@@ -301,7 +301,7 @@ async def test_each_agent_handles_one_message_at_a_time() -> None:
 
 
 async def test_snapshots_while_money_flows_are_consistent_and_conserve_money() -> None:
-    async with Runtime() as runtime:
+    async with Runtime(snapshot_policy=SnapshotPolicy(at_start=False)) as runtime:
         names = add_ring(runtime, 5, 1_000)
         total = 5_000
         handles: list[SnapshotHandle] = []
@@ -330,7 +330,8 @@ async def test_snapshots_while_money_flows_are_consistent_and_conserve_money() -
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 async def test_snapshots_under_seeded_interleavings_are_consistent(seed: int) -> None:
     scheduler = SeededScheduler(seed)
-    async with Runtime(scheduler=scheduler) as runtime:
+    policy = SnapshotPolicy(at_start=False)
+    async with Runtime(scheduler=scheduler, snapshot_policy=policy) as runtime:
         names = add_ring(runtime, 4, 100)
         for i in range(60):
             runtime.send(names[i % 4], {"hops": 2 + i % 9}, kind="go")
@@ -398,6 +399,36 @@ async def test_snapshot_from_the_program_names_its_initiator() -> None:
     assert by_runtime.run_id == by_alice.run_id == runtime.run_id
 
 
+async def test_the_first_input_takes_a_snapshot_before_it_is_sent() -> None:
+    async with Runtime() as runtime:
+        runtime.add(Logger("a"))
+        runtime.add(Logger("b", LogState(log=["registered"], count=7)))
+        runtime.add(Logger("idle"))
+        registered = {name: a.state.model_dump(mode="json") for name, a in runtime.agents.items()}
+        runtime.send("a", {"to": "b"})
+        runtime.send("b", {"x": 1})
+        await runtime.run_until_idle()
+        (start,) = await runtime.list_snapshots()
+
+    assert (start.seq, start.initiator, start.status) == (1, "$env", SnapshotStatus.COMPLETE)
+    assert_consistent(start)
+    assert {name: cut.state for name, cut in start.agents.items()} == {"$env": {}, **registered}
+    assert start.agents["b"].state["log"] == ["registered"]
+    # The cut precedes the first input: it is neither sent, received nor in flight.
+    assert start.agents["$env"].sent == {"a": 0, "b": 0, "idle": 0}
+    assert start.agents["a"].received == {"$env": 0}
+    assert start.in_flight("$env", "a") == []
+    assert start.channels == []
+    assert runtime.agents["b"].state.count == 9
+
+    async with Runtime(snapshot_policy=SnapshotPolicy(at_start=False)) as runtime:
+        runtime.add(Logger("a"))
+        runtime.send("a", {"x": 1})
+        await runtime.run_until_idle()
+        assert await runtime.list_snapshots() == []
+        assert runtime.agents["a"].state.count == 1
+
+
 # -- snapshot policies --------------------------------------------------------------------------
 
 
@@ -415,7 +446,7 @@ async def run_token_ring(seed: int, policy: SnapshotPolicy, hops: int) -> tuple[
 
 
 async def test_every_deliveries_policy_takes_one_snapshot_per_n_messages() -> None:
-    policy = SnapshotPolicy(every_deliveries=10, max_in_progress=1_000)
+    policy = SnapshotPolicy(every_deliveries=10, max_in_progress=1_000, at_start=False)
     runtime, delivered = await run_token_ring(3, policy, hops=60)
     assert delivered == 122
     snapshots = await runtime.list_snapshots()
@@ -426,7 +457,7 @@ async def test_every_deliveries_policy_takes_one_snapshot_per_n_messages() -> No
 
 
 async def test_every_deliveries_policy_skips_while_too_many_are_in_progress() -> None:
-    policy = SnapshotPolicy(every_deliveries=5)
+    policy = SnapshotPolicy(every_deliveries=5, at_start=False)
     runtime, delivered = await run_token_ring(3, policy, hops=60)
     snapshots = await runtime.list_snapshots()
     assert 1 <= len(snapshots) <= delivered // 5
@@ -437,7 +468,7 @@ async def test_every_deliveries_policy_skips_while_too_many_are_in_progress() ->
 
 
 async def test_every_seconds_policy_takes_snapshots_on_a_timer() -> None:
-    runtime = Runtime(snapshot_policy=SnapshotPolicy(every_seconds=0.01))
+    runtime = Runtime(snapshot_policy=SnapshotPolicy(every_seconds=0.01, at_start=False))
     async with runtime:
         runtime.add(Logger("alice"))
         runtime.send("alice", {"x": 1})
@@ -545,17 +576,20 @@ async def test_memory_store_keeps_an_unchanged_state_once() -> None:
             await within(runtime.snapshot())
         assert store.blob_count == after_first
 
+        # The first input takes the start snapshot (number 7): nothing new to keep.
         runtime.send("still", {"x": 1})
         await runtime.run_until_idle()
+        assert store.blob_count == after_first
         await within(runtime.snapshot())
         assert store.blob_count == after_first + 1
         await within(runtime.snapshot())
         assert store.blob_count == after_first + 1
 
         snapshots = await runtime.list_snapshots()
-    assert len(snapshots) == 8
+    assert len(snapshots) == 9
     assert len({s.agents["still"].state_hash for s in snapshots}) == 2
     assert snapshots[0].agents["still"].state["count"] == 0
+    assert snapshots[6].agents["still"].state["count"] == 0
     assert snapshots[-1].agents["still"].state["count"] == 1
 
 

@@ -30,6 +30,7 @@ from agentsnap import (
     Runtime,
     Snapshot,
     SnapshotHandle,
+    SnapshotPolicy,
     SnapshotStatus,
 )
 from agentsnap.testing import SeededScheduler, cut_problems
@@ -157,7 +158,9 @@ async def run_bank(
     handles: list[SnapshotHandle] = []
     new_during_snapshot = 0
 
-    async with Runtime(scheduler=scheduler) as runtime:
+    # No start snapshot: the snapshots stored are exactly the ones started here.
+    policy = SnapshotPolicy(at_start=False)
+    async with Runtime(scheduler=scheduler, snapshot_policy=policy) as runtime:
 
         def on_new_peer(src: str, dst: str) -> None:
             nonlocal new_during_snapshot

@@ -4,6 +4,9 @@ Each test drives a `ScriptedScheduler` by hand: ``await scheduler.deliver(src, d
 exactly the next item (a message or a marker) off the channel ``src -> dst``. Accounts start
 with 100; a ``pay`` message from the environment makes an account send ``amount`` to ``to``
 as a ``transfer``, which the receiver adds to its balance.
+
+The runs take no start snapshot (``SnapshotPolicy(at_start=False)``): the only snapshots
+are the ones each test starts, numbered from 1, and the only markers are theirs.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from agentsnap import (
     Message,
     Runtime,
     Snapshot,
+    SnapshotPolicy,
     SnapshotStatus,
 )
 from agentsnap.testing import ScriptedScheduler, cut_problems
@@ -59,6 +63,11 @@ def money(snapshot: Snapshot) -> int:
     return total
 
 
+def scripted_runtime(scheduler: ScriptedScheduler) -> Runtime:
+    """A runtime driven by ``scheduler`` that takes only the snapshots the test starts."""
+    return Runtime(scheduler=scheduler, snapshot_policy=SnapshotPolicy(at_start=False))
+
+
 def kinds(items: list[Message | Marker]) -> list[str]:
     """Queue contents as readable tags: message kinds, and ``marker:k`` for markers."""
     return [f"marker:{item.snapshot}" if isinstance(item, Marker) else item.kind for item in items]
@@ -66,7 +75,7 @@ def kinds(items: list[Message | Marker]) -> list[str]:
 
 async def test_message_in_flight_across_the_cut_is_in_the_channel_state() -> None:
     scheduler = ScriptedScheduler()
-    async with Runtime(scheduler=scheduler) as runtime:
+    async with scripted_runtime(scheduler) as runtime:
         runtime.add(Account("A"))
         runtime.add(Account("B"))
         pay(runtime, "A", "B", 10)
@@ -102,7 +111,7 @@ async def test_message_in_flight_across_the_cut_is_in_the_channel_state() -> Non
 
 async def test_message_sent_after_the_senders_cut_is_not_in_the_channel_state() -> None:
     scheduler = ScriptedScheduler()
-    async with Runtime(scheduler=scheduler) as runtime:
+    async with scripted_runtime(scheduler) as runtime:
         runtime.add(Account("A"))
         runtime.add(Account("B"))
         pay(runtime, "A", "B", 10)
@@ -142,7 +151,7 @@ async def test_message_sent_after_the_cut_on_a_new_channel_does_not_hold_the_sna
     # A records, then opens A>B. The channel starts closed for the snapshot: nothing sent on
     # it can be in flight, so the snapshot completes while A's message is still queued.
     scheduler = ScriptedScheduler()
-    async with Runtime(scheduler=scheduler) as runtime:
+    async with scripted_runtime(scheduler) as runtime:
         runtime.add(Account("A"))
         runtime.add(Account("B"))
         handle = runtime.snapshot(initiator="A")
@@ -168,7 +177,7 @@ async def test_message_sent_after_the_cut_on_a_new_channel_does_not_hold_the_sna
 
 async def test_no_message_is_counted_both_in_a_state_and_in_a_channel() -> None:
     scheduler = ScriptedScheduler()
-    async with Runtime(scheduler=scheduler) as runtime:
+    async with scripted_runtime(scheduler) as runtime:
         runtime.add(Account("A"))
         runtime.add(Account("B"))
         pay(runtime, "A", "B", 10)
@@ -200,7 +209,7 @@ async def test_no_message_is_counted_both_in_a_state_and_in_a_channel() -> None:
 
 async def test_message_from_a_recorded_sender_acts_as_the_marker() -> None:
     scheduler = ScriptedScheduler()
-    async with Runtime(scheduler=scheduler) as runtime:
+    async with scripted_runtime(scheduler) as runtime:
         runtime.add(Account("A"))
         runtime.add(Account("B"))
         handle = runtime.snapshot(initiator="A")  # A records balance 100
@@ -231,7 +240,7 @@ async def test_message_from_a_recorded_sender_acts_as_the_marker() -> None:
 
 async def test_concurrent_snapshots_do_not_interfere() -> None:
     scheduler = ScriptedScheduler()
-    async with Runtime(scheduler=scheduler) as runtime:
+    async with scripted_runtime(scheduler) as runtime:
         for name in ("A", "B", "C"):
             runtime.add(Account(name))
         pay(runtime, "A", "B", 10)
@@ -297,7 +306,7 @@ async def test_concurrent_snapshots_do_not_interfere() -> None:
 
 async def test_snapshot_completes_when_agents_never_talked() -> None:
     scheduler = ScriptedScheduler()
-    async with Runtime(scheduler=scheduler) as runtime:
+    async with scripted_runtime(scheduler) as runtime:
         for name in ("A", "B", "C"):
             runtime.add(Account(name))
         assert set(runtime.bus.channels) == {(ENV, "A"), (ENV, "B"), (ENV, "C")}
@@ -331,7 +340,7 @@ async def test_snapshot_completes_when_agents_never_talked() -> None:
 
 async def test_snapshot_with_no_agents_completes_at_once() -> None:
     scheduler = ScriptedScheduler()
-    async with Runtime(scheduler=scheduler) as runtime:
+    async with scripted_runtime(scheduler) as runtime:
         handle = runtime.snapshot()
         assert runtime.snapshots_in_progress == 0
         snapshot = await handle

@@ -8,9 +8,17 @@ write atomic, so a snapshot is either entirely there or not at all.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from agentsnap.records import AgentVersion, JournalSegment, RunInfo, Snapshot
+from agentsnap.records import (
+    AgentVersion,
+    JournalSegment,
+    RollbackInfo,
+    RunInfo,
+    RunStatus,
+    Snapshot,
+)
 from agentsnap.store.memory import MemoryStore
 
 __all__ = ["MemoryStore", "Store"]
@@ -25,6 +33,34 @@ class Store(Protocol):
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         """Write a completed or failed snapshot, all or nothing."""
+
+    async def finish_run(self, run_id: str, status: RunStatus, finished_at: datetime) -> None:
+        """Record how and when a run ended.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
+    async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:
+        """Record that a run was forked from a snapshot of another run.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
+    async def save_rollback(self, rollback: RollbackInfo) -> None:
+        """Record a rollback of a run.
+
+        Raises:
+            NotFoundError: The store holds no such run or snapshot.
+        """
+
+    async def list_rollbacks(self, run_id: str) -> list[RollbackInfo]:
+        """Every rollback of a run, oldest first.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
 
     async def get_run(self, run_id: str) -> RunInfo:
         """The run with this id.

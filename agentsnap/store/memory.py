@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from agentsnap.exceptions import NotFoundError, StoreError
 from agentsnap.records import (
     AgentCut,
     AgentVersion,
     JournalSegment,
+    RollbackInfo,
     RunInfo,
+    RunStatus,
     Snapshot,
     SnapshotStatus,
 )
@@ -30,6 +33,7 @@ class MemoryStore:
         self._by_run: dict[str, list[str]] = {}
         self._blobs: dict[str, str] = {}
         self._journals: dict[str, list[JournalSegment]] = {}
+        self._rollbacks: dict[str, list[RollbackInfo]] = {}
 
     @property
     def blob_count(self) -> int:
@@ -61,6 +65,26 @@ class MemoryStore:
         stored = snapshot.model_copy(update={"agents": agents})
         self._snapshots[snapshot.id] = stored
         self._by_run[snapshot.run_id].append(snapshot.id)
+
+    async def finish_run(self, run_id: str, status: RunStatus, finished_at: datetime) -> None:  # noqa: D102
+        run = await self.get_run(run_id)
+        self._runs[run_id] = run.model_copy(update={"status": status, "finished_at": finished_at})
+
+    async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:  # noqa: D102
+        run = await self.get_run(run_id)
+        self._runs[run_id] = run.model_copy(
+            update={"parent_run_id": parent_run_id, "parent_snapshot_id": parent_snapshot_id}
+        )
+
+    async def save_rollback(self, rollback: RollbackInfo) -> None:  # noqa: D102
+        await self.get_run(rollback.run_id)
+        if rollback.snapshot_id not in self._snapshots:
+            raise NotFoundError("snapshot", rollback.snapshot_id)
+        self._rollbacks.setdefault(rollback.run_id, []).append(rollback)
+
+    async def list_rollbacks(self, run_id: str) -> list[RollbackInfo]:  # noqa: D102
+        await self.get_run(run_id)
+        return list(self._rollbacks.get(run_id, ()))
 
     async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
         try:

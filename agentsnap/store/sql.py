@@ -24,7 +24,11 @@ refused with a message saying how to upgrade it.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import sqlite3
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Insert, Table, event, select
@@ -40,13 +44,17 @@ from agentsnap.records import (
     ChannelRecord,
     JournalSegment,
     RecordedMessage,
+    RollbackInfo,
     RunInfo,
+    RunStatus,
     Snapshot,
     SnapshotStatus,
 )
 from agentsnap.store.migrate import ensure_schema, sync_url
+from agentsnap.store.sqlite_writer import SnapshotRows, SqliteWriter, Statements
 from agentsnap.store.tables import (
     JournalRow,
+    RollbackRow,
     RunRow,
     SnapshotAgentRow,
     SnapshotMessageRow,
@@ -60,6 +68,22 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_URL", "SqlStore", "async_url"]
 
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_KNOWN_BLOBS_MAX = 100_000
+_plain_name = re.compile(r"[\w.$-]*").fullmatch
+
+
+def _counters(counts: dict[str, int]) -> str:
+    """Channel counters as JSON, written by hand when no name needs escaping.
+
+    Agent names never do, and this is several times faster than the encoder on such small
+    objects.
+    """
+    if all(_plain_name(name) for name in counts):
+        return "{" + ",".join([f'"{name}":{count:d}' for name, count in counts.items()]) + "}"
+    return _dumps(counts)
+
+
 DEFAULT_URL = "sqlite:///agentsnap.db"
 """Where runs go when no database is named."""
 
@@ -69,6 +93,7 @@ _blobs: Table = StateBlobRow.__table__  # type: ignore[assignment]
 _agents: Table = SnapshotAgentRow.__table__  # type: ignore[assignment]
 _messages: Table = SnapshotMessageRow.__table__  # type: ignore[assignment]
 _journal: Table = JournalRow.__table__  # type: ignore[assignment]
+_rollbacks: Table = RollbackRow.__table__  # type: ignore[assignment]
 
 
 def async_url(url: str) -> str:
@@ -100,6 +125,15 @@ class SqlStore:
         self._ready = False
         self._ready_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock() if self._backend == "sqlite" else None
+        # Hashes of states known to be stored (committed), so they are not sent again.
+        self._known_blobs: set[str] = set()
+        self._statements = _statements("?" if self._engine.dialect.paramstyle == "qmark" else "%s")
+        database = self._engine.url.database
+        self._writer = (
+            SqliteWriter(database, self._statements)
+            if self._backend == "sqlite" and database not in {None, "", ":memory:"}
+            else None
+        )
 
     def __repr__(self) -> str:
         return f"SqlStore({make_url(self.url).render_as_string(hide_password=True)!r})"
@@ -111,6 +145,8 @@ class SqlStore:
             if not self._ready:
                 # Alembic is synchronous: run it off the event loop.
                 await asyncio.to_thread(ensure_schema, self.url, create=self._create)
+                if self._writer is not None:
+                    await self._writer.open()
                 self._ready = True
 
     # -- writes ---------------------------------------------------------------------------
@@ -123,79 +159,141 @@ class SqlStore:
             "parent_run_id": run.parent_run_id,
             "parent_snapshot_id": run.parent_snapshot_id,
             "metadata": run.metadata,
+            "status": run.status.value,
+            "finished_at": run.finished_at,
         }
         async with self._begin() as conn:
             await conn.execute(self._insert_ignore(_runs, ["id"]).values(row))
 
-    async def save_snapshot(self, snapshot: Snapshot) -> None:  # noqa: D102
+    async def finish_run(self, run_id: str, status: RunStatus, finished_at: datetime) -> None:  # noqa: D102
+        await self._update_run(run_id, status=status.value, finished_at=finished_at)
+
+    async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:  # noqa: D102
+        await self._update_run(
+            run_id, parent_run_id=parent_run_id, parent_snapshot_id=parent_snapshot_id
+        )
+
+    async def _update_run(self, run_id: str, **values: Any) -> None:
         await self._connect_ready()
         async with self._begin() as conn:
-            await self._require_run(conn, snapshot.run_id)
-            try:
-                await conn.execute(
-                    _snapshots.insert().values(
-                        id=snapshot.id,
-                        run_id=snapshot.run_id,
-                        seq=snapshot.seq,
-                        initiator=snapshot.initiator,
-                        status=snapshot.status.value,
-                        started_at=snapshot.started_at,
-                        completed_at=snapshot.completed_at,
-                        error=snapshot.error,
-                    )
+            result = await conn.execute(_runs.update().where(_runs.c.id == run_id).values(**values))
+            if result.rowcount == 0:
+                raise NotFoundError("run", run_id)
+
+    async def save_rollback(self, rollback: RollbackInfo) -> None:  # noqa: D102
+        await self._connect_ready()
+        async with self._begin() as conn:
+            await self._require_run(conn, rollback.run_id)
+            found = await conn.scalar(
+                select(_snapshots.c.id).where(_snapshots.c.id == rollback.snapshot_id)
+            )
+            if found is None:
+                raise NotFoundError("snapshot", rollback.snapshot_id)
+            await conn.execute(_rollbacks.insert().values(**rollback.model_dump()))
+
+    async def list_rollbacks(self, run_id: str) -> list[RollbackInfo]:  # noqa: D102
+        await self._connect_ready()
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows = await conn.execute(
+                select(_rollbacks)
+                .where(_rollbacks.c.run_id == run_id)
+                .order_by(_rollbacks.c.at, _rollbacks.c.id)
+            )
+            return [RollbackInfo.model_validate(dict(row._mapping)) for row in rows]
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:  # noqa: D102
+        await self._connect_ready()
+        known = self._known_blobs
+        blobs = {
+            cut.state_hash: cut.state_json
+            for cut in snapshot.agents.values()
+            if cut.state_hash not in known
+        }
+        rows = SnapshotRows(
+            snapshot=(
+                snapshot.id,
+                snapshot.run_id,
+                snapshot.seq,
+                snapshot.initiator,
+                snapshot.status.value,
+                self._when(snapshot.started_at),
+                self._when(snapshot.completed_at),
+                snapshot.error,
+            ),
+            blobs=list(blobs.items()),
+            agents=[
+                (snapshot.id, name, cut.state_hash, _counters(cut.sent), _counters(cut.received))
+                for name, cut in snapshot.agents.items()
+            ],
+            messages=[
+                (
+                    snapshot.id,
+                    channel.src,
+                    channel.dst,
+                    message.seq,
+                    message.kind,
+                    _dumps(message.payload),
+                    _dumps(message.headers),
+                    message.epoch,
                 )
-            except IntegrityError as exc:
-                raise StoreError(
-                    f"snapshot {snapshot.id} (number {snapshot.seq} of run {snapshot.run_id}) "
-                    "is already stored"
-                ) from exc
-            await self._write_blobs(conn, snapshot)
-            if snapshot.agents:
-                await conn.execute(
-                    _agents.insert(),
-                    [
-                        {
-                            "snapshot_id": snapshot.id,
-                            "agent": name,
-                            "state_hash": cut.state_hash,
-                            "sent": cut.sent,
-                            "received": cut.received,
-                        }
-                        for name, cut in snapshot.agents.items()
-                    ],
-                )
-            rows = [
-                {
-                    "snapshot_id": snapshot.id,
-                    "src": channel.src,
-                    "dst": channel.dst,
-                    "seq": message.seq,
-                    "kind": message.kind,
-                    "payload": message.payload,
-                    "headers": message.headers,
-                    "epoch": message.epoch,
-                }
                 for channel in snapshot.channels
                 for message in channel.messages
-            ]
-            if rows:
-                await conn.execute(_messages.insert(), rows)
+            ],
+        )
+        try:
+            if self._writer is not None:
+                assert self._write_lock is not None
+                async with self._write_lock:
+                    await self._writer.write(rows)
+            else:
+                await self._write_rows(rows)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, (IntegrityError, sqlite3.IntegrityError)):
+                await self._explain_refusal(snapshot)
+            raise
+        # Only now, committed: another snapshot with these states need not send them again.
+        if len(known) > _KNOWN_BLOBS_MAX:
+            known.clear()
+        known.update(blobs)
 
-    async def _write_blobs(self, conn: AsyncConnection, snapshot: Snapshot) -> None:
-        blobs = {cut.state_hash: cut.state_json for cut in snapshot.agents.values()}
-        if not blobs:
-            return
-        present: set[str] = set()
-        hashes = list(blobs)
-        for start in range(0, len(hashes), 500):
-            chunk = hashes[start : start + 500]
-            result = await conn.execute(select(_blobs.c.hash).where(_blobs.c.hash.in_(chunk)))
-            present.update(result.scalars())
-        missing = [{"hash": h, "state": text} for h, text in blobs.items() if h not in present]
-        if missing:
-            # Another writer may store the same state at the same moment: equal hash, equal
-            # text, so either row will do.
-            await conn.execute(self._insert_ignore(_blobs, ["hash"]), missing)
+    async def _write_rows(self, rows: SnapshotRows) -> None:
+        # The rows go straight to the driver, prepared: per-row work in SQLAlchemy would cost
+        # more than the database does.
+        sql = self._statements
+        async with self._begin() as conn:
+            await conn.exec_driver_sql(sql.snapshot, rows.snapshot)
+            if rows.blobs:
+                await conn.exec_driver_sql(sql.blobs, rows.blobs)
+            if rows.agents:
+                await conn.exec_driver_sql(sql.agents, rows.agents)
+            if rows.messages:
+                await conn.exec_driver_sql(sql.messages, rows.messages)
+
+    async def _explain_refusal(self, snapshot: Snapshot) -> None:
+        """Turn a constraint violation into what it means, when it is a known one."""
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, snapshot.run_id)
+            clash = await conn.scalar(
+                select(_snapshots.c.id).where(
+                    (_snapshots.c.id == snapshot.id)
+                    | (
+                        (_snapshots.c.run_id == snapshot.run_id)
+                        & (_snapshots.c.seq == snapshot.seq)
+                    )
+                )
+            )
+        if clash is not None:
+            raise StoreError(
+                f"snapshot {snapshot.id} (number {snapshot.seq} of run {snapshot.run_id}) "
+                "is already stored"
+            )
+
+    def _when(self, moment: datetime | None) -> datetime | str | None:
+        """A timestamp as the driver takes it (SQLite: UTC text, as SQLAlchemy stores it)."""
+        if moment is None or self._backend != "sqlite":
+            return moment
+        return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
     async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:  # noqa: D102
         await self._connect_ready()
@@ -395,7 +493,30 @@ class SqlStore:
 
     async def close(self) -> None:
         """Close every pooled connection."""
+        if self._writer is not None:
+            await self._writer.close()
         await self._engine.dispose()
+
+
+def _statements(mark: str) -> Statements:
+    """The snapshot's INSERT statements in the driver's own placeholder style."""
+
+    def insert(table: Table, columns: list[str], suffix: str = "") -> str:
+        marks = ", ".join([mark] * len(columns))
+        # Table and column names are this module's constants; values are bound.
+        return f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({marks}){suffix}"  # noqa: S608
+
+    return Statements(
+        snapshot=insert(
+            _snapshots,
+            ["id", "run_id", "seq", "initiator", "status", "started_at", "completed_at", "error"],
+        ),
+        blobs=insert(_blobs, ["hash", "state"], " ON CONFLICT (hash) DO NOTHING"),
+        agents=insert(_agents, ["snapshot_id", "agent", "state_hash", "sent", "received"]),
+        messages=insert(
+            _messages, ["snapshot_id", "src", "dst", "seq", "kind", "payload", "headers", "epoch"]
+        ),
+    )
 
 
 class _Transaction:
@@ -442,6 +563,8 @@ def _run(row: Any) -> RunInfo:
         parent_run_id=row["parent_run_id"],
         parent_snapshot_id=row["parent_snapshot_id"],
         metadata=row["metadata"],
+        status=RunStatus(row["status"]),
+        finished_at=row["finished_at"],
     )
 
 

@@ -206,6 +206,7 @@ class RollbackRow(Base):
     )
     agent: Mapped[str | None] = mapped_column(String(128))
     reason: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(128))
     attempt: Mapped[int] = mapped_column(Integer)
     discarded: Mapped[int] = mapped_column(Integer)
     at: Mapped[datetime] = mapped_column(UtcDateTime())

@@ -32,6 +32,7 @@ def upgrade() -> None:
         sa.Column("snapshot_id", sa.String(length=64), nullable=False),
         sa.Column("agent", sa.String(length=128), nullable=True),
         sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("source", sa.String(length=128), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("discarded", sa.Integer(), nullable=False),
         sa.Column("at", sa.DateTime(timezone=True), nullable=False),

@@ -7,18 +7,14 @@ here). The fixture closes the store after the test.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-import sqlalchemy
+from postgres_db import postgres_url_or_skip
 
 from agentsnap.store import MemoryStore, Store
-from agentsnap.store.migrate import sync_url
 from agentsnap.store.sql import SqlStore
-
-POSTGRES_URL_VARIABLE = "AGENTSNAP_TEST_POSTGRES_URL"
 
 StoreFactory = Callable[[Path], Store]
 
@@ -32,22 +28,7 @@ def make_sqlite_store(tmp_path: Path) -> Store:
 
 
 def make_postgres_store(tmp_path: Path) -> Store:
-    url = os.environ.get(POSTGRES_URL_VARIABLE)
-    if not url:
-        pytest.skip(f"{POSTGRES_URL_VARIABLE} is not set: no PostgreSQL to test against")
-    reset_postgres(url)
-    return SqlStore(url)
-
-
-def reset_postgres(url: str) -> None:
-    """Drop everything in the target database, so each test starts from an empty one."""
-    engine = sqlalchemy.create_engine(sync_url(url))
-    try:
-        with engine.begin() as connection:
-            connection.execute(sqlalchemy.text("DROP SCHEMA public CASCADE"))
-            connection.execute(sqlalchemy.text("CREATE SCHEMA public"))
-    finally:
-        engine.dispose()
+    return SqlStore(postgres_url_or_skip())
 
 
 # One line per backend: the id shown in test names, and its factory.
@@ -67,13 +48,3 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield made
     finally:
         await made.close()
-
-
-@pytest.fixture
-def postgres_url() -> str:
-    """The test PostgreSQL database, emptied; skips when none is configured."""
-    url = os.environ.get(POSTGRES_URL_VARIABLE)
-    if not url:
-        pytest.skip(f"{POSTGRES_URL_VARIABLE} is not set: no PostgreSQL to test against")
-    reset_postgres(url)
-    return url

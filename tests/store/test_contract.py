@@ -645,8 +645,15 @@ async def test_bank_ring_snapshots_are_stored_as_taken(store: Store, seed: int) 
     taken = [await handle for handle in handles]
     assert len(taken) >= 6
     assert (await store.get_run(run_id)).metadata == {"example": "bank ring", "seed": seed}
-    listed = await store.list_snapshots(run_id)
+    start, *listed = await store.list_snapshots(run_id)
     assert [s.id for s in listed] == [s.id for s in sorted(taken, key=lambda s: s.seq)]
+    # The first input took the start snapshot: every teller as registered, nothing sent yet.
+    assert (start.seq, start.initiator, start.status) == (1, "$env", SnapshotStatus.COMPLETE)
+    assert_consistent(start)
+    balances = {name: cut.state["balance"] for name, cut in start.agents.items() if name != "$env"}
+    assert balances == dict.fromkeys(names, 1_000)
+    assert start.channels == []
+    assert_same_snapshot(await store.load_snapshot(start.id), start)
     for snapshot in taken:
         loaded = await store.load_snapshot(snapshot.id)
         assert_consistent(loaded)

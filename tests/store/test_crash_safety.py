@@ -154,7 +154,41 @@ def run(n, name):
     return result
 
 
+def traced_open(self):
+    # Snapshots go through SqliteWriter's own sqlite3 connection: count its statements too,
+    # once per statement (an executemany runs one statement many times).
+    connection = open_writer(self)
+    last = [None]
+
+    def trace(statement):
+        text = " ".join(statement.split())
+        head = text.split(" ", 1)[0].upper()
+        if head in ("SELECT", "PRAGMA") or text == last[0]:
+            return
+        last[0] = text
+        if head == "COMMIT":
+            first = writer_snapshot[0]
+            writer_snapshot[0] = False
+            last[0] = None
+            step("COMMIT on the snapshot writer", first)
+        elif head == "ROLLBACK":
+            writer_snapshot[0] = False
+            last[0] = None
+        else:
+            if text.upper().startswith("INSERT INTO AGENTSNAP_SNAPSHOTS "):
+                writer_snapshot[0] = True
+            step(text[:100])
+
+    connection.set_trace_callback(trace)
+    return connection
+
+
 runpy.run_path(example, run_name="preload")
+from agentsnap.store.sqlite_writer import SqliteWriter  # noqa: E402
+
+open_writer = SqliteWriter._open
+writer_snapshot = [False]
+SqliteWriter._open = traced_open
 event.listen(Engine, "before_cursor_execute", before_cursor_execute)
 event.listen(Engine, "commit", commit)
 event.listen(Engine, "rollback", rollback)

@@ -148,13 +148,16 @@ async def test_a_failed_write_is_recorded_and_the_run_goes_on(
 
     listed = await store.list_snapshots(run_id)
     assert [(s.seq, s.status) for s in listed] == [
-        (1, SnapshotStatus.COMPLETE),
-        (2, SnapshotStatus.FAILED),
-        (3, SnapshotStatus.COMPLETE),
+        (1, SnapshotStatus.COMPLETE),  # the start snapshot, taken at the first input
+        (2, SnapshotStatus.COMPLETE),
+        (3, SnapshotStatus.FAILED),
+        (4, SnapshotStatus.COMPLETE),
     ]
-    assert listed[0] == first
-    assert listed[2] == third
-    failed = listed[1]
+    start, earlier, failed, later = listed
+    assert start.initiator == "$env"
+    assert start.agents["one"].state["count"] == start.agents["other"].state["count"] == 0
+    assert earlier == first
+    assert later == third
     assert failed.id == handle.id
     assert failed.error is not None
     assert "disk full (injected)" in failed.error
@@ -162,7 +165,7 @@ async def test_a_failed_write_is_recorded_and_the_run_goes_on(
     # Nothing of the half-written snapshot was left behind.
     assert faults.rows("agentsnap_snapshot_agents", failed.id) == 0
     assert faults.rows("agentsnap_snapshot_messages", failed.id) == 0
-    for snapshot in (listed[0], listed[2]):
+    for snapshot in (start, earlier, later):
         assert_consistent(snapshot)
     assert third.agents["one"].state["count"] == 3 + 2 + 3
     assert third.agents["other"].state["count"] == 3 + 2 + 2
@@ -202,5 +205,10 @@ async def test_a_store_that_is_down_fails_the_snapshot_and_not_the_run(
     # The write was tried, then the failed record; both refused, both logged.
     assert store.refused == ["complete", "failed"]
     assert "could not be marked failed either" in caplog.text
-    assert [s.id for s in await store.list_snapshots(run_id)] == [first.id, last.id]
+    # The run's first input, once the store was back, took the start snapshot.
+    stored_first, start, stored_last = await store.list_snapshots(run_id)
+    assert (stored_first.id, stored_last.id) == (first.id, last.id)
+    assert (start.seq, start.initiator, start.status) == (3, "$env", SnapshotStatus.COMPLETE)
+    assert start.agents["one"].state["count"] == start.agents["other"].state["count"] == 0
+    assert_consistent(start)
     assert last.agents["one"].state["count"] == 2

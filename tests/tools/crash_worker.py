@@ -6,9 +6,8 @@ Used by ``test_crash.py``: ``python tests/tools/crash_worker.py MODE URL RUN_ID`
   records the charge in ``crash_test_charges`` (the payment service's own table, committed)
   and then the process kills itself with SIGKILL: the effect happened, its outcome was never
   recorded in the ledger.
-* ``resume``: starts the run again under the same run id and sends the order again; the
-  message has the same id, so the payer's handler derives the same key. Prints one JSON
-  line with the handler failures and the payer's tool calls.
+* ``resume``: continues the run from its snapshot, sends the order again and runs; prints
+  one JSON line with the handler failures and the payer's tool calls.
 """
 
 from __future__ import annotations
@@ -54,6 +53,10 @@ async def main(mode: str, run_id: str) -> None:
     try:
         async with Runtime(store=store, run_id=run_id) as runtime:
             payer = runtime.add(Payer("payer"))
+            if mode == "crash":
+                await runtime.snapshot()
+            else:
+                await runtime.resume()
             runtime.send("payer", 500)
             await runtime.run_until_idle(raise_failures=False)
             report = {

@@ -1,0 +1,511 @@
+"""Validation and rollback: a rejected output takes every agent back to the last consistent cut.
+
+Outputs are checked three ways, all declared per agent (and per message kind):
+
+* a **schema**: a pydantic model the payload must fit,
+* a **check**: a callable that looks at the message and passes or fails it with a reason,
+* **self-evaluation**: the agent's own [`evaluate`][agentsnap.Agent.evaluate], which sees
+  every message a handler sent once the handler returns,
+
+and a critic agent can reject another agent's output with
+[`ctx.reject`][agentsnap.Context.reject]. Each raises
+[`OutputRejected`][agentsnap.OutputRejected], and the runtime then:
+
+1. pauses the bus and waits until no handler is half-way;
+2. fails the snapshots still in progress and waits for the completed ones to be written;
+3. picks the last complete snapshot whose cut comes before the rejected output;
+4. checks the retry policy: when this agent's output has failed this way too often, the run
+   stops with [`RollbackExhausted`][agentsnap.RollbackExhausted]; otherwise it waits as the
+   policy says;
+5. empties every channel, restores every agent's state and every channel's counters from the
+   cut, puts the cut's in-flight messages back with their original ids, and replays the
+   environment's input sent after the cut;
+6. records the rollback in the store, gives the reason to the agent as feedback, calls every
+   agent's [`on_rollback`][agentsnap.Agent.on_rollback], and resumes the bus.
+
+Example:
+    ```python
+    from pydantic import BaseModel
+
+    from agentsnap import Runtime
+    from agentsnap.rollback import RetryPolicy
+
+    class Draft(BaseModel):
+        title: str
+        body: str
+
+    runtime = Runtime(retry=RetryPolicy.attempts(3))
+    runtime.check("writer", kind="draft", schema=Draft)
+    runtime.check(
+        "writer",
+        kind="draft",
+        check=lambda message: len(message.payload["body"]) > 20 or "the draft is too short",
+        name="length",
+    )
+    ```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import tenacity
+from pydantic import BaseModel, ValidationError
+
+from agentsnap.exceptions import ConfigurationError, OutputRejected, RollbackExhausted
+from agentsnap.messages import ENVIRONMENT, Message
+from agentsnap.records import RollbackInfo, Snapshot, SnapshotStatus
+
+if TYPE_CHECKING:
+    from agentsnap.agents import Agent
+    from agentsnap.bus import Bus
+    from agentsnap.snapshot import SnapshotCoordinator
+
+__all__ = [
+    "Check",
+    "CheckResult",
+    "Guard",
+    "OutputCheck",
+    "RetryPolicy",
+    "RollbackManager",
+    "Verdict",
+    "current_cut",
+    "failure_reason",
+    "restore_cut",
+]
+
+logger = logging.getLogger("agentsnap.rollback")
+
+
+class Verdict(NamedTuple):
+    """The outcome of a check: passed, or failed with a reason."""
+
+    ok: bool
+    """Whether the output passed."""
+    reason: str = ""
+    """Why it failed, in words the agent can act on."""
+
+    @classmethod
+    def passed(cls) -> Verdict:
+        """A pass."""
+        return cls(ok=True)
+
+    @classmethod
+    def failed(cls, reason: str) -> Verdict:
+        """A failure, with its reason."""
+        return cls(ok=False, reason=reason)
+
+
+CheckResult = Verdict | bool | str | None
+"""What a check or ``evaluate`` returns: a [`Verdict`][agentsnap.rollback.Verdict]; ``True``
+or ``None`` for a pass; ``False`` for a failure without a reason; a string for a failure with
+that reason."""
+
+Check = Callable[[Message], CheckResult]
+"""A check on one outgoing message."""
+
+
+def failure_reason(result: CheckResult, what: str) -> str | None:
+    """The failure reason a check result stands for, or ``None`` when it passed.
+
+    Raises:
+        ConfigurationError: The result is none of the accepted kinds.
+    """
+    if result is None or result is True:
+        return None
+    if result is False:
+        return f"{what} failed"
+    if isinstance(result, str):
+        return result or f"{what} failed"
+    if isinstance(result, Verdict):
+        return None if result.ok else (result.reason or f"{what} failed")
+    raise ConfigurationError(
+        f"{what} returned {type(result).__name__}; return a Verdict, a bool, a reason string "
+        "or None"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCheck:
+    """One declared check on an agent's outgoing messages.
+
+    Attributes:
+        kind: The message kind it applies to, or ``None`` for every kind.
+        name: How the check is named in feedback and in the store.
+        schema: A pydantic model the payload must validate against.
+        check: A callable judging the message.
+    """
+
+    kind: str | None
+    name: str
+    schema: type[BaseModel] | None = None
+    check: Check | None = None
+
+    def judge(self, message: Message) -> str | None:
+        """The reason ``message`` fails this check, or ``None``."""
+        if self.schema is not None:
+            try:
+                self.schema.model_validate(message.payload)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(map(str, error['loc'])) or 'payload'}: {error['msg']}"
+                    for error in exc.errors()
+                )
+                model = self.schema.__name__
+                return f"the {message.kind!r} payload does not fit {model}: {problems}"
+        if self.check is not None:
+            return failure_reason(self.check(message), f"check {self.name!r}")
+        return None
+
+
+class Guard:
+    """Checks an agent's outgoing messages as they are sent (see ``Context.send``).
+
+    Raises [`OutputRejected`][agentsnap.OutputRejected] on the first failing check. When the
+    agent evaluates itself, also collects what each handler sent.
+    """
+
+    __slots__ = ("agent", "by_kind", "evaluates", "outputs")
+
+    def __init__(self, agent: str, evaluates: bool) -> None:
+        self.agent = agent
+        self.by_kind: dict[str | None, list[OutputCheck]] = {}
+        self.evaluates = evaluates
+        self.outputs: list[Message] = []
+
+    def add(self, check: OutputCheck) -> None:
+        """Declare one more check."""
+        self.by_kind.setdefault(check.kind, []).append(check)
+
+    def __call__(self, message: Message) -> None:
+        """Check ``message``, just sent; raise ``OutputRejected`` if a check fails it."""
+        if self.evaluates:
+            self.outputs.append(message)
+        for checks in (self.by_kind.get(message.kind), self.by_kind.get(None)):
+            for check in checks or ():
+                reason = check.judge(message)
+                if reason is not None:
+                    raise OutputRejected(self.agent, reason, check.name, message)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a failing output may be retried by rolling back, and how long to wait.
+
+    ``stop`` and ``wait`` are tenacity strategies, applied per failure site (an agent and
+    what rejected its output): ``stop`` sees the number of failures so far as the attempt
+    number, ``wait`` gives the pause before the run resumes.
+
+    Attributes:
+        stop: When to give up (default: after 3 failed attempts, that is 2 rollbacks).
+        wait: Pause before resuming (default: none).
+    """
+
+    stop: Any = field(default_factory=lambda: tenacity.stop_after_attempt(3))
+    wait: Any = field(default_factory=tenacity.wait_none)
+
+    @classmethod
+    def attempts(cls, count: int, *, wait: Any = None) -> RetryPolicy:
+        """Allow ``count`` attempts per failure site (``count - 1`` rollbacks).
+
+        Raises:
+            ConfigurationError: ``count`` is below 1.
+        """
+        if count < 1:
+            raise ConfigurationError("a retry policy needs at least 1 attempt")
+        return cls(stop=tenacity.stop_after_attempt(count), wait=wait or tenacity.wait_none())
+
+
+class _Site:
+    """Failures of one agent's output rejected by one source, for the retry policy."""
+
+    def __init__(self) -> None:
+        self.state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        self.reasons: list[str] = []
+
+    def failed(self, reason: str) -> int:
+        self.reasons.append(reason)
+        self.state.attempt_number = len(self.reasons)
+        self.state.outcome_timestamp = time.monotonic()
+        return len(self.reasons)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Keep the cycle collector out of the way.
+
+    Restoring parses every state, allocating many objects at once; the collector would walk
+    them over and over while nothing here makes cycles.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+@_collector_paused()
+def restore_cut(
+    bus: Bus,
+    agents: Mapping[str, Agent[Any]],
+    snapshot: Snapshot,
+    *,
+    initial_states: Mapping[str, str],
+    epoch: int,
+    replay: list[Message],
+) -> int:
+    """Put every agent and channel back on ``snapshot``'s cut; return the messages dropped.
+
+    Agents registered after the cut get back the state they were registered with. The
+    environment's messages sent after the cut (``replay``) are put back after the cut's
+    in-flight messages, as a source is replayed after a restore.
+
+    Raises:
+        ConfigurationError: The snapshot names a process that is not registered.
+    """
+    for name in snapshot.agents:
+        if name != ENVIRONMENT and name not in agents:
+            raise ConfigurationError(
+                f"snapshot {snapshot.id} holds agent {name!r}, which is not registered; "
+                "register the same agents as the run that took it"
+            )
+    dropped: set[tuple[str, str, int]] = set()
+    for channel in bus.channels.values():
+        dropped.update(
+            (item.src, item.dst, item.seq) for item in channel.queue if type(item) is Message
+        )
+        channel.queue.clear()
+        channel.sent = channel.delivered = 0
+        channel.closed = epoch
+    for name, agent in agents.items():
+        cut = snapshot.agents.get(name)
+        text = cut.state_json if cut is not None else initial_states[name]
+        agent.state = agent.state_type.model_validate_json(text)
+    for endpoint in bus.endpoints.values():
+        endpoint.epoch = epoch
+        endpoint.record_wanted = 0
+        cut = snapshot.agents.get(endpoint.name)
+        if cut is None:
+            continue
+        for dst, count in cut.sent.items():
+            bus.channel(endpoint, dst).sent = count
+        for src, count in cut.received.items():
+            bus.channel(bus.endpoints[src], endpoint.name).delivered = count
+    notify = bus.scheduler.notify
+    for record in snapshot.channels:
+        channel = bus.channel(bus.endpoints[record.src], record.dst)
+        for kept in record.messages:
+            message = Message(
+                record.src,
+                record.dst,
+                kept.seq,
+                kept.kind,
+                kept.payload,
+                MappingProxyType(dict(kept.headers)),
+                # Never above the new base: in a fork, snapshot numbers start again.
+                min(kept.epoch, epoch),
+            )
+            channel.queue.append(message)
+            dropped.discard((record.src, record.dst, kept.seq))
+            notify(channel)
+    environment = snapshot.agents.get(ENVIRONMENT)
+    for message in replay:
+        if message.seq > (environment.sent.get(message.dst, 0) if environment else 0):
+            channel = bus.channel(bus.environment, message.dst)
+            channel.queue.append(message)
+            channel.sent = message.seq
+            dropped.discard((message.src, message.dst, message.seq))
+            notify(channel)
+    return len(dropped)
+
+
+def current_cut(snapshots: list[Snapshot], rollbacks: list[RollbackInfo]) -> Snapshot | None:
+    """The cut a run stands on: where its latest rollback went, or a snapshot taken since.
+
+    Snapshots that completed before the latest rollback belong to a timeline the run left
+    (the rollback's own target excepted).
+    """
+    complete = [
+        s for s in snapshots if s.status is SnapshotStatus.COMPLETE and s.completed_at is not None
+    ]
+    if rollbacks:
+        last = max(rollbacks, key=lambda r: r.at)
+        complete = [
+            s
+            for s in complete
+            if s.id == last.snapshot_id or (s.completed_at is not None and s.completed_at > last.at)
+        ]
+    return max(complete, key=lambda s: s.seq, default=None)
+
+
+Restore = Callable[[Snapshot], int]
+
+
+class RollbackManager:
+    """Carries out rollbacks for a runtime and keeps count of failures per site.
+
+    The runtime owns one; applications use ``Runtime.rollback`` and ``Runtime.check``.
+
+    Args:
+        run_id: The run.
+        bus: Its bus.
+        coordinator: Its snapshot coordinator.
+        policy: The retry policy.
+        restore: Puts the runtime back on a snapshot; returns the messages dropped.
+        load: Reads a snapshot from the store.
+        save: Records a rollback in the store.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        bus: Bus,
+        *,
+        coordinator: SnapshotCoordinator,
+        policy: RetryPolicy,
+        restore: Restore,
+        load: Callable[[str], Awaitable[Snapshot]],
+        save: Callable[[RollbackInfo], Awaitable[None]],
+    ) -> None:
+        self.run_id = run_id
+        self._bus = bus
+        self._coordinator = coordinator
+        self._policy = policy
+        self._restore = restore
+        self._load = load
+        self._save = save
+        self._sites: dict[tuple[str, str], _Site] = {}
+        self.history: list[RollbackInfo] = []
+        """Every rollback of this runtime, oldest first."""
+        self.exhausted: RollbackExhausted | None = None
+        """Set when the retry policy gave up; the run is stopped."""
+
+    async def quiesce(self) -> None:
+        """Pause the bus and wait until no handler is running."""
+        self._bus.scheduler.pause()
+        reason = "the run rolled back before the snapshot completed"
+        self._coordinator.abort_all(reason)
+        delay = 0.0
+        while any(endpoint.busy for endpoint in self._bus.endpoints.values()):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2 or 0.0005, 0.05)
+        # A handler that finished meanwhile may have started one more.
+        self._coordinator.abort_all(reason)
+        await self._coordinator.drain()
+
+    async def reject(self, rejection: OutputRejected) -> RollbackInfo | None:
+        """Roll back for a rejected output; ``None`` when the retry policy gave up.
+
+        The bus is left paused when the policy gave up, so the run stops.
+        """
+        await self.quiesce()
+        site = self._sites.setdefault((rejection.agent, rejection.source), _Site())
+        attempt = site.failed(rejection.reason)
+        if self._policy.stop(site.state):
+            self.exhausted = RollbackExhausted(
+                rejection.agent, rejection.source, attempt, list(site.reasons)
+            )
+            logger.error("%s", self.exhausted)
+            self._drop_everything()
+            return None
+        target = self._coordinator.target_before(rejection.output)
+        if target is None:
+            raise ConfigurationError(
+                f"output of agent {rejection.agent!r} was rejected ({rejection.reason}) but no "
+                "complete snapshot precedes it to roll back to; keep the default snapshot "
+                "policy (a snapshot at the start of the run)"
+            )
+        latest = self._coordinator.latest
+        if latest is not None and latest.id == target:
+            snapshot = latest
+        else:
+            snapshot = await self._load(target)
+        pause = float(self._policy.wait(site.state))
+        if pause > 0:
+            await asyncio.sleep(pause)
+        return await self._roll_back(
+            snapshot, rejection.agent, rejection.reason, rejection.source, attempt
+        )
+
+    async def restart(self, snapshot: Snapshot, *, own: bool) -> None:
+        """Put a runtime that has not run yet on ``snapshot``.
+
+        ``own`` says whether the snapshot belongs to this run (resume), making it a rollback
+        target, or to another (fork), whose snapshots this run must never go back to.
+        """
+        self._bus.scheduler.pause()
+        self._bus.scheduler.reset()
+        self._restore(snapshot)
+        if own:
+            self._coordinator.restored(snapshot)
+        self._bus.scheduler.resume()
+
+    async def manual(self, snapshot: Snapshot, reason: str) -> RollbackInfo:
+        """Roll back to ``snapshot`` on request."""
+        if snapshot.status is not SnapshotStatus.COMPLETE:
+            raise ConfigurationError(
+                f"snapshot {snapshot.id} is {snapshot.status.value}; roll back to a complete one"
+            )
+        if snapshot.run_id != self.run_id:
+            raise ConfigurationError(
+                f"snapshot {snapshot.id} belongs to run {snapshot.run_id}, not to this run "
+                f"({self.run_id}); to start from it, fork a new run (Runtime.fork_from)"
+            )
+        oldest = self._coordinator.oldest_target()
+        if oldest is not None and snapshot.seq < oldest[0]:
+            raise ConfigurationError(
+                f"snapshot {snapshot.seq} ({snapshot.id}) is older than the "
+                f"{self._coordinator.max_targets} newest complete snapshots this runtime keeps "
+                "as rollback targets, and the input sent after it is no longer held; fork a "
+                "new run from it instead (Runtime.fork_from)"
+            )
+        await self.quiesce()
+        return await self._roll_back(snapshot, None, reason, "manual", 1)
+
+    async def _roll_back(
+        self, snapshot: Snapshot, agent: str | None, reason: str, source: str, attempt: int
+    ) -> RollbackInfo:
+        self._bus.scheduler.reset()
+        discarded = self._restore(snapshot)
+        self._coordinator.restored(snapshot)
+        info = RollbackInfo(
+            id=uuid.uuid4().hex,
+            run_id=self.run_id,
+            snapshot_id=snapshot.id,
+            agent=agent,
+            reason=reason,
+            source=source,
+            attempt=attempt,
+            discarded=discarded,
+        )
+        self.history.append(info)
+        logger.warning(
+            "rolled back to snapshot %d (%s): %s rejected by %s: %s",
+            snapshot.seq,
+            snapshot.id,
+            agent or "-",
+            source,
+            reason,
+        )
+        await self._save(info)
+        return info
+
+    def resume(self) -> None:
+        """Let the bus deliver again."""
+        self._bus.scheduler.resume()
+
+    def _drop_everything(self) -> None:
+        for channel in self._bus.channels.values():
+            channel.queue.clear()
+        self._bus.scheduler.reset()

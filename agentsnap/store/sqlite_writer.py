@@ -1,0 +1,111 @@
+"""Snapshot writes to SQLite in a single hop to a writer thread.
+
+Through the asyncio driver every statement is a round trip between the event loop and the
+driver's thread; a snapshot is several statements plus a commit. Here the whole transaction
+runs in one call on a dedicated thread with the standard ``sqlite3`` module, so a snapshot
+costs about what SQLite needs for its bytes, and the event loop is never blocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+from agentsnap.exceptions import StoreError
+
+__all__ = ["SnapshotRows", "SqliteWriter", "Statements"]
+
+
+class Statements(NamedTuple):
+    """The INSERT statements of a snapshot, in the driver's placeholder style."""
+
+    snapshot: str
+    blobs: str
+    agents: str
+    messages: str
+
+
+class SnapshotRows(NamedTuple):
+    """A snapshot as the rows to insert, prepared before the write."""
+
+    snapshot: tuple[Any, ...]
+    blobs: list[tuple[str, str]]
+    agents: list[tuple[Any, ...]]
+    messages: list[tuple[Any, ...]]
+
+
+class SqliteWriter:
+    """Writes snapshots to one SQLite file from its own thread, one transaction each.
+
+    Args:
+        path: The database file.
+        statements: The INSERT statements (``?`` placeholders).
+    """
+
+    def __init__(self, path: str, statements: Statements) -> None:
+        self._path = path
+        self._statements = statements
+        self._connection: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="agentsnap-sqlite-writer")
+
+    async def write(self, rows: SnapshotRows) -> None:
+        """Insert ``rows`` in one transaction.
+
+        Raises:
+            StoreError: SQLite refused the write; nothing of it is stored. A constraint
+                violation is the ``__cause__`` as ``sqlite3.IntegrityError``.
+        """
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self._write, rows)
+
+    async def open(self) -> None:
+        """Connect now rather than at the first write."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self._connect)
+
+    def _connect(self) -> None:
+        if self._connection is None:
+            self._connection = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self._path, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("PRAGMA foreign_keys=ON")
+        return connection
+
+    def _write(self, rows: SnapshotRows) -> None:
+        try:
+            connection = self._connection or self._open()
+            self._connection = connection
+            statements = self._statements
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                connection.execute(statements.snapshot, rows.snapshot)
+                if rows.blobs:
+                    connection.executemany(statements.blobs, rows.blobs)
+                if rows.agents:
+                    connection.executemany(statements.agents, rows.agents)
+                if rows.messages:
+                    connection.executemany(statements.messages, rows.messages)
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"the database refused the write: {exc}") from exc
+
+    async def close(self) -> None:
+        """Close the connection and stop the thread."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self._close)
+        self._thread.shutdown(wait=False)
+
+    def _close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None

@@ -1,0 +1,953 @@
+"""OpenTelemetry traces and metrics: a run's trace reads like its space-time diagram.
+
+agentsnap uses only the OpenTelemetry API. Nothing is recorded or exported unless the
+application installs an SDK (``pip install 'agentsnap[otel]'``, then a ``TracerProvider``
+and/or a ``MeterProvider`` with exporters), and the SDK honours the standard ``OTEL_*``
+environment variables. Whether a runtime traces is decided once, when it is created: with no
+SDK configured, each send and each delivery pays one ``None`` check and message headers stay
+empty.
+
+With tracing on, each message carries the W3C trace context (``traceparent``, ``tracestate``,
+or whatever propagators the application configured) in its headers, so that an agent's
+handling of a message is a child of the span that sent it, across agents:
+
+```
+invoke_agent planner ── send researcher ── deliver researcher ── invoke_agent researcher ─ ...
+```
+
+Messages put back on their channels by a rollback keep their headers, so their new
+deliveries hang off the same send spans. Snapshots and rollbacks get spans of their own, and
+metrics follow Flink's checkpoint metrics. Every span, attribute, event and metric name is
+defined once, in [`NAMES`][agentsnap.telemetry.NAMES] below; the documentation's table is
+generated from it ([`markdown_table`][agentsnap.telemetry.markdown_table]).
+
+Example:
+    ```python
+    import asyncio
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agentsnap import Agent, AgentState, Context, Message, Runtime
+    from agentsnap.telemetry import Telemetry
+
+    class Echo(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            pass
+
+    async def main() -> None:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        async with Runtime(telemetry=Telemetry(tracer_provider=provider)) as runtime:
+            runtime.add(Echo("echo"))
+            runtime.send("echo", "hello")
+            await runtime.run_until_idle()
+        print(sorted(span.name for span in exporter.get_finished_spans()))
+
+    asyncio.run(main())
+    ```
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import IO, TYPE_CHECKING, Final, Literal, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
+
+from agentsnap.exceptions import ConfigurationError, OutputRejected, ToolFailed
+from agentsnap.messages import EMPTY_HEADERS, ENVIRONMENT
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span, SpanContext
+    from opentelemetry.util.types import AttributeValue
+
+    from agentsnap.bus import Bus
+    from agentsnap.messages import Message
+    from agentsnap.records import RollbackInfo, Snapshot
+    from agentsnap.snapshot import SnapshotHandle
+
+__all__ = [
+    "NAMES",
+    "Name",
+    "Telemetry",
+    "ToolCallSpan",
+    "install_sdk",
+    "markdown_table",
+    "resolve",
+    "tool_call",
+]
+
+SCOPE: Final = "agentsnap"
+"""Instrumentation scope of agentsnap's tracer and meter."""
+
+
+# -- the names: one table ------------------------------------------------------------------
+
+Kind = Literal["span", "attribute", "event", "metric"]
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    """One name agentsnap gives to what it records.
+
+    Attributes:
+        kind: ``span``, ``attribute``, ``event`` or ``metric``.
+        name: The name; a span's name is followed by the value of the attribute ``suffix``.
+        where: For a span, its kind; for an attribute or an event, the spans (and metrics)
+            that carry it; for a metric, its instrument and unit (UCUM).
+        description: What it is.
+        suffix: For a span, the attribute whose value completes its name.
+        unit: For a metric, its unit.
+    """
+
+    kind: Kind
+    name: str
+    where: str
+    description: str
+    suffix: str = ""
+    unit: str = ""
+
+    @property
+    def shown(self) -> str:
+        """The name as documented (``invoke_agent {gen_ai.agent.name}``)."""
+        return f"{self.name} {{{self.suffix}}}" if self.suffix else self.name
+
+
+NAMES: list[Name] = []
+"""Every span, attribute, event and metric name agentsnap records, in documentation order."""
+
+
+def _span(name: str, suffix: str, kind: str, description: str) -> str:
+    NAMES.append(Name("span", name, f"kind {kind}", description, suffix))
+    return name
+
+
+def _attr(name: str, where: str, description: str) -> str:
+    NAMES.append(Name("attribute", name, where, description))
+    return name
+
+
+def _event(name: str, where: str, description: str) -> str:
+    NAMES.append(Name("event", name, where, description))
+    return name
+
+
+def _metric(name: str, instrument: str, unit: str, description: str) -> str:
+    NAMES.append(Name("metric", name, f"{instrument}, `{unit}`", description, unit=unit))
+    return name
+
+
+_MSG = "send, deliver"
+_SNAP = "agentsnap.snapshot"
+_ROLL = "agentsnap.rollback"
+
+SPAN_INVOKE_AGENT: Final = _span(
+    "invoke_agent",
+    "gen_ai.agent.name",
+    "internal",
+    "An agent handles one message; child of `deliver`.",
+)
+SPAN_EXECUTE_TOOL: Final = _span(
+    "execute_tool", "gen_ai.tool.name", "internal", "A tool call from a handler."
+)
+SPAN_SEND: Final = _span(
+    "send",
+    "messaging.destination.name",
+    "producer",
+    "A message is put on its channel; its context travels in the message headers.",
+)
+SPAN_DELIVER: Final = _span(
+    "deliver",
+    "messaging.destination.name",
+    "consumer",
+    "A message is taken off its channel and handled; child of its `send`.",
+)
+SPAN_SNAPSHOT: Final = _span(
+    _SNAP, "", "internal", "A snapshot, from its start until the store wrote it (or it failed)."
+)
+SPAN_ROLLBACK: Final = _span(
+    _ROLL, "", "internal", "A rollback; child of the `invoke_agent` that rejected the output."
+)
+
+OPERATION_NAME: Final = _attr(
+    "gen_ai.operation.name", "invoke_agent, execute_tool", "`invoke_agent` or `execute_tool`."
+)
+AGENT_NAME: Final = _attr("gen_ai.agent.name", "invoke_agent, execute_tool", "The agent.")
+AGENT_ID: Final = _attr("gen_ai.agent.id", "invoke_agent", "The agent's name (unique in a run).")
+CONVERSATION_ID: Final = _attr(
+    "gen_ai.conversation.id",
+    f"invoke_agent, execute_tool, deliver, {_SNAP}, {_ROLL}",
+    "The run id.",
+)
+TOOL_NAME: Final = _attr("gen_ai.tool.name", "execute_tool; tool metrics", "The tool.")
+TOOL_CALL_ID: Final = _attr(
+    "gen_ai.tool.call.id", "execute_tool", "The idempotency key (when the call has one)."
+)
+TOOL_SIDE_EFFECT: Final = _attr(
+    "agentsnap.tool.side_effect", "execute_tool", "The tool is declared `side_effect=True`."
+)
+TOOL_DEDUPLICATED: Final = _attr(
+    "agentsnap.tool.deduplicated",
+    "execute_tool; agentsnap.tool.calls",
+    "The ledger answered with the key's recorded outcome; the tool did not run.",
+)
+ERROR_TYPE: Final = _attr(
+    "error.type",
+    "invoke_agent, deliver, execute_tool; agentsnap.tool.calls",
+    "Class of the exception a handler or tool raised.",
+)
+MESSAGING_SYSTEM: Final = _attr("messaging.system", _MSG, "`agentsnap`.")
+DESTINATION_NAME: Final = _attr(
+    "messaging.destination.name", f"{_MSG}; agentsnap.bus.queue_depth", "The receiving agent."
+)
+OPERATION_TYPE: Final = _attr("messaging.operation.type", _MSG, "`send`, or `process`.")
+MESSAGING_OPERATION_NAME: Final = _attr("messaging.operation.name", _MSG, "`send`, or `deliver`.")
+MESSAGE_ID: Final = _attr(
+    "messaging.message.id", _MSG, "`src>dst#seq`; a message put back by a rollback keeps it."
+)
+MESSAGE_KIND: Final = _attr("agentsnap.message.kind", _MSG, "The message's kind.")
+SNAPSHOT_ID: Final = _attr("agentsnap.snapshot.id", _SNAP, "The snapshot id.")
+SNAPSHOT_SEQ: Final = _attr("agentsnap.snapshot.seq", _SNAP, "Its number within the run.")
+SNAPSHOT_INITIATOR: Final = _attr(
+    "agentsnap.snapshot.initiator", _SNAP, "The agent that started it, or `$env`."
+)
+SNAPSHOT_STATUS: Final = _attr(
+    "agentsnap.snapshot.status",
+    f"{_SNAP}; agentsnap.snapshots, agentsnap.snapshot.duration",
+    "`complete` or `failed`.",
+)
+SNAPSHOT_AGENTS: Final = _attr("agentsnap.snapshot.agents", _SNAP, "Agents in the cut.")
+SNAPSHOT_CHANNELS: Final = _attr("agentsnap.snapshot.channels", _SNAP, "Channels in the cut.")
+SNAPSHOT_IN_FLIGHT: Final = _attr(
+    "agentsnap.snapshot.in_flight_messages", _SNAP, "Messages in flight across the cut."
+)
+SNAPSHOT_BYTES: Final = _attr(
+    "agentsnap.snapshot.bytes",
+    _SNAP,
+    "Bytes of JSON written: states and in-flight messages (an unchanged state is stored once, "
+    "so the store may write less).",
+)
+SNAPSHOT_DURATION: Final = _attr(
+    "agentsnap.snapshot.duration", _SNAP, "Seconds from its start until written (or failed)."
+)
+CHANNEL: Final = _attr("agentsnap.channel", "agentsnap.snapshot.marker", "A channel, `src>dst`.")
+PROCESS: Final = _attr("agentsnap.process", "agentsnap.snapshot.recorded", "An agent, or `$env`.")
+ROLLBACK_ID: Final = _attr("agentsnap.rollback.id", _ROLL, "The rollback id.")
+ROLLBACK_REASON: Final = _attr(
+    "agentsnap.rollback.reason", f"{_ROLL}, agentsnap.output_rejected", "Why."
+)
+ROLLBACK_AGENT: Final = _attr(
+    "agentsnap.rollback.agent",
+    f"{_ROLL}, agentsnap.output_rejected",
+    "The agent whose output was rejected (none for a rollback on request).",
+)
+ROLLBACK_SOURCE: Final = _attr(
+    "agentsnap.rollback.source",
+    f"{_ROLL}, agentsnap.output_rejected; agentsnap.rollbacks",
+    "A check's name, `schema`, `self-evaluation`, a critic agent, or `manual`.",
+)
+ROLLBACK_ATTEMPT: Final = _attr(
+    "agentsnap.rollback.attempt", _ROLL, "Failures of this output so far, this one included."
+)
+ROLLBACK_SNAPSHOT: Final = _attr("agentsnap.rollback.snapshot.id", _ROLL, "The snapshot restored.")
+ROLLBACK_DISCARDED: Final = _attr(
+    "agentsnap.rollback.messages_discarded", _ROLL, "Queued messages the cut does not hold."
+)
+ROLLBACK_OUTCOME: Final = _attr(
+    "agentsnap.rollback.outcome", _ROLL, "`rolled_back`, or `exhausted`: the run stopped."
+)
+
+EVENT_MARKER: Final = _event(
+    "agentsnap.snapshot.marker", _SNAP, "A marker of the snapshot came off a channel."
+)
+EVENT_RECORDED: Final = _event(
+    "agentsnap.snapshot.recorded", _SNAP, "A process recorded its state for the snapshot."
+)
+EVENT_REJECTED: Final = _event(
+    "agentsnap.output_rejected",
+    "invoke_agent",
+    "The handler rejected an output; a rollback follows.",
+)
+
+# Metrics, after Flink's checkpoint metrics.
+METRIC_SNAPSHOT_DURATION: Final = _metric(
+    "agentsnap.snapshot.duration", "histogram", "s", "From a snapshot's start until written."
+)
+METRIC_SNAPSHOT_SIZE: Final = _metric(
+    "agentsnap.snapshot.size", "histogram", "By", "Bytes of JSON a complete snapshot wrote."
+)
+METRIC_IN_FLIGHT: Final = _metric(
+    "agentsnap.snapshot.in_flight_messages",
+    "histogram",
+    "{message}",
+    "Messages in flight across a complete snapshot's cut.",
+)
+METRIC_SNAPSHOTS: Final = _metric(
+    "agentsnap.snapshots", "counter", "{snapshot}", "Snapshots finished, by status."
+)
+METRIC_ROLLBACKS: Final = _metric(
+    "agentsnap.rollbacks", "counter", "{rollback}", "Rollbacks carried out."
+)
+METRIC_TOOL_CALLS: Final = _metric("agentsnap.tool.calls", "counter", "{call}", "Tool calls.")
+METRIC_DEDUPLICATED: Final = _metric(
+    "agentsnap.tool.deduplicated_calls",
+    "counter",
+    "{call}",
+    "Tool calls answered from the ledger without running the tool.",
+)
+METRIC_QUEUE_DEPTH: Final = _metric(
+    "agentsnap.bus.queue_depth",
+    "gauge",
+    "{message}",
+    "Items waiting on the channels to each agent, over the live runtimes.",
+)
+
+
+def markdown_table() -> str:
+    """The names as a Markdown table (the documentation holds a copy, checked by a test)."""
+    rows = ["| kind | name | where, or instrument and unit | description |", "| --- " * 4 + "|"]
+    rows += [f"| {n.kind} | `{n.shown}` | {n.where} | {n.description} |" for n in NAMES]
+    return "\n".join(rows) + "\n"
+
+
+# Bucket boundaries in seconds for snapshot durations (the SDK's default ones suit
+# milliseconds).
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_SIZE_BUCKETS = tuple(float(2**k) for k in range(10, 31, 2))  # 1 KiB .. 1 GiB
+_COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+_Info = TypeVar("_Info", bound="RollbackInfo | None")
+_ROOT = otel_context.Context()
+_RECENT_SNAPSHOTS = 128  # span contexts kept so that rollback spans can link to them
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("agentsnap")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
+        return "0"
+
+
+def _tracer_is_sdk(tracer: trace.Tracer) -> bool:
+    # The API's own tracers record nothing: the proxy (no SDK installed yet) and the no-op
+    # one (also what an SDK returns when OTEL_SDK_DISABLED is set).
+    return not isinstance(tracer, trace.ProxyTracer | trace.NoOpTracer)
+
+
+def _meter_is_sdk(meter: metrics.Meter) -> bool:
+    # Same for meters; the API's proxy meter class is private, so it is told by its module.
+    return not (
+        isinstance(meter, metrics.NoOpMeter)
+        or type(meter).__module__.startswith("opentelemetry.metrics")
+    )
+
+
+# -- the recorder ----------------------------------------------------------------------------
+
+
+class Telemetry:
+    """Where a runtime's spans and metrics go: a tracer and a meter, and what to record.
+
+    Give one to [`Runtime`][agentsnap.Runtime] (``Runtime(telemetry=...)``) to use providers
+    of your own, as tests do; by default a runtime uses the global providers when an SDK is
+    installed there, and records nothing otherwise (see [`resolve`][agentsnap.telemetry.resolve]).
+
+    Args:
+        tracer_provider: Makes the spans (default: the global one).
+        meter_provider: Makes the metrics (default: the global one).
+        tracing: Make spans and put the trace context in message headers. By default, when
+            the tracer comes from an SDK (not the API's no-op or proxy tracer).
+
+    Attributes:
+        tracer: The tracer.
+        meter: The meter.
+        tracing: Whether spans are made and the trace context travels in message headers.
+        measuring: Whether the meter comes from an SDK.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracing: bool | None = None,
+    ) -> None:
+        version = _version()
+        self.tracer = trace.get_tracer(SCOPE, version, tracer_provider=tracer_provider)
+        self.meter = metrics.get_meter(SCOPE, version, meter_provider=meter_provider)
+        self.tracing = _tracer_is_sdk(self.tracer) if tracing is None else tracing
+        self.measuring = _meter_is_sdk(self.meter)
+        self._open: dict[str, tuple[Span, float]] = {}
+        self._recent: dict[str, SpanContext] = {}
+        self._rejections: dict[int, SpanContext] = {}
+        self._buses: weakref.WeakSet[Bus] = weakref.WeakSet()
+        meter = self.meter
+        histogram, counter = meter.create_histogram, meter.create_counter
+        self._snapshot_duration = histogram(
+            *_metric_names(METRIC_SNAPSHOT_DURATION),
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+        )
+        self._snapshot_size = histogram(
+            *_metric_names(METRIC_SNAPSHOT_SIZE), explicit_bucket_boundaries_advisory=_SIZE_BUCKETS
+        )
+        self._in_flight = histogram(
+            *_metric_names(METRIC_IN_FLIGHT), explicit_bucket_boundaries_advisory=_COUNT_BUCKETS
+        )
+        self._snapshots = counter(*_metric_names(METRIC_SNAPSHOTS))
+        self._rollbacks = counter(*_metric_names(METRIC_ROLLBACKS))
+        self._tool_calls = counter(*_metric_names(METRIC_TOOL_CALLS))
+        self._deduplicated = counter(*_metric_names(METRIC_DEDUPLICATED))
+        name, unit, description = _metric_names(METRIC_QUEUE_DEPTH)
+        meter.create_observable_gauge(
+            name, [self._observe_queues], unit=unit, description=description
+        )
+
+    @property
+    def live(self) -> bool:
+        """Whether anything is recorded at all (spans, or metrics)."""
+        return self.tracing or self.measuring
+
+    def __repr__(self) -> str:
+        return f"<Telemetry tracing={self.tracing} measuring={self.measuring}>"
+
+    # -- the bus ----------------------------------------------------------------------------
+
+    def watch(self, bus: Bus) -> None:
+        """Report ``bus``'s queue depth until [`unwatch`][agentsnap.telemetry.Telemetry.unwatch]."""
+        self._buses.add(bus)
+
+    def unwatch(self, bus: Bus) -> None:
+        """Stop reporting ``bus``'s queue depth."""
+        self._buses.discard(bus)
+
+    def _observe_queues(self, options: CallbackOptions) -> Iterable[Observation]:
+        # Runs on the metric reader's thread: copy before iterating (a copy of a dict's
+        # values is made under the GIL), and give up this round if a set changed meanwhile.
+        depth: dict[str, int] = {}
+        try:
+            for bus in list(self._buses):
+                for channel in list(bus.channels.values()):
+                    depth[channel.dst] = depth.get(channel.dst, 0) + len(channel.queue)
+        except RuntimeError:
+            return []
+        return [Observation(count, {DESTINATION_NAME: dst}) for dst, count in depth.items()]
+
+    def sent(
+        self, src: str, dst: str, seq: int, kind: str, headers: Mapping[str, str]
+    ) -> Mapping[str, str]:
+        """A message is being sent: make its send span; return its headers with the context."""
+        span = self.tracer.start_span(
+            f"{SPAN_SEND} {dst}",
+            kind=SpanKind.PRODUCER,
+            attributes={
+                MESSAGING_SYSTEM: SCOPE,
+                DESTINATION_NAME: dst,
+                OPERATION_TYPE: "send",
+                MESSAGING_OPERATION_NAME: "send",
+                MESSAGE_ID: f"{src}>{dst}#{seq}",
+                MESSAGE_KIND: kind,
+            },
+        )
+        carrier = dict(headers)
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        span.end()
+        return MappingProxyType(carrier) if carrier else EMPTY_HEADERS
+
+    def handling(self, run_id: str, agent: str, message: Message) -> Handling:
+        """Spans around ``agent`` handling ``message``: ``deliver``, and ``invoke_agent`` in it.
+
+        Use it as a context manager around the handler; the handler runs in the
+        ``invoke_agent`` span's context, so what it sends and the tools it calls are its
+        children.
+        """
+        return Handling(self, run_id, agent, message)
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def snapshot_started(self, handle: SnapshotHandle, run_id: str) -> None:
+        """A snapshot started (in the current context)."""
+        span = self.tracer.start_span(
+            SPAN_SNAPSHOT,
+            attributes={
+                SNAPSHOT_ID: handle.id,
+                SNAPSHOT_SEQ: handle.seq,
+                SNAPSHOT_INITIATOR: handle.initiator,
+                CONVERSATION_ID: run_id,
+            },
+        )
+        self._open[handle.id] = (span, time.perf_counter())
+
+    def snapshot_marker(self, snapshot_id: str, src: str, dst: str) -> None:
+        """A marker of the snapshot was taken off the channel ``src -> dst``."""
+        found = self._open.get(snapshot_id)
+        if found is not None:
+            found[0].add_event(EVENT_MARKER, {CHANNEL: f"{src}>{dst}"})
+
+    def snapshot_recorded(self, snapshot_id: str, process: str) -> None:
+        """``process`` recorded its state for the snapshot."""
+        found = self._open.get(snapshot_id)
+        if found is not None:
+            found[0].add_event(EVENT_RECORDED, {PROCESS: process})
+
+    async def snapshot_written(
+        self, snapshot: Snapshot, handle: SnapshotHandle, write: Awaitable[None]
+    ) -> None:
+        """Await ``write`` (which resolves ``handle``), then end the span and record metrics."""
+        try:
+            await write
+        finally:
+            self._snapshot_done(snapshot, handle)
+
+    def _snapshot_done(self, snapshot: Snapshot, handle: SnapshotHandle) -> None:
+        found = self._open.pop(snapshot.id, None)
+        if found is None:
+            return
+        span, started = found
+        duration = time.perf_counter() - started
+        error: str | None = None
+        if not handle.done():
+            error = "not written"
+        else:
+            try:
+                handle.result()
+            except Exception as exc:  # SnapshotFailed: the protocol or the store failed it
+                error = str(exc)
+        status = "failed" if error is not None else "complete"
+        attributes: dict[str, AttributeValue] = {
+            SNAPSHOT_STATUS: status,
+            SNAPSHOT_DURATION: duration,
+        }
+        if error is None:
+            agents = [name for name in snapshot.agents if name != ENVIRONMENT]
+            in_flight = sum(len(record.messages) for record in snapshot.channels)
+            size = sum(len(cut.state_json.encode()) for cut in snapshot.agents.values()) + sum(
+                len(message.model_dump_json().encode())
+                for record in snapshot.channels
+                for message in record.messages
+            )
+            attributes[SNAPSHOT_AGENTS] = len(agents)
+            attributes[SNAPSHOT_CHANNELS] = sum(len(cut.sent) for cut in snapshot.agents.values())
+            attributes[SNAPSHOT_IN_FLIGHT] = in_flight
+            attributes[SNAPSHOT_BYTES] = size
+            self._snapshot_size.record(size)
+            self._in_flight.record(in_flight)
+            self._recent[snapshot.id] = span.get_span_context()
+            while len(self._recent) > _RECENT_SNAPSHOTS:
+                del self._recent[next(iter(self._recent))]
+        span.set_attributes(attributes)
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+        self._snapshot_duration.record(duration, {SNAPSHOT_STATUS: status})
+        self._snapshots.add(1, {SNAPSHOT_STATUS: status})
+
+    # -- rollbacks --------------------------------------------------------------------------
+
+    def rejected(self, rejection: OutputRejected, span: SpanContext) -> None:
+        """``rejection`` was raised in the handler whose span is ``span``."""
+        self._rejections[id(rejection)] = span
+
+    async def rolling_back(
+        self,
+        work: Awaitable[_Info],
+        run_id: str,
+        *,
+        rejection: OutputRejected | None = None,
+        reason: str = "",
+    ) -> _Info:
+        """Await the rollback ``work`` inside an ``agentsnap.rollback`` span.
+
+        Args:
+            work: The rollback; ``None`` as its result means the retry policy gave up.
+            run_id: The run.
+            rejection: The rejected output it answers (a child of the handler that rejected
+                it), or ``None`` for a rollback on request (in the current context).
+            reason: The reason of a rollback on request.
+        """
+        parent: otel_context.Context | None = None
+        attributes: dict[str, AttributeValue] = {CONVERSATION_ID: run_id}
+        if rejection is not None:
+            found = self._rejections.pop(id(rejection), None)
+            if found is not None:
+                parent = trace.set_span_in_context(NonRecordingSpan(found))
+            attributes[ROLLBACK_REASON] = rejection.reason
+            attributes[ROLLBACK_AGENT] = rejection.agent
+            attributes[ROLLBACK_SOURCE] = rejection.source
+        else:
+            attributes[ROLLBACK_REASON] = reason
+            attributes[ROLLBACK_SOURCE] = "manual"
+        span = self.tracer.start_span(SPAN_ROLLBACK, context=parent, attributes=attributes)
+        try:
+            with trace.use_span(span, record_exception=True, set_status_on_exception=True):
+                info = await work
+            if info is None:
+                span.set_attribute(ROLLBACK_OUTCOME, "exhausted")
+                span.set_status(Status(StatusCode.ERROR, "the retry policy gave up"))
+                return info
+            span.set_attributes(
+                {
+                    ROLLBACK_OUTCOME: "rolled_back",
+                    ROLLBACK_ID: info.id,
+                    ROLLBACK_SNAPSHOT: info.snapshot_id,
+                    ROLLBACK_ATTEMPT: info.attempt,
+                    ROLLBACK_DISCARDED: info.discarded,
+                }
+            )
+            restored = self._recent.get(info.snapshot_id)
+            if restored is not None:
+                span.add_link(restored)
+            self._rollbacks.add(1, {ROLLBACK_SOURCE: info.source})
+            return info
+        finally:
+            span.end()
+
+    # -- tools ------------------------------------------------------------------------------
+
+    def tool_call(
+        self,
+        tool: str,
+        key: str | None,
+        *,
+        side_effect: bool,
+        run_id: str | None,
+        agent: str | None,
+    ) -> ToolCallSpan:
+        """The ``execute_tool`` span of one call (see the module function ``tool_call``)."""
+        return _ToolCall(self, tool, key, side_effect, run_id, agent)
+
+
+def _metric_names(metric: str) -> tuple[str, str, str]:
+    """Name, unit and description of a metric, from the table."""
+    entry = next(n for n in NAMES if n.kind == "metric" and n.name == metric)
+    return entry.name, entry.unit, entry.description
+
+
+class Handling:
+    """The spans of one delivery, made by ``Telemetry.handling``."""
+
+    __slots__ = ("_agent", "_deliver", "_invoke", "_message", "_run_id", "_telemetry", "_token")
+
+    def __init__(self, telemetry: Telemetry, run_id: str, agent: str, message: Message) -> None:
+        self._telemetry = telemetry
+        self._run_id = run_id
+        self._agent = agent
+        self._message = message
+
+    def __enter__(self) -> Span:
+        message = self._message
+        agent = self._agent
+        tracer = self._telemetry.tracer
+        headers = message.headers
+        # The sender's context, from the headers; a message without one starts a trace.
+        parent = propagate.extract(headers, context=_ROOT) if headers else _ROOT
+        self._deliver = deliver = tracer.start_span(
+            f"{SPAN_DELIVER} {agent}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes={
+                MESSAGING_SYSTEM: SCOPE,
+                DESTINATION_NAME: agent,
+                OPERATION_TYPE: "process",
+                MESSAGING_OPERATION_NAME: "deliver",
+                MESSAGE_ID: message.id,
+                MESSAGE_KIND: message.kind,
+                CONVERSATION_ID: self._run_id,
+            },
+        )
+        self._invoke = invoke = tracer.start_span(
+            f"{SPAN_INVOKE_AGENT} {agent}",
+            context=trace.set_span_in_context(deliver, parent),
+            attributes={
+                OPERATION_NAME: "invoke_agent",
+                AGENT_NAME: agent,
+                AGENT_ID: agent,
+                CONVERSATION_ID: self._run_id,
+            },
+        )
+        self._token = otel_context.attach(trace.set_span_in_context(invoke, parent))
+        return invoke
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        otel_context.detach(self._token)
+        invoke = self._invoke
+        deliver = self._deliver
+        if isinstance(exc, OutputRejected):
+            # A control-flow signal, not a failure of this handler: the rollback span that
+            # follows is this span's child.
+            invoke.add_event(
+                EVENT_REJECTED,
+                {
+                    ROLLBACK_AGENT: exc.agent,
+                    ROLLBACK_REASON: exc.reason,
+                    ROLLBACK_SOURCE: exc.source,
+                },
+            )
+            self._telemetry.rejected(exc, invoke.get_span_context())
+        elif isinstance(exc, Exception):
+            error = type(exc).__qualname__
+            invoke.record_exception(exc)
+            for span in (invoke, deliver):
+                span.set_attribute(ERROR_TYPE, error)
+                span.set_status(Status(StatusCode.ERROR, f"{error}: {exc}"))
+        invoke.end()
+        deliver.end()
+
+
+class ToolCallSpan:
+    """What a tool call tells its span; this base class records nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> ToolCallSpan:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    def deduplicated(self, replayed: bool) -> None:
+        """Say whether the ledger answered the call without running the tool."""
+
+
+_NO_TOOL_CALL: Final = ToolCallSpan()
+
+
+class _ToolCall(ToolCallSpan):
+    __slots__ = ("_agent", "_attributes", "_replayed", "_span", "_telemetry", "_token", "_tool")
+
+    def __init__(  # noqa: PLR0917
+        self,
+        telemetry: Telemetry,
+        tool: str,
+        key: str | None,
+        side_effect: bool,
+        run_id: str | None,
+        agent: str | None,
+    ) -> None:
+        self._telemetry = telemetry
+        self._tool = tool
+        self._replayed = False
+        attributes: dict[str, AttributeValue] = {
+            OPERATION_NAME: "execute_tool",
+            TOOL_NAME: tool,
+            TOOL_SIDE_EFFECT: side_effect,
+        }
+        if key is not None:
+            attributes[TOOL_CALL_ID] = key
+        if run_id is not None:
+            attributes[CONVERSATION_ID] = run_id
+        if agent is not None:
+            attributes[AGENT_NAME] = agent
+        self._attributes = attributes
+
+    def __enter__(self) -> ToolCallSpan:
+        self._span = self._telemetry.tracer.start_span(
+            f"{SPAN_EXECUTE_TOOL} {self._tool}", attributes=self._attributes
+        )
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self
+
+    def deduplicated(self, replayed: bool) -> None:
+        self._replayed = replayed
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        otel_context.detach(self._token)
+        span = self._span
+        telemetry = self._telemetry
+        replayed = self._replayed or (isinstance(exc, ToolFailed) and exc.replayed)
+        span.set_attribute(TOOL_DEDUPLICATED, replayed)
+        counted: dict[str, AttributeValue] = {TOOL_NAME: self._tool, TOOL_DEDUPLICATED: replayed}
+        if isinstance(exc, Exception):
+            error = exc.error_type if isinstance(exc, ToolFailed) else type(exc).__qualname__
+            span.record_exception(exc)
+            span.set_attribute(ERROR_TYPE, error)
+            span.set_status(Status(StatusCode.ERROR, str(exc)))
+            counted[ERROR_TYPE] = error
+        span.end()
+        telemetry._tool_calls.add(1, counted)
+        if replayed:
+            telemetry._deduplicated.add(1, {TOOL_NAME: self._tool})
+
+
+def tool_call(
+    telemetry: Telemetry | None,
+    tool: str,
+    key: str | None,
+    *,
+    side_effect: bool,
+    run_id: str | None = None,
+    agent: str | None = None,
+) -> ToolCallSpan:
+    """The ``execute_tool`` span of one tool call, as a context manager; inert without telemetry.
+
+    Call ``deduplicated(replayed)`` on it once the outcome is known; a
+    [`ToolFailed`][agentsnap.ToolFailed] raised through it marks the span failed (and
+    deduplicated when the failure was replayed from the ledger).
+    """
+    if telemetry is None:
+        return _NO_TOOL_CALL
+    return telemetry.tool_call(tool, key, side_effect=side_effect, run_id=run_id, agent=agent)
+
+
+# -- choosing a telemetry --------------------------------------------------------------------
+
+_defaults: dict[tuple[int, int, bool | None], Telemetry] = {}
+
+
+def _default(tracing: bool | None) -> Telemetry:
+    """The telemetry on the global providers (one per providers, so instruments are made once)."""
+    tracer_provider = trace.get_tracer_provider()
+    meter_provider = metrics.get_meter_provider()
+    key = (id(tracer_provider), id(meter_provider), tracing)
+    found = _defaults.get(key)
+    if found is None:
+        found = _defaults[key] = Telemetry(
+            tracer_provider=tracer_provider, meter_provider=meter_provider, tracing=tracing
+        )
+    return found
+
+
+def resolve(option: Telemetry | bool | None) -> Telemetry | None:
+    """The telemetry a runtime uses, or ``None`` when it records nothing.
+
+    Args:
+        option: ``None`` (the default): the global providers, when an SDK is installed
+            there; ``False``: nothing, whatever is installed; ``True``: the global providers,
+            tracing even through the API's no-op tracer; a
+            [`Telemetry`][agentsnap.telemetry.Telemetry]: that one.
+
+    Raises:
+        ConfigurationError: ``option`` is none of these.
+    """
+    if option is None:
+        found = _default(None)
+        return found if found.live else None
+    if option is False:
+        return None
+    if option is True:
+        return _default(True)
+    if isinstance(option, Telemetry):
+        return option
+    raise ConfigurationError(
+        f"telemetry= takes a Telemetry, True, False or None, got {type(option).__name__}"
+    )
+
+
+# -- exporters for programs (the CLI) ---------------------------------------------------------
+
+Exporter = Literal["console", "otlp"]
+
+
+def install_sdk(exporter: Exporter, out: IO[str] | None = None) -> Callable[[], None]:
+    """Install the OpenTelemetry SDK as the global providers, exporting spans and metrics.
+
+    For programs such as ``agentsnap demo --trace``; a library leaves this to the
+    application. The SDK reads the ``OTEL_*`` environment variables as usual (service name,
+    resource attributes, sampler, batch sizes, OTLP endpoint and headers, export interval).
+
+    Args:
+        exporter: ``console`` prints spans and metrics as JSON on ``out``; ``otlp`` sends
+            them with the OTLP exporter (``OTEL_EXPORTER_OTLP_PROTOCOL``: ``http/protobuf``
+            by default, or ``grpc``).
+        out: Where the console exporter writes (default: standard output).
+
+    Returns:
+        A function that flushes and shuts the providers down; call it before exiting.
+
+    Raises:
+        ConfigurationError: The SDK, or the OTLP exporter, is not installed.
+    """
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
+        from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415
+            ConsoleMetricExporter,
+            PeriodicExportingMetricReader,
+        )
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource  # noqa: PLC0415
+        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+        from opentelemetry.sdk.trace.export import (  # noqa: PLC0415
+            BatchSpanProcessor,
+            ConsoleSpanExporter,
+        )
+    except ImportError as exc:
+        raise ConfigurationError(
+            "exporting traces needs the OpenTelemetry SDK: pip install 'agentsnap[otel]'"
+        ) from exc
+    span_exporter: SpanExporter
+    metric_exporter: MetricExporter
+    if exporter == "console":
+        stream = out if out is not None else sys.stdout
+        span_exporter = ConsoleSpanExporter(out=stream)
+        metric_exporter = ConsoleMetricExporter(
+            out=stream, formatter=lambda data: data.to_json(indent=4) + os.linesep
+        )
+    elif exporter == "otlp":
+        span_exporter, metric_exporter = _otlp_exporters()
+    else:
+        raise ConfigurationError(f"unknown exporter {exporter!r}; use console or otlp")
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: SCOPE}))
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=[PeriodicExportingMetricReader(metric_exporter)]
+    )
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(meter_provider)
+
+    def shutdown() -> None:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+    return shutdown
+
+
+def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
+    protocol = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+    )
+    package = "opentelemetry.exporter.otlp.proto." + ("grpc" if protocol == "grpc" else "http")
+    try:
+        traces = importlib.import_module(f"{package}.trace_exporter")
+        measures = importlib.import_module(f"{package}.metric_exporter")
+    except ImportError as exc:
+        raise ConfigurationError(
+            "--trace otlp needs the OTLP exporter: pip install opentelemetry-exporter-otlp"
+        ) from exc
+    span_exporter: SpanExporter = traces.OTLPSpanExporter()
+    metric_exporter: MetricExporter = measures.OTLPMetricExporter()
+    return span_exporter, metric_exporter

@@ -1,0 +1,46 @@
+"""A research team that notices a bad draft and goes back to fix it.
+
+Four agents (planner, researcher, writer, critic) write a short report with a scripted model;
+the critic rejects the first draft for citing no sources, every agent rolls back to the
+researcher's snapshot, the writer gets the reason as feedback, and the second draft passes.
+The workflow itself is ``agentsnap.demo`` (read it: it is short); this program runs it, in
+memory or against the database given with ``--db``, and prints the story, like
+``agentsnap demo`` does.
+
+Run it with:
+
+    python examples/research_team.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from agentsnap import MemoryStore
+from agentsnap.demo import DemoResult, describe, run_demo
+from agentsnap.store.sql import SqlStore
+
+
+async def run(url: str | None) -> DemoResult:
+    store = SqlStore(url) if url else MemoryStore()
+    try:
+        return await run_demo(store)
+    finally:
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", help="keep the run in this database (sqlite:/// or postgresql://)")
+    args = parser.parse_args(argv)
+    result = asyncio.run(run(args.db))
+    print("\n".join(describe(result, args.db)))
+    ok = bool(result.rollbacks) and result.report is not None
+    print("the team recovered from the rejected draft" if ok else "the run did not recover")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

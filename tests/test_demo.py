@@ -1,0 +1,114 @@
+"""``agentsnap demo`` (the README's main command): a rejected draft, a rollback, a good draft."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from click.testing import CliRunner
+
+import agentsnap.models
+from agentsnap import MemoryStore, RunStatus, SnapshotStatus
+from agentsnap.cli import main
+from agentsnap.demo import demo_model, run_demo
+from agentsnap.inspect import export_run
+from agentsnap.store.sql import SqlStore
+from agentsnap.testing import assert_consistent
+
+
+async def test_the_demo_rolls_back_to_the_researchers_snapshot_and_recovers() -> None:
+    store = MemoryStore()
+    model = demo_model(delay=0.01)
+
+    result = await run_demo(store, model)
+
+    assert result.run.status is RunStatus.SUCCEEDED
+    assert [(s.seq, s.initiator, s.status) for s in result.snapshots] == [
+        (1, "$env", SnapshotStatus.COMPLETE),
+        (2, "researcher", SnapshotStatus.COMPLETE),
+    ]
+    for snapshot in result.snapshots:
+        assert_consistent(snapshot)
+    (rollback,) = result.rollbacks
+    assert rollback.snapshot_id == result.snapshots[1].id
+    assert (rollback.agent, rollback.source, rollback.attempt) == ("writer", "critic", 1)
+    assert "cites no sources" in rollback.reason
+    # The researcher's cut holds the notes in flight to the writer, nothing else.
+    cut = result.snapshots[1]
+    assert [(c.src, c.dst, [m.kind for m in c.messages]) for c in cut.channels] == [
+        ("researcher", "writer", ["notes"])
+    ]
+    # The writer started again from the notes, with the critic's reason in its prompt; the
+    # planner and researcher did not run again.
+    writer_prompts = [p for p in model.prompts if p.startswith("Write the report")]
+    assert len(writer_prompts) == 2
+    assert "Feedback: the draft cites no sources" in writer_prompts[1]
+    assert sum(p.startswith("Plan the work") for p in model.prompts) == 1
+    assert sum(p.startswith("Research") for p in model.prompts) == 1
+    assert result.report is not None
+    assert "[1]" in result.report
+    assert result.drafts == [result.report]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'demo.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+def test_agentsnap_demo_tells_the_story_and_stores_the_run(db: str) -> None:
+    result = CliRunner().invoke(main, ["demo", "--db", db])
+
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "  snapshot 2 by researcher: complete" in lines
+    assert any(
+        line.startswith("  rollback to snapshot 2: critic rejected writer's output")
+        for line in lines
+    )
+    assert "final report (succeeded):" in lines
+    assert lines[-2].startswith("run ")
+    assert lines[-2].endswith(f" is stored in {db}")
+    run_id = lines[-2].split()[1]
+    assert lines[-1] == f"inspect it with: agentsnap export {run_id} --db {db}"
+
+    async def stored() -> dict[str, object]:
+        store = SqlStore(db)
+        try:
+            return await export_run(store, run_id)
+        finally:
+            await store.close()
+
+    document = asyncio.run(stored())
+    assert document["run"]["status"] == "succeeded"  # type: ignore[index]
+    (rollback,) = document["rollbacks"]  # type: ignore[misc]
+    assert rollback["agent"] == "writer"
+    assert rollback["attempt"] == 1
+
+
+def test_agentsnap_demo_names_what_a_real_model_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = importlib.import_module
+
+    def without_langchain(name: str, package: str | None = None) -> ModuleType:
+        if name.startswith("langchain"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, package)
+
+    monkeypatch.setattr(agentsnap.models.importlib, "import_module", without_langchain)
+    result = CliRunner().invoke(
+        main, ["demo", "--db", "sqlite://", "--model", "openai:gpt-4o-mini"]
+    )
+    assert result.exit_code == 1
+    assert "needs LangChain: pip install langchain" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_agentsnap_demo_rejects_a_malformed_model_name() -> None:
+    result = CliRunner().invoke(main, ["demo", "--db", "sqlite://", "--model", "gpt"])
+    assert result.exit_code == 1
+    assert "is not of the form provider:model" in result.output

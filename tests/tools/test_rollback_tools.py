@@ -1,0 +1,112 @@
+"""Rollbacks and the ledger: repeated calls get recorded results, abandoned ones are undone.
+
+The ledger is never rolled back. A rejected output takes every agent back to the last
+consistent cut, and the handler that runs again derives the same keys for the calls it
+repeats; the calls the new path does not repeat are compensated when the run ends.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agentsnap import (
+    Agent,
+    AgentState,
+    Context,
+    LedgerEntry,
+    Message,
+    Runtime,
+    ToolCallStatus,
+    tool,
+)
+from agentsnap.tools import Ledger
+
+CHARGES: list[int] = []
+REFUNDS: list[int] = []
+
+
+def refund(entry: LedgerEntry) -> str:
+    REFUNDS.append(entry.arguments["amount"])  # type: ignore[arg-type]
+    return f"refunded {entry.arguments['amount']}"
+
+
+@tool(side_effect=True, name="rollback_charge", compensate=refund)
+async def charge(card: str, amount: int) -> dict[str, int]:
+    CHARGES.append(amount)
+    return {"charge": len(CHARGES), "amount": amount}
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    CHARGES.clear()
+    REFUNDS.clear()
+
+
+class Cashier(Agent[AgentState]):
+    """Charges the order, then reports to the auditor.
+
+    Without feedback it writes a sloppy report (rejected by the check below) and, when
+    ``sloppy_amount`` is set, also charges the wrong amount.
+    """
+
+    def __init__(self, name: str, sloppy_amount: bool) -> None:
+        super().__init__(name)
+        self.sloppy_amount = sloppy_amount
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        amount = message.payload["amount"]
+        careful = bool(ctx.feedback)
+        if self.sloppy_amount and not careful:
+            amount *= 10
+        receipt = await charge(ctx, card="4242", amount=amount)
+        ctx.send("auditor", {"receipt": receipt, "checked": careful}, kind="report")
+
+
+class Auditor(Agent[AgentState]):
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        self.state.memory["report"] = message.payload
+
+
+def checked(message: Message) -> bool | str:
+    return bool(message.payload["checked"]) or "check the receipt before you report it"
+
+
+async def run_shop(ledger: Ledger, *, sloppy_amount: bool) -> Runtime:
+    runtime = Runtime(ledger=ledger)
+    runtime.check("cashier", kind="report", check=checked)
+    async with runtime:
+        runtime.add(Cashier("cashier", sloppy_amount))
+        runtime.add(Auditor("auditor"))
+        runtime.send("cashier", {"amount": 30})
+        await runtime.run_until_idle()
+    return runtime
+
+
+async def test_a_repeated_call_after_a_rollback_gets_the_recorded_result(ledger: Ledger) -> None:
+    runtime = await run_shop(ledger, sloppy_amount=False)
+
+    assert len(runtime.rollbacks) == 1
+    assert CHARGES == [30], "the card was charged once, though the handler ran twice"
+    (call,) = runtime.agents["cashier"].state.tool_calls
+    assert call.status == "replayed"
+    assert runtime.agents["auditor"].state.memory["report"] == {
+        "receipt": {"charge": 1, "amount": 30},
+        "checked": True,
+    }
+    (entry,) = await ledger.list_calls(runtime.run_id)
+    assert (entry.key, entry.status) == (call.key, ToolCallStatus.SUCCEEDED)
+    assert REFUNDS == []
+
+
+async def test_a_call_the_new_path_does_not_repeat_is_compensated_once(ledger: Ledger) -> None:
+    runtime = await run_shop(ledger, sloppy_amount=True)
+
+    assert len(runtime.rollbacks) == 1
+    assert CHARGES == [300, 30], "the new path charged the right amount, under a new key"
+    assert REFUNDS == [300], "the abandoned charge was refunded when the run ended"
+    entries = {entry.arguments["amount"]: entry for entry in await ledger.list_calls()}
+    assert entries[300].status == ToolCallStatus.COMPENSATED
+    assert entries[300].compensation == {"result": "refunded 300"}
+    assert entries[30].status == ToolCallStatus.SUCCEEDED
+    (call,) = runtime.agents["cashier"].state.tool_calls
+    assert call.key == entries[30].key
