@@ -36,6 +36,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from agentsnap.records import JournalMessage, JournalSegment
+from agentsnap.state import compact_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -49,7 +50,7 @@ __all__ = ["Journal", "read_journal"]
 logger = logging.getLogger("agentsnap.journal")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_encode = compact_json
 
 
 class Journal:

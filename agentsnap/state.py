@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticSerializationError
 
@@ -24,6 +25,7 @@ __all__ = [
     "ToolCallRecord",
     "canonical_json",
     "check_round_trip",
+    "compact_json",
     "content_hash",
     "encode_state",
 ]
@@ -117,6 +119,22 @@ def canonical_json(value: JsonValue) -> str:
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
+
+
+_stdlib_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def compact_json(value: JsonValue | tuple[Any, ...]) -> str:
+    """Serialize an already checked JSON value compactly, fast (key order kept).
+
+    orjson is about ten times faster than the standard library; the standard library takes
+    over for what orjson refuses (integers beyond 64 bits). Only for values known to be JSON:
+    unlike ``canonical_json`` it does not reject non-finite floats.
+    """
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return _stdlib_compact.encode(value)
 
 
 def content_hash(text: str) -> str:

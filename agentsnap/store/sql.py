@@ -24,7 +24,6 @@ refused with a message saying how to upgrade it.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import sqlite3
 from collections.abc import Sequence
@@ -50,6 +49,7 @@ from agentsnap.records import (
     Snapshot,
     SnapshotStatus,
 )
+from agentsnap.state import compact_json
 from agentsnap.store.migrate import ensure_schema, sync_url
 from agentsnap.store.sqlite_writer import SnapshotRows, SqliteWriter, Statements
 from agentsnap.store.tables import (
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_URL", "SqlStore", "async_url"]
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_dumps = compact_json
 _KNOWN_BLOBS_MAX = 100_000
 _plain_name = re.compile(r"[\w.$-]*").fullmatch
 
