@@ -1,9 +1,66 @@
-"""Fixtures shared by every test module."""
+"""Fixtures shared by every test module.
+
+``store`` runs a test once per store backend (memory, SQLite, PostgreSQL) and ``sql_store``
+once per SQL backend; each gives a fresh, empty store and closes it after the test. Backends
+are listed one line each in ``BACKENDS``: a factory taking the test's temporary directory.
+PostgreSQL comes from ``AGENTSNAP_TEST_POSTGRES_URL`` and is skipped, with that reason,
+without it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
 import pytest
 from postgres_db import postgres_url_or_skip
+
+from agentsnap.store import MemoryStore, Store
+from agentsnap.store.sql import SqlStore
+
+StoreFactory = Callable[[Path], Store]
+
+
+def make_memory_store(tmp_path: Path) -> Store:
+    return MemoryStore()
+
+
+def make_sqlite_store(tmp_path: Path) -> Store:
+    return SqlStore(f"sqlite:///{tmp_path / 'agentsnap.db'}")
+
+
+def make_postgres_store(tmp_path: Path) -> Store:
+    return SqlStore(postgres_url_or_skip())
+
+
+SQL_BACKENDS = [
+    pytest.param(make_sqlite_store, id="sqlite"),
+    pytest.param(make_postgres_store, id="postgres", marks=pytest.mark.postgres),
+]
+BACKENDS = [pytest.param(make_memory_store, id="memory"), *SQL_BACKENDS]
+
+
+@pytest.fixture(params=BACKENDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """A fresh, empty store of each backend; closed after the test."""
+    factory: StoreFactory = request.param
+    made = factory(tmp_path)
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+async def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
+    """A fresh, empty SqlStore on SQLite and on PostgreSQL; closed after the test."""
+    factory: StoreFactory = request.param
+    made = factory(tmp_path)
+    assert isinstance(made, SqlStore)
+    try:
+        yield made
+    finally:
+        await made.close()
 
 
 @pytest.fixture

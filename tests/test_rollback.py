@@ -12,9 +12,8 @@ import asyncio
 import itertools
 import json
 import random
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -58,40 +57,6 @@ from agentsnap.testing import ScriptedScheduler, SeededScheduler, assert_consist
 T = TypeVar("T")
 
 # -- stores -----------------------------------------------------------------------------------
-
-
-def make_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    """A fresh, empty store; PostgreSQL comes from the ``postgres_url`` fixture (or skips)."""
-    if backend == "memory":
-        return MemoryStore()
-    if backend == "sqlite":
-        return SqlStore(f"sqlite:///{tmp_path / 'agentsnap.db'}")
-    url: str = request.getfixturevalue("postgres_url")
-    return SqlStore(url)
-
-
-POSTGRES = pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)
-
-
-@pytest.fixture(params=["memory", "sqlite", POSTGRES])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    """A fresh, empty store of each backend; closed after the test."""
-    made = make_store(request.param, request, tmp_path)
-    try:
-        yield made
-    finally:
-        await made.close()
-
-
-@pytest.fixture(params=["sqlite", POSTGRES])
-async def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
-    """A fresh, empty SqlStore on SQLite and on PostgreSQL; closed after the test."""
-    made = make_store(request.param, request, tmp_path)
-    assert isinstance(made, SqlStore)
-    try:
-        yield made
-    finally:
-        await made.close()
 
 
 # -- helpers ----------------------------------------------------------------------------------
