@@ -30,12 +30,14 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
             "--deterministic",
         ],
     ],
+    "payments.py": [["--orders", "2"]],
     "research_team.py": [[]],
 }
 
 # What each example prints when all its checks pass.
 SUCCESS: dict[str, str] = {
     "bank_transfers.py": "all snapshots consistent",
+    "payments.py": "every order charged exactly once",
     "research_team.py": "the team recovered from the rejected draft",
 }
 TIMEOUT = 60

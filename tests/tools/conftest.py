@@ -6,38 +6,15 @@ PostgreSQL (``AGENTSNAP_TEST_POSTGRES_URL``, emptied before each test; skipped w
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-import sqlalchemy
+from postgres_db import postgres_url_or_skip
 
 from agentsnap.store.ledger import MemoryLedger
-from agentsnap.store.migrate import sync_url
 from agentsnap.store.sql_ledger import SqlLedger
 from agentsnap.tools import Ledger
-
-POSTGRES_URL_VARIABLE = "AGENTSNAP_TEST_POSTGRES_URL"
-
-
-def reset_postgres(url: str) -> None:
-    """Drop everything in the target database, so each test starts from an empty one."""
-    engine = sqlalchemy.create_engine(sync_url(url))
-    try:
-        with engine.begin() as connection:
-            connection.execute(sqlalchemy.text("DROP SCHEMA public CASCADE"))
-            connection.execute(sqlalchemy.text("CREATE SCHEMA public"))
-    finally:
-        engine.dispose()
-
-
-def postgres_url_or_skip() -> str:
-    url = os.environ.get(POSTGRES_URL_VARIABLE)
-    if not url:
-        pytest.skip(f"{POSTGRES_URL_VARIABLE} is not set: no PostgreSQL to test against")
-    reset_postgres(url)
-    return url
 
 
 def sqlite_url(tmp_path: Path) -> str:
