@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import time
 import uuid
@@ -62,8 +63,9 @@ import tenacity
 from pydantic import BaseModel, ValidationError
 
 from agentsnap.exceptions import ConfigurationError, OutputRejected, RollbackExhausted
-from agentsnap.messages import ENVIRONMENT, Message
+from agentsnap.messages import EMPTY_HEADERS, ENVIRONMENT, Message
 from agentsnap.records import RollbackInfo, Snapshot, SnapshotStatus
+from agentsnap.state import compact_json
 
 if TYPE_CHECKING:
     from agentsnap.agents import Agent
@@ -74,6 +76,7 @@ __all__ = [
     "Check",
     "CheckResult",
     "Guard",
+    "InputLog",
     "OutputCheck",
     "RetryPolicy",
     "RollbackManager",
@@ -239,6 +242,82 @@ class _Site:
         return len(self.reasons)
 
 
+class InputLog:
+    """What the environment sent, kept for replay after a rollback (like a source's log).
+
+    The environment records a cut at one instant, so the messages it sent before a cut are
+    a prefix of this log: the cut's counters, summed, say where it falls. New messages go to
+    ``buffer`` (appending costs a list append); every few hundred, ``seal`` turns them into
+    JSON text, which the garbage collector never has to walk, so a run fed a million inputs
+    does not slow down because of them.
+
+    Attributes:
+        buffer: Messages not sealed yet, oldest first; append new ones here.
+    """
+
+    __slots__ = ("_base", "_sealed", "buffer")
+
+    def __init__(self) -> None:
+        self.buffer: list[Message] = []
+        # (how many messages, their rows as JSON), oldest first; _base is the position in
+        # the run of the first message held.
+        self._sealed: list[tuple[int, str]] = []
+        self._base = 0
+
+    def __len__(self) -> int:
+        return sum(count for count, _ in self._sealed) + len(self.buffer)
+
+    def seal(self) -> None:
+        """Turn the buffered messages into JSON text."""
+        buffer = self.buffer
+        if buffer:
+            rows = [
+                (m.dst, m.seq, m.kind, m.payload, dict(m.headers) if m.headers else None, m.epoch)
+                for m in buffer
+            ]
+            self._sealed.append((len(rows), compact_json(rows)))
+            buffer.clear()
+
+    def forget(self, before: Mapping[str, int] | None) -> None:
+        """Drop what precedes a cut whose environment had sent ``before`` (all if ``None``)."""
+        self.seal()
+        if before is None:
+            self._base += len(self)
+            self._sealed.clear()
+            return
+        drop = sum(before.values()) - self._base
+        while self._sealed and self._sealed[0][0] <= drop:
+            count, _ = self._sealed.pop(0)
+            self._base += count
+            drop -= count
+        if drop > 0 and self._sealed:
+            rows = json.loads(self._sealed[0][1])[drop:]
+            self._sealed[0] = (len(rows), compact_json(rows))
+            self._base += drop
+
+    def after(self, sent: Mapping[str, int]) -> Iterator[Message]:
+        """The messages sent after a cut whose environment had sent ``sent``, in order."""
+        skip = sum(sent.values()) - self._base
+        # Read back with the standard library: orjson would turn integers beyond 64 bits
+        # into floats.
+        for count, text in self._sealed:
+            if skip >= count:
+                skip -= count
+                continue
+            for dst, seq, kind, payload, headers, epoch in json.loads(text)[max(skip, 0) :]:
+                yield Message(
+                    ENVIRONMENT,
+                    dst,
+                    seq,
+                    kind,
+                    payload,
+                    MappingProxyType(headers) if headers else EMPTY_HEADERS,
+                    epoch,
+                )
+            skip = 0
+        yield from self.buffer[max(skip, 0) :]
+
+
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Keep the cycle collector out of the way.
@@ -263,7 +342,7 @@ def restore_cut(
     *,
     initial_states: Mapping[str, str],
     epoch: int,
-    replay: list[Message],
+    replay: InputLog,
 ) -> int:
     """Put every agent and channel back on ``snapshot``'s cut; return the messages dropped.
 
@@ -320,13 +399,12 @@ def restore_cut(
             dropped.discard((record.src, record.dst, kept.seq))
             notify(channel)
     environment = snapshot.agents.get(ENVIRONMENT)
-    for message in replay:
-        if message.seq > (environment.sent.get(message.dst, 0) if environment else 0):
-            channel = bus.channel(bus.environment, message.dst)
-            channel.queue.append(message)
-            channel.sent = message.seq
-            dropped.discard((message.src, message.dst, message.seq))
-            notify(channel)
+    for message in replay.after(environment.sent if environment is not None else {}):
+        channel = bus.channel(bus.environment, message.dst)
+        channel.queue.append(message)
+        channel.sent = message.seq
+        dropped.discard((message.src, message.dst, message.seq))
+        notify(channel)
     return len(dropped)
 
 

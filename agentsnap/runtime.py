@@ -52,6 +52,7 @@ from agentsnap.records import RollbackInfo, RunInfo, RunStatus, Snapshot, Snapsh
 from agentsnap.rollback import (
     Check,
     Guard,
+    InputLog,
     OutputCheck,
     RetryPolicy,
     RollbackManager,
@@ -76,6 +77,7 @@ __all__ = ["Runtime"]
 
 logger = logging.getLogger("agentsnap")
 _now_ns = time.time_ns
+_SEAL_INPUTS_EVERY = 256
 
 
 class Runtime:
@@ -161,8 +163,11 @@ class Runtime:
         self._guards: dict[str, Guard] = {}
         self._checks: dict[str, list[OutputCheck]] = {}
         self._initial: dict[str, str] = {}
-        self._inputs: list[Message] = []
-        self._prune_inputs_at = 1024
+        self._inputs = InputLog()
+        self._input_buffer = self._inputs.buffer
+        # False until the first input, and once the run is closed or stopped: send() then
+        # takes the slow path through _before_input().
+        self._taking_input = False
         self._have_cut = False
         self._status_on_close: RunStatus | None = None
         self._rollbacks = RollbackManager(
@@ -297,6 +302,7 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        self._taking_input = False
         if self._telemetry is not None:
             self._telemetry.unwatch(self._bus)
         if self._timer is not None:
@@ -349,28 +355,35 @@ class Runtime:
             UnknownAgentError: ``to`` is not a registered agent.
             PayloadNotSerializable: ``payload`` is not JSON.
         """
-        if self._closed:
-            self._check_open()
+        if not self._taking_input:
+            self._before_input()
+        message = self._bus.send(self._bus.environment, to, payload, kind, headers)
+        buffer = self._input_buffer
+        buffer.append(message)
+        if len(buffer) >= _SEAL_INPUTS_EVERY:
+            self._prune_inputs()
+        return message
+
+    def _before_input(self) -> None:
+        """The checks ``send`` skips while input flows: closed, stopped, first input."""
+        self._check_open()
         if self._rollbacks.exhausted is not None:
             raise self._rollbacks.exhausted
         if not self._have_cut:
             self._have_cut = True
             if self._policy.at_start and self._snapshots.capture() is None:
                 self._snapshots.begin(None)
-        message = self._bus.send(self._bus.environment, to, payload, kind, headers)
-        inputs = self._inputs
-        inputs.append(message)
-        if len(inputs) >= self._prune_inputs_at:
-            self._prune_inputs()
-        return message
+        self._taking_input = True
 
     def _prune_inputs(self) -> None:
-        """Forget input no rollback target can need (it precedes every target's cut)."""
+        """Seal the buffered input; forget what no rollback target can need."""
         oldest = self._snapshots.oldest_target()
         if oldest is not None:
-            sent = oldest[1]
-            self._inputs = [m for m in self._inputs if m.seq > sent.get(m.dst, 0)]
-        self._prune_inputs_at = max(1024, 2 * len(self._inputs))
+            self._inputs.forget(oldest[1])
+        elif not self._snapshots.active:
+            self._inputs.forget(None)  # no cut to go back to, and none coming
+        else:
+            self._inputs.seal()
 
     def snapshot(self, initiator: str | None = None) -> SnapshotHandle:
         """Start a coordinated snapshot; await the handle for the completed snapshot.
@@ -575,15 +588,16 @@ class Runtime:
         endpoint.busy = True
         rejected: OutputRejected | None = None
         tracing = self._tracing
+        guard = ctx.guard
         try:
             if tracing is None:
                 await ctx.agent.handle(message, ctx)
-                if ctx.guard is not None and ctx.guard.evaluates:
+                if guard is not None and guard.evaluates:
                     await self._evaluate(ctx)
             else:
                 with tracing.handling(self.run_id, endpoint.name, message):
                     await ctx.agent.handle(message, ctx)
-                    if ctx.guard is not None and ctx.guard.evaluates:
+                    if guard is not None and guard.evaluates:
                         await self._evaluate(ctx)
         except OutputRejected as exc:
             rejected = exc
@@ -595,8 +609,8 @@ class Runtime:
         finally:
             endpoint.busy = False
             ctx.message = None
-            if ctx.guard is not None:
-                ctx.guard.outputs.clear()
+            if guard is not None and guard.outputs:
+                guard.outputs.clear()
             if endpoint.record_wanted and rejected is None:
                 snapshots.record(endpoint, endpoint.record_wanted)
         if rejected is not None:
