@@ -313,16 +313,21 @@ class Runtime:
         await self._snapshots.drain()
         if self._journal is not None:
             await self._journal.close()
+        unreconciled: Exception | None = None
         try:
             if self._started:  # effects no final state holds were abandoned by rollbacks
                 await reconcile(self.ledger, self.run_id, [a.state for a in self._agents.values()])
+        except Exception as exc:  # the run's status is still recorded; then it is raised
+            unreconciled = exc
         finally:
             if self._owns_ledger:
                 await self.ledger.close()
         if self._run_created:
             bad = failed or self.failures or self._status_on_close is RunStatus.FAILED
-            status = RunStatus.FAILED if bad else RunStatus.SUCCEEDED
+            status = RunStatus.FAILED if bad or unreconciled else RunStatus.SUCCEEDED
             await self.store.finish_run(self.run_id, status, utcnow())
+        if unreconciled is not None:
+            raise unreconciled
 
     async def __aenter__(self) -> Self:
         await self.start()

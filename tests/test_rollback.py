@@ -29,6 +29,7 @@ from agentsnap import (
     Context,
     Feedback,
     HandlerFailed,
+    LedgerEntry,
     MemoryStore,
     Message,
     NotFoundError,
@@ -45,11 +46,13 @@ from agentsnap import (
     SnapshotPolicy,
     SnapshotStatus,
     Store,
+    StoreError,
     Verdict,
 )
 from agentsnap.inspect import export_run
 from agentsnap.rollback import CheckResult
 from agentsnap.state import encode_state
+from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.sql import SqlStore
 from agentsnap.testing import ScriptedScheduler, SeededScheduler, assert_consistent
@@ -1593,3 +1596,20 @@ async def test_more_input_after_the_retry_policy_gave_up_is_refused() -> None:
 
         with pytest.raises(RunError):
             await more_input()
+
+
+async def test_a_ledger_that_fails_at_close_still_leaves_the_run_status() -> None:
+    class Unreachable(MemoryLedger):
+        async def list_calls(self, run_id: str) -> list[LedgerEntry]:
+            raise StoreError("cannot reach the database: connection refused")
+
+    store = MemoryStore()
+    runtime = Runtime(store=store, ledger=Unreachable())
+    runtime.add(Sink("sink"))
+    runtime.send("sink", "hello")
+    await runtime.run_until_idle()
+    with pytest.raises(StoreError, match="connection refused"):
+        await runtime.close()
+    run = await store.get_run(runtime.run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.finished_at is not None
