@@ -97,6 +97,30 @@ def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
 
 
 @main.command()
+@click.argument("run_id")
+@_DB
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The file to write: .svg, or .html for a page with details on hover.",
+)
+def timeline(run_id: str, db: str, output: str) -> None:
+    """Draw run RUN_ID as a space-time diagram: agents, messages, cuts and rollbacks."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from agentsnap.timeline import FORMATS, load_timeline, render  # noqa: PLC0415
+
+    path = Path(output)
+    if path.suffix.lower() not in FORMATS:
+        raise click.ClickException(f"cannot write {output}: use a .svg or .html file")
+    found = _read(db, lambda store: load_timeline(store, run_id))
+    _guard(lambda: path.write_text(render(found, path.suffix), encoding="utf-8"))
+    click.echo(f"wrote {output}")
+
+
+@main.command()
 @_DB
 @click.option(
     "--model",

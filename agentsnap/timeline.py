@@ -1,0 +1,590 @@
+"""A run as a space-time diagram, in the style of the classic Chandy-Lamport figures.
+
+One horizontal line per process (the environment, ``$env``, included), time flowing left to
+right; messages are arrows from the sender's line at the moment they were sent to the
+receiver's line at the moment they were delivered; each snapshot's cut is a line through the
+points where the processes recorded; rollbacks are vertical bands pointing back to the cut
+they returned to.
+
+Messages come from the run's journal (``Runtime(journal=True)``). A run without a journal is
+drawn from its snapshots alone, with the recording points approximated by the snapshot's
+times, and the diagram says so.
+
+Example:
+    ```python
+    import asyncio
+
+    from agentsnap import MemoryStore, Runtime
+    from agentsnap.timeline import load_timeline, render_svg
+
+    async def main() -> None:
+        store = MemoryStore()
+        async with Runtime(store=store, journal=True) as runtime:
+            await runtime.snapshot()
+        timeline = await load_timeline(store, runtime.run_id)
+        print(render_svg(timeline)[:60])
+
+    asyncio.run(main())
+    ```
+
+The command line writes the same diagram with ``agentsnap timeline RUN -o run.svg`` (or
+``run.html``, a self-contained page showing details on hover).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from html import escape
+from typing import TYPE_CHECKING
+
+from agentsnap.journal import read_journal
+from agentsnap.records import SnapshotStatus
+
+if TYPE_CHECKING:
+    from agentsnap.records import JournalMessage, RollbackInfo, RunInfo, Snapshot
+    from agentsnap.store import Store
+
+__all__ = [
+    "FORMATS",
+    "Timeline",
+    "load_timeline",
+    "recording_times",
+    "render",
+    "render_html",
+    "render_svg",
+]
+
+FORMATS = (".svg", ".html")
+"""The file suffixes [`render`][agentsnap.timeline.render] knows."""
+
+ENVIRONMENT = "$env"
+
+_LEFT = 130  # room for the agents' names
+_RIGHT = 40
+_TOP = 70  # room for the snapshots' labels
+_LANE = 36
+_PLOT_WIDTH = 1200
+_PAYLOAD_EXCERPT = 160
+# Characters XML 1.0 does not allow, even escaped.
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+@dataclass
+class Timeline:
+    """What a diagram of one run is drawn from.
+
+    Attributes:
+        run: The run.
+        snapshots: Its snapshots, in the order they were started.
+        rollbacks: Its rollbacks, oldest first.
+        messages: Its journal, in send order; ``None`` when the run kept no journal.
+    """
+
+    run: RunInfo
+    snapshots: list[Snapshot] = field(default_factory=list)
+    rollbacks: list[RollbackInfo] = field(default_factory=list)
+    messages: list[JournalMessage] | None = None
+
+
+async def load_timeline(store: Store, run_id: str) -> Timeline:
+    """Read what the diagram of run ``run_id`` needs from ``store``.
+
+    Raises:
+        NotFoundError: The store holds no such run.
+    """
+    run = await store.get_run(run_id)
+    snapshots = await store.list_snapshots(run_id)
+    rollbacks = await store.list_rollbacks(run_id)
+    segments = await store.load_journal(run_id)
+    messages = _pair_deliveries(read_journal(segments)) if segments else None
+    return Timeline(run, snapshots, rollbacks, messages)
+
+
+def _pair_deliveries(messages: list[JournalMessage]) -> list[JournalMessage]:
+    """Match each delivery with the latest send before it of its channel and number.
+
+    After a rollback a channel's sequence numbers are used again, so one channel and number
+    can have several sends; a delivery never belongs to a send made after it.
+    """
+    groups: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+    for index, message in enumerate(messages):
+        groups[message.src, message.dst, message.seq].append(index)
+    fixed = list(messages)
+    for indices in groups.values():
+        if len(indices) < 2:
+            continue
+        sends = sorted(indices, key=lambda i: messages[i].sent_at)
+        times = sorted(t for i in indices if (t := messages[i].delivered_at) is not None)
+        paired: dict[int, datetime] = {}
+        for when in times:
+            free = [i for i in sends if i not in paired and messages[i].sent_at <= when]
+            if free:
+                paired[free[-1]] = when
+        for i in indices:
+            delivered_at = paired.get(i)
+            if delivered_at != messages[i].delivered_at:
+                fixed[i] = messages[i].model_copy(update={"delivered_at": delivered_at})
+    return fixed
+
+
+def render(timeline: Timeline, suffix: str, *, max_messages: int = 1000) -> str:
+    """The diagram as the document a file with this suffix (``.svg`` or ``.html``) holds.
+
+    Raises:
+        ValueError: Another suffix.
+    """
+    kind = suffix.lower()
+    if kind == ".svg":
+        return render_svg(timeline, max_messages=max_messages)
+    if kind == ".html":
+        return render_html(timeline, max_messages=max_messages)
+    raise ValueError(
+        f"cannot draw a timeline as {suffix or 'a file without a suffix'!r}: use .svg or .html"
+    )
+
+
+# --- Where each process recorded ----------------------------------------------------------
+
+
+def recording_times(
+    snapshot: Snapshot, messages: list[JournalMessage] | None
+) -> dict[str, tuple[datetime, bool]]:
+    """When each process of ``snapshot`` recorded, and whether the journal says so.
+
+    With a journal, an agent recorded after the delivery numbered ``received[src]`` of each
+    incoming channel and before the one numbered ``received[src] + 1`` (and likewise between
+    its sends numbered ``sent[dst]`` and ``sent[dst] + 1``); the time chosen lies within
+    those bounds and, where they allow, within the snapshot's own start and completion (the
+    earliest such time, as markers travel fast). When
+    the journal does not bound it, the time is approximated from the snapshot (the second
+    item is then ``False``).
+    """
+    start = snapshot.started_at
+    end = snapshot.completed_at or start
+    end = max(end, start)
+    middle = start + (end - start) / 2
+    result: dict[str, tuple[datetime, bool]] = {}
+    sends: dict[tuple[str, str, int], list[datetime]] = defaultdict(list)
+    deliveries: dict[tuple[str, str, int], list[datetime]] = defaultdict(list)
+    for message in messages or []:
+        sends[message.src, message.dst, message.seq].append(message.sent_at)
+        if message.delivered_at is not None:
+            deliveries[message.src, message.dst, message.seq].append(message.delivered_at)
+    for name, cut in snapshot.agents.items():
+        approx = start if name == snapshot.initiator else middle
+        if messages is None:
+            result[name] = (approx, False)
+            continue
+        before: list[list[datetime]] = []
+        after: list[list[datetime]] = []
+        for src, count in cut.received.items():
+            before.append(deliveries.get((src, name, count), []) if count else [])
+            after.append(deliveries.get((src, name, count + 1), []))
+        for dst, count in cut.sent.items():
+            before.append(sends.get((name, dst, count), []) if count else [])
+            after.append(sends.get((name, dst, count + 1), []))
+        # Sequence numbers repeat after a rollback: take the latest event before the
+        # snapshot ended as the lower bound, and the first one after that as the upper.
+        lows = [max((t for t in times if t <= end), default=None) for times in before]
+        low = max((t for t in lows if t is not None), default=None)
+        highs = [
+            min((t for t in times if low is None or t >= low), default=None) for times in after
+        ]
+        high = min((t for t in highs if t is not None), default=None)
+        if low is None and high is None:
+            result[name] = (approx, False)
+            continue
+        lo = max(low, start) if low is not None else start
+        hi = min(high, end) if high is not None else end
+        # Markers travel fast: a process records as early as its own events allow.
+        if lo <= hi:
+            when = lo
+        elif low is not None and high is not None and low <= high:
+            when = low
+        else:
+            when = low if low is not None else high  # type: ignore[assignment]
+        assert when is not None
+        result[name] = (when, True)
+    return result
+
+
+# --- Drawing ------------------------------------------------------------------------------
+
+
+def _text(value: object) -> str:
+    """Escaped text for an element or an attribute."""
+    return escape(_INVALID_XML.sub("\ufffd", str(value)), quote=True)
+
+
+def _excerpt(value: object, limit: int = _PAYLOAD_EXCERPT) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _stamp(when: datetime | None) -> str:
+    return "-" if when is None else when.isoformat(timespec="microseconds")
+
+
+def _agents(timeline: Timeline) -> list[str]:
+    """Every process, the environment first, then in the order they first appear."""
+    seen: dict[str, None] = {ENVIRONMENT: None}
+    for message in timeline.messages or []:
+        seen.setdefault(message.src, None)
+        seen.setdefault(message.dst, None)
+    for snapshot in timeline.snapshots:
+        if snapshot.initiator:
+            seen.setdefault(snapshot.initiator, None)
+        for name in snapshot.agents:
+            seen.setdefault(name, None)
+    for rollback in timeline.rollbacks:
+        if rollback.agent:
+            seen.setdefault(rollback.agent, None)
+    return list(seen)
+
+
+class _Scale:
+    """Maps times to x coordinates."""
+
+    def __init__(self, times: list[datetime], width: float) -> None:
+        self.first = min(times)
+        last = max(times)
+        self.span = max((last - self.first).total_seconds(), 1e-6)
+        self.width = width
+
+    def x(self, when: datetime) -> float:
+        offset = (when - self.first).total_seconds() / self.span
+        return round(_LEFT + min(max(offset, 0.0), 1.0) * self.width, 1)
+
+    def ticks(self, count: int = 8) -> list[tuple[float, str]]:
+        step = self.span / count
+        return [
+            (self.x(self.first + timedelta(seconds=step * i)), f"+{step * i:.3g} s")
+            for i in range(count + 1)
+        ]
+
+
+def _times(timeline: Timeline) -> list[datetime]:
+    times: list[datetime] = []
+    for message in timeline.messages or []:
+        times.append(message.sent_at)
+        if message.delivered_at is not None:
+            times.append(message.delivered_at)
+    for snapshot in timeline.snapshots:
+        times.append(snapshot.started_at)
+        if snapshot.completed_at is not None:
+            times.append(snapshot.completed_at)
+    times.extend(rollback.at for rollback in timeline.rollbacks)
+    if not times:
+        times.append(timeline.run.created_at)
+        if timeline.run.finished_at is not None:
+            times.append(timeline.run.finished_at)
+    return times
+
+
+@dataclass
+class _Arrow:
+    src: str
+    dst: str
+    sent_at: datetime
+    delivered_at: datetime | None
+    tip: str
+    count: int = 1
+
+
+def _arrows(messages: list[JournalMessage], max_messages: int) -> tuple[list[_Arrow], bool]:
+    """One arrow per message, or, past ``max_messages``, one per channel per time bucket."""
+    if len(messages) <= max_messages:
+        return [
+            _Arrow(
+                m.src,
+                m.dst,
+                m.sent_at,
+                m.delivered_at,
+                f"{m.src} → {m.dst} #{m.seq}\nkind: {m.kind}\nepoch: {m.epoch}\n"
+                f"sent: {_stamp(m.sent_at)}\ndelivered: {_stamp(m.delivered_at)}\n"
+                f"payload: {_excerpt(m.payload)}",
+            )
+            for m in messages
+        ], False
+    channels = {(m.src, m.dst) for m in messages}
+    buckets = max(1, min(60, max_messages // max(1, len(channels))))
+    first = min(m.sent_at for m in messages)
+    span = max((max(m.sent_at for m in messages) - first).total_seconds(), 1e-6)
+    groups: dict[tuple[str, str, int], list[JournalMessage]] = defaultdict(list)
+    for m in messages:
+        bucket = min(buckets - 1, int((m.sent_at - first).total_seconds() / span * buckets))
+        groups[m.src, m.dst, bucket].append(m)
+    arrows: list[_Arrow] = []
+    for (src, dst, _), group in sorted(groups.items()):
+        delivered = [m for m in group if m.delivered_at is not None]
+        drawn = delivered or group
+        sent_at = _mean([m.sent_at for m in drawn]) or group[0].sent_at
+        delivered_at = _mean([m.delivered_at for m in delivered if m.delivered_at is not None])
+        kinds = sorted({m.kind for m in group})
+        seqs = [m.seq for m in group]
+        tip = (
+            f"{src} → {dst}: {len(group)} message(s), #{min(seqs)} to #{max(seqs)}\n"
+            f"kinds: {', '.join(kinds[:8])}{' …' if len(kinds) > 8 else ''}\n"
+            f"sent: {_stamp(group[0].sent_at)} … {_stamp(group[-1].sent_at)}\n"
+            f"undelivered: {len(group) - len(delivered)}\n"
+            f"first payload: {_excerpt(group[0].payload)}"
+        )
+        arrows.append(_Arrow(src, dst, sent_at, delivered_at, tip, len(group)))
+    return arrows, True
+
+
+def _mean(times: list[datetime]) -> datetime | None:
+    if not times:
+        return None
+    base = times[0]
+    return base + sum((t - base for t in times), timedelta()) / len(times)
+
+
+def render_svg(timeline: Timeline, *, max_messages: int = 1000) -> str:
+    """The diagram as a standalone SVG document.
+
+    Every element with details carries them in a ``<title>`` (a tooltip in most viewers).
+
+    Args:
+        timeline: What to draw.
+        max_messages: Past this many messages, one arrow is drawn per channel per time
+            bucket, thicker and labelled with the number of messages it stands for.
+    """
+    agents = _agents(timeline)
+    lane = {name: _TOP + i * _LANE for i, name in enumerate(agents)}
+    bottom = _TOP + (len(agents) - 1) * _LANE
+    notes: list[str] = []
+    scale = _Scale(_times(timeline), _PLOT_WIDTH)
+    right = _LEFT + _PLOT_WIDTH
+    by_id = {snapshot.id: snapshot for snapshot in timeline.snapshots}
+    cut_x: dict[str, float] = {}
+
+    out: list[str] = []
+    add = out.append
+    # Time axis and lanes.
+    add('<g class="axis">')
+    for x, label in scale.ticks():
+        add(f'<line class="tick" x1="{x}" y1="{_TOP - 20}" x2="{x}" y2="{bottom + 12}"/>')
+        add(f'<text class="ticklabel" x="{x}" y="{bottom + 26}">{_text(label)}</text>')
+    add("</g>")
+    add('<g class="lanes">')
+    for name in agents:
+        y = lane[name]
+        add(f'<g class="lane"><title>{_text(name)}</title>')
+        add(f'<line x1="{_LEFT}" y1="{y}" x2="{right}" y2="{y}"/>')
+        add(f'<text class="agent" x="{_LEFT - 8}" y="{y + 4}">{_text(name)}</text></g>')
+    add("</g>")
+
+    # Messages.
+    add('<g class="messages">')
+    if timeline.messages is None:
+        notes.append(
+            "This run kept no journal: drawn from its snapshots alone; recording points are "
+            "approximated by the snapshots' times."
+        )
+    else:
+        arrows, aggregated = _arrows(timeline.messages, max_messages)
+        if aggregated:
+            notes.append(
+                f"{len(timeline.messages)} messages aggregated into {len(arrows)} arrows: one "
+                "per channel per time bucket, labelled with its count."
+            )
+        for arrow in arrows:
+            if arrow.src not in lane or arrow.dst not in lane:
+                continue
+            x1, y1 = scale.x(arrow.sent_at), lane[arrow.src]
+            y2 = lane[arrow.dst]
+            width = 1 if arrow.count == 1 else min(6, 1 + arrow.count.bit_length())
+            add(f'<g class="msg"><title>{_text(arrow.tip)}</title>')
+            if arrow.delivered_at is not None:
+                x2 = scale.x(arrow.delivered_at)
+                add(
+                    f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke-width="{width}" '
+                    'marker-end="url(#head)"/>'
+                )
+            else:
+                # Never delivered: a short arrow leaving the sender, ending in a dashed stub.
+                mx, my = min(x1 + 18, right), y1 + (y2 - y1) * 0.25
+                ex, ey = min(x1 + 45, right), y1 + (y2 - y1) * 0.6
+                add(f'<line x1="{x1}" y1="{y1}" x2="{mx}" y2="{my}" stroke-width="{width}"/>')
+                add(
+                    f'<line class="stub" x1="{mx}" y1="{my}" x2="{ex}" y2="{ey}" '
+                    f'stroke-width="{width}"/>'
+                )
+                x2, y2 = ex, int(ey)
+            if arrow.count > 1:
+                add(
+                    f'<text class="count" x="{(x1 + x2) / 2:.1f}" y="{(y1 + y2) / 2 - 3:.1f}">'
+                    f"x{arrow.count}</text>"
+                )
+            add("</g>")
+    add("</g>")
+
+    # Cuts.
+    add('<g class="cuts">')
+    for snapshot in timeline.snapshots:
+        complete = snapshot.status == SnapshotStatus.COMPLETE
+        points = recording_times(snapshot, timeline.messages)
+        placed = sorted(
+            ((lane[name], scale.x(when), derived) for name, (when, derived) in points.items()),
+        )
+        if not placed:
+            x = scale.x(snapshot.started_at)
+            placed = [(_TOP - 10, x, False), (bottom + 10, x, False)]
+        cls = "cut" if complete else "cut failed"
+        tip = (
+            f"snapshot {snapshot.seq} ({snapshot.status.value})\nid: {snapshot.id}\n"
+            f"initiator: {snapshot.initiator}\nstarted: {_stamp(snapshot.started_at)}\n"
+            f"completed: {_stamp(snapshot.completed_at)}"
+        )
+        if snapshot.error:
+            tip += f"\nerror: {snapshot.error}"
+        approximated = [name for name, (_, derived) in points.items() if not derived]
+        if approximated and timeline.messages is not None:
+            tip += f"\napproximated by time: {', '.join(sorted(approximated))}"
+        top_x = placed[0][1]
+        cut_x[snapshot.id] = top_x
+        path = " ".join(f"{x},{y}" for y, x, _ in placed)
+        add(f'<g class="{cls}"><title>{_text(tip)}</title>')
+        add(f'<polyline points="{top_x},{_TOP - 16} {path} {placed[-1][1]},{bottom + 10}"/>')
+        for y, x, derived in placed:
+            if y in lane.values():
+                add(
+                    f'<circle class="{"rec" if derived else "rec approx"}" '
+                    f'cx="{x}" cy="{y}" r="3.5"/>'
+                )
+        label = f"S{snapshot.seq}" + ("" if complete else " (failed)")
+        add(f'<text class="cutlabel" x="{top_x}" y="{_TOP - 20}">{_text(label)}</text></g>')
+    add("</g>")
+
+    # Rollbacks.
+    add('<g class="rollbacks">')
+    for index, rollback in enumerate(timeline.rollbacks):
+        x = scale.x(rollback.at)
+        target = by_id.get(rollback.snapshot_id)
+        where = f"S{target.seq}" if target else rollback.snapshot_id[:8]
+        tip = (
+            f"rollback to {where}\nreason: {rollback.reason}\nagent: {rollback.agent or '-'}\n"
+            f"source: {rollback.source} (attempt {rollback.attempt})\n"
+            f"discarded: {rollback.discarded} message(s)\nat: {_stamp(rollback.at)}"
+        )
+        add(f'<g class="rollback"><title>{_text(tip)}</title>')
+        add(f'<rect x="{x - 4}" y="{_TOP - 14}" width="8" height="{bottom - _TOP + 28}" rx="2"/>')
+        if target is not None and target.id in cut_x:
+            tx = cut_x[target.id]
+            lift = 48 + (index % 3) * 6
+            add(
+                f'<path class="back" d="M{x},{_TOP - 14} C{x},{_TOP - lift} {tx},{_TOP - lift} '
+                f'{tx},{_TOP - 30}" marker-end="url(#back)"/>'
+            )
+        reason = rollback.reason if len(rollback.reason) <= 60 else rollback.reason[:59] + "…"
+        label_y = bottom + 44 + (index % 4) * 14
+        add(
+            f'<text class="rblabel" x="{x}" y="{label_y}">'
+            f"{_text(f'rollback → {where}: {reason}')}</text></g>"
+        )
+    add("</g>")
+
+    height = bottom + 44 + min(4, len(timeline.rollbacks)) * 14 + 16 + len(notes) * 16
+    note_y = bottom + 44 + min(4, len(timeline.rollbacks)) * 14 + 8
+    for note in notes:
+        add(f'<text class="note" x="{_LEFT}" y="{note_y}">{_text(note)}</text>')
+        note_y += 16
+    width = right + _RIGHT
+    title = f"run {timeline.run.id} ({timeline.run.status.value})"
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" '
+        'font-size="11">'
+        f"<title>{_text(title)}</title>"
+        f"<style>{_SVG_STYLE}</style>"
+        "<defs>"
+        '<marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
+        'fill="#36c"/></marker>'
+        '<marker id="back" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
+        'fill="#c33"/></marker>'
+        "</defs>"
+        f'<text class="title" x="{_LEFT}" y="16">{_text(title)}</text>'
+    )
+    return head + "".join(out) + "</svg>\n"
+
+
+_SVG_STYLE = """
+.tick{stroke:#eee}.ticklabel{fill:#888;text-anchor:middle;font-size:10px}
+.lane line{stroke:#444;stroke-width:1.5}.agent{text-anchor:end;font-weight:bold;fill:#222}
+.msg line{stroke:#36c;opacity:.75}.msg .stub{stroke-dasharray:3 3}
+.count{fill:#36c;font-size:9px;text-anchor:middle}
+.cut polyline{fill:none;stroke:#e80;stroke-width:2}.cut circle{fill:#e80}
+.cut circle.approx{fill:#fff;stroke:#e80}
+.cut.failed{opacity:.3}.cut.failed polyline{stroke-dasharray:5 4}
+.cutlabel{fill:#b60;font-weight:bold;text-anchor:middle}
+.rollback rect{fill:#c33;opacity:.18}.rollback .back{fill:none;stroke:#c33;stroke-dasharray:4 3}
+.rblabel{fill:#c33;font-size:10px}.note{fill:#666;font-style:italic}
+.title{font-size:13px;font-weight:bold}
+"""
+
+_HTML = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body{{font-family:sans-serif;margin:16px;color:#222}}
+#tip{{position:fixed;display:none;pointer-events:none;background:#fffbe6;border:1px solid #cc9;
+padding:6px 8px;font:12px monospace;white-space:pre-wrap;max-width:520px;
+box-shadow:0 2px 6px rgba(0,0,0,.2)}}
+.hover line,.hover polyline{{stroke-width:3}}
+</style>
+</head>
+<body>
+<h1 style="font-size:16px">{title}</h1>
+<p style="font-size:12px;color:#666">Hover over a message, a cut or a rollback for details.</p>
+{svg}
+<div id="tip"></div>
+<script>
+(function () {{
+  var tip = document.getElementById("tip");
+  var items = document.querySelectorAll("svg .msg, svg .cut, svg .rollback, svg .lane");
+  items.forEach(function (el) {{
+    var title = el.querySelector("title");
+    if (!title) return;
+    el.dataset.tip = title.textContent;
+    title.remove();
+    el.addEventListener("mouseenter", function () {{
+      tip.textContent = el.dataset.tip;
+      tip.style.display = "block";
+      el.classList.add("hover");
+    }});
+    el.addEventListener("mousemove", function (ev) {{
+      tip.style.left = (ev.clientX + 14) + "px";
+      tip.style.top = (ev.clientY + 14) + "px";
+    }});
+    el.addEventListener("mouseleave", function () {{
+      tip.style.display = "none";
+      el.classList.remove("hover");
+    }});
+  }});
+}})();
+</script>
+</body>
+</html>
+"""
+
+
+def render_html(timeline: Timeline, *, max_messages: int = 1000) -> str:
+    """The diagram as one self-contained HTML page (inline SVG, CSS and script, no network).
+
+    Hovering over a message, a cut or a rollback shows its details.
+    """
+    svg = render_svg(timeline, max_messages=max_messages)
+    title = _text(f"agentsnap timeline: run {timeline.run.id}")
+    return _HTML.format(title=title, svg=svg)
