@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import IO, TYPE_CHECKING, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -208,6 +208,211 @@ def resolve_tool_call(key: str, db: str, result: str | None, error: str | None) 
     else:
         entry = _ledger(db, lambda ledger: resolve(ledger, key, error=error))
     click.echo(f"{entry.key}: {entry.status.value}")
+
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+@main.command()
+@_DB
+@_JSON
+def runs(db: str, as_json: bool) -> None:
+    """List every run, oldest first: id, status, created, snapshots, parent."""
+    from agentsnap.inspect import runs_table  # noqa: PLC0415
+
+    rows = _read(db, runs_table)
+    if as_json:
+        _print_json(rows)
+        return
+    _print_table(
+        ["ID", "STATUS", "CREATED", "SNAPSHOTS", "PARENT"],
+        [
+            [r["id"], r["status"], _when(r["created_at"]), r["snapshots"], r["parent_run_id"]]
+            for r in rows
+        ],
+    )
+
+
+@main.command()
+@click.argument("run_id")
+@_DB
+@_JSON
+def snapshots(run_id: str, db: str, as_json: bool) -> None:
+    """List the snapshots of run RUN_ID (or a unique prefix of it)."""
+    from agentsnap.inspect import snapshots_table  # noqa: PLC0415
+
+    rows = _read(db, lambda store: snapshots_table(store, run_id))
+    if as_json:
+        _print_json(rows)
+        return
+    _print_table(
+        ["SEQ", "ID", "STATUS", "INITIATOR", "STARTED", "AGENTS", "IN-FLIGHT"],
+        [
+            [
+                r["seq"],
+                r["id"],
+                r["status"],
+                r["initiator"],
+                _when(r["started_at"]),
+                ",".join(r["agents"]),
+                r["in_flight"],
+            ]
+            for r in rows
+        ],
+    )
+
+
+@main.command()
+@click.argument("snapshot_id")
+@_DB
+@click.option("--agent", default=None, help="Only this agent and its channels.")
+@_JSON
+def show(snapshot_id: str, db: str, agent: str | None, as_json: bool) -> None:
+    """Print snapshot SNAPSHOT_ID: each agent's state and counters, messages in flight."""
+    from agentsnap.inspect import show_snapshot  # noqa: PLC0415
+
+    doc = _read(db, lambda store: show_snapshot(store, snapshot_id, agent))
+    if as_json:
+        _print_json(doc)
+        return
+    click.echo(
+        f"snapshot {doc['id']}  run {doc['run_id']}  seq {doc['seq']}  {doc['status']}  "
+        f"by {doc['initiator']}  started {_when(doc['started_at'])}"
+    )
+    if doc["error"]:
+        click.echo(f"error: {doc['error']}")
+    for name, cut in doc["agents"].items():
+        click.echo(f"agent {name}  (state {cut['state_hash'][:12]})")
+        click.echo(f"  sent: {_counters(cut['sent'])}")
+        click.echo(f"  received: {_counters(cut['received'])}")
+        for key, value in cut["state"].items():
+            click.echo(f"  {key}: {_value(value)}")
+    messages = [(c["src"], c["dst"], m) for c in doc["channels"] for m in c["messages"]]
+    click.echo(f"in flight: {len(messages)}")
+    for src, dst, m in messages:
+        click.echo(f"  {src} -> {dst} #{m['seq']} {m['kind']}: {_value(m['payload'])}")
+
+
+@main.command()
+@click.argument("snapshot_a")
+@click.argument("snapshot_b")
+@_DB
+@click.option("--agent", default=None, help="Only this agent.")
+@_JSON
+def diff(snapshot_a: str, snapshot_b: str, db: str, agent: str | None, as_json: bool) -> None:
+    """Show how each agent's state changed from SNAPSHOT_A to SNAPSHOT_B."""
+    from agentsnap.inspect import diff_snapshots  # noqa: PLC0415
+
+    doc = _read(db, lambda store: diff_snapshots(store, snapshot_a, snapshot_b, agent))
+    if as_json:
+        _print_json(doc)
+        return
+    click.echo(f"diff {doc['a']} -> {doc['b']}")
+    for entry in doc["agents"]:
+        click.echo(f"agent {entry['agent']}: {entry['change']}")
+        for line in _diff_lines(entry):
+            click.echo(f"  {line}")
+
+
+@main.command()
+@click.argument("run_id")
+@_DB
+@click.option("--agent", required=True, help="The agent to follow.")
+@_JSON
+def history(run_id: str, db: str, agent: str, as_json: bool) -> None:
+    """Show one agent's state across the snapshots of RUN_ID, and what changed each time."""
+    from agentsnap.inspect import agent_history_table  # noqa: PLC0415
+
+    rows = _read(db, lambda store: agent_history_table(store, run_id, agent))
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        click.echo(
+            f"snapshot {row['seq']}  {row['snapshot_id']}  {_when(row['completed_at'])}  "
+            f"state {row['state_hash'][:12]}"
+        )
+        if row["changes"] is None:
+            for key, value in row["state"].items():
+                click.echo(f"  {key}: {_value(value)}")
+        else:
+            lines = _diff_lines(row["changes"])
+            for line in lines or ["(unchanged)"]:
+                click.echo(f"  {line}")
+
+
+@main.command()
+@click.argument("run_id")
+@_DB
+@_JSON
+def rollbacks(run_id: str, db: str, as_json: bool) -> None:
+    """List the rollbacks of run RUN_ID: when, to which snapshot, whose output, why."""
+    from agentsnap.inspect import rollbacks_table  # noqa: PLC0415
+
+    rows = _read(db, lambda store: rollbacks_table(store, run_id))
+    if as_json:
+        _print_json(rows)
+        return
+    _print_table(
+        ["AT", "SNAPSHOT", "AGENT", "SOURCE", "ATTEMPT", "DISCARDED", "REASON"],
+        [
+            [
+                _when(r["at"]),
+                r["snapshot_id"],
+                r["agent"],
+                r["source"],
+                r["attempt"],
+                r["discarded"],
+                r["reason"],
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _print_json(value: object) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _print_table(headers: list[str], rows: list[list[object]]) -> None:
+    cells = [headers, *[["-" if c is None else str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _when(moment: str | None) -> str:
+    return "-" if moment is None else moment[:19].replace("T", " ")
+
+
+def _counters(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name}={n}" for name, n in sorted(counts.items())) or "-"
+
+
+def _value(value: object, limit: int = 200) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _diff_lines(diff: dict[str, Any]) -> list[str]:
+    lines = []
+    for part in ("memory", "tool_calls", "fields"):
+        prefix = "" if part == "fields" else f"{part}."
+        changes = diff[part]
+        lines += [f"+ {prefix}{k}: {_value(v)}" for k, v in changes["added"].items()]
+        lines += [f"- {prefix}{k}: {_value(v)}" for k, v in changes["removed"].items()]
+        lines += [
+            f"~ {prefix}{k}: {_value(v['old'])} -> {_value(v['new'])}"
+            for k, v in changes["changed"].items()
+        ]
+    for step in diff["plan"]:
+        if step["change"] == "added":
+            lines.append(f"+ plan[{step['index']}]: {_value(step['new'])}")
+        elif step["change"] == "removed":
+            lines.append(f"- plan[{step['index']}]: {_value(step['old'])}")
+        else:
+            lines.append(f"~ plan[{step['index']}]: {_value(step['old'])} -> {_value(step['new'])}")
+    return lines
 
 
 def _ledger(db: str, action: Callable[[Ledger], Awaitable[T]]) -> T:

@@ -23,8 +23,9 @@ The export document is described, key by key, in ``docs/reference/export.md``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from agentsnap.exceptions import NotFoundError
 from agentsnap.journal import read_journal
 from agentsnap.store.ledger import ledger_for
 
@@ -35,7 +36,22 @@ if TYPE_CHECKING:
     from agentsnap.store import Store
     from agentsnap.tools import Ledger, LedgerEntry
 
-__all__ = ["EXPORT_FORMAT", "export_run"]
+__all__ = [
+    "EXPORT_FORMAT",
+    "agent_history_table",
+    "diff_snapshots",
+    "diff_states",
+    "export_run",
+    "is_empty_diff",
+    "resolve_run",
+    "resolve_snapshot",
+    "rollbacks_table",
+    "runs_table",
+    "show_snapshot",
+    "snapshots_table",
+]
+
+_T = TypeVar("_T")
 
 EXPORT_FORMAT = 1
 """Version of the export document's layout, in its ``"format"`` key."""
@@ -180,3 +196,280 @@ def _message(message: JournalMessage) -> dict[str, Any]:
         "sent_at": _time(message.sent_at),
         "delivered_at": _time(message.delivered_at),
     }
+
+
+# --- Inspection: listings, one snapshot, diffs and histories (behind the CLI's commands) ---
+
+
+async def resolve_run(store: Store, prefix: str) -> RunInfo:
+    """The run whose id is ``prefix`` or starts with it.
+
+    Raises:
+        NotFoundError: No run's id starts with ``prefix``, or several do (the message
+            lists them).
+    """
+    try:
+        return await store.get_run(prefix)
+    except NotFoundError:
+        pass
+    runs = await store.list_runs()
+    return _one("run", prefix, [(run.id, run) for run in runs])
+
+
+async def resolve_snapshot(store: Store, prefix: str) -> Snapshot:
+    """The snapshot whose id is ``prefix`` or starts with it (in any run).
+
+    Raises:
+        NotFoundError: No snapshot's id starts with ``prefix``, or several do.
+    """
+    try:
+        return await store.load_snapshot(prefix)
+    except NotFoundError:
+        pass
+    found: list[tuple[str, Snapshot]] = []
+    if prefix:
+        for run in await store.list_runs():
+            found += [(s.id, s) for s in await store.list_snapshots(run.id) if s.id]
+    return _one("snapshot", prefix, found)
+
+
+def _one(what: str, prefix: str, candidates: list[tuple[str, _T]]) -> _T:
+    matches = sorted(
+        ((ident, item) for ident, item in candidates if prefix and ident.startswith(prefix)),
+        key=lambda pair: pair[0],
+    )
+    if not matches:
+        raise NotFoundError(what, prefix)
+    if len(matches) > 1:
+        names = ", ".join(ident for ident, _ in matches[:10])
+        more = f" and {len(matches) - 10} more" if len(matches) > 10 else ""
+        raise NotFoundError(
+            what, prefix, f"{what} id prefix {prefix!r} is ambiguous: {names}{more}"
+        )
+    return matches[0][1]
+
+
+async def runs_table(store: Store) -> list[dict[str, Any]]:
+    """Every run, oldest first: id, status, times, snapshot count and parent."""
+    return [
+        {
+            "id": run.id,
+            "status": run.status.value,
+            "created_at": _time(run.created_at),
+            "finished_at": _time(run.finished_at),
+            "snapshots": len(await store.list_snapshots(run.id)),
+            "parent_run_id": run.parent_run_id,
+            "parent_snapshot_id": run.parent_snapshot_id,
+        }
+        for run in await store.list_runs()
+    ]
+
+
+async def snapshots_table(store: Store, run_prefix: str) -> list[dict[str, Any]]:
+    """The snapshots of a run (id or unique prefix), in the order they were started.
+
+    Raises:
+        NotFoundError: No such run, or the prefix is ambiguous.
+    """
+    run = await resolve_run(store, run_prefix)
+    return [
+        {
+            "seq": s.seq,
+            "id": s.id,
+            "run_id": s.run_id,
+            "status": s.status.value,
+            "initiator": s.initiator,
+            "started_at": _time(s.started_at),
+            "completed_at": _time(s.completed_at),
+            "agents": sorted(s.agents),
+            "in_flight": sum(len(c.messages) for c in s.channels),
+            "error": s.error,
+        }
+        for s in await store.list_snapshots(run.id)
+    ]
+
+
+async def rollbacks_table(store: Store, run_prefix: str) -> list[dict[str, Any]]:
+    """The rollbacks of a run (id or unique prefix), oldest first.
+
+    Raises:
+        NotFoundError: No such run, or the prefix is ambiguous.
+    """
+    run = await resolve_run(store, run_prefix)
+    return [_rollback(r) for r in await store.list_rollbacks(run.id)]
+
+
+async def show_snapshot(
+    store: Store, snapshot_prefix: str, agent: str | None = None
+) -> dict[str, Any]:
+    """One snapshot: its agents' states and counters and the messages in flight.
+
+    With ``agent``, only that agent's part and the channels into or out of it.
+
+    Raises:
+        NotFoundError: No such snapshot (or the prefix is ambiguous), or the snapshot did
+            not record ``agent``.
+    """
+    snapshot = await resolve_snapshot(store, snapshot_prefix)
+    document = _snapshot(snapshot)
+    document["run_id"] = snapshot.run_id
+    if agent is not None:
+        if agent not in snapshot.agents:
+            raise NotFoundError(
+                "agent", agent, f"snapshot {snapshot.id} recorded no agent {agent!r}"
+            )
+        document["agents"] = {agent: document["agents"][agent]}
+        document["channels"] = [c for c in document["channels"] if agent in (c["src"], c["dst"])]
+    return document
+
+
+async def diff_snapshots(
+    store: Store, a_prefix: str, b_prefix: str, agent: str | None = None
+) -> dict[str, Any]:
+    """What changed in each agent's state from snapshot A to snapshot B.
+
+    Each agent's entry says whether it was ``"added"``, ``"removed"``, ``"changed"`` or
+    ``"unchanged"`` and, field by field, what differs (see ``diff_states``).
+
+    Raises:
+        NotFoundError: No such snapshot (or a prefix is ambiguous), or neither snapshot
+            recorded ``agent``.
+    """
+    a = await resolve_snapshot(store, a_prefix)
+    b = await resolve_snapshot(store, b_prefix)
+    names = sorted(set(a.agents) | set(b.agents))
+    if agent is not None:
+        if agent not in names:
+            raise NotFoundError(
+                "agent", agent, f"snapshots {a.id} and {b.id} recorded no agent {agent!r}"
+            )
+        names = [agent]
+    agents = []
+    for name in names:
+        old = a.agents.get(name)
+        new = b.agents.get(name)
+        if old is None:
+            change = "added"
+        elif new is None:
+            change = "removed"
+        elif old.state_hash == new.state_hash:
+            change = "unchanged"
+        else:
+            change = "changed"
+        agents.append(
+            {
+                "agent": name,
+                "change": change,
+                **diff_states(
+                    None if old is None else old.state, None if new is None else new.state
+                ),
+            }
+        )
+    return {"a": a.id, "b": b.id, "agents": agents}
+
+
+async def agent_history_table(store: Store, run_prefix: str, agent: str) -> list[dict[str, Any]]:
+    """One agent's state in each complete snapshot of a run, with what changed each time.
+
+    ``"changes"`` is ``None`` for the first entry, else the ``diff_states`` from the
+    previous entry.
+
+    Raises:
+        NotFoundError: No such run (or the prefix is ambiguous), or no snapshot of the run
+            recorded the agent.
+    """
+    run = await resolve_run(store, run_prefix)
+    rows = []
+    previous: dict[str, Any] | None = None
+    for version in await store.agent_history(run.id, agent):
+        state = version.cut.state
+        rows.append(
+            {
+                "snapshot_id": version.snapshot_id,
+                "seq": version.snapshot_seq,
+                "completed_at": _time(version.completed_at),
+                "state_hash": version.cut.state_hash,
+                "state": state,
+                "sent": version.cut.sent,
+                "received": version.cut.received,
+                "changes": None if previous is None else diff_states(previous, state),
+            }
+        )
+        previous = state
+    return rows
+
+
+_STATE_PARTS = ("memory", "plan", "tool_calls")
+
+
+def diff_states(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dict[str, Any]:
+    """A structured diff of two agent states (``None`` for a missing one).
+
+    Returns:
+        ``{"memory": M, "plan": P, "tool_calls": M, "fields": M}`` where each ``M`` is
+        ``{"added": {key: value}, "removed": {key: value}, "changed": {key: {"old": ...,
+        "new": ...}}}`` (tool calls keyed by their idempotency key, else ``#index``;
+        ``fields`` for every other state field) and ``P`` is a list of ``{"index": i,
+        "change": "added" | "removed" | "changed", "old": step, "new": step}``.
+    """
+    old = old or {}
+    new = new or {}
+    others = sorted((set(old) | set(new)) - set(_STATE_PARTS))
+    old_plan = _as_list(old.get("plan"))
+    new_plan = _as_list(new.get("plan"))
+    plan = []
+    for index in range(max(len(old_plan), len(new_plan))):
+        before = old_plan[index] if index < len(old_plan) else None
+        after = new_plan[index] if index < len(new_plan) else None
+        if before == after:
+            continue
+        change = (
+            "added"
+            if index >= len(old_plan)
+            else "removed"
+            if index >= len(new_plan)
+            else "changed"
+        )
+        plan.append({"index": index, "change": change, "old": before, "new": after})
+    return {
+        "memory": _diff_mapping(_as_dict(old.get("memory")), _as_dict(new.get("memory"))),
+        "plan": plan,
+        "tool_calls": _diff_mapping(
+            _by_key(_as_list(old.get("tool_calls"))), _by_key(_as_list(new.get("tool_calls")))
+        ),
+        "fields": _diff_mapping(
+            {k: old[k] for k in others if k in old}, {k: new[k] for k in others if k in new}
+        ),
+    }
+
+
+def is_empty_diff(diff: dict[str, Any]) -> bool:
+    """Whether a ``diff_states`` result records no change at all."""
+    mappings = [diff[part] for part in ("memory", "tool_calls", "fields")]
+    return not diff["plan"] and not any(any(m.values()) for m in mappings)
+
+
+def _diff_mapping(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "added": {k: new[k] for k in sorted(new) if k not in old},
+        "removed": {k: old[k] for k in sorted(old) if k not in new},
+        "changed": {
+            k: {"old": old[k], "new": new[k]} for k in sorted(old) if k in new and old[k] != new[k]
+        },
+    }
+
+
+def _as_list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _as_dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _by_key(calls: list[Any]) -> dict[str, Any]:
+    keyed: dict[str, Any] = {}
+    for index, call in enumerate(calls):
+        key = call.get("key") if isinstance(call, dict) else None
+        keyed[key if isinstance(key, str) and key not in keyed else f"#{index}"] = call
+    return keyed
