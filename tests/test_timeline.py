@@ -6,6 +6,8 @@ import asyncio
 import functools
 import html
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -282,3 +284,23 @@ def test_cli_bad_suffix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert len(done.output.strip().splitlines()) == 1
     assert ".svg or .html" in done.output
     assert not out.exists()
+
+
+def test_the_png_script_says_when_chromium_is_missing(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parent.parent / "scripts" / "render_timeline.py"
+    if not script.is_file():
+        pytest.skip("scripts/ is not part of this copy")
+    page = tmp_path / "run.html"
+    page.write_text(render_html(Timeline(RunInfo(id="0" * 32))), encoding="utf-8")
+    missing = tmp_path / "no-such-chromium"
+    command = [sys.executable, str(script), str(page), "-o", str(tmp_path / "run.png")]
+    done = subprocess.run(
+        [*command, "--chromium", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "Chromium not found" in done.stderr
+    assert not (tmp_path / "run.png").exists()
