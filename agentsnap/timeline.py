@@ -41,6 +41,7 @@ from datetime import datetime, timedelta
 from html import escape
 from typing import TYPE_CHECKING
 
+from agentsnap.inspect import resolve_run
 from agentsnap.journal import read_journal
 from agentsnap.records import SnapshotStatus
 
@@ -91,15 +92,15 @@ class Timeline:
 
 
 async def load_timeline(store: Store, run_id: str) -> Timeline:
-    """Read what the diagram of run ``run_id`` needs from ``store``.
+    """Read what the diagram of run ``run_id`` (or a unique prefix of it) needs from ``store``.
 
     Raises:
-        NotFoundError: The store holds no such run.
+        NotFoundError: No run's id starts with ``run_id``, or several do.
     """
-    run = await store.get_run(run_id)
-    snapshots = await store.list_snapshots(run_id)
-    rollbacks = await store.list_rollbacks(run_id)
-    segments = await store.load_journal(run_id)
+    run = await resolve_run(store, run_id)
+    snapshots = await store.list_snapshots(run.id)
+    rollbacks = await store.list_rollbacks(run.id)
+    segments = await store.load_journal(run.id)
     messages = _pair_deliveries(read_journal(segments)) if segments else None
     return Timeline(run, snapshots, rollbacks, messages)
 

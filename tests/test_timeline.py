@@ -257,7 +257,7 @@ def test_cli_writes_the_diagram(
     db = f"sqlite:///{tmp_path / 'runs.db'}"
     run_id = sql_demo(db, monkeypatch)
     out = tmp_path / f"run{suffix}"
-    done = CliRunner().invoke(main, ["timeline", run_id, "--db", db, "-o", str(out)])
+    done = CliRunner().invoke(main, ["timeline", run_id[:8], "--db", db, "-o", str(out)])
     assert done.exit_code == 0, done.output
     document = out.read_text(encoding="utf-8")
     assert "researcher" in document
