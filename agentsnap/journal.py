@@ -219,13 +219,14 @@ def read_journal(segments: Iterable[JournalSegment]) -> list[JournalMessage]:
     order they were sent on it.
 
     A delivery is matched with the latest send of the same channel and sequence number that
-    has not been delivered yet.
+    was made before it and has not been delivered yet (a rollback reuses sequence numbers, and
+    one flush can write both sends of a number before either delivery).
 
     Raises:
         ValueError: A segment is not in the journal's format.
     """
     messages: list[dict[str, Any]] = []
-    latest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    sends: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for segment in segments:
         where = f"journal segment {segment.event} {segment.src}>{segment.dst}"
         try:
@@ -256,12 +257,18 @@ def read_journal(segments: Iterable[JournalSegment]) -> list[JournalMessage]:
                     "delivered_at": None,
                 }
                 messages.append(message)
-                latest[segment.src, segment.dst, seqs[i]] = message
+                sends.setdefault((segment.src, segment.dst, seqs[i]), []).append(message)
         else:
             for seq, when in zip(seqs, at, strict=True):
-                found = latest.get((segment.src, segment.dst, seq))
-                if found is not None and found["delivered_at"] is None:
-                    found["delivered_at"] = _EPOCH + timedelta(microseconds=when)
+                delivered_at = _EPOCH + timedelta(microseconds=when)
+                waiting = [
+                    m
+                    for m in sends.get((segment.src, segment.dst, seq), ())
+                    if m["delivered_at"] is None
+                ]
+                before = [m for m in waiting if m["sent_at"] <= delivered_at]
+                if before or waiting:
+                    (before or waiting)[-1]["delivered_at"] = delivered_at
     # Segments come channel by channel; the clock puts the channels back together (sort is
     # stable, so each channel keeps its own order even where the clock ticked too coarsely).
     messages.sort(key=lambda message: message["sent_at"])

@@ -189,3 +189,21 @@ def test_a_delivery_goes_to_the_latest_undelivered_send() -> None:
     assert second.delivered_at is not None
     assert (first.delivered_at - first.sent_at).microseconds == 10
     assert second.delivered_at.timestamp() * 1e6 == pytest.approx(40)
+
+
+def test_a_delivery_goes_to_a_send_made_before_it() -> None:
+    # Both sends of seq 1 (the second after a rollback) written before either delivery.
+    segments = [
+        JournalSegment(
+            "a", "b", "send", 1, 1, '{"seq":1,"kind":"k","payload":[[1]],"epoch":0,"at":[10]}'
+        ),
+        JournalSegment(
+            "a", "b", "send", 1, 1, '{"seq":1,"kind":"k","payload":[[2]],"epoch":0,"at":[30]}'
+        ),
+        JournalSegment("a", "b", "deliver", 1, 1, '{"seq":[1,1],"at":[20,40]}'),
+    ]
+    first, second = read_journal(segments)
+    assert first.delivered_at is not None
+    assert second.delivered_at is not None
+    assert first.delivered_at.timestamp() * 1e6 == pytest.approx(20)
+    assert second.delivered_at.timestamp() * 1e6 == pytest.approx(40)
