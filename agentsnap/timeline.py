@@ -34,6 +34,7 @@ The command line writes the same diagram with ``agentsnap timeline RUN -o run.sv
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ _TOP = 70  # room for the snapshots' labels
 _LANE = 36
 _PLOT_WIDTH = 1200
 _PAYLOAD_EXCERPT = 160
+_AGGREGATED_ARROWS = 300  # about this many arrows for a run past max_messages
 # Characters XML 1.0 does not allow, even escaped.
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -101,35 +103,8 @@ async def load_timeline(store: Store, run_id: str) -> Timeline:
     snapshots = await store.list_snapshots(run.id)
     rollbacks = await store.list_rollbacks(run.id)
     segments = await store.load_journal(run.id)
-    messages = _pair_deliveries(read_journal(segments)) if segments else None
+    messages = read_journal(segments) if segments else None
     return Timeline(run, snapshots, rollbacks, messages)
-
-
-def _pair_deliveries(messages: list[JournalMessage]) -> list[JournalMessage]:
-    """Match each delivery with the latest send before it of its channel and number.
-
-    After a rollback a channel's sequence numbers are used again, so one channel and number
-    can have several sends; a delivery never belongs to a send made after it.
-    """
-    groups: dict[tuple[str, str, int], list[int]] = defaultdict(list)
-    for index, message in enumerate(messages):
-        groups[message.src, message.dst, message.seq].append(index)
-    fixed = list(messages)
-    for indices in groups.values():
-        if len(indices) < 2:
-            continue
-        sends = sorted(indices, key=lambda i: messages[i].sent_at)
-        times = sorted(t for i in indices if (t := messages[i].delivered_at) is not None)
-        paired: dict[int, datetime] = {}
-        for when in times:
-            free = [i for i in sends if i not in paired and messages[i].sent_at <= when]
-            if free:
-                paired[free[-1]] = when
-        for i in indices:
-            delivered_at = paired.get(i)
-            if delivered_at != messages[i].delivered_at:
-                fixed[i] = messages[i].model_copy(update={"delivered_at": delivered_at})
-    return fixed
 
 
 def render(timeline: Timeline, suffix: str, *, max_messages: int = 1000) -> str:
@@ -167,7 +142,6 @@ def recording_times(
     start = snapshot.started_at
     end = snapshot.completed_at or start
     end = max(end, start)
-    middle = start + (end - start) / 2
     result: dict[str, tuple[datetime, bool]] = {}
     sends: dict[tuple[str, str, int], list[datetime]] = defaultdict(list)
     deliveries: dict[tuple[str, str, int], list[datetime]] = defaultdict(list)
@@ -176,7 +150,7 @@ def recording_times(
         if message.delivered_at is not None:
             deliveries[message.src, message.dst, message.seq].append(message.delivered_at)
     for name, cut in snapshot.agents.items():
-        approx = start if name == snapshot.initiator else middle
+        approx = start
         if messages is None:
             result[name] = (approx, False)
             continue
@@ -251,12 +225,12 @@ def _agents(timeline: Timeline) -> list[str]:
 
 
 class _Scale:
-    """Maps times to x coordinates."""
+    """Maps times to x coordinates, with a little room after the last event."""
 
     def __init__(self, times: list[datetime], width: float) -> None:
         self.first = min(times)
         last = max(times)
-        self.span = max((last - self.first).total_seconds(), 1e-6)
+        self.span = max((last - self.first).total_seconds() * 1.05, 1e-6)
         self.width = width
 
     def x(self, when: datetime) -> float:
@@ -264,10 +238,13 @@ class _Scale:
         return round(_LEFT + min(max(offset, 0.0), 1.0) * self.width, 1)
 
     def ticks(self, count: int = 8) -> list[tuple[float, str]]:
-        step = self.span / count
+        """Round times from the first event: steps of 1, 2 or 5 times a power of ten."""
+        rough = self.span / count
+        power = 10 ** math.floor(math.log10(rough))
+        step = next(m * power for m in (1, 2, 5, 10) if m * power >= rough)
         return [
-            (self.x(self.first + timedelta(seconds=step * i)), f"+{step * i:.3g} s")
-            for i in range(count + 1)
+            (self.x(self.first + timedelta(seconds=step * i)), f"+{step * i:.4g} s")
+            for i in range(int(self.span / step) + 1)
         ]
 
 
@@ -315,7 +292,7 @@ def _arrows(messages: list[JournalMessage], max_messages: int) -> tuple[list[_Ar
             for m in messages
         ], False
     channels = {(m.src, m.dst) for m in messages}
-    buckets = max(1, min(60, max_messages // max(1, len(channels))))
+    buckets = max(1, min(40, _AGGREGATED_ARROWS // max(1, len(channels))))
     first = min(m.sent_at for m in messages)
     span = max((max(m.sent_at for m in messages) - first).total_seconds(), 1e-6)
     groups: dict[tuple[str, str, int], list[JournalMessage]] = defaultdict(list)
@@ -487,8 +464,9 @@ def render_svg(timeline: Timeline, *, max_messages: int = 1000) -> str:
             )
         reason = rollback.reason if len(rollback.reason) <= 60 else rollback.reason[:59] + "…"
         label_y = bottom + 44 + (index % 4) * 14
+        anchor = "end" if x > _LEFT + _PLOT_WIDTH / 2 else "start"
         add(
-            f'<text class="rblabel" x="{x}" y="{label_y}">'
+            f'<text class="rblabel" x="{x}" y="{label_y}" text-anchor="{anchor}">'
             f"{_text(f'rollback → {where}: {reason}')}</text></g>"
         )
     add("</g>")
@@ -508,11 +486,11 @@ def render_svg(timeline: Timeline, *, max_messages: int = 1000) -> str:
         f"<style>{_SVG_STYLE}</style>"
         "<defs>"
         '<marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
-        'fill="#36c"/></marker>'
+        'markerHeight="7" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+        '<path d="M0,0 L10,5 L0,10 z" fill="#36c"/></marker>'
         '<marker id="back" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
-        'fill="#c33"/></marker>'
+        'markerHeight="7" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+        '<path d="M0,0 L10,5 L0,10 z" fill="#c33"/></marker>'
         "</defs>"
         f'<text class="title" x="{_LEFT}" y="16">{_text(title)}</text>'
     )
