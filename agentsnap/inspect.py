@@ -23,7 +23,7 @@ The export document is described, key by key, in ``docs/reference/export.md``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentsnap.exceptions import NotFoundError
 from agentsnap.journal import read_journal
@@ -50,8 +50,6 @@ __all__ = [
     "show_snapshot",
     "snapshots_table",
 ]
-
-_T = TypeVar("_T")
 
 EXPORT_FORMAT = 1
 """Version of the export document's layout, in its ``"format"`` key."""
@@ -208,12 +206,7 @@ async def resolve_run(store: Store, prefix: str) -> RunInfo:
         NotFoundError: No run's id starts with ``prefix``, or several do (the message
             lists them).
     """
-    try:
-        return await store.get_run(prefix)
-    except NotFoundError:
-        pass
-    runs = await store.list_runs()
-    return _one("run", prefix, [(run.id, run) for run in runs])
+    return await store.get_run(await _one(store, "run", prefix))
 
 
 async def resolve_snapshot(store: Store, prefix: str) -> Snapshot:
@@ -222,31 +215,26 @@ async def resolve_snapshot(store: Store, prefix: str) -> Snapshot:
     Raises:
         NotFoundError: No snapshot's id starts with ``prefix``, or several do.
     """
-    try:
-        return await store.load_snapshot(prefix)
-    except NotFoundError:
-        pass
-    found: list[tuple[str, Snapshot]] = []
-    if prefix:
-        for run in await store.list_runs():
-            found += [(s.id, s) for s in await store.list_snapshots(run.id) if s.id]
-    return _one("snapshot", prefix, found)
+    return await store.load_snapshot(await _one(store, "snapshot", prefix))
 
 
-def _one(what: str, prefix: str, candidates: list[tuple[str, _T]]) -> _T:
-    matches = sorted(
-        ((ident, item) for ident, item in candidates if prefix and ident.startswith(prefix)),
-        key=lambda pair: pair[0],
-    )
+_CANDIDATES = 10
+"""How many ids an ambiguous prefix's error names."""
+
+
+async def _one(store: Store, kind: Literal["run", "snapshot"], prefix: str) -> str:
+    matches = await store.find_ids(kind, prefix, limit=_CANDIDATES + 1) if prefix else []
+    if prefix in matches:
+        return prefix
     if not matches:
-        raise NotFoundError(what, prefix)
+        raise NotFoundError(kind, prefix)
     if len(matches) > 1:
-        names = ", ".join(ident for ident, _ in matches[:10])
-        more = f" and {len(matches) - 10} more" if len(matches) > 10 else ""
+        names = ", ".join(matches[:_CANDIDATES])
+        more = " and more" if len(matches) > _CANDIDATES else ""
         raise NotFoundError(
-            what, prefix, f"{what} id prefix {prefix!r} is ambiguous: {names}{more}"
+            kind, prefix, f"{kind} id prefix {prefix!r} is ambiguous: {names}{more}"
         )
-    return matches[0][1]
+    return matches[0]
 
 
 async def runs_table(store: Store) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from agentsnap.records import (
     AgentVersion,
@@ -71,6 +71,14 @@ class Store(Protocol):
 
     async def list_runs(self) -> list[RunInfo]:
         """Every run, oldest first."""
+
+    async def find_ids(
+        self, kind: Literal["run", "snapshot"], prefix: str, limit: int = 10
+    ) -> list[str]:
+        """Ids of runs (or of snapshots, of any run) that start with ``prefix``.
+
+        Sorted, at most ``limit`` of them; ``prefix`` is matched literally (no wildcards).
+        """
 
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:
         """Every snapshot of a run, in the order they were started."""

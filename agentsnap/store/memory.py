@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Literal
 
 from agentsnap.exceptions import NotFoundError, StoreError
 from agentsnap.records import (
@@ -94,6 +95,12 @@ class MemoryStore:
 
     async def list_runs(self) -> list[RunInfo]:  # noqa: D102
         return sorted(self._runs.values(), key=lambda run: run.created_at)
+
+    async def find_ids(  # noqa: D102
+        self, kind: Literal["run", "snapshot"], prefix: str, limit: int = 10
+    ) -> list[str]:
+        ids = self._runs if kind == "run" else self._snapshots
+        return sorted(i for i in ids if i.startswith(prefix))[:limit]
 
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:  # noqa: D102
         ids = self._by_run.get(run_id)

@@ -28,7 +28,7 @@ import re
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import Insert, Table, event, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -332,6 +332,16 @@ class SqlStore:
         async with self._engine.connect() as conn:
             rows = await conn.execute(select(_runs).order_by(_runs.c.created_at, _runs.c.id))
             return [_run(row._mapping) for row in rows]
+
+    async def find_ids(  # noqa: D102
+        self, kind: Literal["run", "snapshot"], prefix: str, limit: int = 10
+    ) -> list[str]:
+        await self._connect_ready()
+        column = (_runs if kind == "run" else _snapshots).c.id
+        query = select(column).where(column.startswith(prefix, autoescape=True))
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(query.order_by(column).limit(limit))
+            return [row[0] for row in rows]
 
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:  # noqa: D102
         await self._connect_ready()

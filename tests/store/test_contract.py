@@ -407,6 +407,35 @@ async def test_list_snapshots_of_an_unknown_run_is_not_found(store: Store) -> No
     assert_not_found(error, "run", missing)
 
 
+async def test_find_ids_matches_run_ids_by_prefix(store: Store) -> None:
+    ids = ["ab12" + "0" * 28, "ab34" + "0" * 28, "cd56" + "0" * 28, "a%_b" + "0" * 28]
+    for run_id in ids:
+        await stored_run(store, run_id=run_id)
+
+    assert await store.find_ids("run", "ab") == [ids[0], ids[1]]
+    assert await store.find_ids("run", "ab3") == [ids[1]]
+    assert await store.find_ids("run", ids[2]) == [ids[2]]
+    assert await store.find_ids("run", "ab", limit=1) == [ids[0]]
+    assert await store.find_ids("run", "ef") == []
+    assert await store.find_ids("run", "a%") == [ids[3]]  # no wildcards
+    assert await store.find_ids("run", "a_") == []
+    assert sorted(await store.find_ids("run", "")) == sorted(ids)
+    assert await store.find_ids("snapshot", "ab") == []
+
+
+async def test_find_ids_matches_snapshot_ids_of_every_run(store: Store) -> None:
+    first = await stored_run(store)
+    second = await stored_run(store)
+    a = "ff01" + "0" * 28
+    b = "ff02" + "0" * 28
+    await store.save_snapshot(make_snapshot(first.id, snapshot_id=a))
+    await store.save_snapshot(make_snapshot(second.id, snapshot_id=b))
+
+    assert await store.find_ids("snapshot", "ff0") == [a, b]
+    assert await store.find_ids("snapshot", "ff02") == [b]
+    assert await store.find_ids("run", "ff0") == []
+
+
 async def test_unknown_snapshot_is_not_found(store: Store) -> None:
     run = await stored_run(store)
     await store.save_snapshot(make_snapshot(run.id))
