@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from agentsnap import MemoryStore, RunInfo
+from agentsnap import MemoryStore, NotFoundError, RunInfo, Snapshot, SnapshotStatus
 from agentsnap.cli import main
 from agentsnap.demo import demo_model, run_demo
-from agentsnap.inspect import diff_states, is_empty_diff, resolve_run
+from agentsnap.inspect import diff_states, is_empty_diff, resolve_run, resolve_snapshot
 from agentsnap.store.sql import SqlStore
 
 
@@ -329,3 +330,34 @@ async def test_prefixes_resolve_in_any_store() -> None:
     store = MemoryStore()
     await store.create_run(RunInfo(id="12ab" + "0" * 28))
     assert (await resolve_run(store, "12")).id == "12ab" + "0" * 28
+
+
+async def test_an_ambiguous_prefix_names_at_most_ten_candidates() -> None:
+    store = MemoryStore()
+    ids = [f"aa{i:02d}" + "0" * 28 for i in range(12)]
+    for run_id in ids:
+        await store.create_run(RunInfo(id=run_id))
+    with pytest.raises(NotFoundError) as error:
+        await resolve_run(store, "aa")
+    assert str(error.value) == (f"run id prefix 'aa' is ambiguous: {', '.join(ids[:10])} and more")
+    assert (await resolve_run(store, "aa11")).id == ids[11]
+
+
+async def test_snapshot_prefixes_span_runs() -> None:
+    store = MemoryStore()
+    for n, snapshot_id in enumerate(["ee01" + "0" * 28, "ee02" + "0" * 28]):
+        run_id = f"{n:032x}"
+        await store.create_run(RunInfo(id=run_id))
+        await store.save_snapshot(
+            Snapshot(
+                id=snapshot_id,
+                run_id=run_id,
+                seq=1,
+                initiator="$env",
+                status=SnapshotStatus.COMPLETE,
+                started_at=datetime.now(UTC),
+            )
+        )
+    with pytest.raises(NotFoundError, match="snapshot id prefix 'ee0' is ambiguous: ee01"):
+        await resolve_snapshot(store, "ee0")
+    assert (await resolve_snapshot(store, "ee02")).run_id == f"{1:032x}"
