@@ -259,10 +259,10 @@ def _times(timeline: Timeline) -> list[datetime]:
         if snapshot.completed_at is not None:
             times.append(snapshot.completed_at)
     times.extend(rollback.at for rollback in timeline.rollbacks)
-    if not times:
-        times.append(timeline.run.created_at)
-        if timeline.run.finished_at is not None:
-            times.append(timeline.run.finished_at)
+    # The run's own start and end frame the picture.
+    times.append(timeline.run.created_at)
+    if timeline.run.finished_at is not None:
+        times.append(timeline.run.finished_at)
     return times
 
 
