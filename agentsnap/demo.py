@@ -195,15 +195,18 @@ class DemoResult:
     drafts: list[str] = field(default_factory=list)
 
 
-async def run_demo(store: Store, model: ChatModel | None = None) -> DemoResult:
+async def run_demo(
+    store: Store, model: ChatModel | None = None, *, journal: bool = True
+) -> DemoResult:
     """Run the demo workflow against ``store`` and return what happened.
 
     Args:
         store: Where the run goes.
         model: The model the agents ask (the scripted one by default).
+        journal: Keep every message in the store, so the run's timeline shows them.
     """
     model = model or demo_model()
-    async with Runtime(store=store, metadata={"demo": "research team"}) as runtime:
+    async with Runtime(store=store, metadata={"demo": "research team"}, journal=journal) as runtime:
         runtime.add(Planner(model))
         runtime.add(Researcher(model))
         runtime.add(Writer(model))

@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import agentsnap.demo
-from agentsnap import Runtime
 from agentsnap.cli import main
 from agentsnap.demo import run_demo
 from agentsnap.records import (
@@ -44,8 +42,7 @@ EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*https?://""", re.I)
 
 async def demo_run(store: Store, monkeypatch: pytest.MonkeyPatch, *, journal: bool) -> str:
     """Run the demo into ``store``, keeping its journal or not; return the run id."""
-    monkeypatch.setattr(agentsnap.demo, "Runtime", functools.partial(Runtime, journal=journal))
-    result = await run_demo(store)
+    result = await run_demo(store, journal=journal)
     return result.run.id
 
 
