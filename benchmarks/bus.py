@@ -32,19 +32,14 @@ repetitions (well under 30 s). Run it from the repository root with:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import gc
-import json
-import os
-import platform
-import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-import agentsnap
+import workloads
+
 from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotPolicy
 from agentsnap.telemetry import Telemetry, resolve
 
@@ -60,11 +55,6 @@ PROFILES: dict[str, tuple[int, int, int, float, int]] = {
     "full": (300_000, 100_000, 9, 1.0, 5),
     "quick": (100_000, 40_000, 5, 0.6, 3),
 }
-RING_AGENTS = 6
-RING_TOKENS = 4
-
-Timed = Callable[[], Awaitable[float]]
-
 
 # -- agents ----------------------------------------------------------------------------------
 
@@ -94,27 +84,6 @@ class Player(Agent[AgentState]):
         k = message.payload["k"]
         if k < self.limit:
             ctx.send(self.peer, {"k": k + 1})
-
-
-class RingState(AgentState):
-    forwarded: int = 0
-
-
-class RingNode(Agent[RingState]):
-    """Forwards each token to the next node until the token has made ``hops`` hops."""
-
-    def __init__(self, name: str, nxt: str, hops: int) -> None:
-        super().__init__(name)
-        self.next = nxt
-        self.hops = hops
-
-    async def handle(self, message: Message, ctx: Context[RingState]) -> None:
-        # State changes on every message, so each snapshot records something new.
-        self.state.forwarded += 1
-        payload = message.payload
-        h = payload["h"]
-        if h < self.hops:
-            ctx.send(self.next, {"t": payload["t"], "h": h + 1})
 
 
 # -- one timed run of each workload ----------------------------------------------------------
@@ -213,18 +182,10 @@ async def ring(hops: int, snapshots: bool) -> tuple[float, int]:
     every = SNAPSHOT_EVERY_SECONDS if snapshots else None
     policy = SnapshotPolicy(every_seconds=every, at_start=False)
     async with Runtime(snapshot_policy=policy) as runtime:
-        names = [f"node-{i}" for i in range(RING_AGENTS)]
-        nodes = [RingNode(name, names[(i + 1) % RING_AGENTS], hops) for i, name in enumerate(names)]
-        for node in nodes:
-            runtime.add(node)
-        start = time.perf_counter()
-        for token in range(RING_TOKENS):
-            runtime.send(names[0], {"t": token, "h": 1})
-        await runtime.run_until_idle()
-        elapsed = time.perf_counter() - start
+        nodes = workloads.add_ring(runtime, hops)
+        elapsed = await workloads.drive_ring(runtime, nodes)
         taken = [s for s in await runtime.list_snapshots() if s.status == "complete"]
-    delivered = sum(node.state.forwarded for node in nodes)
-    assert delivered == RING_TOKENS * hops, (delivered, RING_TOKENS * hops)
+    workloads.check_ring(nodes, hops)
     if not snapshots:
         assert not taken
     return elapsed, len(taken)
@@ -246,33 +207,14 @@ def sdk_telemetry() -> tuple[Telemetry, Callable[[], None]]:
 # -- driver ------------------------------------------------------------------------------------
 
 
-def _timed(work: Timed) -> Timed:
-    async def run() -> float:
-        gc.collect()
-        return await work()
-
-    return run
-
-
 async def _pairs(
-    reference: Timed, subject: Timed, repetitions: int
+    reference: workloads.Timed, subject: workloads.Timed, repetitions: int
 ) -> tuple[list[float], list[float]]:
-    """Run both ``repetitions`` times, alternating which goes first; return both timings."""
-    ref_times: list[float] = []
-    sub_times: list[float] = []
-    for rep in range(repetitions):
-        if rep % 2 == 0:
-            ref_times.append(await _timed(reference)())
-            sub_times.append(await _timed(subject)())
-        else:
-            sub_times.append(await _timed(subject)())
-            ref_times.append(await _timed(reference)())
-    return ref_times, sub_times
-
-
-def _median_ratio(ref_times: list[float], sub_times: list[float]) -> float:
-    """Median over repetitions of subject rate / reference rate (runs side by side)."""
-    return statistics.median(r / s for r, s in zip(ref_times, sub_times, strict=True))
+    """Run both ``repetitions`` times, alternating which goes first, the garbage collected
+    before each run; return both timings."""
+    return await workloads.pairs(
+        workloads.collected(reference), workloads.collected(subject), repetitions
+    )
 
 
 async def _calibrate_ring(target_seconds: float) -> int:
@@ -301,7 +243,7 @@ async def measure(profile: str) -> dict[str, Any]:
     )
 
     hops = await _calibrate_ring(ring_seconds)
-    ring_n = RING_TOKENS * hops
+    ring_n = workloads.RING_TOKENS * hops
     snapshot_counts: list[int] = []
 
     async def without() -> float:
@@ -333,64 +275,52 @@ async def measure(profile: str) -> dict[str, Any]:
         lambda: bus_handoff(sdk_n, telemetry=False), with_sdk, repetitions
     )
 
-    def rate(count: int, seconds: list[float]) -> float:
-        return round(statistics.median(count / s for s in seconds), 1)
-
-    def samples(count: int, seconds: list[float]) -> list[float]:
-        return [round(count / s, 1) for s in seconds]
-
-    ratio = _median_ratio(queue_s, bus_s)
-    overhead = 1 - _median_ratio(nosnap_s, snap_s)
+    ratio = workloads.median_ratio(queue_s, bus_s)
+    overhead = 1 - workloads.median_ratio(nosnap_s, snap_s)
     snapshots_taken = min(snapshot_counts)
-    noop_overhead = 1 - _median_ratio(off_s, noop_s)
-    sdk_overhead = 1 - _median_ratio(sdk_off_s, sdk_s)
+    noop_overhead = 1 - workloads.median_ratio(off_s, noop_s)
+    sdk_overhead = 1 - workloads.median_ratio(sdk_off_s, sdk_s)
     return {
-        "benchmark": "agentsnap bus",
-        "profile": profile,
-        "python": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "agentsnap_version": agentsnap.__version__,
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
+        **workloads.environment("agentsnap bus", profile),
         "statistic": "median of repetitions; ratios are medians of per-repetition ratios",
         "repetitions": repetitions,
         "n": n,
         "pingpong_n": pingpong_n,
-        "ring_agents": RING_AGENTS,
-        "ring_tokens": RING_TOKENS,
+        "ring_agents": workloads.RING_AGENTS,
+        "ring_tokens": workloads.RING_TOKENS,
         "ring_n": ring_n,
-        "queue_msgs_per_s": rate(n, queue_s),
-        "bus_msgs_per_s": rate(n, bus_s),
+        "queue_msgs_per_s": workloads.rate(n, queue_s),
+        "bus_msgs_per_s": workloads.rate(n, bus_s),
         "ratio_vs_queue": round(ratio, 4),
-        "queue_pingpong_msgs_per_s": rate(pingpong_n, qpp_s),
-        "pingpong_msgs_per_s": rate(pingpong_n, pp_s),
-        "pingpong_ratio": round(_median_ratio(qpp_s, pp_s), 4),
-        "nosnapshot_msgs_per_s": rate(ring_n, nosnap_s),
-        "snapshot_msgs_per_s": rate(ring_n, snap_s),
+        "queue_pingpong_msgs_per_s": workloads.rate(pingpong_n, qpp_s),
+        "pingpong_msgs_per_s": workloads.rate(pingpong_n, pp_s),
+        "pingpong_ratio": round(workloads.median_ratio(qpp_s, pp_s), 4),
+        "nosnapshot_msgs_per_s": workloads.rate(ring_n, nosnap_s),
+        "snapshot_msgs_per_s": workloads.rate(ring_n, snap_s),
         "snapshot_overhead": round(overhead, 4),
         "snapshot_every_s": SNAPSHOT_EVERY_SECONDS,
         "snapshots_taken": snapshots_taken,
         "snapshots_per_repetition": snapshot_counts,
         "min_snapshots_required": min_snapshots,
-        "tracing_off_msgs_per_s": rate(n, off_s),
-        "tracing_noop_msgs_per_s": rate(n, noop_s),
+        "tracing_off_msgs_per_s": workloads.rate(n, off_s),
+        "tracing_noop_msgs_per_s": workloads.rate(n, noop_s),
         "tracing_noop_overhead": round(noop_overhead, 4),
         "tracing_sdk_n": sdk_n,
-        "tracing_sdk_off_msgs_per_s": rate(sdk_n, sdk_off_s),
-        "tracing_sdk_msgs_per_s": rate(sdk_n, sdk_s),
+        "tracing_sdk_off_msgs_per_s": workloads.rate(sdk_n, sdk_off_s),
+        "tracing_sdk_msgs_per_s": workloads.rate(sdk_n, sdk_s),
         "tracing_sdk_overhead": round(sdk_overhead, 4),
         "tracing_sdk_spans_per_message": 3,
         "samples_msgs_per_s": {
-            "queue": samples(n, queue_s),
-            "bus": samples(n, bus_s),
-            "queue_pingpong": samples(pingpong_n, qpp_s),
-            "pingpong": samples(pingpong_n, pp_s),
-            "nosnapshot": samples(ring_n, nosnap_s),
-            "snapshot": samples(ring_n, snap_s),
-            "tracing_off": samples(n, off_s),
-            "tracing_noop": samples(n, noop_s),
-            "tracing_sdk_off": samples(sdk_n, sdk_off_s),
-            "tracing_sdk": samples(sdk_n, sdk_s),
+            "queue": workloads.rates(n, queue_s),
+            "bus": workloads.rates(n, bus_s),
+            "queue_pingpong": workloads.rates(pingpong_n, qpp_s),
+            "pingpong": workloads.rates(pingpong_n, pp_s),
+            "nosnapshot": workloads.rates(ring_n, nosnap_s),
+            "snapshot": workloads.rates(ring_n, snap_s),
+            "tracing_off": workloads.rates(n, off_s),
+            "tracing_noop": workloads.rates(n, noop_s),
+            "tracing_sdk_off": workloads.rates(sdk_n, sdk_off_s),
+            "tracing_sdk": workloads.rates(sdk_n, sdk_s),
         },
         "targets": {
             "ratio_vs_queue_min": TARGET_RATIO_VS_QUEUE,
@@ -407,10 +337,7 @@ async def measure(profile: str) -> dict[str, Any]:
 
 def _table(r: dict[str, Any]) -> str:
     t = r["targets"]
-
-    def met(ok: bool) -> str:
-        return "MET" if ok else "NOT MET"
-
+    met = workloads.met
     lines = [
         f"agentsnap {r['agentsnap_version']} bus benchmark, {r['python_implementation']} "
         f"{r['python']}, {r['cpu_count']} CPUs, profile {r['profile']}",
@@ -447,16 +374,11 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--quick", action="store_true", help="smaller and fewer runs (< 30 s)")
+    parser = workloads.argument_parser(__doc__, "smaller and fewer runs (< 30 s)")
     args = parser.parse_args(argv)
 
     results = asyncio.run(measure("quick" if args.quick else "full"))
-    if args.json:
-        print(json.dumps(results))
-    else:
-        print(_table(results))
+    workloads.report(results, args.json, _table)
     if not results["targets"]["snapshots_taken_met"]:
         print(
             f"error: a run with snapshots took only {results['snapshots_taken']}; "

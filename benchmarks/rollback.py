@@ -50,33 +50,23 @@ heaviest calls. Run it from the repository root with:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import cProfile
 import functools
 import gc
 import io
-import json
 import logging
-import os
-import platform
 import pstats
 import random
-import sqlite3
 import statistics
-import string
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import count
 from pathlib import Path
 from typing import Any, Literal
 
-import aiosqlite
-import pydantic
-import sqlalchemy
+import workloads
 
 import agentsnap
 import agentsnap.runtime
@@ -86,12 +76,10 @@ from agentsnap import (
     Context,
     MemoryStore,
     Message,
-    PlanStep,
     RollbackInfo,
     Runtime,
     Snapshot,
     SnapshotPolicy,
-    ToolCallRecord,
 )
 from agentsnap.rollback import restore_cut
 from agentsnap.state import encode_state
@@ -124,13 +112,7 @@ class WorkerState(AgentState):
     round: int = 0
 
 
-def _vocabulary() -> list[str]:
-    rng = random.Random(SEED)
-    letters = string.ascii_lowercase
-    return ["".join(rng.choices(letters, k=rng.randint(2, 9))) for _ in range(4096)]
-
-
-VOCABULARY = _vocabulary()
+VOCABULARY = workloads.vocabulary(SEED)
 
 
 def _sentence(rng: random.Random, words: int) -> str:
@@ -141,27 +123,11 @@ def make_state(index: int) -> str:
     """A distinct worker state of about ``STATE_BYTES`` of canonical JSON (memory, plan and
     tool calls, as in ``snapshot_store.py``)."""
     rng = random.Random(f"{SEED}/{index}")
-    plan = [
-        PlanStep(description=_sentence(rng, 8), status=rng.choice(["done", "pending"]))
-        for _ in range(6)
-    ]
-    calls = [
-        ToolCallRecord(
-            tool=rng.choice(["search", "fetch", "ledger.post", "email.send"]),
-            arguments={"query": _sentence(rng, 6), "limit": rng.randint(1, 50)},
-            key=f"{index}-{k}",
-            result={"hits": rng.randint(0, 9), "summary": _sentence(rng, 14)},
-        )
-        for k in range(8)
-    ]
+    plan, calls = workloads.plan_and_calls(rng, _sentence, str(index))
     notes: list[agentsnap.JsonValue] = []
     facts: dict[str, agentsnap.JsonValue] = {}
     size = len(encode_state("probe", WorkerState(plan=plan, tool_calls=calls)).json)
-    while size < STATE_BYTES:  # each note and fact adds at least its own length
-        note = _sentence(rng, rng.randint(8, 20))
-        notes.append(note)
-        facts[f"fact-{len(facts)}"] = rng.randint(0, 1_000_000)
-        size += len(note) + 12
+    workloads.add_notes(rng, _sentence, notes, facts, STATE_BYTES - size)
     state = WorkerState(
         memory={"agent": index, "notes": notes, "facts": facts}, plan=plan, tool_calls=calls
     )
@@ -336,14 +302,6 @@ class Sample:
     first_by: str
 
 
-_files = count()
-
-
-def _remove(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-
-
 def _queued(runtime: Runtime) -> int:
     return sum(
         type(item) is Message for channel in runtime.bus.channels.values() for item in channel.queue
@@ -361,7 +319,7 @@ async def one_rollback(
 ) -> Sample:
     """Build the run of ``n`` workers, take the cut, move away from it, and roll back once."""
     marks = _Current.marks = Marks(profiler=profiler)
-    path = directory / f"rollback-{next(_files)}.db"
+    path = workloads.fresh_db(directory, "rollback")
     store = TimedSqlStore(f"sqlite:///{path}", marks) if store_kind == "sql" else None
     try:
         runtime = Runtime(
@@ -423,7 +381,7 @@ async def one_rollback(
     finally:
         if store is not None:
             await store.close()
-        _remove(path)
+        workloads.remove_db(path)
     replayed = 2 * n + (method == "rejection")
     cut_in_flight = sum(len(channel.messages) for channel in cut.channels)
     return Sample(
@@ -463,38 +421,30 @@ def _install_timers() -> Callable[[], None]:
     return undo
 
 
-def _ms(seconds: list[float]) -> float:
-    return round(statistics.median(seconds) * 1000, 3)
-
-
-def _samples_ms(seconds: list[float]) -> list[float]:
-    return [round(s * 1000, 3) for s in seconds]
-
-
 def _summary(samples: list[Sample], method: Method) -> dict[str, Any]:
     """Medians of one (agent count, store, method) over the repetitions."""
     total = [s.total_s for s in samples]
     restore = [s.restore_s for s in samples]
     out: dict[str, Any] = {
-        "to_first_delivery_ms": _ms(total),
+        "to_first_delivery_ms": workloads.ms(total),
         "phases_ms": {
-            "before_restore": _ms([s.before_restore_s for s in samples]),
-            "restore": _ms(restore),
-            "record": _ms([s.record_s for s in samples]),
-            "resume": _ms([s.resume_s for s in samples]),
+            "before_restore": workloads.ms([s.before_restore_s for s in samples]),
+            "restore": workloads.ms(restore),
+            "record": workloads.ms([s.record_s for s in samples]),
+            "resume": workloads.ms([s.resume_s for s in samples]),
         },
         "restore_share": round(
             statistics.median(r / t for r, t in zip(restore, total, strict=True)), 4
         ),
-        "gc_ms": _ms([s.gc_s for s in samples]),
-        "gc_in_restore_ms": _ms([s.gc_restore_s for s in samples]),
+        "gc_ms": workloads.ms([s.gc_s for s in samples]),
+        "gc_in_restore_ms": workloads.ms([s.gc_restore_s for s in samples]),
         "gc_collections_by_generation": [
             statistics.median(s.gc_runs[g] for s in samples) for g in range(3)
         ],
         "first_delivery_by": sorted({s.first_by for s in samples}),
     }
     if method == "manual":
-        out["call_ms"] = _ms([s.call_s or 0.0 for s in samples])
+        out["call_ms"] = workloads.ms([s.call_s or 0.0 for s in samples])
     return out
 
 
@@ -530,12 +480,12 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
             got = runs[n, store_kind, method]
             entry.setdefault(store_kind, {})[method] = _summary(got, method)
             key = f"{store_kind}_{method}_ms_{n}"
-            samples[key] = _samples_ms([s.total_s for s in got])
-            samples[f"{store_kind}_{method}_restore_ms_{n}"] = _samples_ms(
+            samples[key] = workloads.samples_ms([s.total_s for s in got])
+            samples[f"{store_kind}_{method}_restore_ms_{n}"] = workloads.samples_ms(
                 [s.restore_s for s in got]
             )
             if method == "manual":
-                samples[f"{store_kind}_manual_call_ms_{n}"] = _samples_ms(
+                samples[f"{store_kind}_manual_call_ms_{n}"] = workloads.samples_ms(
                     [s.call_s or 0.0 for s in got]
                 )
         loads = [
@@ -544,8 +494,8 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
             for s in runs[n, "sql", method]
             if s.load_s is not None
         ]
-        entry["sql"]["load_snapshot_ms"] = _ms(loads)
-        samples[f"sql_load_snapshot_ms_{n}"] = _samples_ms(loads)
+        entry["sql"]["load_snapshot_ms"] = workloads.ms(loads)
+        samples[f"sql_load_snapshot_ms_{n}"] = workloads.samples_ms(loads)
         last = runs[n, "sql", "rejection"][-1]
         manual = runs[n, "sql", "manual"][-1]
         entry["cut_in_flight"] = last.cut_in_flight
@@ -554,17 +504,9 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
         by_agents[str(n)] = entry
 
     result: dict[str, Any] = {
-        "benchmark": "agentsnap rollback",
-        "profile": profile,
-        "python": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "agentsnap_version": agentsnap.__version__,
-        "pydantic_version": pydantic.VERSION,
-        "sqlite_version": sqlite3.sqlite_version,
-        "sqlalchemy_version": sqlalchemy.__version__,
-        "aiosqlite_version": aiosqlite.__version__,
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
+        **workloads.environment(
+            "agentsnap rollback", profile, "pydantic", "sqlite", "sqlalchemy", "aiosqlite"
+        ),
         "db_dir": str(directory),
         "statistic": "median of repetitions",
         "repetitions": repetitions,
@@ -667,12 +609,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (< 30 s)")
-    parser.add_argument(
-        "--dir", type=Path, default=None, help="where the SQLite files go (a temporary directory)"
-    )
+    parser = workloads.argument_parser(__doc__, "fewer repetitions (< 30 s)", directory=True)
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -680,15 +617,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="agentsnap-bench-", dir=args.dir) as directory:
+    with workloads.scratch_directory(args.dir) as directory:
         if args.profile:
-            print(asyncio.run(profile_once(Path(directory), 25)))
+            print(asyncio.run(profile_once(directory, 25)))
             return 0
-        results = asyncio.run(measure("quick" if args.quick else "full", Path(directory)))
-    if args.json:
-        print(json.dumps(results))
-    else:
-        print(_table(results))
+        results = asyncio.run(measure("quick" if args.quick else "full", directory))
+    workloads.report(results, args.json, _table)
     return 0
 
 

@@ -36,46 +36,31 @@ repetitions (well under 30 s). Run it from the repository root with:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
-import json
-import os
-import platform
 import random
 import sqlite3
 import statistics
-import string
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from itertools import count
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-import sqlalchemy
+import workloads
 
-import agentsnap
 from agentsnap import (
     ENVIRONMENT,
-    Agent,
     AgentCut,
     AgentState,
     ChannelRecord,
-    Context,
-    Message,
-    PlanStep,
     RecordedMessage,
     RunInfo,
     Runtime,
     Snapshot,
     SnapshotStatus,
-    ToolCallRecord,
 )
 from agentsnap.journal import read_journal
 from agentsnap.records import utcnow
@@ -98,37 +83,18 @@ PROFILES: dict[str, tuple[int, int, float]] = {
     "full": (15, 9, 1.0),
     "quick": (7, 5, 0.25),
 }
-RING_AGENTS = 6
-RING_TOKENS = 4
-
-Timed = Callable[[], Awaitable[float]]
-
 
 # -- the snapshots written ---------------------------------------------------------------------
 
 
 def _sentence(rng: random.Random, words: int) -> str:
-    letters = string.ascii_lowercase
-    text = " ".join("".join(rng.choices(letters, k=rng.randint(2, 9))) for _ in range(words))
-    return text.capitalize() + "."
+    return " ".join(workloads.word(rng) for _ in range(words)).capitalize() + "."
 
 
 def make_state(index: int, version: int) -> StateBlob:
     """A distinct state of about ``STATE_BYTES`` of canonical JSON, as the runtime encodes it."""
     rng = random.Random(f"{SEED}/{index}/{version}")
-    plan = [
-        PlanStep(description=_sentence(rng, 8), status=rng.choice(["done", "pending"]))
-        for _ in range(6)
-    ]
-    calls = [
-        ToolCallRecord(
-            tool=rng.choice(["search", "fetch", "ledger.post", "email.send"]),
-            arguments={"query": _sentence(rng, 6), "limit": rng.randint(1, 50)},
-            key=f"{index}-{version}-{k}",
-            result={"hits": rng.randint(0, 9), "summary": _sentence(rng, 14)},
-        )
-        for k in range(8)
-    ]
+    plan, calls = workloads.plan_and_calls(rng, _sentence, f"{index}-{version}")
     memory: dict[str, Any] = {"agent": index, "version": version, "facts": {}, "notes": []}
     while True:
         state = AgentState(memory=memory, plan=plan, tool_calls=calls)
@@ -136,11 +102,7 @@ def make_state(index: int, version: int) -> StateBlob:
         missing = STATE_BYTES - len(blob.json)
         if missing <= 0:
             return blob
-        while missing > 0:  # each note and fact adds at least its own length
-            note = _sentence(rng, rng.randint(8, 20))
-            memory["notes"].append(note)
-            memory["facts"][f"fact-{len(memory['facts'])}"] = rng.randint(0, 1_000_000)
-            missing -= len(note) + 12
+        workloads.add_notes(rng, _sentence, memory["notes"], memory["facts"], missing)
 
 
 def _names() -> list[str]:
@@ -159,13 +121,15 @@ def make_snapshot(
     env_blob = StateBlob("{}")
     agents: dict[str, AgentCut] = {
         ENVIRONMENT: AgentCut(
-            state_json=env_blob.json, state_hash=env_blob.hash, sent={names[0]: RING_TOKENS}
+            state_json=env_blob.json,
+            state_hash=env_blob.hash,
+            sent={names[0]: workloads.RING_TOKENS},
         )
     }
     for i, (name, blob) in enumerate(zip(names, states, strict=True)):
         received = {names[i - 1]: delivered + i}
         if i == 0:
-            received[ENVIRONMENT] = RING_TOKENS
+            received[ENVIRONMENT] = workloads.RING_TOKENS
         agents[name] = AgentCut(
             state_json=blob.json,
             state_hash=blob.hash,
@@ -250,18 +214,6 @@ def logical_bytes(snapshot: Snapshot, stored: set[str]) -> int:
 
 
 # -- SQLite files --------------------------------------------------------------------------------
-
-
-_files = count()
-
-
-def _fresh(directory: Path, kind: str) -> Path:
-    return directory / f"{kind}-{next(_files)}.db"
-
-
-def _remove(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def checkpointed_size(path: Path) -> int:
@@ -430,28 +382,27 @@ class StoreSample:
     second_wal_bytes: int
 
 
+async def _timed_save(store: SqlStore, snapshot: Snapshot) -> float:
+    """Seconds for ``store`` to save ``snapshot``, the garbage collected first."""
+    gc.collect()
+    start = time.perf_counter()
+    await store.save_snapshot(snapshot)
+    return time.perf_counter() - start
+
+
 async def store_save(path: Path, fixture: Fixture, check: bool) -> StoreSample:
     """Write both snapshots with SqlStore on a fresh file; time each and measure the growth."""
     store = SqlStore(f"sqlite:///{path}")
     try:
         await store.create_run(fixture.run)  # migrates the empty database first
         base = checkpointed_size(path)
-        gc.collect()
-        start = time.perf_counter()
-        await store.save_snapshot(fixture.first)
-        first_s = time.perf_counter() - start
+        first_s = await _timed_save(store, fixture.first)
         first_wal = wal_size(path)
         after_first = checkpointed_size(path)
-        gc.collect()
-        start = time.perf_counter()
-        await store.save_snapshot(fixture.second)
-        second_s = time.perf_counter() - start
+        second_s = await _timed_save(store, fixture.second)
         second_wal = wal_size(path)
         after_second = checkpointed_size(path)
-        gc.collect()
-        start = time.perf_counter()
-        await store.save_snapshot(fixture.third)
-        third_s = time.perf_counter() - start
+        third_s = await _timed_save(store, fixture.third)
         if check:
             for snapshot in (fixture.first, fixture.second, fixture.third):
                 loaded = await store.load_snapshot(snapshot.id)
@@ -472,26 +423,6 @@ async def store_save(path: Path, fixture: Fixture, check: bool) -> StoreSample:
 # -- the journaled ring ------------------------------------------------------------------------
 
 
-class RingState(AgentState):
-    forwarded: int = 0
-
-
-class RingNode(Agent[RingState]):
-    """Forwards each token to the next node until the token has made ``hops`` hops."""
-
-    def __init__(self, name: str, nxt: str, hops: int) -> None:
-        super().__init__(name)
-        self.next = nxt
-        self.hops = hops
-
-    async def handle(self, message: Message, ctx: Context[RingState]) -> None:
-        self.state.forwarded += 1
-        payload = message.payload
-        h = payload["h"]
-        if h < self.hops:
-            ctx.send(self.next, {"t": payload["t"], "h": h + 1})
-
-
 async def ring(path: Path, hops: int, journal: bool, check: bool = False) -> tuple[float, int]:
     """Seconds for the ring to forward ``RING_TOKENS * hops`` messages on a SqlStore at
     ``path``, and how many messages its journal holds afterwards (0 without a journal).
@@ -503,18 +434,9 @@ async def ring(path: Path, hops: int, journal: bool, check: bool = False) -> tup
     try:
         runtime = Runtime(store=store, journal=True) if journal else Runtime(store=store)
         async with runtime:  # creates the run (and the schema) before the clock starts
-            names = [f"node-{i}" for i in range(RING_AGENTS)]
-            nodes = [
-                RingNode(name, names[(i + 1) % RING_AGENTS], hops) for i, name in enumerate(names)
-            ]
-            for node in nodes:
-                runtime.add(node)
+            nodes = workloads.add_ring(runtime, hops)
             gc.collect()
-            start = time.perf_counter()
-            for token in range(RING_TOKENS):
-                runtime.send(names[0], {"t": token, "h": 1})
-            await runtime.run_until_idle()
-            elapsed = time.perf_counter() - start
+            elapsed = await workloads.drive_ring(runtime, nodes)
         journaled = 0
         if journal:
             segments = await store.load_journal(runtime.run_id)
@@ -529,36 +451,11 @@ async def ring(path: Path, hops: int, journal: bool, check: bool = False) -> tup
                 assert all(m.delivered_at is not None for m in messages)
     finally:
         await store.close()
-    forwarded = sum(node.state.forwarded for node in nodes)
-    assert forwarded == RING_TOKENS * hops, (forwarded, RING_TOKENS * hops)
+    workloads.check_ring(nodes, hops)
     return elapsed, journaled
 
 
 # -- driver ------------------------------------------------------------------------------------
-
-
-async def _pairs(
-    reference: Timed, subject: Timed, repetitions: int
-) -> tuple[list[float], list[float]]:
-    """Run both ``repetitions`` times, alternating which goes first; return both timings.
-
-    Each side collects garbage itself, after its set-up and before its clock starts.
-    """
-    ref_times: list[float] = []
-    sub_times: list[float] = []
-    for rep in range(repetitions):
-        if rep % 2 == 0:
-            ref_times.append(await reference())
-            sub_times.append(await subject())
-        else:
-            sub_times.append(await subject())
-            ref_times.append(await reference())
-    return ref_times, sub_times
-
-
-def _median_ratio(ref_times: list[float], sub_times: list[float]) -> float:
-    """Median over repetitions of subject rate / reference rate (runs side by side)."""
-    return statistics.median(r / s for r, s in zip(ref_times, sub_times, strict=True))
 
 
 async def _calibrate_ring(directory: Path, target_seconds: float) -> int:
@@ -566,14 +463,10 @@ async def _calibrate_ring(directory: Path, target_seconds: float) -> int:
     probe = 10_000
     times = []
     for _ in range(3):
-        path = _fresh(directory, "probe")
+        path = workloads.fresh_db(directory, "probe")
         times.append((await ring(path, probe, journal=False))[0])
-        _remove(path)
+        workloads.remove_db(path)
     return max(probe, round(probe * target_seconds / min(times)))
-
-
-def _ms(seconds: list[float]) -> float:
-    return round(statistics.median(seconds) * 1000, 3)
 
 
 async def measure(profile: str, directory: Path) -> dict[str, Any]:
@@ -586,18 +479,18 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
     samples: list[StoreSample] = []
 
     async def raw() -> float:
-        path = _fresh(directory, "raw")
+        path = workloads.fresh_db(directory, "raw")
         try:
             return raw_save(path, fixture.run, first_rows)
         finally:
-            _remove(path)
+            workloads.remove_db(path)
 
     async def sqlstore() -> float:
-        path = _fresh(directory, "store")
+        path = workloads.fresh_db(directory, "store")
         try:
             sample = await store_save(path, fixture, check=not samples)
         finally:
-            _remove(path)
+            workloads.remove_db(path)
         samples.append(sample)
         return sample.first_s
 
@@ -606,7 +499,8 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
     await sqlstore()
     samples.clear()
 
-    raw_s, store_s = await _pairs(raw, sqlstore, persist_reps)
+    # Each side collects garbage itself, after its set-up and before its clock starts.
+    raw_s, store_s = await workloads.pairs(raw, sqlstore, persist_reps)
     persist_ratios = [s / r for r, s in zip(raw_s, store_s, strict=True)]
     persist_ratio = statistics.median(persist_ratios)
     warm_s = [s.third_s for s in samples]
@@ -624,46 +518,36 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
     ]
 
     hops = await _calibrate_ring(directory, ring_seconds)
-    ring_n = RING_TOKENS * hops
+    ring_n = workloads.RING_TOKENS * hops
     journaled: list[int] = []
 
     async def without() -> float:
-        path = _fresh(directory, "ring")
+        path = workloads.fresh_db(directory, "ring")
         try:
             return (await ring(path, hops, journal=False))[0]
         finally:
-            _remove(path)
+            workloads.remove_db(path)
 
     async def with_journal() -> float:
-        path = _fresh(directory, "journal")
+        path = workloads.fresh_db(directory, "journal")
         try:
             elapsed, kept = await ring(path, hops, journal=True)
         finally:
-            _remove(path)
+            workloads.remove_db(path)
         journaled.append(kept)
         return elapsed
 
     # Warm-up of the journal's code paths, not timed; its journal is read back in full.
-    path = _fresh(directory, "journal")
+    path = workloads.fresh_db(directory, "journal")
     await ring(path, hops, journal=True, check=True)
-    _remove(path)
-    nojournal_s, journal_s = await _pairs(without, with_journal, ring_reps)
-    journal_ratio = _median_ratio(nojournal_s, journal_s)
-
-    def rate(n: int, seconds: list[float]) -> float:
-        return round(statistics.median(n / s for s in seconds), 1)
+    workloads.remove_db(path)
+    nojournal_s, journal_s = await workloads.pairs(without, with_journal, ring_reps)
+    journal_ratio = workloads.median_ratio(nojournal_s, journal_s)
 
     return {
-        "benchmark": "agentsnap snapshot store",
-        "profile": profile,
-        "python": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "agentsnap_version": agentsnap.__version__,
-        "sqlite_version": sqlite3.sqlite_version,
-        "sqlalchemy_version": sqlalchemy.__version__,
-        "aiosqlite_version": aiosqlite.__version__,
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
+        **workloads.environment(
+            "agentsnap snapshot store", profile, "sqlite", "sqlalchemy", "aiosqlite"
+        ),
         "db_dir": str(directory),
         "statistic": "median of repetitions; ratios are medians of per-repetition ratios",
         "persist_repetitions": persist_reps,
@@ -673,11 +557,11 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
         "state_bytes_max": max(state_sizes),
         "in_flight_messages": IN_FLIGHT_CHANNELS * IN_FLIGHT_PER_CHANNEL,
         "changed_agents": CHANGED_AGENTS,
-        "raw_sqlite_save_ms": _ms(raw_s),
-        "sqlstore_save_ms": _ms(store_s),
+        "raw_sqlite_save_ms": workloads.ms(raw_s),
+        "sqlstore_save_ms": workloads.ms(store_s),
         "persist_ratio_vs_raw_sqlite": round(persist_ratio, 4),
-        "sqlstore_incremental_save_ms": _ms([s.second_s for s in samples]),
-        "sqlstore_warm_save_ms": _ms(warm_s),
+        "sqlstore_incremental_save_ms": workloads.ms([s.second_s for s in samples]),
+        "sqlstore_warm_save_ms": workloads.ms(warm_s),
         "warm_persist_ratio_vs_raw_sqlite": round(statistics.median(warm_ratios), 4),
         "first_snapshot_db_bytes": statistics.median(s.first_db_bytes for s in samples),
         "second_snapshot_db_bytes": statistics.median(s.second_db_bytes for s in samples),
@@ -687,22 +571,22 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
         "first_snapshot_logical_bytes": first_logical,
         "second_snapshot_logical_bytes": second_logical,
         "logical_bytes_ratio": round(second_logical / first_logical, 4),
-        "ring_agents": RING_AGENTS,
-        "ring_tokens": RING_TOKENS,
+        "ring_agents": workloads.RING_AGENTS,
+        "ring_tokens": workloads.RING_TOKENS,
         "ring_n": ring_n,
-        "nojournal_msgs_per_s": rate(ring_n, nojournal_s),
-        "journal_msgs_per_s": rate(ring_n, journal_s),
+        "nojournal_msgs_per_s": workloads.rate(ring_n, nojournal_s),
+        "journal_msgs_per_s": workloads.rate(ring_n, journal_s),
         "journal_throughput_ratio": round(journal_ratio, 4),
         "journaled_messages_per_repetition": journaled,
         "samples": {
-            "raw_sqlite_save_ms": [round(s * 1000, 3) for s in raw_s],
-            "sqlstore_save_ms": [round(s * 1000, 3) for s in store_s],
+            "raw_sqlite_save_ms": workloads.samples_ms(raw_s),
+            "sqlstore_save_ms": workloads.samples_ms(store_s),
             "persist_ratio": [round(r, 4) for r in persist_ratios],
-            "sqlstore_incremental_save_ms": [round(s.second_s * 1000, 3) for s in samples],
-            "sqlstore_warm_save_ms": [round(s * 1000, 3) for s in warm_s],
+            "sqlstore_incremental_save_ms": workloads.samples_ms([s.second_s for s in samples]),
+            "sqlstore_warm_save_ms": workloads.samples_ms(warm_s),
             "incremental_bytes_ratio": [round(r, 4) for r in bytes_ratios],
-            "nojournal_msgs_per_s": [round(ring_n / s, 1) for s in nojournal_s],
-            "journal_msgs_per_s": [round(ring_n / s, 1) for s in journal_s],
+            "nojournal_msgs_per_s": workloads.rates(ring_n, nojournal_s),
+            "journal_msgs_per_s": workloads.rates(ring_n, journal_s),
         },
         "targets": {
             "persist_ratio_vs_raw_sqlite_max": TARGET_PERSIST_RATIO,
@@ -719,10 +603,7 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
 
 def _table(r: dict[str, Any]) -> str:
     t = r["targets"]
-
-    def met(ok: bool) -> str:
-        return "MET" if ok else "NOT MET"
-
+    met = workloads.met
     lines = [
         f"agentsnap {r['agentsnap_version']} snapshot store benchmark, "
         f"{r['python_implementation']} {r['python']}, SQLite {r['sqlite_version']}, "
@@ -765,20 +646,12 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--quick", action="store_true", help="smaller and fewer runs (< 30 s)")
-    parser.add_argument(
-        "--dir", type=Path, default=None, help="where the SQLite files go (a temporary directory)"
-    )
+    parser = workloads.argument_parser(__doc__, "smaller and fewer runs (< 30 s)", directory=True)
     args = parser.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="agentsnap-bench-", dir=args.dir) as directory:
-        results = asyncio.run(measure("quick" if args.quick else "full", Path(directory)))
-    if args.json:
-        print(json.dumps(results))
-    else:
-        print(_table(results))
+    with workloads.scratch_directory(args.dir) as directory:
+        results = asyncio.run(measure("quick" if args.quick else "full", directory))
+    workloads.report(results, args.json, _table)
     if not results["targets"]["journal_complete_met"]:
         print(
             f"error: a journaled run kept {min(results['journaled_messages_per_repetition'])} "

@@ -23,13 +23,9 @@ repetitions (about 10 s). Run it from the repository root with:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
-import json
 import os
-import platform
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -39,7 +35,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import agentsnap
+import workloads
+
 from agentsnap import Agent, AgentState, Context, Message, Runtime, tool
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.sql_ledger import SqlLedger
@@ -97,19 +94,15 @@ async def overhead(
     try:
         await timed_run(ledger, max(calls // 10, 20), use_tool=True)  # warm-up, not timed
         await timed_run(ledger, max(calls // 10, 20), use_tool=False)
-        samples: list[float] = []
-        bare_us: list[float] = []
-        for repetition in range(repetitions):
-            if repetition % 2:
-                tool_s = await timed_run(ledger, calls, use_tool=True)
-                bare_s = await timed_run(ledger, calls, use_tool=False)
-            else:
-                bare_s = await timed_run(ledger, calls, use_tool=False)
-                tool_s = await timed_run(ledger, calls, use_tool=True)
-            samples.append((tool_s - bare_s) / calls * 1e3)
-            bare_us.append(bare_s / calls * 1e6)
+        bare_s, tool_s = await workloads.pairs(
+            lambda: timed_run(ledger, calls, use_tool=False),
+            lambda: timed_run(ledger, calls, use_tool=True),
+            repetitions,
+        )
     finally:
         await ledger.close()
+    samples = [(t - b) / calls * 1e3 for b, t in zip(bare_s, tool_s, strict=True)]
+    bare_us = [b / calls * 1e6 for b in bare_s]
     return statistics.median(samples), samples, statistics.median(bare_us)
 
 
@@ -148,14 +141,7 @@ async def measure(profile: str, postgres: str | None, folder: Path) -> dict[str,
     sqlite_ms = figures["sqlite"]
     assert sqlite_ms is not None
     return {
-        "benchmark": "agentsnap tools",
-        "profile": profile,
-        "python": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "agentsnap_version": agentsnap.__version__,
-        "sqlite_version": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
+        **workloads.environment("agentsnap tools", profile, "sqlite"),
         "statistic": "median over repetitions of (tool - bare) / calls",
         "repetitions": repetitions,
         "calls": calls,
@@ -202,9 +188,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--quick", action="store_true", help="fewer calls and repetitions")
+    parser = workloads.argument_parser(__doc__, "fewer calls and repetitions")
     parser.add_argument(
         "--postgres",
         default=os.environ.get(POSTGRES_VARIABLE),
@@ -217,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(
             measure("quick" if args.quick else "full", args.postgres, Path(folder))
         )
-    print(json.dumps(results) if args.json else _table(results))
+    workloads.report(results, args.json, _table)
     return 0
 
 
