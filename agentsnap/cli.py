@@ -164,9 +164,32 @@ def demo(db: str, model: str | None, exporter: Exporter | None) -> None:
         raise click.exceptions.Exit(1)
 
 
-@main.group()
+class _ToolsGroup(click.Group):
+    """``tools RUN`` shows one run's ledger; ``tools list`` and ``tools resolve`` stay commands."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = [_RUN_LEDGER, *args]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        path = ctx.command_path
+        formatter.write_usage(path, "RUN [--json] [--db URL]")
+        formatter.write_usage(path, "COMMAND [ARGS]...", prefix="   or: ")
+
+
+_RUN_LEDGER = "run"
+"""The hidden command behind ``agentsnap tools RUN``."""
+
+
+@main.group(cls=_ToolsGroup)
 def tools() -> None:
-    """Side-effecting tool calls in the ledger: list them, resolve unknown outcomes."""
+    """Side-effecting tool calls in the ledger.
+
+    `agentsnap tools RUN` prints the calls of run RUN (an id or a unique prefix): key,
+    status, tool, attempts, agent. Calls whose outcome is unknown are marked with a leading
+    `!`: check the outside system, then settle them with `agentsnap tools resolve`.
+    """
 
 
 @tools.command("list")
@@ -182,6 +205,41 @@ def list_tool_calls(run_id: str | None, db: str, status: str | None) -> None:
                 f"{entry.key}  {entry.status.value}  {entry.tool}  attempts={entry.attempts}  "
                 f"run={entry.run_id or '-'}  agent={entry.agent or '-'}"
             )
+
+
+@tools.command(_RUN_LEDGER, hidden=True)
+@click.argument("run_id")
+@_DB
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def run_tool_calls(run_id: str, db: str, as_json: bool) -> None:
+    """Print the tool calls of run RUN_ID, unknown outcomes marked with `!`."""
+    from agentsnap.inspect import tool_calls_table  # noqa: PLC0415
+
+    rows = _read(db, lambda store: tool_calls_table(store, run_id))
+    if as_json:
+        _print_json(rows)
+        return
+    _print_table(
+        ["", "KEY", "STATUS", "TOOL", "ATTEMPTS", "AGENT", "UPDATED"],
+        [
+            [
+                "!" if r["unknown"] else " ",
+                r["key"],
+                r["status"],
+                r["tool"],
+                r["attempts"],
+                r["agent"],
+                _when(r["updated_at"]),
+            ]
+            for r in rows
+        ],
+    )
+    unknown = sum(r["unknown"] for r in rows)
+    if unknown:
+        click.echo(
+            f"! {unknown} call{'s' if unknown > 1 else ''} with an unknown outcome: check the "
+            "outside system, then `agentsnap tools resolve KEY --result JSON | --error TEXT`"
+        )
 
 
 @tools.command("resolve")

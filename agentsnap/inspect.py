@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from agentsnap.exceptions import NotFoundError
 from agentsnap.journal import read_journal
 from agentsnap.store.ledger import ledger_for
+from agentsnap.tools import ToolCallStatus
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -49,6 +50,7 @@ __all__ = [
     "runs_table",
     "show_snapshot",
     "snapshots_table",
+    "tool_calls_table",
 ]
 
 EXPORT_FORMAT = 1
@@ -285,6 +287,26 @@ async def rollbacks_table(store: Store, run_prefix: str) -> list[dict[str, Any]]
     """
     run = await resolve_run(store, run_prefix)
     return [_rollback(r) for r in await store.list_rollbacks(run.id)]
+
+
+async def tool_calls_table(
+    store: Store, run_prefix: str, ledger: Ledger | None = None
+) -> list[dict[str, Any]]:
+    """The side-effecting tool calls of a run (id or unique prefix), oldest first.
+
+    Each row is the export document's tool call plus ``"unknown"``: whether the call's
+    outcome is unknown (it may or may not have happened; settle it with
+    ``agentsnap tools resolve``). The calls come from ``ledger``, by default the ledger in
+    the store's database (an ``SqlStore``'s), none for other stores.
+
+    Raises:
+        NotFoundError: No such run, or the prefix is ambiguous.
+    """
+    run = await resolve_run(store, run_prefix)
+    return [
+        {**_tool_call(entry), "unknown": entry.status is ToolCallStatus.UNKNOWN}
+        for entry in await _ledger_calls(store, run.id, ledger)
+    ]
 
 
 async def show_snapshot(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from agentsnap.inspect import export_run
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.sql_ledger import SqlLedger
+from agentsnap.tools import LedgerEntry, ToolCallStatus
 
 EXPORT_KEYS = {
     "key",
@@ -159,3 +161,60 @@ async def test_a_locked_sqlite_database_is_waited_for_off_the_event_loop(tmp_pat
         assert [entry.status for entry in await ledger.list_calls()] == ["succeeded"] * 2
     finally:
         await ledger.close()
+
+
+def test_tools_run_prints_the_ledger_of_one_run_unknown_outcomes_marked(db_url: str) -> None:
+    async def run() -> str:
+        store = SqlStore(db_url)
+        try:
+            runtime = await shipping_run(store)
+            await shipping_run(store)  # another run: its calls are not listed
+            now = datetime.now(UTC)
+            assert isinstance(runtime.ledger, SqlLedger)
+            ledger = SqlLedger(db_url)
+            try:
+                await ledger.claim(
+                    LedgerEntry(
+                        key="lost-parcel",
+                        tool="inspect_ship",
+                        fingerprint="f",
+                        arguments={"parcel": "p3"},
+                        status=ToolCallStatus.UNKNOWN,
+                        created_at=now,
+                        updated_at=now,
+                        run_id=runtime.run_id,
+                        agent="shipper",
+                    )
+                )
+            finally:
+                await ledger.close()
+            return runtime.run_id
+        finally:
+            await store.close()
+
+    run_id = asyncio.run(run())
+
+    rows = json.loads(invoke("tools", run_id[:8], "--json", "--db", db_url).output)
+    assert [(r["status"], r["unknown"]) for r in rows] == [
+        ("succeeded", False),
+        ("succeeded", False),
+        ("unknown", True),
+    ]
+    assert {r["run"] for r in rows} == {run_id}
+    assert set(rows[0]) >= EXPORT_KEYS | {"unknown"}
+
+    text = invoke("tools", run_id, "--db", db_url)
+    assert text.exit_code == 0, text.output
+    header, *lines, note = text.output.splitlines()
+    assert header.split() == ["KEY", "STATUS", "TOOL", "ATTEMPTS", "AGENT", "UPDATED"]
+    assert [line.split()[1] for line in lines[:2]] == ["succeeded", "succeeded"]
+    assert not any(line.startswith("!") for line in lines[:2])
+    assert lines[2].split()[:3] == ["!", "lost-parcel", "unknown"]
+    assert note.startswith("! 1 call with an unknown outcome")
+
+    # The subcommands are still there.
+    assert invoke("tools", "list", run_id, "--db", db_url).output.count("lost-parcel") == 1
+    assert " tools RUN [--json] [--db URL]" in invoke("tools", "--help").output
+    missing = invoke("tools", "ffff", "--db", db_url)
+    assert missing.exit_code == 1
+    assert missing.output == "Error: no run with id 'ffff' in this store\n"
