@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck docs pytest bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("agentsnap needs Python 3.11 or newer, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/agentsnap demo
 
-test: $(STAMP) lint typecheck pytest
+test: $(STAMP) lint typecheck docs pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentsnap tests examples benchmarks migrations
@@ -25,6 +25,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
@@ -32,4 +35,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bus.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis dist build
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis dist build site

@@ -595,8 +595,11 @@ class Tool(Generic[R]):
 
         Raises:
             ConfigurationError: A side-effecting tool without ``key`` or ``ledger``.
-            ToolArgumentsInvalid, IdempotencyConflict, ToolFailed, ToolInProgress,
-                ToolOutcomeUnknown: As for a call from a handler.
+            ToolArgumentsInvalid: As for a call from a handler.
+            IdempotencyConflict: As for a call from a handler.
+            ToolFailed: As for a call from a handler.
+            ToolInProgress: As for a call from a handler.
+            ToolOutcomeUnknown: As for a call from a handler.
         """
         values, args_json, printed = self._validate(arguments)
         info = ToolCall(self.name, key, 1, run_id, agent, None)
