@@ -259,10 +259,13 @@ def _times(timeline: Timeline) -> list[datetime]:
         if snapshot.completed_at is not None:
             times.append(snapshot.completed_at)
     times.extend(rollback.at for rollback in timeline.rollbacks)
-    # The run's own start and end frame the picture.
-    times.append(timeline.run.created_at)
-    if timeline.run.finished_at is not None:
-        times.append(timeline.run.finished_at)
+    if not times:
+        # Nothing happened: the run's own start and end frame the picture. Otherwise they
+        # are left out, since setting a run up (opening the database) can take longer than
+        # the whole run and would squeeze it into a corner.
+        times.append(timeline.run.created_at)
+        if timeline.run.finished_at is not None:
+            times.append(timeline.run.finished_at)
     return times
 
 
