@@ -428,6 +428,32 @@ def rollbacks(run_id: str, db: str, as_json: bool) -> None:
     )
 
 
+@main.command()
+@click.argument("snapshot_id")
+@_DB
+@_JSON
+def fork(snapshot_id: str, db: str, as_json: bool) -> None:
+    """Add a run that starts from snapshot SNAPSHOT_ID, and print its id.
+
+    The new run records its parent run and snapshot and gets a copy of the snapshot as its
+    snapshot 1. Nothing runs: continue it from a program that registers the same agents,
+    with `Runtime(store=..., run_id=NEW_RUN).resume()`.
+    """
+    from agentsnap.inspect import fork_run  # noqa: PLC0415
+
+    run = _read(db, lambda store: fork_run(store, snapshot_id))
+    if as_json:
+        _print_json(
+            {
+                "id": run.id,
+                "parent_run_id": run.parent_run_id,
+                "parent_snapshot_id": run.parent_snapshot_id,
+            }
+        )
+        return
+    click.echo(run.id)
+
+
 def _print_json(value: object) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 

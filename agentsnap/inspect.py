@@ -1,5 +1,8 @@
 """Read-only views of what runs left in a store, shared by Python code and the CLI.
 
+One function writes: ``fork_run`` adds a run that starts from a
+snapshot of another (``agentsnap fork``).
+
 Example:
     ```python
     import asyncio
@@ -23,17 +26,20 @@ The export document is described, key by key, in ``docs/reference/export.md``.
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentsnap.exceptions import NotFoundError
+from agentsnap.exceptions import ConfigurationError, NotFoundError
 from agentsnap.journal import read_journal
+from agentsnap.records import RunInfo, SnapshotStatus, utcnow
 from agentsnap.store.ledger import ledger_for
 from agentsnap.tools import ToolCallStatus
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from agentsnap.records import JournalMessage, RollbackInfo, RunInfo, Snapshot
+    from agentsnap.messages import JsonValue
+    from agentsnap.records import JournalMessage, RollbackInfo, Snapshot
     from agentsnap.store import Store
     from agentsnap.tools import Ledger, LedgerEntry
 
@@ -43,6 +49,7 @@ __all__ = [
     "diff_snapshots",
     "diff_states",
     "export_run",
+    "fork_run",
     "is_empty_diff",
     "resolve_run",
     "resolve_snapshot",
@@ -407,6 +414,67 @@ async def agent_history_table(store: Store, run_prefix: str, agent: str) -> list
         )
         previous = state
     return rows
+
+
+# --- Forking: a new run from a snapshot, for a program to continue ---
+
+
+async def fork_run(
+    store: Store,
+    snapshot_prefix: str,
+    *,
+    run_id: str | None = None,
+    metadata: dict[str, JsonValue] | None = None,
+) -> RunInfo:
+    """Add a run that starts from a complete snapshot (id or unique prefix) of another run.
+
+    The new run records its parent run and snapshot, and gets a copy of the snapshot as
+    its snapshot 1: the same agent states, counters and messages in flight, under a new id.
+    Nothing runs: a program continues the run by creating
+    ``Runtime(store=store, run_id=run.id)``, registering the same agents and calling
+    ``resume()``. The original run is not touched.
+
+    Args:
+        store: The store holding the snapshot; the new run goes there too.
+        snapshot_prefix: The snapshot to start from.
+        run_id: Id of the new run (32 hex digits are generated when omitted).
+        metadata: JSON recorded with the new run.
+
+    Returns:
+        The new run.
+
+    Raises:
+        NotFoundError: No such snapshot, or the prefix is ambiguous.
+        ConfigurationError: The snapshot is not complete, or ``run_id`` is taken.
+    """
+    snapshot = await resolve_snapshot(store, snapshot_prefix)
+    if snapshot.status is not SnapshotStatus.COMPLETE:
+        raise ConfigurationError(
+            f"snapshot {snapshot.id} is {snapshot.status.value}; fork from a complete one"
+        )
+    run = RunInfo(
+        id=run_id or uuid.uuid4().hex,
+        parent_run_id=snapshot.run_id,
+        parent_snapshot_id=snapshot.id,
+        metadata=dict(metadata or {}),
+    )
+    if run_id is not None and await store.find_ids("run", run_id, limit=1) == [run_id]:
+        raise ConfigurationError(f"there is already a run with id {run_id}")
+    await store.create_run(run)
+    now = utcnow()
+    await store.save_snapshot(
+        snapshot.model_copy(
+            update={
+                "id": uuid.uuid4().hex,
+                "run_id": run.id,
+                "seq": 1,
+                "started_at": now,
+                "completed_at": now,
+            },
+            deep=True,
+        )
+    )
+    return await store.get_run(run.id)
 
 
 _STATE_PARTS = ("memory", "plan", "tool_calls")
