@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -91,9 +92,12 @@ def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
     """
     from agentsnap.inspect import export_run  # noqa: PLC0415
 
-    document = _read(db, lambda store: export_run(store, run_id))
-    json.dump(document, output, indent=indent, ensure_ascii=False)
-    output.write("\n")
+    with _Steps("export", 2) as steps:
+        steps.next(f"reading run {run_id}")
+        document = _read(db, lambda store: export_run(store, run_id))
+        steps.next(f"writing {len(document['snapshots'])} snapshots")
+        json.dump(document, output, indent=indent, ensure_ascii=False)
+        output.write("\n")
 
 
 @main.command()
@@ -115,8 +119,14 @@ def timeline(run_id: str, db: str, output: str) -> None:
     path = Path(output)
     if path.suffix.lower() not in FORMATS:
         raise click.ClickException(f"cannot write {output}: use a .svg or .html file")
-    found = _read(db, lambda store: load_timeline(store, run_id))
-    _guard(lambda: path.write_text(render(found, path.suffix), encoding="utf-8"))
+    with _Steps("timeline", 3) as steps:
+        steps.next(f"reading run {run_id}")
+        found = _read(db, lambda store: load_timeline(store, run_id))
+        messages = len(found.messages or [])
+        steps.next(f"drawing {messages} messages, {len(found.snapshots)} snapshots")
+        text = _guard(lambda: render(found, path.suffix))
+        steps.next(f"writing {output}")
+        _guard(lambda: path.write_text(text, encoding="utf-8"))
     click.echo(f"wrote {output}")
 
 
@@ -452,6 +462,40 @@ def fork(snapshot_id: str, db: str, as_json: bool) -> None:
         )
         return
     click.echo(run.id)
+
+
+def _progress_stream() -> IO[str] | None:
+    """Where progress goes: standard error when it is a terminal, else nowhere."""
+    stream = sys.stderr
+    return stream if stream is not None and stream.isatty() else None
+
+
+class _Steps:
+    """Shows which step of a long command runs, on one line of standard error.
+
+    Only when standard error is a terminal, so pipes, files and tests see nothing; the line
+    is erased when the command is done (or fails, before its error is printed).
+    """
+
+    def __init__(self, command: str, total: int) -> None:
+        self._stream = _progress_stream()
+        self._command = command
+        self._total = total
+        self._done = 0
+
+    def __enter__(self) -> _Steps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stream is not None and self._done:
+            self._stream.write("\r\033[K")
+            self._stream.flush()
+
+    def next(self, what: str) -> None:
+        self._done += 1
+        if self._stream is not None:
+            self._stream.write(f"\r\033[K{self._command} [{self._done}/{self._total}] {what}...")
+            self._stream.flush()
 
 
 def _print_json(value: object) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -361,3 +362,44 @@ async def test_snapshot_prefixes_span_runs() -> None:
     with pytest.raises(NotFoundError, match="snapshot id prefix 'ee0' is ambiguous: ee01"):
         await resolve_snapshot(store, "ee0")
     assert (await resolve_snapshot(store, "ee02")).run_id == f"{1:032x}"
+
+
+def test_export_and_timeline_print_no_progress_off_a_terminal(demo: Demo, tmp_path: Path) -> None:
+    exported = CliRunner().invoke(main, ["export", demo.run_id, "--db", demo.db])
+    assert exported.exit_code == 0
+    assert exported.stderr == ""
+    assert json.loads(exported.stdout)["run"]["id"] == demo.run_id
+
+    page = tmp_path / "run.svg"
+    drawn = CliRunner().invoke(main, ["timeline", demo.run_id, "-o", str(page), "--db", demo.db])
+    assert drawn.exit_code == 0
+    assert (drawn.stdout, drawn.stderr) == (f"wrote {page}\n", "")
+
+
+def test_export_and_timeline_show_their_steps_on_a_terminal(
+    demo: Demo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    terminal = io.StringIO()
+    monkeypatch.setattr("agentsnap.cli._progress_stream", lambda: terminal)
+    page = tmp_path / "run.html"
+    drawn = CliRunner().invoke(main, ["timeline", demo.run_id, "-o", str(page), "--db", demo.db])
+    assert drawn.exit_code == 0
+    assert drawn.stdout == f"wrote {page}\n"
+    shown = terminal.getvalue()
+    assert f"timeline [1/3] reading run {demo.run_id}..." in shown
+    assert "timeline [2/3] drawing " in shown
+    assert f"timeline [3/3] writing {page}..." in shown
+    assert shown.endswith("\r\033[K")  # erased at the end
+
+    terminal.seek(0)
+    terminal.truncate()
+    exported = CliRunner().invoke(main, ["export", demo.run_id, "--db", demo.db])
+    assert exported.exit_code == 0
+    json.loads(exported.stdout)
+    assert "export [2/2] writing 2 snapshots..." in terminal.getvalue()
+
+    terminal.seek(0)
+    terminal.truncate()
+    failed = CliRunner().invoke(main, ["export", "ffff", "--db", demo.db])
+    assert failed.exit_code == 1
+    assert terminal.getvalue().endswith("\r\033[K")  # erased before the error is printed
