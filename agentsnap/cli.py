@@ -88,13 +88,18 @@ def current(db: str) -> None:
 def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
     """Print run RUN_ID as one JSON document: the run, its snapshots, its journal.
 
-    The document's keys are described in the documentation (reference/export).
+    RUN_ID may be a unique prefix of the id. The document's keys are described in the
+    documentation (reference/export).
     """
-    from agentsnap.inspect import export_run  # noqa: PLC0415
+    from agentsnap.inspect import export_run, resolve_run  # noqa: PLC0415
+
+    async def query(store: SqlStore) -> dict[str, Any]:
+        run = await resolve_run(store, run_id)
+        return await export_run(store, run.id)
 
     with _Steps("export", 2) as steps:
         steps.next(f"reading run {run_id}")
-        document = _read(db, lambda store: export_run(store, run_id))
+        document = _read(db, query)
         steps.next(f"writing {len(document['snapshots'])} snapshots")
         json.dump(document, output, indent=indent, ensure_ascii=False)
         output.write("\n")

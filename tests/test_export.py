@@ -193,3 +193,9 @@ def test_export_from_a_database_without_agentsnap_tables(tmp_path: Path) -> None
     assert result.exit_code == 1
     assert "holds no agentsnap runs" in result.output
     assert empty.stat().st_size == 0
+
+
+def test_export_takes_a_unique_prefix_of_the_run_id(db: str) -> None:
+    run_id = sql_run(db, journal=False)
+    document = export_cli(run_id[:8], "--db", db)
+    assert document["run"]["id"] == run_id
