@@ -507,11 +507,34 @@ def _print_json(value: object) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
 
+# Colours for the words that matter at a glance; click drops them when the output is not a
+# terminal (a pipe, a file, a test), so scripts see plain text.
+_COLOURS = {
+    "succeeded": "green",
+    "complete": "green",
+    "running": "yellow",
+    "in_progress": "yellow",
+    "failed": "red",
+    "unknown": "red",
+    "abandoned": "magenta",
+}
+
+
 def _print_table(headers: list[str], rows: list[list[object]]) -> None:
     cells = [headers, *[["-" if c is None else str(c) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for row in cells:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for index, row in enumerate(cells):
+        line = "  ".join(
+            _paint(c, c.ljust(w), header=index == 0) for c, w in zip(row, widths, strict=True)
+        )
+        click.echo(line.rstrip())
+
+
+def _paint(word: str, padded: str, *, header: bool) -> str:
+    if header:
+        return click.style(padded, bold=True)
+    colour = _COLOURS.get(word)
+    return padded if colour is None else click.style(word, fg=colour) + padded[len(word) :]
 
 
 def _when(moment: str | None) -> str:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
@@ -403,3 +404,12 @@ def test_export_and_timeline_show_their_steps_on_a_terminal(
     failed = CliRunner().invoke(main, ["export", "ffff", "--db", demo.db])
     assert failed.exit_code == 1
     assert terminal.getvalue().endswith("\r\033[K")  # erased before the error is printed
+
+
+def test_statuses_are_coloured_on_a_terminal_and_plain_in_a_pipe(demo: Demo) -> None:
+    coloured = CliRunner().invoke(main, ["snapshots", demo.run_id, "--db", demo.db], color=True)
+    assert coloured.exit_code == 0, coloured.output
+    assert click.style("complete", fg="green") in coloured.output
+    plain = cli(demo, "snapshots", demo.run_id)
+    assert "\x1b[" not in plain.output
+    assert "complete" in plain.output
