@@ -7,6 +7,8 @@ shipped inside the wheel as ``agentsnap/_migrations``, so these functions (and t
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from alembic import command
@@ -127,6 +129,42 @@ def ensure_schema(url: str, *, create: bool = True) -> None:
         upgrade(url)
         return
     raise SchemaOutOfDate(shown, found, needed)
+
+
+class SchemaGate:
+    """Checks once, off the event loop, that a database is ready for a store or ledger.
+
+    Args:
+        url: The database.
+        create: Create the schema in an empty database (see ``ensure_schema``).
+        then: Awaited once the schema is there (to open a writer's connection, say).
+    """
+
+    def __init__(
+        self, url: str, *, create: bool, then: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        self._url = url
+        self._create = create
+        self._then = then
+        self._ready = False
+        self._lock = asyncio.Lock()
+
+    async def wait(self) -> None:
+        """Return once the database is ready; the first caller does the work.
+
+        Raises:
+            SchemaOutOfDate: The schema is at another revision.
+            StoreError: ``create`` is false and there is no agentsnap database.
+        """
+        if self._ready:
+            return
+        async with self._lock:
+            if not self._ready:
+                # Alembic is synchronous: run it off the event loop.
+                await asyncio.to_thread(ensure_schema, self._url, create=self._create)
+                if self._then is not None:
+                    await self._then()
+                self._ready = True
 
 
 def _sqlite_file_exists(url: str) -> bool:

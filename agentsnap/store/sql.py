@@ -50,7 +50,7 @@ from agentsnap.records import (
     SnapshotStatus,
 )
 from agentsnap.state import compact_json
-from agentsnap.store.migrate import ensure_schema, sync_url
+from agentsnap.store.migrate import SchemaGate, sync_url
 from agentsnap.store.sqlite_writer import SnapshotRows, SqliteWriter, Statements
 from agentsnap.store.tables import (
     JournalRow,
@@ -117,13 +117,10 @@ class SqlStore:
 
     def __init__(self, url: str = DEFAULT_URL, *, echo: bool = False, create: bool = True) -> None:
         self.url = url
-        self._create = create
         self._engine: AsyncEngine = create_async_engine(async_url(url), echo=echo)
         self._backend = self._engine.dialect.name
         if self._backend == "sqlite":
             event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
-        self._ready = False
-        self._ready_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock() if self._backend == "sqlite" else None
         # Hashes of states known to be stored (committed), so they are not sent again.
         self._known_blobs: set[str] = set()
@@ -134,25 +131,17 @@ class SqlStore:
             if self._backend == "sqlite" and database not in {None, "", ":memory:"}
             else None
         )
+        self._gate = SchemaGate(
+            url, create=create, then=self._writer.open if self._writer is not None else None
+        )
 
     def __repr__(self) -> str:
         return f"SqlStore({make_url(self.url).render_as_string(hide_password=True)!r})"
 
-    async def _connect_ready(self) -> None:
-        if self._ready:
-            return
-        async with self._ready_lock:
-            if not self._ready:
-                # Alembic is synchronous: run it off the event loop.
-                await asyncio.to_thread(ensure_schema, self.url, create=self._create)
-                if self._writer is not None:
-                    await self._writer.open()
-                self._ready = True
-
     # -- writes ---------------------------------------------------------------------------
 
     async def create_run(self, run: RunInfo) -> None:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         row = {
             "id": run.id,
             "created_at": run.created_at,
@@ -174,14 +163,14 @@ class SqlStore:
         )
 
     async def _update_run(self, run_id: str, **values: Any) -> None:
-        await self._connect_ready()
+        await self._gate.wait()
         async with self._begin() as conn:
             result = await conn.execute(_runs.update().where(_runs.c.id == run_id).values(**values))
             if result.rowcount == 0:
                 raise NotFoundError("run", run_id)
 
     async def save_rollback(self, rollback: RollbackInfo) -> None:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         async with self._begin() as conn:
             await self._require_run(conn, rollback.run_id)
             found = await conn.scalar(
@@ -192,7 +181,7 @@ class SqlStore:
             await conn.execute(_rollbacks.insert().values(**rollback.model_dump()))
 
     async def list_rollbacks(self, run_id: str) -> list[RollbackInfo]:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         async with self._engine.connect() as conn:
             await self._require_run(conn, run_id)
             rows = await conn.execute(
@@ -203,7 +192,7 @@ class SqlStore:
             return [RollbackInfo.model_validate(dict(row._mapping)) for row in rows]
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         known = self._known_blobs
         blobs = {
             cut.state_hash: cut.state_json
@@ -296,7 +285,7 @@ class SqlStore:
         return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
     async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         if not segments:
             return
         async with self._begin() as conn:
@@ -320,7 +309,7 @@ class SqlStore:
     # -- reads ----------------------------------------------------------------------------
 
     async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         async with self._engine.connect() as conn:
             row = (await conn.execute(select(_runs).where(_runs.c.id == run_id))).one_or_none()
         if row is None:
@@ -328,7 +317,7 @@ class SqlStore:
         return _run(row._mapping)
 
     async def list_runs(self) -> list[RunInfo]:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         async with self._engine.connect() as conn:
             rows = await conn.execute(select(_runs).order_by(_runs.c.created_at, _runs.c.id))
             return [_run(row._mapping) for row in rows]
@@ -336,7 +325,7 @@ class SqlStore:
     async def find_ids(  # noqa: D102
         self, kind: Literal["run", "snapshot"], prefix: str, limit: int = 10
     ) -> list[str]:
-        await self._connect_ready()
+        await self._gate.wait()
         column = (_runs if kind == "run" else _snapshots).c.id
         query = select(column).where(column.startswith(prefix, autoescape=True))
         async with self._engine.connect() as conn:
@@ -344,7 +333,7 @@ class SqlStore:
             return [row[0] for row in rows]
 
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         async with self._engine.connect() as conn:
             await self._require_run(conn, run_id)
             rows = (
@@ -357,7 +346,7 @@ class SqlStore:
             return await self._assemble(conn, [row._mapping for row in rows])
 
     async def load_snapshot(self, snapshot_id: str) -> Snapshot:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         async with self._engine.connect() as conn:
             row = (
                 await conn.execute(select(_snapshots).where(_snapshots.c.id == snapshot_id))
@@ -368,7 +357,7 @@ class SqlStore:
             return snapshot
 
     async def agent_history(self, run_id: str, agent: str) -> list[AgentVersion]:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         async with self._engine.connect() as conn:
             await self._require_run(conn, run_id)
             rows = (
@@ -410,7 +399,7 @@ class SqlStore:
         ]
 
     async def load_journal(self, run_id: str) -> list[JournalSegment]:  # noqa: D102
-        await self._connect_ready()
+        await self._gate.wait()
         async with self._engine.connect() as conn:
             await self._require_run(conn, run_id)
             rows = await conn.execute(

@@ -66,7 +66,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from agentsnap.exceptions import ConfigurationError, StoreError
-from agentsnap.store.migrate import ensure_schema, sync_url
+from agentsnap.store.migrate import SchemaGate, sync_url
 from agentsnap.store.sql import DEFAULT_URL, async_url
 from agentsnap.store.tables import ToolCallRow
 from agentsnap.tools import Change, LedgerEntry, ToolCallStatus
@@ -114,7 +114,6 @@ class SqlLedger:
         echo: bool = False,
     ) -> None:
         self.url = url
-        self._create = create
         parsed = make_url(sync_url(url))
         self._engine: AsyncEngine | None = None
         self._sqlite: _Sqlite | None = None
@@ -138,28 +137,18 @@ class SqlLedger:
             .execution_options(preserve_rowcount=True)
         )
         self._updates: dict[tuple[tuple[str, ...], bool, bool], Update] = {}
-        self._ready = False
-        self._ready_lock = asyncio.Lock()
+        self._gate = SchemaGate(
+            url, create=create, then=self._sqlite.open if self._sqlite is not None else None
+        )
 
     def __repr__(self) -> str:
         return f"SqlLedger({make_url(self.url).render_as_string(hide_password=True)!r})"
-
-    async def _connect_ready(self) -> None:
-        if self._ready:
-            return
-        async with self._ready_lock:
-            if not self._ready:
-                # Alembic is synchronous: run it off the event loop.
-                await asyncio.to_thread(ensure_schema, self.url, create=self._create)
-                if self._sqlite is not None:
-                    await self._sqlite.open()
-                self._ready = True
 
     async def _run(
         self, what: str, op: Callable[Concatenate[Connection, P], T], *args: P.args, **kw: P.kwargs
     ) -> T:
         """Run ``op`` with a connection: in SQLite's thread, or through the asyncio engine."""
-        await self._connect_ready()
+        await self._gate.wait()
         try:
             if self._sqlite is not None:
                 return await self._sqlite.run(op, *args, **kw)
@@ -172,7 +161,7 @@ class SqlLedger:
     async def claim(self, entry: LedgerEntry) -> LedgerEntry | None:  # noqa: D102
         what = f"claim key {entry.key!r}"
         if self._sqlite is not None:
-            await self._connect_ready()
+            await self._gate.wait()
             values = [_BIND[name](getattr(entry, name)) for name in _COLUMNS]
             if await self._sqlite.write(what, _SQLITE_CLAIM, values):
                 return None
@@ -201,7 +190,7 @@ class SqlLedger:
     ) -> bool:
         what = f"update key {key!r}"
         if self._sqlite is not None:
-            await self._connect_ready()
+            await self._gate.wait()
             sql = _sqlite_update(tuple(change), len(statuses), owner is not None, attempts)
             values = [_BIND[name](value) for name, value in change.items()]
             values.append(key)
