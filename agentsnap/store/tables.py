@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -29,6 +30,9 @@ __all__ = [
     "VERSION_TABLE",
     "Base",
     "JournalRow",
+    "LangGraphBlobRow",
+    "LangGraphCheckpointRow",
+    "LangGraphWriteRow",
     "RollbackRow",
     "RunRow",
     "SnapshotAgentRow",
@@ -239,3 +243,54 @@ class ToolCallRow(Base):
     compensation: Mapped[Any] = mapped_column(Json())
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class LangGraphCheckpointRow(Base):
+    """A LangGraph checkpoint, without its channel values (those are in the blobs).
+
+    ``checkpoint`` and ``meta`` are the checkpoint and its metadata as encoded by the saver's
+    serializer, whose type tag is in ``checkpoint_type`` and ``meta_type``.
+    """
+
+    __tablename__ = "agentsnap_lg_checkpoints"
+
+    thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
+    checkpoint_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    parent_checkpoint_id: Mapped[str | None] = mapped_column(Text)
+    checkpoint_type: Mapped[str] = mapped_column(String(32))
+    checkpoint: Mapped[bytes] = mapped_column(LargeBinary)
+    meta_type: Mapped[str] = mapped_column(String(32))
+    meta: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class LangGraphBlobRow(Base):
+    """One LangGraph channel value, stored once per version of its channel.
+
+    ``value_type`` is ``"empty"`` for a channel that had no value at that version.
+    """
+
+    __tablename__ = "agentsnap_lg_blobs"
+
+    thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
+    channel: Mapped[str] = mapped_column(Text, primary_key=True)
+    version: Mapped[str] = mapped_column(Text, primary_key=True)
+    value_type: Mapped[str] = mapped_column(String(32))
+    value: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+class LangGraphWriteRow(Base):
+    """A pending write of a LangGraph task, recorded against the checkpoint it follows."""
+
+    __tablename__ = "agentsnap_lg_writes"
+
+    thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
+    checkpoint_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    task_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    channel: Mapped[str] = mapped_column(Text)
+    value_type: Mapped[str] = mapped_column(String(32))
+    value: Mapped[bytes] = mapped_column(LargeBinary)
+    task_path: Mapped[str] = mapped_column(Text)
