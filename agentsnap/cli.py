@@ -231,24 +231,21 @@ def run_tool_calls(run_id: str, db: str, as_json: bool) -> None:
     from agentsnap.inspect import tool_calls_table  # noqa: PLC0415
 
     rows = _read(db, lambda store: tool_calls_table(store, run_id))
-    if as_json:
-        _print_json(rows)
-        return
-    _print_table(
-        ["", "KEY", "STATUS", "TOOL", "ATTEMPTS", "AGENT", "UPDATED"],
-        [
-            [
-                "!" if r["unknown"] else " ",
-                r["key"],
-                r["status"],
-                r["tool"],
-                r["attempts"],
-                r["agent"],
-                _when(r["updated_at"]),
-            ]
-            for r in rows
-        ],
+    _print_rows(
+        rows,
+        as_json,
+        {
+            "": lambda r: "!" if r["unknown"] else " ",
+            "KEY": "key",
+            "STATUS": "status",
+            "TOOL": "tool",
+            "ATTEMPTS": "attempts",
+            "AGENT": "agent",
+            "UPDATED": lambda r: _when(r["updated_at"]),
+        },
     )
+    if as_json:
+        return
     unknown = sum(r["unknown"] for r in rows)
     if unknown:
         click.echo(
@@ -293,16 +290,16 @@ def runs(db: str, as_json: bool) -> None:
     """List every run, oldest first: id, status, created, snapshots, parent."""
     from agentsnap.inspect import runs_table  # noqa: PLC0415
 
-    rows = _read(db, runs_table)
-    if as_json:
-        _print_json(rows)
-        return
-    _print_table(
-        ["ID", "STATUS", "CREATED", "SNAPSHOTS", "PARENT"],
-        [
-            [r["id"], r["status"], _when(r["created_at"]), r["snapshots"], r["parent_run_id"]]
-            for r in rows
-        ],
+    _print_rows(
+        _read(db, runs_table),
+        as_json,
+        {
+            "ID": "id",
+            "STATUS": "status",
+            "CREATED": lambda r: _when(r["created_at"]),
+            "SNAPSHOTS": "snapshots",
+            "PARENT": "parent_run_id",
+        },
     )
 
 
@@ -314,24 +311,18 @@ def snapshots(run_id: str, db: str, as_json: bool) -> None:
     """List the snapshots of run RUN_ID (or a unique prefix of it)."""
     from agentsnap.inspect import snapshots_table  # noqa: PLC0415
 
-    rows = _read(db, lambda store: snapshots_table(store, run_id))
-    if as_json:
-        _print_json(rows)
-        return
-    _print_table(
-        ["SEQ", "ID", "STATUS", "INITIATOR", "STARTED", "AGENTS", "IN-FLIGHT"],
-        [
-            [
-                r["seq"],
-                r["id"],
-                r["status"],
-                r["initiator"],
-                _when(r["started_at"]),
-                ",".join(r["agents"]),
-                r["in_flight"],
-            ]
-            for r in rows
-        ],
+    _print_rows(
+        _read(db, lambda store: snapshots_table(store, run_id)),
+        as_json,
+        {
+            "SEQ": "seq",
+            "ID": "id",
+            "STATUS": "status",
+            "INITIATOR": "initiator",
+            "STARTED": lambda r: _when(r["started_at"]),
+            "AGENTS": lambda r: ",".join(r["agents"]),
+            "IN-FLIGHT": "in_flight",
+        },
     )
 
 
@@ -422,24 +413,18 @@ def rollbacks(run_id: str, db: str, as_json: bool) -> None:
     """List the rollbacks of run RUN_ID: when, to which snapshot, whose output, why."""
     from agentsnap.inspect import rollbacks_table  # noqa: PLC0415
 
-    rows = _read(db, lambda store: rollbacks_table(store, run_id))
-    if as_json:
-        _print_json(rows)
-        return
-    _print_table(
-        ["AT", "SNAPSHOT", "AGENT", "SOURCE", "ATTEMPT", "DISCARDED", "REASON"],
-        [
-            [
-                _when(r["at"]),
-                r["snapshot_id"],
-                r["agent"],
-                r["source"],
-                r["attempt"],
-                r["discarded"],
-                r["reason"],
-            ]
-            for r in rows
-        ],
+    _print_rows(
+        _read(db, lambda store: rollbacks_table(store, run_id)),
+        as_json,
+        {
+            "AT": lambda r: _when(r["at"]),
+            "SNAPSHOT": "snapshot_id",
+            "AGENT": "agent",
+            "SOURCE": "source",
+            "ATTEMPT": "attempt",
+            "DISCARDED": "discarded",
+            "REASON": "reason",
+        },
     )
 
 
@@ -518,6 +503,21 @@ _COLOURS = {
     "unknown": "red",
     "abandoned": "magenta",
 }
+
+
+Column = str | Callable[[dict[str, Any]], object]
+"""A table column: the row's key to show, or a function of the row."""
+
+
+def _print_rows(rows: list[dict[str, Any]], as_json: bool, columns: dict[str, Column]) -> None:
+    """Print ``rows`` as JSON, or as a table with one column per entry of ``columns``."""
+    if as_json:
+        _print_json(rows)
+        return
+    _print_table(
+        list(columns),
+        [[c(r) if callable(c) else r[c] for c in columns.values()] for r in rows],
+    )
 
 
 def _print_table(headers: list[str], rows: list[list[object]]) -> None:
