@@ -40,7 +40,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*https?://""", re.I)
 
 
-async def demo_run(store: Store, monkeypatch: pytest.MonkeyPatch, *, journal: bool) -> str:
+async def demo_run(store: Store, *, journal: bool) -> str:
     """Run the demo into ``store``, keeping its journal or not; return the run id."""
     result = await run_demo(store, journal=journal)
     return result.run.id
@@ -52,9 +52,9 @@ def texts(document: str) -> str:
     return "\n".join(text for element in root.iter() for text in [element.text] if text)
 
 
-async def test_the_demo_as_svg(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_demo_as_svg() -> None:
     store = MemoryStore()
-    run_id = await demo_run(store, monkeypatch, journal=True)
+    run_id = await demo_run(store, journal=True)
     timeline = await load_timeline(store, run_id)
     assert timeline.messages, "the demo's journal was kept"
     assert timeline.snapshots
@@ -77,9 +77,9 @@ async def test_the_demo_as_svg(monkeypatch: pytest.MonkeyPatch) -> None:
         assert message.delivered_at is None or message.delivered_at >= message.sent_at
 
 
-async def test_the_demo_as_html(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_demo_as_html() -> None:
     store = MemoryStore()
-    run_id = await demo_run(store, monkeypatch, journal=True)
+    run_id = await demo_run(store, journal=True)
     timeline = await load_timeline(store, run_id)
     page = render_html(timeline)
     assert page.startswith("<!DOCTYPE html>")
@@ -100,11 +100,9 @@ async def test_the_demo_as_html(monkeypatch: pytest.MonkeyPatch) -> None:
     ET.fromstring(svg)
 
 
-async def test_a_run_without_a_journal_is_drawn_from_its_snapshots(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_run_without_a_journal_is_drawn_from_its_snapshots() -> None:
     store = MemoryStore()
-    run_id = await demo_run(store, monkeypatch, journal=False)
+    run_id = await demo_run(store, journal=False)
     timeline = await load_timeline(store, run_id)
     assert timeline.messages is None
     svg = render_svg(timeline)
@@ -236,11 +234,11 @@ def test_render_chooses_by_suffix() -> None:
         render(timeline, ".png")
 
 
-def sql_demo(db: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def sql_demo(db: str) -> str:
     async def go() -> str:
         store = SqlStore(db)
         try:
-            return await demo_run(store, monkeypatch, journal=True)
+            return await demo_run(store, journal=True)
         finally:
             await store.close()
 
@@ -248,11 +246,9 @@ def sql_demo(db: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.mark.parametrize("suffix", [".svg", ".html"])
-def test_cli_writes_the_diagram(
-    suffix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cli_writes_the_diagram(suffix: str, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    run_id = sql_demo(db, monkeypatch)
+    run_id = sql_demo(db)
     out = tmp_path / f"run{suffix}"
     done = CliRunner().invoke(main, ["timeline", run_id[:8], "--db", db, "-o", str(out)])
     assert done.exit_code == 0, done.output
@@ -261,9 +257,9 @@ def test_cli_writes_the_diagram(
     assert "S1" in document
 
 
-def test_cli_unknown_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_unknown_run(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    sql_demo(db, monkeypatch)
+    sql_demo(db)
     out = tmp_path / "run.svg"
     done = CliRunner().invoke(main, ["timeline", "f" * 32, "--db", db, "-o", str(out)])
     assert done.exit_code != 0
@@ -272,9 +268,9 @@ def test_cli_unknown_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert not out.exists()
 
 
-def test_cli_bad_suffix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_bad_suffix(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    run_id = sql_demo(db, monkeypatch)
+    run_id = sql_demo(db)
     out = tmp_path / "run.png"
     done = CliRunner().invoke(main, ["timeline", run_id, "--db", db, "-o", str(out)])
     assert done.exit_code != 0
