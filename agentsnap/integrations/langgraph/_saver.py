@@ -1,36 +1,4 @@
-"""AgentsnapSaver: LangGraph checkpoints in agentsnap's SQLite or PostgreSQL database.
-
-Example:
-    ```python
-    import tempfile
-
-    from agentsnap.integrations.langgraph import AgentsnapSaver
-
-    with tempfile.TemporaryDirectory() as folder:
-        saver = AgentsnapSaver(f"sqlite:///{folder}/agentsnap.db")
-        try:
-            config = {"configurable": {"thread_id": "t1"}}
-            print(saver.get_tuple(config))  # None: nothing saved on this thread yet
-        finally:
-            saver.close()
-    ```
-
-Pass the saver as a graph's ``checkpointer`` (``builder.compile(checkpointer=saver)``).
-
-The saver keeps three tables next to agentsnap's own, created by agentsnap's migrations:
-``agentsnap_lg_checkpoints`` (a checkpoint without its channel values),
-``agentsnap_lg_blobs`` (each channel value, once per version of its channel) and
-``agentsnap_lg_writes`` (the pending writes of tasks). A checkpoint that leaves a channel
-unchanged refers to the value already stored for its version instead of storing it again.
-
-Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
-only, with the pickle fallback off and msgpack extension types limited to LangGraph's safe
-types and the modules you allow (``allowed_msgpack_modules``). Reading the database never
-unpickles anything or imports a module that is not on that allowlist.
-
-The synchronous methods run on the calling thread; the asynchronous ones run the same code
-in a worker thread, so they do not block the event loop.
-"""
+"""The LangGraph checkpoint saver on agentsnap's tables."""
 
 from __future__ import annotations
 
@@ -40,26 +8,20 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, cast
 
-from agentsnap.integrations import MissingExtraError
-
-try:
-    from langchain_core.runnables import RunnableConfig
-    from langgraph.checkpoint.base import (
-        WRITES_IDX_MAP,
-        BaseCheckpointSaver,
-        ChannelVersions,
-        Checkpoint,
-        CheckpointMetadata,
-        CheckpointTuple,
-        PendingWrite,
-        get_checkpoint_id,
-        get_checkpoint_metadata,
-        writes_sort_key,
-    )
-    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-except ImportError as exc:  # pragma: no cover - exercised with langgraph uninstalled
-    raise MissingExtraError("langgraph", "langgraph") from exc
-
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    PendingWrite,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -81,6 +43,22 @@ _EMPTY = "empty"
 
 class AgentsnapSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpoint saver on agentsnap's database (SQLite or PostgreSQL).
+
+    Pass it as a graph's ``checkpointer`` (``builder.compile(checkpointer=saver)``).
+
+    The saver keeps three tables next to agentsnap's own, created by agentsnap's migrations:
+    ``agentsnap_lg_checkpoints`` (a checkpoint without its channel values),
+    ``agentsnap_lg_blobs`` (each channel value, once per version of its channel) and
+    ``agentsnap_lg_writes`` (the pending writes of tasks). A checkpoint that leaves a channel
+    unchanged refers to the value already stored for its version instead of storing it again.
+
+    Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
+    only, with the pickle fallback off and msgpack extension types limited to LangGraph's
+    safe types and the modules you allow (``allowed_msgpack_modules``). Reading the database
+    never unpickles anything or imports a module that is not on that allowlist.
+
+    The synchronous methods run on the calling thread; the asynchronous ones run the same
+    code in a worker thread, so they do not block the event loop.
 
     Args:
         url: Database URL, as for [`SqlStore`][agentsnap.store.sql.SqlStore]: the saver may

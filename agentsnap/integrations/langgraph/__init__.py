@@ -1,0 +1,39 @@
+"""LangGraph integration: compiled graphs as agents, and a checkpointer on agentsnap's tables.
+
+Install it with ``pip install 'agentsnap[langgraph]'``. Importing ``agentsnap`` alone never
+imports LangGraph; importing this module does, and raises
+[`MissingExtraError`][agentsnap.integrations.MissingExtraError] when LangGraph is missing.
+
+[`AgentsnapSaver`][agentsnap.integrations.langgraph.AgentsnapSaver] is a LangGraph
+``BaseCheckpointSaver`` that keeps checkpoints in agentsnap's SQLite or PostgreSQL database,
+each channel value stored once per version.
+
+Example:
+    ```python
+    import tempfile
+
+    from agentsnap.integrations.langgraph import AgentsnapSaver
+
+    with tempfile.TemporaryDirectory() as folder:
+        saver = AgentsnapSaver(f"sqlite:///{folder}/agentsnap.db")
+        try:
+            config = {"configurable": {"thread_id": "t1"}}
+            print(saver.get_tuple(config))  # None: nothing saved on this thread yet
+        finally:
+            saver.close()
+    ```
+"""
+
+from __future__ import annotations
+
+from agentsnap.integrations import MissingExtraError
+
+try:
+    import langchain_core  # noqa: F401
+    import langgraph  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised with langgraph uninstalled
+    raise MissingExtraError("langgraph", "langgraph") from exc
+
+from agentsnap.integrations.langgraph._saver import AgentsnapSaver
+
+__all__ = ["AgentsnapSaver"]
