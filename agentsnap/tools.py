@@ -479,6 +479,14 @@ class Tool(Generic[R]):
     def __repr__(self) -> str:
         return f"<Tool {self.name!r}{' side_effect' if self.side_effect else ''}>"
 
+    def arguments_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the tool's keyword arguments, as tool-calling models take it.
+
+        Returns:
+            An ``object`` schema whose properties are the tool's parameters.
+        """
+        return self._arguments.model_json_schema(by_alias=True)
+
     async def __call__(
         self, ctx: Context[Any], /, *, key: str | None = None, **arguments: Any
     ) -> R:

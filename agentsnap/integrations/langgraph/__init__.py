@@ -4,9 +4,15 @@ Install it with ``pip install 'agentsnap[langgraph]'``. Importing ``agentsnap`` 
 imports LangGraph; importing this module does, and raises
 [`MissingExtraError`][agentsnap.integrations.MissingExtraError] when LangGraph is missing.
 
-[`AgentsnapSaver`][agentsnap.integrations.langgraph.AgentsnapSaver] is a LangGraph
-``BaseCheckpointSaver`` that keeps checkpoints in agentsnap's SQLite or PostgreSQL database,
-each channel value stored once per version.
+- [`GraphAgent`][agentsnap.integrations.langgraph.GraphAgent] runs a compiled graph as an
+  agent: each message invokes it, its result becomes messages, its checkpoint is part of the
+  agent's snapshots, and a rollback sends the graph back with the other agents.
+- [`langchain_tool`][agentsnap.integrations.langgraph.langchain_tool] hands an agentsnap tool
+  to a tool-calling model or a ``ToolNode``, keeping idempotency keys and the ledger.
+- [`AgentsnapSaver`][agentsnap.integrations.langgraph.AgentsnapSaver] is a LangGraph
+  ``BaseCheckpointSaver`` that keeps checkpoints in agentsnap's SQLite or PostgreSQL
+  database, each channel value stored once per version; a graph agent needs a persistent
+  checkpointer like it to be resumed or forked in another process.
 
 Example:
     ```python
@@ -34,6 +40,24 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised with langgraph uninstalled
     raise MissingExtraError("langgraph", "langgraph") from exc
 
+from agentsnap.integrations.langgraph._agent import (
+    CheckpointMissing,
+    GraphAgent,
+    GraphState,
+    Outgoing,
+    as_json,
+    current_context,
+)
 from agentsnap.integrations.langgraph._saver import AgentsnapSaver
+from agentsnap.integrations.langgraph._tools import langchain_tool
 
-__all__ = ["AgentsnapSaver"]
+__all__ = [
+    "AgentsnapSaver",
+    "CheckpointMissing",
+    "GraphAgent",
+    "GraphState",
+    "Outgoing",
+    "as_json",
+    "current_context",
+    "langchain_tool",
+]
