@@ -429,6 +429,47 @@ def rollbacks(run_id: str, db: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("run_id")
+@_DB
+@click.option("--agent", default=None, help="Only this graph agent.")
+@_JSON
+def checkpoints(run_id: str, db: str, agent: str | None, as_json: bool) -> None:
+    """List the LangGraph checkpoints of RUN_ID's graph agents, oldest first.
+
+    SNAPSHOTS are the run's snapshots that hold each checkpoint. Checkpoints are found when
+    the graph agents' checkpointer is an AgentsnapSaver on this database.
+    """
+    from agentsnap.inspect import graph_checkpoints_table  # noqa: PLC0415
+
+    _print_rows(
+        _read(db, lambda store: graph_checkpoints_table(store, run_id, agent)),
+        as_json,
+        {
+            "AGENT": "agent",
+            "THREAD": lambda r: _thread(r["thread_id"]),
+            "CHECKPOINT": lambda r: _short(r["checkpoint_id"]),
+            "PARENT": lambda r: _short(r["parent_id"]),
+            "STEP": "step",
+            "SOURCE": "source",
+            "CREATED": lambda r: _when(r["created_at"]),
+            "SNAPSHOTS": lambda r: ",".join(map(str, r["snapshots"])) or None,
+        },
+    )
+
+
+def _thread(thread_id: str) -> str:
+    """A graph agent's thread as its number: 1 for ``RUN:AGENT``, N for ``RUN:AGENT:N``."""
+    _, _, rest = thread_id.partition(":")
+    _, _, number = rest.partition(":")
+    return number or "1"
+
+
+def _short(checkpoint_id: str | None) -> str | None:
+    """A LangGraph checkpoint id cut to what tells checkpoints apart (the time part)."""
+    return None if checkpoint_id is None else checkpoint_id[:18]
+
+
+@main.command()
 @click.argument("snapshot_id")
 @_DB
 @_JSON

@@ -50,6 +50,7 @@ __all__ = [
     "diff_states",
     "export_run",
     "fork_run",
+    "graph_checkpoints_table",
     "is_empty_diff",
     "resolve_run",
     "resolve_snapshot",
@@ -414,6 +415,48 @@ async def agent_history_table(store: Store, run_prefix: str, agent: str) -> list
         )
         previous = state
     return rows
+
+
+async def graph_checkpoints_table(
+    store: Store, run_prefix: str, agent: str | None = None
+) -> list[dict[str, Any]]:
+    """The LangGraph checkpoints of a run's graph agents (or of ``agent``), oldest first.
+
+    Each row is a checkpoint (``agent, thread_id, checkpoint_id, parent_id, step, source,
+    created_at, metadata``) and ``"snapshots"``: the numbers of the run's complete snapshots
+    whose state of that agent names that checkpoint, the checkpoint a rollback to them
+    restores. The checkpoints are found when the graph agents' checkpointer is an
+    ``AgentsnapSaver`` on the store's database (see ``Store.list_graph_checkpoints``); a
+    snapshot names a checkpoint by its id, which a fork's copy of a checkpoint keeps.
+
+    Raises:
+        NotFoundError: No such run, or the prefix is ambiguous.
+    """
+    run = await resolve_run(store, run_prefix)
+    checkpoints = await store.list_graph_checkpoints(run.id, agent)
+    held: dict[tuple[str, str], list[int]] = {}
+    if checkpoints:
+        for snapshot in await store.list_snapshots(run.id):
+            if snapshot.status is not SnapshotStatus.COMPLETE:
+                continue
+            for name, cut in snapshot.agents.items():
+                checkpoint_id = cut.state.get("checkpoint_id")
+                if isinstance(checkpoint_id, str):
+                    held.setdefault((name, checkpoint_id), []).append(snapshot.seq)
+    return [
+        {
+            "agent": c.agent,
+            "thread_id": c.thread_id,
+            "checkpoint_id": c.checkpoint_id,
+            "parent_id": c.parent_id,
+            "step": c.step,
+            "source": c.source,
+            "created_at": _time(c.created_at),
+            "snapshots": held.get((c.agent, c.checkpoint_id), []),
+            "metadata": c.metadata,
+        }
+        for c in checkpoints
+    ]
 
 
 # --- Forking: a new run from a snapshot, for a program to continue ---

@@ -20,6 +20,7 @@ __all__ = [
     "AgentCut",
     "AgentVersion",
     "ChannelRecord",
+    "GraphCheckpoint",
     "JournalMessage",
     "JournalSegment",
     "RecordedMessage",
@@ -257,3 +258,36 @@ class RollbackInfo(BaseModel):
     """Messages that were queued and dropped, sent after the cut."""
     at: datetime = Field(default_factory=utcnow)
     """When it happened."""
+
+
+class GraphCheckpoint(BaseModel):
+    """A LangGraph checkpoint of a graph agent of a run, as its checkpointer stored it.
+
+    Only the checkpoint's identity and its metadata are read, never the graph's values: the
+    values of a checkpoint a snapshot holds are in that snapshot's state of the agent.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    """The run whose graph agent wrote it."""
+    agent: str
+    """The graph agent."""
+    thread_id: str
+    """The LangGraph thread: ``"{run}:{agent}"``, or ``"{run}:{agent}:N"`` for the thread a
+    rollback to before the agent's first message started."""
+    checkpoint_id: str
+    """LangGraph's checkpoint id (a time-ordered UUID)."""
+    parent_id: str | None = None
+    """The checkpoint this one follows on its thread, if any; a checkpoint with two children
+    is where a rollback made the thread branch."""
+    step: int | None = None
+    """LangGraph's step number (``-1`` for the input), when the metadata says so."""
+    source: str | None = None
+    """What made it: ``"input"``, ``"loop"``, ``"update"`` or ``"fork"``, when the metadata
+    says so."""
+    created_at: datetime | None = None
+    """When LangGraph made it, read from the id; ``None`` when the id carries no time."""
+    metadata: dict[str, JsonValue] | None = None
+    """The checkpoint's metadata, when it is stored as JSON (``None`` otherwise: it is not
+    decoded)."""

@@ -27,6 +27,7 @@ EXPECTED_ALL = [
     "Context",
     "DuplicateAgentError",
     "Feedback",
+    "GraphCheckpoint",
     "HandlerFailed",
     "IdempotencyConflict",
     "InvalidAgentName",

@@ -13,6 +13,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from agentsnap.records import (
     AgentVersion,
+    GraphCheckpoint,
     JournalSegment,
     RollbackInfo,
     RunInfo,
@@ -96,6 +97,21 @@ class Store(Protocol):
         Raises:
             NotFoundError: The store holds no such run, or no snapshot of the run has
                 recorded this agent.
+        """
+
+    async def list_graph_checkpoints(
+        self, run_id: str, agent: str | None = None
+    ) -> list[GraphCheckpoint]:
+        """The LangGraph checkpoints the graph agents of a run (or only ``agent``) wrote.
+
+        Oldest first (by checkpoint id, which LangGraph makes time-ordered), the root graph's
+        checkpoints only (not a subgraph's), on every thread of the agent: its first thread
+        and those started by rollbacks to before its first message. A store finds the
+        checkpoints a graph agent's checkpointer put in the store's own database
+        (``AgentsnapSaver`` on the same URL); a store that holds none returns ``[]``.
+
+        Raises:
+            NotFoundError: The store holds no such run.
         """
 
     async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:

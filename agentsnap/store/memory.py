@@ -10,6 +10,7 @@ from agentsnap.exceptions import NotFoundError, StoreError
 from agentsnap.records import (
     AgentCut,
     AgentVersion,
+    GraphCheckpoint,
     JournalSegment,
     RollbackInfo,
     RunInfo,
@@ -128,6 +129,20 @@ class MemoryStore:
         if not versions:
             raise NotFoundError.agent(run_id, agent)
         return versions
+
+    async def list_graph_checkpoints(
+        self, run_id: str, agent: str | None = None
+    ) -> list[GraphCheckpoint]:
+        """Always ``[]`` for a run it holds: LangGraph checkpoints are never kept here.
+
+        A graph agent's checkpointer (LangGraph's ``InMemorySaver`` by default) keeps them
+        apart from this store.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+        await self.get_run(run_id)
+        return []
 
     async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:  # noqa: D102
         if run_id not in self._runs:

@@ -24,10 +24,11 @@ refused with a message saying how to upgrade it.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import sqlite3
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import Insert, Table, event, select
@@ -41,6 +42,7 @@ from agentsnap.records import (
     AgentCut,
     AgentVersion,
     ChannelRecord,
+    GraphCheckpoint,
     JournalSegment,
     RecordedMessage,
     RollbackInfo,
@@ -54,6 +56,7 @@ from agentsnap.store.migrate import SchemaGate, sync_url
 from agentsnap.store.sqlite_writer import SnapshotRows, SqliteWriter, Statements
 from agentsnap.store.tables import (
     JournalRow,
+    LangGraphCheckpointRow,
     RollbackRow,
     RunRow,
     SnapshotAgentRow,
@@ -94,6 +97,7 @@ _agents: Table = SnapshotAgentRow.__table__  # type: ignore[assignment]
 _messages: Table = SnapshotMessageRow.__table__  # type: ignore[assignment]
 _journal: Table = JournalRow.__table__  # type: ignore[assignment]
 _rollbacks: Table = RollbackRow.__table__  # type: ignore[assignment]
+_lg_checkpoints: Table = LangGraphCheckpointRow.__table__  # type: ignore[assignment]
 
 
 def async_url(url: str) -> str:
@@ -416,6 +420,67 @@ class SqlStore:
             )
             return [JournalSegment(*row) for row in rows]
 
+    async def list_graph_checkpoints(
+        self, run_id: str, agent: str | None = None
+    ) -> list[GraphCheckpoint]:
+        """The LangGraph checkpoints the graph agents of a run (or only ``agent``) wrote.
+
+        They are found when each graph agent's checkpointer is an ``AgentsnapSaver`` on this
+        store's database: it keeps them in ``agentsnap_lg_checkpoints``, on the agent's threads
+        (``"{run}:{agent}"`` and ``"{run}:{agent}:N"``). Checkpoints kept elsewhere (LangGraph's
+        ``InMemorySaver``, another database) are not seen. Oldest first (by checkpoint id,
+        which LangGraph makes time-ordered, then by thread), the root graph's checkpoints
+        only. Step, source and metadata are read from metadata stored as JSON; other metadata
+        is not decoded and they are ``None``.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+        await self._gate.wait()
+        table = _lg_checkpoints
+        threads = table.c.thread_id.startswith(f"{run_id}:", autoescape=True)
+        if agent is not None:
+            home = f"{run_id}:{agent}"
+            threads = (table.c.thread_id == home) | table.c.thread_id.startswith(
+                f"{home}:", autoescape=True
+            )
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows = await conn.execute(
+                select(
+                    table.c.thread_id,
+                    table.c.checkpoint_id,
+                    table.c.parent_checkpoint_id,
+                    table.c.meta_type,
+                    table.c.meta,
+                )
+                .where(table.c.checkpoint_ns == "", threads)
+                .order_by(table.c.checkpoint_id, table.c.thread_id)
+            )
+            found = []
+            for row in rows:
+                # Exactly (SQLite's LIKE ignores case), and only threads graph agents name.
+                name = _thread_agent(run_id, row.thread_id)
+                if name is None or (agent is not None and name != agent):
+                    continue
+                metadata = _json_metadata(row.meta_type, row.meta)
+                step = None if metadata is None else metadata.get("step")
+                source = None if metadata is None else metadata.get("source")
+                found.append(
+                    GraphCheckpoint(
+                        run_id=run_id,
+                        agent=name,
+                        thread_id=row.thread_id,
+                        checkpoint_id=row.checkpoint_id,
+                        parent_id=row.parent_checkpoint_id,
+                        step=step if type(step) is int else None,
+                        source=source if isinstance(source, str) else None,
+                        created_at=_uuid6_time(row.checkpoint_id),
+                        metadata=metadata,
+                    )
+                )
+            return found
+
     async def _require_run(self, conn: AsyncConnection, run_id: str) -> None:
         if await conn.scalar(select(_runs.c.id).where(_runs.c.id == run_id)) is None:
             raise NotFoundError("run", run_id)
@@ -553,6 +618,46 @@ class _Transaction:
         error = exc_info[1]
         if isinstance(error, SQLAlchemyError):
             raise StoreError(f"the database refused the write: {error}") from error
+
+
+def _thread_agent(run_id: str, thread_id: str) -> str | None:
+    """The graph agent of thread ``"{run}:{agent}"`` or ``"{run}:{agent}:N"``, else ``None``."""
+    if not thread_id.startswith(f"{run_id}:"):
+        return None
+    agent, _, number = thread_id[len(run_id) + 1 :].partition(":")
+    if not agent or (number and not (number.isascii() and number.isdigit())):
+        return None
+    return agent
+
+
+def _json_metadata(meta_type: str, meta: bytes | None) -> dict[str, Any] | None:
+    """Checkpoint metadata the saver stored as JSON; other encodings are not decoded."""
+    if meta_type != "json" or meta is None:
+        return None
+    try:
+        loaded = json.loads(bytes(meta))
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+_UUID_EPOCH = datetime(1582, 10, 15, tzinfo=UTC)
+
+
+def _uuid6_time(uuid_text: str) -> datetime | None:
+    """When a version-6 UUID (LangGraph's checkpoint ids) was made; ``None`` for another id.
+
+    Its 60-bit timestamp counts 100 ns since 1582-10-15: the first 48 bits of the UUID,
+    then the 12 bits after the version digit.
+    """
+    digits = uuid_text.replace("-", "")
+    if len(digits) != 32 or digits[12] != "6":
+        return None
+    try:
+        ticks = int(digits[:12] + digits[13:16], 16)
+        return _UUID_EPOCH + timedelta(microseconds=ticks // 10)
+    except (ValueError, OverflowError):
+        return None
 
 
 def _run(row: Any) -> RunInfo:
