@@ -30,6 +30,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
             "--deterministic",
         ],
     ],
+    "langgraph_agents.py": [[]],
     "payments.py": [["--orders", "2"]],
     "research_team.py": [[]],
 }
@@ -37,6 +38,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
 # What each example prints when all its checks pass.
 SUCCESS: dict[str, str] = {
     "bank_transfers.py": "all snapshots consistent",
+    "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
     "payments.py": "every order charged exactly once",
     "research_team.py": "the team recovered from the rejected draft",
 }
