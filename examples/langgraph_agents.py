@@ -159,8 +159,8 @@ class Worker(GraphAgent):
         say(f"worker    <- {message.src}: quote {request['quantity']} x {request['item']}")
         text = f"Quote {request['quantity']} x {request['item']} and reserve them."
         messages: list[AnyMessage] = [HumanMessage(text)]
-        if ctx.feedback:
-            reasons = "; ".join(f.reason for f in ctx.feedback)
+        if feedback := self.unseen_feedback(ctx):
+            reasons = "; ".join(f.reason for f in feedback)
             messages.append(HumanMessage(f"A reviewer rejected your last quote: {reasons}."))
             say(f"             (with the reviewer's feedback: {reasons})")
         return {"messages": messages}

@@ -166,7 +166,8 @@ class Revising(GraphAgent):
     """Passes the reasons of rejections to its graph as notes."""
 
     def graph_input(self, message: Message, ctx: Context[GraphState]) -> Any:
-        notes = [f"feedback: {f.reason}" for f in ctx.feedback] + [message.payload["note"]]
+        notes = [f"feedback: {f.reason}" for f in self.unseen_feedback(ctx)]
+        notes.append(message.payload["note"])
         return {"notes": notes}
 
     def graph_outputs(
@@ -200,6 +201,15 @@ async def test_a_rejected_graph_output_rolls_the_graph_back_and_the_retry_sees_w
             "count": 2,
         }
         assert critic.state.accepted == [writer.state.values]  # type: ignore[attr-defined]
+        # The graph has seen the feedback: the next message does not repeat it.
+        runtime.send("writer", {"note": "second"})
+        await runtime.run_until_idle()
+        assert writer.state.values["notes"] == [
+            "feedback: cite your sources",
+            "draft",
+            "second",
+        ]
+        assert writer.state.feedback_seen == 1
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from langchain_core.runnables import RunnableConfig
@@ -13,7 +13,7 @@ from langgraph.pregel import Pregel
 from pydantic import BaseModel, Field
 from pydantic_core import to_jsonable_python
 
-from agentsnap.agents import Agent, Context
+from agentsnap.agents import Agent, Context, Feedback
 from agentsnap.exceptions import ConfigurationError, RunError
 from agentsnap.messages import ENVIRONMENT, JsonValue, Message
 from agentsnap.state import AgentState
@@ -87,6 +87,9 @@ class GraphState(AgentState):
     what the graph resumes from)."""
     next: list[str] = Field(default_factory=list)
     """Nodes still to run, when the graph stopped at an interrupt."""
+    feedback_seen: int = 0
+    """How many of the agent's feedback items (``ctx.feedback``) the graph had been run
+    with; see [`unseen_feedback`][agentsnap.integrations.langgraph.GraphAgent.unseen_feedback]."""
 
 
 class Outgoing(NamedTuple):
@@ -197,6 +200,7 @@ class GraphAgent(Agent[GraphState]):
         thread_id = config["configurable"]["thread_id"]
         latest = await self.graph.aget_state({"configurable": {"thread_id": thread_id}})
         self._record(thread_id, latest)
+        self.state.feedback_seen = len(ctx.feedback)
         for outgoing in self.graph_outputs(result, message, ctx):
             ctx.send(outgoing.to, outgoing.payload, kind=outgoing.kind)
 
@@ -207,7 +211,8 @@ class GraphAgent(Agent[GraphState]):
 
         Args:
             message: The delivered message.
-            ctx: The agent's context (``ctx.feedback`` holds the reasons of rejections).
+            ctx: The agent's context; ``self.unseen_feedback(ctx)`` gives the reasons of
+                rejections the graph has not seen yet.
 
         Returns:
             The input passed to the graph.
@@ -222,6 +227,21 @@ class GraphAgent(Agent[GraphState]):
                 "input as an object of its state keys, or override graph_input()"
             )
         return dict(message.payload)
+
+    def unseen_feedback(self, ctx: Context[GraphState]) -> Sequence[Feedback]:
+        """The feedback the graph has not been run with, in its restored state: give it these.
+
+        ``ctx.feedback`` keeps every reason the agent was given during the run. The graph,
+        once rolled back, has seen only those given before the checkpoint it was restored
+        to, so this returns the rest, oldest first; each is given once per branch.
+
+        Args:
+            ctx: The agent's context.
+
+        Returns:
+            Feedback the graph's current state has not seen.
+        """
+        return ctx.feedback[self.state.feedback_seen :]
 
     def graph_outputs(
         self, result: Any, message: Message, ctx: Context[GraphState]
