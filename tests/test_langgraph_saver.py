@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import json
 import sys
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from postgres_db import postgres_url_or_skip
 
 pytest.importorskip("langgraph.checkpoint.conformance")
@@ -18,6 +21,7 @@ from langgraph.checkpoint.conformance import checkpointer_test, validate
 
 from agentsnap.integrations import MissingExtraError
 from agentsnap.integrations.langgraph import AgentsnapSaver
+from agentsnap.store.migrate import sync_url
 
 
 def sqlite_url(tmp_path: Path) -> str:
@@ -84,6 +88,77 @@ def test_the_sync_methods_round_trip_a_checkpoint(url: str) -> None:
         assert saver.get_tuple(config) is None
     finally:
         saver.close()
+
+
+def _checkpoint(checkpoint_id: str) -> Any:
+    return {
+        "v": 4,
+        "id": checkpoint_id,
+        "ts": "2026-11-22T00:00:00+00:00",
+        "channel_values": {},
+        "channel_versions": {},
+        "versions_seen": {},
+        "updated_channels": None,
+    }
+
+
+def _stored_metadata(url: str) -> dict[str, tuple[str, bytes]]:
+    engine = sqlalchemy.create_engine(sync_url(url))
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                sqlalchemy.text(
+                    "SELECT checkpoint_id, meta_type, meta FROM agentsnap_lg_checkpoints"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    return {row[0]: (row[1], bytes(row[2])) for row in rows}
+
+
+def test_plain_metadata_is_stored_as_json(url: str) -> None:
+    saver = AgentsnapSaver(url)
+    try:
+        config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        metadata: Any = {"source": "loop", "step": 3, "parents": {}, "note": "é", "ratio": 0.5}
+        saver.put(config, _checkpoint("1"), metadata, {})
+        saved = saver.get_tuple(config)
+        assert saved is not None
+        assert saved.metadata == metadata
+    finally:
+        saver.close()
+    meta_type, meta = _stored_metadata(url)["1"]
+    assert meta_type == "json"
+    assert json.loads(meta) == metadata
+
+
+def test_other_metadata_round_trips_through_the_serializer(url: str) -> None:
+    # Not plain JSON (a datetime), or JSON that LangGraph's reviver would read as an object.
+    when = datetime(2026, 11, 22, tzinfo=UTC)
+    lc_like = {"lc": 1, "type": "constructor", "id": ["langchain", "schema", "messages"]}
+    cases: Any = {
+        "1": {"source": "loop", "step": 1, "when": when},
+        "2": {"source": "loop", "step": 2, "payload": lc_like},
+        "3": {"source": "loop", "step": 3, "nan": float("nan")},  # JSON has no NaN
+    }
+    saver = AgentsnapSaver(url)
+    try:
+        config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        for checkpoint_id, metadata in cases.items():
+            saver.put(config, _checkpoint(checkpoint_id), metadata, {})
+        for checkpoint_id, metadata in cases.items():
+            saved = saver.get_tuple(
+                {"configurable": {**config["configurable"], "checkpoint_id": checkpoint_id}}
+            )
+            assert saved is not None
+            got: Any = saved.metadata
+            if checkpoint_id == "3":
+                assert got["nan"] != got["nan"]
+            else:
+                assert got == metadata
+    finally:
+        saver.close()
+    assert {meta_type for meta_type, _ in _stored_metadata(url).values()} == {"msgpack"}
 
 
 def test_values_are_never_unpickled(url: str) -> None:

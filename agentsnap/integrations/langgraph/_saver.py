@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import math
+import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, cast
 
+import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -40,6 +43,46 @@ _writes: Table = LangGraphWriteRow.__table__  # type: ignore[assignment]
 _EMPTY = "empty"
 """The type tag of a blob for a channel that had no value at that version."""
 
+_JSON = "json"
+"""The type tag of metadata stored as plain JSON (``orjson.dumps``)."""
+
+_CHECKPOINT_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
+_CHECKPOINT_UPDATED = ("parent_checkpoint_id", "checkpoint_type", "checkpoint", "meta_type", "meta")
+_BLOB_KEY = ("thread_id", "checkpoint_ns", "channel", "version")
+_WRITE_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx")
+_WRITE_UPDATED = ("channel", "value_type", "value", "task_path")
+
+
+def _insert_sql(table: Table, key: Sequence[str], updated: Sequence[str] = ()) -> str:
+    """SQLite's text of an insert of a row of ``table``.
+
+    The row's values are ``?`` parameters, in the order of the table's columns. On a conflict
+    on ``key`` the existing row is kept, or its ``updated`` columns are updated.
+    """
+    columns = [column.name for column in table.columns]
+    on_conflict = (
+        "DO UPDATE SET " + ", ".join(f"{name} = excluded.{name}" for name in updated)
+        if updated
+        else "DO NOTHING"
+    )
+    return (
+        f"INSERT INTO {table.name} ({', '.join(columns)}) "  # noqa: S608 (names of ours)
+        f"VALUES ({', '.join('?' for _ in columns)}) "
+        f"ON CONFLICT ({', '.join(key)}) {on_conflict}"
+    )
+
+
+# The SQLite write path runs these on a plain sqlite3 connection: the values are bound in
+# the order of the tables' columns.
+_SQLITE_PUT_CHECKPOINT = _insert_sql(_checkpoints, _CHECKPOINT_KEY, _CHECKPOINT_UPDATED)
+_SQLITE_PUT_BLOB = _insert_sql(_blobs, _BLOB_KEY)
+_SQLITE_KEEP_WRITE = _insert_sql(_writes, _WRITE_KEY)
+_SQLITE_REPLACE_WRITE = _insert_sql(_writes, _WRITE_KEY, _WRITE_UPDATED)
+_SQLITE_DELETE_THREAD = [
+    f"DELETE FROM {table.name} WHERE thread_id = ?"  # noqa: S608 (names of ours)
+    for table in (_writes, _blobs, _checkpoints)
+]
+
 
 class AgentsnapSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpoint saver on agentsnap's database (SQLite or PostgreSQL).
@@ -55,7 +98,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
     only, with the pickle fallback off and msgpack extension types limited to LangGraph's
     safe types and the modules you allow (``allowed_msgpack_modules``). Reading the database
-    never unpickles anything or imports a module that is not on that allowlist.
+    never unpickles anything or imports a module that is not on that allowlist. A checkpoint's
+    metadata is stored as plain JSON (type tag ``"json"``) when it is plain JSON data, so that
+    other tools can read a checkpoint's ``step`` and ``source`` without LangGraph; other
+    metadata goes through the serializer.
 
     The synchronous methods run on the calling thread; the asynchronous ones run the same
     code in a worker thread, so they do not block the event loop.
@@ -108,25 +154,82 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         # SQLite has one writer at a time: take turns here rather than in its busy handler.
         self._lock = threading.Lock()
         self._ready = False
+        # On SQLite the writes go through one plain sqlite3 connection (opened on first use,
+        # used under the lock) with the statements' text ready: SQLAlchemy would cost more
+        # than the writes themselves. PostgreSQL takes SQLAlchemy statements built here once.
+        self._raw: sqlite3.Connection | None = None
+        self._raw_connect_args = (
+            self._engine.dialect.create_connect_args(parsed) if self._sqlite else None
+        )
+        insert = self._dialect.insert
+        upsert = insert(_checkpoints)
+        self._put_checkpoint = upsert.on_conflict_do_update(
+            index_elements=list(_CHECKPOINT_KEY),
+            set_={name: upsert.excluded[name] for name in _CHECKPOINT_UPDATED},
+        )
+        self._put_blob = insert(_blobs).on_conflict_do_nothing(index_elements=list(_BLOB_KEY))
+        write = insert(_writes)
+        self._keep_write = write.on_conflict_do_nothing(index_elements=list(_WRITE_KEY))
+        self._replace_write = write.on_conflict_do_update(
+            index_elements=list(_WRITE_KEY),
+            set_={name: write.excluded[name] for name in _WRITE_UPDATED},
+        )
 
     def __repr__(self) -> str:
         return f"AgentsnapSaver({make_url(self.url).render_as_string(hide_password=True)!r})"
 
     def close(self) -> None:
         """Close the saver's database connections."""
+        with self._lock:
+            if self._raw is not None:
+                self._raw.close()
+                self._raw = None
         self._engine.dispose()
 
     async def aclose(self) -> None:
         """Close the saver's database connections (off the event loop)."""
         await asyncio.to_thread(self.close)
 
-    def _connect(self) -> Connection:
+    def _ensure_schema(self) -> None:
         if not self._ready:
             with self._lock:
                 if not self._ready:
                     ensure_schema(self.url, create=self._create)
                     self._ready = True
+
+    def _connect(self) -> Connection:
+        self._ensure_schema()
         return self._engine.connect()
+
+    def _raw_connection(self) -> sqlite3.Connection:
+        """The SQLite write connection; the caller holds the lock."""
+        if self._raw is None:
+            assert self._raw_connect_args is not None
+            args, kwargs = self._raw_connect_args
+            connect: Any = sqlite3.connect
+            raw: sqlite3.Connection = connect(*args, **{**kwargs, "check_same_thread": False})
+            try:
+                _sqlite_pragmas(raw, None)
+            except BaseException:
+                raw.close()
+                raise
+            self._raw = raw
+        return self._raw
+
+    def _load_metadata(self, meta_type: str, meta: bytes) -> Any:
+        # Metadata stored as JSON is plain data: read it as such, without LangGraph's reviver
+        # (which would turn some dicts into objects).
+        if meta_type == _JSON:
+            return orjson.loads(meta)
+        return self.serde.loads_typed((meta_type, meta))
+
+    def _dump_metadata(self, metadata: Any) -> tuple[str, bytes]:
+        if _plain_json(metadata):
+            try:
+                return _JSON, orjson.dumps(metadata)
+            except orjson.JSONEncodeError:  # an integer beyond 64 bits
+                pass
+        return self.serde.dumps_typed(metadata)
 
     # Reads.
 
@@ -199,7 +302,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             for row in connection.execute(query).mappings():
                 if limit is not None and len(found) >= limit:
                     break
-                metadata = self.serde.loads_typed((row["meta_type"], row["meta"]))
+                metadata = self._load_metadata(row["meta_type"], row["meta"])
                 if filter and not all(
                     key in metadata and metadata[key] == value for key, value in filter.items()
                 ):
@@ -215,7 +318,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         checkpoint_id: str = row["checkpoint_id"]
         checkpoint = self.serde.loads_typed((row["checkpoint_type"], row["checkpoint"]))
         if metadata is None:
-            metadata = self.serde.loads_typed((row["meta_type"], row["meta"]))
+            metadata = self._load_metadata(row["meta_type"], row["meta"])
         checkpoint["channel_values"] = self._load_values(
             connection, thread_id, checkpoint_ns, checkpoint["channel_versions"]
         )
@@ -238,11 +341,14 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         if not versions:
             return {}
         wanted = {(channel, str(version)) for channel, version in versions.items()}
+        # Only the versions wanted (with other channels' at those versions, dropped below),
+        # rather than every version the thread ever had.
         rows = connection.execute(
             select(_blobs.c.channel, _blobs.c.version, _blobs.c.value_type, _blobs.c.value).where(
                 _blobs.c.thread_id == thread_id,
                 _blobs.c.checkpoint_ns == checkpoint_ns,
                 _blobs.c.channel.in_(list(versions)),
+                _blobs.c.version.in_(sorted({version for _, version in wanted})),
             )
         )
         values: dict[str, Any] = {}
@@ -300,58 +406,40 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             key: value for key, value in checkpoint.items() if key != "channel_values"
         }
         values = checkpoint["channel_values"]
-        blobs: list[dict[str, Any]] = []
+        dumps_typed = self.serde.dumps_typed
+        blobs: list[tuple[Any, ...]] = []
         for channel, version in new_versions.items():
             if channel in values:
-                value_type, value = self.serde.dumps_typed(values[channel])
+                value_type, value = dumps_typed(values[channel])
             else:
                 value_type, value = _EMPTY, None
-            blobs.append(
-                {
-                    "thread_id": thread_id,
-                    "checkpoint_ns": checkpoint_ns,
-                    "channel": channel,
-                    "version": str(version),
-                    "value_type": value_type,
-                    "value": value,
-                }
-            )
-        checkpoint_type, encoded = self.serde.dumps_typed(stored)
-        meta_type, meta = self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
-        row = {
-            "thread_id": thread_id,
-            "checkpoint_ns": checkpoint_ns,
-            "checkpoint_id": checkpoint["id"],
-            "parent_checkpoint_id": configurable.get("checkpoint_id"),
-            "checkpoint_type": checkpoint_type,
-            "checkpoint": encoded,
-            "meta_type": meta_type,
-            "meta": meta,
-        }
-        upsert = self._dialect.insert(_checkpoints)
-        upsert = upsert.on_conflict_do_update(
-            index_elements=["thread_id", "checkpoint_ns", "checkpoint_id"],
-            set_={
-                name: upsert.excluded[name]
-                for name in (
-                    "parent_checkpoint_id",
-                    "checkpoint_type",
-                    "checkpoint",
-                    "meta_type",
-                    "meta",
-                )
-            },
+            blobs.append((thread_id, checkpoint_ns, channel, str(version), value_type, value))
+        checkpoint_type, encoded = dumps_typed(stored)
+        meta_type, meta = self._dump_metadata(get_checkpoint_metadata(config, metadata))
+        row = (
+            thread_id,
+            checkpoint_ns,
+            checkpoint["id"],
+            configurable.get("checkpoint_id"),
+            checkpoint_type,
+            encoded,
+            meta_type,
+            meta,
         )
-        with self._writing() as connection:
-            if blobs:
-                connection.execute(
-                    self._dialect.insert(_blobs).on_conflict_do_nothing(
-                        index_elements=["thread_id", "checkpoint_ns", "channel", "version"]
-                    ),
-                    blobs,
-                )
-            connection.execute(upsert, [row])
-            connection.commit()
+        if self._sqlite:
+            self._ensure_schema()
+            with self._lock:
+                raw = self._raw_connection()
+                with raw:  # one transaction
+                    if blobs:
+                        raw.executemany(_SQLITE_PUT_BLOB, blobs)
+                    raw.execute(_SQLITE_PUT_CHECKPOINT, row)
+        else:
+            with self._writing() as connection:
+                if blobs:
+                    connection.execute(self._put_blob, _named(_blobs, blobs))
+                connection.execute(self._put_checkpoint, _named(_checkpoints, [row]))
+                connection.commit()
         return _config(thread_id, checkpoint_ns, checkpoint["id"])
 
     def put_writes(
@@ -375,40 +463,43 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         if not writes:
             return
         configurable = config["configurable"]
-        rows = []
+        thread_id: str = configurable["thread_id"]
+        checkpoint_ns: str = configurable.get("checkpoint_ns", "")
+        checkpoint_id: str = configurable["checkpoint_id"]
+        dumps_typed = self.serde.dumps_typed
+        special: list[tuple[Any, ...]] = []
+        regular: list[tuple[Any, ...]] = []
         for idx, (channel, value) in enumerate(writes):
-            value_type, encoded = self.serde.dumps_typed(value)
-            rows.append(
-                {
-                    "thread_id": configurable["thread_id"],
-                    "checkpoint_ns": configurable.get("checkpoint_ns", ""),
-                    "checkpoint_id": configurable["checkpoint_id"],
-                    "task_id": task_id,
-                    "idx": WRITES_IDX_MAP.get(channel, idx),
-                    "channel": channel,
-                    "value_type": value_type,
-                    "value": encoded,
-                    "task_path": task_path,
-                }
+            value_type, encoded = dumps_typed(value)
+            (special if channel in WRITES_IDX_MAP else regular).append(
+                (
+                    thread_id,
+                    checkpoint_ns,
+                    checkpoint_id,
+                    task_id,
+                    WRITES_IDX_MAP.get(channel, idx),
+                    channel,
+                    value_type,
+                    encoded,
+                    task_path,
+                )
             )
-        keys = ["thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx"]
-        insert = self._dialect.insert(_writes)
-        replace = insert.on_conflict_do_update(
-            index_elements=keys,
-            set_={
-                name: insert.excluded[name]
-                for name in ("channel", "value_type", "value", "task_path")
-            },
-        )
-        keep = insert.on_conflict_do_nothing(index_elements=keys)
-        special = [row for row in rows if row["channel"] in WRITES_IDX_MAP]
-        regular = [row for row in rows if row["channel"] not in WRITES_IDX_MAP]
-        with self._writing() as connection:
-            if special:
-                connection.execute(replace, special)
-            if regular:
-                connection.execute(keep, regular)
-            connection.commit()
+        if self._sqlite:
+            self._ensure_schema()
+            with self._lock:
+                raw = self._raw_connection()
+                with raw:  # one transaction
+                    if special:
+                        raw.executemany(_SQLITE_REPLACE_WRITE, special)
+                    if regular:
+                        raw.executemany(_SQLITE_KEEP_WRITE, regular)
+        else:
+            with self._writing() as connection:
+                if special:
+                    connection.execute(self._replace_write, _named(_writes, special))
+                if regular:
+                    connection.execute(self._keep_write, _named(_writes, regular))
+                connection.commit()
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread.
@@ -416,6 +507,14 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         Args:
             thread_id: The thread.
         """
+        if self._sqlite:
+            self._ensure_schema()
+            with self._lock:
+                raw = self._raw_connection()
+                with raw:  # one transaction
+                    for statement in _SQLITE_DELETE_THREAD:
+                        raw.execute(statement, (thread_id,))
+            return
         with self._writing() as connection:
             for table in (_writes, _blobs, _checkpoints):
                 connection.execute(delete(table).where(table.c.thread_id == thread_id))
@@ -489,7 +588,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
 
 
 class _Writing:
-    """A connection for writing; on SQLite, writers take turns on the saver's lock."""
+    """A SQLAlchemy connection for writing (PostgreSQL; on SQLite, under the saver's lock)."""
 
     def __init__(self, saver: AgentsnapSaver) -> None:
         self._saver = saver
@@ -519,6 +618,36 @@ def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableC
             "checkpoint_id": checkpoint_id,
         }
     }
+
+
+def _named(table: Table, rows: builtins.list[tuple[Any, ...]]) -> builtins.list[dict[str, Any]]:
+    """Rows given in the order of ``table``'s columns, as SQLAlchemy's parameter dicts."""
+    names = [column.name for column in table.columns]
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+_JSON_SCALARS = (str, int, bool, type(None))
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` reads back from JSON as it is.
+
+    That is: dicts with string keys (none of them ``"lc"``, which LangGraph's reviver would
+    read as an object), lists, strings, integers, finite floats, booleans and ``None``, of
+    those exact types.
+    """
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict:
+        return all(
+            type(key) is str and key != "lc" and _plain_json(item) for key, item in value.items()
+        )
+    if kind is list:
+        return all(_plain_json(item) for item in value)
+    return False
 
 
 def _sqlite_pragmas(connection: Any, record: Any) -> None:
