@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import re
 import sys
 import tempfile
@@ -193,20 +192,6 @@ class Reviewer(GraphAgent):
         say(f"          the reviewer's graph at {where(self)}")
 
 
-class Saver(AgentsnapSaver):
-    """``AgentsnapSaver`` whose channel versions differ between branches of a thread.
-
-    Workaround: ``AgentsnapSaver`` numbers a channel's versions 1, 2, 3… and stores a value
-    once per (thread, channel, version), so the branch a rollback starts would reuse the
-    abandoned branch's versions and read its values back. A random suffix on each version,
-    as LangGraph's own savers add, keeps the branches apart. Drop this class once
-    ``AgentsnapSaver`` does the same.
-    """
-
-    def get_next_version(self, current: str | int | None, channel: None) -> str:
-        return f"{super().get_next_version(current, channel)}.{random.random():.16f}"
-
-
 def where(agent: GraphAgent) -> str:
     checkpoint = agent.state.checkpoint_id or "no checkpoint"
     messages = agent.state.values.get("messages")
@@ -232,7 +217,7 @@ class Outcome:
 
 async def simulate(url: str) -> Outcome:
     store = SqlStore(url)
-    saver = Saver(url)  # the graphs' checkpoints, in the same database
+    saver = AgentsnapSaver(url)  # the graphs' checkpoints, in the same database
     try:
         async with Runtime(store=store, metadata={"example": "langgraph_agents"}) as runtime:
             worker = runtime.add(

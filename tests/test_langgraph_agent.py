@@ -8,7 +8,7 @@ graph continues exactly as a fresh run from the restored state would.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -100,10 +100,26 @@ async def test_each_message_runs_the_graph_and_the_result_goes_back() -> None:
         assert latest.config["configurable"]["checkpoint_id"] == agent.state.checkpoint_id
 
 
-async def test_rollback_continues_like_a_fresh_run_from_the_restored_state() -> None:
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def checkpointer(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """LangGraph's in-memory checkpointer, and AgentsnapSaver on SQLite and PostgreSQL."""
+    if request.param == "memory":
+        yield None  # the graph agent's default
+        return
+    url = f"sqlite:///{tmp_path / 'lg.db'}" if request.param == "sqlite" else postgres_url_or_skip()
+    saver = AgentsnapSaver(url)
+    try:
+        yield saver
+    finally:
+        saver.close()
+
+
+async def test_rollback_continues_like_a_fresh_run_from_the_restored_state(
+    checkpointer: Any,
+) -> None:
     async with Runtime() as runtime:
         runtime.add(Inbox("inbox"))
-        agent = runtime.add(GraphAgent("graph", notes_graph()))
+        agent = runtime.add(GraphAgent("graph", notes_graph(), checkpointer=checkpointer))
         assert isinstance(agent, GraphAgent)
         await feed(runtime, "a")
         cut = await runtime.snapshot()
@@ -210,6 +226,36 @@ async def test_a_rejected_graph_output_rolls_the_graph_back_and_the_retry_sees_w
             "second",
         ]
         assert writer.state.feedback_seen == 1
+
+
+class Strict(Agent[CriticState]):
+    async def handle(self, message: Message, ctx: Context[CriticState]) -> None:
+        notes = message.payload["notes"]
+        if "bad" in notes and not any(note.startswith("feedback:") for note in notes):
+            ctx.reject("writer", "no bad notes")
+        self.state.accepted.append(message.payload)
+
+
+async def test_a_retry_from_a_checkpoint_keeps_its_own_values(checkpointer: Any) -> None:
+    # The retry continues the same thread from the checkpoint of the cut, so its values
+    # and the abandoned attempt's stand at the same step of two branches.
+    async with Runtime() as runtime:
+        writer = runtime.add(Revising("writer", notes_graph(), checkpointer=checkpointer))
+        runtime.add(Strict("critic"))
+        assert isinstance(writer, Revising)
+        runtime.send("writer", {"note": "good"})
+        await runtime.run_until_idle()
+        cut = await runtime.snapshot()
+        runtime.send("writer", {"note": "bad"})
+        await runtime.run_until_idle()
+        assert [r.snapshot_id for r in runtime.rollbacks] == [cut.id]
+        expected = {"notes": ["good", "feedback: no bad notes", "bad"], "count": 3}
+        assert writer.state.values == expected
+        assert writer.state.thread_id == f"{runtime.run_id}:writer"
+        latest = await writer.graph.aget_state(
+            {"configurable": {"thread_id": writer.state.thread_id}}
+        )
+        assert latest.values == expected
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -5,11 +5,12 @@ from __future__ import annotations
 import builtins
 import importlib
 import json
+import operator
 import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 import sqlalchemy
@@ -159,6 +160,32 @@ def test_other_metadata_round_trips_through_the_serializer(url: str) -> None:
     finally:
         saver.close()
     assert {meta_type for meta_type, _ in _stored_metadata(url).values()} == {"msgpack"}
+
+
+async def test_a_branch_from_an_older_checkpoint_keeps_its_own_values(url: str) -> None:
+    # Two branches of one thread give a channel different values at the same step.
+    from langgraph.graph import END, START, StateGraph
+
+    class Notes(TypedDict):
+        notes: Annotated[list[str], operator.add]
+
+    builder = StateGraph(Notes)
+    builder.add_node("noop", lambda state: {})
+    builder.add_edge(START, "noop")
+    builder.add_edge("noop", END)
+    saver = AgentsnapSaver(url)
+    try:
+        graph = builder.compile(checkpointer=saver)
+        thread = {"configurable": {"thread_id": "branching"}}
+        await graph.ainvoke({"notes": ["a"]}, thread)
+        older = (await graph.aget_state(thread)).config
+        await graph.ainvoke({"notes": ["b"]}, thread)
+        await graph.ainvoke({"notes": ["x"]}, older)
+        assert (await graph.aget_state(thread)).values == {"notes": ["a", "x"]}
+        abandoned = [s.values async for s in graph.aget_state_history(thread)]
+        assert {"notes": ["a", "b"]} in abandoned
+    finally:
+        await saver.aclose()
 
 
 def test_values_are_never_unpickled(url: str) -> None:

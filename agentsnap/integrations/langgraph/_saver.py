@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import builtins
 import math
 import sqlite3
@@ -569,7 +570,11 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         await asyncio.to_thread(self.delete_thread, thread_id)
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
-        """The version after ``current``: a zero-padded counter, so versions sort as strings.
+        """The version after ``current``: a zero-padded counter and a random suffix.
+
+        The counter makes versions sort as strings; the suffix keeps apart the values two
+        branches of a thread give a channel at the same count (a graph continued from an
+        older checkpoint, as after a rollback), since a value is stored once per version.
 
         Args:
             current: The channel's current version (``None`` for a new channel).
@@ -584,7 +589,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             number = current
         else:
             number = int(str(current).split(".")[0])
-        return f"{number + 1:032}"
+        return f"{number + 1:032}.{random.random():016}"
 
 
 class _Writing:
