@@ -69,8 +69,8 @@ def test_the_sync_methods_round_trip_a_checkpoint(url: str) -> None:
             "v": 4,
             "id": "1",
             "ts": "2026-11-22T00:00:00+00:00",
-            "channel_values": {"a": [1, 2], "b": "x"},
-            "channel_versions": {"a": version, "b": version},
+            "channel_values": {"a": [1, 2], "b": ["x"], "n": 7},
+            "channel_versions": {"a": version, "b": version, "n": version},
             "versions_seen": {},
             "updated_channels": None,
         }
@@ -80,7 +80,8 @@ def test_the_sync_methods_round_trip_a_checkpoint(url: str) -> None:
         newest = saver.get_tuple(config)
         assert newest is not None
         assert newest.checkpoint["id"] == "2"
-        assert newest.checkpoint["channel_values"] == {"a": [1, 2]}  # b was never stored
+        # b was never stored (not in new_versions); the small scalar n rides in the row.
+        assert newest.checkpoint["channel_values"] == {"a": [1, 2], "n": 7}
         first = saver.get_tuple(saved)
         assert first is not None
         assert first.pending_writes == [("task", "a", {"k": 1})]

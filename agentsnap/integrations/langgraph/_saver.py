@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import builtins
 import math
+import random
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -94,7 +94,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     ``agentsnap_lg_checkpoints`` (a checkpoint without its channel values),
     ``agentsnap_lg_blobs`` (each channel value, once per version of its channel) and
     ``agentsnap_lg_writes`` (the pending writes of tasks). A checkpoint that leaves a channel
-    unchanged refers to the value already stored for its version instead of storing it again.
+    unchanged refers to the value already stored for its version instead of storing it again;
+    small scalars (``None``, booleans, numbers, strings up to 256 characters) are kept in the
+    checkpoint's own row instead, which costs less than a row of their own.
 
     Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
     only, with the pickle fallback off and msgpack extension types limited to LangGraph's
@@ -320,9 +322,13 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         checkpoint = self.serde.loads_typed((row["checkpoint_type"], row["checkpoint"]))
         if metadata is None:
             metadata = self._load_metadata(row["meta_type"], row["meta"])
-        checkpoint["channel_values"] = self._load_values(
-            connection, thread_id, checkpoint_ns, checkpoint["channel_versions"]
-        )
+        inline: dict[str, Any] = checkpoint.get("channel_values") or {}
+        versions = checkpoint["channel_versions"]
+        stored = {channel: versions[channel] for channel in versions if channel not in inline}
+        checkpoint["channel_values"] = {
+            **inline,
+            **self._load_values(connection, thread_id, checkpoint_ns, stored),
+        }
         parent: str | None = row["parent_checkpoint_id"]
         return CheckpointTuple(
             config=_config(thread_id, checkpoint_ns, checkpoint_id),
@@ -403,13 +409,16 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         configurable = config["configurable"]
         thread_id: str = configurable["thread_id"]
         checkpoint_ns: str = configurable.get("checkpoint_ns", "")
-        stored: dict[str, Any] = {
-            key: value for key, value in checkpoint.items() if key != "channel_values"
-        }
         values = checkpoint["channel_values"]
+        # Small scalars ride in the checkpoint row (cheaper than a row of their own each);
+        # every other value is stored once per version of its channel.
+        inline = {channel: value for channel, value in values.items() if _inline(value)}
+        stored: dict[str, Any] = {**checkpoint, "channel_values": inline}
         dumps_typed = self.serde.dumps_typed
         blobs: list[tuple[Any, ...]] = []
         for channel, version in new_versions.items():
+            if channel in inline:
+                continue
             if channel in values:
                 value_type, value = dumps_typed(values[channel])
             else:
@@ -589,7 +598,20 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             number = current
         else:
             number = int(str(current).split(".")[0])
-        return f"{number + 1:032}.{random.random():016}"
+        return f"{number + 1:016}.{random.getrandbits(32):08x}"
+
+
+_INLINE_STR = 256
+"""The longest string kept in the checkpoint row rather than as a value of its own."""
+
+
+def _inline(value: Any) -> bool:
+    kind = type(value)
+    if value is None or kind is bool or kind is float:
+        return True
+    if kind is int:
+        return bool(-(2**63) <= value < 2**63)
+    return kind is str and len(value) <= _INLINE_STR
 
 
 class _Writing:
