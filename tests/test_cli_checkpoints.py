@@ -4,43 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import operator
 from dataclasses import dataclass
-from typing import Annotated, Any, TypedDict
 
 import pytest
 from click.testing import CliRunner, Result
-from langgraph.graph import END, START, StateGraph
+from langgraph_graphs import RoutingInbox, notes_graph
 
-from agentsnap import Agent, AgentState, Context, Message, RunInfo, Runtime
+from agentsnap import RunInfo, Runtime
 from agentsnap.cli import main
 from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent
 from agentsnap.store.sql import SqlStore
-
-
-class Notes(TypedDict, total=False):
-    notes: Annotated[list[str], operator.add]
-    count: int
-
-
-def count_notes(state: Notes) -> Notes:
-    return {"count": len(state.get("notes", []))}
-
-
-def notes_graph() -> Any:
-    builder = StateGraph(Notes)
-    builder.add_node("count", count_notes)
-    builder.add_edge(START, "count")
-    builder.add_edge("count", END)
-    return builder.compile()
-
-
-class Inbox(Agent[AgentState]):
-    """Forwards the environment's notes to the graph agent named in the message's kind."""
-
-    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        if message.kind != "result":
-            ctx.send(message.kind, {"notes": [message.payload]})
 
 
 @dataclass(frozen=True)
@@ -71,7 +44,7 @@ def graph_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         saver = AgentsnapSaver(db)
         try:
             async with Runtime(store=store) as runtime:
-                runtime.add(Inbox("inbox"))
+                runtime.add(RoutingInbox("inbox"))
                 writer = runtime.add(GraphAgent("writer", notes_graph(), checkpointer=saver))
                 runtime.add(GraphAgent("editor", notes_graph(), checkpointer=saver))
                 await feed(runtime, "writer", "a")

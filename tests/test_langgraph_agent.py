@@ -7,16 +7,16 @@ graph continues exactly as a fresh run from the restored state would.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 import pytest
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph_graphs import Notes, count_notes, notes_graph
 from postgres_db import postgres_url_or_skip
 from pydantic import Field
 
@@ -41,23 +41,6 @@ from agentsnap.integrations.langgraph import (
     langchain_tool,
 )
 from agentsnap.store.sql import SqlStore
-
-
-class Notes(TypedDict, total=False):
-    notes: Annotated[list[str], operator.add]
-    count: int
-
-
-def count_notes(state: Notes) -> Notes:
-    return {"count": len(state.get("notes", []))}
-
-
-def notes_graph(checkpointer: Any = None) -> Any:
-    builder = StateGraph(Notes)
-    builder.add_node("count", count_notes)
-    builder.add_edge(START, "count")
-    builder.add_edge("count", END)
-    return builder.compile(checkpointer=checkpointer)
 
 
 class InboxState(AgentState):

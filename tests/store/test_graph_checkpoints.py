@@ -7,25 +7,20 @@ thread. ``graph_checkpoints_table`` then says which snapshots hold which checkpo
 
 from __future__ import annotations
 
-import operator
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 import orjson
 import pytest
 import sqlalchemy
-from langgraph.graph import END, START, StateGraph
+from langgraph_graphs import RoutingInbox, notes_graph
 
 from agentsnap import (
-    Agent,
-    AgentState,
-    Context,
     GraphCheckpoint,
     MemoryStore,
-    Message,
     NotFoundError,
     RunInfo,
     Runtime,
@@ -36,31 +31,6 @@ from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.tables import LangGraphCheckpointRow
-
-
-class Notes(TypedDict, total=False):
-    notes: Annotated[list[str], operator.add]
-    count: int
-
-
-def count_notes(state: Notes) -> Notes:
-    return {"count": len(state.get("notes", []))}
-
-
-def notes_graph() -> Any:
-    builder = StateGraph(Notes)
-    builder.add_node("count", count_notes)
-    builder.add_edge(START, "count")
-    builder.add_edge("count", END)
-    return builder.compile()
-
-
-class Inbox(Agent[AgentState]):
-    """Forwards the environment's notes to the graph agent named in the message's kind."""
-
-    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        if message.kind != "result":
-            ctx.send(message.kind, {"notes": [message.payload]})
 
 
 async def feed(runtime: Runtime, agent: str, *notes: str) -> None:
@@ -90,7 +60,7 @@ async def graph_run(sql_store: SqlStore) -> AsyncIterator[GraphRun]:
     saver = AgentsnapSaver(sql_store.url)
     try:
         async with Runtime(store=sql_store) as runtime:
-            runtime.add(Inbox("inbox"))
+            runtime.add(RoutingInbox("inbox"))
             graph = runtime.add(GraphAgent("graph", notes_graph(), checkpointer=saver))
             other = runtime.add(GraphAgent("other", notes_graph(), checkpointer=saver))
             assert isinstance(graph, GraphAgent)
@@ -213,7 +183,7 @@ async def test_an_unknown_run_is_not_found(store: Store) -> None:
 async def test_the_memory_store_holds_no_checkpoints() -> None:
     store = MemoryStore()
     async with Runtime(store=store) as runtime:
-        runtime.add(Inbox("inbox"))
+        runtime.add(RoutingInbox("inbox"))
         runtime.add(GraphAgent("graph", notes_graph()))
         await feed(runtime, "graph", "a")
         await runtime.snapshot()
