@@ -436,20 +436,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             meta_type,
             meta,
         )
-        if self._sqlite:
-            self._ensure_schema()
-            with self._lock:
-                raw = self._raw_connection()
-                with raw:  # one transaction
-                    if blobs:
-                        raw.executemany(_SQLITE_PUT_BLOB, blobs)
-                    raw.execute(_SQLITE_PUT_CHECKPOINT, row)
-        else:
-            with self._writing() as connection:
-                if blobs:
-                    connection.execute(self._put_blob, _named(_blobs, blobs))
-                connection.execute(self._put_checkpoint, _named(_checkpoints, [row]))
-                connection.commit()
+        self._insert(
+            (_SQLITE_PUT_BLOB, self._put_blob, _blobs, blobs),
+            (_SQLITE_PUT_CHECKPOINT, self._put_checkpoint, _checkpoints, [row]),
+        )
         return _config(thread_id, checkpoint_ns, checkpoint["id"])
 
     def put_writes(
@@ -494,22 +484,30 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
                     task_path,
                 )
             )
+        self._insert(
+            (_SQLITE_REPLACE_WRITE, self._replace_write, _writes, special),
+            (_SQLITE_KEEP_WRITE, self._keep_write, _writes, regular),
+        )
+
+    def _insert(self, *batches: tuple[str, Any, Table, builtins.list[tuple[Any, ...]]]) -> None:
+        """Insert rows in one transaction.
+
+        Each batch is the SQLite statement, the SQLAlchemy one (PostgreSQL), the table and its
+        rows, in the order of the table's columns; empty batches are skipped.
+        """
+        batches = tuple(batch for batch in batches if batch[3])
         if self._sqlite:
             self._ensure_schema()
             with self._lock:
                 raw = self._raw_connection()
                 with raw:  # one transaction
-                    if special:
-                        raw.executemany(_SQLITE_REPLACE_WRITE, special)
-                    if regular:
-                        raw.executemany(_SQLITE_KEEP_WRITE, regular)
-        else:
-            with self._writing() as connection:
-                if special:
-                    connection.execute(self._replace_write, _named(_writes, special))
-                if regular:
-                    connection.execute(self._keep_write, _named(_writes, regular))
-                connection.commit()
+                    for sql, _, _, rows in batches:
+                        raw.executemany(sql, rows)
+            return
+        with self._writing() as connection:
+            for _, statement, table, rows in batches:
+                connection.execute(statement, _named(table, rows))
+            connection.commit()
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread.
