@@ -42,6 +42,7 @@ from agentsnap.exceptions import (
     ConfigurationError,
     DuplicateAgentError,
     HandlerFailed,
+    NotFoundError,
     OutputRejected,
     RuntimeClosedError,
     UnknownAgentError,
@@ -155,6 +156,9 @@ class Runtime:
         self._timer: asyncio.Task[None] | None = None
         self._started = False
         self._run_created = False
+        # The store held this run before this runtime started: it must be resumed, not
+        # written to as if new (its snapshot numbers would collide).
+        self._stored_before = False
         self._closed = False
         self._reported = 0
         self._scheduler.bind(self._bus, self._deliver)
@@ -280,8 +284,11 @@ class Runtime:
         self._check_open()
         if self._started:
             return
-        self._started = True
         await self._ensure_run()
+        if self._stored_before and self._have_cut:  # input sent before start, not resumed
+            self._have_cut = False
+            self._check_not_stored_before("input sent")
+        self._started = True
         self._scheduler.start()
         if self._journal is not None:
             self._journal.start()
@@ -359,6 +366,8 @@ class Runtime:
         Raises:
             UnknownAgentError: ``to`` is not a registered agent.
             PayloadNotSerializable: ``payload`` is not JSON.
+            ConfigurationError: The store held this run (``run_id``) before this runtime
+                started: ``resume()`` it first.
         """
         if not self._taking_input:
             self._before_input()
@@ -375,6 +384,7 @@ class Runtime:
         if self._rollbacks.exhausted is not None:
             raise self._rollbacks.exhausted
         if not self._have_cut:
+            self._check_not_stored_before("input sent")
             self._have_cut = True
             if self._policy.at_start and self._snapshots.capture() is None:
                 self._snapshots.begin(None)
@@ -401,9 +411,11 @@ class Runtime:
 
         Raises:
             UnknownAgentError: ``initiator`` is not a registered agent.
-            ConfigurationError: Called outside a running event loop.
+            ConfigurationError: Called outside a running event loop, or on a run the store
+                already held before this runtime started and that was not resumed.
         """
         self._check_open()
+        self._check_not_stored_before("snapshot() called")
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -475,10 +487,12 @@ class Runtime:
         Raises:
             NotFoundError: The store holds no such snapshot.
             ConfigurationError: The snapshot failed, belongs to another run, or there is no
-                complete snapshot yet.
+                complete snapshot yet; or the store held this run before this runtime started
+                and it was not resumed.
         """
         self._check_open()
         await self.start()
+        self._check_not_stored_before("rollback() called")
         latest = self._snapshots.latest
         if snapshot_id is None and latest is None:
             raise ConfigurationError(
@@ -693,8 +707,22 @@ class Runtime:
 
     async def _ensure_run(self) -> None:
         if not self._run_created:
+            try:
+                await self.store.get_run(self.run_id)
+            except NotFoundError:
+                pass
+            else:
+                self._stored_before = True
             await self.store.create_run(RunInfo(id=self.run_id, metadata=self._metadata))
             self._run_created = True
+
+    def _check_not_stored_before(self, what: str) -> None:
+        if self._stored_before and not self._have_cut:
+            raise ConfigurationError(
+                f"{what} on run {self.run_id}, which the store already holds: call "
+                "`await runtime.resume()` first to continue it, or leave run_id out to start "
+                "a new run (fork_from() starts one from a snapshot of it)"
+            )
 
     async def _persist(self, snapshot: Snapshot) -> None:
         await self._ensure_run()

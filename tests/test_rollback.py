@@ -1613,3 +1613,36 @@ async def test_a_ledger_that_fails_at_close_still_leaves_the_run_status() -> Non
     run = await store.get_run(runtime.run_id)
     assert run.status is RunStatus.FAILED
     assert run.finished_at is not None
+
+
+async def test_a_stored_run_must_be_resumed_before_it_is_used_again() -> None:
+    store = MemoryStore()
+    async with Runtime(store=store) as first:
+        first.add(Sink("sink"))
+        first.send("sink", {})
+        await first.run_until_idle()
+        await first.snapshot()
+    stored = [(s.id, s.seq) for s in await store.list_snapshots(first.run_id)]
+
+    async with Runtime(store=store, run_id=first.run_id) as again:
+        again.add(Sink("sink"))
+        with pytest.raises(ConfigurationError, match=r"already holds: call `await runtime\.resume"):
+            again.send("sink", {})
+        with pytest.raises(ConfigurationError, match="already holds"):
+            again.snapshot()
+        with pytest.raises(ConfigurationError, match="already holds"):
+            await again.rollback()
+        await again.resume()
+        again.send("sink", {})  # resumed: the run goes on, numbering after its snapshots
+        await again.run_until_idle()
+        assert (await again.snapshot()).seq == len(stored) + 1
+
+    early = Runtime(store=store, run_id=first.run_id)
+    early.add(Sink("sink"))
+    early.send("sink", {})  # before the runtime knows the store holds the run
+    with pytest.raises(ConfigurationError, match="already holds"):
+        await early.start()
+    await early.close()
+    assert [(s.id, s.seq) for s in await store.list_snapshots(first.run_id)][
+        : len(stored)
+    ] == stored
