@@ -435,14 +435,15 @@ async def graph_checkpoints_table(
     run = await resolve_run(store, run_prefix)
     checkpoints = await store.list_graph_checkpoints(run.id, agent)
     held: dict[tuple[str, str], list[int]] = {}
-    if checkpoints:
-        for snapshot in await store.list_snapshots(run.id):
-            if snapshot.status is not SnapshotStatus.COMPLETE:
-                continue
-            for name, cut in snapshot.agents.items():
-                checkpoint_id = cut.state.get("checkpoint_id")
-                if isinstance(checkpoint_id, str):
-                    held.setdefault((name, checkpoint_id), []).append(snapshot.seq)
+    for name in dict.fromkeys(c.agent for c in checkpoints):
+        try:
+            versions = await store.agent_history(run.id, name)
+        except NotFoundError:  # no complete snapshot recorded this agent
+            continue
+        for version in versions:
+            checkpoint_id = version.cut.state.get("checkpoint_id")
+            if isinstance(checkpoint_id, str):
+                held.setdefault((name, checkpoint_id), []).append(version.snapshot_seq)
     return [
         {
             "agent": c.agent,

@@ -286,8 +286,7 @@ class Runtime:
             return
         await self._ensure_run()
         if self._stored_before and self._have_cut:  # input sent before start, not resumed
-            self._have_cut = False
-            self._check_not_stored_before("input sent")
+            raise self._stored_run_error("input sent")
         self._started = True
         self._scheduler.start()
         if self._journal is not None:
@@ -718,11 +717,14 @@ class Runtime:
 
     def _check_not_stored_before(self, what: str) -> None:
         if self._stored_before and not self._have_cut:
-            raise ConfigurationError(
-                f"{what} on run {self.run_id}, which the store already holds: call "
-                "`await runtime.resume()` first to continue it, or leave run_id out to start "
-                "a new run (fork_from() starts one from a snapshot of it)"
-            )
+            raise self._stored_run_error(what)
+
+    def _stored_run_error(self, what: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"{what} on run {self.run_id}, which the store already holds: call "
+            "`await runtime.resume()` first to continue it, or leave run_id out to start "
+            "a new run (fork_from() starts one from a snapshot of it)"
+        )
 
     async def _persist(self, snapshot: Snapshot) -> None:
         await self._ensure_run()
