@@ -20,8 +20,10 @@ pytest.importorskip("langgraph.checkpoint.conformance")
 
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 
+from agentsnap.exceptions import StoreError
 from agentsnap.integrations import MissingExtraError
 from agentsnap.integrations.langgraph import AgentsnapSaver
+from agentsnap.store import migrate
 from agentsnap.store.migrate import sync_url
 
 
@@ -187,6 +189,115 @@ async def test_a_branch_from_an_older_checkpoint_keeps_its_own_values(url: str) 
         assert {"notes": ["a", "b"]} in abandoned
     finally:
         await saver.aclose()
+
+
+def _execute(url: str, sql: str, rows: list[dict[str, Any]] | None = None) -> list[Any]:
+    engine = sqlalchemy.create_engine(sync_url(url))
+    try:
+        with engine.begin() as connection:
+            result = connection.execute(sqlalchemy.text(sql), rows or {})
+            return list(result.all()) if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+def test_a_tasks_writes_are_one_row_and_keep_langgraphs_rules(url: str) -> None:
+    from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+
+    saver = AgentsnapSaver(url)
+    try:
+        saved = saver.put(
+            {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, _checkpoint("1"), {}, {}
+        )
+        saver.put_writes(saved, [("a", 1)], "task", task_path="~p")
+        # Sent again with one more (as LangGraph re-sends a task's growing list): the first
+        # write stays as recorded, the new index is added.
+        saver.put_writes(saved, [("a", "changed"), ("b", 2)], "task")
+        saver.put_writes(saved, [(ERROR, "first"), (INTERRUPT, {"why": "ask"})], "task")
+        saver.put_writes(saved, [(ERROR, "second")], "task")  # a special channel: replaced
+        saver.put_writes(saved, [("a", "other task")], "other")
+        found = saver.get_tuple(saved)
+    finally:
+        saver.close()
+    assert found is not None
+    assert sorted(found.pending_writes or [], key=repr) == sorted(
+        [
+            ("task", "a", 1),
+            ("task", "b", 2),
+            ("task", ERROR, "second"),
+            ("task", INTERRUPT, {"why": "ask"}),
+            ("other", "a", "other task"),
+        ],
+        key=repr,
+    )
+    rows = _execute(url, "SELECT task_id, task_path FROM agentsnap_lg_task_writes")
+    assert sorted(tuple(row) for row in rows) == [("other", ""), ("task", "~p")]
+
+
+def test_a_damaged_writes_row_is_reported_not_decoded(url: str) -> None:
+    saver = AgentsnapSaver(url)
+    try:
+        saved = saver.put({"configurable": {"thread_id": "t"}}, _checkpoint("1"), {}, {})
+        saver.put_writes(saved, [("a", 1)], "task")
+        _execute(url, "UPDATE agentsnap_lg_task_writes SET writes = :bad", [{"bad": b"\xc1"}])
+        with pytest.raises(StoreError, match="agentsnap_lg_task_writes") as caught:
+            saver.get_tuple(saved)
+    finally:
+        saver.close()
+    assert "\n" not in str(caught.value)
+
+
+def test_upgrading_from_one_row_per_write_keeps_the_pending_writes(url: str) -> None:
+    from langgraph.checkpoint.serde.types import ERROR
+
+    migrate.upgrade(url, "0005")
+    saver = AgentsnapSaver(url)  # for its serializer; it touches no table before the upgrade
+    dumps = saver.serde.dumps_typed
+    checkpoint_type, checkpoint = dumps(_checkpoint("1"))
+    _execute(
+        url,
+        "INSERT INTO agentsnap_lg_checkpoints VALUES "
+        "('t', '', '1', NULL, :checkpoint_type, :checkpoint, 'json', :meta)",
+        [{"checkpoint_type": checkpoint_type, "checkpoint": checkpoint, "meta": b"{}"}],
+    )
+    old_rows = [
+        ("task", 0, "a", *dumps({"k": 1}), "~p"),
+        ("task", 1, "b", *dumps(None), "~p"),
+        ("task", -1, ERROR, *dumps("boom"), "~p"),
+        ("other", 0, "a", *dumps([1, 2]), ""),
+    ]
+    _execute(
+        url,
+        "INSERT INTO agentsnap_lg_writes VALUES "
+        "('t', '', '1', :task, :idx, :channel, :value_type, :value, :task_path)",
+        [
+            dict(
+                zip(
+                    ["task", "idx", "channel", "value_type", "value", "task_path"], row, strict=True
+                )
+            )
+            for row in old_rows
+        ],
+    )
+    migrate.upgrade(url)
+    try:
+        found = saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_id": "1"}})
+    finally:
+        saver.close()
+    assert found is not None
+    assert found.pending_writes == [
+        ("other", "a", [1, 2]),
+        ("task", ERROR, "boom"),
+        ("task", "a", {"k": 1}),
+        ("task", "b", None),
+    ]
+
+    migrate.downgrade(url, "0005")
+    back = _execute(
+        url,
+        "SELECT task_id, idx, channel, value_type, value, task_path FROM agentsnap_lg_writes",
+    )
+    assert sorted((*row[:4], bytes(row[4]), row[5]) for row in back) == sorted(old_rows)
 
 
 def test_values_are_never_unpickled(url: str) -> None:

@@ -163,7 +163,7 @@ def _newest_revision() -> str:
             if isinstance(node, ast.AnnAssign | ast.Assign) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
-                    if isinstance(target, ast.Name):
+                    if isinstance(target, ast.Name) and target.id in {"revision", "down_revision"}:
                         values[target.id] = ast.literal_eval(node.value)
         revision = values.get("revision")
         assert isinstance(revision, str), f"{script.name} declares no revision"

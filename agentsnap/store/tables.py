@@ -32,7 +32,7 @@ __all__ = [
     "JournalRow",
     "LangGraphBlobRow",
     "LangGraphCheckpointRow",
-    "LangGraphWriteRow",
+    "LangGraphTaskWritesRow",
     "RollbackRow",
     "RunRow",
     "SnapshotAgentRow",
@@ -280,17 +280,23 @@ class LangGraphBlobRow(Base):
     value: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
-class LangGraphWriteRow(Base):
-    """A pending write of a LangGraph task, recorded against the checkpoint it follows."""
+class LangGraphTaskWritesRow(Base):
+    """The pending writes of one LangGraph task, recorded against the checkpoint they follow.
 
-    __tablename__ = "agentsnap_lg_writes"
+    One row per task rather than one per write: a super-step's task records its writes in one
+    insert. ``writes`` is a msgpack array of ``[idx, channel, value_type, value]`` entries,
+    one per index: ``idx`` is the write's position in the task's output, or LangGraph's
+    negative index of a special channel (errors, interrupts…); ``value`` is the value as the
+    saver's serializer encoded it, with its type tag in ``value_type``. On SQLite the table has
+    no rowid: the primary key is its only b-tree.
+    """
+
+    __tablename__ = "agentsnap_lg_task_writes"
+    __table_args__ = {"sqlite_with_rowid": False}  # noqa: RUF012 (SQLAlchemy's declaration)
 
     thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
     checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
     checkpoint_id: Mapped[str] = mapped_column(Text, primary_key=True)
     task_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    channel: Mapped[str] = mapped_column(Text)
-    value_type: Mapped[str] = mapped_column(String(32))
-    value: Mapped[bytes] = mapped_column(LargeBinary)
     task_path: Mapped[str] = mapped_column(Text)
+    writes: Mapped[bytes] = mapped_column(LargeBinary)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import math
 import random
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, cast
 
 import orjson
@@ -26,59 +26,56 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, select
+from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
 from agentsnap.exceptions import ConfigurationError
+from agentsnap.integrations.langgraph._rows import (
+    EMPTY,
+    JSON,
+    WriteEntry,
+    checkpoint_config,
+    inline,
+    insert_sql,
+    merge_writes,
+    named,
+    pack_writes,
+    plain_json,
+    unpack_writes,
+)
 from agentsnap.store.migrate import ensure_schema, sync_url
 from agentsnap.store.sql import DEFAULT_URL
-from agentsnap.store.tables import LangGraphBlobRow, LangGraphCheckpointRow, LangGraphWriteRow
+from agentsnap.store.tables import (
+    LangGraphBlobRow,
+    LangGraphCheckpointRow,
+    LangGraphTaskWritesRow,
+)
 
 __all__ = ["AgentsnapSaver"]
 
 _checkpoints: Table = LangGraphCheckpointRow.__table__  # type: ignore[assignment]
 _blobs: Table = LangGraphBlobRow.__table__  # type: ignore[assignment]
-_writes: Table = LangGraphWriteRow.__table__  # type: ignore[assignment]
-
-_EMPTY = "empty"
-"""The type tag of a blob for a channel that had no value at that version."""
-
-_JSON = "json"
-"""The type tag of metadata stored as plain JSON (``orjson.dumps``)."""
+_writes: Table = LangGraphTaskWritesRow.__table__  # type: ignore[assignment]
 
 _CHECKPOINT_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
 _CHECKPOINT_UPDATED = ("parent_checkpoint_id", "checkpoint_type", "checkpoint", "meta_type", "meta")
 _BLOB_KEY = ("thread_id", "checkpoint_ns", "channel", "version")
-_WRITE_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx")
-_WRITE_UPDATED = ("channel", "value_type", "value", "task_path")
-
-
-def _insert_sql(table: Table, key: Sequence[str], updated: Sequence[str] = ()) -> str:
-    """SQLite's text of an insert of a row of ``table``.
-
-    The row's values are ``?`` parameters, in the order of the table's columns. On a conflict
-    on ``key`` the existing row is kept, or its ``updated`` columns are updated.
-    """
-    columns = [column.name for column in table.columns]
-    on_conflict = (
-        "DO UPDATE SET " + ", ".join(f"{name} = excluded.{name}" for name in updated)
-        if updated
-        else "DO NOTHING"
-    )
-    return (
-        f"INSERT INTO {table.name} ({', '.join(columns)}) "  # noqa: S608 (names of ours)
-        f"VALUES ({', '.join('?' for _ in columns)}) "
-        f"ON CONFLICT ({', '.join(key)}) {on_conflict}"
-    )
-
+_WRITES_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id")
 
 # The SQLite write path runs these on a plain sqlite3 connection: the values are bound in
-# the order of the tables' columns.
-_SQLITE_PUT_CHECKPOINT = _insert_sql(_checkpoints, _CHECKPOINT_KEY, _CHECKPOINT_UPDATED)
-_SQLITE_PUT_BLOB = _insert_sql(_blobs, _BLOB_KEY)
-_SQLITE_KEEP_WRITE = _insert_sql(_writes, _WRITE_KEY)
-_SQLITE_REPLACE_WRITE = _insert_sql(_writes, _WRITE_KEY, _WRITE_UPDATED)
+# the order of the tables' columns (the key's columns, for the last two).
+_SQLITE_PUT_CHECKPOINT = insert_sql(_checkpoints, _CHECKPOINT_KEY, _CHECKPOINT_UPDATED)
+_SQLITE_PUT_BLOB = insert_sql(_blobs, _BLOB_KEY)
+_SQLITE_ADD_WRITES = insert_sql(_writes, _WRITES_KEY)
+_SQLITE_GET_WRITES = (
+    f"SELECT task_path, writes FROM {_writes.name} "  # noqa: S608 (names of ours)
+    f"WHERE {' AND '.join(f'{name} = ?' for name in _WRITES_KEY)}"
+)
+_SQLITE_SET_WRITES = (
+    f"UPDATE {_writes.name} SET task_path = ?, writes = ? "  # noqa: S608 (names of ours)
+    f"WHERE {' AND '.join(f'{name} = ?' for name in _WRITES_KEY)}"
+)
 _SQLITE_DELETE_THREAD = [
     f"DELETE FROM {table.name} WHERE thread_id = ?"  # noqa: S608 (names of ours)
     for table in (_writes, _blobs, _checkpoints)
@@ -93,7 +90,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     The saver keeps three tables next to agentsnap's own, created by agentsnap's migrations:
     ``agentsnap_lg_checkpoints`` (a checkpoint without its channel values),
     ``agentsnap_lg_blobs`` (each channel value, once per version of its channel) and
-    ``agentsnap_lg_writes`` (the pending writes of tasks). A checkpoint that leaves a channel
+    ``agentsnap_lg_task_writes`` (the pending writes of tasks, one row per task and
+    checkpoint). A checkpoint that leaves a channel
     unchanged refers to the value already stored for its version instead of storing it again;
     small scalars (``None``, booleans, numbers, strings up to 256 characters) are kept in the
     checkpoint's own row instead, which costs less than a row of their own.
@@ -171,11 +169,11 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             set_={name: upsert.excluded[name] for name in _CHECKPOINT_UPDATED},
         )
         self._put_blob = insert(_blobs).on_conflict_do_nothing(index_elements=list(_BLOB_KEY))
-        write = insert(_writes)
-        self._keep_write = write.on_conflict_do_nothing(index_elements=list(_WRITE_KEY))
-        self._replace_write = write.on_conflict_do_update(
-            index_elements=list(_WRITE_KEY),
-            set_={name: write.excluded[name] for name in _WRITE_UPDATED},
+        # RETURNING says whether the row went in (no row on a conflict).
+        self._add_writes = (
+            insert(_writes)
+            .on_conflict_do_nothing(index_elements=list(_WRITES_KEY))
+            .returning(_writes.c.task_id)
         )
 
     def __repr__(self) -> str:
@@ -222,14 +220,14 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     def _load_metadata(self, meta_type: str, meta: bytes) -> Any:
         # Metadata stored as JSON is plain data: read it as such, without LangGraph's reviver
         # (which would turn some dicts into objects).
-        if meta_type == _JSON:
+        if meta_type == JSON:
             return orjson.loads(meta)
         return self.serde.loads_typed((meta_type, meta))
 
     def _dump_metadata(self, metadata: Any) -> tuple[str, bytes]:
-        if _plain_json(metadata):
+        if plain_json(metadata):
             try:
-                return _JSON, orjson.dumps(metadata)
+                return JSON, orjson.dumps(metadata)
             except orjson.JSONEncodeError:  # an integer beyond 64 bits
                 pass
         return self.serde.dumps_typed(metadata)
@@ -331,10 +329,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         }
         parent: str | None = row["parent_checkpoint_id"]
         return CheckpointTuple(
-            config=_config(thread_id, checkpoint_ns, checkpoint_id),
+            config=checkpoint_config(thread_id, checkpoint_ns, checkpoint_id),
             checkpoint=checkpoint,
             metadata=cast(CheckpointMetadata, metadata),
-            parent_config=_config(thread_id, checkpoint_ns, parent) if parent else None,
+            parent_config=checkpoint_config(thread_id, checkpoint_ns, parent) if parent else None,
             pending_writes=self._load_writes(connection, thread_id, checkpoint_ns, checkpoint_id),
         )
 
@@ -360,30 +358,30 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         )
         values: dict[str, Any] = {}
         for channel, version, value_type, value in rows:
-            if (channel, version) in wanted and value_type != _EMPTY:
+            if (channel, version) in wanted and value_type != EMPTY:
                 values[channel] = self.serde.loads_typed((value_type, value))
         return values
 
     def _load_writes(
         self, connection: Connection, thread_id: str, checkpoint_ns: str, checkpoint_id: str
     ) -> builtins.list[PendingWrite]:
-        found = connection.execute(
-            select(
-                _writes.c.task_id,
-                _writes.c.idx,
-                _writes.c.channel,
-                _writes.c.value_type,
-                _writes.c.value,
-                _writes.c.task_path,
-            ).where(
+        rows = connection.execute(
+            select(_writes.c.task_id, _writes.c.task_path, _writes.c.writes).where(
                 _writes.c.thread_id == thread_id,
                 _writes.c.checkpoint_ns == checkpoint_ns,
                 _writes.c.checkpoint_id == checkpoint_id,
             )
         ).all()
-        rows = sorted(found, key=lambda r: writes_sort_key(r.task_path, r.task_id, r.idx))
+        found = [
+            (task_path, task_id, idx, channel, value_type, value)
+            for task_id, task_path, writes in rows
+            for idx, channel, value_type, value in unpack_writes(writes)
+        ]
+        found.sort(key=lambda w: writes_sort_key(w[0], w[1], w[2]))
+        loads_typed = self.serde.loads_typed
         return [
-            (r.task_id, r.channel, self.serde.loads_typed((r.value_type, r.value))) for r in rows
+            (task_id, channel, loads_typed((value_type, value)))
+            for _, task_id, _, channel, value_type, value in found
         ]
 
     # Writes.
@@ -412,17 +410,17 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         values = checkpoint["channel_values"]
         # Small scalars ride in the checkpoint row (cheaper than a row of their own each);
         # every other value is stored once per version of its channel.
-        inline = {channel: value for channel, value in values.items() if _inline(value)}
-        stored: dict[str, Any] = {**checkpoint, "channel_values": inline}
+        small = {channel: value for channel, value in values.items() if inline(value)}
+        stored: dict[str, Any] = {**checkpoint, "channel_values": small}
         dumps_typed = self.serde.dumps_typed
         blobs: list[tuple[Any, ...]] = []
         for channel, version in new_versions.items():
-            if channel in inline:
+            if channel in small:
                 continue
             if channel in values:
                 value_type, value = dumps_typed(values[channel])
             else:
-                value_type, value = _EMPTY, None
+                value_type, value = EMPTY, None
             blobs.append((thread_id, checkpoint_ns, channel, str(version), value_type, value))
         checkpoint_type, encoded = dumps_typed(stored)
         meta_type, meta = self._dump_metadata(get_checkpoint_metadata(config, metadata))
@@ -436,11 +434,18 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             meta_type,
             meta,
         )
-        self._insert(
-            (_SQLITE_PUT_BLOB, self._put_blob, _blobs, blobs),
-            (_SQLITE_PUT_CHECKPOINT, self._put_checkpoint, _checkpoints, [row]),
-        )
-        return _config(thread_id, checkpoint_ns, checkpoint["id"])
+        if self._sqlite:
+            with self._sqlite_transaction() as raw:
+                if blobs:
+                    raw.executemany(_SQLITE_PUT_BLOB, blobs)
+                raw.execute(_SQLITE_PUT_CHECKPOINT, row)
+        else:
+            with self._writing() as connection:
+                if blobs:
+                    connection.execute(self._put_blob, named(_blobs, blobs))
+                connection.execute(self._put_checkpoint, named(_checkpoints, [row]))
+                connection.commit()
+        return checkpoint_config(thread_id, checkpoint_ns, checkpoint["id"])
 
     def put_writes(
         self,
@@ -453,6 +458,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
 
         A write already saved for the same task and index is kept as it was, except for the
         special channels (errors, interrupts…), whose newest write replaces the older one.
+        The task's writes are stored as one row, in one insert the first time.
 
         Args:
             config: The thread, namespace and checkpoint.
@@ -463,51 +469,52 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         if not writes:
             return
         configurable = config["configurable"]
-        thread_id: str = configurable["thread_id"]
-        checkpoint_ns: str = configurable.get("checkpoint_ns", "")
-        checkpoint_id: str = configurable["checkpoint_id"]
-        dumps_typed = self.serde.dumps_typed
-        special: list[tuple[Any, ...]] = []
-        regular: list[tuple[Any, ...]] = []
-        for idx, (channel, value) in enumerate(writes):
-            value_type, encoded = dumps_typed(value)
-            (special if channel in WRITES_IDX_MAP else regular).append(
-                (
-                    thread_id,
-                    checkpoint_ns,
-                    checkpoint_id,
-                    task_id,
-                    WRITES_IDX_MAP.get(channel, idx),
-                    channel,
-                    value_type,
-                    encoded,
-                    task_path,
-                )
-            )
-        self._insert(
-            (_SQLITE_REPLACE_WRITE, self._replace_write, _writes, special),
-            (_SQLITE_KEEP_WRITE, self._keep_write, _writes, regular),
+        key = (
+            configurable["thread_id"],
+            configurable.get("checkpoint_ns", ""),
+            configurable["checkpoint_id"],
+            task_id,
         )
-
-    def _insert(self, *batches: tuple[str, Any, Table, builtins.list[tuple[Any, ...]]]) -> None:
-        """Insert rows in one transaction.
-
-        Each batch is the SQLite statement, the SQLAlchemy one (PostgreSQL), the table and its
-        rows, in the order of the table's columns; empty batches are skipped.
-        """
-        batches = tuple(batch for batch in batches if batch[3])
+        dumps_typed = self.serde.dumps_typed
+        entries = merge_writes(
+            (),
+            [
+                (WRITES_IDX_MAP.get(channel, idx), channel, *dumps_typed(value))
+                for idx, (channel, value) in enumerate(writes)
+            ],
+        )
         if self._sqlite:
-            self._ensure_schema()
-            with self._lock:
-                raw = self._raw_connection()
-                with raw:  # one transaction
-                    for sql, _, _, rows in batches:
-                        raw.executemany(sql, rows)
+            with self._sqlite_transaction() as raw:
+                cursor = raw.execute(_SQLITE_ADD_WRITES, (*key, task_path, pack_writes(entries)))
+                if cursor.rowcount == 0:  # the task has writes already: merge them
+                    path, packed = raw.execute(_SQLITE_GET_WRITES, key).fetchone()
+                    raw.execute(
+                        _SQLITE_SET_WRITES, (*_merged(path, packed, entries, task_path), *key)
+                    )
             return
         with self._writing() as connection:
-            for _, statement, table, rows in batches:
-                connection.execute(statement, _named(table, rows))
+            (row,) = named(_writes, [(*key, task_path, pack_writes(entries))])
+            if connection.execute(self._add_writes, row).first() is None:
+                where = [
+                    _writes.c[name] == value for name, value in zip(_WRITES_KEY, key, strict=True)
+                ]
+                path, packed = connection.execute(
+                    select(_writes.c.task_path, _writes.c.writes).where(*where).with_for_update()
+                ).one()
+                path, packed = _merged(path, packed, entries, task_path)
+                connection.execute(
+                    update(_writes).where(*where).values(task_path=path, writes=packed)
+                )
             connection.commit()
+
+    @contextmanager
+    def _sqlite_transaction(self) -> Iterator[sqlite3.Connection]:
+        """The SQLite write connection, under the lock, in one transaction."""
+        self._ensure_schema()
+        with self._lock:
+            raw = self._raw_connection()
+            with raw:  # commits, or rolls back on an exception
+                yield raw
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread.
@@ -516,12 +523,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             thread_id: The thread.
         """
         if self._sqlite:
-            self._ensure_schema()
-            with self._lock:
-                raw = self._raw_connection()
-                with raw:  # one transaction
-                    for statement in _SQLITE_DELETE_THREAD:
-                        raw.execute(statement, (thread_id,))
+            with self._sqlite_transaction() as raw:
+                for statement in _SQLITE_DELETE_THREAD:
+                    raw.execute(statement, (thread_id,))
             return
         with self._writing() as connection:
             for table in (_writes, _blobs, _checkpoints):
@@ -599,19 +603,6 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         return f"{number + 1:016}.{random.getrandbits(32):08x}"
 
 
-_INLINE_STR = 256
-"""The longest string kept in the checkpoint row rather than as a value of its own."""
-
-
-def _inline(value: Any) -> bool:
-    kind = type(value)
-    if value is None or kind is bool or kind is float:
-        return True
-    if kind is int:
-        return bool(-(2**63) <= value < 2**63)
-    return kind is str and len(value) <= _INLINE_STR
-
-
 class _Writing:
     """A SQLAlchemy connection for writing (PostgreSQL; on SQLite, under the saver's lock)."""
 
@@ -635,44 +626,11 @@ class _Writing:
                 self._saver._lock.release()
 
 
-def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
-    return {
-        "configurable": {
-            "thread_id": thread_id,
-            "checkpoint_ns": checkpoint_ns,
-            "checkpoint_id": checkpoint_id,
-        }
-    }
-
-
-def _named(table: Table, rows: builtins.list[tuple[Any, ...]]) -> builtins.list[dict[str, Any]]:
-    """Rows given in the order of ``table``'s columns, as SQLAlchemy's parameter dicts."""
-    names = [column.name for column in table.columns]
-    return [dict(zip(names, row, strict=True)) for row in rows]
-
-
-_JSON_SCALARS = (str, int, bool, type(None))
-
-
-def _plain_json(value: Any) -> bool:
-    """Whether ``value`` reads back from JSON as it is.
-
-    That is: dicts with string keys (none of them ``"lc"``, which LangGraph's reviver would
-    read as an object), lists, strings, integers, finite floats, booleans and ``None``, of
-    those exact types.
-    """
-    kind = type(value)
-    if kind in _JSON_SCALARS:
-        return True
-    if kind is float:
-        return math.isfinite(value)
-    if kind is dict:
-        return all(
-            type(key) is str and key != "lc" and _plain_json(item) for key, item in value.items()
-        )
-    if kind is list:
-        return all(_plain_json(item) for item in value)
-    return False
+def _merged(
+    path: str, packed: bytes, entries: Sequence[WriteEntry], task_path: str
+) -> tuple[str, bytes]:
+    """A task's stored row (path and packed writes) once ``entries`` are recorded after it."""
+    return task_path or path, pack_writes(merge_writes(unpack_writes(packed), entries))
 
 
 def _sqlite_pragmas(connection: Any, record: Any) -> None:
