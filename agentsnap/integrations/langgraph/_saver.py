@@ -157,7 +157,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         self._ready = False
         # On SQLite the writes go through one plain sqlite3 connection (opened on first use,
         # used under the lock) with the statements' text ready: SQLAlchemy would cost more
-        # than the writes themselves. PostgreSQL takes SQLAlchemy statements built here once.
+        # than the writes themselves. It is in autocommit mode, so that a write of one
+        # statement (most puts) is one step of SQLite, without BEGIN and COMMIT around it.
+        # PostgreSQL takes SQLAlchemy statements built here once.
         self._raw: sqlite3.Connection | None = None
         self._raw_connect_args = (
             self._engine.dialect.create_connect_args(parsed) if self._sqlite else None
@@ -208,7 +210,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             assert self._raw_connect_args is not None
             args, kwargs = self._raw_connect_args
             connect: Any = sqlite3.connect
-            raw: sqlite3.Connection = connect(*args, **{**kwargs, "check_same_thread": False})
+            raw: sqlite3.Connection = connect(
+                *args, **{**kwargs, "check_same_thread": False, "isolation_level": None}
+            )
             try:
                 _sqlite_pragmas(raw, None)
             except BaseException:
@@ -435,10 +439,12 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             meta,
         )
         if self._sqlite:
-            with self._sqlite_transaction() as raw:
-                if blobs:
+            if not blobs:
+                self._sqlite_write(_SQLITE_PUT_CHECKPOINT, row)
+            else:
+                with self._sqlite_transaction() as raw:
                     raw.executemany(_SQLITE_PUT_BLOB, blobs)
-                raw.execute(_SQLITE_PUT_CHECKPOINT, row)
+                    raw.execute(_SQLITE_PUT_CHECKPOINT, row)
         else:
             with self._writing() as connection:
                 if blobs:
@@ -476,6 +482,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             task_id,
         )
         dumps_typed = self.serde.dumps_typed
+        # One entry per index, by the rules for writes sent again (a special channel written
+        # twice keeps its last value).
         entries = merge_writes(
             (),
             [
@@ -484,28 +492,41 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             ],
         )
         if self._sqlite:
-            with self._sqlite_transaction() as raw:
-                cursor = raw.execute(_SQLITE_ADD_WRITES, (*key, task_path, pack_writes(entries)))
-                if cursor.rowcount == 0:  # the task has writes already: merge them
-                    path, packed = raw.execute(_SQLITE_GET_WRITES, key).fetchone()
-                    raw.execute(
-                        _SQLITE_SET_WRITES, (*_merged(path, packed, entries, task_path), *key)
-                    )
+            row = (*key, task_path, pack_writes(entries))
+            if self._sqlite_write(_SQLITE_ADD_WRITES, row) == 0:
+                # The task has writes already: merge the new ones into them.
+                with self._sqlite_transaction() as raw:
+                    found = raw.execute(_SQLITE_GET_WRITES, key).fetchone()
+                    if found is None:  # deleted in between
+                        raw.execute(_SQLITE_ADD_WRITES, row)
+                    else:
+                        path, stored = found
+                        merged = _merged(path, stored, entries, task_path)
+                        raw.execute(_SQLITE_SET_WRITES, (*merged, *key))
             return
         with self._writing() as connection:
-            (row,) = named(_writes, [(*key, task_path, pack_writes(entries))])
-            if connection.execute(self._add_writes, row).first() is None:
+            (added,) = named(_writes, [(*key, task_path, pack_writes(entries))])
+            if connection.execute(self._add_writes, added).first() is None:
                 where = [
                     _writes.c[name] == value for name, value in zip(_WRITES_KEY, key, strict=True)
                 ]
-                path, packed = connection.execute(
+                found = connection.execute(
                     select(_writes.c.task_path, _writes.c.writes).where(*where).with_for_update()
-                ).one()
-                path, packed = _merged(path, packed, entries, task_path)
-                connection.execute(
-                    update(_writes).where(*where).values(task_path=path, writes=packed)
-                )
+                ).first()
+                if found is None:  # deleted in between
+                    connection.execute(self._add_writes, added)
+                else:
+                    path, stored = _merged(found.task_path, found.writes, entries, task_path)
+                    connection.execute(
+                        update(_writes).where(*where).values(task_path=path, writes=stored)
+                    )
             connection.commit()
+
+    def _sqlite_write(self, sql: str, parameters: Sequence[Any]) -> int:
+        """Run one statement, a transaction of its own, on SQLite; the rows it changed."""
+        self._ensure_schema()
+        with self._lock:
+            return self._raw_connection().execute(sql, parameters).rowcount
 
     @contextmanager
     def _sqlite_transaction(self) -> Iterator[sqlite3.Connection]:
@@ -513,6 +534,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         self._ensure_schema()
         with self._lock:
             raw = self._raw_connection()
+            # IMMEDIATE: take the write lock now, not on the first write after a read, when
+            # another process holding it would make SQLite give up rather than wait.
+            raw.execute("BEGIN IMMEDIATE")
             with raw:  # commits, or rolls back on an exception
                 yield raw
 
