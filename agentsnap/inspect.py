@@ -249,13 +249,14 @@ async def _one(store: Store, kind: Literal["run", "snapshot"], prefix: str) -> s
 
 async def runs_table(store: Store) -> list[dict[str, Any]]:
     """Every run, oldest first: id, status, times, snapshot count and parent."""
+    counts = await store.snapshot_counts()
     return [
         {
             "id": run.id,
             "status": run.status.value,
             "created_at": _time(run.created_at),
             "finished_at": _time(run.finished_at),
-            "snapshots": len(await store.list_snapshots(run.id)),
+            "snapshots": counts.get(run.id, 0),
             "parent_run_id": run.parent_run_id,
             "parent_snapshot_id": run.parent_snapshot_id,
         }

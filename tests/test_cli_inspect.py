@@ -17,7 +17,13 @@ from click.testing import CliRunner, Result
 from agentsnap import MemoryStore, NotFoundError, RunInfo, Snapshot, SnapshotStatus
 from agentsnap.cli import main
 from agentsnap.demo import demo_model, run_demo
-from agentsnap.inspect import diff_states, is_empty_diff, resolve_run, resolve_snapshot
+from agentsnap.inspect import (
+    diff_states,
+    is_empty_diff,
+    resolve_run,
+    resolve_snapshot,
+    runs_table,
+)
 from agentsnap.store.sql import SqlStore
 
 
@@ -90,6 +96,28 @@ def test_runs_lists_every_run_with_its_snapshot_count(demo: Demo) -> None:
     # Columns are aligned: every row's STATUS starts where the header's does.
     column = header.index("STATUS")
     assert all(li[column - 2 : column] == "  " and li[column] != " " for li in lines)
+
+
+async def test_listing_runs_reads_no_snapshot() -> None:
+    class CountOnly(MemoryStore):
+        async def list_snapshots(self, run_id: str) -> list[Snapshot]:
+            raise AssertionError("listing runs loaded a run's snapshots")
+
+    store = CountOnly()
+    run = RunInfo(id="f" * 32)
+    await store.create_run(run)
+    await store.save_snapshot(
+        Snapshot(
+            id="s1",
+            run_id=run.id,
+            seq=1,
+            initiator="$env",
+            status=SnapshotStatus.COMPLETE,
+            started_at=datetime.now(UTC),
+        )
+    )
+    rows = await runs_table(store)
+    assert [(row["id"], row["snapshots"]) for row in rows] == [(run.id, 1)]
 
 
 def test_snapshots_lists_a_runs_snapshots_by_prefix(demo: Demo) -> None:

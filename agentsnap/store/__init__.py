@@ -84,6 +84,13 @@ class Store(Protocol):
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:
         """Every snapshot of a run, in the order they were started."""
 
+    async def snapshot_counts(self) -> dict[str, int]:
+        """How many snapshots (complete or failed) each run has, by run id.
+
+        Runs without a snapshot are left out. This reads no snapshot, so listing runs costs
+        the same whatever the runs hold.
+        """
+
     async def load_snapshot(self, snapshot_id: str) -> Snapshot:
         """The snapshot with this id.
 

@@ -109,6 +109,9 @@ class MemoryStore:
             raise NotFoundError("run", run_id)
         return sorted((self._snapshots[i] for i in ids), key=lambda s: s.seq)
 
+    async def snapshot_counts(self) -> dict[str, int]:  # noqa: D102
+        return {run_id: len(ids) for run_id, ids in self._by_run.items() if ids}
+
     async def load_snapshot(self, snapshot_id: str) -> Snapshot:  # noqa: D102
         try:
             return self._snapshots[snapshot_id]

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import Insert, Table, event, select
+from sqlalchemy import Insert, Table, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -348,6 +348,12 @@ class SqlStore:
                 )
             ).all()
             return await self._assemble(conn, [row._mapping for row in rows])
+
+    async def snapshot_counts(self) -> dict[str, int]:  # noqa: D102
+        await self._gate.wait()
+        query = select(_snapshots.c.run_id, func.count()).group_by(_snapshots.c.run_id)
+        async with self._engine.connect() as conn:
+            return {row[0]: row[1] for row in await conn.execute(query)}
 
     async def load_snapshot(self, snapshot_id: str) -> Snapshot:  # noqa: D102
         await self._gate.wait()

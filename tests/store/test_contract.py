@@ -393,6 +393,19 @@ async def test_list_snapshots_orders_by_seq_and_keeps_runs_apart(store: Store) -
     assert await store.list_snapshots(other.id) == [others[1], others[0]]
 
 
+async def test_snapshot_counts_count_every_snapshot_of_each_run(store: Store) -> None:
+    assert await store.snapshot_counts() == {}
+    run = await stored_run(store)
+    other = await stored_run(store)
+    empty = await stored_run(store)
+    await store.save_snapshot(make_snapshot(run.id, 1))
+    await store.save_snapshot(make_snapshot(run.id, 2, status=SnapshotStatus.FAILED, error="x"))
+    await store.save_snapshot(make_snapshot(other.id, 1))
+
+    assert await store.snapshot_counts() == {run.id: 2, other.id: 1}
+    assert empty.id not in await store.snapshot_counts()
+
+
 async def test_list_snapshots_of_a_run_without_snapshots_is_empty(store: Store) -> None:
     run = await stored_run(store)
     assert await store.list_snapshots(run.id) == []
