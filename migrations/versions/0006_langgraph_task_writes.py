@@ -44,6 +44,10 @@ task_writes = sa.table(
 )
 
 
+def _key_columns() -> list[sa.Column[str]]:
+    return [sa.Column(name, sa.Text(), nullable=False) for name in KEY]
+
+
 def _msgpack() -> Any:
     try:
         import ormsgpack  # noqa: PLC0415 (only where there are writes to move)
@@ -69,10 +73,7 @@ def _batches(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
 def upgrade() -> None:
     op.create_table(
         "agentsnap_lg_task_writes",
-        sa.Column("thread_id", sa.Text(), nullable=False),
-        sa.Column("checkpoint_ns", sa.Text(), nullable=False),
-        sa.Column("checkpoint_id", sa.Text(), nullable=False),
-        sa.Column("task_id", sa.Text(), nullable=False),
+        *_key_columns(),
         sa.Column("task_path", sa.Text(), nullable=False),
         sa.Column("writes", sa.LargeBinary(), nullable=False),
         sa.PrimaryKeyConstraint(*KEY, name=op.f("pk_agentsnap_lg_task_writes")),
@@ -104,10 +105,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.create_table(
         "agentsnap_lg_writes",
-        sa.Column("thread_id", sa.Text(), nullable=False),
-        sa.Column("checkpoint_ns", sa.Text(), nullable=False),
-        sa.Column("checkpoint_id", sa.Text(), nullable=False),
-        sa.Column("task_id", sa.Text(), nullable=False),
+        *_key_columns(),
         sa.Column("idx", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("channel", sa.Text(), nullable=False),
         sa.Column("value_type", sa.String(length=32), nullable=False),
