@@ -32,6 +32,7 @@ from agentsnap.exceptions import (
     ToolOutcomeUnknown,
     UnknownAgentError,
 )
+from agentsnap.ledger import Ledger, LedgerEntry, ToolCallStatus
 from agentsnap.messages import ENVIRONMENT, ChannelId, JsonValue, Marker, Message
 from agentsnap.records import (
     AgentCut,
@@ -52,7 +53,7 @@ from agentsnap.runtime import Runtime
 from agentsnap.snapshot import SnapshotHandle, SnapshotPolicy
 from agentsnap.state import AgentState, PlanStep, ToolCallRecord
 from agentsnap.store import MemoryStore, Store
-from agentsnap.tools import Ledger, LedgerEntry, Tool, ToolCall, ToolCallStatus, ToolRetry, tool
+from agentsnap.tools import Tool, ToolCall, ToolRetry, tool
 
 __version__ = "0.1.0"
 

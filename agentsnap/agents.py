@@ -34,12 +34,12 @@ from agentsnap.state import AgentState
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Endpoint
+    from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue, Message
     from agentsnap.records import RollbackInfo
     from agentsnap.rollback import CheckResult, Guard
     from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle
     from agentsnap.telemetry import Telemetry
-    from agentsnap.tools import Ledger
 
 __all__ = ["Agent", "Context", "Feedback"]
 

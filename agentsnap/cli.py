@@ -19,9 +19,9 @@ from agentsnap.exceptions import AgentsnapError
 
 if TYPE_CHECKING:
     from agentsnap.demo import DemoResult
+    from agentsnap.ledger import Ledger
     from agentsnap.store.sql import SqlStore
     from agentsnap.telemetry import Exporter
-    from agentsnap.tools import Ledger
 
 __all__ = ["main"]
 
@@ -265,7 +265,7 @@ def resolve_tool_call(key: str, db: str, result: str | None, error: str | None) 
     Check the outside system first (did the card get charged?). With --result, later calls
     with this key return that JSON without running the tool; with --error, they fail.
     """
-    from agentsnap.tools import resolve  # noqa: PLC0415
+    from agentsnap.ledger import resolve  # noqa: PLC0415
 
     if (result is None) == (error is None):
         raise click.UsageError("give either --result JSON or --error TEXT")

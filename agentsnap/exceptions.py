@@ -387,7 +387,7 @@ class ToolOutcomeUnknown(RunError):
     recording the outcome, so the effect may or may not have happened. The tool does not
     declare that running it again is safe, so it is not run again: a person must check the
     outside system and record what happened with ``agentsnap tools resolve`` (or
-    [`agentsnap.tools.resolve`][agentsnap.tools.resolve]).
+    [`agentsnap.ledger.resolve`][agentsnap.ledger.resolve]).
 
     Attributes:
         key: The idempotency key.

@@ -31,17 +31,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentsnap.exceptions import ConfigurationError, NotFoundError
 from agentsnap.journal import read_journal
+from agentsnap.ledger import ToolCallStatus
 from agentsnap.records import RunInfo, SnapshotStatus, utcnow
 from agentsnap.store.ledger import ledger_for
-from agentsnap.tools import ToolCallStatus
 
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from agentsnap.ledger import Ledger, LedgerEntry
     from agentsnap.messages import JsonValue
     from agentsnap.records import JournalMessage, RollbackInfo, Snapshot
     from agentsnap.store import Store
-    from agentsnap.tools import Ledger, LedgerEntry
 
 __all__ = [
     "EXPORT_FORMAT",

@@ -48,6 +48,7 @@ from agentsnap.exceptions import (
     UnknownAgentError,
 )
 from agentsnap.journal import Journal
+from agentsnap.ledger import Ledger
 from agentsnap.messages import ENVIRONMENT, Marker, Message
 from agentsnap.records import RollbackInfo, RunInfo, RunStatus, Snapshot, SnapshotStatus, utcnow
 from agentsnap.rollback import (
@@ -66,7 +67,7 @@ from agentsnap.state import check_round_trip
 from agentsnap.store.ledger import MemoryLedger, ledger_for
 from agentsnap.store.memory import MemoryStore
 from agentsnap.telemetry import Telemetry, resolve
-from agentsnap.tools import Ledger, reconcile
+from agentsnap.tools import reconcile
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -100,7 +101,7 @@ class Runtime:
         retry: How often a rejected output is retried by rolling back, and how long to wait
             in between (see [`agentsnap.rollback`][agentsnap.rollback]).
         ledger: Where side-effecting tool calls are recorded (see
-            [`agentsnap.tools`][agentsnap.tools]); by default an
+            [`agentsnap.ledger`][agentsnap.ledger]); by default an
             [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger] on the store's database when
             the store is an ``SqlStore``, else a
             [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger]. A ledger you pass is not

@@ -38,9 +38,9 @@ from typing import Any
 import workloads
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime, tool
+from agentsnap.ledger import Ledger
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.sql_ledger import SqlLedger
-from agentsnap.tools import Ledger
 
 TARGET_SQLITE_MS = 1.0
 POSTGRES_VARIABLE = "AGENTSNAP_TEST_POSTGRES_URL"

@@ -1,7 +1,7 @@
 """Ledgers for side-effecting tool calls: in memory, or in SQL beside the runs.
 
-A [`Ledger`][agentsnap.tools.Ledger] keeps one entry per idempotency key; the rules for using
-it live in [`agentsnap.tools`][agentsnap.tools]. Two implementations:
+A [`Ledger`][agentsnap.ledger.Ledger] keeps one entry per idempotency key; the rules for using
+it live in [`agentsnap.ledger`][agentsnap.ledger]. Two implementations:
 
 * [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger]: dictionaries, for tests and quick
   experiments; what it holds ends with the process;
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from agentsnap.tools import Change, Ledger, LedgerEntry, ToolCallStatus
+from agentsnap.ledger import Change, Ledger, LedgerEntry, ToolCallStatus
 
 if TYPE_CHECKING:
     from agentsnap.store.sql_ledger import SqlLedger
@@ -29,7 +29,7 @@ __all__ = ["MemoryLedger", "ledger_for"]
 
 
 class MemoryLedger:
-    """A [`Ledger`][agentsnap.tools.Ledger] in a dictionary, for one process.
+    """A [`Ledger`][agentsnap.ledger.Ledger] in a dictionary, for one process.
 
     Every method runs without awaiting anything, so each is atomic among the tasks of one
     event loop, as the SQL ledger's statements are among connections.

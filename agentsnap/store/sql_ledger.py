@@ -66,10 +66,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from agentsnap.exceptions import ConfigurationError, StoreError
+from agentsnap.ledger import Change, LedgerEntry, ToolCallStatus
 from agentsnap.store.migrate import SchemaGate, sync_url
 from agentsnap.store.sql import DEFAULT_URL, async_url
 from agentsnap.store.tables import ToolCallRow
-from agentsnap.tools import Change, LedgerEntry, ToolCallStatus
 
 if TYPE_CHECKING:
     from sqlalchemy.sql.dml import Update
@@ -90,7 +90,7 @@ CHECKPOINT_EVERY = 500
 
 
 class SqlLedger:
-    """A [`Ledger`][agentsnap.tools.Ledger] in SQLite or PostgreSQL.
+    """A [`Ledger`][agentsnap.ledger.Ledger] in SQLite or PostgreSQL.
 
     Args:
         url: Database URL, as for [`SqlStore`][agentsnap.store.sql.SqlStore]; the ledger may

@@ -221,7 +221,7 @@ class ToolCallRow(Base):
 
     The key is the primary key, so two callers can never both claim it. Rows are never
     deleted or rolled back; ``status`` moves as described in
-    [`ToolCallStatus`][agentsnap.tools.ToolCallStatus]. There is no foreign key to the runs:
+    [`ToolCallStatus`][agentsnap.ledger.ToolCallStatus]. There is no foreign key to the runs:
     a call may be made outside a run, or through a ledger in another database than the run.
     """
 

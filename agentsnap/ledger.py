@@ -1,0 +1,334 @@
+"""The ledger of side-effecting tool calls: its entries, its contract and idempotency keys.
+
+A tool declared ``side_effect=True`` touches the outside world (charges a card, sends an
+email), so it must not run twice for the same call, whatever happens to the run: a retry, a
+rollback that re-executes the handler, a crash and a resume. Each such call has an
+**idempotency key**, given by the caller (``key=``) or derived from the run, the agent, the
+message being handled, the index of the call within that handler, the tool's name and the
+fingerprint of its arguments (the SHA-256 of their canonical JSON). A **ledger** keyed by it
+decides what happens, following Stripe's idempotency keys and the IETF Idempotency-Key draft:
+
+* the key is claimed before the tool runs (status ``in_progress``, an owner, a lease) and the
+  outcome is recorded after;
+* a key whose outcome is recorded returns the recorded result (or raises the recorded final
+  error, as [`ToolFailed`][agentsnap.ToolFailed]) without running the tool;
+* a key reused with other arguments is an [`IdempotencyConflict`][agentsnap.IdempotencyConflict];
+* a key in progress elsewhere is waited for, up to the tool's ``wait``, then
+  [`ToolInProgress`][agentsnap.ToolInProgress];
+* a key claimed by an owner that stopped before recording an outcome has an unknown outcome:
+  it is run again only when the tool declares ``rerun_if_unknown=True`` (it hands its key to
+  the service, which deduplicates), otherwise
+  [`ToolOutcomeUnknown`][agentsnap.ToolOutcomeUnknown] asks a person to
+  [`resolve`][agentsnap.ledger.resolve] it;
+* errors the tool declares ``transient`` are retried with tenacity under the same key and
+  are never cached; successes and other (final) errors are.
+
+The ledger is never rolled back. A handler re-executed after a rollback derives the same keys
+for the calls it repeats and gets their recorded results; the calls the new path does not
+repeat are marked ``abandoned`` by [`reconcile`][agentsnap.tools.reconcile] when the run ends,
+and a tool's ``compensate`` action runs once for each of them.
+
+This module holds what the ledger records ([`LedgerEntry`][agentsnap.ledger.LedgerEntry],
+[`ToolCallStatus`][agentsnap.ledger.ToolCallStatus]), the [`Ledger`][agentsnap.ledger.Ledger]
+protocol every ledger follows, who owns a claim, how keys are made, and
+[`resolve`][agentsnap.ledger.resolve]. The tools that follow these rules are in
+[`agentsnap.tools`][agentsnap.tools], and so is [`reconcile`][agentsnap.tools.reconcile],
+because it runs the tools' compensating actions.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import socket
+import typing
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+from agentsnap.exceptions import ConfigurationError, NotFoundError
+from agentsnap.records import utcnow
+from agentsnap.state import canonical_json
+
+if TYPE_CHECKING:
+    from agentsnap.messages import JsonValue
+
+__all__ = [
+    "Change",
+    "Ledger",
+    "LedgerEntry",
+    "ToolCallStatus",
+    "derive_key",
+    "fingerprint",
+    "owner_id",
+    "resolve",
+]
+
+MAX_KEY_LENGTH = 255
+"""Longest idempotency key the ledger holds."""
+
+
+# -- the ledger's data ----------------------------------------------------------------------
+
+
+class ToolCallStatus(enum.StrEnum):
+    """Where a ledger entry stands."""
+
+    IN_PROGRESS = "in_progress"
+    """Claimed; the tool is running (or its owner stopped: see ``lease_until``)."""
+    SUCCEEDED = "succeeded"
+    """The tool returned; ``result`` holds what it returned."""
+    FAILED = "failed"
+    """The tool raised a final error; ``error`` says what it was."""
+    RETRYABLE = "retryable"
+    """The tool kept raising a declared transient error; the next call runs it again."""
+    UNKNOWN = "unknown"
+    """Claimed, and its owner stopped before recording an outcome: a person must resolve it."""
+    ABANDONED = "abandoned"
+    """Succeeded on a path of the run that a rollback discarded."""
+    COMPENSATING = "compensating"
+    """Abandoned, and the tool's compensating action is running."""
+    COMPENSATED = "compensated"
+    """Abandoned, and the compensating action returned; ``compensation`` holds its result."""
+    COMPENSATION_FAILED = "compensation_failed"
+    """Abandoned, and the compensating action raised; ``compensation`` holds the error."""
+
+
+_OUTCOME_KNOWN = frozenset(
+    {ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.ABANDONED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One side-effecting tool call in the ledger."""
+
+    key: str
+    """Idempotency key (the primary key)."""
+    tool: str
+    """Name of the tool."""
+    fingerprint: str
+    """SHA-256 of the canonical JSON of the arguments."""
+    arguments: dict[str, JsonValue]
+    """Arguments as JSON."""
+    status: ToolCallStatus
+    """Where the call stands."""
+    created_at: datetime
+    """When the key was first claimed."""
+    updated_at: datetime
+    """When the entry last changed."""
+    run_id: str | None = None
+    """The run that made the call (``None`` for a call made outside a run)."""
+    agent: str | None = None
+    """The agent that made the call."""
+    message_id: str | None = None
+    """The message whose handler made the call."""
+    owner: str | None = None
+    """Who claimed it last (``host:pid:token``)."""
+    lease_until: datetime | None = None
+    """Until when the owner's claim holds; after that, without an outcome, it is unknown."""
+    attempts: int = 1
+    """How many times the tool ran under this key, retries included."""
+    result: JsonValue = None
+    """The tool's result as JSON, once it succeeded."""
+    error: str | None = None
+    """The last error, as ``"TypeName: message"``."""
+    compensation: JsonValue = None
+    """``{"result": …}`` or ``{"error": …}`` of the compensating action, once it ran."""
+
+
+class Change(TypedDict, total=False):
+    """The columns a ledger update sets (absent keys are left as they are)."""
+
+    status: ToolCallStatus
+    owner: str | None
+    lease_until: datetime | None
+    attempts: int
+    result: JsonValue
+    error: str | None
+    compensation: JsonValue
+    updated_at: datetime
+
+
+@typing.runtime_checkable
+class Ledger(Protocol):
+    """Where side-effecting tool calls are recorded, keyed by idempotency key.
+
+    Every method is atomic on its own; the rules (what a status means, who may change it)
+    live in this module and in [`agentsnap.tools`][agentsnap.tools], not in the
+    implementations, so every ledger behaves alike. Implementations:
+    [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger] and
+    [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger].
+    """
+
+    async def claim(self, entry: LedgerEntry) -> LedgerEntry | None:
+        """Insert ``entry`` if no entry has its key.
+
+        Returns:
+            ``None`` when ``entry`` was inserted (the caller owns the key), else the entry
+            already there.
+        """
+
+    async def get(self, key: str) -> LedgerEntry | None:
+        """The entry with this key, or ``None``."""
+
+    async def update(
+        self,
+        key: str,
+        change: Change,
+        *,
+        statuses: Collection[ToolCallStatus],
+        owner: str | None = None,
+        attempts: int | None = None,
+    ) -> bool:
+        """Apply ``change`` if the entry's status is one of ``statuses`` (compare and set).
+
+        Args:
+            key: The entry's key.
+            change: The columns to set.
+            statuses: The statuses the entry may be in.
+            owner: When given, the entry's owner must be this.
+            attempts: When given, the entry's attempts must be this.
+
+        Returns:
+            Whether the entry was changed.
+        """
+
+    async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:
+        """Every entry (of one run, when ``run_id`` is given), oldest first."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+# -- identity -------------------------------------------------------------------------------
+
+
+_owner: tuple[int, str] | None = None
+
+
+def owner_id() -> str:
+    """Who this process is in the ledger: ``host:pid:token``, new in every process."""
+    global _owner  # noqa: PLW0603  # one identity per process, renewed after a fork
+    pid = os.getpid()
+    if _owner is None or _owner[0] != pid:
+        _owner = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:12]}")
+    return _owner[1]
+
+
+def _owner_is_gone(owner: str | None) -> bool:
+    """True only when ``owner`` surely stopped: a process of this host that no longer runs.
+
+    Owners on other hosts cannot be checked; their lease decides.
+    """
+    if owner is None:
+        return True
+    host, _, rest = owner.partition(":")
+    pid_text, _, _ = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    if int(pid_text) == os.getpid():
+        return owner != owner_id()  # this pid, an earlier process: that one is gone
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by someone else
+        return False
+    return False
+
+
+# -- keys -----------------------------------------------------------------------------------
+
+
+def fingerprint(arguments: Mapping[str, JsonValue]) -> str:
+    """SHA-256 (hex) of the canonical JSON of a call's arguments."""
+    return hashlib.sha256(canonical_json(dict(arguments)).encode()).hexdigest()
+
+
+def derive_key(  # noqa: PLR0917
+    run_id: str, agent: str, message_id: str, index: int, tool: str, fingerprint: str
+) -> str:
+    """The idempotency key of a call made from a handler, when the caller gives none.
+
+    The same call on a re-executed path (after a rollback or a resume) derives the same key.
+
+    Args:
+        run_id: Id of the run.
+        agent: Name of the calling agent.
+        message_id: Id of the message being handled.
+        index: How many tool calls the handler made for this message before this one.
+        tool: Name of the tool.
+        fingerprint: Fingerprint of the arguments.
+
+    Returns:
+        32 hex digits.
+    """
+    text = canonical_json([run_id, agent, message_id, index, tool, fingerprint])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _check_key(key: str) -> str:
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise ConfigurationError(
+            f"an idempotency key must be a string of 1 to {MAX_KEY_LENGTH} characters, got {key!r}"
+        )
+    return key
+
+
+# -- after the run --------------------------------------------------------------------------
+
+
+_UNSET: Any = object()
+
+
+async def resolve(
+    ledger: Ledger, key: str, *, result: JsonValue = _UNSET, error: str | None = None
+) -> LedgerEntry:
+    """Record the outcome of a call whose outcome is unknown, once a person has checked it.
+
+    Pass ``result`` when the effect happened (later calls with the key get it back), or
+    ``error`` when it did not (later calls raise it as a final failure).
+
+    Args:
+        ledger: The ledger holding the key.
+        key: The idempotency key.
+        result: The result the tool would have returned, as JSON.
+        error: What went wrong, when the effect did not happen.
+
+    Returns:
+        The entry as recorded.
+
+    Raises:
+        ConfigurationError: Neither or both of ``result`` and ``error`` given, or the entry's
+            outcome is not unknown.
+        NotFoundError: The ledger holds no such key.
+    """
+    if (result is _UNSET) == (error is None):
+        raise ConfigurationError("resolve() takes either result= or error=, not both or neither")
+    entry = await ledger.get(key)
+    if entry is None:
+        raise NotFoundError("ledger entry", key, f"the ledger holds no tool call with key {key!r}")
+    resolvable = (ToolCallStatus.UNKNOWN, ToolCallStatus.IN_PROGRESS)
+    if entry.status not in resolvable:
+        raise ConfigurationError(
+            f"tool call {key!r} is {entry.status.value}, its outcome is known; only an unknown "
+            "(or stuck in-progress) call can be resolved"
+        )
+    now = utcnow()
+    change: Change = {"owner": None, "lease_until": None, "updated_at": now}
+    if error is not None:
+        change["status"] = ToolCallStatus.FAILED
+        change["error"] = f"ResolvedFailure: {error}"
+    else:
+        canonical_json(result)
+        change["status"] = ToolCallStatus.SUCCEEDED
+        change["result"] = result
+    if not await ledger.update(key, change, statuses=(entry.status,), attempts=entry.attempts):
+        raise ConfigurationError(f"tool call {key!r} changed while it was being resolved; retry")
+    found = await ledger.get(key)
+    assert found is not None
+    return found
