@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import re
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 import agentsnap
+import agentsnap.ledger
 import agentsnap.testing
+import agentsnap.tools
 
 # The public API of agentsnap. Adding or removing a name is an API change: update this list
 # in the same change, on purpose.
@@ -89,6 +93,35 @@ EXPECTED_TESTING_ALL = [
 ]
 
 
+# agentsnap.tools re-exports the ledger's names, which agentsnap.ledger defines.
+EXPECTED_TOOLS_ALL = [
+    "Change",
+    "Ledger",
+    "LedgerEntry",
+    "Tool",
+    "ToolCall",
+    "ToolCallStatus",
+    "ToolRetry",
+    "derive_key",
+    "fingerprint",
+    "owner_id",
+    "reconcile",
+    "resolve",
+    "tool",
+]
+
+EXPECTED_LEDGER_ALL = [
+    "Change",
+    "Ledger",
+    "LedgerEntry",
+    "ToolCallStatus",
+    "derive_key",
+    "fingerprint",
+    "owner_id",
+    "resolve",
+]
+
+
 def isort_key(name: str) -> tuple[int, list[int | str]]:
     """The order ruff's RUF022 keeps ``__all__`` in.
 
@@ -121,9 +154,36 @@ def test_testing_all_is_pinned() -> None:
     )
 
 
+def test_tools_and_ledger_all_are_pinned() -> None:
+    assert agentsnap.tools.__all__ == EXPECTED_TOOLS_ALL
+    assert agentsnap.ledger.__all__ == EXPECTED_LEDGER_ALL
+
+
+def test_tools_re_exports_the_ledger_names_themselves() -> None:
+    for name in EXPECTED_LEDGER_ALL:
+        assert getattr(agentsnap.tools, name) is getattr(agentsnap.ledger, name), name
+        assert getattr(agentsnap.ledger, name).__module__ == "agentsnap.ledger", name
+
+
+def test_the_ledger_does_not_import_the_tools() -> None:
+    # Imports run one way: the tools use the ledger, the ledger knows nothing of the tools.
+    assert agentsnap.ledger.__file__ is not None
+    tree = ast.parse(Path(agentsnap.ledger.__file__).read_text())
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            # agentsnap/ledger.py is in the package agentsnap: ``from . import x`` is agentsnap.x
+            module = ".".join(filter(None, ["agentsnap" if node.level else "", node.module]))
+            imported.add(module)
+            imported.update(f"{module}.{alias.name}" for alias in node.names)
+    assert not {name for name in imported if name.startswith("agentsnap.tools")}
+
+
 def test_expected_lists_are_sorted_and_unique() -> None:
     # Guards the lists above, so that a hand edit keeps them in ruff's order.
-    for names in (EXPECTED_ALL, EXPECTED_TESTING_ALL):
+    for names in (EXPECTED_ALL, EXPECTED_TESTING_ALL, EXPECTED_TOOLS_ALL, EXPECTED_LEDGER_ALL):
         assert len(set(names)) == len(names)
         assert names == sorted(names, key=isort_key)
 
