@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+import agentsnap.telemetry
 from agentsnap import (
     Agent,
     AgentState,
@@ -40,7 +41,7 @@ from agentsnap import (
     ToolFailed,
     tool,
 )
-from agentsnap import telemetry as names
+from agentsnap import semconv as names
 from agentsnap.store.sql import SqlStore
 from agentsnap.telemetry import NAMES, Telemetry, markdown_table, resolve
 from agentsnap.testing import SeededScheduler
@@ -775,7 +776,7 @@ def test_the_documentation_lists_the_names() -> None:
     assert match is not None, "docs/concepts/observability.md lost its names table markers"
     assert match.group(1) == markdown_table(), (
         "the names table in docs/concepts/observability.md is out of date; paste the output of "
-        "python -c 'from agentsnap.telemetry import markdown_table; print(markdown_table())'"
+        "python -c 'from agentsnap.semconv import markdown_table; print(markdown_table())'"
     )
 
 
@@ -855,7 +856,7 @@ def test_trace_otlp_without_the_exporter_names_the_package(tmp_path: Path) -> No
 
 
 def test_the_module_example_runs(tmp_path: Path) -> None:
-    doc = names.__doc__ or ""
+    doc = agentsnap.telemetry.__doc__ or ""
     (code,) = re.findall(r"```python\n(.*?)```", doc, re.S)
     script = tmp_path / "example.py"
     script.write_text(textwrap.dedent(code))
