@@ -12,6 +12,8 @@ import pytest
 
 import agentsnap
 import agentsnap.ledger
+import agentsnap.semconv
+import agentsnap.telemetry
 import agentsnap.testing
 import agentsnap.tools
 
@@ -121,6 +123,25 @@ EXPECTED_LEDGER_ALL = [
     "resolve",
 ]
 
+# agentsnap.telemetry re-exports the table of names, which agentsnap.semconv defines.
+EXPECTED_TELEMETRY_ALL = [
+    "NAMES",
+    "Name",
+    "Telemetry",
+    "ToolCallSpan",
+    "install_sdk",
+    "markdown_table",
+    "resolve",
+    "tool_call",
+]
+
+EXPECTED_SEMCONV_ALL = [
+    "NAMES",
+    "SCOPE",
+    "Name",
+    "markdown_table",
+]
+
 
 def isort_key(name: str) -> tuple[int, list[int | str]]:
     """The order ruff's RUF022 keeps ``__all__`` in.
@@ -165,25 +186,60 @@ def test_tools_re_exports_the_ledger_names_themselves() -> None:
         assert getattr(agentsnap.ledger, name).__module__ == "agentsnap.ledger", name
 
 
-def test_the_ledger_does_not_import_the_tools() -> None:
-    # Imports run one way: the tools use the ledger, the ledger knows nothing of the tools.
-    assert agentsnap.ledger.__file__ is not None
-    tree = ast.parse(Path(agentsnap.ledger.__file__).read_text())
+def imported_by(module: ModuleType) -> set[str]:
+    """What a module of the package agentsnap imports: modules, and ``module.name``."""
+    assert module.__file__ is not None
+    tree = ast.parse(Path(module.__file__).read_text())
     imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            # agentsnap/ledger.py is in the package agentsnap: ``from . import x`` is agentsnap.x
-            module = ".".join(filter(None, ["agentsnap" if node.level else "", node.module]))
-            imported.add(module)
-            imported.update(f"{module}.{alias.name}" for alias in node.names)
+            # The module is in the package agentsnap: ``from . import x`` is agentsnap.x
+            found = ".".join(filter(None, ["agentsnap" if node.level else "", node.module]))
+            imported.add(found)
+            imported.update(f"{found}.{alias.name}" for alias in node.names)
+    return imported
+
+
+def test_the_ledger_does_not_import_the_tools() -> None:
+    # Imports run one way: the tools use the ledger, the ledger knows nothing of the tools.
+    imported = imported_by(agentsnap.ledger)
     assert not {name for name in imported if name.startswith("agentsnap.tools")}
+
+
+def test_telemetry_and_semconv_all_are_pinned() -> None:
+    assert agentsnap.telemetry.__all__ == EXPECTED_TELEMETRY_ALL
+    assert agentsnap.semconv.__all__ == EXPECTED_SEMCONV_ALL
+
+
+def test_telemetry_re_exports_the_semconv_names_themselves() -> None:
+    constants = [name for name in agentsnap.semconv.__annotations__ if name.isupper()]
+    assert len(constants) > len(EXPECTED_SEMCONV_ALL)
+    for name in [*EXPECTED_SEMCONV_ALL, *constants]:
+        assert getattr(agentsnap.telemetry, name) is getattr(agentsnap.semconv, name), name
+    assert agentsnap.telemetry.Name.__module__ == "agentsnap.semconv"
+    assert agentsnap.telemetry.markdown_table.__module__ == "agentsnap.semconv"
+
+
+def test_semconv_imports_neither_the_recorder_nor_opentelemetry() -> None:
+    # The names are only names: agentsnap.telemetry records with them, and they need neither
+    # the recorder nor OpenTelemetry (its SDK least of all).
+    imported = imported_by(agentsnap.semconv)
+    assert not {name for name in imported if name.startswith("agentsnap.telemetry")}
+    assert not {name for name in imported if name.startswith("opentelemetry")}
 
 
 def test_expected_lists_are_sorted_and_unique() -> None:
     # Guards the lists above, so that a hand edit keeps them in ruff's order.
-    for names in (EXPECTED_ALL, EXPECTED_TESTING_ALL, EXPECTED_TOOLS_ALL, EXPECTED_LEDGER_ALL):
+    for names in (
+        EXPECTED_ALL,
+        EXPECTED_TESTING_ALL,
+        EXPECTED_TOOLS_ALL,
+        EXPECTED_LEDGER_ALL,
+        EXPECTED_TELEMETRY_ALL,
+        EXPECTED_SEMCONV_ALL,
+    ):
         assert len(set(names)) == len(names)
         assert names == sorted(names, key=isort_key)
 
