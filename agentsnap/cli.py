@@ -212,8 +212,14 @@ def tools() -> None:
 @_DB
 @click.option("--status", default=None, help="Only calls in this status (e.g. unknown).")
 def list_tool_calls(run_id: str | None, db: str, status: str | None) -> None:
-    """Print the ledger's calls (of run RUN_ID, if given): key, status, tool, run, agent."""
-    entries = _ledger(db, lambda ledger: ledger.list_calls(run_id))
+    """Print the ledger's calls (of run RUN_ID, if given): key, status, tool, run, agent.
+
+    A call still in progress whose owner stopped (its process is gone, or its run was taken
+    over or left without an owner) is shown as unknown.
+    """
+    from agentsnap.inspect import ledger_calls  # noqa: PLC0415
+
+    entries = _read(db, lambda store: ledger_calls(store, run_id))
     for entry in entries:
         if status is None or entry.status.value == status:
             click.echo(
@@ -539,6 +545,7 @@ _COLOURS = {
     "succeeded": "green",
     "complete": "green",
     "running": "yellow",
+    "interrupted": "red",
     "in_progress": "yellow",
     "failed": "red",
     "unknown": "red",

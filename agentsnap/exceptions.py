@@ -18,12 +18,14 @@ AgentsnapError
     ├── StoreError
     │   └── SchemaOutOfDate
     ├── RollbackExhausted
+    ├── RunOwnedError
+    ├── OwnershipLost
     ├── ToolFailed
     ├── ToolInProgress
     ├── ToolOutcomeUnknown
     └── RuntimeClosedError
 
-Signal                          control flow, not an error: the runtime handles it
+Signal (a BaseException)       control flow, not an error: the runtime handles it
 └── OutputRejected              an output failed validation; the run rolls back
 ```
 
@@ -39,6 +41,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from agentsnap.messages import Message
 
 __all__ = [
@@ -49,8 +53,10 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidAgentName",
     "NotFoundError",
+    "OwnershipLost",
     "PayloadNotSerializable",
     "RunError",
+    "RunOwnedError",
     "RuntimeClosedError",
     "ScheduleError",
     "SchemaOutOfDate",
@@ -273,8 +279,14 @@ class RollbackExhausted(RunError):
         )
 
 
-class Signal(AgentsnapError):
-    """Base of control-flow signals: raised in a handler, handled by the runtime."""
+class Signal(BaseException):
+    """Base of control-flow signals: raised in a handler, handled by the runtime.
+
+    Like ``asyncio.CancelledError``, a signal derives from ``BaseException``, not from
+    ``Exception``: application code that catches ``Exception`` around a send cannot swallow
+    it. The runtime also remembers a signal raised in a handler, so it acts on it even when
+    a handler catches ``BaseException``.
+    """
 
 
 class OutputRejected(Signal):
@@ -301,7 +313,43 @@ class OutputRejected(Signal):
 
 
 class RuntimeClosedError(RunError):
-    """The runtime was closed; create a new one to continue."""
+    """The runtime was closed, or its run stopped; create a new one to continue."""
+
+
+class RunOwnedError(RunError):
+    """Another runtime owns the run: its lease is live.
+
+    Attributes:
+        run_id: The run.
+        owner: The owning process, ``host:pid:token``.
+        expires_at: When its lease ends unless it renews it.
+    """
+
+    def __init__(self, run_id: str, owner: str, expires_at: datetime) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        self.expires_at = expires_at
+        super().__init__(
+            f"run {run_id} is owned by {owner}, whose lease holds until "
+            f"{expires_at.isoformat(timespec='seconds')}; stop that process, or wait for its "
+            "lease to expire and resume again"
+        )
+
+
+class OwnershipLost(RunError):
+    """This runtime's lease on its run was taken over: its writes to the run are refused.
+
+    Another runtime resumed the run after this one's lease expired (it stopped renewing it,
+    for example because its process was suspended). Stop this runtime; the new owner goes on.
+    """
+
+    def __init__(self, run_id: str, token: int, detail: str = "") -> None:
+        self.run_id = run_id
+        self.token = token
+        super().__init__(
+            f"this runtime no longer owns run {run_id} (its lease, token {token}, was taken "
+            f"over{': ' + detail if detail else ''}); its writes are refused"
+        )
 
 
 class ToolFailed(RunError):

@@ -26,12 +26,13 @@ The export document is described, key by key, in ``docs/reference/export.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentsnap.exceptions import ConfigurationError, NotFoundError
 from agentsnap.journal import read_journal
-from agentsnap.ledger import ToolCallStatus
+from agentsnap.ledger import ToolCallStatus, is_orphaned
 from agentsnap.records import RunInfo, SnapshotStatus, utcnow
 from agentsnap.store.ledger import ledger_for
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
     from agentsnap.ledger import Ledger, LedgerEntry
     from agentsnap.messages import JsonValue
-    from agentsnap.records import JournalMessage, RollbackInfo, Snapshot
+    from agentsnap.records import JournalMessage, RollbackInfo, RunLease, Snapshot
     from agentsnap.store import Store
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "fork_run",
     "graph_checkpoints_table",
     "is_empty_diff",
+    "ledger_calls",
     "resolve_run",
     "resolve_snapshot",
     "rollbacks_table",
@@ -305,17 +307,68 @@ async def tool_calls_table(
 
     Each row is the export document's tool call plus ``"unknown"``: whether the call's
     outcome is unknown (it may or may not have happened; settle it with
-    ``agentsnap tools resolve``). The calls come from ``ledger``, by default the ledger in
-    the store's database (an ``SqlStore``'s), none for other stores.
+    ``agentsnap tools resolve``): recorded as unknown, or still in progress although its
+    owner stopped (see [`is_orphaned`][agentsnap.ledger.is_orphaned]). The calls come from
+    ``ledger``, by default the ledger in the store's database (an ``SqlStore``'s), none for
+    other stores.
 
     Raises:
         NotFoundError: No such run, or the prefix is ambiguous.
     """
     run = await resolve_run(store, run_prefix)
+    entries = await _ledger_calls(store, run.id, ledger)
+    reported = await _as_reported(store, entries)
     return [
-        {**_tool_call(entry), "unknown": entry.status is ToolCallStatus.UNKNOWN}
-        for entry in await _ledger_calls(store, run.id, ledger)
+        {**_tool_call(entry), "unknown": shown.status is ToolCallStatus.UNKNOWN}
+        for entry, shown in zip(entries, reported, strict=True)
     ]
+
+
+async def ledger_calls(
+    store: Store, run_id: str | None = None, ledger: Ledger | None = None
+) -> list[LedgerEntry]:
+    """The ledger's tool calls (of one run, when ``run_id`` is given), oldest first, with
+    the status to report.
+
+    A call still ``in_progress`` whose owner stopped (its process is gone, or its run's
+    lease expired or passed to another owner; see
+    [`is_orphaned`][agentsnap.ledger.is_orphaned]) is reported ``unknown``, as the ledger
+    will record it when a tool or ``reconcile`` next looks at it. Nothing is written.
+
+    Args:
+        store: The store holding the runs (and their leases).
+        run_id: Only the calls of this run (its full id).
+        ledger: The ledger; by default the one in the store's database (an ``SqlStore``'s),
+            none for other stores.
+    """  # noqa: D205
+    if ledger is not None:
+        entries = await ledger.list_calls(run_id)
+    else:
+        opened = ledger_for(store, create=False)
+        if opened is None:
+            return []
+        try:
+            entries = await opened.list_calls(run_id)
+        finally:
+            await opened.close()
+    return await _as_reported(store, entries)
+
+
+async def _as_reported(store: Store, entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    """``entries``, those whose owner stopped shown as unknown."""
+    leases: dict[str, RunLease | None] = {}
+    now = utcnow()
+    reported = []
+    for entry in entries:
+        lease = None
+        if entry.status is ToolCallStatus.IN_PROGRESS and entry.run_id is not None:
+            if entry.run_id not in leases:
+                leases[entry.run_id] = await store.get_lease(entry.run_id)
+            lease = leases[entry.run_id]
+        if is_orphaned(entry, lease, now):
+            entry = dataclasses.replace(entry, status=ToolCallStatus.UNKNOWN)  # noqa: PLW2901
+        reported.append(entry)
+    return reported
 
 
 async def show_snapshot(

@@ -38,23 +38,24 @@ because it runs the tools' compensating actions.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
-import os
-import socket
 import typing
-import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+from agentsnap import liveness
 from agentsnap.exceptions import ConfigurationError, NotFoundError
 from agentsnap.records import utcnow
 from agentsnap.state import canonical_json
 
 if TYPE_CHECKING:
     from agentsnap.messages import JsonValue
+    from agentsnap.records import RunLease
+    from agentsnap.store import Store
 
 __all__ = [
     "Change",
@@ -63,6 +64,9 @@ __all__ = [
     "ToolCallStatus",
     "derive_key",
     "fingerprint",
+    "is_orphaned",
+    "mark_orphaned",
+    "orphaned",
     "owner_id",
     "resolve",
 ]
@@ -162,6 +166,12 @@ class Ledger(Protocol):
     implementations, so every ledger behaves alike. Implementations:
     [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger] and
     [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger].
+
+    A ledger may also offer ``fence(run_id, token)``, which is not part of the protocol:
+    from then on, its claims and updates of the run's entries are refused with
+    [`OwnershipLost`][agentsnap.OwnershipLost] once the run's lease has another token (see
+    [`SqlLedger.fence`][agentsnap.store.sql_ledger.SqlLedger.fence] and
+    [`RunOwnership.fence_ledger`][agentsnap.ownership.RunOwnership.fence_ledger]).
     """
 
     async def claim(self, entry: LedgerEntry) -> LedgerEntry | None:
@@ -207,38 +217,12 @@ class Ledger(Protocol):
 # -- identity -------------------------------------------------------------------------------
 
 
-_owner: tuple[int, str] | None = None
-
-
 def owner_id() -> str:
     """Who this process is in the ledger: ``host:pid:token``, new in every process."""
-    global _owner  # noqa: PLW0603  # one identity per process, renewed after a fork
-    pid = os.getpid()
-    if _owner is None or _owner[0] != pid:
-        _owner = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:12]}")
-    return _owner[1]
+    return liveness.owner_id()
 
 
-def _owner_is_gone(owner: str | None) -> bool:
-    """True only when ``owner`` surely stopped: a process of this host that no longer runs.
-
-    Owners on other hosts cannot be checked; their lease decides.
-    """
-    if owner is None:
-        return True
-    host, _, rest = owner.partition(":")
-    pid_text, _, _ = rest.partition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    if int(pid_text) == os.getpid():
-        return owner != owner_id()  # this pid, an earlier process: that one is gone
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # exists, owned by someone else
-        return False
-    return False
+_owner_is_gone = liveness.owner_is_gone
 
 
 # -- keys -----------------------------------------------------------------------------------
@@ -332,3 +316,80 @@ async def resolve(
     found = await ledger.get(key)
     assert found is not None
     return found
+
+
+# -- claims whose owner stopped -------------------------------------------------------------
+
+
+def is_orphaned(entry: LedgerEntry, lease: RunLease | None, now: datetime) -> bool:
+    """Whether a claim is in progress but its owner stopped, so that its outcome is unknown.
+
+    That is an entry ``in_progress`` whose owner is a process of this host that no longer
+    runs, or whose own lease (``lease_until``) has expired, or whose run's lease has expired
+    or is held by another owner than the claim's (the run was taken over). Claims and run
+    leases name their owner alike (``host:pid:token``, from
+    [`owner_id`][agentsnap.ledger.owner_id]), which is how a claim is tied to its run's
+    owner.
+
+    Args:
+        entry: A ledger entry.
+        lease: The lease of the entry's run, as it stands; ``None`` when the run has none
+            (or the entry belongs to no run): then the claim's own owner and lease decide.
+        now: The present, timezone-aware.
+    """
+    if entry.status is not ToolCallStatus.IN_PROGRESS:
+        return False
+    if entry.lease_until is None or entry.lease_until <= now:
+        return True
+    if liveness.owner_is_gone(entry.owner):
+        return True
+    return lease is not None and (lease.expires_at <= now or lease.owner != entry.owner)
+
+
+async def orphaned(ledger: Ledger, store: Store | None, run_id: str) -> list[LedgerEntry]:
+    """The run's claims in progress whose owner stopped (see
+    [`is_orphaned`][agentsnap.ledger.is_orphaned]), oldest first; nothing is changed.
+
+    Args:
+        ledger: The run's ledger.
+        store: The run's store, which holds its lease; ``None`` to judge each claim by its
+            own owner and lease only.
+        run_id: The run.
+    """  # noqa: D205
+    entries = await ledger.list_calls(run_id)
+    if not any(entry.status is ToolCallStatus.IN_PROGRESS for entry in entries):
+        return []
+    lease = None if store is None else await store.get_lease(run_id)
+    now = utcnow()
+    return [entry for entry in entries if is_orphaned(entry, lease, now)]
+
+
+async def mark_orphaned(ledger: Ledger, store: Store | None, run_id: str) -> list[LedgerEntry]:
+    """Record as ``unknown`` the run's claims whose owner stopped, and return them so.
+
+    Each is changed by compare-and-set (still in progress, same owner, same attempts), so a
+    claim whose owner records its outcome meanwhile keeps that outcome. A person settles an
+    unknown outcome with [`resolve`][agentsnap.ledger.resolve].
+
+    Args:
+        ledger: The run's ledger.
+        store: The run's store, which holds its lease (``None``: see
+            [`orphaned`][agentsnap.ledger.orphaned]).
+        run_id: The run.
+
+    Returns:
+        The entries this call marked, as they are now.
+    """
+    marked: list[LedgerEntry] = []
+    for entry in await orphaned(ledger, store, run_id):
+        now = utcnow()
+        change: Change = {"status": ToolCallStatus.UNKNOWN, "updated_at": now}
+        if await ledger.update(
+            entry.key,
+            change,
+            statuses=(ToolCallStatus.IN_PROGRESS,),
+            owner=entry.owner,
+            attempts=entry.attempts,
+        ):
+            marked.append(dataclasses.replace(entry, status=ToolCallStatus.UNKNOWN, updated_at=now))
+    return marked

@@ -15,6 +15,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentsnap.messages import JsonValue
+from agentsnap.state import compact_json
 
 __all__ = [
     "AgentCut",
@@ -24,8 +25,12 @@ __all__ = [
     "JournalMessage",
     "JournalSegment",
     "RecordedMessage",
+    "ReplayDelivery",
+    "ReplayInput",
+    "ReplaySegment",
     "RollbackInfo",
     "RunInfo",
+    "RunLease",
     "RunStatus",
     "Snapshot",
     "SnapshotStatus",
@@ -47,6 +52,9 @@ class RunStatus(enum.StrEnum):
     """Closed normally."""
     FAILED = "failed"
     """Stopped by a failure: rollbacks exhausted, a handler error, or an exception."""
+    INTERRUPTED = "interrupted"
+    """Not finished, and no runtime owns it any more (its process died, or its lease
+    expired): resume it with ``Runtime.resume``."""
 
 
 class RunInfo(BaseModel):
@@ -258,6 +266,86 @@ class RollbackInfo(BaseModel):
     """Messages that were queued and dropped, sent after the cut."""
     at: datetime = Field(default_factory=utcnow)
     """When it happened."""
+
+
+ReplayDelivery = tuple[str, str, int]
+"""``(agent, src, seq)``: the agent took message ``seq`` of channel ``src -> agent``."""
+
+ReplayInput = tuple[str, int, str, JsonValue, "dict[str, str] | None", int]
+"""``(dst, seq, kind, payload, headers or None, epoch)``: a message the environment sent."""
+
+
+class ReplaySegment(NamedTuple):
+    """A piece of a run's replay log: deliveries and inputs since the previous segment.
+
+    Before a side-effecting tool call is claimed in the ledger, the runtime makes durable the
+    order in which each agent took its messages, and the messages the environment sent, so
+    that a run resumed after a crash re-executes its handlers in the same order and derives
+    the same idempotency keys. A segment is kept as JSON text, made once by the runtime:
+    stores write it as it is, and holding it costs the garbage collector nothing.
+    """
+
+    timeline: int
+    """How many timelines the run had started (rollbacks, given-up replays) when these
+    deliveries happened; a resumed run replays only the deliveries of its last timeline."""
+    body: str
+    """``{"deliveries": [[agent, src, first_seq, count], ...], "inputs": [[dst, seq, kind,
+    payload, headers, epoch], ...]}``: deliveries in the order they happened, as runs of
+    consecutive messages of one channel; inputs in the order the environment sent them."""
+
+    @classmethod
+    def of(
+        cls,
+        timeline: int,
+        deliveries: list[ReplayDelivery] | tuple[()] = (),
+        inputs: list[ReplayInput] | tuple[()] = (),
+    ) -> ReplaySegment:
+        """A segment holding ``deliveries`` and ``inputs``."""
+        runs: list[list[str | int]] = []
+        for agent, src, seq in deliveries:
+            last = runs[-1] if runs else None
+            if last and last[:2] == [agent, src] and last[2] + last[3] == seq:  # type: ignore[operator]
+                last[3] += 1  # type: ignore[operator]
+            else:
+                runs.append([agent, src, seq, 1])
+        return cls(timeline, compact_json({"deliveries": runs, "inputs": inputs}))
+
+    def decode(self) -> tuple[list[ReplayDelivery], list[ReplayInput]]:
+        """The segment's deliveries, one by one, and inputs.
+
+        Read with the standard library: orjson would turn integers beyond 64 bits into
+        floats.
+        """
+        data = json.loads(self.body)
+        deliveries = [
+            (agent, src, seq)
+            for agent, src, first, count in data["deliveries"]
+            for seq in range(first, first + count)
+        ]
+        inputs: list[ReplayInput] = [
+            (dst, seq, kind, payload, headers, epoch)
+            for dst, seq, kind, payload, headers, epoch in data["inputs"]
+        ]
+        return deliveries, inputs
+
+
+class RunLease(BaseModel):
+    """Who owns a run: one runtime at a time holds its lease and renews it.
+
+    Every write the owner makes for the run carries ``token``; a store refuses a write whose
+    token is not the current one, so an owner that lost its lease cannot change the run.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    """The run."""
+    owner: str
+    """The owning process, ``host:pid:token``."""
+    token: int
+    """Fencing token: 1 for the first owner, one more for each owner after."""
+    expires_at: datetime
+    """Until when the lease holds unless renewed."""
 
 
 class GraphCheckpoint(BaseModel):

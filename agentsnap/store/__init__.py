@@ -3,6 +3,11 @@
 A store implements the [`Store`][agentsnap.store.Store] protocol. The runtime hands it each
 snapshot once the snapshot is complete (or has failed), in one call; a store must make that
 write atomic, so a snapshot is either entirely there or not at all.
+
+A store also keeps who owns each run (a lease with a fencing token, see
+[`agentsnap.ownership`][agentsnap.ownership]) and each run's replay log. Once the owner has
+fenced the store for a run, the store refuses that owner's writes to the run as soon as
+another owner has taken the lease over.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from agentsnap.records import (
     AgentVersion,
     GraphCheckpoint,
     JournalSegment,
+    ReplaySegment,
     RollbackInfo,
     RunInfo,
+    RunLease,
     RunStatus,
     Snapshot,
 )
@@ -27,7 +34,20 @@ __all__ = ["MemoryStore", "Store"]
 
 @runtime_checkable
 class Store(Protocol):
-    """The contract every store fulfils."""
+    """The contract every store fulfils.
+
+    **Fencing.** After [`fence(run_id, token)`][agentsnap.store.Store.fence], every write this
+    store object makes for the run (``save_snapshot``, ``save_rollback``, ``finish_run``,
+    ``set_parent``, ``append_journal``, ``append_replay``) checks, atomically with the write,
+    that the run's lease still has that token; when it has not, nothing is written and
+    [`OwnershipLost`][agentsnap.OwnershipLost] is raised. Writes for runs not fenced are
+    made as they are.
+
+    **Interrupted runs.** ``get_run`` and ``list_runs`` report
+    [`RunStatus.INTERRUPTED`][agentsnap.RunStatus.INTERRUPTED] for a run recorded as
+    running that has no live owner: it has no lease, or its lease expired, or the owning
+    process of this host no longer exists.
+    """
 
     async def create_run(self, run: RunInfo) -> None:
         """Record that a run started (a run id already present is left as it is)."""
@@ -64,14 +84,14 @@ class Store(Protocol):
         """
 
     async def get_run(self, run_id: str) -> RunInfo:
-        """The run with this id.
+        """The run with this id (``interrupted`` when running without a live owner).
 
         Raises:
             NotFoundError: The store holds no such run.
         """
 
     async def list_runs(self) -> list[RunInfo]:
-        """Every run, oldest first."""
+        """Every run, oldest first (``interrupted`` when running without a live owner)."""
 
     async def find_ids(
         self, kind: Literal["run", "snapshot"], prefix: str, limit: int = 10
@@ -134,6 +154,69 @@ class Store(Protocol):
         Raises:
             NotFoundError: The store holds no such run.
         """
+
+    async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:
+        """Append a segment to a run's replay log, durably, after the ones already there.
+
+        One run's log is appended to by its one owner, one segment at a time.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+            OwnershipLost: The run is fenced and its lease has passed to another owner.
+        """
+
+    async def load_replay(self, run_id: str) -> list[ReplaySegment]:
+        """Every segment of a run's replay log, in the order they were appended.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
+    async def get_lease(self, run_id: str) -> RunLease | None:
+        """The run's lease as it stands (expired or not), or ``None`` if it never had one.
+
+        ``None`` too for a run the store does not hold.
+        """
+
+    async def take_lease(
+        self, run_id: str, owner: str, expires_at: datetime, *, replacing: int | None
+    ) -> RunLease | None:
+        """Take the run's lease, if it is as the caller last saw it (compare and set).
+
+        Atomic across processes: of several callers that saw the same lease, one wins.
+
+        Args:
+            run_id: The run.
+            owner: The new owner, ``host:pid:token``.
+            expires_at: Until when the new lease holds unless renewed.
+            replacing: ``None`` to take the run's first lease (token 1), only if it has none;
+                else the token of the lease to replace, which gets token ``replacing + 1``.
+
+        Returns:
+            The new lease, or ``None`` when the lease was not as expected (someone else
+            changed it first).
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
+    async def renew_lease(self, run_id: str, token: int, expires_at: datetime) -> bool:
+        """Extend the lease to ``expires_at``, if ``token`` is still its token.
+
+        Returns:
+            Whether the lease was renewed (``False``: another owner took it over).
+        """
+
+    async def release_lease(self, run_id: str, token: int) -> None:
+        """End the lease now, if ``token`` is still its token (else do nothing).
+
+        The lease is kept, expired, so that the next owner's token is higher still.
+        """
+
+    def fence(self, run_id: str, token: int) -> None:
+        """Refuse, from now on, this store object's writes for the run unless its lease
+        still has ``token`` (see the class's description).
+        """  # noqa: D205
 
     async def close(self) -> None:
         """Release connections and files."""

@@ -70,6 +70,14 @@ class MemoryLedger:
         self._entries[key] = dataclasses.replace(found, **change)
         return True
 
+    def fence(self, run_id: str, token: int) -> None:
+        """Do nothing: a memory ledger has no lease to check against.
+
+        A run's lease lives in its store, and this ledger shares no database with any store;
+        it is also private to its process, so no runtime elsewhere can take the run over and
+        use it. A runtime that loses its lease is stopped by its store's fencing.
+        """
+
     async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:  # noqa: D102
         entries = [e for e in self._entries.values() if run_id is None or e.run_id == run_id]
         return sorted(entries, key=lambda e: (e.created_at, e.key))

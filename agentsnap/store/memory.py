@@ -7,16 +7,20 @@ from datetime import datetime
 from typing import Literal
 
 from agentsnap.exceptions import NotFoundError, StoreError
+from agentsnap.liveness import lost, owner_is_live
 from agentsnap.records import (
     AgentCut,
     AgentVersion,
     GraphCheckpoint,
     JournalSegment,
+    ReplaySegment,
     RollbackInfo,
     RunInfo,
+    RunLease,
     RunStatus,
     Snapshot,
     SnapshotStatus,
+    utcnow,
 )
 
 __all__ = ["MemoryStore"]
@@ -27,6 +31,9 @@ class MemoryStore:
 
     Agent states are kept once per content hash, like the SQL store does, so a thousand
     snapshots of an agent that did not change hold its state once.
+
+    Leases and fencing behave as in the SQL store, among the users of this one object (a
+    memory store is private to its process).
     """
 
     def __init__(self) -> None:
@@ -36,6 +43,9 @@ class MemoryStore:
         self._blobs: dict[str, str] = {}
         self._journals: dict[str, list[JournalSegment]] = {}
         self._rollbacks: dict[str, list[RollbackInfo]] = {}
+        self._replays: dict[str, list[ReplaySegment]] = {}
+        self._leases: dict[str, RunLease] = {}
+        self._fences: dict[str, int] = {}
 
     @property
     def blob_count(self) -> int:
@@ -54,6 +64,7 @@ class MemoryStore:
             raise StoreError(f"a snapshot with id {snapshot.id} is already stored")
         if any(self._snapshots[i].seq == snapshot.seq for i in self._by_run[snapshot.run_id]):
             raise StoreError(f"run {snapshot.run_id} already has a snapshot number {snapshot.seq}")
+        self._check_fence(snapshot.run_id)
         # Share one string per distinct state, the in-memory analogue of the blob table.
         agents = {
             name: AgentCut(
@@ -69,33 +80,48 @@ class MemoryStore:
         self._by_run[snapshot.run_id].append(snapshot.id)
 
     async def finish_run(self, run_id: str, status: RunStatus, finished_at: datetime) -> None:  # noqa: D102
-        run = await self.get_run(run_id)
+        run = self._run(run_id)
+        self._check_fence(run_id)
         self._runs[run_id] = run.model_copy(update={"status": status, "finished_at": finished_at})
 
     async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:  # noqa: D102
-        run = await self.get_run(run_id)
+        run = self._run(run_id)
+        self._check_fence(run_id)
         self._runs[run_id] = run.model_copy(
             update={"parent_run_id": parent_run_id, "parent_snapshot_id": parent_snapshot_id}
         )
 
     async def save_rollback(self, rollback: RollbackInfo) -> None:  # noqa: D102
-        await self.get_run(rollback.run_id)
+        self._run(rollback.run_id)
         if rollback.snapshot_id not in self._snapshots:
             raise NotFoundError("snapshot", rollback.snapshot_id)
+        self._check_fence(rollback.run_id)
         self._rollbacks.setdefault(rollback.run_id, []).append(rollback)
 
     async def list_rollbacks(self, run_id: str) -> list[RollbackInfo]:  # noqa: D102
-        await self.get_run(run_id)
+        self._run(run_id)
         return list(self._rollbacks.get(run_id, ()))
 
     async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
+        return self._as_seen(self._run(run_id), utcnow())
+
+    async def list_runs(self) -> list[RunInfo]:  # noqa: D102
+        now = utcnow()
+        runs = sorted(self._runs.values(), key=lambda run: run.created_at)
+        return [self._as_seen(run, now) for run in runs]
+
+    def _run(self, run_id: str) -> RunInfo:
+        """The run as recorded."""
         try:
             return self._runs[run_id]
         except KeyError:
             raise NotFoundError("run", run_id) from None
 
-    async def list_runs(self) -> list[RunInfo]:  # noqa: D102
-        return sorted(self._runs.values(), key=lambda run: run.created_at)
+    def _as_seen(self, run: RunInfo, now: datetime) -> RunInfo:
+        """The run, interrupted if it is running without a live owner."""
+        if run.status is RunStatus.RUNNING and not owner_is_live(self._leases.get(run.id), now):
+            return run.model_copy(update={"status": RunStatus.INTERRUPTED})
+        return run
 
     async def find_ids(  # noqa: D102
         self, kind: Literal["run", "snapshot"], prefix: str, limit: int = 10
@@ -144,18 +170,78 @@ class MemoryStore:
         Raises:
             NotFoundError: The store holds no such run.
         """
-        await self.get_run(run_id)
+        self._run(run_id)
         return []
 
     async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:  # noqa: D102
         if run_id not in self._runs:
             raise NotFoundError("run", run_id)
+        self._check_fence(run_id)
         self._journals.setdefault(run_id, []).extend(segments)
 
     async def load_journal(self, run_id: str) -> list[JournalSegment]:  # noqa: D102
         if run_id not in self._runs:
             raise NotFoundError("run", run_id)
         return list(self._journals.get(run_id, ()))
+
+    async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:  # noqa: D102
+        if run_id not in self._runs:
+            raise NotFoundError("run", run_id)
+        self._check_fence(run_id)
+        self._replays.setdefault(run_id, []).append(segment)
+
+    async def load_replay(self, run_id: str) -> list[ReplaySegment]:  # noqa: D102
+        if run_id not in self._runs:
+            raise NotFoundError("run", run_id)
+        return list(self._replays.get(run_id, ()))
+
+    # -- ownership ------------------------------------------------------------------------
+
+    async def get_lease(self, run_id: str) -> RunLease | None:  # noqa: D102
+        return self._leases.get(run_id)
+
+    async def take_lease(  # noqa: D102
+        self, run_id: str, owner: str, expires_at: datetime, *, replacing: int | None
+    ) -> RunLease | None:
+        self._run(run_id)
+        found = self._leases.get(run_id)
+        if (found is None) != (replacing is None) or (
+            found is not None and found.token != replacing
+        ):
+            return None
+        lease = RunLease(
+            run_id=run_id,
+            owner=owner,
+            token=1 if replacing is None else replacing + 1,
+            expires_at=expires_at,
+        )
+        self._leases[run_id] = lease
+        return lease
+
+    async def renew_lease(self, run_id: str, token: int, expires_at: datetime) -> bool:  # noqa: D102
+        found = self._leases.get(run_id)
+        if found is None or found.token != token:
+            return False
+        self._leases[run_id] = found.model_copy(update={"expires_at": expires_at})
+        return True
+
+    async def release_lease(self, run_id: str, token: int) -> None:  # noqa: D102
+        found = self._leases.get(run_id)
+        if found is not None and found.token == token:
+            self._leases[run_id] = found.model_copy(update={"expires_at": utcnow()})
+
+    def fence(self, run_id: str, token: int) -> None:  # noqa: D102
+        self._fences[run_id] = token
+
+    def _check_fence(self, run_id: str) -> None:
+        token = self._fences.get(run_id)
+        if token is None:
+            return
+        found = self._leases.get(run_id)
+        if found is None:
+            raise lost(run_id, token, None)
+        if found.token != token:
+            raise lost(run_id, token, (found.owner, found.token))
 
     async def close(self) -> None:  # noqa: D102
         return None

@@ -19,6 +19,13 @@ Each snapshot is written in one transaction: it is in the database whole, or not
 state already stored under its content hash is not written again. On first use an empty
 database gets the schema through the migrations; a database at another schema revision is
 refused with a message saying how to upgrade it.
+
+A run's lease is one row of ``agentsnap_run_leases``, changed by compare-and-set statements
+(``INSERT … ON CONFLICT DO NOTHING`` for the first lease, ``UPDATE … WHERE token = N`` for a
+takeover), so that of two processes racing for a run exactly one wins. A fenced write reads
+the lease's token in its own transaction, after taking SQLite's write lock or, on
+PostgreSQL, with ``FOR SHARE``, which holds off a takeover until the write commits: a write
+is either made before the takeover, or refused.
 """
 
 from __future__ import annotations
@@ -31,13 +38,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import Insert, Table, event, func, select
+from sqlalchemy import Insert, Table, Update, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
+from agentsnap.liveness import lost, owner_is_live
 from agentsnap.records import (
     AgentCut,
     AgentVersion,
@@ -45,11 +53,14 @@ from agentsnap.records import (
     GraphCheckpoint,
     JournalSegment,
     RecordedMessage,
+    ReplaySegment,
     RollbackInfo,
     RunInfo,
+    RunLease,
     RunStatus,
     Snapshot,
     SnapshotStatus,
+    utcnow,
 )
 from agentsnap.state import compact_json
 from agentsnap.store.migrate import SchemaGate, sync_url
@@ -57,7 +68,9 @@ from agentsnap.store.sqlite_writer import SnapshotRows, SqliteWriter, Statements
 from agentsnap.store.tables import (
     JournalRow,
     LangGraphCheckpointRow,
+    ReplayRow,
     RollbackRow,
+    RunLeaseRow,
     RunRow,
     SnapshotAgentRow,
     SnapshotMessageRow,
@@ -98,6 +111,14 @@ _messages: Table = SnapshotMessageRow.__table__  # type: ignore[assignment]
 _journal: Table = JournalRow.__table__  # type: ignore[assignment]
 _rollbacks: Table = RollbackRow.__table__  # type: ignore[assignment]
 _lg_checkpoints: Table = LangGraphCheckpointRow.__table__  # type: ignore[assignment]
+_leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
+_replay: Table = ReplayRow.__table__  # type: ignore[assignment]
+_RUN_AND_LEASE = select(
+    _runs,
+    _leases.c.owner.label("lease_owner"),
+    _leases.c.token.label("lease_token"),
+    _leases.c.expires_at.label("lease_expires_at"),
+).outerjoin(_leases, _leases.c.run_id == _runs.c.id)
 
 
 def async_url(url: str) -> str:
@@ -128,7 +149,11 @@ class SqlStore:
         self._write_lock = asyncio.Lock() if self._backend == "sqlite" else None
         # Hashes of states known to be stored (committed), so they are not sent again.
         self._known_blobs: set[str] = set()
-        self._statements = _statements("?" if self._engine.dialect.paramstyle == "qmark" else "%s")
+        self._statements = _statements(
+            "?" if self._engine.dialect.paramstyle == "qmark" else "%s", self._backend
+        )
+        # Runs whose writes must carry a lease token: run id -> token.
+        self._fences: dict[str, int] = {}
         database = self._engine.url.database
         self._writer = (
             SqliteWriter(database, self._statements)
@@ -172,6 +197,7 @@ class SqlStore:
             result = await conn.execute(_runs.update().where(_runs.c.id == run_id).values(**values))
             if result.rowcount == 0:
                 raise NotFoundError("run", run_id)
+            await self._check_fence(conn, run_id)
 
     async def save_rollback(self, rollback: RollbackInfo) -> None:  # noqa: D102
         await self._gate.wait()
@@ -183,6 +209,7 @@ class SqlStore:
             if found is None:
                 raise NotFoundError("snapshot", rollback.snapshot_id)
             await conn.execute(_rollbacks.insert().values(**rollback.model_dump()))
+            await self._check_fence(conn, rollback.run_id)
 
     async def list_rollbacks(self, run_id: str) -> list[RollbackInfo]:  # noqa: D102
         await self._gate.wait()
@@ -233,6 +260,7 @@ class SqlStore:
                 for channel in snapshot.channels
                 for message in channel.messages
             ],
+            fence=self._fence_of(snapshot.run_id),
         )
         try:
             if self._writer is not None:
@@ -256,6 +284,8 @@ class SqlStore:
         sql = self._statements
         async with self._begin() as conn:
             await conn.exec_driver_sql(sql.snapshot, rows.snapshot)
+            if rows.fence is not None:
+                await self._check_fence(conn, rows.fence[0])
             if rows.blobs:
                 await conn.exec_driver_sql(sql.blobs, rows.blobs)
             if rows.agents:
@@ -309,22 +339,138 @@ class SqlStore:
                     for segment in segments
                 ],
             )
+            await self._check_fence(conn, run_id)
+
+    async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:  # noqa: D102
+        await self._gate.wait()
+        token = self._fences.get(run_id)
+        sql = self._statements
+        body = segment.body
+        values: tuple[Any, ...] = (run_id, run_id, segment.timeline, body)
+        if token is not None:
+            values = (*values, run_id, token)
+        statement = sql.replay if token is None else sql.replay_fenced
+        try:
+            if self._writer is not None:
+                assert self._write_lock is not None
+                async with self._write_lock:
+                    changed = await self._writer.execute(statement, values)
+            else:
+                async with self._begin() as conn:
+                    changed = (await conn.exec_driver_sql(statement, values)).rowcount
+        except StoreError as exc:
+            if isinstance(exc.__cause__, (IntegrityError, sqlite3.IntegrityError)):
+                await self._explain_missing_run(run_id)
+            raise
+        if changed != 1:
+            await self._explain_missing_run(run_id)
+            assert token is not None
+            raise lost(run_id, token, await self._holder(run_id))
+
+    async def _explain_missing_run(self, run_id: str) -> None:
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+
+    # -- ownership ------------------------------------------------------------------------
+
+    async def get_lease(self, run_id: str) -> RunLease | None:  # noqa: D102
+        await self._gate.wait()
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(select(_leases).where(_leases.c.run_id == run_id))
+            ).one_or_none()
+        if row is None:
+            return None
+        return RunLease(
+            run_id=row.run_id, owner=row.owner, token=row.token, expires_at=row.expires_at
+        )
+
+    async def take_lease(  # noqa: D102
+        self, run_id: str, owner: str, expires_at: datetime, *, replacing: int | None
+    ) -> RunLease | None:
+        await self._gate.wait()
+        token = 1 if replacing is None else replacing + 1
+        values = {"owner": owner, "token": token, "expires_at": expires_at, "renewed_at": utcnow()}
+        async with self._begin() as conn:
+            await self._require_run(conn, run_id)
+            statement: Insert | Update
+            if replacing is None:
+                statement = (
+                    self._insert_ignore(_leases, ["run_id"])
+                    .values(run_id=run_id, **values)
+                    .execution_options(preserve_rowcount=True)
+                )
+            else:
+                # PostgreSQL re-checks the token on the newest row version after waiting
+                # for a concurrent takeover, so only one of two racers changes the row.
+                statement = (
+                    _leases.update()
+                    .where(_leases.c.run_id == run_id, _leases.c.token == replacing)
+                    .values(**values)
+                )
+            if (await conn.execute(statement)).rowcount != 1:
+                return None
+        return RunLease(run_id=run_id, owner=owner, token=token, expires_at=expires_at)
+
+    async def renew_lease(self, run_id: str, token: int, expires_at: datetime) -> bool:  # noqa: D102
+        return await self._set_lease(run_id, token, expires_at)
+
+    async def release_lease(self, run_id: str, token: int) -> None:  # noqa: D102
+        await self._set_lease(run_id, token, None)
+
+    async def _set_lease(self, run_id: str, token: int, expires_at: datetime | None) -> bool:
+        await self._gate.wait()
+        now = utcnow()
+        async with self._begin() as conn:
+            result = await conn.execute(
+                _leases.update()
+                .where(_leases.c.run_id == run_id, _leases.c.token == token)
+                .values(expires_at=expires_at or now, renewed_at=now)
+            )
+            return bool(result.rowcount == 1)
+
+    def fence(self, run_id: str, token: int) -> None:  # noqa: D102
+        self._fences[run_id] = token
+
+    def _fence_of(self, run_id: str) -> tuple[str, int] | None:
+        token = self._fences.get(run_id)
+        return None if token is None else (run_id, token)
+
+    async def _check_fence(self, conn: AsyncConnection, run_id: str) -> None:
+        """Raise OwnershipLost if the run is fenced and its lease has another token.
+
+        Called after the transaction's first write: on SQLite the transaction then holds the
+        write lock, on PostgreSQL the lease's row is share-locked by the read; either way no
+        takeover commits before this transaction ends.
+        """
+        token = self._fences.get(run_id)
+        if token is None:
+            return
+        found = await conn.exec_driver_sql(self._statements.lease, (run_id,))
+        holder: tuple[str, int] | None = found.first()  # type: ignore[assignment]
+        if holder is None or holder[1] != token:
+            raise lost(run_id, token, None if holder is None else (holder[0], holder[1]))
+
+    async def _holder(self, run_id: str) -> tuple[str, int] | None:
+        lease = await self.get_lease(run_id)
+        return None if lease is None else (lease.owner, lease.token)
 
     # -- reads ----------------------------------------------------------------------------
 
     async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
-            row = (await conn.execute(select(_runs).where(_runs.c.id == run_id))).one_or_none()
+            row = (await conn.execute(_RUN_AND_LEASE.where(_runs.c.id == run_id))).one_or_none()
         if row is None:
             raise NotFoundError("run", run_id)
-        return _run(row._mapping)
+        return _run(row._mapping, utcnow())
 
     async def list_runs(self) -> list[RunInfo]:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
-            rows = await conn.execute(select(_runs).order_by(_runs.c.created_at, _runs.c.id))
-            return [_run(row._mapping) for row in rows]
+            rows = await conn.execute(_RUN_AND_LEASE.order_by(_runs.c.created_at, _runs.c.id))
+            now = utcnow()
+            return [_run(row._mapping, now) for row in rows]
 
     async def find_ids(  # noqa: D102
         self, kind: Literal["run", "snapshot"], prefix: str, limit: int = 10
@@ -425,6 +571,17 @@ class SqlStore:
                 .order_by(_journal.c.pos)
             )
             return [JournalSegment(*row) for row in rows]
+
+    async def load_replay(self, run_id: str) -> list[ReplaySegment]:  # noqa: D102
+        await self._gate.wait()
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows = await conn.execute(
+                select(_replay.c.timeline, _replay.c.body)
+                .where(_replay.c.run_id == run_id)
+                .order_by(_replay.c.position)
+            )
+            return [ReplaySegment(row.timeline, row.body) for row in rows]
 
     async def list_graph_checkpoints(
         self, run_id: str, agent: str | None = None
@@ -568,13 +725,24 @@ class SqlStore:
         await self._engine.dispose()
 
 
-def _statements(mark: str) -> Statements:
-    """The snapshot's INSERT statements in the driver's own placeholder style."""
+def _statements(mark: str, backend: str) -> Statements:
+    """The fast writes' statements in the driver's own placeholder style."""
 
     def insert(table: Table, columns: list[str], suffix: str = "") -> str:
         marks = ", ".join([mark] * len(columns))
         # Table and column names are this module's constants; values are bound.
         return f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({marks}){suffix}"  # noqa: S608
+
+    # PostgreSQL: a share lock on the lease row holds a takeover off until the write commits.
+    # SQLite has no row locks: a fenced write checks the lease once it holds the write lock.
+    share = " FOR SHARE" if backend == "postgresql" else ""
+    holds = f"SELECT 1 FROM {_leases.name} WHERE run_id = {mark} AND token = {mark}{share}"  # noqa: S608
+    # The position is the run's next one, found on the primary key's index.
+    replay = (
+        f"INSERT INTO {_replay.name} (run_id, position, timeline, body) "  # noqa: S608
+        f"SELECT {mark}, (SELECT COALESCE(MAX(position), 0) + 1 FROM {_replay.name} "
+        f"WHERE run_id = {mark}), {mark}, {mark}"
+    )
 
     return Statements(
         snapshot=insert(
@@ -586,6 +754,9 @@ def _statements(mark: str) -> Statements:
         messages=insert(
             _messages, ["snapshot_id", "src", "dst", "seq", "kind", "payload", "headers", "epoch"]
         ),
+        lease=f"SELECT owner, token FROM {_leases.name} WHERE run_id = {mark}{share}",  # noqa: S608
+        replay=replay,
+        replay_fenced=f"{replay} WHERE EXISTS ({holds})",
     )
 
 
@@ -666,14 +837,29 @@ def _uuid6_time(uuid_text: str) -> datetime | None:
         return None
 
 
-def _run(row: Any) -> RunInfo:
+def _run(row: Any, now: datetime) -> RunInfo:
+    """A run from a row of ``_RUN_AND_LEASE``: interrupted if running without a live owner."""
+    status = RunStatus(row["status"])
+    if status is RunStatus.RUNNING:
+        lease = (
+            None
+            if row["lease_token"] is None
+            else RunLease(
+                run_id=row["id"],
+                owner=row["lease_owner"],
+                token=row["lease_token"],
+                expires_at=row["lease_expires_at"],
+            )
+        )
+        if not owner_is_live(lease, now):
+            status = RunStatus.INTERRUPTED
     return RunInfo(
         id=row["id"],
         created_at=row["created_at"],
         parent_run_id=row["parent_run_id"],
         parent_snapshot_id=row["parent_snapshot_id"],
         metadata=row["metadata"],
-        status=RunStatus(row["status"]),
+        status=status,
         finished_at=row["finished_at"],
     )
 

@@ -39,6 +39,14 @@ a race changes no row, because PostgreSQL re-checks the ``WHERE`` on the newest 
 No ``SELECT … FOR UPDATE`` is needed, since no decision is taken between two statements
 without being re-checked by the second.
 
+**Fencing.** Once [`fence(run_id, token)`][agentsnap.store.sql_ledger.SqlLedger.fence] was
+called, a claim or an update of an entry of that run also requires, in the same statement,
+that the run's lease (``agentsnap_run_leases``, in the same database) still has ``token``:
+``INSERT … SELECT … WHERE EXISTS (…)`` and ``UPDATE … AND (run_id IS NOT … OR EXISTS
+(…))``. When it has not, nothing is written and
+[`OwnershipLost`][agentsnap.OwnershipLost] is raised. On PostgreSQL the lease's row is read
+``FOR SHARE``, so a takeover waits for the statement to commit.
+
 **SQLite**: a claim and an outcome are one-row writes of about 50 µs; handing each to a
 thread (as the asyncio driver does for every cursor call) would cost more than the write.
 So the ledger runs them on the event loop's thread on a connection that never waits: its busy
@@ -59,7 +67,19 @@ import sqlite3
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, Table, bindparam, create_engine, event, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    bindparam,
+    create_engine,
+    event,
+    exists,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -67,9 +87,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.ledger import Change, LedgerEntry, ToolCallStatus
+from agentsnap.liveness import lost
 from agentsnap.store.migrate import SchemaGate, sync_url
 from agentsnap.store.sql import DEFAULT_URL, async_url
-from agentsnap.store.tables import ToolCallRow
+from agentsnap.store.tables import RunLeaseRow, ToolCallRow
 
 if TYPE_CHECKING:
     from sqlalchemy.sql.dml import Update
@@ -82,8 +103,15 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _calls: Table = ToolCallRow.__table__  # type: ignore[assignment]
+_leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
 _COLUMNS = tuple(column.name for column in _calls.columns)
 _get = select(_calls).where(_calls.c.key == bindparam("k"))
+_lease_of_key = (
+    select(_calls.c.run_id, _leases.c.owner, _leases.c.token)
+    .outerjoin(_leases, _leases.c.run_id == _calls.c.run_id)
+    .where(_calls.c.key == bindparam("k"))
+)
+_lease_of_run = select(_leases.c.owner, _leases.c.token).where(_leases.c.run_id == bindparam("r"))
 _INSERTED: Any = object()
 CHECKPOINT_EVERY = 500
 """Writes on the event-loop connection between two WAL checkpoints (in the ledger's thread)."""
@@ -136,7 +164,10 @@ class SqlLedger:
             .on_conflict_do_nothing(index_elements=["key"])
             .execution_options(preserve_rowcount=True)
         )
-        self._updates: dict[tuple[tuple[str, ...], bool, bool], Update] = {}
+        self._updates: dict[tuple[tuple[str, ...], bool, bool, int], Update] = {}
+        self._fenced_claim: Any = None
+        # Runs whose entries may change only while their lease has this token.
+        self._fences: dict[str, int] = {}
         self._gate = SchemaGate(
             url, create=create, then=self._sqlite.open if self._sqlite is not None else None
         )
@@ -158,22 +189,62 @@ class SqlLedger:
         except SQLAlchemyError as exc:
             raise StoreError(f"the ledger could not {what}: {exc}") from exc
 
-    async def claim(self, entry: LedgerEntry) -> LedgerEntry | None:  # noqa: D102
+    def fence(self, run_id: str, token: int) -> None:
+        """From now on, claim and change entries of ``run_id`` only while its lease has
+        ``token``; otherwise raise [`OwnershipLost`][agentsnap.OwnershipLost].
+
+        The lease is read in the ledger's database: fence only a ledger that shares the
+        database of the runs (the runtime's default ledger does).
+        """  # noqa: D205
+        self._fences[run_id] = token
+
+    async def claim(self, entry: LedgerEntry) -> LedgerEntry | None:
+        """Insert ``entry`` if no entry has its key (see [`Ledger`][agentsnap.ledger.Ledger]).
+
+        Raises:
+            OwnershipLost: The entry's run is fenced and its lease has another token now;
+                nothing was written.
+        """
         what = f"claim key {entry.key!r}"
+        token = None if entry.run_id is None else self._fences.get(entry.run_id)
         if self._sqlite is not None:
             await self._gate.wait()
             values = [_BIND[name](getattr(entry, name)) for name in _COLUMNS]
-            if await self._sqlite.write(what, _SQLITE_CLAIM, values):
+            sql = _SQLITE_CLAIM
+            if token is not None:
+                values.extend((entry.run_id, token))
+                sql = _SQLITE_CLAIM_FENCED
+            if await self._sqlite.write(what, sql, values):
                 return None
-            found = await self._run(what, _one, entry.key)
+            found, holder = await self._run(what, _one_and_lease, entry.key, entry.run_id)
         else:
             row = {name: getattr(entry, name) for name in _COLUMNS}
-            found = await self._run(what, _claim, self._claim, row)
+            statement = self._claim
+            if token is not None:
+                row.update(f_run=entry.run_id, f_token=token)
+                statement = self._claim_fenced()
+            found, holder = await self._run(what, _claim, statement, row)
             if found is _INSERTED:
                 return None
+        if token is not None and (holder is None or holder[1] != token):
+            assert entry.run_id is not None
+            raise lost(entry.run_id, token, holder)
         if found is None:  # nothing deletes rows; only a hand-edited ledger gets here
             raise StoreError(f"key {entry.key!r} is taken in the ledger, yet has no row")
         return _entry(found)
+
+    def _claim_fenced(self) -> Any:
+        if self._fenced_claim is None:
+            values = select(*(_typed_bind(column) for column in _calls.columns)).where(
+                _holds_lease(share=True)
+            )
+            self._fenced_claim = (
+                postgresql.insert(_calls)
+                .from_select(list(_COLUMNS), values)
+                .on_conflict_do_nothing(index_elements=["key"])
+                .execution_options(preserve_rowcount=True)
+            )
+        return self._fenced_claim
 
     async def get(self, key: str) -> LedgerEntry | None:  # noqa: D102
         found = await self._run(f"read key {key!r}", _one, key)
@@ -189,9 +260,12 @@ class SqlLedger:
         attempts: int | None = None,
     ) -> bool:
         what = f"update key {key!r}"
+        fences = self._fences
         if self._sqlite is not None:
             await self._gate.wait()
-            sql = _sqlite_update(tuple(change), len(statuses), owner is not None, attempts)
+            sql = _sqlite_update(
+                tuple(change), len(statuses), owner is not None, attempts, len(fences)
+            )
             values = [_BIND[name](value) for name, value in change.items()]
             values.append(key)
             values.extend(str(status) for status in statuses)
@@ -199,20 +273,38 @@ class SqlLedger:
                 values.append(owner)
             if attempts is not None:
                 values.append(attempts)
-            return await self._sqlite.write(what, sql, values)
-        statement = self._update(tuple(sorted(change)), owner is not None, attempts is not None)
-        params: dict[str, Any] = {f"v_{name}": value for name, value in change.items()}
-        params.update(
-            w_key=key,
-            w_statuses=[str(status) for status in statuses],
-            w_owner=owner,
-            w_attempts=attempts,
-        )
-        return await self._run(what, _changed, statement, params)
+            for run_id, token in fences.items():
+                values.extend((run_id, run_id, token))
+            changed = await self._sqlite.write(what, sql, values)
+        else:
+            statement = self._update(
+                tuple(sorted(change)), owner is not None, attempts is not None, len(fences)
+            )
+            params: dict[str, Any] = {f"v_{name}": value for name, value in change.items()}
+            params.update(
+                w_key=key,
+                w_statuses=[str(status) for status in statuses],
+                w_owner=owner,
+                w_attempts=attempts,
+            )
+            for i, (run_id, token) in enumerate(fences.items()):
+                params[f"f_run_{i}"] = run_id
+                params[f"f_token_{i}"] = token
+            changed = await self._run(what, _changed, statement, params)
+        if not changed and fences:
+            # Refused: by the compare-and-set, or because the entry's run changed hands.
+            run, holder = await self._run(what, _lease_of, key)
+            fenced = None if run is None else fences.get(run)
+            if fenced is not None and (holder is None or holder[1] != fenced):
+                assert run is not None
+                raise lost(run, fenced, holder)
+        return changed
 
-    def _update(self, columns: tuple[str, ...], by_owner: bool, by_attempts: bool) -> Update:
+    def _update(
+        self, columns: tuple[str, ...], by_owner: bool, by_attempts: bool, fences: int
+    ) -> Update:
         # One statement per shape, built once: its compiled form is then cached too.
-        shape = (columns, by_owner, by_attempts)
+        shape = (columns, by_owner, by_attempts, fences)
         statement = self._updates.get(shape)
         if statement is None:
             conditions = [
@@ -223,6 +315,13 @@ class SqlLedger:
                 conditions.append(_calls.c.owner == bindparam("w_owner"))
             if by_attempts:
                 conditions.append(_calls.c.attempts == bindparam("w_attempts"))
+            conditions.extend(
+                or_(
+                    _calls.c.run_id.is_distinct_from(bindparam(f"f_run_{i}")),
+                    _holds_lease(share=True, suffix=f"_{i}"),
+                )
+                for i in range(fences)
+            )
             statement = (
                 update(_calls)
                 .where(*conditions)
@@ -246,10 +345,49 @@ class SqlLedger:
 # -- operations, each run with one connection ------------------------------------------------
 
 
-def _claim(conn: Connection, statement: Any, row: dict[str, Any]) -> Any:
+def _claim(conn: Connection, statement: Any, row: dict[str, Any]) -> tuple[Any, Any]:
     if conn.execute(statement, row).rowcount == 1:
-        return _INSERTED
-    return _one(conn, row["key"])
+        return _INSERTED, None
+    return _one_and_lease(conn, row["key"], row["run_id"])
+
+
+def _one_and_lease(
+    conn: Connection, key: str, run_id: str | None
+) -> tuple[Mapping[Any, Any] | None, tuple[str, int] | None]:
+    """The entry with ``key``, and ``(owner, token)`` of the lease of ``run_id`` (if any)."""
+    found = _one(conn, key)
+    if run_id is None:
+        return found, None
+    holder = conn.execute(_lease_of_run, {"r": run_id}).one_or_none()
+    return found, None if holder is None else (holder.owner, holder.token)
+
+
+def _lease_of(conn: Connection, key: str) -> tuple[str | None, tuple[str, int] | None]:
+    """The run of the entry with ``key``, and ``(owner, token)`` of that run's lease."""
+    found = conn.execute(_lease_of_key, {"k": key}).one_or_none()
+    if found is None:
+        return None, None
+    return found.run_id, None if found.token is None else (found.owner, found.token)
+
+
+def _holds_lease(*, share: bool, suffix: str = "") -> Any:
+    """``EXISTS`` a lease of run ``f_run{suffix}`` with token ``f_token{suffix}``.
+
+    With ``share``, PostgreSQL locks the lease's row against a takeover until the statement
+    commits.
+    """
+    query = select(literal(1)).where(
+        _leases.c.run_id == bindparam(f"f_run{suffix}"),
+        _leases.c.token == bindparam(f"f_token{suffix}"),
+    )
+    if share:
+        query = query.with_for_update(read=True)
+    return exists(query)
+
+
+def _typed_bind(column: Any) -> Any:
+    """A bound value for ``column`` in a ``SELECT`` list, typed as the column is."""
+    return bindparam(column.name, type_=column.type)
 
 
 def _one(conn: Connection, key: str) -> Mapping[Any, Any] | None:
@@ -297,11 +435,21 @@ _SQLITE_CLAIM = (
     f"INSERT INTO {_calls.name} ({', '.join(_COLUMNS)}) "  # noqa: S608  # names from the model
     f"VALUES ({', '.join('?' for _ in _COLUMNS)}) ON CONFLICT (key) DO NOTHING"
 )
-_sqlite_updates: dict[tuple[tuple[str, ...], int, bool, bool], str] = {}
+_SQLITE_HOLDS = f"EXISTS (SELECT 1 FROM {_leases.name} WHERE run_id = ? AND token = ?)"  # noqa: S608
+# SQLite's write lock makes the check and the insert one step. (An upsert's SELECT needs a
+# WHERE clause, which it has, to be parsed as one.)
+_SQLITE_CLAIM_FENCED = (
+    f"INSERT INTO {_calls.name} ({', '.join(_COLUMNS)}) "  # names from the model
+    f"SELECT {', '.join('?' for _ in _COLUMNS)} WHERE {_SQLITE_HOLDS} "
+    "ON CONFLICT (key) DO NOTHING"
+)
+_sqlite_updates: dict[tuple[tuple[str, ...], int, bool, bool, int], str] = {}
 
 
-def _sqlite_update(columns: tuple[str, ...], statuses: int, by_owner: bool, attempts: Any) -> str:
-    shape = (columns, statuses, by_owner, attempts is not None)
+def _sqlite_update(
+    columns: tuple[str, ...], statuses: int, by_owner: bool, attempts: Any, fences: int
+) -> str:
+    shape = (columns, statuses, by_owner, attempts is not None, fences)
     sql = _sqlite_updates.get(shape)
     if sql is None:
         if not set(columns) <= set(_COLUMNS):
@@ -314,6 +462,7 @@ def _sqlite_update(columns: tuple[str, ...], statuses: int, by_owner: bool, atte
             where += " AND owner = ?"
         if attempts is not None:
             where += " AND attempts = ?"
+        where += f" AND (run_id IS NOT ? OR {_SQLITE_HOLDS})" * fences
         sql = f"UPDATE {_calls.name} SET {sets} WHERE {where}"  # noqa: S608  # model's names
         _sqlite_updates[shape] = sql
     return sql

@@ -1,9 +1,10 @@
-"""Snapshot writes to SQLite in a single hop to a writer thread.
+"""Snapshot and replay-log writes to SQLite in a single hop to a writer thread.
 
 Through the asyncio driver every statement is a round trip between the event loop and the
 driver's thread; a snapshot is several statements plus a commit. Here the whole transaction
 runs in one call on a dedicated thread with the standard ``sqlite3`` module, so a snapshot
-costs about what SQLite needs for its bytes, and the event loop is never blocked.
+costs about what SQLite needs for its bytes, and the event loop is never blocked. A replay
+segment, written before each side-effecting tool call, is one statement on the same thread.
 """
 
 from __future__ import annotations
@@ -14,17 +15,26 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from agentsnap.exceptions import StoreError
+from agentsnap.liveness import lost
 
 __all__ = ["SnapshotRows", "SqliteWriter", "Statements"]
 
 
 class Statements(NamedTuple):
-    """The INSERT statements of a snapshot, in the driver's placeholder style."""
+    """The statements of the store's fast writes, in the driver's placeholder style."""
 
     snapshot: str
     blobs: str
     agents: str
     messages: str
+    lease: str
+    """Reads ``(owner, token)`` of a run's lease (locking it against a takeover until the
+    transaction ends, where the database has row locks)."""
+    replay: str
+    """Appends a replay segment: run, run, timeline, body."""
+    replay_fenced: str
+    """Appends a replay segment if the lease has the token: run, run, timeline, body, run,
+    token."""
 
 
 class SnapshotRows(NamedTuple):
@@ -34,6 +44,8 @@ class SnapshotRows(NamedTuple):
     blobs: list[tuple[str, str]]
     agents: list[tuple[Any, ...]]
     messages: list[tuple[Any, ...]]
+    fence: tuple[str, int] | None = None
+    """``(run, token)``: write only if the run's lease still has this token."""
 
 
 class SqliteWriter:
@@ -56,9 +68,20 @@ class SqliteWriter:
         Raises:
             StoreError: SQLite refused the write; nothing of it is stored. A constraint
                 violation is the ``__cause__`` as ``sqlite3.IntegrityError``.
+            OwnershipLost: ``rows.fence`` is set and the lease has another token; nothing
+                is stored.
         """
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._thread, self._write, rows)
+
+    async def execute(self, sql: str, values: tuple[Any, ...]) -> int:
+        """Run one statement, committed on its own; how many rows it changed.
+
+        Raises:
+            StoreError: SQLite refused it, as for ``write``.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self._execute, sql, values)
 
     async def open(self) -> None:
         """Connect now rather than at the first write."""
@@ -85,6 +108,13 @@ class SqliteWriter:
             statements = self._statements
             connection.execute("BEGIN IMMEDIATE")
             try:
+                if rows.fence is not None:
+                    # The write lock is held from BEGIN IMMEDIATE: no takeover can commit
+                    # between this check and the commit.
+                    run_id, token = rows.fence
+                    holder = connection.execute(statements.lease, (run_id,)).fetchone()
+                    if holder is None or holder[1] != token:
+                        raise lost(run_id, token, holder)
                 connection.execute(statements.snapshot, rows.snapshot)
                 if rows.blobs:
                     connection.executemany(statements.blobs, rows.blobs)
@@ -98,6 +128,17 @@ class SqliteWriter:
                 raise
         except sqlite3.Error as exc:
             raise StoreError(f"the database refused the write: {exc}") from exc
+
+    def _execute(self, sql: str, values: tuple[Any, ...]) -> int:
+        try:
+            connection = self._connection or self._open()
+            self._connection = connection
+            cursor = connection.execute(sql, values)
+            changed = cursor.rowcount
+            cursor.close()
+        except sqlite3.Error as exc:
+            raise StoreError(f"the database refused the write: {exc}") from exc
+        return changed
 
     async def close(self) -> None:
         """Close the connection and stop the thread."""

@@ -33,7 +33,9 @@ __all__ = [
     "LangGraphBlobRow",
     "LangGraphCheckpointRow",
     "LangGraphTaskWritesRow",
+    "ReplayRow",
     "RollbackRow",
+    "RunLeaseRow",
     "RunRow",
     "SnapshotAgentRow",
     "SnapshotMessageRow",
@@ -214,6 +216,45 @@ class RollbackRow(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     discarded: Mapped[int] = mapped_column(Integer)
     at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class RunLeaseRow(Base):
+    """Who owns a run: one row per run that ever had an owner.
+
+    The row is never deleted while the run exists: a released lease just expires, so that
+    the fencing ``token`` only ever grows. Every write of an owner that fenced its store
+    checks, in the same statement or transaction, that ``token`` is still its own.
+    """
+
+    __tablename__ = "agentsnap_run_leases"
+
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    owner: Mapped[str] = mapped_column(String(255))
+    token: Mapped[int] = mapped_column(Integer)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    renewed_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class ReplayRow(Base):
+    """A segment of a run's replay log: deliveries and inputs since the previous segment.
+
+    ``position`` numbers a run's segments from 1 in the order they were appended; ``body``
+    is the segment's [`body`][agentsnap.records.ReplaySegment.body], the JSON text of its
+    deliveries and inputs, stored as it is. On SQLite the table has no rowid: the primary
+    key is its only b-tree.
+    """
+
+    __tablename__ = "agentsnap_replay"
+    __table_args__ = {"sqlite_with_rowid": False}  # noqa: RUF012 (SQLAlchemy's declaration)
+
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    timeline: Mapped[int] = mapped_column(Integer)
+    body: Mapped[str] = mapped_column(Text)
 
 
 class ToolCallRow(Base):

@@ -29,7 +29,9 @@ from agentsnap import (
     SnapshotStatus,
     Store,
 )
+from agentsnap.ledger import owner_id
 from agentsnap.messages import JsonValue
+from agentsnap.records import RunLease, utcnow
 from agentsnap.state import canonical_json, content_hash
 from agentsnap.testing import SeededScheduler, assert_consistent
 
@@ -183,9 +185,18 @@ def make_snapshot(
 
 
 async def stored_run(store: Store, **fields: Any) -> RunInfo:
+    """A run, stored, and owned by this process (so it reads back as running)."""
     run = make_run(**fields)
     await store.create_run(run)
+    await hold(store, run.id)
     return run
+
+
+async def hold(store: Store, run_id: str) -> RunLease:
+    """Take the run's first lease for this process, for a day."""
+    lease = await store.take_lease(run_id, owner_id(), utcnow() + timedelta(days=1), replacing=None)
+    assert lease is not None
+    return lease
 
 
 def store_error_class() -> type[Exception]:
@@ -259,6 +270,7 @@ async def test_created_run_reads_back_equal(store: Store) -> None:
         metadata={"example": "bank", "tags": ["a", "ü"], "n": 2**53 + 1, "x": 0.5, "ok": True},
     )
     await store.create_run(run)
+    await hold(store, run.id)
 
     loaded = await store.get_run(run.id)
 

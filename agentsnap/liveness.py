@@ -1,0 +1,84 @@
+"""Who a process is, and whether the owner of a claim or of a run is still there.
+
+An owner is named ``host:pid:token``: the host, the process id, and a token drawn once per
+process, so that a later process that happens to get the same pid is not mistaken for an
+earlier one. A process of this host that no longer runs is gone at once; an owner on another
+host cannot be checked, and only its lease (its expiry) says whether it is still there.
+
+This module sits below the store and the ledger, which both use it; it imports neither.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import TYPE_CHECKING
+
+from agentsnap.exceptions import OwnershipLost
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from agentsnap.records import RunLease
+
+__all__ = ["lost", "owner_id", "owner_is_gone", "owner_is_live"]
+
+_owner: tuple[int, str] | None = None
+
+
+def owner_id() -> str:
+    """Who this process is in the ledger: ``host:pid:token``, new in every process."""
+    global _owner  # noqa: PLW0603  # one identity per process, renewed after a fork
+    pid = os.getpid()
+    if _owner is None or _owner[0] != pid:
+        _owner = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:12]}")
+    return _owner[1]
+
+
+def owner_is_gone(owner: str | None) -> bool:
+    """True only when ``owner`` surely stopped: a process of this host that no longer runs.
+
+    ``None`` (nobody) is gone. Owners on other hosts, and names not of the form
+    ``host:pid:token``, cannot be checked: they are not gone, and their lease decides.
+    """
+    if owner is None:
+        return True
+    host, _, rest = owner.partition(":")
+    pid_text, _, _ = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    if int(pid_text) == os.getpid():
+        return owner != owner_id()  # this pid, an earlier process: that one is gone
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by someone else
+        return False
+    return False
+
+
+def owner_is_live(lease: RunLease | None, now: datetime) -> bool:
+    """Whether a run has a live owner: a lease that has not expired, held by a process that is
+    not known to be gone.
+
+    Args:
+        lease: The run's lease (``None`` when the run never had one).
+        now: The present, timezone-aware.
+    """  # noqa: D205
+    return lease is not None and lease.expires_at > now and not owner_is_gone(lease.owner)
+
+
+def lost(run_id: str, token: int, holder: tuple[str, int] | None) -> OwnershipLost:
+    """The error for a write refused because the run's lease no longer has ``token``.
+
+    Args:
+        run_id: The run.
+        token: The token the writer holds.
+        holder: ``(owner, token)`` of the lease as it stands, or ``None`` if it has none.
+    """
+    if holder is None:
+        return OwnershipLost(run_id, token, "the run has no lease any more")
+    owner, current = holder
+    return OwnershipLost(run_id, token, f"{owner} holds it now, with token {current}")
