@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue, Message
     from agentsnap.records import RollbackInfo
+    from agentsnap.replay import ReplayLog
     from agentsnap.rollback import CheckResult, Guard
     from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle
     from agentsnap.telemetry import Telemetry
@@ -155,6 +156,8 @@ class Context(Generic[S]):
         "guard",
         "ledger",
         "message",
+        "rejected",
+        "replay",
         "run_id",
     )
 
@@ -180,6 +183,12 @@ class Context(Generic[S]):
         """The checks on this agent's outgoing messages, if any (set by the runtime)."""
         self.ledger: Ledger | None = None
         """Where side-effecting tool calls are recorded (set by the runtime)."""
+        self.replay: ReplayLog | None = None
+        """The run's replay log, made durable before each side-effecting tool call (set by
+        the runtime)."""
+        self.rejected: OutputRejected | None = None
+        """The rejection raised in the running handler, if any: the runtime acts on it even
+        when the handler caught it."""
 
     @property
     def state(self) -> S:
@@ -215,17 +224,45 @@ class Context(Generic[S]):
         Returns:
             The message as sent, with its sequence number.
 
+        A message that a check declared for this agent fails is never enqueued: no agent sees
+        it. When the agent evaluates itself ([`Agent.evaluate`][agentsnap.Agent.evaluate]),
+        what a handler sends is held back until the evaluation passes.
+
         Raises:
             UnknownAgentError: ``to`` is not a registered agent.
             PayloadNotSerializable: ``payload`` is not JSON.
-            OutputRejected: A check declared for this agent failed the message (the runtime
-                handles it: let it propagate).
+            OutputRejected: A check declared for this agent failed the message. It is a
+                control-flow signal (a ``BaseException``): let it propagate; the runtime
+                rolls the run back even when a handler catches it.
         """
-        message = self._bus.send(self._endpoint, to, payload, kind, headers)
+        if self.rejected is not None:
+            raise self.rejected  # the handler's output was rejected: it sends nothing more
         guard = self.guard
-        if guard is not None:
+        if guard is None:
+            return self._bus.send(self._endpoint, to, payload, kind, headers)
+        message = self._bus.send(self._endpoint, to, payload, kind, headers, post=False)
+        try:
             guard(message)
+        except OutputRejected as exc:
+            self._bus.unsend(self._endpoint, message)
+            self.rejected = exc
+            raise
+        if guard.evaluates and self._endpoint.busy:
+            guard.outputs.append(message)
+        else:
+            self._bus.post(self._endpoint, message)
         return message
+
+    def post_held(self) -> None:
+        """Make visible what the handler sent and self-evaluation held back.
+
+        The runtime calls it once the evaluation passed.
+        """
+        guard = self.guard
+        if guard is not None and guard.outputs:
+            for message in guard.outputs:
+                self._bus.post(self._endpoint, message)
+            guard.outputs.clear()
 
     def reject(self, agent: str, reason: str) -> NoReturn:
         """Reject another agent's output, as a critic: the run rolls back and ``agent`` is told.
@@ -242,7 +279,8 @@ class Context(Generic[S]):
             OutputRejected: Always; the runtime handles it.
         """
         output = self.message if self.message is not None and self.message.src == agent else None
-        raise OutputRejected(agent, reason, self.agent.name, output)
+        self.rejected = OutputRejected(agent, reason, self.agent.name, output)
+        raise self.rejected
 
     def snapshot(self) -> SnapshotHandle:
         """Start a snapshot with this agent as initiator.

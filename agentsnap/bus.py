@@ -130,6 +130,9 @@ class Endpoint:
         incoming: Channels this process receives from, by sender.
         busy: Whether a handler of this process is running.
         record_wanted: A snapshot number to record as soon as the running handler returns.
+        replay: While a resumed run re-executes what it did before a crash: the messages
+            this process must take next, as ``(src, seq)``, in the order it took them then.
+            Schedulers deliver nothing else to it until the plan is done (markers excepted).
     """
 
     __slots__ = (
@@ -141,6 +144,7 @@ class Endpoint:
         "name",
         "outgoing",
         "record_wanted",
+        "replay",
         "waiter",
     )
 
@@ -151,6 +155,7 @@ class Endpoint:
         self.incoming: dict[str, Channel] = {}
         self.busy = False
         self.record_wanted = 0
+        self.replay: deque[tuple[str, int]] | None = None
         # The agent's handler context (set by the runtime; None for the environment).
         self.context: Context[Any] | None = None
         # Owned by the scheduler: channels with an item waiting, one entry per item.
@@ -199,6 +204,21 @@ class Scheduler(Protocol):
         """
 
 
+def planned_channel(endpoint: Endpoint) -> Channel | None:
+    """The channel ``endpoint`` must take its next item from, while it replays a plan.
+
+    ``None`` when it has no plan. A plan that cannot be followed (the channel it names does
+    not exist) is dropped here, and ``None`` returned.
+    """
+    plan = endpoint.replay
+    if not plan:
+        return None
+    channel = endpoint.incoming.get(plan[0][0])
+    if channel is None:
+        endpoint.replay = None
+    return channel
+
+
 class Bus:
     """Processes, their channels, and the send path.
 
@@ -225,6 +245,16 @@ class Bus:
         self._notify = scheduler.notify
         self.telemetry: Telemetry | None = None
         self.tracing: Telemetry | None = None
+        self.replay_stalled: Callable[[], None] = self.abandon_replay
+
+    def replaying(self) -> bool:
+        """Whether some process still follows a replay plan."""
+        return any(endpoint.replay for endpoint in self.endpoints.values())
+
+    def abandon_replay(self) -> None:
+        """Drop every replay plan: the processes take their messages in any order again."""
+        for endpoint in self.endpoints.values():
+            endpoint.replay = None
 
     def add(self, name: str, epoch: int) -> Endpoint:
         """Add a process; the environment gets a channel to it at once."""
@@ -270,15 +300,20 @@ class Bus:
         self.channels[sender.name, dst] = channel
         return channel
 
-    def send(
+    def send(  # noqa: PLR0917
         self,
         sender: Endpoint,
         dst: str,
         payload: JsonValue | BaseModel,
         kind: str,
         headers: Mapping[str, str] | None,
+        post: bool = True,
     ) -> Message:
         """Append a message to the channel ``sender -> dst`` and return it.
+
+        With ``post=False`` the message takes its sequence number but is not appended yet:
+        [`post`][agentsnap.bus.Bus.post] makes it visible, or
+        [`unsend`][agentsnap.bus.Bus.unsend] takes the number back (a rejected output).
 
         Raises:
             UnknownAgentError: ``dst`` is not a registered agent.
@@ -304,6 +339,8 @@ class Bus:
         message: Message = _new_message(
             Message, (sender.name, dst, seq, kind, payload, headers, sender.epoch)
         )
+        if not post:
+            return message
         channel.queue.append(message)
         log = channel.sent_log
         if log is not None:
@@ -313,6 +350,24 @@ class Bus:
                 self._spill(channel)  # type: ignore[misc]
         self._notify(channel)
         return message
+
+    def post(self, sender: Endpoint, message: Message) -> None:
+        """Make a message built with ``send(..., post=False)`` visible to its receiver."""
+        channel = sender.outgoing[message.dst]
+        channel.queue.append(message)
+        log = channel.sent_log
+        if log is not None:
+            log.append(message)
+            log.append(_now_ns() // 1000)
+            if len(log) >= self._spill_at:
+                self._spill(channel)  # type: ignore[misc]
+        self._notify(channel)
+
+    def unsend(self, sender: Endpoint, message: Message) -> None:
+        """Take back the sequence number of the newest message built with ``post=False``."""
+        channel = sender.outgoing[message.dst]
+        if channel.sent == message.seq:
+            channel.sent -= 1
 
     def post_marker(self, channel: Channel, snapshot: int) -> None:
         """Append a marker for ``snapshot`` to ``channel``."""
@@ -354,8 +409,12 @@ class AsyncioScheduler:
         self._started = False
         self._endpoints: list[Endpoint] = []
         self._error: BaseException | None = None
+        self._bus: Bus | None = None
+        # Processes waiting for the channel their replay plan names, with items elsewhere.
+        self._blocked = 0
 
     def bind(self, bus: Bus, deliver: Deliver) -> None:  # noqa: D102
+        self._bus = bus
         self._deliver = deliver
 
     def notify(self, channel: Channel) -> None:  # noqa: D102
@@ -396,14 +455,24 @@ class AsyncioScheduler:
         try:
             while True:
                 if inbox and not self._paused:
+                    if endpoint.replay:
+                        channel = self._planned(endpoint)
+                        if channel is None:
+                            await self._wait_blocked(endpoint)
+                            continue
+                    else:
+                        channel = inbox.popleft()
                     self._pending -= 1
                     self._active += 1
                     try:
-                        await deliver(inbox.popleft())
+                        await deliver(channel)
                     finally:
                         self._active -= 1
-                    if not self._pending and not self._active:
-                        self._wake_idle()
+                    if not self._active:
+                        if not self._pending:
+                            self._wake_idle()
+                        elif self._blocked:
+                            self._check_stalled()
                     streak += 1
                     if streak >= fairness:
                         streak = 0
@@ -420,6 +489,51 @@ class AsyncioScheduler:
             self._error = exc
             self._wake_idle()
             raise
+
+    def _planned(self, endpoint: Endpoint) -> Channel | None:
+        """Take the channel the replay plan names off the inbox, if it has an item."""
+        channel = planned_channel(endpoint)
+        if channel is None:
+            return endpoint.inbox.popleft() if not endpoint.replay else None
+        if not channel.queue:
+            return None
+        endpoint.inbox.remove(channel)
+        return channel
+
+    async def _wait_blocked(self, endpoint: Endpoint) -> None:
+        self._blocked += 1
+        try:
+            if not self._active:
+                self._check_stalled()
+            if endpoint.replay and self._planned_empty(endpoint):
+                endpoint.waiter = waiter = asyncio.get_running_loop().create_future()
+                await waiter
+        finally:
+            self._blocked -= 1
+
+    @staticmethod
+    def _planned_empty(endpoint: Endpoint) -> bool:
+        channel = planned_channel(endpoint)
+        return channel is not None and not channel.queue
+
+    def _check_stalled(self) -> None:
+        """No handler runs and every process with items waits for its plan: give the plans up.
+
+        A plan that cannot go on means the run did not repeat what it did before the crash
+        (a handler that is not deterministic): the processes then take any message again.
+        """
+        if self._paused or self._bus is None:
+            return
+        for endpoint in self._endpoints:
+            if endpoint.inbox and not (endpoint.replay and self._planned_empty(endpoint)):
+                return
+        self._bus.replay_stalled()
+        for endpoint in self._endpoints:
+            waiter = endpoint.waiter
+            if waiter is not None:
+                endpoint.waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _wake_idle(self) -> None:
         idle = self._idle

@@ -174,7 +174,8 @@ class Guard:
     """Checks an agent's outgoing messages as they are sent (see ``Context.send``).
 
     Raises [`OutputRejected`][agentsnap.OutputRejected] on the first failing check. When the
-    agent evaluates itself, also collects what each handler sent.
+    agent evaluates itself, ``outputs`` holds what the running handler sent, held back until
+    the evaluation passes.
     """
 
     __slots__ = ("agent", "by_kind", "evaluates", "outputs")
@@ -190,9 +191,7 @@ class Guard:
         self.by_kind.setdefault(check.kind, []).append(check)
 
     def __call__(self, message: Message) -> None:
-        """Check ``message``, just sent; raise ``OutputRejected`` if a check fails it."""
-        if self.evaluates:
-            self.outputs.append(message)
+        """Check ``message`` before it is enqueued; raise ``OutputRejected`` if a check fails it."""
         for checks in (self.by_kind.get(message.kind), self.by_kind.get(None)):
             for check in checks or ():
                 reason = check.judge(message)
@@ -255,10 +254,12 @@ class InputLog:
         buffer: Messages not sealed yet, oldest first; append new ones here.
     """
 
-    __slots__ = ("_base", "_sealed", "buffer")
+    __slots__ = ("_base", "_sealed", "buffer", "sealed")
 
     def __init__(self) -> None:
         self.buffer: list[Message] = []
+        self.sealed: Callable[[int, str], None] | None = None
+        """Called with each piece sealed: how many messages, their rows as JSON."""
         # (how many messages, their rows as JSON), oldest first; _base is the position in
         # the run of the first message held.
         self._sealed: list[tuple[int, str]] = []
@@ -275,8 +276,11 @@ class InputLog:
                 (m.dst, m.seq, m.kind, m.payload, dict(m.headers) if m.headers else None, m.epoch)
                 for m in buffer
             ]
-            self._sealed.append((len(rows), compact_json(rows)))
+            text = compact_json(rows)
+            self._sealed.append((len(rows), text))
             buffer.clear()
+            if self.sealed is not None:
+                self.sealed(len(rows), text)
 
     def forget(self, before: Mapping[str, int] | None) -> None:
         """Drop what precedes a cut whose environment had sent ``before`` (all if ``None``)."""
@@ -294,6 +298,18 @@ class InputLog:
             rows = json.loads(self._sealed[0][1])[drop:]
             self._sealed[0] = (len(rows), compact_json(rows))
             self._base += drop
+
+    def restore(self, messages: list[Message], before: Mapping[str, int]) -> None:
+        """Hold ``messages``, sent after a cut whose environment had sent ``before`` (resume)."""
+        self.seal()
+        self._sealed.clear()
+        self._base = sum(before.values())
+        self.buffer.extend(messages)
+        hook, self.sealed = self.sealed, None  # stored already: not news for the replay log
+        try:
+            self.seal()
+        finally:
+            self.sealed = hook
 
     def after(self, sent: Mapping[str, int]) -> Iterator[Message]:
         """The messages sent after a cut whose environment had sent ``sent``, in order."""
@@ -399,11 +415,12 @@ def restore_cut(
             dropped.discard((record.src, record.dst, kept.seq))
             notify(channel)
     environment = snapshot.agents.get(ENVIRONMENT)
-    for message in replay.after(environment.sent if environment is not None else {}):
-        channel = bus.channel(bus.environment, message.dst)
-        channel.queue.append(message)
-        channel.sent = message.seq
-        dropped.discard((message.src, message.dst, message.seq))
+    for sent in replay.after(environment.sent if environment is not None else {}):
+        channel = bus.channel(bus.environment, sent.dst)
+        # Never above the new base (a resume may number snapshots from fewer than were begun).
+        channel.queue.append(sent._replace(epoch=epoch) if sent.epoch > epoch else sent)
+        channel.sent = sent.seq
+        dropped.discard((sent.src, sent.dst, sent.seq))
         notify(channel)
     return len(dropped)
 
@@ -584,6 +601,6 @@ class RollbackManager:
         self._bus.scheduler.resume()
 
     def _drop_everything(self) -> None:
-        for channel in self._bus.channels.values():
-            channel.queue.clear()
+        # The queues keep what was in flight when the run stopped, so the counters stay
+        # consistent for inspection; the scheduler forgets it, so nothing is delivered.
         self._bus.scheduler.reset()

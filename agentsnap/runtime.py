@@ -37,20 +37,31 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import BaseModel
 
 from agentsnap.agents import Agent, Context
-from agentsnap.bus import AsyncioScheduler, Bus, Channel, Scheduler
+from agentsnap.bus import AsyncioScheduler, Bus, Channel, Endpoint, Scheduler
 from agentsnap.exceptions import (
     ConfigurationError,
     DuplicateAgentError,
     HandlerFailed,
     NotFoundError,
     OutputRejected,
+    OwnershipLost,
     RuntimeClosedError,
     UnknownAgentError,
 )
 from agentsnap.journal import Journal
-from agentsnap.ledger import Ledger
+from agentsnap.ledger import Ledger, mark_orphaned
 from agentsnap.messages import ENVIRONMENT, Marker, Message
-from agentsnap.records import RollbackInfo, RunInfo, RunStatus, Snapshot, SnapshotStatus, utcnow
+from agentsnap.ownership import RunOwnership
+from agentsnap.records import (
+    ReplaySegment,
+    RollbackInfo,
+    RunInfo,
+    RunStatus,
+    Snapshot,
+    SnapshotStatus,
+    utcnow,
+)
+from agentsnap.replay import ReplayLog, plan_replay
 from agentsnap.rollback import (
     Check,
     Guard,
@@ -80,6 +91,7 @@ __all__ = ["Runtime"]
 logger = logging.getLogger("agentsnap")
 _now_ns = time.time_ns
 _SEAL_INPUTS_EVERY = 256
+_REPLAY_HOLDS = 4096  # deliveries (or inputs) the replay log holds before it writes them
 
 
 class Runtime:
@@ -111,6 +123,18 @@ class Runtime:
             and nothing otherwise; ``False`` records nothing; a
             [`Telemetry`][agentsnap.telemetry.Telemetry] uses its providers. Decided here,
             once: configure the SDK before creating the runtime.
+        replay: Log which message each agent takes next, and the environment's input, and
+            make that log durable before each side-effecting tool call, so that a run resumed
+            after a crash re-executes its handlers in the same order and derives the same
+            idempotency keys (see [`agentsnap.replay`][agentsnap.replay]). Turning it off
+            saves a little per message, and keeps exactly-once across a crash only for
+            tools called with an explicit ``key=``.
+        lease: Seconds the runtime's ownership of its run holds without renewal (it renews
+            it every third of that). One runtime at a time owns a run; a runtime that
+            stopped renewing (its process died, or hung) loses the run once its lease
+            expires, and its late writes are refused (see
+            [`agentsnap.ownership`][agentsnap.ownership]). A dead process on this host is
+            noticed at once.
 
     Attributes:
         run_id: Id of this run.
@@ -131,6 +155,8 @@ class Runtime:
         retry: RetryPolicy | None = None,
         ledger: Ledger | None = None,
         telemetry: Telemetry | bool | None = None,
+        replay: bool = True,
+        lease: float = 15.0,
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
         self.store: Store = store if store is not None else MemoryStore()
@@ -144,6 +170,7 @@ class Runtime:
         self._bus = Bus(self._scheduler)
         self._journal = Journal(self._bus, self.store, self.run_id) if journal else None
         self._agents: dict[str, Agent[Any]] = {}
+        self._bus.replay_stalled = self._replay_stalled
         self._snapshots = SnapshotCoordinator(self._bus, self._agents, self.run_id, self._persist)
         # Without an SDK this is None, and the hot paths pay one None check per message.
         self._telemetry = resolve(telemetry)
@@ -170,11 +197,24 @@ class Runtime:
         self._initial: dict[str, str] = {}
         self._inputs = InputLog()
         self._input_buffer = self._inputs.buffer
+        self._replay = (
+            ReplayLog(self._append_replay, self._inputs, every=_REPLAY_HOLDS) if replay else None
+        )
+        self._delivered = self._replay.deliveries if self._replay is not None else None
         # False until the first input, and once the run is closed or stopped: send() then
         # takes the slow path through _before_input().
         self._taking_input = False
         self._have_cut = False
         self._status_on_close: RunStatus | None = None
+        # Single-flight rollback: one at a time; every rollback starts a new generation, and
+        # a rejection from a handler that began in an earlier one is dropped.
+        self._generation = 0
+        self._rolling_back = False
+        self._rollback_lock = asyncio.Lock()
+        # The start-of-run snapshot being written: nothing is delivered before it is stored.
+        self._first_write: asyncio.Future[None] | None = None
+        self._ownership = RunOwnership(self.store, self.run_id, ttl=lease)
+        self._lost: OwnershipLost | None = None
         self._rollbacks = RollbackManager(
             self.run_id,
             self._bus,
@@ -221,6 +261,7 @@ class Runtime:
         endpoint = self._bus.add(agent.name, epoch)
         endpoint.context = Context(agent, endpoint, self._bus, coordinator, self.run_id)
         endpoint.context.ledger = self.ledger
+        endpoint.context.replay = self._replay
         coordinator.joined(endpoint, blob.hash)
         self._arm(agent.name)
         return agent
@@ -301,7 +342,8 @@ class Runtime:
         """Stop delivering, fail the snapshots still in progress, and wait for store writes.
 
         Messages still queued stay on their channels; nothing is handled after this. The run
-        is recorded as failed when a rollback gave up or a handler raised, else as succeeded.
+        is recorded as failed when a rollback gave up or a handler raised; as interrupted
+        when messages were still queued (``resume`` continues it); else as succeeded.
         """
         await self._close(failed=False)
 
@@ -320,10 +362,22 @@ class Runtime:
         await self._snapshots.drain()
         if self._journal is not None:
             await self._journal.close()
+        if self._replay is not None:
+            await self._replay.close()
+            if self._run_created:
+                try:  # input not handled yet is then restored by a resume
+                    await self._replay.flush()
+                except Exception as exc:
+                    logger.warning("run %s: the replay log was not written: %s", self.run_id, exc)
         unreconciled: Exception | None = None
         try:
             if self._started:  # effects no final state holds were abandoned by rollbacks
-                await reconcile(self.ledger, self.run_id, [a.state for a in self._agents.values()])
+                await reconcile(
+                    self.ledger,
+                    self.run_id,
+                    [a.state for a in self._agents.values()],
+                    store=self.store,
+                )
         except Exception as exc:  # the run's status is still recorded; then it is raised
             unreconciled = exc
         finally:
@@ -331,8 +385,17 @@ class Runtime:
                 await self.ledger.close()
         if self._run_created:
             bad = failed or self.failures or self._status_on_close is RunStatus.FAILED
-            status = RunStatus.FAILED if bad or unreconciled else RunStatus.SUCCEEDED
-            await self.store.finish_run(self.run_id, status, utcnow())
+            if bad or unreconciled:
+                status = RunStatus.FAILED
+            elif self._has_queued():
+                status = RunStatus.INTERRUPTED  # closed with work left: resume() goes on
+            else:
+                status = RunStatus.SUCCEEDED
+            try:
+                if self._lost is None:  # the run is someone else's now: leave it to them
+                    await self.store.finish_run(self.run_id, status, utcnow())
+            finally:
+                await self._ownership.release()
         if unreconciled is not None:
             raise unreconciled
 
@@ -368,6 +431,8 @@ class Runtime:
             PayloadNotSerializable: ``payload`` is not JSON.
             ConfigurationError: The store held this run (``run_id``) before this runtime
                 started: ``resume()`` it first.
+            RollbackExhausted: The run stopped: its retry policy gave up.
+            RuntimeClosedError: The runtime is closed.
         """
         if not self._taking_input:
             self._before_input()
@@ -381,14 +446,33 @@ class Runtime:
     def _before_input(self) -> None:
         """The checks ``send`` skips while input flows: closed, stopped, first input."""
         self._check_open()
-        if self._rollbacks.exhausted is not None:
-            raise self._rollbacks.exhausted
+        self._raise_if_stopped()
         if not self._have_cut:
             self._check_not_stored_before("input sent")
             self._have_cut = True
-            if self._policy.at_start and self._snapshots.capture() is None:
-                self._snapshots.begin(None)
+            if self._policy.at_start:
+                self._take_first_snapshot()
         self._taking_input = True
+
+    def _take_first_snapshot(self) -> None:
+        """Take the run's first cut; nothing is delivered until it is stored.
+
+        A crash can then never leave a run that did something without a cut to resume from.
+        """
+        handle = self._snapshots.capture()
+        if handle is None:
+            self._snapshots.begin(None)
+            return
+        self._first_write = asyncio.ensure_future(handle.settled())
+
+    @property
+    def inputs_sent(self) -> Mapping[str, int]:
+        """How many messages the environment has sent each agent in this run.
+
+        After [`resume`][agentsnap.Runtime.resume] this counts the input restored from the
+        store, so an application feeding the run from elsewhere knows what it already sent.
+        """
+        return {dst: ch.sent for dst, ch in self._bus.environment.outgoing.items()}
 
     def _prune_inputs(self) -> None:
         """Seal the buffered input; forget what no rollback target can need."""
@@ -449,18 +533,15 @@ class Runtime:
             HandlerFailed: A handler raised (when ``raise_failures``); the cause is attached.
         """
         await self.start()
-        if self._rollbacks.exhausted is not None:
-            raise self._rollbacks.exhausted
+        self._raise_if_stopped()
         while True:
             await self._scheduler.run_until_idle()
             await self._snapshots.drain()
-            if self._rollbacks.exhausted is not None or not self._has_queued():
+            if self._rollbacks.exhausted is not None or self._lost or not self._has_queued():
                 break
-        if self._journal is not None:
+        if self._journal is not None and self._lost is None:
             await self._journal.flush()
-        exhausted = self._rollbacks.exhausted
-        if exhausted is not None:
-            raise exhausted
+        self._raise_if_stopped()
         if raise_failures and len(self.failures) > self._reported:
             first = self.failures[self._reported]
             self._reported = len(self.failures)
@@ -493,6 +574,12 @@ class Runtime:
         self._check_open()
         await self.start()
         self._check_not_stored_before("rollback() called")
+        async with self._rollback_lock:
+            return await self._manual_rollback(snapshot_id, reason)
+
+    async def _manual_rollback(self, snapshot_id: str | None, reason: str) -> RollbackInfo:
+        if self._rollbacks.exhausted is not None:
+            raise self._rollbacks.exhausted
         latest = self._snapshots.latest
         if snapshot_id is None and latest is None:
             raise ConfigurationError(
@@ -503,39 +590,92 @@ class Runtime:
         else:
             assert snapshot_id is not None
             snapshot = await self.store.load_snapshot(snapshot_id)
-        work = self._rollbacks.manual(snapshot, reason)
-        if self._telemetry is not None:
-            work = self._telemetry.rolling_back(work, self.run_id, reason=reason)
-        info = await work
-        await self._after_rollback(info)
+        self._rolling_back = True
+        self._generation += 1
+        try:
+            work = self._rollbacks.manual(snapshot, reason)
+            if self._telemetry is not None:
+                work = self._telemetry.rolling_back(work, self.run_id, reason=reason)
+            info = await work
+            await self._after_rollback(info)
+        finally:
+            self._rolling_back = False
         return info
 
-    async def resume(self) -> Snapshot:
-        """Continue this run (``run_id``) from its last complete snapshot, in a new process.
+    async def resume(self, *, wait: float | None = None) -> Snapshot:
+        """Continue this run (``run_id``) after its process stopped: a crash, a kill, a reboot.
 
-        Register the same agents first. Their states, the channels' counters and the
-        messages in flight at the cut are restored; input the environment sent after the
-        cut is not (it was never stored): send it again if it is needed.
+        Register the same agents first, then call this instead of sending input. The run goes
+        back to its last complete snapshot: agents' states, channels' counters and the
+        messages in flight at the cut. The environment's input sent after the cut is
+        restored from the store as far as it was made durable (always up to the last
+        side-effecting tool call; see [`inputs_sent`][agentsnap.Runtime.inputs_sent] for
+        what that is), so do not send it again. Each agent then first takes the messages it
+        took before the stop, in the same order, so handlers re-executed derive the same
+        idempotency keys and get the recorded results of effects that already happened.
+
+        One runtime at a time owns a run. When the run's last owner is a process of this host
+        that no longer runs, it is taken over at once; an owner elsewhere (or one that still
+        runs) is waited for until its lease expires, up to ``wait`` seconds. Claims of
+        side-effecting calls the last owner left in progress are marked ``unknown``.
+
+        Args:
+            wait: Seconds to wait for another owner's lease to expire (default: twice the
+                lease, enough for an owner that stopped renewing it to lose it); ``0``
+                refuses at once.
 
         Returns:
             The snapshot the run continues from.
 
         Raises:
             NotFoundError: The store holds no run with this id.
-            ConfigurationError: The run has no complete snapshot, or this runtime already
-                took input.
+            RunOwnedError: Another runtime owns the run, still after ``wait`` seconds.
+            ConfigurationError: The run succeeded (it has nothing left to do), or this runtime
+                already took input. A failed run can be resumed: it goes back to its last
+                cut, with a fresh retry budget.
         """
         self._check_fresh("resume()")
-        await self.store.get_run(self.run_id)
+        run = await self.store.get_run(self.run_id)
+        if run.status is RunStatus.SUCCEEDED:
+            finished = run.finished_at.isoformat(timespec="seconds") if run.finished_at else "?"
+            raise ConfigurationError(
+                f"run {self.run_id} already finished ({run.status.value}, at {finished}): there "
+                "is nothing to resume; fork a new run from one of its snapshots "
+                "(Runtime.fork_from, or `agentsnap fork`)"
+            )
+        await self._own(wait=2 * self._ownership.ttl if wait is None else wait)
+        await mark_orphaned(self.ledger, self.store, self.run_id)
         await self.start()
         snapshots = await self.store.list_snapshots(self.run_id)
         rollbacks = await self.store.list_rollbacks(self.run_id)
+        segments = await self.store.load_replay(self.run_id) if self._replay else []
+        if snapshots:
+            self._snapshots.last_seq = max(s.seq for s in snapshots)
         snapshot = current_cut(snapshots, rollbacks)
         if snapshot is None:
-            raise ConfigurationError(
-                f"run {self.run_id} has no complete snapshot to resume from; start it again"
+            # Stopped before its first cut was stored, so before anything was delivered:
+            # the registered states are that cut.
+            handle = self._snapshots.capture()
+            if handle is None:  # pragma: no cover - a fresh runtime is always quiet
+                raise ConfigurationError(f"run {self.run_id} cannot be resumed: the bus is busy")
+            snapshot = await handle
+        plan = plan_replay(segments, snapshot)
+        environment = snapshot.agents.get(ENVIRONMENT)
+        self._inputs.restore(plan.inputs, environment.sent if environment is not None else {})
+        for name, steps in plan.order.items():
+            endpoint = self._bus.endpoints.get(name)
+            if endpoint is not None and name != ENVIRONMENT:
+                endpoint.replay = steps
+        if self._replay is not None:
+            self._replay.timeline = plan.timeline
+        if plan.deliveries or plan.inputs:
+            logger.info(
+                "run %s resumes from snapshot %d: %d input(s) restored, %d deliveries replayed",
+                self.run_id,
+                snapshot.seq,
+                len(plan.inputs),
+                plan.deliveries,
             )
-        self._snapshots.last_seq = max(s.seq for s in snapshots)
         await self._rollbacks.restart(snapshot, own=True)
         self._have_cut = True
         return snapshot
@@ -568,8 +708,7 @@ class Runtime:
         await self.store.set_parent(self.run_id, snapshot.run_id, snapshot.id)
         await self._rollbacks.restart(snapshot, own=False)
         self._have_cut = True
-        if self._snapshots.capture() is None:
-            self._snapshots.begin(None)
+        self._take_first_snapshot()
         return snapshot
 
     def _check_fresh(self, what: str) -> None:
@@ -587,6 +726,13 @@ class Runtime:
     # -- delivery -------------------------------------------------------------------------
 
     async def _deliver(self, channel: Channel) -> None:
+        first = self._first_write
+        if first is not None:
+            generation = self._generation
+            await first
+            self._first_write = None
+            if generation != self._generation:
+                return  # a rollback emptied the channels meanwhile and queued them again
         item = channel.queue.popleft()
         endpoint = channel.receiver
         snapshots = self._snapshots
@@ -601,39 +747,53 @@ class Runtime:
         if log is not None:
             log.append(message.seq)
             log.append(_now_ns() // 1000)
+        delivered = self._delivered
+        if delivered is not None:
+            if endpoint.replay:
+                self._replayed(endpoint, channel, message)
+            else:
+                delivered.append(channel)
+                if len(delivered) > _REPLAY_HOLDS:
+                    self._replay.flush_soon()  # type: ignore[union-attr]
         ctx = endpoint.context
         assert ctx is not None, "only agents receive messages"
         ctx.message = message
         endpoint.busy = True
+        generation = self._generation
         rejected: OutputRejected | None = None
         tracing = self._tracing
         guard = ctx.guard
         try:
             if tracing is None:
                 await ctx.agent.handle(message, ctx)
-                if guard is not None and guard.evaluates:
+                if guard is not None and guard.evaluates and ctx.rejected is None:
                     await self._evaluate(ctx)
             else:
                 with tracing.handling(self.run_id, endpoint.name, message):
                     await ctx.agent.handle(message, ctx)
-                    if guard is not None and guard.evaluates:
+                    if guard is not None and guard.evaluates and ctx.rejected is None:
                         await self._evaluate(ctx)
         except OutputRejected as exc:
             rejected = exc
-            # Stop the world now, before any other handler sees what this one sent.
-            self._scheduler.pause()
-            snapshots.abort_all("an output was rejected before the snapshot completed")
         except Exception as exc:
-            self._handler_failed(endpoint.name, message, exc)
+            if ctx.rejected is None:
+                self._handler_failed(endpoint.name, message, exc)
         finally:
+            # A rejection the handler caught (even with ``except BaseException``) counts.
+            if rejected is None and ctx.rejected is None:
+                if guard is not None and guard.outputs:
+                    ctx.post_held()
+            else:
+                rejected = rejected or ctx.rejected
+                ctx.rejected = None
+                if guard is not None:
+                    guard.outputs.clear()  # held back, and now never sent
             endpoint.busy = False
             ctx.message = None
-            if guard is not None and guard.outputs:
-                guard.outputs.clear()
             if endpoint.record_wanted and rejected is None:
                 snapshots.record(endpoint, endpoint.record_wanted)
         if rejected is not None:
-            await self._recover(rejected)
+            await self._rejected(rejected, generation)
             return
         if self._countdown:
             self._countdown -= 1
@@ -645,7 +805,6 @@ class Runtime:
         guard = ctx.guard
         assert guard is not None
         outputs = list(guard.outputs)
-        guard.outputs.clear()
         reason = failure_reason(
             await ctx.agent.evaluate(outputs, ctx), f"self-evaluation of {ctx.agent.name!r}"
         )
@@ -654,6 +813,33 @@ class Runtime:
                 ctx.agent.name, reason, "self-evaluation", outputs[0] if outputs else None
             )
 
+    async def _rejected(self, rejected: OutputRejected, generation: int) -> None:
+        """Act on a rejected output: at most one rollback at a time, for the live timeline.
+
+        A rejection raised while a rollback is under way, or by a handler that began before
+        the latest rollback (its work was thrown away), or after the run stopped, is dropped
+        and uses no retry budget.
+        """
+        if (
+            generation != self._generation
+            or self._rolling_back
+            or self._rollbacks.exhausted is not None
+            or self._closed
+        ):
+            logger.debug("dropped a rejection from a discarded timeline: %s", rejected)
+            return
+        self._rolling_back = True
+        self._generation += 1
+        # Stop the world now, before any other handler sees what this one did.
+        self._scheduler.pause()
+        self._snapshots.suspended = "the run rolled back before the snapshot completed"
+        self._snapshots.abort_all("an output was rejected before the snapshot completed")
+        try:
+            async with self._rollback_lock:
+                await self._recover(rejected)
+        finally:
+            self._rolling_back = False
+
     async def _recover(self, rejected: OutputRejected) -> None:
         """Roll back for a rejected output, or stop the run when the policy gave up."""
         work = self._rollbacks.reject(rejected)
@@ -661,9 +847,59 @@ class Runtime:
             work = self._telemetry.rolling_back(work, self.run_id, rejection=rejected)
         info = await work
         if info is None:
-            self._status_on_close = RunStatus.FAILED
-            return  # the bus stays paused: the run is over
+            self._stop(self._rollbacks.exhausted)
+            return
         await self._after_rollback(info)
+
+    def _stop(self, reason: BaseException | None) -> None:
+        """The run gave up: nothing is delivered, sent or snapshotted any more."""
+        self._status_on_close = RunStatus.FAILED
+        self._taking_input = False
+        self._scheduler.pause()
+        self._scheduler.reset()
+        self._snapshots.suspended = f"the run stopped: {reason}"
+        self._snapshots.abort_all(self._snapshots.suspended)
+
+    def _replay_stalled(self) -> None:
+        """Every agent waits for a message its replay plan names, and none can come."""
+        logger.warning(
+            "run %s: the resumed run could not repeat the order in which its agents took their "
+            "messages before it stopped (a handler that is not deterministic, or input that "
+            "was not restored); it goes on in any order, and calls of side-effecting tools "
+            "without an explicit key= may run again under new keys",
+            self.run_id,
+        )
+        self._bus.abandon_replay()
+        if self._replay is not None:
+            self._replay.new_timeline()
+
+    def _replayed(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:
+        """``endpoint`` took ``message`` while it follows a replay plan."""
+        plan = endpoint.replay
+        assert plan
+        if plan[0][0] == message.src and plan[0][1] == message.seq:
+            plan.popleft()  # logged before the stop already
+            return
+        self._replay_diverged(endpoint.name, plan[0], message)
+        assert self._replay is not None
+        self._replay.deliveries.append(channel)
+
+    def _replay_diverged(self, agent: str, planned: tuple[str, int], message: Message) -> None:
+        logger.warning(
+            "run %s: agent %r took %s, but before the run stopped it took %s>%s#%d next; the "
+            "replay is abandoned",
+            self.run_id,
+            agent,
+            message.id,
+            planned[0],
+            agent,
+            planned[1],
+        )
+        self._replay_stalled()
+
+    async def _append_replay(self, segment: ReplaySegment) -> None:
+        await self._ensure_run()
+        await self.store.append_replay(self.run_id, segment)
 
     async def _after_rollback(self, info: RollbackInfo) -> None:
         if info.agent is not None and info.agent in self._agents:
@@ -674,9 +910,12 @@ class Runtime:
             ctx = self._bus.endpoints[name].context
             assert ctx is not None
             await agent.on_rollback(info, ctx)
-        self._rollbacks.resume()
+        if self._rollbacks.exhausted is None and not self._closed:
+            self._snapshots.suspended = None
+            self._rollbacks.resume()
 
     def _restore(self, snapshot: Snapshot) -> int:
+        self._snapshots.abort_all("the run rolled back before the snapshot completed")
         return restore_cut(
             self._bus,
             self._agents,
@@ -687,6 +926,8 @@ class Runtime:
         )
 
     async def _save_rollback(self, info: RollbackInfo) -> None:
+        if self._replay is not None:
+            self._replay.new_timeline()
         await self._ensure_run()
         await self.store.save_rollback(info)
 
@@ -697,7 +938,8 @@ class Runtime:
         logger.error("%s", failure, exc_info=exc)
 
     def _policy_snapshot(self) -> None:
-        if len(self._snapshots.active) < self._policy.max_in_progress:
+        snapshots = self._snapshots
+        if snapshots.suspended is None and len(snapshots.active) < self._policy.max_in_progress:
             self._snapshots.begin(None)
 
     async def _tick(self, seconds: float) -> None:
@@ -715,6 +957,22 @@ class Runtime:
                 self._stored_before = True
             await self.store.create_run(RunInfo(id=self.run_id, metadata=self._metadata))
             self._run_created = True
+            if not self._stored_before:
+                await self._own(wait=0.0)  # a new run: nobody else can hold it
+
+    async def _own(self, *, wait: float) -> None:
+        """Take the run's lease, fence every write with its token, and keep it renewed."""
+        if self._ownership.lease is not None:
+            return
+        await self._ownership.acquire(wait=wait)
+        self._ownership.fence_ledger(self.ledger)
+        self._ownership.start_heartbeat(self._ownership_lost)
+
+    def _ownership_lost(self, lost: OwnershipLost) -> None:
+        """Another runtime took the run over: stop at once, writing nothing more."""
+        logger.error("%s", lost)
+        self._lost = lost
+        self._stop(lost)
 
     def _check_not_stored_before(self, what: str) -> None:
         if self._stored_before and not self._have_cut:
@@ -733,6 +991,12 @@ class Runtime:
 
     def _has_queued(self) -> bool:
         return any(ch.queue for ch in self._bus.channels.values())
+
+    def _raise_if_stopped(self) -> None:
+        if self._lost is not None:
+            raise self._lost
+        if self._rollbacks.exhausted is not None:
+            raise self._rollbacks.exhausted
 
     def _check_open(self) -> None:
         if self._closed:

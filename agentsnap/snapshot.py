@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from agentsnap.messages import Message
     from agentsnap.telemetry import Telemetry
 
-__all__ = ["SnapshotCoordinator", "SnapshotHandle", "SnapshotPolicy"]
+__all__ = ["SnapshotCoordinator", "SnapshotHandle", "SnapshotPolicy", "cut_problems"]
 
 logger = logging.getLogger("agentsnap.snapshot")
 
@@ -84,6 +84,46 @@ class SnapshotPolicy:
             raise ValueError("every_seconds must be a positive number of seconds")
         if self.max_in_progress < 1:
             raise ValueError("max_in_progress must be at least 1")
+
+
+def cut_problems(snapshot: Snapshot) -> list[str]:
+    """Check that a snapshot is a consistent cut; return what is wrong (empty when nothing).
+
+    For every channel ``(src, dst)``: the receiver cannot have received more than the sender
+    had sent at the cut, and the channel's recorded messages must be exactly sequence numbers
+    ``received + 1 .. sent``, in order. The coordinator runs this on every snapshot before it
+    calls it complete; it costs one pass over the channels.
+    """
+    if snapshot.status is not SnapshotStatus.COMPLETE:
+        return [f"snapshot {snapshot.seq} is {snapshot.status}, not complete"]
+    problems: list[str] = []
+    agents = snapshot.agents
+    in_flight = {(ch.src, ch.dst): ch.messages for ch in snapshot.channels}
+    pairs: set[tuple[str, str]] = set(in_flight)
+    for name, cut in agents.items():
+        pairs.update((name, dst) for dst in cut.sent)
+        pairs.update((src, name) for src in cut.received)
+    for src, dst in sorted(pairs):
+        if src not in agents or dst not in agents:
+            problems.append(f"channel {src}>{dst} names a process missing from the cut")
+            continue
+        sent = agents[src].sent.get(dst, 0)
+        received = agents[dst].received.get(src, 0)
+        messages = in_flight.get((src, dst), ())
+        if received > sent:
+            problems.append(
+                f"channel {src}>{dst}: {dst} received {received} but {src} had sent only {sent}"
+            )
+        if len(messages) != sent - received or any(
+            m.seq != received + i for i, m in enumerate(messages, 1)
+        ):
+            seqs = [m.seq for m in messages]
+            expected = list(range(received + 1, sent + 1))
+            problems.append(
+                f"channel {src}>{dst}: in flight {seqs}, expected {expected} "
+                f"(sent {sent}, received {received})"
+            )
+    return problems
 
 
 class SnapshotHandle:
@@ -127,6 +167,10 @@ class SnapshotHandle:
         """Wait for the snapshot to complete and return it."""
         await self._done.wait()
         return self.result()
+
+    async def settled(self) -> None:
+        """Wait until the snapshot is written or has failed; never raise."""
+        await self._done.wait()
 
     def __await__(self) -> Generator[Any, None, Snapshot]:
         return self.wait().__await__()
@@ -191,6 +235,9 @@ class SnapshotCoordinator:
         self._targets: dict[int, tuple[str, dict[str, dict[str, int]]]] = {}
         self.latest: Snapshot | None = None
         """The newest complete snapshot written to the store, in this timeline."""
+        self.suspended: str | None = None
+        """While set (a rollback is under way, or the run stopped), a snapshot that is
+        started fails at once with this reason."""
 
     # -- initiation -----------------------------------------------------------------------
 
@@ -202,6 +249,9 @@ class SnapshotCoordinator:
         self.active[seq] = _Progress(handle, list(self.bus.endpoints))
         if self.telemetry is not None:
             self.telemetry.snapshot_started(handle, self.run_id)
+        if self.suspended is not None:
+            self.fail(seq, self.suspended)
+            return handle
         logger.debug("snapshot %d started by %s", seq, name)
         self.record(self.bus.environment, seq)
         if initiator is not None and seq in self.active:
@@ -215,7 +265,11 @@ class SnapshotCoordinator:
         are together a consistent cut, so no markers are needed: this is how the run's first
         snapshot is taken, and a fork's. Returns ``None`` when the bus is not quiet enough.
         """
-        if self.active or any(e.busy or e.record_wanted for e in self.bus.endpoints.values()):
+        if (
+            self.active
+            or self.suspended is not None
+            or any(e.busy or e.record_wanted for e in self.bus.endpoints.values())
+        ):
             return None
         self.last_seq = seq = self.last_seq + 1
         handle = SnapshotHandle(uuid.uuid4().hex, seq, ENVIRONMENT)
@@ -371,15 +425,27 @@ class SnapshotCoordinator:
                 progress.inflight.items(), key=lambda item: (item[0].src, item[0].dst)
             )
         ]
-        logger.debug("snapshot %d complete", seq)
-        self._finish(
-            seq,
-            progress,
+        handle = progress.handle
+        snapshot = Snapshot(
+            id=handle.id,
+            run_id=self.run_id,
+            seq=seq,
+            initiator=handle.initiator,
+            started_at=progress.started_at,
             status=SnapshotStatus.COMPLETE,
             completed_at=utcnow(),
             agents=dict(sorted(progress.cuts.items())),
             channels=channels,
         )
+        problems = cut_problems(snapshot)
+        if problems:
+            # Never store a cut a rollback or a resume could not stand on.
+            reason = "the recorded cut is not consistent: " + "; ".join(problems[:5])
+            logger.error("snapshot %d: %s", seq, reason)
+            self._finish(seq, progress, status=SnapshotStatus.FAILED, error=reason)
+            return
+        logger.debug("snapshot %d complete", seq)
+        self._write_finished(snapshot, handle)
 
     def fail(self, seq: int, reason: str) -> None:
         """Abandon snapshot ``seq``: it stays failed; other snapshots are unaffected."""
@@ -399,6 +465,9 @@ class SnapshotCoordinator:
             started_at=progress.started_at,
             **outcome,
         )
+        self._write_finished(snapshot, handle)
+
+    def _write_finished(self, snapshot: Snapshot, handle: SnapshotHandle) -> None:
         work = self._write(snapshot, handle)
         if self.telemetry is not None:
             work = self.telemetry.snapshot_written(snapshot, handle, work)

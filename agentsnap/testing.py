@@ -26,12 +26,14 @@ import asyncio
 import random
 from typing import TYPE_CHECKING
 
+from agentsnap.bus import planned_channel
 from agentsnap.exceptions import ScheduleError
-from agentsnap.records import Snapshot, SnapshotStatus
+from agentsnap.snapshot import cut_problems
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Channel, Deliver, Endpoint
     from agentsnap.messages import Marker, Message
+    from agentsnap.records import Snapshot
 
 __all__ = [
     "ScriptedModel",
@@ -87,6 +89,15 @@ class SequentialScheduler:
         ready = [channel for channel in self._ready if channel.queue]
         if len(ready) != len(self._ready):
             self._ready = dict.fromkeys(ready)
+        bus = self._bus
+        if bus is not None and ready and bus.replaying():
+            # A process replaying a plan takes the next item of the channel it names only.
+            allowed = [
+                c for c in ready if not c.receiver.replay or planned_channel(c.receiver) is c
+            ]
+            if allowed:
+                return allowed
+            bus.replay_stalled()
         return ready
 
     def pending(self) -> list[Message | Marker]:
@@ -218,41 +229,6 @@ class ScriptedModel:
             f"the scripted model has no answer for the prompt {prompt[:80]!r}...; add a rule "
             "whose text occurs in it"
         )
-
-
-def cut_problems(snapshot: Snapshot) -> list[str]:
-    """Check that a snapshot is a consistent cut; return what is wrong (empty when nothing).
-
-    For every channel ``(src, dst)``: the receiver cannot have received more than the sender
-    had sent at the cut, and the channel's recorded messages must be exactly sequence numbers
-    ``received + 1 .. sent``, in order.
-    """
-    if snapshot.status is not SnapshotStatus.COMPLETE:
-        return [f"snapshot {snapshot.seq} is {snapshot.status}, not complete"]
-    problems: list[str] = []
-    pairs: set[tuple[str, str]] = set()
-    for name, cut in snapshot.agents.items():
-        pairs.update((name, dst) for dst in cut.sent)
-        pairs.update((src, name) for src in cut.received)
-    pairs.update((ch.src, ch.dst) for ch in snapshot.channels)
-    for src, dst in sorted(pairs):
-        if src not in snapshot.agents or dst not in snapshot.agents:
-            problems.append(f"channel {src}>{dst} names a process missing from the cut")
-            continue
-        sent = snapshot.agents[src].sent.get(dst, 0)
-        received = snapshot.agents[dst].received.get(src, 0)
-        seqs = [m.seq for m in snapshot.in_flight(src, dst)]
-        if received > sent:
-            problems.append(
-                f"channel {src}>{dst}: {dst} received {received} but {src} had sent only {sent}"
-            )
-        expected = list(range(received + 1, sent + 1))
-        if seqs != expected:
-            problems.append(
-                f"channel {src}>{dst}: in flight {seqs}, expected {expected} "
-                f"(sent {sent}, received {received})"
-            )
-    return problems
 
 
 def assert_consistent(snapshot: Snapshot) -> None:

@@ -79,6 +79,7 @@ from agentsnap.ledger import (
     _owner_is_gone,
     derive_key,
     fingerprint,
+    mark_orphaned,
     owner_id,
     resolve,
 )
@@ -89,6 +90,7 @@ from agentsnap.telemetry import tool_call
 if TYPE_CHECKING:
     from agentsnap.agents import Context
     from agentsnap.messages import JsonValue
+    from agentsnap.store import Store
 
 __all__ = [
     "Change",
@@ -342,6 +344,10 @@ class Tool(Generic[R]):
             with traced:
                 if ledger is not None:
                     assert key is not None
+                    replay = ctx.replay
+                    if replay is not None and replay.pending():
+                        # What this call depends on is durable before it can have an effect.
+                        await replay.flush()
                     outcome = await self._guarded(ledger, info, values, args_json, printed)
                 else:
                     outcome = await self._run(values, info, 1)
@@ -885,6 +891,8 @@ async def reconcile(
     run_id: str,
     states: Iterable[AgentState],
     tools: Mapping[str, Tool[Any]] | None = None,
+    *,
+    store: Store | None = None,
 ) -> list[LedgerEntry]:
     """Mark the run's effects that no agent's final state holds as abandoned; compensate them.
 
@@ -900,14 +908,16 @@ async def reconcile(
         run_id: Id of the run.
         states: The final state of every agent of the run.
         tools: Tools by name (default: every live tool, by its name).
+        store: The run's store: with it, claims whose owner lost the run (its lease expired
+            or passed on) are marked ``unknown`` too, besides those of dead processes.
 
     Returns:
-        The entries this call changed, as they ended.
+        The entries this call changed, as they ended (claims found orphaned first).
     """
+    changed: list[LedgerEntry] = list(await mark_orphaned(ledger, store, run_id))
     kept = {call.key for state in states for call in state.tool_calls if call.key is not None}
     known = dict(_registry) if tools is None else dict(tools)
     me = owner_id()
-    changed: list[LedgerEntry] = []
     for entry in await ledger.list_calls(run_id):
         if entry.key in kept:
             continue

@@ -23,6 +23,12 @@ the same (shared, noisy) machine:
   SDK (a ``TracerProvider`` sampling everything, a ``SimpleSpanProcessor`` and an
   ``InMemorySpanExporter``, emptied after each run), with N / 20 messages because every
   message then makes three spans that stay in memory: ``tracing_sdk_overhead``.
+* delivery log: the hand-off of N messages by the default runtime, which logs every delivery
+  and every input for replay after a crash, against a runtime built with ``replay=False``.
+  Reported as ``delivery_log_overhead = 1 - default / off``, with the lowest and highest
+  per-repetition figure as ``delivery_log_overhead_spread``. No side-effecting tool runs, so
+  the log is written to the (memory) store only every few thousand entries: this is the
+  per-message cost every run pays.
 
 ``--json`` prints a single JSON object on stdout; ``--quick`` runs smaller and fewer
 repetitions (well under 30 s). Run it from the repository root with:
@@ -115,9 +121,11 @@ async def queue_handoff(n: int) -> float:
     return elapsed
 
 
-async def bus_handoff(n: int, telemetry: Telemetry | bool | None = None) -> float:
+async def bus_handoff(
+    n: int, telemetry: Telemetry | bool | None = None, *, replay: bool = True
+) -> float:
     """Seconds to send ``n`` messages to one counting agent until the runtime is idle."""
-    async with Runtime(telemetry=telemetry) as runtime:
+    async with Runtime(telemetry=telemetry, replay=replay) as runtime:
         sink = Sink("sink")
         runtime.add(sink)
         await runtime.run_until_idle()
@@ -275,6 +283,11 @@ async def measure(profile: str) -> dict[str, Any]:
         lambda: bus_handoff(sdk_n, telemetry=False), with_sdk, repetitions
     )
 
+    nolog_s, log_s = await _pairs(
+        lambda: bus_handoff(n, replay=False), lambda: bus_handoff(n), repetitions
+    )
+    log_overheads = sorted(1 - nolog / log for nolog, log in zip(nolog_s, log_s, strict=True))
+
     ratio = workloads.median_ratio(queue_s, bus_s)
     overhead = 1 - workloads.median_ratio(nosnap_s, snap_s)
     snapshots_taken = min(snapshot_counts)
@@ -310,6 +323,10 @@ async def measure(profile: str) -> dict[str, Any]:
         "tracing_sdk_msgs_per_s": workloads.rate(sdk_n, sdk_s),
         "tracing_sdk_overhead": round(sdk_overhead, 4),
         "tracing_sdk_spans_per_message": 3,
+        "delivery_log_off_msgs_per_s": workloads.rate(n, nolog_s),
+        "delivery_log_msgs_per_s": workloads.rate(n, log_s),
+        "delivery_log_overhead": round(1 - workloads.median_ratio(nolog_s, log_s), 4),
+        "delivery_log_overhead_spread": [round(log_overheads[0], 4), round(log_overheads[-1], 4)],
         "samples_msgs_per_s": {
             "queue": workloads.rates(n, queue_s),
             "bus": workloads.rates(n, bus_s),
@@ -321,6 +338,8 @@ async def measure(profile: str) -> dict[str, Any]:
             "tracing_noop": workloads.rates(n, noop_s),
             "tracing_sdk_off": workloads.rates(sdk_n, sdk_off_s),
             "tracing_sdk": workloads.rates(sdk_n, sdk_s),
+            "delivery_log_off": workloads.rates(n, nolog_s),
+            "delivery_log": workloads.rates(n, log_s),
         },
         "targets": {
             "ratio_vs_queue_min": TARGET_RATIO_VS_QUEUE,
@@ -357,6 +376,8 @@ def _table(r: dict[str, Any]) -> str:
         f"{r['tracing_noop_msgs_per_s']:>17,.0f}{1 - r['tracing_noop_overhead']:>9.3f}",
         f"{'tracing: off vs SDK, in memory':<34}{r['tracing_sdk_off_msgs_per_s']:>17,.0f}"
         f"{r['tracing_sdk_msgs_per_s']:>17,.0f}{1 - r['tracing_sdk_overhead']:>9.3f}",
+        f"{'delivery log: off vs on (default)':<34}{r['delivery_log_off_msgs_per_s']:>17,.0f}"
+        f"{r['delivery_log_msgs_per_s']:>17,.0f}{1 - r['delivery_log_overhead']:>9.3f}",
         "",
         f"snapshots taken per run: {r['snapshots_per_repetition']} "
         f"(need >= {r['min_snapshots_required']}: {met(t['snapshots_taken_met'])})",
@@ -368,6 +389,9 @@ def _table(r: dict[str, Any]) -> str:
         f"target <  {t['tracing_noop_overhead_max']}: {met(t['tracing_noop_overhead_met'])}",
         f"tracing_sdk_overhead  = {r['tracing_sdk_overhead']:.3f}  "
         f"(SDK, 3 spans per message, N={r['tracing_sdk_n']:,}; no target)",
+        f"delivery_log_overhead = {r['delivery_log_overhead']:.3f}  "
+        f"(spread {r['delivery_log_overhead_spread'][0]:.3f} .. "
+        f"{r['delivery_log_overhead_spread'][1]:.3f}; no target)",
         f"total {r['elapsed_s']} s",
     ]
     return "\n".join(lines)

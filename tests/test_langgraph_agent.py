@@ -256,12 +256,12 @@ async def test_resume_in_a_new_process_continues_the_graph(database: str) -> Non
             first.add(Inbox("inbox"))
             first.add(GraphAgent("graph", notes_graph(), checkpointer=saver))
             await feed(first, "a", "b")
-            await first.snapshot()
+            snapshot = await first.snapshot()
         # A new runtime with new agent objects, as a new process would build them.
-        async with Runtime(store=store, run_id=first.run_id) as second:
+        async with Runtime(store=store) as second:
             second.add(Inbox("inbox"))
             agent = second.add(GraphAgent("graph", notes_graph(), checkpointer=saver))
-            await second.resume()
+            await second.fork_from(snapshot.id)
             await feed(second, "c")
             assert agent.state.values == {"notes": ["a", "b", "c"], "count": 3}
     finally:
@@ -306,11 +306,11 @@ async def test_a_checkpoint_lost_with_an_in_memory_checkpointer_is_a_clear_error
             first.add(Inbox("inbox"))
             first.add(GraphAgent("graph", notes_graph()))
             await feed(first, "a")
-            await first.snapshot()
-        async with Runtime(store=store, run_id=first.run_id) as second:
+            snapshot = await first.snapshot()
+        async with Runtime(store=store) as second:
             second.add(Inbox("inbox"))
             second.add(GraphAgent("graph", notes_graph()))  # a new, empty InMemorySaver
-            await second.resume()
+            await second.fork_from(snapshot.id)
             second.send("inbox", "b")
             with pytest.raises(HandlerFailed) as failed:
                 await second.run_until_idle()

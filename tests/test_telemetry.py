@@ -439,10 +439,10 @@ async def test_a_resumed_run_delivers_its_cut_under_the_original_send(
     assert [m.id for c in snapshot.channels for m in c.messages] == ["alice>bob#1"]
 
     store = SqlStore(url)  # as a new process would: the cut comes back from the database
-    async with Runtime(store=store, run_id=first.run_id, telemetry=otel.telemetry) as second:
+    async with Runtime(store=store, telemetry=otel.telemetry) as second:
         second.add(Relay("alice", to="bob"))
         bob = second.add(Relay("bob"))
-        await within(second.resume())
+        await within(second.fork_from(snapshot.id))
         await within(second.run_until_idle())
     await store.close()
 

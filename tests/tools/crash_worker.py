@@ -6,8 +6,9 @@ Used by ``test_crash.py``: ``python tests/tools/crash_worker.py MODE URL RUN_ID`
   records the charge in ``crash_test_charges`` (the payment service's own table, committed)
   and then the process kills itself with SIGKILL: the effect happened, its outcome was never
   recorded in the ledger.
-* ``resume``: continues the run from its snapshot, sends the order again and runs; prints
-  one JSON line with the handler failures and the payer's tool calls.
+* ``resume``: continues the run from its snapshot, which restores the order (it was made
+  durable before the charge was claimed), and runs; prints one JSON line with the handler
+  failures and the payer's tool calls.
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ async def main(mode: str, run_id: str) -> None:
             payer = runtime.add(Payer("payer"))
             if mode == "crash":
                 await runtime.snapshot()
+                runtime.send("payer", 500)
             else:
                 await runtime.resume()
-            runtime.send("payer", 500)
             await runtime.run_until_idle(raise_failures=False)
             report = {
                 "failures": [

@@ -1,0 +1,263 @@
+"""The replay log: what a resumed run needs to re-execute its handlers the same way.
+
+A derived idempotency key names a call by the message being handled (``src>dst#seq``). After
+a crash, a resumed run re-executes the handlers that ran after its last complete snapshot.
+If an agent then took its messages from several channels in another order, its state would
+differ, the messages it sends would carry other payloads under the same sequence numbers, and
+the same logical effect would arrive under another key.
+
+So the runtime logs, for every delivery, which message each agent took next, and every
+message the environment sent; and before any side-effecting tool call is claimed in the
+ledger it makes that log durable, together with everything logged before it (a group
+commit: concurrent calls share one write). What an effect depends on (the deliveries and
+inputs before it, at every agent) is then always in the store before the effect starts.
+
+On resume, the runtime restores the environment's input sent after the cut and has each
+agent take, first, the messages it took before the crash, in the same order. Handlers that
+are deterministic given their state, their message and the recorded results of their tool
+calls then send the same messages under the same ids, and derive the same keys: the ledger
+returns the recorded results instead of running the effects again. Deliveries logged but
+not yet made durable had no effect depending on them, so losing them in a crash is harmless.
+
+Each segment carries a *timeline*: a rollback starts a new one, and a resumed run replays
+only the deliveries of the timeline the run was on when it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from itertools import groupby
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from agentsnap.messages import EMPTY_HEADERS, ENVIRONMENT, Message
+from agentsnap.records import ReplaySegment, Snapshot
+from agentsnap.state import compact_json
+
+if TYPE_CHECKING:
+    from agentsnap.bus import Channel
+    from agentsnap.rollback import InputLog
+
+__all__ = ["ReplayLog", "ReplayPlan", "plan_replay"]
+
+logger = logging.getLogger("agentsnap.replay")
+
+Write = Callable[[ReplaySegment], Awaitable[None]]
+
+
+class ReplayLog:
+    """Deliveries and inputs of a run, made durable before the effects that follow them.
+
+    The runtime appends to ``deliveries`` the channel of each message an agent takes, as it
+    takes it (one list append: the sequence numbers are worked out when the log is written,
+    since each channel is taken in order). The
+    environment's input is taken from the run's [`InputLog`][agentsnap.rollback.InputLog],
+    which turns it into JSON every few hundred messages anyway: the replay log takes those
+    pieces as they are made, so logging input costs nothing more.
+    [`flush`][agentsnap.replay.ReplayLog.flush] writes everything appended so far.
+
+    Args:
+        write: Appends one segment to the store.
+        inputs: The run's input log.
+        every: Deliveries (or inputs) held in memory before they are written in the
+            background, even when no effect asks for them.
+
+    Attributes:
+        timeline: The timeline new deliveries belong to.
+        deliveries: The channels of the deliveries not written yet, oldest first; emptied
+            in place, never replaced.
+    """
+
+    def __init__(self, write: Write, inputs: InputLog, *, every: int = 4096) -> None:
+        self.timeline = 0
+        self.deliveries: list[Channel] = []
+        self.every = every
+        self._write = write
+        self._inputs = inputs
+        inputs.sealed = self._sealed
+        self._chunks: list[str] = []  # inputs sealed and not taken, as JSON arrays
+        self._chunk_rows = 0
+        self._taken = 0  # entries moved into segments so far
+        self._durable = 0  # entries of segments written so far
+        self._unwritten: deque[tuple[ReplaySegment, int]] = deque()
+        self._writing: asyncio.Future[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._soon = False
+
+    def _sealed(self, count: int, rows: str) -> None:
+        self._chunks.append(rows)
+        self._chunk_rows += count
+        if self._chunk_rows >= self.every:
+            self.flush_soon()
+
+    def _appended(self) -> int:
+        return self._taken + len(self.deliveries) + self._chunk_rows + len(self._inputs.buffer)
+
+    def pending(self) -> int:
+        """Entries appended and not yet durable."""
+        return self._appended() - self._durable
+
+    def flush_soon(self) -> None:
+        """Write what is held in the background (errors are logged and kept for later)."""
+        self._take()
+        if self._soon or self._writing is not None:
+            return  # a write under way, or about to start, takes this segment too
+        self._soon = True
+        task = asyncio.ensure_future(self._flush_logged())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _flush_logged(self) -> None:
+        self._soon = False
+        try:
+            await self.flush()
+        except Exception as exc:  # the next flush writes it again
+            logger.warning("the replay log could not be written yet: %s", exc)
+
+    async def flush(self) -> None:
+        """Make durable every delivery and input appended so far.
+
+        Raises:
+            StoreError: The store could not write it; nothing appended is lost, and the next
+                call writes it again.
+        """
+        want = self._appended()
+        while self._durable < want:
+            writing = self._writing
+            if writing is None:
+                self._take()
+                if not self._unwritten:
+                    break
+                writing = self._writing = asyncio.ensure_future(self._write_all())
+            await asyncio.shield(writing)
+
+    def _take(self, *, marker: bool = False) -> None:
+        """Move what is held into a segment; ``marker`` makes one even when nothing is."""
+        self._inputs.seal()
+        if not self.deliveries and not self._chunks and not marker:
+            return
+        inputs = ",".join(chunk[1:-1] for chunk in self._chunks if len(chunk) > 2)
+        log = self.deliveries
+        body = f'{{"deliveries":{compact_json(_runs(log))},"inputs":[{inputs}]}}'
+        self._taken += len(log) + self._chunk_rows
+        log.clear()
+        self._chunks = []
+        self._chunk_rows = 0
+        self._unwritten.append((ReplaySegment(self.timeline, body), self._taken))
+
+    async def _write_all(self) -> None:
+        try:
+            while self._unwritten:
+                segment, upto = self._unwritten[0]
+                await self._write(segment)
+                self._unwritten.popleft()
+                self._durable = max(self._durable, upto)
+        finally:
+            self._writing = None
+
+    def new_timeline(self) -> None:
+        """A rollback starts a new timeline: deliveries not written yet belong to the old one.
+
+        They are dropped (no effect depends on them); the segment that starts the new
+        timeline (with the input not written yet) marks where it starts, so that a resume
+        never replays the old one's deliveries.
+        """
+        # Dropped entries count as written once the segment that starts the timeline is.
+        self._taken += len(self.deliveries)
+        self.deliveries.clear()
+        self.timeline += 1
+        self._take(marker=True)
+
+    async def close(self) -> None:
+        """Wait for background writes."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+def _runs(log: list[Channel]) -> list[tuple[str, str, int, int]]:
+    """The deliveries of ``log`` as runs ``(agent, src, first_seq, count)``.
+
+    Every delivery since the log was last emptied is in it, and a channel is taken in order,
+    so a channel's last delivery in the log is its ``delivered`` counter now.
+    """
+    seq = {channel: channel.delivered - count + 1 for channel, count in Counter(log).items()}
+    runs: list[tuple[str, str, int, int]] = []
+    for channel, group in groupby(log):
+        count = len(list(group))
+        first = seq[channel]
+        seq[channel] = first + count
+        runs.append((channel.dst, channel.src, first, count))
+    return runs
+
+
+class ReplayPlan:
+    """What a resumed run takes from its replay log.
+
+    Attributes:
+        timeline: The timeline the run was on.
+        inputs: The environment's messages sent after the cut, in the order they were sent.
+        order: Per agent, the messages it took after the cut, as ``(src, seq)``, in order.
+    """
+
+    def __init__(
+        self, timeline: int, inputs: list[Message], order: dict[str, deque[tuple[str, int]]]
+    ) -> None:
+        self.timeline = timeline
+        self.inputs = inputs
+        self.order = order
+
+    @property
+    def deliveries(self) -> int:
+        """How many deliveries the plan replays."""
+        return sum(len(steps) for steps in self.order.values())
+
+
+def plan_replay(segments: Iterable[ReplaySegment], cut: Snapshot) -> ReplayPlan:
+    """What to replay on top of ``cut`` from a run's replay log.
+
+    The timeline is the last segment's; its deliveries after the cut (a delivery of a
+    channel's message ``seq`` comes after the cut when the agent had received fewer than
+    ``seq`` messages on that channel at the cut) make each agent's order. Inputs are those the
+    environment sent after the cut, up to the first one missing.
+    """
+    segments = list(segments)
+    timeline = segments[-1].timeline if segments else 0
+    received: Mapping[str, Mapping[str, int]] = {
+        name: agent.received for name, agent in cut.agents.items()
+    }
+    order: dict[str, deque[tuple[str, int]]] = {}
+    environment = cut.agents.get(ENVIRONMENT)
+    sent_before = environment.sent if environment is not None else {}
+    next_seq = {dst: count + 1 for dst, count in sent_before.items()}
+    inputs: list[Message] = []
+    gap: set[str] = set()
+    for segment in segments:
+        deliveries, rows = segment.decode()
+        for dst, seq, kind, payload, headers, epoch in rows:
+            expected = next_seq.get(dst, 1)
+            if seq < expected or dst in gap:
+                continue
+            if seq > expected:
+                gap.add(dst)  # an input was lost: the ones after it cannot be delivered
+                continue
+            next_seq[dst] = expected + 1
+            inputs.append(
+                Message(
+                    ENVIRONMENT,
+                    dst,
+                    seq,
+                    kind,
+                    payload,
+                    MappingProxyType(dict(headers)) if headers else EMPTY_HEADERS,
+                    epoch,
+                )
+            )
+        if segment.timeline != timeline:
+            continue
+        for agent, src, seq in deliveries:
+            if seq > received.get(agent, {}).get(src, 0):
+                order.setdefault(agent, deque()).append((src, seq))
+    return ReplayPlan(timeline, inputs, order)
