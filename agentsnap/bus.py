@@ -207,16 +207,13 @@ class Scheduler(Protocol):
 def planned_channel(endpoint: Endpoint) -> Channel | None:
     """The channel ``endpoint`` must take its next item from, while it replays a plan.
 
-    ``None`` when it has no plan. A plan that cannot be followed (the channel it names does
-    not exist) is dropped here, and ``None`` returned.
+    ``None`` when it has no plan, or when the channel the plan names does not exist yet (its
+    sender has not sent anything since the cut): the process then waits for it.
     """
     plan = endpoint.replay
     if not plan:
         return None
-    channel = endpoint.incoming.get(plan[0][0])
-    if channel is None:
-        endpoint.replay = None
-    return channel
+    return endpoint.incoming.get(plan[0][0])
 
 
 class Bus:
@@ -341,6 +338,7 @@ class Bus:
         )
         if not post:
             return message
+        # What post() does, written out: this is the hot path of every send.
         channel.queue.append(message)
         log = channel.sent_log
         if log is not None:
@@ -493,9 +491,7 @@ class AsyncioScheduler:
     def _planned(self, endpoint: Endpoint) -> Channel | None:
         """Take the channel the replay plan names off the inbox, if it has an item."""
         channel = planned_channel(endpoint)
-        if channel is None:
-            return endpoint.inbox.popleft() if not endpoint.replay else None
-        if not channel.queue:
+        if channel is None or not channel.queue:
             return None
         endpoint.inbox.remove(channel)
         return channel
@@ -514,7 +510,7 @@ class AsyncioScheduler:
     @staticmethod
     def _planned_empty(endpoint: Endpoint) -> bool:
         channel = planned_channel(endpoint)
-        return channel is not None and not channel.queue
+        return channel is None or not channel.queue
 
     def _check_stalled(self) -> None:
         """No handler runs and every process with items waits for its plan: give the plans up.

@@ -201,6 +201,8 @@ class Runtime:
             ReplayLog(self._append_replay, self._inputs, every=_REPLAY_HOLDS) if replay else None
         )
         self._delivered = self._replay.deliveries if self._replay is not None else None
+        # While a resumed run follows its replay plans, deliveries take the slow path.
+        self._replaying = False
         # False until the first input, and once the run is closed or stopped: send() then
         # takes the slow path through _before_input().
         self._taking_input = False
@@ -362,16 +364,18 @@ class Runtime:
         await self._snapshots.drain()
         if self._journal is not None:
             await self._journal.close()
+        # A runtime that never owned its run (a refused resume) leaves it as it found it.
+        owner = self._ownership.lease is not None and self._lost is None
         if self._replay is not None:
             await self._replay.close()
-            if self._run_created:
+            if owner:
                 try:  # input not handled yet is then restored by a resume
                     await self._replay.flush()
                 except Exception as exc:
                     logger.warning("run %s: the replay log was not written: %s", self.run_id, exc)
         unreconciled: Exception | None = None
         try:
-            if self._started:  # effects no final state holds were abandoned by rollbacks
+            if self._started and owner:  # effects no final state holds were abandoned
                 await reconcile(
                     self.ledger,
                     self.run_id,
@@ -383,7 +387,7 @@ class Runtime:
         finally:
             if self._owns_ledger:
                 await self.ledger.close()
-        if self._run_created:
+        if owner:
             bad = failed or self.failures or self._status_on_close is RunStatus.FAILED
             if bad or unreconciled:
                 status = RunStatus.FAILED
@@ -392,10 +396,11 @@ class Runtime:
             else:
                 status = RunStatus.SUCCEEDED
             try:
-                if self._lost is None:  # the run is someone else's now: leave it to them
-                    await self.store.finish_run(self.run_id, status, utcnow())
+                await self.store.finish_run(self.run_id, status, utcnow())
             finally:
                 await self._ownership.release()
+        elif self._lost is not None:
+            await self._ownership.release()  # stops the heartbeat; the run is another's
         if unreconciled is not None:
             raise unreconciled
 
@@ -666,6 +671,9 @@ class Runtime:
             endpoint = self._bus.endpoints.get(name)
             if endpoint is not None and name != ENVIRONMENT:
                 endpoint.replay = steps
+        if self._bus.replaying():
+            self._replaying = True
+            self._delivered = None
         if self._replay is not None:
             self._replay.timeline = plan.timeline
         if plan.deliveries or plan.inputs:
@@ -749,12 +757,11 @@ class Runtime:
             log.append(_now_ns() // 1000)
         delivered = self._delivered
         if delivered is not None:
-            if endpoint.replay:
-                self._replayed(endpoint, channel, message)
-            else:
-                delivered.append(channel)
-                if len(delivered) > _REPLAY_HOLDS:
-                    self._replay.flush_soon()  # type: ignore[union-attr]
+            delivered.append(channel)
+            if len(delivered) > 4096:  # _REPLAY_HOLDS, spelt out on the hot path
+                self._replay.flush_soon()  # type: ignore[union-attr]
+        elif self._replaying:
+            self._replayed(endpoint, channel, message)
         ctx = endpoint.context
         assert ctx is not None, "only agents receive messages"
         ctx.message = message
@@ -870,19 +877,31 @@ class Runtime:
             self.run_id,
         )
         self._bus.abandon_replay()
+        self._replay_done()
         if self._replay is not None:
             self._replay.new_timeline()
 
     def _replayed(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:
-        """``endpoint`` took ``message`` while it follows a replay plan."""
+        """``endpoint`` took ``message`` while the run replays what it did before it stopped."""
+        replay = self._replay
+        assert replay is not None
         plan = endpoint.replay
-        assert plan
-        if plan[0][0] == message.src and plan[0][1] == message.seq:
-            plan.popleft()  # logged before the stop already
-            return
-        self._replay_diverged(endpoint.name, plan[0], message)
-        assert self._replay is not None
-        self._replay.deliveries.append(channel)
+        if plan:
+            if plan[0][0] == message.src and plan[0][1] == message.seq:
+                plan.popleft()  # logged before the stop already
+                if not plan and not self._bus.replaying():
+                    self._replay_done()
+                return
+            self._replay_diverged(endpoint.name, plan[0], message)
+        elif not self._bus.replaying():  # pragma: no cover - the plans ended elsewhere
+            self._replay_done()
+        replay.deliveries.append(channel)
+
+    def _replay_done(self) -> None:
+        """Every plan is done: deliveries are logged on the fast path again."""
+        self._replaying = False
+        if self._replay is not None:
+            self._delivered = self._replay.deliveries
 
     def _replay_diverged(self, agent: str, planned: tuple[str, int], message: Message) -> None:
         logger.warning(

@@ -425,13 +425,9 @@ class SnapshotCoordinator:
                 progress.inflight.items(), key=lambda item: (item[0].src, item[0].dst)
             )
         ]
-        handle = progress.handle
-        snapshot = Snapshot(
-            id=handle.id,
-            run_id=self.run_id,
-            seq=seq,
-            initiator=handle.initiator,
-            started_at=progress.started_at,
+        snapshot = self._snapshot(
+            seq,
+            progress,
             status=SnapshotStatus.COMPLETE,
             completed_at=utcnow(),
             agents=dict(sorted(progress.cuts.items())),
@@ -445,7 +441,7 @@ class SnapshotCoordinator:
             self._finish(seq, progress, status=SnapshotStatus.FAILED, error=reason)
             return
         logger.debug("snapshot %d complete", seq)
-        self._write_finished(snapshot, handle)
+        self._write_finished(snapshot, progress.handle)
 
     def fail(self, seq: int, reason: str) -> None:
         """Abandon snapshot ``seq``: it stays failed; other snapshots are unaffected."""
@@ -455,9 +451,9 @@ class SnapshotCoordinator:
         logger.warning("snapshot %d failed: %s", seq, reason)
         self._finish(seq, progress, status=SnapshotStatus.FAILED, error=reason)
 
-    def _finish(self, seq: int, progress: _Progress, **outcome: Any) -> None:
+    def _snapshot(self, seq: int, progress: _Progress, **outcome: Any) -> Snapshot:
         handle = progress.handle
-        snapshot = Snapshot(
+        return Snapshot(
             id=handle.id,
             run_id=self.run_id,
             seq=seq,
@@ -465,7 +461,9 @@ class SnapshotCoordinator:
             started_at=progress.started_at,
             **outcome,
         )
-        self._write_finished(snapshot, handle)
+
+    def _finish(self, seq: int, progress: _Progress, **outcome: Any) -> None:
+        self._write_finished(self._snapshot(seq, progress, **outcome), progress.handle)
 
     def _write_finished(self, snapshot: Snapshot, handle: SnapshotHandle) -> None:
         work = self._write(snapshot, handle)

@@ -1543,6 +1543,7 @@ async def test_resume_misuse() -> None:
         done.add(Sink("other"))
         done.send("sink", {})
         await done.run_until_idle()
+        done.send("sink", {})  # left for a resume
     busy = Runtime(store=store, run_id=done.run_id)
     busy.add(Sink("sink"))
     busy.add(Sink("other"))
@@ -1550,6 +1551,8 @@ async def test_resume_misuse() -> None:
     with pytest.raises(ConfigurationError, match=r"resume\(\) must come before"):
         await busy.resume()
     await busy.close()
+    # A runtime that never owned the run leaves it as it found it.
+    assert (await store.get_run(done.run_id)).status is RunStatus.INTERRUPTED
     missing_agent = Runtime(store=store, run_id=done.run_id)
     missing_agent.add(Sink("sink"))
     with pytest.raises(ConfigurationError, match="holds agent 'other', which is not registered"):
