@@ -246,8 +246,10 @@ class Crashes:
             left = kills - sum(line.startswith("killed") for line in self.log)
             what = "resume" if resume else "first run"
             if left > 0:
-                where = self.moment(child, resume, left)
-                returncode = child.kill()
+                try:
+                    where = self.moment(child, resume, left)
+                finally:
+                    returncode = child.kill()
                 if returncode == -signal.SIGKILL:
                     after = effect_count(self.service)
                     self.log.append(f"killed {what} {where}: effects {before} -> {after}")
@@ -364,8 +366,10 @@ def killed_run(url: str, service: Path, run_id: str, tmp_path: Path) -> None:
     crashes = Crashes("", url, service, run_id, random.Random(SEED), tmp_path)
     child = crashes.spawn(resume=False)
     half = len(expected_effects()) // 3
-    reached = crashes.wait_for(child, lambda: effect_count(service) >= half)
-    returncode = child.kill()
+    try:
+        reached = crashes.wait_for(child, lambda: effect_count(service) >= half)
+    finally:
+        returncode = child.kill()
     assert reached, f"the run ended before it could be killed\n{tail(child.err)}"
     assert returncode == -signal.SIGKILL, tail(child.err)
 
