@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from agentsnap.records import RunLease
 
-__all__ = ["lost", "owner_id", "owner_is_gone", "owner_is_live"]
+__all__ = ["lost", "owner_id", "owner_is_gone", "owner_is_live", "owner_runs_here"]
 
 _owner: tuple[int, str] | None = None
 
@@ -57,6 +57,18 @@ def owner_is_gone(owner: str | None) -> bool:
     except OSError:  # exists, owned by someone else
         return False
     return False
+
+
+def owner_runs_here(owner: str | None) -> bool:
+    """Whether ``owner`` is a process of this host that still runs (this one included)."""
+    if owner is None:
+        return False
+    host, _, rest = owner.partition(":")
+    return (
+        host == socket.gethostname()
+        and rest.partition(":")[0].isdigit()
+        and (not owner_is_gone(owner))
+    )
 
 
 def owner_is_live(lease: RunLease | None, now: datetime) -> bool:

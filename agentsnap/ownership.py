@@ -43,7 +43,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from agentsnap.exceptions import ConfigurationError, OwnershipLost, RunOwnedError, StoreError
-from agentsnap.liveness import owner_id, owner_is_gone, owner_is_live
+from agentsnap.liveness import owner_id, owner_is_gone, owner_is_live, owner_runs_here
 from agentsnap.records import RunLease, utcnow
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class RunOwnership:
         token = None if self.lease is None else self.lease.token
         return f"RunOwnership(run_id={self.run_id!r}, owner={self.owner!r}, token={token})"
 
-    async def acquire(self, *, wait: float = 0.0) -> RunLease:
+    async def acquire(self, *, wait: float = 0.0, refuse_live: bool = False) -> RunLease:
         """Take the run's lease, and fence the store (and the ledgers given) with its token.
 
         A run without a lease gets its first one (token 1). A lease that expired, or whose
@@ -103,6 +103,10 @@ class RunOwnership:
 
         Args:
             wait: Seconds to wait for a live owner to let go; ``0`` to refuse at once.
+            refuse_live: Refuse at once, whatever ``wait`` says, when the owner shows that it
+                is alive: a process of this host that still runs, or a lease renewed while
+                this call waits. ``wait`` is then only spent on an owner elsewhere that
+                stopped renewing (a crashed host), until its lease expires.
 
         Returns:
             The lease now held.
@@ -114,6 +118,7 @@ class RunOwnership:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(wait, 0.0)
         pause = _POLL_FIRST
+        first_seen: RunLease | None = None
         while True:
             current = await self.store.get_lease(self.run_id)
             now = utcnow()
@@ -140,7 +145,11 @@ class RunOwnership:
                     )
             else:
                 remaining = deadline - loop.time()
-                if remaining <= 0:
+                if first_seen is None or first_seen.token != current.token:
+                    first_seen = current
+                renewed = current.expires_at > first_seen.expires_at
+                alive = refuse_live and (renewed or owner_runs_here(current.owner))
+                if remaining <= 0 or alive:
                     raise RunOwnedError(self.run_id, current.owner, current.expires_at)
                 until_expiry = (current.expires_at - now).total_seconds()
                 await asyncio.sleep(max(min(pause, remaining, until_expiry), 0.001))

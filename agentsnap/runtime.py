@@ -92,6 +92,7 @@ logger = logging.getLogger("agentsnap")
 _now_ns = time.time_ns
 _SEAL_INPUTS_EVERY = 256
 _REPLAY_HOLDS = 4096  # deliveries (or inputs) the replay log holds before it writes them
+_REPLAY_WATCH_SECONDS = 0.25
 
 
 class Runtime:
@@ -182,6 +183,7 @@ class Runtime:
         self._policy = snapshot_policy or SnapshotPolicy()
         self._countdown = self._policy.every_deliveries or 0
         self._timer: asyncio.Task[None] | None = None
+        self._replay_watch: asyncio.TimerHandle | None = None
         self._started = False
         self._run_created = False
         # The store held this run before this runtime started: it must be resumed, not
@@ -339,6 +341,22 @@ class Runtime:
             self._timer = asyncio.get_running_loop().create_task(
                 self._tick(self._policy.every_seconds), name="agentsnap:snapshot-timer"
             )
+        if self._replay is not None:
+            self._watch_replay()
+
+    def _watch_replay(self) -> None:
+        """Write the replay log in the background whenever it holds many deliveries.
+
+        Checked a few times a second rather than on every delivery, which would cost the bus
+        a few per cent; at any rate the log is written before each side-effecting call.
+        """
+        replay = self._replay
+        assert replay is not None
+        if len(replay.deliveries) >= _REPLAY_HOLDS:
+            replay.flush_soon()
+        self._replay_watch = asyncio.get_running_loop().call_later(
+            _REPLAY_WATCH_SECONDS, self._watch_replay
+        )
 
     async def close(self) -> None:
         """Stop delivering, fail the snapshots still in progress, and wait for store writes.
@@ -359,6 +377,8 @@ class Runtime:
         if self._timer is not None:
             self._timer.cancel()
             await asyncio.gather(self._timer, return_exceptions=True)
+        if self._replay_watch is not None:
+            self._replay_watch.cancel()
         await self._scheduler.close()
         self._snapshots.abort_all("the runtime was closed before the snapshot completed")
         await self._snapshots.drain()
@@ -468,7 +488,16 @@ class Runtime:
         if handle is None:
             self._snapshots.begin(None)
             return
-        self._first_write = asyncio.ensure_future(handle.settled())
+        self._first_write = asyncio.ensure_future(self._first_cut_stored(handle))
+
+    async def _first_cut_stored(self, handle: SnapshotHandle) -> None:
+        """The first cut is stored, and with it the input sent so far."""
+        await handle.settled()
+        if self._replay is not None:
+            try:  # a run killed before its first side effect still gets its input back
+                await self._replay.flush()
+            except Exception as exc:
+                logger.warning("run %s: the replay log was not written: %s", self.run_id, exc)
 
     @property
     def inputs_sent(self) -> Mapping[str, int]:
@@ -620,14 +649,15 @@ class Runtime:
         idempotency keys and get the recorded results of effects that already happened.
 
         One runtime at a time owns a run. When the run's last owner is a process of this host
-        that no longer runs, it is taken over at once; an owner elsewhere (or one that still
-        runs) is waited for until its lease expires, up to ``wait`` seconds. Claims of
-        side-effecting calls the last owner left in progress are marked ``unknown``.
+        that no longer runs, it is taken over at once. An owner that is alive (a process of
+        this host that runs, or one that renews its lease) makes this fail at once with
+        ``RunOwnedError``. An owner elsewhere that stopped renewing (its host crashed) is
+        waited for until its lease expires, up to ``wait`` seconds. Claims of side-effecting
+        calls the last owner left in progress are marked ``unknown``.
 
         Args:
-            wait: Seconds to wait for another owner's lease to expire (default: twice the
-                lease, enough for an owner that stopped renewing it to lose it); ``0``
-                refuses at once.
+            wait: Seconds to wait for a silent owner's lease to expire (default: twice the
+                lease); ``0`` refuses at once.
 
         Returns:
             The snapshot the run continues from.
@@ -757,9 +787,7 @@ class Runtime:
             log.append(_now_ns() // 1000)
         delivered = self._delivered
         if delivered is not None:
-            delivered.append(channel)
-            if len(delivered) > 4096:  # _REPLAY_HOLDS, spelt out on the hot path
-                self._replay.flush_soon()  # type: ignore[union-attr]
+            delivered.append(channel)  # bounded by _watch_replay, not here: the hot path
         elif self._replaying:
             self._replayed(endpoint, channel, message)
         ctx = endpoint.context
@@ -983,7 +1011,7 @@ class Runtime:
         """Take the run's lease, fence every write with its token, and keep it renewed."""
         if self._ownership.lease is not None:
             return
-        await self._ownership.acquire(wait=wait)
+        await self._ownership.acquire(wait=wait, refuse_live=True)
         self._ownership.fence_ledger(self.ledger)
         self._ownership.start_heartbeat(self._ownership_lost)
 

@@ -79,8 +79,8 @@ async def test_a_second_runtime_cannot_resume_a_live_run(tmp_path: Path) -> None
             await asyncio.sleep(0.01)  # the handler now waits on the gate
             second = Runtime(store=second_store, run_id=first.run_id)
             second.add(Slow("worker", asyncio.Event()))
-            with pytest.raises(RunOwnedError) as refused:
-                await second.resume(wait=0)
+            with pytest.raises(RunOwnedError) as refused:  # at once: its owner runs here
+                await asyncio.wait_for(second.resume(), timeout=5)
             assert refused.value.owner == (await first_store.get_lease(first.run_id)).owner  # type: ignore[union-attr]
             await second.close()
             # The refused runtime changed nothing: the run is still the first one's.
