@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from owners import dead_owner
 
 from agentsnap import (
     ConfigurationError,
@@ -32,16 +30,6 @@ RUN = "a1" * 16
 ELSEWHERE = "elsewhere.example:1:0123456789ab"
 SAFETY = 60.0
 """Seconds after which a test that waits for something gives up (it happens far sooner)."""
-
-
-def dead_owner() -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return f"{socket.gethostname()}:{int(done.stdout)}:0123456789ab"
 
 
 async def store_with_run() -> MemoryStore:

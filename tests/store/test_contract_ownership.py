@@ -5,13 +5,11 @@ Every test runs on each backend (memory, SQLite, PostgreSQL; see conftest.py).
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import pytest
+from owners import dead_owner
 
 from agentsnap import (
     NotFoundError,
@@ -37,17 +35,6 @@ from .test_contract import (
 )
 
 DAY = timedelta(days=1)
-
-
-def dead_owner() -> str:
-    """The owner name of a process of this host that has exited."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return f"{socket.gethostname()}:{int(done.stdout)}:0123456789ab"
 
 
 async def new_run(store: Store) -> RunInfo:

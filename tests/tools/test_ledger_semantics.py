@@ -6,13 +6,11 @@ Tools here count how often their body runs; "the tool did not run" is that count
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
 import tenacity
+from owners import dead_owner
 
 from agentsnap import (
     ConfigurationError,
@@ -70,17 +68,6 @@ def entry(key: str, owner: str, lease: timedelta, **arguments: object) -> Ledger
         owner=owner,
         lease_until=now + lease,
     )
-
-
-def dead_owner() -> str:
-    """The owner id of a process of this host that has exited."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return f"{socket.gethostname()}:{int(done.stdout)}:0123456789ab"
 
 
 async def test_a_recorded_result_is_returned_and_the_tool_does_not_run(ledger: Ledger) -> None:
