@@ -245,7 +245,8 @@ class Context(Generic[S]):
             guard(message)
         except OutputRejected as exc:
             self._bus.unsend(self._endpoint, message)
-            self.rejected = exc
+            if self._endpoint.busy:  # the running handler's output: the runtime acts on it
+                self.rejected = exc
             raise
         if guard.evaluates and self._endpoint.busy:
             guard.outputs.append(message)
@@ -279,8 +280,10 @@ class Context(Generic[S]):
             OutputRejected: Always; the runtime handles it.
         """
         output = self.message if self.message is not None and self.message.src == agent else None
-        self.rejected = OutputRejected(agent, reason, self.agent.name, output)
-        raise self.rejected
+        rejection = OutputRejected(agent, reason, self.agent.name, output)
+        if self._endpoint.busy:
+            self.rejected = rejection
+        raise rejection
 
     def snapshot(self) -> SnapshotHandle:
         """Start a snapshot with this agent as initiator.

@@ -956,7 +956,14 @@ class Runtime:
         for name, agent in self._agents.items():
             ctx = self._bus.endpoints[name].context
             assert ctx is not None
-            await agent.on_rollback(info, ctx)
+            try:
+                await agent.on_rollback(info, ctx)
+            except OutputRejected as exc:  # checked before it was enqueued: nobody saw it
+                logger.error(
+                    "agent %r sent an output from on_rollback that was rejected, and not sent: %s",
+                    name,
+                    exc,
+                )
         if self._rollbacks.exhausted is None and not self._closed:
             self._snapshots.suspended = None
             self._rollbacks.resume()

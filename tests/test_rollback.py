@@ -1659,3 +1659,40 @@ async def test_a_stored_run_must_be_resumed_before_it_is_used_again() -> None:
     assert [(s.id, s.seq) for s in await store.list_snapshots(first.run_id)][
         : len(stored)
     ] == stored
+
+
+# -- rejections outside a handler ----------------------------------------------------------------
+
+
+class Apologist(Agent[AgentState]):
+    """Sends a draft; after a rollback, sends a bad note from ``on_rollback``, then good work."""
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        ctx.send("sink", {"text": "bad" if not ctx.feedback else "good"})
+
+    async def on_rollback(self, rollback: RollbackInfo, ctx: Context[AgentState]) -> None:
+        ctx.send("sink", {"text": "bad"})  # rejected by the check: never sent
+
+
+async def test_a_rejection_outside_a_handler_is_not_a_rollback_and_does_not_linger() -> None:
+    runtime = Runtime(retry=RetryPolicy.attempts(3))
+    runtime.check("writer", check=lambda m: m.payload["text"] != "bad" or "bad text")
+    async with runtime:
+        runtime.add(Apologist("writer"))
+        sink = runtime.add(Recorder("sink"))
+        runtime.send("writer", {})
+        await runtime.run_until_idle()
+    # One rollback, for the handler's output; the note from on_rollback was never sent, and
+    # the next handler's output went out as usual.
+    assert [r.source for r in runtime.rollbacks] == ["<lambda>"]
+    assert isinstance(sink, Recorder)
+    assert sink.texts == ["good"]
+
+
+class Recorder(Agent[AgentState]):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.texts: list[str] = []
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        self.texts.append(message.payload["text"])
