@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from agentsnap.bus import check_agent_name
 from agentsnap.exceptions import ConfigurationError, OutputRejected
+from agentsnap.messages import ENVIRONMENT
 from agentsnap.state import AgentState
 
 if TYPE_CHECKING:
@@ -277,8 +278,17 @@ class Context(Generic[S]):
             reason: Why, in words that agent can act on.
 
         Raises:
-            OutputRejected: Always; the runtime handles it.
+            OutputRejected: Always, for a registered agent; the runtime handles it.
+            ConfigurationError: ``agent`` is not a registered agent (a typo would otherwise
+                roll the run back for nothing until the retry policy gave up).
         """
+        if agent not in self._bus.endpoints or agent == ENVIRONMENT:
+            known = ", ".join(repr(n) for n in self._bus.endpoints if n != ENVIRONMENT)
+            raise ConfigurationError(
+                f"{self.agent.name!r} rejected the output of {agent!r}, which is not a "
+                f"registered agent (registered: {known or 'none'}); name the agent whose work "
+                "is rejected"
+            )
         output = self.message if self.message is not None and self.message.src == agent else None
         rejection = OutputRejected(agent, reason, self.agent.name, output)
         if self._endpoint.busy:

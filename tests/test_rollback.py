@@ -1696,3 +1696,23 @@ class Recorder(Agent[AgentState]):
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
         self.texts.append(message.payload["text"])
+
+
+class Misnamer(Agent[AgentState]):
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        ctx.reject("writre", "a typo for the writer")
+
+
+async def test_rejecting_the_output_of_an_agent_that_does_not_exist_is_a_clear_error() -> None:
+    runtime = Runtime(retry=RetryPolicy.attempts(3))
+    async with runtime:
+        runtime.add(Misnamer("critic"))
+        runtime.add(Sink("writer"))
+        runtime.send("critic", {})
+        with pytest.raises(HandlerFailed) as failed:
+            await runtime.run_until_idle()
+    cause = failed.value.__cause__
+    assert isinstance(cause, ConfigurationError)
+    assert "'writre', which is not a registered agent" in str(cause)
+    assert "'writer'" in str(cause)
+    assert runtime.rollbacks == [], "no rollback, and no retry budget spent, for a typo"
