@@ -67,3 +67,17 @@ async def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
 def postgres_url() -> str:
     """The test PostgreSQL database, emptied; skips when none is configured."""
     return postgres_url_or_skip()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def empty_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of an empty database: an SQLite file, then PostgreSQL (emptied)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'agentsnap.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url

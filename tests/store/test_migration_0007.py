@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from postgres_db import postgres_url_or_skip
 
 from agentsnap import RunStatus
 from agentsnap.ledger import owner_id
@@ -21,16 +19,10 @@ RUN = "7" * 32
 NEW_TABLES = {"agentsnap_run_leases", "agentsnap_replay"}
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'agentsnap.db'}"
-    return postgres_url_or_skip()
+@pytest.fixture
+def url(empty_db: str) -> str:
+    """An empty SQLite or PostgreSQL database."""
+    return empty_db
 
 
 def tables(url: str) -> set[str]:

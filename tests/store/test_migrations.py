@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -15,19 +13,6 @@ from agentsnap.exceptions import SchemaOutOfDate
 from agentsnap.store import migrate
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.tables import VERSION_TABLE, Base
-
-
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-def empty_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'agentsnap.db'}"
-    url: str = request.getfixturevalue("postgres_url")
-    return url
 
 
 def _tables(url: str) -> set[str]:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from postgres_db import postgres_url_or_skip
 
 from agentsnap import OwnershipLost, RunInfo, RunStatus
 from agentsnap.ownership import RunOwnership
@@ -26,17 +25,10 @@ WORKER = Path(__file__).with_name("lease_worker.py")
 RUN_ID = "1ea5e" * 6 + "00"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+@pytest.fixture
+def url(empty_db: str) -> str:
     """An empty SQLite or PostgreSQL database."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'agentsnap.db'}"
-    return postgres_url_or_skip()
+    return empty_db
 
 
 async def create_run(url: str, run_id: str = RUN_ID) -> None:
