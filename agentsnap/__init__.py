@@ -25,6 +25,7 @@ from agentsnap.exceptions import (
     ScheduleError,
     SchemaOutOfDate,
     Signal,
+    SnapshotDamaged,
     SnapshotFailed,
     StateNotSerializable,
     StoreError,
@@ -58,6 +59,7 @@ from agentsnap.runtime import Runtime
 from agentsnap.snapshot import SnapshotHandle, SnapshotPolicy
 from agentsnap.state import AgentState, PlanStep, ToolCallRecord
 from agentsnap.store import MemoryStore, Store
+from agentsnap.store.faults import StoreRetry
 from agentsnap.tools import Tool, ToolCall, ToolRetry, tool
 
 __version__ = "0.1.0"
@@ -115,6 +117,7 @@ __all__ = [
     "SchemaOutOfDate",
     "Signal",
     "Snapshot",
+    "SnapshotDamaged",
     "SnapshotFailed",
     "SnapshotHandle",
     "SnapshotPolicy",
@@ -122,6 +125,7 @@ __all__ = [
     "StateNotSerializable",
     "Store",
     "StoreError",
+    "StoreRetry",
     "Tool",
     "ToolArgumentsInvalid",
     "ToolCall",

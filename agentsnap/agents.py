@@ -232,6 +232,8 @@ class Context(Generic[S]):
         Raises:
             UnknownAgentError: ``to`` is not a registered agent.
             PayloadNotSerializable: ``payload`` is not JSON.
+            ConfigurationError: ``kind`` is longer than 128 characters (the longest kind
+                every store can hold) or holds the NUL character.
             OutputRejected: A check declared for this agent failed the message. It is a
                 control-flow signal (a ``BaseException``): let it propagate; the runtime
                 rolls the run back even when a handler catches it.

@@ -28,6 +28,7 @@ from agentsnap.exceptions import (
     PayloadNotSerializable,
     UnknownAgentError,
 )
+from agentsnap.limits import MAX_AGENT_NAME, MAX_MESSAGE_KIND, check_text
 from agentsnap.messages import (
     EMPTY_HEADERS,
     ENVIRONMENT,
@@ -50,11 +51,14 @@ __all__ = [
     "Endpoint",
     "Scheduler",
     "check_agent_name",
+    "check_kind",
 ]
 
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_AGENT_NAME - 1}}}")
 _new_message = tuple.__new__
 _now_ns = time.time_ns
+_KNOWN_KINDS_MAX = 4096
+"""How many distinct message kinds a bus remembers as checked (beyond, each is checked again)."""
 
 
 def check_agent_name(name: object) -> str:
@@ -65,11 +69,30 @@ def check_agent_name(name: object) -> str:
             starting with a letter, digit or underscore.
     """
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        length = len(name) if isinstance(name, str) else 0
         raise InvalidAgentName(
-            f"{name!r} is not a valid agent name: use 1 to 128 characters of letters, digits, "
-            "'_', '.' or '-', starting with a letter, digit or '_'"
+            f"{name!r} is not a valid agent name"
+            + (f" (it is {length} characters long)" if length > MAX_AGENT_NAME else "")
+            + f": use 1 to {MAX_AGENT_NAME} characters of letters, digits, '_', '.' or '-', "
+            "starting with a letter, digit or '_' (the longest name every store can hold)"
         )
     return name
+
+
+def check_kind(kind: object) -> str:
+    """Return ``kind`` if every store can hold it as a message kind, else raise.
+
+    Raises:
+        ConfigurationError: ``kind`` is not a string of at most 128 characters without the
+            NUL character.
+    """
+    return check_text(
+        kind,
+        "message kind",
+        MAX_MESSAGE_KIND,
+        "use a shorter kind (put the details in the payload or the headers)",
+        empty=True,
+    )
 
 
 class Channel:
@@ -243,6 +266,8 @@ class Bus:
         self.telemetry: Telemetry | None = None
         self.tracing: Telemetry | None = None
         self.replay_stalled: Callable[[], None] = self.abandon_replay
+        # Message kinds already checked (check_kind): a send pays one set lookup.
+        self._kinds: set[str] = {"message"}
 
     def replaying(self) -> bool:
         """Whether some process still follows a replay plan."""
@@ -315,7 +340,15 @@ class Bus:
         Raises:
             UnknownAgentError: ``dst`` is not a registered agent.
             PayloadNotSerializable: ``payload`` is not JSON.
+            ConfigurationError: ``kind`` is longer than 128 characters, or is not a string
+                every store can hold (see ``check_kind``).
         """
+        try:
+            known = kind in self._kinds
+        except TypeError:  # unhashable: not a string, check_kind says so
+            known = False
+        if not known:
+            self._new_kind(kind)
         channel = sender.outgoing.get(dst)
         if channel is None:
             channel = self.channel(sender, dst)
@@ -348,6 +381,13 @@ class Bus:
                 self._spill(channel)  # type: ignore[misc]
         self._notify(channel)
         return message
+
+    def _new_kind(self, kind: object) -> None:
+        """Check a message kind seen for the first time, and remember it."""
+        check_kind(kind)
+        assert isinstance(kind, str)
+        if len(self._kinds) < _KNOWN_KINDS_MAX:
+            self._kinds.add(kind)
 
     def post(self, sender: Endpoint, message: Message) -> None:
         """Make a message built with ``send(..., post=False)`` visible to its receiver."""

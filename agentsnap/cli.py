@@ -20,6 +20,7 @@ from agentsnap.exceptions import AgentsnapError
 if TYPE_CHECKING:
     from agentsnap.demo import DemoResult
     from agentsnap.ledger import Ledger
+    from agentsnap.store.spool import ReplayReport
     from agentsnap.store.sql import SqlStore
     from agentsnap.telemetry import Exporter
 
@@ -44,7 +45,7 @@ def main() -> None:
 
 @main.group()
 def db() -> None:
-    """Manage the database schema."""
+    """Manage the database: its schema, and writes spooled while it was unavailable."""
 
 
 @db.command()
@@ -72,6 +73,111 @@ def current(db: str) -> None:
         click.echo(f"{found} (newest)")
     else:
         click.echo(f"{found} (newest is {newest}): run `agentsnap db upgrade`")
+
+
+@db.command()
+@_DB
+@click.option(
+    "--spool",
+    "spool_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The spool directory [default: DB_FILE.spool beside an SQLite database, else the "
+    "database's directory under $XDG_STATE_HOME/agentsnap/spool].",
+)
+@click.option("--run", "run_id", default=None, help="Only this run (an id or a unique prefix).")
+def recover(db: str, spool_dir: str | None, run_id: str | None) -> None:
+    """Write to the database what runs spooled locally while it was unavailable.
+
+    A run that closes while its database is down keeps the writes it could not make in a
+    local spool; `agentsnap db recover` replays them, printing one line per spooled write
+    (applied, already stored, no change, stale) and a summary. It exits with status 1 when
+    writes are left in the spool, saying why: fix that and run it again.
+    """
+    from agentsnap.store.spool import Spool  # noqa: PLC0415
+
+    spool = _guard(lambda: Spool.for_url(db, spool_dir))
+    spooled = _guard(spool.runs)
+    if run_id is not None:
+        spooled = _spooled_run(spooled, run_id)
+    if not spooled:
+        of_run = f" of run {run_id}" if run_id is not None else ""
+        click.echo(f"nothing to recover: no spooled writes{of_run} in {spool.directory}")
+        return
+
+    async def go() -> ReplayReport:
+        from agentsnap.store.sql import SqlStore  # noqa: PLC0415
+        from agentsnap.store.sql_ledger import SqlLedger  # noqa: PLC0415
+
+        store = SqlStore(db, create=False)
+        ledger = SqlLedger(db, create=False)
+        try:
+            return await spool.replay(store, ledger, spooled[0] if run_id is not None else None)
+        finally:
+            await ledger.close()
+            await store.close()
+
+    report = _guard(lambda: asyncio.run(go()))
+    for done in report.applied:
+        click.echo(f"{done.outcome.value:<14}  {done.op.run_id}  {done.op.describe()}")
+    runs_done = len({done.op.run_id for done in report.applied})
+    click.echo(
+        f"recovered {_many(len(report.applied), 'spooled write')} of {_many(runs_done, 'run')} "
+        f"from {spool.directory}"
+    )
+    if report.complete:
+        return
+    for run, count in sorted(report.kept.items()):
+        error = report.errors.get(run)
+        why = str(error) if error is not None else "spooled while recovering"
+        click.echo(f"kept {_many(count, 'spooled write')} of run {run} in {spool.file(run)}: {why}")
+    raise click.ClickException(_recover_advice(report))
+
+
+def _spooled_run(spooled: list[str], run_id: str) -> list[str]:
+    """The spooled run that ``run_id`` names, as an id or a unique prefix (or none)."""
+    if run_id in spooled:
+        return [run_id]
+    found = [run for run in spooled if run.startswith(run_id)]
+    if len(found) > 1:
+        raise click.ClickException(
+            f"{run_id!r} matches several spooled runs: {', '.join(found)}; give more of the id"
+        )
+    return found
+
+
+def _recover_advice(report: ReplayReport) -> str:
+    """The one-line error of a recovery that left writes in the spool: why, and what to do."""
+    from agentsnap.exceptions import NotFoundError, StoreError  # noqa: PLC0415
+    from agentsnap.store.spool import SpoolError  # noqa: PLC0415
+
+    left = sum(report.kept.values()) or len(report.errors)
+    errors = list(report.errors.values())
+    if any(isinstance(error, StoreError) for error in errors):
+        advice = (
+            "the database is unavailable or refused them; run `agentsnap db recover` again "
+            "once it is back"
+        )
+    elif any(isinstance(error, NotFoundError) for error in errors):
+        advice = (
+            "their run is not in this database: give the database the run was written to "
+            "with --db, then run `agentsnap db recover` again"
+        )
+    elif any(isinstance(error, SpoolError) for error in errors):
+        advice = (
+            "a line of the spool is malformed: fix or remove it by hand, then run "
+            "`agentsnap db recover` again"
+        )
+    elif errors:
+        advice = "fix the cause above, then run `agentsnap db recover` again"
+    else:
+        advice = "more were spooled while recovering: run `agentsnap db recover` again"
+    return f"{_many(left, 'spooled write')} not recovered, kept in the spool: {advice}"
+
+
+def _many(count: int, noun: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 @main.command()
@@ -314,11 +420,16 @@ def runs(db: str, as_json: bool) -> None:
 @_DB
 @_JSON
 def snapshots(run_id: str, db: str, as_json: bool) -> None:
-    """List the snapshots of run RUN_ID (or a unique prefix of it)."""
+    """List the snapshots of run RUN_ID (or a unique prefix of it).
+
+    A snapshot damaged in the database (rows deleted or changed by hand) is listed as
+    damaged, with what is wrong on a line of its own below the table.
+    """
     from agentsnap.inspect import snapshots_table  # noqa: PLC0415
 
+    rows = _read(db, lambda store: snapshots_table(store, run_id))
     _print_rows(
-        _read(db, lambda store: snapshots_table(store, run_id)),
+        rows,
         as_json,
         {
             "SEQ": "seq",
@@ -330,6 +441,10 @@ def snapshots(run_id: str, db: str, as_json: bool) -> None:
             "IN-FLIGHT": "in_flight",
         },
     )
+    if not as_json:
+        for row in rows:
+            if row["status"] == "damaged":
+                click.echo(f"! snapshot {row['seq']} is damaged: {row['error']}")
 
 
 @main.command()
@@ -338,7 +453,11 @@ def snapshots(run_id: str, db: str, as_json: bool) -> None:
 @click.option("--agent", default=None, help="Only this agent and its channels.")
 @_JSON
 def show(snapshot_id: str, db: str, agent: str | None, as_json: bool) -> None:
-    """Print snapshot SNAPSHOT_ID: each agent's state and counters, messages in flight."""
+    """Print snapshot SNAPSHOT_ID: each agent's state and counters, messages in flight.
+
+    A snapshot damaged in the database is printed as damaged, with what is wrong and what
+    could still be read.
+    """
     from agentsnap.inspect import show_snapshot  # noqa: PLC0415
 
     doc = _read(db, lambda store: show_snapshot(store, snapshot_id, agent))
@@ -349,7 +468,11 @@ def show(snapshot_id: str, db: str, agent: str | None, as_json: bool) -> None:
         f"snapshot {doc['id']}  run {doc['run_id']}  seq {doc['seq']}  {doc['status']}  "
         f"by {doc['initiator']}  started {_when(doc['started_at'])}"
     )
-    if doc["error"]:
+    if doc["status"] == "damaged":
+        click.echo(f"damaged: {doc['error']}")
+        if doc["damaged_agents"]:
+            click.echo(f"missing or unreadable: {', '.join(doc['damaged_agents'])}")
+    elif doc["error"]:
         click.echo(f"error: {doc['error']}")
     for name, cut in doc["agents"].items():
         click.echo(f"agent {name}  (state {cut['state_hash'][:12]})")
@@ -378,6 +501,9 @@ def diff(snapshot_a: str, snapshot_b: str, db: str, agent: str | None, as_json: 
         _print_json(doc)
         return
     click.echo(f"diff {doc['a']} -> {doc['b']}")
+    for side in ("a", "b"):
+        if doc[f"{side}_damaged"]:
+            click.echo(f"! snapshot {doc[side]} is damaged: {doc[f'{side}_damaged']}")
     for entry in doc["agents"]:
         click.echo(f"agent {entry['agent']}: {entry['change']}")
         for line in _diff_lines(entry):
@@ -390,7 +516,10 @@ def diff(snapshot_a: str, snapshot_b: str, db: str, agent: str | None, as_json: 
 @click.option("--agent", required=True, help="The agent to follow.")
 @_JSON
 def history(run_id: str, db: str, agent: str, as_json: bool) -> None:
-    """Show one agent's state across the snapshots of RUN_ID, and what changed each time."""
+    """Show one agent's state across the snapshots of RUN_ID, and what changed each time.
+
+    Snapshots damaged in the database are marked, with what is wrong.
+    """
     from agentsnap.inspect import agent_history_table  # noqa: PLC0415
 
     rows = _read(db, lambda store: agent_history_table(store, run_id, agent))
@@ -398,10 +527,15 @@ def history(run_id: str, db: str, agent: str, as_json: bool) -> None:
         _print_json(rows)
         return
     for row in rows:
+        state = "-" if row["state_hash"] is None else row["state_hash"][:12]
         click.echo(
             f"snapshot {row['seq']}  {row['snapshot_id']}  {_when(row['completed_at'])}  "
-            f"state {row['state_hash'][:12]}"
+            f"state {state}"
         )
+        if row["damaged"]:
+            click.echo(f"  ! damaged: {row['damaged']}")
+        if row["state"] is None:
+            continue
         if row["changes"] is None:
             for key, value in row["state"].items():
                 click.echo(f"  {key}: {_value(value)}")
@@ -548,6 +682,7 @@ _COLOURS = {
     "interrupted": "red",
     "in_progress": "yellow",
     "failed": "red",
+    "damaged": "red",
     "unknown": "red",
     "abandoned": "magenta",
 }

@@ -12,9 +12,12 @@ AgentsnapError
 │   ├── ToolArgumentsInvalid
 │   └── IdempotencyConflict
 ├── NotFoundError               an id that the store does not hold
+├── SpoolError                  the local spool of refused writes cannot be read (see
+│                               agentsnap.store.spool)
 └── RunError                    something went wrong while a run was executing
     ├── HandlerFailed
     ├── SnapshotFailed
+    ├── SnapshotDamaged
     ├── StoreError
     │   └── SchemaOutOfDate
     ├── RollbackExhausted
@@ -60,6 +63,7 @@ __all__ = [
     "RuntimeClosedError",
     "ScheduleError",
     "SchemaOutOfDate",
+    "SnapshotDamaged",
     "SnapshotFailed",
     "StateNotSerializable",
     "StoreError",
@@ -236,6 +240,30 @@ class SnapshotFailed(RunError):
         self.snapshot_id = snapshot_id
         self.reason = reason
         super().__init__(f"snapshot {snapshot_id} failed: {reason}")
+
+
+class SnapshotDamaged(RunError):
+    """The snapshot a run must go back to is damaged in the store: the run cannot use it.
+
+    A store reads a snapshot whose rows were deleted or changed behind agentsnap's back as
+    [`DAMAGED`][agentsnap.SnapshotStatus.DAMAGED]. A run never restores one: a rollback
+    whose target is damaged stops the run with this error, and a resume whose only cut is
+    damaged refuses with it. Inspect the snapshot with ``agentsnap show``; a run can still
+    be forked from an intact snapshot.
+
+    Attributes:
+        snapshot_id: The damaged snapshot.
+        reason: What is wrong with it.
+    """
+
+    def __init__(self, snapshot_id: str, reason: str, what: str) -> None:
+        self.snapshot_id = snapshot_id
+        self.reason = reason
+        super().__init__(
+            f"snapshot {snapshot_id} is damaged in the store, so {what}: {reason}. Inspect it "
+            f"with `agentsnap show {snapshot_id}`; a new run can be forked from an intact "
+            "snapshot"
+        )
 
 
 class StoreError(RunError):

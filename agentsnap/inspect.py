@@ -30,9 +30,10 @@ import dataclasses
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentsnap.exceptions import ConfigurationError, NotFoundError
+from agentsnap.exceptions import ConfigurationError, NotFoundError, SnapshotDamaged
 from agentsnap.journal import read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
+from agentsnap.limits import check_run_id
 from agentsnap.records import RunInfo, SnapshotStatus, utcnow
 from agentsnap.store.ledger import ledger_for
 
@@ -165,6 +166,7 @@ def _snapshot(snapshot: Snapshot) -> dict[str, Any]:
         "started_at": _time(snapshot.started_at),
         "completed_at": _time(snapshot.completed_at),
         "error": snapshot.error,
+        "damaged_agents": list(snapshot.damaged_agents),
         "agents": {
             name: {
                 "state": cut.state,
@@ -269,6 +271,9 @@ async def runs_table(store: Store) -> list[dict[str, Any]]:
 async def snapshots_table(store: Store, run_prefix: str) -> list[dict[str, Any]]:
     """The snapshots of a run (id or unique prefix), in the order they were started.
 
+    A snapshot found damaged in the store has status ``"damaged"``, ``"error"`` saying what
+    is wrong and ``"damaged_agents"`` the processes whose part is missing or unreadable.
+
     Raises:
         NotFoundError: No such run, or the prefix is ambiguous.
     """
@@ -285,6 +290,7 @@ async def snapshots_table(store: Store, run_prefix: str) -> list[dict[str, Any]]
             "agents": sorted(s.agents),
             "in_flight": sum(len(c.messages) for c in s.channels),
             "error": s.error,
+            "damaged_agents": list(s.damaged_agents),
         }
         for s in await store.list_snapshots(run.id)
     ]
@@ -376,7 +382,11 @@ async def show_snapshot(
 ) -> dict[str, Any]:
     """One snapshot: its agents' states and counters and the messages in flight.
 
-    With ``agent``, only that agent's part and the channels into or out of it.
+    With ``agent``, only that agent's part and the channels into or out of it. A damaged
+    snapshot is shown with what could be read, ``"status": "damaged"``, the reason in
+    ``"error"`` and the processes whose part is missing or unreadable in
+    ``"damaged_agents"`` (such a process, asked for with ``agent``, has no entry in
+    ``"agents"``).
 
     Raises:
         NotFoundError: No such snapshot (or the prefix is ambiguous), or the snapshot did
@@ -386,11 +396,16 @@ async def show_snapshot(
     document = _snapshot(snapshot)
     document["run_id"] = snapshot.run_id
     if agent is not None:
-        if agent not in snapshot.agents:
+        if agent in snapshot.damaged_agents:
+            document["agents"] = {}
+            document["damaged_agents"] = [agent]
+        elif agent in snapshot.agents:
+            document["agents"] = {agent: document["agents"][agent]}
+            document["damaged_agents"] = []
+        else:
             raise NotFoundError(
                 "agent", agent, f"snapshot {snapshot.id} recorded no agent {agent!r}"
             )
-        document["agents"] = {agent: document["agents"][agent]}
         document["channels"] = [c for c in document["channels"] if agent in (c["src"], c["dst"])]
     return document
 
@@ -401,7 +416,10 @@ async def diff_snapshots(
     """What changed in each agent's state from snapshot A to snapshot B.
 
     Each agent's entry says whether it was ``"added"``, ``"removed"``, ``"changed"`` or
-    ``"unchanged"`` and, field by field, what differs (see ``diff_states``).
+    ``"unchanged"`` and, field by field, what differs (see ``diff_states``). An agent whose
+    part of a damaged snapshot is missing or unreadable is ``"damaged"`` (compared as if it
+    had no state there); ``"a_damaged"`` and ``"b_damaged"`` say what is wrong with a
+    damaged snapshot (``None`` for an intact one).
 
     Raises:
         NotFoundError: No such snapshot (or a prefix is ambiguous), or neither snapshot
@@ -409,7 +427,8 @@ async def diff_snapshots(
     """
     a = await resolve_snapshot(store, a_prefix)
     b = await resolve_snapshot(store, b_prefix)
-    names = sorted(set(a.agents) | set(b.agents))
+    lost = set(a.damaged_agents) | set(b.damaged_agents)
+    names = sorted(set(a.agents) | set(b.agents) | lost)
     if agent is not None:
         if agent not in names:
             raise NotFoundError(
@@ -420,7 +439,9 @@ async def diff_snapshots(
     for name in names:
         old = a.agents.get(name)
         new = b.agents.get(name)
-        if old is None:
+        if name in lost and (old is None or new is None):
+            change = "damaged"
+        elif old is None:
             change = "added"
         elif new is None:
             change = "removed"
@@ -437,14 +458,27 @@ async def diff_snapshots(
                 ),
             }
         )
-    return {"a": a.id, "b": b.id, "agents": agents}
+    return {
+        "a": a.id,
+        "b": b.id,
+        "a_damaged": _damage(a),
+        "b_damaged": _damage(b),
+        "agents": agents,
+    }
+
+
+def _damage(snapshot: Snapshot) -> str | None:
+    return snapshot.error if snapshot.status is SnapshotStatus.DAMAGED else None
 
 
 async def agent_history_table(store: Store, run_prefix: str, agent: str) -> list[dict[str, Any]]:
     """One agent's state in each complete snapshot of a run, with what changed each time.
 
     ``"changes"`` is ``None`` for the first entry, else the ``diff_states`` from the
-    previous entry.
+    previous entry with a state. An entry from a snapshot found damaged has ``"damaged"``
+    set to what is wrong (else ``None``); when the agent's own part is missing or unreadable
+    its ``"state"``, ``"state_hash"``, ``"sent"``, ``"received"`` and ``"changes"`` are
+    ``None``.
 
     Raises:
         NotFoundError: No such run (or the prefix is ambiguous), or no snapshot of the run
@@ -454,20 +488,29 @@ async def agent_history_table(store: Store, run_prefix: str, agent: str) -> list
     rows = []
     previous: dict[str, Any] | None = None
     for version in await store.agent_history(run.id, agent):
-        state = version.cut.state
-        rows.append(
-            {
-                "snapshot_id": version.snapshot_id,
-                "seq": version.snapshot_seq,
-                "completed_at": _time(version.completed_at),
-                "state_hash": version.cut.state_hash,
-                "state": state,
-                "sent": version.cut.sent,
-                "received": version.cut.received,
-                "changes": None if previous is None else diff_states(previous, state),
-            }
-        )
-        previous = state
+        row: dict[str, Any] = {
+            "snapshot_id": version.snapshot_id,
+            "seq": version.snapshot_seq,
+            "completed_at": _time(version.completed_at),
+            "damaged": version.damaged,
+            "state_hash": None,
+            "state": None,
+            "sent": None,
+            "received": None,
+            "changes": None,
+        }
+        cut = version.cut
+        if cut is not None:
+            state = cut.state
+            row.update(
+                state_hash=cut.state_hash,
+                state=state,
+                sent=cut.sent,
+                received=cut.received,
+                changes=None if previous is None else diff_states(previous, state),
+            )
+            previous = state
+        rows.append(row)
     return rows
 
 
@@ -495,6 +538,8 @@ async def graph_checkpoints_table(
         except NotFoundError:  # no complete snapshot recorded this agent
             continue
         for version in versions:
+            if version.cut is None:  # damaged: the snapshot holds no readable state of it
+                continue
             checkpoint_id = version.cut.state.get("checkpoint_id")
             if isinstance(checkpoint_id, str):
                 held.setdefault((name, checkpoint_id), []).append(version.snapshot_seq)
@@ -543,9 +588,17 @@ async def fork_run(
 
     Raises:
         NotFoundError: No such snapshot, or the prefix is ambiguous.
-        ConfigurationError: The snapshot is not complete, or ``run_id`` is taken.
+        SnapshotDamaged: The snapshot is damaged in the store.
+        ConfigurationError: The snapshot failed, or ``run_id`` is taken or longer than 64
+            characters.
     """
+    if run_id is not None:
+        check_run_id(run_id)
     snapshot = await resolve_snapshot(store, snapshot_prefix)
+    if snapshot.status is SnapshotStatus.DAMAGED:
+        raise SnapshotDamaged(
+            snapshot.id, snapshot.error or "damaged", "no run can be forked from it"
+        )
     if snapshot.status is not SnapshotStatus.COMPLETE:
         raise ConfigurationError(
             f"snapshot {snapshot.id} is {snapshot.status.value}; fork from a complete one"

@@ -23,8 +23,10 @@ append the message (or its sequence number) and the time to a list on the channe
 ``interval`` seconds, whenever the run goes idle, and when the runtime closes, the lists are
 taken, encoded as one JSON segment per channel and event, and written to the store in one
 call, off the hot path. A write that fails is logged and kept for the next flush, so the
-journal loses nothing while the database is briefly away; what was not yet written when a
-process dies is lost (the snapshots, not the journal, are what a run is recovered from).
+journal loses nothing while the database is briefly away; what the database still refuses
+when the runtime closes is spooled to a local file and written later (see
+[`agentsnap.store.spool`][agentsnap.store.spool]). What was not yet written when a process
+dies is lost (the snapshots, not the journal, are what a run is recovered from).
 """
 
 from __future__ import annotations
@@ -147,19 +149,20 @@ class Journal:
                     exc,
                 )
 
-    async def close(self) -> None:
-        """Stop the background flushes and write what is left."""
+    async def close(self) -> list[JournalSegment]:
+        """Stop the background flushes and write what is left.
+
+        Returns:
+            The segments the store refused even then, which this journal forgets: the
+            caller keeps them elsewhere (the runtime spools them to a local file).
+        """
         if self._timer is not None:
             self._timer.cancel()
             await asyncio.gather(self._timer, return_exceptions=True)
             self._timer = None
         await self.flush()
-        if self._pending:
-            logger.error(
-                "%d journal segment(s) of run %s could not be written and are lost",
-                len(self._pending),
-                self._run_id,
-            )
+        left, self._pending = self._pending, []
+        return left
 
 
 # Segments are encoded column by column: one JSON array per field, which the C encoder turns

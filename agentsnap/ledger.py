@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from agentsnap import liveness
 from agentsnap.exceptions import ConfigurationError, NotFoundError
+from agentsnap.limits import MAX_IDEMPOTENCY_KEY, check_text
 from agentsnap.records import utcnow
 from agentsnap.state import canonical_json
 
@@ -71,8 +72,8 @@ __all__ = [
     "resolve",
 ]
 
-MAX_KEY_LENGTH = 255
-"""Longest idempotency key the ledger holds."""
+MAX_KEY_LENGTH = MAX_IDEMPOTENCY_KEY
+"""Longest idempotency key the ledger holds (``agentsnap.limits.MAX_IDEMPOTENCY_KEY``)."""
 
 
 # -- the ledger's data ----------------------------------------------------------------------
@@ -256,11 +257,13 @@ def derive_key(  # noqa: PLR0917
 
 
 def _check_key(key: str) -> str:
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise ConfigurationError(
-            f"an idempotency key must be a string of 1 to {MAX_KEY_LENGTH} characters, got {key!r}"
-        )
-    return key
+    return check_text(
+        key,
+        "the idempotency key",
+        MAX_KEY_LENGTH,
+        f"pass key= a string of 1 to {MAX_KEY_LENGTH} characters naming this effect (a hash "
+        "of a longer one will do)",
+    )
 
 
 # -- after the run --------------------------------------------------------------------------

@@ -185,8 +185,10 @@ class RunOwnership:
         """Renew the lease every ``ttl / 3`` seconds in a task, until ``release``.
 
         ``on_lost`` is called once, from the task, when the lease was taken over (the token
-        changed), or when the store kept failing until the lease would have expired; the
-        heartbeat then stops. Store errors before that are retried.
+        changed); the heartbeat then stops. While the store fails, renewing is retried for
+        as long as it takes: a lease that expired meanwhile is still this runtime's unless
+        another took the run over, which the next renewal (and every fenced write) finds
+        out from the token.
 
         Raises:
             ConfigurationError: The lease is not held, or the heartbeat already runs.
@@ -212,14 +214,19 @@ class RunOwnership:
                     renewed = await self.store.renew_lease(self.run_id, lease.token, expires_at)
                     break
                 except StoreError as exc:
-                    left = (holds_until - utcnow()).total_seconds()
-                    if left <= 0:
-                        detail = f"it expired while renewing failed: {exc}"
-                        _tell(on_lost, OwnershipLost(self.run_id, lease.token, detail))
-                        return
-                    logger.warning("run %s: renewing the lease failed: %s", self.run_id, exc)
-                    await asyncio.sleep(min(pause, left))
+                    if (holds_until - utcnow()).total_seconds() <= 0:
+                        logger.error(
+                            "run %s: its lease expired while the database was unavailable; "
+                            "renewing goes on (another process may take the run over now, "
+                            "which ends this one's writes): %s",
+                            self.run_id,
+                            exc,
+                        )
+                    else:
+                        logger.warning("run %s: renewing the lease failed: %s", self.run_id, exc)
+                    await asyncio.sleep(pause)
                     pause = min(pause * 2, _RETRY_MAX)
+                    expires_at = utcnow() + timedelta(seconds=self.ttl)
             if not renewed:
                 current = await _quietly(self.store.get_lease(self.run_id))
                 detail = "" if current is None else f"{current.owner} holds it now"

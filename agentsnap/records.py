@@ -85,6 +85,12 @@ class SnapshotStatus(enum.StrEnum):
     """Every agent and every channel recorded, and written to the store."""
     FAILED = "failed"
     """The snapshot could not be completed; see its ``error``."""
+    DAMAGED = "damaged"
+    """Written complete, but what the store holds of it now is not a whole, consistent cut
+    (rows deleted or changed behind agentsnap's back); ``error`` says what is wrong. Never
+    written by agentsnap: a store reports it when it reads the snapshot back (see
+    [`agentsnap.integrity`][agentsnap.integrity]). A run never rolls back to, resumes from or
+    forks a damaged snapshot: it is treated like a failed one."""
 
 
 class AgentCut(BaseModel):
@@ -158,18 +164,23 @@ class Snapshot(BaseModel):
     initiator: str
     """Who started it: an agent, or ``$env`` for the runtime."""
     status: SnapshotStatus
-    """Complete or failed."""
+    """Complete, failed, or damaged."""
     started_at: datetime
     """When it was initiated."""
     completed_at: datetime | None = None
     """When the last channel was recorded."""
     error: str | None = None
-    """Why it failed, for a failed snapshot."""
+    """Why it failed, for a failed snapshot; what is wrong with it, in one line, for a
+    damaged one."""
     agents: dict[str, AgentCut] = Field(default_factory=dict)
-    """Each process's cut, by name (the environment included, as ``$env``)."""
+    """Each process's cut, by name (the environment included, as ``$env``); for a damaged
+    snapshot, the cuts that could be read intact."""
     channels: list[ChannelRecord] = Field(default_factory=list)
     """Channels with messages in flight at the cut, ordered by ``(src, dst)``; a channel not
-    listed had nothing in flight."""
+    listed had nothing in flight. For a damaged snapshot, the messages that could be read."""
+    damaged_agents: list[str] = Field(default_factory=list)
+    """For a damaged snapshot, the processes whose part is missing or could not be read, as
+    far as the stored rows show, sorted; empty otherwise."""
 
     def in_flight(self, src: str, dst: str) -> list[RecordedMessage]:
         """Messages in flight on channel ``src -> dst`` at this cut."""
@@ -180,7 +191,11 @@ class Snapshot(BaseModel):
 
 
 class AgentVersion(BaseModel):
-    """One agent's recorded part of one complete snapshot: a point in its state history."""
+    """One agent's recorded part of one complete snapshot: a point in its state history.
+
+    A snapshot found damaged when it was read back is listed too, with ``damaged`` set,
+    when it holds the agent's part or the damage concerns the agent.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -190,8 +205,12 @@ class AgentVersion(BaseModel):
     """Number of that snapshot within the run."""
     completed_at: datetime | None
     """When that snapshot completed."""
-    cut: AgentCut
-    """The agent's state and channel counters at the cut."""
+    cut: AgentCut | None
+    """The agent's state and channel counters at the cut; ``None`` when the snapshot is
+    damaged and the agent's part of it is missing or could not be read."""
+    damaged: str | None = None
+    """What is wrong with the snapshot, when it is damaged (see
+    [`SnapshotStatus.DAMAGED`][agentsnap.SnapshotStatus.DAMAGED])."""
 
 
 class JournalSegment(NamedTuple):

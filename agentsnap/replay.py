@@ -171,6 +171,17 @@ class ReplayLog:
         self.timeline += 1
         self._take(marker=True)
 
+    def take_unwritten(self) -> list[ReplaySegment]:
+        """Everything not yet durable, as segments, which this log then forgets.
+
+        For a runtime closing while its database is away: it spools them.
+        """
+        self._take()
+        segments = [segment for segment, _ in self._unwritten]
+        self._unwritten.clear()
+        self._durable = self._appended()
+        return segments
+
     async def close(self) -> None:
         """Wait for background writes."""
         while self._background:

@@ -62,7 +62,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import tenacity
 from pydantic import BaseModel, ValidationError
 
-from agentsnap.exceptions import ConfigurationError, OutputRejected, RollbackExhausted
+from agentsnap.bus import check_kind
+from agentsnap.exceptions import (
+    ConfigurationError,
+    OutputRejected,
+    RollbackExhausted,
+    RunError,
+    SnapshotDamaged,
+)
+from agentsnap.limits import MAX_CHECK_NAME, check_text
 from agentsnap.messages import EMPTY_HEADERS, ENVIRONMENT, Message
 from agentsnap.records import RollbackInfo, Snapshot, SnapshotStatus
 from agentsnap.state import compact_json
@@ -152,6 +160,26 @@ class OutputCheck:
     name: str
     schema: type[BaseModel] | None = None
     check: Check | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a name or kind that not every store can hold.
+
+        The name is recorded as the source of the rollbacks the check causes.
+
+        Raises:
+            ConfigurationError: The name is empty or longer than 128 characters, or the kind
+                is longer than 128 characters (no message could have it), or either holds
+                the NUL character.
+        """
+        check_text(
+            self.name,
+            "a check's name",
+            MAX_CHECK_NAME,
+            "pass a shorter name= to Runtime.check() (it is recorded as the source of the "
+            "rollbacks the check causes)",
+        )
+        if self.kind is not None:
+            check_kind(self.kind)
 
     def judge(self, message: Message) -> str | None:
         """The reason ``message`` fails this check, or ``None``."""
@@ -429,19 +457,47 @@ def current_cut(snapshots: list[Snapshot], rollbacks: list[RollbackInfo]) -> Sna
     """The cut a run stands on: where its latest rollback went, or a snapshot taken since.
 
     Snapshots that completed before the latest rollback belong to a timeline the run left
-    (the rollback's own target excepted).
+    (the rollback's own target excepted). A snapshot found damaged in the store is passed
+    over like a failed one, with a warning: the newest intact snapshot of the timeline is
+    the cut.
+
+    Raises:
+        SnapshotDamaged: The timeline's snapshots are all damaged: there is no cut to stand
+            on (starting again from the registered states would lose what the run did).
     """
-    complete = [
-        s for s in snapshots if s.status is SnapshotStatus.COMPLETE and s.completed_at is not None
+    cuts = [
+        s
+        for s in snapshots
+        if s.status in {SnapshotStatus.COMPLETE, SnapshotStatus.DAMAGED}
+        and s.completed_at is not None
     ]
     if rollbacks:
         last = max(rollbacks, key=lambda r: r.at)
-        complete = [
+        cuts = [
             s
-            for s in complete
+            for s in cuts
             if s.id == last.snapshot_id or (s.completed_at is not None and s.completed_at > last.at)
         ]
-    return max(complete, key=lambda s: s.seq, default=None)
+    newest = max(cuts, key=lambda s: s.seq, default=None)
+    intact = max(
+        (s for s in cuts if s.status is SnapshotStatus.COMPLETE), key=lambda s: s.seq, default=None
+    )
+    if newest is not None and newest is not intact:
+        if intact is None:
+            raise SnapshotDamaged(
+                newest.id,
+                newest.error or "damaged",
+                f"run {newest.run_id} cannot go back to it, and no intact snapshot is left in "
+                "its timeline",
+            )
+        logger.warning(
+            "snapshot %d (%s) is damaged in the store (%s); the run goes back to snapshot %d",
+            newest.seq,
+            newest.id,
+            newest.error,
+            intact.seq,
+        )
+    return intact
 
 
 Restore = Callable[[Snapshot], int]
@@ -483,8 +539,9 @@ class RollbackManager:
         self._sites: dict[tuple[str, str], _Site] = {}
         self.history: list[RollbackInfo] = []
         """Every rollback of this runtime, oldest first."""
-        self.exhausted: RollbackExhausted | None = None
-        """Set when the retry policy gave up; the run is stopped."""
+        self.exhausted: RunError | None = None
+        """Set when the run stopped: the retry policy gave up (``RollbackExhausted``), or
+        the snapshot to go back to is damaged in the store (``SnapshotDamaged``)."""
 
     async def quiesce(self) -> None:
         """Pause the bus and wait until no handler is running."""
@@ -500,9 +557,10 @@ class RollbackManager:
         await self._coordinator.drain()
 
     async def reject(self, rejection: OutputRejected) -> RollbackInfo | None:
-        """Roll back for a rejected output; ``None`` when the retry policy gave up.
+        """Roll back for a rejected output; ``None`` when the run stops instead.
 
-        The bus is left paused when the policy gave up, so the run stops.
+        The run stops (``exhausted`` says why, and the bus is left paused) when the retry
+        policy gave up, or when the snapshot to go back to is damaged in the store.
         """
         await self.quiesce()
         site = self._sites.setdefault((rejection.agent, rejection.source), _Site())
@@ -526,6 +584,16 @@ class RollbackManager:
             snapshot = latest
         else:
             snapshot = await self._load(target)
+        if snapshot.status is not SnapshotStatus.COMPLETE:  # damaged in the store since
+            self.exhausted = SnapshotDamaged(
+                snapshot.id,
+                snapshot.error or snapshot.status.value,
+                f"the run could not roll back to it after {rejection.source} rejected the "
+                f"output of {rejection.agent!r}, and stopped",
+            )
+            logger.error("%s", self.exhausted)
+            self._drop_everything()
+            return None
         pause = float(self._policy.wait(site.state))
         if pause > 0:
             await asyncio.sleep(pause)
@@ -547,7 +615,16 @@ class RollbackManager:
         self._bus.scheduler.resume()
 
     async def manual(self, snapshot: Snapshot, reason: str) -> RollbackInfo:
-        """Roll back to ``snapshot`` on request."""
+        """Roll back to ``snapshot`` on request.
+
+        Raises:
+            SnapshotDamaged: The snapshot is damaged in the store.
+            ConfigurationError: It failed, belongs to another run, or is too old.
+        """
+        if snapshot.status is SnapshotStatus.DAMAGED:
+            raise SnapshotDamaged(
+                snapshot.id, snapshot.error or "damaged", "the run cannot roll back to it"
+            )
         if snapshot.status is not SnapshotStatus.COMPLETE:
             raise ConfigurationError(
                 f"snapshot {snapshot.id} is {snapshot.status.value}; roll back to a complete one"
@@ -567,6 +644,16 @@ class RollbackManager:
             )
         await self.quiesce()
         return await self._roll_back(snapshot, None, reason, "manual", 1)
+
+    async def recover(self, snapshot: Snapshot, reason: str) -> RollbackInfo:
+        """Roll back to ``snapshot`` because work was lost to a database fault.
+
+        A handler could not finish (its tool call or the replay log could not be written
+        before the store's retry deadline); going back to the last cut redoes it, and the
+        ledger makes its effects happen once. No retry budget is used.
+        """
+        await self.quiesce()
+        return await self._roll_back(snapshot, None, reason, "database", 1)
 
     async def _roll_back(
         self, snapshot: Snapshot, agent: str | None, reason: str, source: str, attempt: int

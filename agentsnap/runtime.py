@@ -27,10 +27,12 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -46,10 +48,12 @@ from agentsnap.exceptions import (
     OutputRejected,
     OwnershipLost,
     RuntimeClosedError,
+    StoreError,
     UnknownAgentError,
 )
 from agentsnap.journal import Journal
-from agentsnap.ledger import Ledger, mark_orphaned
+from agentsnap.ledger import Ledger, ToolCallStatus, mark_orphaned, owner_id
+from agentsnap.limits import check_run_id
 from agentsnap.messages import ENVIRONMENT, Marker, Message
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import (
@@ -75,10 +79,21 @@ from agentsnap.rollback import (
 )
 from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle, SnapshotPolicy
 from agentsnap.state import check_round_trip
+from agentsnap.store.faults import classify
 from agentsnap.store.ledger import MemoryLedger, ledger_for
 from agentsnap.store.memory import MemoryStore
+from agentsnap.store.spool import (
+    AppendJournal,
+    AppendReplay,
+    FinishRun,
+    SaveRollback,
+    Spool,
+    SpoolError,
+    SpoolOp,
+    UpdateLedger,
+)
 from agentsnap.telemetry import Telemetry, resolve
-from agentsnap.tools import reconcile
+from agentsnap.tools import reconcile, recorded, unrecorded
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -93,6 +108,18 @@ _now_ns = time.time_ns
 _SEAL_INPUTS_EVERY = 256
 _REPLAY_HOLDS = 4096  # deliveries (or inputs) the replay log holds before it writes them
 _REPLAY_WATCH_SECONDS = 0.25
+_WRITES_BEHIND = 16  # snapshot writes in flight at which policy snapshots are skipped
+_PROBE_FIRST = 0.1  # seconds between probes of a database that does not answer, at first
+_PROBE_MAX = 5.0
+_PROBE_KEY = "agentsnap:probe"  # a ledger key read to see whether the ledger answers
+
+
+def _lost_to_database(error: BaseException) -> bool:
+    """Whether ``error`` is a database fault that passes (the work can be redone later)."""
+    if not isinstance(error, StoreError):
+        return False
+    fault = classify(error)
+    return fault is not None and fault.transient
 
 
 class Runtime:
@@ -107,7 +134,8 @@ class Runtime:
         scheduler: Decides which message is delivered next; an
             [`AsyncioScheduler`][agentsnap.AsyncioScheduler] by default.
         snapshot_policy: When to take snapshots without being asked.
-        run_id: Id of the run (32 hex digits are generated when omitted).
+        run_id: Id of the run (32 hex digits are generated when omitted); at most 64
+            characters, or ``ConfigurationError`` is raised here.
         metadata: JSON recorded with the run.
         journal: Keep a journal of every send and delivery in the store (see
             [`agentsnap.journal`][agentsnap.journal]); off by default.
@@ -136,6 +164,12 @@ class Runtime:
             expires, and its late writes are refused (see
             [`agentsnap.ownership`][agentsnap.ownership]). A dead process on this host is
             noticed at once.
+        spool: The directory where writes the database still refuses when the runtime
+            closes (after the store's retries: the run's status, the journal's and the
+            replay log's tail, rollback records, tool outcomes) are kept, to be written when
+            the run is resumed or by ``agentsnap db recover``. By default beside an SQLite
+            file (``<file>.spool``), else under ``~/.local/state/agentsnap/spool`` (see
+            [`agentsnap.store.spool`][agentsnap.store.spool]).
 
     Attributes:
         run_id: Id of this run.
@@ -158,8 +192,9 @@ class Runtime:
         telemetry: Telemetry | bool | None = None,
         replay: bool = True,
         lease: float = 15.0,
+        spool: str | Path | None = None,
     ) -> None:
-        self.run_id = run_id or uuid.uuid4().hex
+        self.run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
         self.store: Store = store if store is not None else MemoryStore()
         self._owns_ledger = ledger is None
         if ledger is None:
@@ -218,6 +253,12 @@ class Runtime:
         # The start-of-run snapshot being written: nothing is delivered before it is stored.
         self._first_write: asyncio.Future[None] | None = None
         self._ownership = RunOwnership(self.store, self.run_id, ttl=lease)
+        self._spool_directory = spool
+        # Rollbacks for a database that keeps failing are spaced out (see _lost_to_database).
+        self._last_fault_rollback = -float("inf")
+        self._fault_pause = 0.0
+        # Rollback records the store could not write yet (written later, or spooled).
+        self._unsaved_rollbacks: list[RollbackInfo] = []
         self._lost: OwnershipLost | None = None
         self._rollbacks = RollbackManager(
             self.run_id,
@@ -295,7 +336,8 @@ class Runtime:
 
         Raises:
             ConfigurationError: Neither ``schema`` nor ``check`` is given, or ``schema`` is not
-                a pydantic model.
+                a pydantic model, or the name or the kind is longer than 128 characters (the
+                longest every store can hold; the name is recorded with each rollback).
         """
         if schema is None and check is None:
             raise ConfigurationError("Runtime.check() needs a schema=, a check=, or both")
@@ -382,19 +424,22 @@ class Runtime:
         await self._scheduler.close()
         self._snapshots.abort_all("the runtime was closed before the snapshot completed")
         await self._snapshots.drain()
-        if self._journal is not None:
-            await self._journal.close()
         # A runtime that never owned its run (a refused resume) leaves it as it found it.
         owner = self._ownership.lease is not None and self._lost is None
+        closing = _Closing(self)
+        if self._journal is not None:
+            left = await self._journal.close()
+            if left and owner:
+                closing.spool(AppendJournal(run_id=self.run_id, segments=left))
         if self._replay is not None:
             await self._replay.close()
             if owner:
-                try:  # input not handled yet is then restored by a resume
-                    await self._replay.flush()
-                except Exception as exc:
-                    logger.warning("run %s: the replay log was not written: %s", self.run_id, exc)
+                # Input not handled yet is then restored by a resume.
+                await closing.write(self._replay.flush, self._spool_replay)
         unreconciled: Exception | None = None
         try:
+            if owner:
+                await self._record_outcomes(closing)
             if self._started and owner:  # effects no final state holds were abandoned
                 await reconcile(
                     self.ledger,
@@ -415,14 +460,74 @@ class Runtime:
                 status = RunStatus.INTERRUPTED  # closed with work left: resume() goes on
             else:
                 status = RunStatus.SUCCEEDED
+            for info in self._unsaved_rollbacks:
+                await closing.write(
+                    functools.partial(self.store.save_rollback, info),
+                    [SaveRollback(info=info)],
+                )
+            self._unsaved_rollbacks.clear()
+            finished_at = utcnow()
+            token = self._ownership.lease.token if self._ownership.lease else None
+            await closing.write(
+                functools.partial(self.store.finish_run, self.run_id, status, finished_at),
+                lambda: [
+                    FinishRun(
+                        run_id=self.run_id, status=status, finished_at=finished_at, token=token
+                    )
+                ],
+            )
             try:
-                await self.store.finish_run(self.run_id, status, utcnow())
-            finally:
                 await self._ownership.release()
+            except StoreError as exc:  # it expires by itself
+                logger.warning("run %s: its lease was not released: %s", self.run_id, exc)
         elif self._lost is not None:
             await self._ownership.release()  # stops the heartbeat; the run is another's
+        closing.finish()
         if unreconciled is not None:
             raise unreconciled
+
+    def _spool(self) -> Spool | None:
+        """Where writes the database refused at close go: beside the database, by default."""
+        url = getattr(self.store, "url", None)
+        if not isinstance(url, str):
+            return None  # a store in memory never refuses a write
+        return Spool.for_url(url, self._spool_directory)
+
+    async def _replay_spool(self) -> None:
+        """Write what an earlier runtime of this run spooled when it closed."""
+        spool = self._spool()
+        if spool is None or not spool.file(self.run_id).exists():
+            return
+        report = await spool.replay(self.store, self.ledger, self.run_id)
+        if not report.complete:
+            raise StoreError(
+                f"run {self.run_id} has writes spooled in {spool.file(self.run_id)} that could "
+                f"not be written yet ({report}); resume it once the database answers, or run "
+                "`agentsnap db recover`"
+            )
+        logger.info("run %s: wrote what was spooled at its last close", self.run_id)
+
+    def _spool_replay(self) -> list[SpoolOp]:
+        assert self._replay is not None
+        return [AppendReplay.of(self.run_id, s) for s in self._replay.take_unwritten()]
+
+    async def _record_outcomes(self, closing: _Closing) -> None:
+        """Write the outcomes of tool calls the ledger could not record when they ran."""
+        for pending in unrecorded(self.run_id):
+            await closing.write(
+                functools.partial(pending.record, self.ledger),
+                [
+                    UpdateLedger.of(
+                        self.run_id,
+                        pending.key,
+                        pending.change,
+                        (ToolCallStatus.IN_PROGRESS, ToolCallStatus.UNKNOWN),
+                        owner_id(),
+                        pending.attempt,
+                    )
+                ],
+            )
+            recorded(pending.key)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -455,7 +560,8 @@ class Runtime:
             UnknownAgentError: ``to`` is not a registered agent.
             PayloadNotSerializable: ``payload`` is not JSON.
             ConfigurationError: The store held this run (``run_id``) before this runtime
-                started: ``resume()`` it first.
+                started: ``resume()`` it first; or ``kind`` is longer than 128 characters
+                (the longest kind every store can hold).
             RollbackExhausted: The run stopped: its retry policy gave up.
             RuntimeClosedError: The runtime is closed.
         """
@@ -601,6 +707,7 @@ class Runtime:
 
         Raises:
             NotFoundError: The store holds no such snapshot.
+            SnapshotDamaged: The snapshot is damaged in the store (rows deleted or changed).
             ConfigurationError: The snapshot failed, belongs to another run, or there is no
                 complete snapshot yet; or the store held this run before this runtime started
                 and it was not resumed.
@@ -665,11 +772,15 @@ class Runtime:
         Raises:
             NotFoundError: The store holds no run with this id.
             RunOwnedError: Another runtime owns the run, still after ``wait`` seconds.
+            SnapshotDamaged: Every snapshot the run could go back to is damaged in the store
+                (a damaged snapshot is passed over, like a failed one, when an older intact
+                one of the same timeline is left).
             ConfigurationError: The run succeeded (it has nothing left to do), or this runtime
                 already took input. A failed run can be resumed: it goes back to its last
                 cut, with a fresh retry budget.
         """
         self._check_fresh("resume()")
+        await self._replay_spool()
         run = await self.store.get_run(self.run_id)
         if run.status is RunStatus.SUCCEEDED:
             finished = run.finished_at.isoformat(timespec="seconds") if run.finished_at else "?"
@@ -796,6 +907,7 @@ class Runtime:
         endpoint.busy = True
         generation = self._generation
         rejected: OutputRejected | None = None
+        lost_to: Exception | None = None
         tracing = self._tracing
         guard = ctx.guard
         try:
@@ -812,10 +924,16 @@ class Runtime:
             rejected = exc
         except Exception as exc:
             if ctx.rejected is None:
-                self._handler_failed(endpoint.name, message, exc)
+                if _lost_to_database(exc):
+                    lost_to = exc  # redone from the last cut once the database answers
+                else:
+                    self._handler_failed(endpoint.name, message, exc)
         finally:
             # A rejection the handler caught (even with ``except BaseException``) counts.
-            if rejected is None and ctx.rejected is None:
+            if lost_to is not None:
+                if guard is not None:
+                    guard.outputs.clear()  # held back, and sent when the handler is redone
+            elif rejected is None and ctx.rejected is None:
                 if guard is not None and guard.outputs:
                     ctx.post_held()
             else:
@@ -825,10 +943,13 @@ class Runtime:
                     guard.outputs.clear()  # held back, and now never sent
             endpoint.busy = False
             ctx.message = None
-            if endpoint.record_wanted and rejected is None:
+            if endpoint.record_wanted and rejected is None and lost_to is None:
                 snapshots.record(endpoint, endpoint.record_wanted)
         if rejected is not None:
             await self._rejected(rejected, generation)
+            return
+        if lost_to is not None:
+            await self._lost_to_database(lost_to, endpoint.name, message, generation)
             return
         if self._countdown:
             self._countdown -= 1
@@ -874,6 +995,84 @@ class Runtime:
                 await self._recover(rejected)
         finally:
             self._rolling_back = False
+
+    async def _lost_to_database(
+        self, error: Exception, agent: str, message: Message, generation: int
+    ) -> None:
+        """A handler could not finish because the database did not answer in time.
+
+        Its message was taken off its channel and what it did is half done, so the run goes
+        back to its last cut once the database answers again, and redoes the work from
+        there: nothing is lost, and the ledger makes the effects happen once. Like a
+        rejection, at most one such rollback runs at a time, and one from a handler of a
+        discarded timeline is dropped.
+        """
+        if generation != self._generation or self._rolling_back or self._closed:
+            logger.debug("dropped a database failure from a discarded timeline: %s", error)
+            return
+        if self._rollbacks.exhausted is not None or self._lost is not None:
+            return
+        target = self._snapshots.latest
+        if target is None:  # no cut to redo the work from
+            self._handler_failed(agent, message, error)
+            return
+        self._rolling_back = True
+        self._generation += 1
+        self._scheduler.pause()
+        reason = f"the database was unavailable: {error}"
+        self._snapshots.suspended = f"the run rolled back: {reason}"
+        self._snapshots.abort_all(self._snapshots.suspended)
+        logger.warning(
+            "run %s: agent %r could not finish %s: %s; the run goes back to snapshot %d once "
+            "the database answers",
+            self.run_id,
+            agent,
+            message.id,
+            error,
+            target.seq,
+        )
+        try:
+            async with self._rollback_lock:
+                if not await self._until_store_answers():
+                    return
+                await self._pace_fault_rollbacks()
+                work = self._rollbacks.recover(self._snapshots.latest or target, reason)
+                if self._telemetry is not None:
+                    work = self._telemetry.rolling_back(work, self.run_id, reason=reason)
+                await self._after_rollback(await work)
+        finally:
+            self._rolling_back = False
+
+    async def _pace_fault_rollbacks(self) -> None:
+        """Space rollbacks for a database that answers reads and still refuses writes.
+
+        A full disk answers the probe, then fails the redone work again: back off between
+        such rollbacks, doubling the pause while they keep coming.
+        """
+        now = time.monotonic()
+        if now - self._last_fault_rollback < 2 * _PROBE_MAX:
+            self._fault_pause = min(self._fault_pause * 2 or _PROBE_FIRST, _PROBE_MAX)
+            await asyncio.sleep(self._fault_pause)
+        else:
+            self._fault_pause = 0.0
+        self._last_fault_rollback = time.monotonic()
+
+    async def _until_store_answers(self) -> bool:
+        """Wait until the store and the ledger answer again; False if the run ended first."""
+        pause = _PROBE_FIRST
+        while not self._closed and self._lost is None:
+            try:
+                await self.store.get_run(self.run_id)
+                await self.ledger.get(_PROBE_KEY)
+            except StoreError as exc:
+                if not _lost_to_database(exc):
+                    raise
+                logger.warning("run %s: the database is still unavailable: %s", self.run_id, exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _PROBE_MAX)
+            else:
+                return True
+        return False
 
     async def _recover(self, rejected: OutputRejected) -> None:
         """Roll back for a rejected output, or stop the run when the policy gave up."""
@@ -980,10 +1179,31 @@ class Runtime:
         )
 
     async def _save_rollback(self, info: RollbackInfo) -> None:
+        """Record a rollback that has happened; a failure to write it stops nothing.
+
+        The rollback is done in memory whatever the store says. A record the store's retries
+        could not write is kept and written later: after the next snapshot, or at close
+        (spooled if the database is still away).
+        """
         if self._replay is not None:
             self._replay.new_timeline()
-        await self._ensure_run()
-        await self.store.save_rollback(info)
+        try:
+            await self._ensure_run()
+            await self.store.save_rollback(info)
+        except StoreError as exc:
+            logger.error(
+                "run %s: rollback %s was not recorded yet, and will be: %s",
+                self.run_id,
+                info.id,
+                exc,
+            )
+            self._unsaved_rollbacks.append(info)
+
+    async def _save_unsaved_rollbacks(self) -> None:
+        """Write the rollback records the store refused before, oldest first."""
+        while self._unsaved_rollbacks:
+            await self.store.save_rollback(self._unsaved_rollbacks[0])
+            del self._unsaved_rollbacks[0]
 
     def _handler_failed(self, agent: str, message: Message, exc: Exception) -> None:
         failure = HandlerFailed(agent, message, exc)
@@ -993,7 +1213,13 @@ class Runtime:
 
     def _policy_snapshot(self) -> None:
         snapshots = self._snapshots
-        if snapshots.suspended is None and len(snapshots.active) < self._policy.max_in_progress:
+        if (
+            snapshots.suspended is None
+            and len(snapshots.active) < self._policy.max_in_progress
+            # While the store is behind (slow, or away), a policy snapshot is skipped rather
+            # than queued: the next one records everything it would have.
+            and snapshots.writing < _WRITES_BEHIND
+        ):
             self._snapshots.begin(None)
 
     async def _tick(self, seconds: float) -> None:
@@ -1042,6 +1268,11 @@ class Runtime:
     async def _persist(self, snapshot: Snapshot) -> None:
         await self._ensure_run()
         await self.store.save_snapshot(snapshot)
+        if self._unsaved_rollbacks:
+            try:
+                await self._save_unsaved_rollbacks()
+            except StoreError as exc:
+                logger.warning("run %s: rollback records still not written: %s", self.run_id, exc)
 
     def _has_queued(self) -> bool:
         return any(ch.queue for ch in self._bus.channels.values())
@@ -1055,3 +1286,75 @@ class Runtime:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeClosedError("this runtime is closed; create a new Runtime to go on")
+
+
+class _Closing:
+    """The writes of a closing runtime: what the database refuses is spooled, not lost.
+
+    Once one write failed for a passing reason after the store's retries, the database is
+    taken to be away and the writes after it are spooled at once.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self.ops: list[SpoolOp] = []
+        self.away: StoreError | None = None
+        self.error: StoreError | None = None
+
+    def spool(self, op: SpoolOp) -> None:
+        """Spool ``op`` whatever happens."""
+        self.ops.append(op)
+
+    async def write(
+        self,
+        attempt: Callable[[], Awaitable[object]],
+        spooled: Sequence[SpoolOp] | Callable[[], Sequence[SpoolOp]],
+    ) -> None:
+        """``attempt`` the write; if the database is away, spool ``spooled`` (or what it
+        gives) instead.
+        """  # noqa: D205
+        if self.away is None:
+            try:
+                await attempt()
+            except StoreError as exc:
+                if not _lost_to_database(exc):
+                    self.error = self.error or exc  # raised once the rest is done
+                    return
+                self.away = exc
+            else:
+                return
+        self.ops.extend(spooled() if callable(spooled) else spooled)
+
+    def finish(self) -> None:
+        """Spool what the database refused; raise what could not be kept at all.
+
+        Raises:
+            StoreError: A write failed for good, or could not even be spooled.
+        """
+        runtime = self._runtime
+        if self.ops:
+            spool = runtime._spool()
+            if spool is None:  # pragma: no cover - only SQL stores fail like this
+                raise StoreError(
+                    f"run {runtime.run_id}: {len(self.ops)} write(s) at close failed and "
+                    f"cannot be spooled: {self.away}"
+                )
+            try:
+                for op in self.ops:
+                    spool.add(op)
+            except (OSError, SpoolError) as exc:
+                raise StoreError(
+                    f"run {runtime.run_id}: {len(self.ops)} write(s) at close failed "
+                    f"({self.away}), and spooling them to {spool.directory} failed too ({exc}): "
+                    "they are lost"
+                ) from exc
+            logger.warning(
+                "run %s: the database did not take %d write(s) at close (%s); they are kept "
+                "in %s and written when the run is resumed, or by `agentsnap db recover`",
+                runtime.run_id,
+                len(self.ops),
+                self.away,
+                spool.file(runtime.run_id),
+            )
+        if self.error is not None:
+            raise self.error

@@ -164,7 +164,15 @@ class SnapshotHandle:
         return self._result
 
     async def wait(self) -> Snapshot:
-        """Wait for the snapshot to complete and return it."""
+        """Wait for the snapshot to complete and be written, and return it.
+
+        This waits as long as the store keeps retrying a failing write (its retry policy's
+        deadline), then raises ``SnapshotFailed``; to wait less, wrap it in
+        ``asyncio.timeout()`` (the snapshot goes on).
+
+        Raises:
+            SnapshotFailed: The snapshot failed, or could not be written.
+        """
         await self._done.wait()
         return self.result()
 
@@ -475,6 +483,11 @@ class SnapshotCoordinator:
         """Fail every snapshot in progress (the runtime is closing or rolling back)."""
         for seq in list(self.active):
             self.fail(seq, reason)
+
+    @property
+    def writing(self) -> int:
+        """How many finished snapshots are being written to the store now."""
+        return len(self._tasks)
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(work)

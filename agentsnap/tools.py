@@ -63,6 +63,7 @@ from agentsnap.exceptions import (
     ConfigurationError,
     IdempotencyConflict,
     NotFoundError,
+    StoreError,
     ToolArgumentsInvalid,
     ToolFailed,
     ToolInProgress,
@@ -83,6 +84,7 @@ from agentsnap.ledger import (
     owner_id,
     resolve,
 )
+from agentsnap.limits import MAX_TOOL_NAME, check_text
 from agentsnap.records import utcnow
 from agentsnap.state import AgentState, ToolCallRecord, canonical_json
 from agentsnap.telemetry import tool_call
@@ -193,6 +195,60 @@ class _Outcome(typing.NamedTuple):
 _registry: weakref.WeakValueDictionary[str, Tool[Any]] = weakref.WeakValueDictionary()
 
 
+class Unrecorded(typing.NamedTuple):
+    """The outcome of a call whose effect happened but which the ledger could not record.
+
+    Kept in memory until it is written: by the next call of that key in this process, or
+    by the runtime at close (spooled when the database is still away).
+    """
+
+    run_id: str | None
+    key: str
+    tool: str
+    fingerprint: str
+    attempt: int
+    change: Change
+    outcome: _Outcome | None
+    failure: ToolFailed | None
+    ledger: Ledger
+
+    async def record(self, ledger: Ledger) -> bool:
+        """Write the outcome, if the entry is still this process's attempt; True if it was."""
+        return await ledger.update(
+            self.key,
+            self.change,
+            statuses=(ToolCallStatus.IN_PROGRESS, ToolCallStatus.UNKNOWN),
+            owner=owner_id(),
+            attempts=self.attempt,
+        )
+
+
+# Outcomes known here and not yet in the ledger, by key (keys are unique across runs).
+_unrecorded: dict[str, Unrecorded] = {}
+
+
+async def _record_pending(ledger: Ledger) -> None:
+    """Write the outcomes kept for ``ledger``, now that a call of it goes ahead.
+
+    Raises:
+        StoreError: The ledger still fails (the outcomes are kept).
+    """
+    for key, pending in list(_unrecorded.items()):
+        if pending.ledger is ledger:
+            await pending.record(ledger)  # False: taken over meanwhile, nothing to keep
+            _unrecorded.pop(key, None)
+
+
+def unrecorded(run_id: str) -> list[Unrecorded]:
+    """The outcomes of ``run_id``'s calls that happened and are not in the ledger yet."""
+    return [entry for entry in _unrecorded.values() if entry.run_id == run_id]
+
+
+def recorded(key: str) -> None:
+    """The outcome of ``key`` is in the ledger now (written from elsewhere, say a spool)."""
+    _unrecorded.pop(key, None)
+
+
 class Tool(Generic[R]):
     """A function agents call as a tool; made by the [`tool`][agentsnap.tool] decorator.
 
@@ -228,11 +284,12 @@ class Tool(Generic[R]):
         if not callable(fn):
             raise ConfigurationError(f"@tool decorates a function, got {type(fn).__name__}")
         self.fn = fn
-        self.name: str = name or str(getattr(fn, "__name__", ""))
-        if not self.name or len(self.name) > 128:
-            raise ConfigurationError(
-                f"a tool needs a name of 1 to 128 characters, got {self.name!r}: pass name="
-            )
+        self.name: str = check_text(
+            name or str(getattr(fn, "__name__", "")),
+            "a tool's name",
+            MAX_TOOL_NAME,
+            f"pass @tool(name=...) a name of 1 to {MAX_TOOL_NAME} characters",
+        )
         if not all(isinstance(t, type) and issubclass(t, BaseException) for t in transient):
             raise ConfigurationError(
                 f"transient= of tool {self.name!r} takes a tuple of exception classes, "
@@ -431,6 +488,11 @@ class Tool(Generic[R]):
     ) -> _Outcome:
         key = info.key
         assert key is not None
+        if _unrecorded:
+            pending = _unrecorded.get(key)
+            if pending is not None and (pending.tool, pending.fingerprint) == (self.name, printed):
+                return await self._known(ledger, pending)
+            await _record_pending(ledger)
         me = owner_id()
         now = utcnow()
         entry = LedgerEntry(
@@ -450,7 +512,7 @@ class Tool(Generic[R]):
         )
         found = await ledger.claim(entry)
         if found is None:
-            return await self._run_claimed(ledger, info, values, 1)
+            return await self._run_claimed(ledger, info, values, 1, printed)
         deadline: float | None = None
         pause = _POLL_FIRST
         loop = asyncio.get_running_loop()
@@ -535,11 +597,31 @@ class Tool(Generic[R]):
                             self.name,
                             key,
                         )
-                    return await self._run_claimed(ledger, info, values, attempt)
+                    return await self._run_claimed(ledger, info, values, attempt, printed)
             again = await ledger.get(key)
             if again is None:  # nothing deletes entries; only a hand-edited ledger gets here
                 raise NotFoundError("ledger entry", key)
             found = again
+
+    async def _known(self, ledger: Ledger, pending: Unrecorded) -> _Outcome:
+        """Repeat a call whose outcome this process knows and the ledger does not yet."""
+        try:
+            await pending.record(ledger)
+        except StoreError as exc:
+            logger.warning("tool %r: key %s still not recorded: %s", self.name, pending.key, exc)
+        else:
+            _unrecorded.pop(pending.key, None)
+        if pending.failure is not None:
+            failure = pending.failure
+            raise ToolFailed(
+                self.name,
+                pending.key,
+                failure.error_type,
+                failure.detail,
+                replayed=True,
+            )
+        assert pending.outcome is not None
+        return pending.outcome._replace(attempts=0, replayed=True)
 
     def _replay(self, entry: LedgerEntry) -> _Outcome:
         if entry.status == ToolCallStatus.FAILED:
@@ -549,7 +631,7 @@ class Tool(Generic[R]):
         return _Outcome(value, entry.result, 0, replayed=True)
 
     async def _run_claimed(
-        self, ledger: Ledger, info: ToolCall, values: dict[str, Any], attempt: int
+        self, ledger: Ledger, info: ToolCall, values: dict[str, Any], attempt: int, printed: str
     ) -> _Outcome:
         key = info.key
         assert key is not None
@@ -561,7 +643,7 @@ class Tool(Generic[R]):
             ran = attempt - 1 + failed.attempts
             await self._record(
                 ledger,
-                key,
+                info,
                 attempt,
                 {
                     "status": status,
@@ -570,6 +652,8 @@ class Tool(Generic[R]):
                     "owner": None,
                     "lease_until": None,
                 },
+                printed,
+                failure=failed,
             )
             raise
         except BaseException:
@@ -586,9 +670,10 @@ class Tool(Generic[R]):
             )
             raise
         ran = attempt - 1 + outcome.attempts
+        outcome = outcome._replace(attempts=ran)
         await self._record(
             ledger,
-            key,
+            info,
             attempt,
             {
                 "status": ToolCallStatus.SUCCEEDED,
@@ -597,18 +682,45 @@ class Tool(Generic[R]):
                 "owner": None,
                 "lease_until": None,
             },
+            printed,
+            outcome=outcome,
         )
-        return outcome._replace(attempts=ran)
+        return outcome
 
-    async def _record(self, ledger: Ledger, key: str, attempt: int, change: Change) -> None:
+    async def _record(
+        self,
+        ledger: Ledger,
+        info: ToolCall,
+        attempt: int,
+        change: Change,
+        printed: str,
+        *,
+        outcome: _Outcome | None = None,
+        failure: ToolFailed | None = None,
+    ) -> None:
+        """Record the outcome of a call that ran; kept in memory if the ledger is away.
+
+        The effect has happened either way: the caller gets its outcome, and the record is
+        written later (see ``Unrecorded``) rather than the work being lost.
+        """
+        key = info.key
+        assert key is not None
         change["updated_at"] = utcnow()
-        recorded = await ledger.update(
-            key,
-            change,
-            statuses=(ToolCallStatus.IN_PROGRESS, ToolCallStatus.UNKNOWN),
-            owner=owner_id(),
-            attempts=attempt,
+        pending = Unrecorded(
+            info.run_id, key, self.name, printed, attempt, change, outcome, failure, ledger
         )
+        try:
+            recorded = await pending.record(ledger)
+        except StoreError as exc:
+            logger.error(
+                "tool %r: the outcome of key %s happened but is not recorded yet; it is kept "
+                "and written later: %s",
+                self.name,
+                key,
+                exc,
+            )
+            _unrecorded[key] = pending
+            return
         if not recorded:
             logger.warning(
                 "tool %r: the outcome of key %s was not recorded, because another caller took "
@@ -839,8 +951,8 @@ def tool(
 
     Args:
         fn: The function (when used as ``@tool`` without parentheses).
-        name: Name in the ledger and in agent states (default: the function's name). Keep
-            it stable: derived keys and compensation depend on it.
+        name: Name in the ledger and in agent states (default: the function's name), 1 to
+            128 characters. Keep it stable: derived keys and compensation depend on it.
         side_effect: The tool touches the outside world: every call is claimed in the ledger
             under an idempotency key before it runs, and its outcome recorded.
         transient: Exceptions meaning "the effect did not happen, try again": retried under
@@ -862,7 +974,8 @@ def tool(
 
     Raises:
         ConfigurationError: The function cannot be a tool (``*args``, a parameter named
-            ``key``, annotations that cannot be resolved); the message says why.
+            ``key``, annotations that cannot be resolved, a name longer than 128 characters);
+            the message says why.
     """
     options: dict[str, Any] = {
         "name": name,

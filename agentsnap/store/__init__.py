@@ -102,7 +102,13 @@ class Store(Protocol):
         """
 
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:
-        """Every snapshot of a run, in the order they were started."""
+        """Every snapshot of a run, in the order they were started.
+
+        A store that can hold rows changed behind its back (an SQL database) checks each
+        snapshot as it reads it and reports one that is not whole and consistent any more as
+        [`DAMAGED`][agentsnap.SnapshotStatus.DAMAGED], with the reason, never as an error
+        (see [`agentsnap.integrity`][agentsnap.integrity]); so does ``load_snapshot``.
+        """
 
     async def snapshot_counts(self) -> dict[str, int]:
         """How many snapshots (complete or failed) each run has, by run id.
@@ -120,6 +126,9 @@ class Store(Protocol):
 
     async def agent_history(self, run_id: str, agent: str) -> list[AgentVersion]:
         """An agent's part of every complete snapshot of a run, oldest first.
+
+        A snapshot found damaged is listed with ``damaged`` set when it holds the agent's
+        part (intact) or the damage concerns the agent (``cut`` is then ``None``).
 
         Raises:
             NotFoundError: The store holds no such run, or no snapshot of the run has

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from agentsnap.ledger import Change, Ledger, LedgerEntry, ToolCallStatus
 
 if TYPE_CHECKING:
+    from agentsnap.store.faults import StoreRetry
     from agentsnap.store.sql_ledger import SqlLedger
 
 __all__ = ["MemoryLedger", "ledger_for"]
@@ -88,7 +89,8 @@ class MemoryLedger:
 
 def ledger_for(store: object, *, create: bool = True) -> Ledger | None:
     """The ledger that goes with ``store``: an [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger]
-    on the same database for a [`SqlStore`][agentsnap.store.sql.SqlStore], else ``None``.
+    on the same database for a [`SqlStore`][agentsnap.store.sql.SqlStore], with its retry
+    policy, else ``None``.
 
     Args:
         store: A store.
@@ -98,10 +100,10 @@ def ledger_for(store: object, *, create: bool = True) -> Ledger | None:
     # A SqlStore exists only once its module is imported: other stores cost no import.
     if sql is None or not isinstance(store, sql.SqlStore):
         return None
-    return _sql_ledger(store.url, create)
+    return _sql_ledger(store.url, create, store.retry)
 
 
-def _sql_ledger(url: str, create: bool) -> SqlLedger:
+def _sql_ledger(url: str, create: bool, retry: StoreRetry) -> SqlLedger:
     from agentsnap.store.sql_ledger import SqlLedger  # noqa: PLC0415  # SQLAlchemy on demand
 
-    return SqlLedger(url, create=create)
+    return SqlLedger(url, create=create, retry=retry)

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Literal
 
 from agentsnap.exceptions import NotFoundError, StoreError
+from agentsnap.integrity import agent_versions
 from agentsnap.liveness import lost, owner_is_live
 from agentsnap.records import (
     AgentCut,
@@ -19,7 +20,6 @@ from agentsnap.records import (
     RunLease,
     RunStatus,
     Snapshot,
-    SnapshotStatus,
     utcnow,
 )
 
@@ -145,16 +145,7 @@ class MemoryStore:
             raise NotFoundError("snapshot", snapshot_id) from None
 
     async def agent_history(self, run_id: str, agent: str) -> list[AgentVersion]:  # noqa: D102
-        versions = [
-            AgentVersion(
-                snapshot_id=snapshot.id,
-                snapshot_seq=snapshot.seq,
-                completed_at=snapshot.completed_at,
-                cut=snapshot.agents[agent],
-            )
-            for snapshot in await self.list_snapshots(run_id)
-            if snapshot.status is SnapshotStatus.COMPLETE and agent in snapshot.agents
-        ]
+        versions = agent_versions(await self.list_snapshots(run_id), agent)
         if not versions:
             raise NotFoundError.agent(run_id, agent)
         return versions

@@ -8,6 +8,7 @@ shipped inside the wheel as ``agentsnap/_migrations``, so these functions (and t
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -116,6 +117,16 @@ def ensure_schema(url: str, *, create: bool = True) -> None:
             says which command upgrades it.
         StoreError: ``create`` is false and there is no agentsnap database at ``url``.
     """
+    # Alembic's script loading is not safe in two threads at once (a store and its ledger
+    # open the same database together): one schema check at a time in a process.
+    with _schema_lock:
+        _ensure_schema(url, create=create)
+
+
+_schema_lock = threading.Lock()
+
+
+def _ensure_schema(url: str, *, create: bool) -> None:
     shown = make_url(url).render_as_string(hide_password=True)
     if not create and not _sqlite_file_exists(url):
         raise StoreError(f"there is no database at {shown}: check the --db URL")

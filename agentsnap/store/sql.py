@@ -31,28 +31,28 @@ is either made before the takeover, or refused.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import math
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
-from sqlalchemy import Insert, Table, Update, event, func, select
+from sqlalchemy import Insert, Table, Text, Update, event, func, literal, select, type_coerce
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
+from agentsnap.integrity import SnapshotReader, agent_versions
 from agentsnap.liveness import lost, owner_is_live
 from agentsnap.records import (
-    AgentCut,
     AgentVersion,
-    ChannelRecord,
     GraphCheckpoint,
     JournalSegment,
-    RecordedMessage,
     ReplaySegment,
     RollbackInfo,
     RunInfo,
@@ -63,6 +63,7 @@ from agentsnap.records import (
     utcnow,
 )
 from agentsnap.state import compact_json
+from agentsnap.store.faults import StoreRetry
 from agentsnap.store.migrate import SchemaGate, sync_url
 from agentsnap.store.sqlite_writer import SnapshotRows, SqliteWriter, Statements
 from agentsnap.store.tables import (
@@ -82,7 +83,10 @@ if TYPE_CHECKING:
     from sqlalchemy.engine.interfaces import DBAPIConnection
     from sqlalchemy.pool import ConnectionPoolEntry
 
-__all__ = ["DEFAULT_URL", "SqlStore", "async_url"]
+__all__ = ["DEFAULT_URL", "SqlStore", "async_url", "database_name"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 _dumps = compact_json
 _KNOWN_BLOBS_MAX = 100_000
@@ -121,6 +125,57 @@ _RUN_AND_LEASE = select(
 ).outerjoin(_leases, _leases.c.run_id == _runs.c.id)
 
 
+def database_name(url: str) -> str:
+    """How messages name the database of ``url``: its file, or its URL without password."""
+    parsed = make_url(sync_url(url))
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in {None, "", ":memory:"}:
+        return f"the database {parsed.database}"
+    return f"the database {parsed.render_as_string(hide_password=True)}"
+
+
+def engine_options(url: str, retry: StoreRetry) -> dict[str, Any]:
+    """``create_async_engine`` options bounding each attempt by ``retry.timeout``.
+
+    PostgreSQL gets a connect timeout and a ``statement_timeout``; SQLite a busy timeout.
+    """
+    backend = make_url(sync_url(url)).get_backend_name()
+    if backend == "postgresql":
+        milliseconds = math.ceil(retry.timeout * 1000)
+        return {
+            "connect_args": {
+                # libpq takes whole seconds and treats less than 2 as 2.
+                "connect_timeout": max(2, math.ceil(retry.timeout)),
+                "options": f"-c statement_timeout={milliseconds}",
+            }
+        }
+    if backend == "sqlite":
+        return {"connect_args": {"timeout": retry.timeout}}
+    return {}
+
+
+def _retried(
+    what: str,
+) -> Callable[[Callable[P, Coroutine[Any, Any, T]]], Callable[P, Coroutine[Any, Any, T]]]:
+    """Run the decorated store method under the store's retry policy."""
+
+    def decorate(
+        method: Callable[P, Coroutine[Any, Any, T]],
+    ) -> Callable[P, Coroutine[Any, Any, T]]:
+        @functools.wraps(method)
+        async def retried(*args: P.args, **kwargs: P.kwargs) -> T:
+            store: SqlStore = args[0]  # type: ignore[assignment]
+            return await store.retry.call(
+                what,
+                lambda _again: method(*args, **kwargs),
+                where=store.where,
+                bounded=store.bounded,
+            )
+
+        return retried
+
+    return decorate
+
+
 def async_url(url: str) -> str:
     """The URL with an asyncio driver: ``sqlite+aiosqlite`` or ``postgresql+psycopg``."""
     parsed = make_url(sync_url(url))
@@ -138,12 +193,32 @@ class SqlStore:
         echo: Log every SQL statement (SQLAlchemy's ``echo``).
         create: Create the schema in an empty database on first use. Readers that must not
             create anything (the CLI) pass ``False`` and get a clear error instead.
+        retry: How database operations that fail for a passing reason (a lost connection,
+            a restarting server, a lock, a full disk) are retried, and how long one attempt
+            may take (see [`agentsnap.store.faults`][agentsnap.store.faults]).
+
+    Attributes:
+        retry: The retry policy.
+        where: How messages name the database.
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, echo: bool = False, create: bool = True) -> None:
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        echo: bool = False,
+        create: bool = True,
+        retry: StoreRetry | None = None,
+    ) -> None:
         self.url = url
-        self._engine: AsyncEngine = create_async_engine(async_url(url), echo=echo)
+        self.retry = retry or StoreRetry()
+        self.where = database_name(url)
+        self._engine: AsyncEngine = create_async_engine(
+            async_url(url), echo=echo, **engine_options(url, self.retry)
+        )
         self._backend = self._engine.dialect.name
+        # SQLite bounds its own waits (the busy timeout); a network can stay silent.
+        self.bounded = self._backend != "sqlite"
         if self._backend == "sqlite":
             event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
         self._write_lock = asyncio.Lock() if self._backend == "sqlite" else None
@@ -156,7 +231,7 @@ class SqlStore:
         self._fences: dict[str, int] = {}
         database = self._engine.url.database
         self._writer = (
-            SqliteWriter(database, self._statements)
+            SqliteWriter(database, self._statements, timeout=self.retry.timeout)
             if self._backend == "sqlite" and database not in {None, "", ":memory:"}
             else None
         )
@@ -169,6 +244,7 @@ class SqlStore:
 
     # -- writes ---------------------------------------------------------------------------
 
+    @_retried("record run")
     async def create_run(self, run: RunInfo) -> None:  # noqa: D102
         await self._gate.wait()
         row = {
@@ -183,9 +259,11 @@ class SqlStore:
         async with self._begin() as conn:
             await conn.execute(self._insert_ignore(_runs, ["id"]).values(row))
 
+    @_retried("record the run's status")
     async def finish_run(self, run_id: str, status: RunStatus, finished_at: datetime) -> None:  # noqa: D102
         await self._update_run(run_id, status=status.value, finished_at=finished_at)
 
+    @_retried("record the run's parent")
     async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:  # noqa: D102
         await self._update_run(
             run_id, parent_run_id=parent_run_id, parent_snapshot_id=parent_snapshot_id
@@ -200,7 +278,17 @@ class SqlStore:
             await self._check_fence(conn, run_id)
 
     async def save_rollback(self, rollback: RollbackInfo) -> None:  # noqa: D102
+        await self.retry.call(
+            f"record rollback {rollback.id}",
+            lambda again: self._save_rollback(rollback, again),
+            where=self.where,
+            bounded=self.bounded,
+        )
+
+    async def _save_rollback(self, rollback: RollbackInfo, again: bool) -> None:
         await self._gate.wait()
+        if again and await self._stored(_rollbacks.c.id == rollback.id):
+            return  # the attempt before was committed, though its answer was lost
         async with self._begin() as conn:
             await self._require_run(conn, rollback.run_id)
             found = await conn.scalar(
@@ -211,6 +299,7 @@ class SqlStore:
             await conn.execute(_rollbacks.insert().values(**rollback.model_dump()))
             await self._check_fence(conn, rollback.run_id)
 
+    @_retried("read rollbacks")
     async def list_rollbacks(self, run_id: str) -> list[RollbackInfo]:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
@@ -223,7 +312,17 @@ class SqlStore:
             return [RollbackInfo.model_validate(dict(row._mapping)) for row in rows]
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:  # noqa: D102
+        await self.retry.call(
+            f"write snapshot {snapshot.seq} of run {snapshot.run_id}",
+            lambda again: self._save_snapshot(snapshot, again),
+            where=self.where,
+            bounded=self.bounded,
+        )
+
+    async def _save_snapshot(self, snapshot: Snapshot, again: bool) -> None:
         await self._gate.wait()
+        if again and await self._stored(_snapshots.c.id == snapshot.id):
+            return  # the attempt before was committed, though its answer was lost
         known = self._known_blobs
         blobs = {
             cut.state_hash: cut.state_json
@@ -319,9 +418,28 @@ class SqlStore:
         return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
     async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:  # noqa: D102
-        await self._gate.wait()
         if not segments:
             return
+        await self.retry.call(
+            f"write {len(segments)} journal segment(s) of run {run_id}",
+            lambda again: self._append_journal(run_id, segments, again),
+            where=self.where,
+            bounded=self.bounded,
+        )
+
+    async def _append_journal(
+        self, run_id: str, segments: Sequence[JournalSegment], again: bool
+    ) -> None:
+        await self._gate.wait()
+        first = segments[0]
+        if again and await self._stored(
+            _journal.c.run_id == run_id,
+            _journal.c.src == first.src,
+            _journal.c.dst == first.dst,
+            _journal.c.event == first.event,
+            _journal.c.first_seq == first.first_seq,
+        ):
+            return  # written in one transaction with the rest, which its answer did not say
         async with self._begin() as conn:
             await self._require_run(conn, run_id)
             await conn.execute(
@@ -342,7 +460,17 @@ class SqlStore:
             await self._check_fence(conn, run_id)
 
     async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:  # noqa: D102
+        await self.retry.call(
+            f"write the replay log of run {run_id}",
+            lambda again: self._append_replay(run_id, segment, again),
+            where=self.where,
+            bounded=self.bounded,
+        )
+
+    async def _append_replay(self, run_id: str, segment: ReplaySegment, again: bool) -> None:
         await self._gate.wait()
+        if again and await self._last_replay(run_id) == segment:
+            return  # the attempt before was committed, though its answer was lost
         token = self._fences.get(run_id)
         sql = self._statements
         body = segment.body
@@ -367,12 +495,30 @@ class SqlStore:
             assert token is not None
             raise lost(run_id, token, await self._holder(run_id))
 
+    async def _last_replay(self, run_id: str) -> ReplaySegment | None:
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(_replay.c.timeline, _replay.c.body)
+                    .where(_replay.c.run_id == run_id)
+                    .order_by(_replay.c.position.desc())
+                    .limit(1)
+                )
+            ).one_or_none()
+        return None if row is None else ReplaySegment(row.timeline, row.body)
+
+    async def _stored(self, *where: Any) -> bool:
+        """Whether a row matching ``where`` exists (in the table the columns name)."""
+        async with self._engine.connect() as conn:
+            return await conn.scalar(select(literal(1)).where(*where).limit(1)) is not None
+
     async def _explain_missing_run(self, run_id: str) -> None:
         async with self._engine.connect() as conn:
             await self._require_run(conn, run_id)
 
     # -- ownership ------------------------------------------------------------------------
 
+    @_retried("read a lease")
     async def get_lease(self, run_id: str) -> RunLease | None:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
@@ -388,8 +534,22 @@ class SqlStore:
     async def take_lease(  # noqa: D102
         self, run_id: str, owner: str, expires_at: datetime, *, replacing: int | None
     ) -> RunLease | None:
+        return await self.retry.call(
+            f"take the lease of run {run_id}",
+            lambda again: self._take_lease(run_id, owner, expires_at, replacing, again),
+            where=self.where,
+            bounded=self.bounded,
+        )
+
+    async def _take_lease(
+        self, run_id: str, owner: str, expires_at: datetime, replacing: int | None, again: bool
+    ) -> RunLease | None:
         await self._gate.wait()
         token = 1 if replacing is None else replacing + 1
+        if again:
+            held = await self.get_lease(run_id)
+            if held is not None and held.owner == owner and held.token == token:
+                return held  # the attempt before took it, though its answer was lost
         values = {"owner": owner, "token": token, "expires_at": expires_at, "renewed_at": utcnow()}
         async with self._begin() as conn:
             await self._require_run(conn, run_id)
@@ -412,9 +572,11 @@ class SqlStore:
                 return None
         return RunLease(run_id=run_id, owner=owner, token=token, expires_at=expires_at)
 
+    @_retried("renew a lease")
     async def renew_lease(self, run_id: str, token: int, expires_at: datetime) -> bool:  # noqa: D102
         return await self._set_lease(run_id, token, expires_at)
 
+    @_retried("release a lease")
     async def release_lease(self, run_id: str, token: int) -> None:  # noqa: D102
         await self._set_lease(run_id, token, None)
 
@@ -457,6 +619,7 @@ class SqlStore:
 
     # -- reads ----------------------------------------------------------------------------
 
+    @_retried("read a run")
     async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
@@ -465,6 +628,7 @@ class SqlStore:
             raise NotFoundError("run", run_id)
         return _run(row._mapping, utcnow())
 
+    @_retried("list runs")
     async def list_runs(self) -> list[RunInfo]:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
@@ -472,6 +636,7 @@ class SqlStore:
             now = utcnow()
             return [_run(row._mapping, now) for row in rows]
 
+    @_retried("find ids")
     async def find_ids(  # noqa: D102
         self, kind: Literal["run", "snapshot"], prefix: str, limit: int = 10
     ) -> list[str]:
@@ -482,6 +647,7 @@ class SqlStore:
             rows = await conn.execute(query.order_by(column).limit(limit))
             return [row[0] for row in rows]
 
+    @_retried("list snapshots")
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
@@ -495,12 +661,14 @@ class SqlStore:
             ).all()
             return await self._assemble(conn, [row._mapping for row in rows])
 
+    @_retried("count snapshots")
     async def snapshot_counts(self) -> dict[str, int]:  # noqa: D102
         await self._gate.wait()
         query = select(_snapshots.c.run_id, func.count()).group_by(_snapshots.c.run_id)
         async with self._engine.connect() as conn:
             return {row[0]: row[1] for row in await conn.execute(query)}
 
+    @_retried("load a snapshot")
     async def load_snapshot(self, snapshot_id: str) -> Snapshot:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
@@ -512,48 +680,30 @@ class SqlStore:
             (snapshot,) = await self._assemble(conn, [row._mapping])
             return snapshot
 
+    @_retried("read an agent's history")
     async def agent_history(self, run_id: str, agent: str) -> list[AgentVersion]:  # noqa: D102
+        # Whole snapshots are read, so that a version is marked damaged exactly when its
+        # snapshot is (an agent's row may be missing, found only from the other rows).
         await self._gate.wait()
         async with self._engine.connect() as conn:
             await self._require_run(conn, run_id)
             rows = (
                 await conn.execute(
-                    select(
-                        _snapshots.c.id,
-                        _snapshots.c.seq,
-                        _snapshots.c.completed_at,
-                        _agents.c.state_hash,
-                        _agents.c.sent,
-                        _agents.c.received,
-                        _blobs.c.state,
-                    )
-                    .join(_agents, _agents.c.snapshot_id == _snapshots.c.id)
-                    .join(_blobs, _blobs.c.hash == _agents.c.state_hash)
+                    select(_snapshots)
                     .where(
                         _snapshots.c.run_id == run_id,
                         _snapshots.c.status == SnapshotStatus.COMPLETE.value,
-                        _agents.c.agent == agent,
                     )
                     .order_by(_snapshots.c.seq)
                 )
             ).all()
-        if not rows:
+            snapshots = await self._assemble(conn, [row._mapping for row in rows])
+        versions = agent_versions(snapshots, agent)
+        if not versions:
             raise NotFoundError.agent(run_id, agent)
-        return [
-            AgentVersion(
-                snapshot_id=row.id,
-                snapshot_seq=row.seq,
-                completed_at=row.completed_at,
-                cut=AgentCut(
-                    state_json=row.state,
-                    state_hash=row.state_hash,
-                    sent=row.sent,
-                    received=row.received,
-                ),
-            )
-            for row in rows
-        ]
+        return versions
 
+    @_retried("load the journal")
     async def load_journal(self, run_id: str) -> list[JournalSegment]:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
@@ -572,6 +722,7 @@ class SqlStore:
             )
             return [JournalSegment(*row) for row in rows]
 
+    @_retried("load the replay log")
     async def load_replay(self, run_id: str) -> list[ReplaySegment]:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
@@ -583,6 +734,7 @@ class SqlStore:
             )
             return [ReplaySegment(row.timeline, row.body) for row in rows]
 
+    @_retried("list graph checkpoints")
     async def list_graph_checkpoints(
         self, run_id: str, agent: str | None = None
     ) -> list[GraphCheckpoint]:
@@ -649,62 +801,64 @@ class SqlStore:
             raise NotFoundError("run", run_id)
 
     async def _assemble(self, conn: AsyncConnection, rows: Sequence[Any]) -> list[Snapshot]:
+        """The snapshots of these snapshot rows, each checked as it is read.
+
+        A snapshot whose rows are missing or unreadable comes back damaged, with the reason
+        (see [`agentsnap.integrity`][agentsnap.integrity]), never as an error. Counters,
+        payloads and headers are read as the text stored, so the reader sees text that is
+        not JSON; each distinct state is read once.
+        """
         if not rows:
             return []
+        reader = SnapshotReader()
         ids = [row["id"] for row in rows]
-        agents: dict[str, dict[str, AgentCut]] = {i: {} for i in ids}
-        channels: dict[str, dict[tuple[str, str], list[RecordedMessage]]] = {i: {} for i in ids}
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
-            cuts = await conn.execute(
-                select(_agents, _blobs.c.state)
-                .join(_blobs, _blobs.c.hash == _agents.c.state_hash)
-                .where(_agents.c.snapshot_id.in_(chunk))
-                .order_by(_agents.c.snapshot_id, _agents.c.agent)
-            )
-            for cut in cuts:
-                agents[cut.snapshot_id][cut.agent] = AgentCut(
-                    state_json=cut.state,
-                    state_hash=cut.state_hash,
-                    sent=cut.sent,
-                    received=cut.received,
+            cuts = (
+                await conn.execute(
+                    select(
+                        _agents.c.snapshot_id,
+                        _agents.c.agent,
+                        _agents.c.state_hash,
+                        type_coerce(_agents.c.sent, Text()).label("sent"),
+                        type_coerce(_agents.c.received, Text()).label("received"),
+                    )
+                    .where(_agents.c.snapshot_id.in_(chunk))
+                    .order_by(_agents.c.snapshot_id, _agents.c.agent)
                 )
+            ).all()
+            wanted = reader.wanted(cut.state_hash for cut in cuts)
+            for first in range(0, len(wanted), 500):
+                blobs = await conn.execute(
+                    select(_blobs.c.hash, _blobs.c.state).where(
+                        _blobs.c.hash.in_(wanted[first : first + 500])
+                    )
+                )
+                for blob in blobs:
+                    reader.blob(blob.hash, blob.state)
+            for cut in cuts:
+                reader.cut(cut.snapshot_id, cut.agent, cut.state_hash, cut.sent, cut.received)
             messages = await conn.execute(
-                select(_messages)
+                select(
+                    _messages.c.snapshot_id,
+                    _messages.c.src,
+                    _messages.c.dst,
+                    _messages.c.seq,
+                    _messages.c.kind,
+                    type_coerce(_messages.c.payload, Text()).label("payload"),
+                    type_coerce(_messages.c.headers, Text()).label("headers"),
+                    _messages.c.epoch,
+                )
                 .where(_messages.c.snapshot_id.in_(chunk))
                 .order_by(
                     _messages.c.snapshot_id, _messages.c.src, _messages.c.dst, _messages.c.seq
                 )
             )
             for m in messages:
-                channels[m.snapshot_id].setdefault((m.src, m.dst), []).append(
-                    RecordedMessage(
-                        id=f"{m.src}>{m.dst}#{m.seq}",
-                        seq=m.seq,
-                        kind=m.kind,
-                        payload=m.payload,
-                        headers=m.headers,
-                        epoch=m.epoch,
-                    )
+                reader.message(
+                    m.snapshot_id, m.src, m.dst, m.seq, m.kind, m.payload, m.headers, m.epoch
                 )
-        return [
-            Snapshot(
-                id=row["id"],
-                run_id=row["run_id"],
-                seq=row["seq"],
-                initiator=row["initiator"],
-                status=SnapshotStatus(row["status"]),
-                started_at=row["started_at"],
-                completed_at=row["completed_at"],
-                error=row["error"],
-                agents=agents[row["id"]],
-                channels=[
-                    ChannelRecord(src=src, dst=dst, messages=found)
-                    for (src, dst), found in sorted(channels[row["id"]].items())
-                ],
-            )
-            for row in rows
-        ]
+        return [reader.snapshot(row) for row in rows]
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -785,14 +939,17 @@ class _Transaction:
             raise
 
     async def __aexit__(self, *exc_info: Any) -> None:
+        error = exc_info[1]
         try:
             await self._context.__aexit__(*exc_info)
         except SQLAlchemyError as exc:
-            raise StoreError(f"the database refused the write: {exc}") from exc
+            if error is None:  # the commit failed
+                raise StoreError(f"the database refused the write: {exc}") from exc
+            # The rollback after a failure failed too (SQLite ends the transaction itself on
+            # a full disk): the failure that made it necessary is the one to raise.
         finally:
             if self._lock is not None:
                 self._lock.release()
-        error = exc_info[1]
         if isinstance(error, SQLAlchemyError):
             raise StoreError(f"the database refused the write: {error}") from error
 

@@ -64,7 +64,8 @@ import asyncio
 import concurrent.futures
 import logging
 import sqlite3
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import (
@@ -88,8 +89,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.ledger import Change, LedgerEntry, ToolCallStatus
 from agentsnap.liveness import lost
+from agentsnap.store.faults import StoreRetry
 from agentsnap.store.migrate import SchemaGate, sync_url
-from agentsnap.store.sql import DEFAULT_URL, async_url
+from agentsnap.store.sql import DEFAULT_URL, async_url, database_name, engine_options
 from agentsnap.store.tables import RunLeaseRow, ToolCallRow
 
 if TYPE_CHECKING:
@@ -127,6 +129,14 @@ class SqlLedger:
         durable: SQLite only: flush every ledger write to disk, so that claims also survive
             a power cut (``synchronous=FULL``; costs an fsync per write).
         echo: Log every SQL statement (the SQLite fast path is not logged).
+        retry: How operations that fail for a passing reason (a lost connection, a lock, a
+            full disk) are retried (see [`agentsnap.store.faults`][agentsnap.store.faults]).
+            A claim whose commit reached the database but whose answer was lost is
+            recognised on the retry as this caller's own (same owner, attempt and time),
+            and an outcome already recorded is not recorded again.
+
+    Attributes:
+        retry: The retry policy.
 
     Raises:
         ConfigurationError: The URL is not SQLite or PostgreSQL, or is an in-memory SQLite
@@ -140,8 +150,11 @@ class SqlLedger:
         create: bool = True,
         durable: bool = False,
         echo: bool = False,
+        retry: StoreRetry | None = None,
     ) -> None:
         self.url = url
+        self.retry = retry or StoreRetry()
+        self._where = database_name(url)
         parsed = make_url(sync_url(url))
         self._engine: AsyncEngine | None = None
         self._sqlite: _Sqlite | None = None
@@ -151,12 +164,18 @@ class SqlLedger:
                     "the ledger needs an SQLite file (sqlite:///path.db): an in-memory database "
                     "is private to one connection"
                 )
-            self._sqlite = _Sqlite(url, str(parsed.database), durable=durable, echo=echo)
+            self._sqlite = _Sqlite(
+                url, str(parsed.database), durable=durable, echo=echo, timeout=self.retry.timeout
+            )
         else:
             # Every statement commits on its own, so a connection going back to the pool has
             # no transaction to roll back: skip the reset, a round trip per operation.
             self._engine = create_async_engine(
-                async_url(url), echo=echo, isolation_level="AUTOCOMMIT", pool_reset_on_return=None
+                async_url(url),
+                echo=echo,
+                isolation_level="AUTOCOMMIT",
+                pool_reset_on_return=None,
+                **engine_options(url, self.retry),
             )
         # Without preserve_rowcount psycopg leaves an INSERT's rowcount unset.
         self._claim = (
@@ -205,6 +224,11 @@ class SqlLedger:
             OwnershipLost: The entry's run is fenced and its lease has another token now;
                 nothing was written.
         """
+        return await self._retried(
+            f"claim key {entry.key!r}", lambda again: self._claim_once(entry, again)
+        )
+
+    async def _claim_once(self, entry: LedgerEntry, again: bool) -> LedgerEntry | None:
         what = f"claim key {entry.key!r}"
         token = None if entry.run_id is None else self._fences.get(entry.run_id)
         if self._sqlite is not None:
@@ -231,7 +255,10 @@ class SqlLedger:
             raise lost(entry.run_id, token, holder)
         if found is None:  # nothing deletes rows; only a hand-edited ledger gets here
             raise StoreError(f"key {entry.key!r} is taken in the ledger, yet has no row")
-        return _entry(found)
+        stored = _entry(found)
+        if again and _same_claim(stored, entry):
+            return None  # the attempt before inserted it, though its answer was lost
+        return stored
 
     def _claim_fenced(self) -> Any:
         if self._fenced_claim is None:
@@ -247,7 +274,9 @@ class SqlLedger:
         return self._fenced_claim
 
     async def get(self, key: str) -> LedgerEntry | None:  # noqa: D102
-        found = await self._run(f"read key {key!r}", _one, key)
+        found = await self._retried(
+            f"read key {key!r}", lambda _again: self._run(f"read key {key!r}", _one, key)
+        )
         return None if found is None else _entry(found)
 
     async def update(  # noqa: D102
@@ -259,7 +288,25 @@ class SqlLedger:
         owner: str | None = None,
         attempts: int | None = None,
     ) -> bool:
+        return await self._retried(
+            f"update key {key!r}",
+            lambda again: self._update_once(key, change, statuses, owner, attempts, again),
+        )
+
+    async def _update_once(  # noqa: PLR0917
+        self,
+        key: str,
+        change: Change,
+        statuses: Collection[ToolCallStatus],
+        owner: str | None,
+        attempts: int | None,
+        again: bool,
+    ) -> bool:
         what = f"update key {key!r}"
+        if again:
+            found = await self._run(what, _one, key)
+            if found is not None and _has(_entry(found), change):
+                return True  # the attempt before made the change, though its answer was lost
         fences = self._fences
         if self._sqlite is not None:
             await self._gate.wait()
@@ -331,8 +378,18 @@ class SqlLedger:
         return statement
 
     async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:  # noqa: D102
-        rows = await self._run("read the calls", _all, run_id)
+        rows = await self._retried(
+            "read the calls", lambda _again: self._run("read the calls", _all, run_id)
+        )
         return [_entry(row) for row in rows]
+
+    async def _retried(self, what: str, operation: Callable[[bool], Awaitable[T]]) -> T:
+        return await self.retry.call(
+            what,
+            operation,
+            where=self._where,
+            bounded=self._engine is not None,
+        )
 
     async def close(self) -> None:
         """Close the connections (and the SQLite thread)."""
@@ -406,6 +463,36 @@ def _all(conn: Connection, run_id: str | None) -> list[Mapping[Any, Any]]:
     return [row._mapping for row in conn.execute(query)]
 
 
+def _same_claim(stored: LedgerEntry, claim: LedgerEntry) -> bool:
+    """Whether ``stored`` is the row ``claim`` inserts: same owner, attempt and time."""
+    return (
+        stored.status == claim.status
+        and stored.owner == claim.owner
+        and stored.attempts == claim.attempts
+        and stored.fingerprint == claim.fingerprint
+        and _instant(stored.created_at) == _instant(claim.created_at)
+    )
+
+
+def _has(entry: LedgerEntry, change: Change) -> bool:
+    """Whether ``entry`` already holds every value of ``change``."""
+    for name, value in change.items():
+        held = getattr(entry, name)
+        if isinstance(value, datetime) or isinstance(held, datetime):
+            if _instant(held) != _instant(value):
+                return False
+        elif held != value:
+            return False
+    return True
+
+
+def _instant(moment: Any) -> Any:
+    """A timestamp as an aware UTC value (SQLite hands back naive UTC ones)."""
+    if isinstance(moment, datetime) and moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment
+
+
 def _entry(row: Mapping[Any, Any]) -> LedgerEntry:
     values = dict(row)
     values["status"] = ToolCallStatus(values["status"])
@@ -475,8 +562,9 @@ class _Sqlite:
     does everything else: waiting writes, reads, checkpoints.
     """
 
-    def __init__(self, url: str, path: str, *, durable: bool, echo: bool) -> None:
+    def __init__(self, url: str, path: str, *, durable: bool, echo: bool, timeout: float) -> None:
         self._url = url
+        self._busy_ms = max(1, round(timeout * 1000))
         self._path = path
         self._synchronous = "FULL" if durable else "NORMAL"
         self._echo = echo
@@ -496,10 +584,11 @@ class _Sqlite:
                 sync_url(self._url), echo=self._echo, isolation_level="AUTOCOMMIT"
             )
             synchronous = self._synchronous
+            busy_ms = self._busy_ms
 
             def pragmas(dbapi_connection: Any, record: Any) -> None:
                 cursor = dbapi_connection.cursor()
-                cursor.execute("PRAGMA busy_timeout=30000")
+                cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
                 cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute(f"PRAGMA synchronous={synchronous}")
                 cursor.close()

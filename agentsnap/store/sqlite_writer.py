@@ -10,6 +10,7 @@ segment, written before each side-effecting tool call, is one statement on the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -54,11 +55,13 @@ class SqliteWriter:
     Args:
         path: The database file.
         statements: The INSERT statements (``?`` placeholders).
+        timeout: Seconds to wait for the write lock before failing with ``SQLITE_BUSY``.
     """
 
-    def __init__(self, path: str, statements: Statements) -> None:
+    def __init__(self, path: str, statements: Statements, *, timeout: float = 30.0) -> None:
         self._path = path
         self._statements = statements
+        self._timeout = timeout
         self._connection: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="agentsnap-sqlite-writer")
 
@@ -94,7 +97,7 @@ class SqliteWriter:
 
     def _open(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
-            self._path, isolation_level=None, check_same_thread=False, timeout=30.0
+            self._path, isolation_level=None, check_same_thread=False, timeout=self._timeout
         )
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=NORMAL")
@@ -124,7 +127,7 @@ class SqliteWriter:
                     connection.executemany(statements.messages, rows.messages)
                 connection.execute("COMMIT")
             except BaseException:
-                connection.execute("ROLLBACK")
+                _roll_back(connection)
                 raise
         except sqlite3.Error as exc:
             raise StoreError(f"the database refused the write: {exc}") from exc
@@ -150,3 +153,13 @@ class SqliteWriter:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+def _roll_back(connection: sqlite3.Connection) -> None:
+    """End a failed transaction, if SQLite has not already (it does on a full disk).
+
+    A failing ROLLBACK must not replace the error that made it necessary.
+    """
+    if connection.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")

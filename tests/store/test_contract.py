@@ -528,7 +528,9 @@ async def test_identical_states_share_their_content(store: Store) -> None:
         agents={"$env": make_cut({}), "alice": make_cut(same), "bob": make_cut({"balance": 7})},
         channels=[],
     )
-    elsewhere = make_snapshot(other.id, 1, agents={"carol": make_cut(same)}, channels=[])
+    elsewhere = make_snapshot(
+        other.id, 1, agents={"$env": make_cut({}), "carol": make_cut(same)}, channels=[]
+    )
     for snapshot in (first, second, elsewhere):
         await store.save_snapshot(snapshot)
 
@@ -559,7 +561,10 @@ async def test_agent_history_lists_complete_snapshots_in_order(store: Store) -> 
         snapshot = make_snapshot(
             run.id,
             seq,
-            agents={"$env": make_cut({}), "alice": make_cut(state, received={"$env": seq})},
+            agents={
+                "$env": make_cut({}, sent={"alice": seq}),
+                "alice": make_cut(state, received={"$env": seq}),
+            },
             channels=[],
         )
         await store.save_snapshot(snapshot)
@@ -582,6 +587,7 @@ async def test_agent_history_lists_complete_snapshots_in_order(store: Store) -> 
         assert version.cut == snapshot.agents["alice"]
         assert_aware_equal(version.completed_at, snapshot.completed_at, "completed_at")
     assert history[0].cut.state_hash == history[1].cut.state_hash != history[2].cut.state_hash
+    assert [v.damaged for v in history] == [None, None, None]
 
 
 async def test_agent_history_of_an_unknown_agent_is_not_found(store: Store) -> None:

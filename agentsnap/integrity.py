@@ -1,0 +1,362 @@
+"""Reading snapshots back: a store's rows become a snapshot, intact or damaged with a reason.
+
+A store writes each snapshot in one transaction, so it is stored whole or not at all. What it
+reads back can still be damaged: rows deleted or edited by hand, a backup restored in part,
+a migration gone wrong. A reader must then neither show the snapshot as complete (with
+agents silently missing) nor fail with a traceback, and a run must never go back to it.
+
+[`SnapshotReader`][agentsnap.integrity.SnapshotReader] rebuilds snapshots from a store's
+rows and checks every part of a complete snapshot:
+
+* every process's part is there: the environment's (``$env``) always is, since it takes
+  part in every cut, and every process that another process's counters or a message in
+  flight names. The environment has a channel to every agent from the moment the agent is
+  registered, so its counters name every agent of the cut: a deleted agent row is found
+  whenever the environment's row is intact, and a deleted environment row is found always;
+* each state is there, is a JSON object, and matches the SHA-256 hash it is stored under;
+* the ``sent`` and ``received`` counters are JSON objects mapping process names to
+  non-negative integers;
+* each message in flight can be read (its payload is JSON, its headers map strings to
+  strings);
+* the counters and the messages in flight make a consistent cut (the check the runtime
+  makes before it calls a snapshot complete): on every channel, the messages in flight are
+  exactly those the sender had sent and the receiver had not received.
+
+A snapshot that fails a check comes back with status
+[`DAMAGED`][agentsnap.SnapshotStatus.DAMAGED], ``error`` saying in one line what is wrong,
+``damaged_agents`` naming the processes whose part is missing or unreadable, and the parts
+that could be read. Runs treat it like a failed snapshot: they never roll back to it,
+resume from it or fork it.
+
+Example:
+    ```python
+    from datetime import UTC, datetime
+
+    from agentsnap.integrity import SnapshotReader
+    from agentsnap.state import content_hash
+
+    reader = SnapshotReader()
+    for state in ("{}", '{"count":1}'):  # every state the cuts name
+        reader.blob(content_hash(state), state)
+    reader.cut("s1", "$env", content_hash("{}"), '{"alice":1}', "{}")
+    reader.cut("s1", "alice", content_hash('{"count":1}'), "{}", '{"$env":2}')
+    now = datetime.now(UTC)
+    snapshot = reader.snapshot(
+        {"id": "s1", "run_id": "r1", "seq": 1, "initiator": "$env", "status": "complete",
+         "started_at": now, "completed_at": now, "error": None}
+    )
+    print(snapshot.status.value, snapshot.error)
+    # damaged channel $env>alice: alice received 2 but $env had sent only 1; ...
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from agentsnap.messages import ENVIRONMENT
+from agentsnap.records import (
+    AgentCut,
+    AgentVersion,
+    ChannelRecord,
+    RecordedMessage,
+    Snapshot,
+    SnapshotStatus,
+)
+from agentsnap.snapshot import cut_problems
+from agentsnap.state import content_hash
+
+__all__ = ["SnapshotReader", "agent_versions", "one_line"]
+
+_SHOWN = 3
+"""How many problems a damaged snapshot's reason spells out."""
+
+
+def one_line(problems: list[str]) -> str:
+    """The problems found in a snapshot as one line: the first few, and how many more."""
+    text = "; ".join(problems[:_SHOWN])
+    if len(problems) > _SHOWN:
+        text += f"; and {len(problems) - _SHOWN} more problem(s)"
+    return " ".join(text.split())
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "null" if value is None else type(value).__name__
+
+
+def _short(text: str | None, limit: int = 40) -> str:
+    if text is None:
+        return "nothing"
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "…"
+
+
+class SnapshotReader:
+    """Rebuilds snapshots from a store's rows, checking each part; damage is reported, not
+    raised.
+
+    Give it, for the snapshots to read, every state the cuts name
+    ([`blob`][agentsnap.integrity.SnapshotReader.blob]), every process's cut
+    ([`cut`][agentsnap.integrity.SnapshotReader.cut], in the order ``agents`` should list
+    them) and every message in flight
+    ([`message`][agentsnap.integrity.SnapshotReader.message], in ``(src, dst, seq)``
+    order); then ask for each [`snapshot`][agentsnap.integrity.SnapshotReader.snapshot].
+    Counters and payloads are given as the JSON text the store holds, so that text that is
+    not JSON is found here rather than raised by the database layer. Each state is checked
+    once, however many cuts share it.
+    """  # noqa: D205
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, str] = {}
+        # Per state hash, what is wrong with the state, or None: checked once.
+        self._verdicts: dict[str, str | None] = {}
+        self._cuts: dict[str, dict[str, AgentCut]] = {}
+        self._channels: dict[str, dict[tuple[str, str], list[RecordedMessage]]] = {}
+        self._problems: dict[str, list[str]] = {}
+        self._broken: dict[str, set[str]] = {}
+
+    def wanted(self, hashes: Iterable[str]) -> list[str]:
+        """Those of ``hashes`` whose state was not given yet, sorted, each once."""
+        return sorted(set(hashes) - self._blobs.keys())
+
+    def blob(self, state_hash: str, state: str) -> None:
+        """A state the store holds under ``state_hash``."""
+        self._blobs[state_hash] = state
+
+    def cut(
+        self,
+        snapshot_id: str,
+        agent: str,
+        state_hash: str,
+        sent: str | None,
+        received: str | None,
+    ) -> None:
+        """One process's part of a snapshot: its state's hash and its counters' JSON text.
+
+        A state not given with [`blob`][agentsnap.integrity.SnapshotReader.blob] before is
+        missing from the store.
+        """
+        problems: list[str] = []
+        state = self._state_problem(state_hash)
+        if state is not None:
+            problems.append(f"the state of {agent!r} {state}")
+        counters: list[dict[str, int]] = []
+        for what, text in (("sent", sent), ("received", received)):
+            parsed = _counters(text)
+            if parsed is None:
+                problems.append(
+                    f"the {what} counters of {agent!r} are not a JSON object of process names "
+                    f"to non-negative counts ({_short(text)})"
+                )
+            else:
+                counters.append(parsed)
+        if problems:
+            self._problems.setdefault(snapshot_id, []).extend(problems)
+            self._broken.setdefault(snapshot_id, set()).add(agent)
+            return
+        self._cuts.setdefault(snapshot_id, {})[agent] = AgentCut(
+            state_json=self._blobs[state_hash],
+            state_hash=state_hash,
+            sent=counters[0],
+            received=counters[1],
+        )
+
+    def message(  # noqa: PLR0917
+        self,
+        snapshot_id: str,
+        src: str,
+        dst: str,
+        seq: int,
+        kind: str,
+        payload: str | None,
+        headers: str | None,
+        epoch: int,
+    ) -> None:
+        """One message in flight in a snapshot, its payload and headers as JSON text."""
+        value = fields = None
+        problem: str | None = None
+        try:
+            value = json.loads(payload) if payload is not None else None
+        except ValueError as exc:
+            problem = f"its payload is not JSON ({exc})"
+        if payload is None:
+            problem = "it has no payload"
+        try:
+            fields = json.loads(headers) if headers is not None else None
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
+            problem = problem or f"its headers are not a JSON object of strings ({_short(headers)})"
+        if problem is not None or not isinstance(fields, dict):
+            self._problems.setdefault(snapshot_id, []).append(
+                f"message {src}>{dst}#{seq} in flight cannot be read: {problem}"
+            )
+            return
+        self._channels.setdefault(snapshot_id, {}).setdefault((src, dst), []).append(
+            RecordedMessage(
+                id=f"{src}>{dst}#{seq}",
+                seq=seq,
+                kind=kind,
+                payload=value,
+                headers=fields,
+                epoch=epoch,
+            )
+        )
+
+    def snapshot(self, row: Mapping[str, Any]) -> Snapshot:
+        """The snapshot of a snapshot row, with the parts given for it; damaged if need be.
+
+        Args:
+            row: ``id``, ``run_id``, ``seq``, ``initiator``, ``status`` (the text stored),
+                ``started_at``, ``completed_at`` and ``error``.
+        """
+        snapshot_id = row["id"]
+        agents = self._cuts.pop(snapshot_id, {})
+        channels = self._channels.pop(snapshot_id, {})
+        problems = self._problems.pop(snapshot_id, [])
+        broken = self._broken.pop(snapshot_id, set())
+        try:
+            status = SnapshotStatus(row["status"])
+        except ValueError:
+            status = SnapshotStatus.COMPLETE  # checked as if complete, and damaged anyway
+            problems.insert(0, f"its status {row['status']!r} is not one agentsnap writes")
+        snapshot = Snapshot(
+            id=snapshot_id,
+            run_id=row["run_id"],
+            seq=row["seq"],
+            initiator=row["initiator"],
+            status=status,
+            started_at=row["started_at"],
+            completed_at=row["completed_at"],
+            error=row["error"],
+            agents=agents,
+            channels=[
+                ChannelRecord(src=src, dst=dst, messages=found)
+                for (src, dst), found in sorted(channels.items())
+            ],
+        )
+        if status is not SnapshotStatus.COMPLETE:
+            return snapshot  # a failed snapshot holds no cut to check
+        if snapshot.completed_at is None:
+            problems.append("it is marked complete but has no completion time")
+        problems.extend(_structure_problems(snapshot, broken))
+        if not problems:
+            return snapshot
+        return snapshot.model_copy(
+            update={
+                "status": SnapshotStatus.DAMAGED,
+                "error": one_line(problems),
+                "damaged_agents": sorted(broken),
+            }
+        )
+
+    def _state_problem(self, state_hash: str) -> str | None:
+        if state_hash in self._verdicts:
+            return self._verdicts[state_hash]
+        text = self._blobs.get(state_hash)
+        problem: str | None = None
+        if text is None:
+            problem = f"is missing (the store holds no state blob {state_hash[:12]})"
+        else:
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                problem = f"is not JSON ({exc})"
+            else:
+                if not isinstance(value, dict):
+                    problem = f"is a JSON {_json_type(value)}, not an object"
+                elif content_hash(text) != state_hash:
+                    problem = (
+                        f"does not match its hash {state_hash[:12]} (the state blob was changed "
+                        "after it was written)"
+                    )
+        self._verdicts[state_hash] = problem
+        return problem
+
+
+def _counters(text: str | None) -> dict[str, int] | None:
+    """Counters from their JSON text, or ``None`` when they are not a name-to-count object."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not all(
+        type(count) is int and count >= 0 for count in value.values()
+    ):
+        return None
+    return value
+
+
+def _structure_problems(snapshot: Snapshot, broken: set[str]) -> list[str]:
+    """What is missing from a complete snapshot's cut, or inconsistent in it.
+
+    Adds the processes whose part is missing to ``broken``.
+    """
+    agents = snapshot.agents
+    named: set[str] = {ENVIRONMENT}
+    for cut in agents.values():
+        named.update(cut.sent)
+        named.update(cut.received)
+    for channel in snapshot.channels:
+        named.update((channel.src, channel.dst))
+    problems = []
+    for name in sorted(named - agents.keys() - broken):
+        why = (
+            "the environment takes part in every cut"
+            if name == ENVIRONMENT
+            else "other processes' counters or the messages in flight name it"
+        )
+        problems.append(f"the part of {name!r} is missing ({why})")
+        broken.add(name)
+    if not broken:
+        return problems + cut_problems(snapshot)
+    # Check what could be read: the channels between processes whose part is intact.
+    intact = {
+        name: cut.model_copy(
+            update={
+                "sent": {k: v for k, v in cut.sent.items() if k not in broken},
+                "received": {k: v for k, v in cut.received.items() if k not in broken},
+            }
+        )
+        for name, cut in agents.items()
+    }
+    kept = [c for c in snapshot.channels if c.src not in broken and c.dst not in broken]
+    return problems + cut_problems(snapshot.model_copy(update={"agents": intact, "channels": kept}))
+
+
+def agent_versions(snapshots: Iterable[Snapshot], agent: str) -> list[AgentVersion]:
+    """``agent``'s part of each complete or damaged snapshot of ``snapshots`` that holds it,
+    or whose damage concerns it, in the order given.
+
+    What a store's ``agent_history`` returns, before it raises ``NotFoundError`` for an empty
+    list.
+    """  # noqa: D205
+    versions = []
+    for snapshot in snapshots:
+        damaged = snapshot.status is SnapshotStatus.DAMAGED
+        if snapshot.status is not SnapshotStatus.COMPLETE and not damaged:
+            continue
+        cut = snapshot.agents.get(agent)
+        if cut is None and agent not in snapshot.damaged_agents:
+            continue
+        versions.append(
+            AgentVersion(
+                snapshot_id=snapshot.id,
+                snapshot_seq=snapshot.seq,
+                completed_at=snapshot.completed_at,
+                cut=cut,
+                damaged=snapshot.error if damaged else None,
+            )
+        )
+    return versions

@@ -1,0 +1,313 @@
+"""Database faults: what kind a failure is, and retrying the ones that pass.
+
+A connection dropped by a proxy, a server restarting, a serialization failure, a lock held
+by another process or a full disk all make a database operation fail, and all of them go
+away again. Stores and ledgers run every operation through a
+[`StoreRetry`][agentsnap.store.faults.StoreRetry] policy: the first attempt runs as it
+would without one (no cost on the happy path); a failure that
+[`classify`][agentsnap.store.faults.classify] calls transient is retried with exponential
+backoff and jitter (tenacity) until the policy's deadline, each attempt bounded by its
+timeout. Errors that retrying cannot fix (a constraint, the schema, bad data) are raised at
+once.
+
+Example:
+    ```python
+    from agentsnap import StoreRetry
+    from agentsnap.store.sql import SqlStore
+
+    # Ride out outages of up to five minutes; no statement may take more than 30 s.
+    store = SqlStore("sqlite:///agentsnap.db", retry=StoreRetry(timeout=30.0, deadline=300.0))
+    ```
+
+Faults are recognised from the driver's own codes, never from message text: PostgreSQL's
+SQLSTATE (class ``08`` connection exception, ``57P0x`` the server shutting down or starting,
+``40001``/``40P01`` serialization failure and deadlock, ``55P03`` lock not available,
+``57014`` statement timeout, ``53100`` disk full, class ``53`` insufficient resources),
+SQLite's result codes (``SQLITE_BUSY``, ``SQLITE_LOCKED``, ``SQLITE_FULL``,
+``SQLITE_IOERR``), SQLAlchemy's ``connection_invalidated``, and the operating system's
+``ENOSPC``.
+
+A retried write must not happen twice. When a connection is lost while a commit is in flight,
+the client cannot know whether it happened: every store and ledger write therefore checks,
+on its second and later attempts, whether the first one was in fact committed (a snapshot,
+rollback or lease with its id or token, a journal segment, a replay segment, a claim by the
+same owner and attempt, an update whose values are already there), and then does not write
+again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import tenacity
+
+from agentsnap.exceptions import ConfigurationError, StoreError
+
+__all__ = ["Fault", "StoreRetry", "classify", "describe"]
+
+logger = logging.getLogger("agentsnap.store")
+
+T = TypeVar("T")
+
+
+class Fault(StrEnum):
+    """What kind of database failure an error is."""
+
+    CONNECTION = "connection"
+    """The connection was lost or refused; a commit in flight may or may not have happened."""
+    UNAVAILABLE = "unavailable"
+    """The server is starting, shutting down, or out of connections or memory."""
+    CONFLICT = "conflict"
+    """A serialization failure or a deadlock: the transaction was rolled back."""
+    LOCKED = "locked"
+    """A lock was not granted in time (another writer holds the database or the row)."""
+    TIMEOUT = "timeout"
+    """The operation took longer than the policy allows (no answer from the database)."""
+    DISK_FULL = "disk_full"
+    """The database's disk is full."""
+    PERMANENT = "permanent"
+    """A constraint, the schema, bad data: retrying cannot help."""
+
+    @property
+    def transient(self) -> bool:
+        """Whether the same operation may succeed if tried again later."""
+        return self is not Fault.PERMANENT
+
+
+# PostgreSQL SQLSTATE codes, exact first, then by class (the first two characters).
+_SQLSTATE: dict[str, Fault] = {
+    "57P01": Fault.UNAVAILABLE,  # admin_shutdown
+    "57P02": Fault.UNAVAILABLE,  # crash_shutdown
+    "57P03": Fault.UNAVAILABLE,  # cannot_connect_now (starting up)
+    "57P05": Fault.CONNECTION,  # idle_session_timeout
+    "57014": Fault.TIMEOUT,  # query_canceled (statement_timeout)
+    "40001": Fault.CONFLICT,  # serialization_failure
+    "40P01": Fault.CONFLICT,  # deadlock_detected
+    "55P03": Fault.LOCKED,  # lock_not_available (lock_timeout)
+    "53100": Fault.DISK_FULL,  # disk_full
+    "58030": Fault.UNAVAILABLE,  # io_error
+}
+_SQLSTATE_CLASS: dict[str, Fault] = {
+    "08": Fault.CONNECTION,  # connection_exception
+    "53": Fault.UNAVAILABLE,  # insufficient_resources (out of memory, too many connections)
+}
+_SQLITE: dict[int, Fault] = {
+    sqlite3.SQLITE_BUSY: Fault.LOCKED,
+    sqlite3.SQLITE_LOCKED: Fault.LOCKED,
+    sqlite3.SQLITE_FULL: Fault.DISK_FULL,
+    sqlite3.SQLITE_IOERR: Fault.UNAVAILABLE,
+    sqlite3.SQLITE_CANTOPEN: Fault.UNAVAILABLE,
+    sqlite3.SQLITE_PROTOCOL: Fault.UNAVAILABLE,
+}
+
+
+def classify(error: BaseException) -> Fault | None:
+    """The kind of database failure ``error`` is, or ``None`` if it is not one.
+
+    Follows the error's causes (a ``StoreError`` made from SQLAlchemy's error made from the
+    driver's) and decides by the first that carries a code.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        fault = _own_fault(current)
+        if fault is not None:
+            return fault
+        orig = getattr(current, "orig", None)  # SQLAlchemy's DBAPIError wraps the driver's
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return None
+
+
+def _own_fault(error: BaseException) -> Fault | None:
+    """The fault ``error`` itself says it is, without looking at its causes."""
+    if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
+        return Fault.TIMEOUT
+    if getattr(error, "connection_invalidated", False):
+        return Fault.CONNECTION
+    if isinstance(error, sqlite3.Error):
+        code = getattr(error, "sqlite_errorcode", None)
+        if code is None:  # a programming error of the module, not the database
+            return Fault.PERMANENT
+        return _SQLITE.get(code & 0xFF, Fault.PERMANENT)
+    sqlstate = getattr(error, "sqlstate", None)
+    if isinstance(sqlstate, str) and len(sqlstate) == 5:
+        return _SQLSTATE.get(sqlstate) or _SQLSTATE_CLASS.get(sqlstate[:2], Fault.PERMANENT)
+    module = type(error).__module__
+    if module.startswith("psycopg"):
+        # No SQLSTATE: the client's side failed (refused, reset, closed connection).
+        name = type(error).__name__
+        if name in {"OperationalError", "InterfaceError"}:
+            return Fault.CONNECTION
+        return Fault.PERMANENT
+    if module.startswith("sqlalchemy"):
+        name = type(error).__name__
+        if name == "TimeoutError":  # the connection pool had none free in time
+            return Fault.UNAVAILABLE
+        return None  # look at the driver's error under it
+    if isinstance(error, OSError):
+        if error.errno == errno.ENOSPC:
+            return Fault.DISK_FULL
+        return Fault.CONNECTION
+    return None
+
+
+def describe(fault: Fault, where: str) -> str:
+    """A short explanation of ``fault`` for an error message about database ``where``."""
+    return {
+        Fault.CONNECTION: f"the connection to {where} was lost",
+        Fault.UNAVAILABLE: f"{where} is unavailable (starting, stopping or out of resources)",
+        Fault.CONFLICT: f"{where} aborted the transaction (serialization failure or deadlock)",
+        Fault.LOCKED: f"{where} is locked by another writer",
+        Fault.TIMEOUT: f"{where} did not answer in time",
+        Fault.DISK_FULL: f"the disk of {where} is full: free some space",
+        Fault.PERMANENT: f"{where} refused the operation",
+    }[fault]
+
+
+@dataclass(frozen=True)
+class StoreRetry:
+    """How a store or ledger retries database operations that failed for a passing reason.
+
+    Attributes:
+        timeout: Seconds one attempt may take: connecting, a statement (PostgreSQL's
+            ``statement_timeout``), waiting for SQLite's write lock. An attempt that takes
+            longer fails as [`Fault.TIMEOUT`][agentsnap.store.faults.Fault] and is retried.
+        deadline: Seconds an operation keeps retrying from its first failure; then the
+            last error is raised. ``0`` retries nothing.
+        first_wait: Seconds before the first retry; the wait doubles after each failure,
+            with random jitter, up to ``max_wait``.
+        max_wait: The longest wait between two attempts.
+    """
+
+    timeout: float = 10.0
+    deadline: float = 60.0
+    first_wait: float = 0.05
+    max_wait: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ConfigurationError(
+                f"StoreRetry timeout must be a positive number of seconds, not {self.timeout!r}"
+            )
+        for name in ("deadline", "first_wait", "max_wait"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ConfigurationError(
+                    f"StoreRetry {name} must be zero or more seconds, not {value!r}"
+                )
+
+    @classmethod
+    def never(cls, *, timeout: float = 10.0) -> StoreRetry:
+        """A policy that retries nothing (each attempt still bounded by ``timeout``)."""
+        return cls(timeout=timeout, deadline=0.0)
+
+    async def call(
+        self,
+        what: str,
+        operation: Callable[[bool], Awaitable[T]],
+        *,
+        where: str,
+        bounded: bool = False,
+    ) -> T:
+        """Run ``operation``, retrying transient faults until the deadline.
+
+        ``operation(again)`` is called with ``again`` false the first time and true on every
+        retry, when it must first check whether an earlier attempt was committed after all.
+
+        Args:
+            what: What the operation does, for messages ("write snapshot 3").
+            operation: The work, one attempt per call.
+            where: The database, for messages.
+            bounded: Bound each attempt by ``timeout`` here (for drivers that can hang on
+                a silent network); others bound their waits themselves. SQLAlchemy discards
+                a connection whose operation was cancelled, and the whole pool after a
+                lost connection, so the next attempt starts on a sound one.
+
+        Raises:
+            StoreError: A permanent failure, or a transient one that outlasted the deadline,
+                saying what failed and why; the driver's error is its cause.
+        """
+        try:
+            if bounded:
+                async with asyncio.timeout(self.timeout):
+                    return await operation(False)
+            return await operation(False)
+        except Exception as exc:
+            fault = classify(exc)
+            if fault is None:
+                raise
+            if not fault.transient or not self.deadline:
+                raise _error(what, where, fault, exc) from exc
+            first = exc, fault
+        return await self._retry(what, operation, where, bounded, first)
+
+    async def _retry(
+        self,
+        what: str,
+        operation: Callable[[bool], Awaitable[T]],
+        where: str,
+        bounded: bool,
+        first: tuple[Exception, Fault],
+    ) -> T:
+        started = time.monotonic()
+        logger.warning("could not %s, retrying: %s", what, describe(first[1], where))
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_delay(self.deadline),
+            wait=tenacity.wait_exponential_jitter(
+                multiplier=self.first_wait, max=self.max_wait, jitter=self.first_wait
+            ),
+            retry=tenacity.retry_if_exception(_transient),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    if bounded:
+                        async with asyncio.timeout(self.timeout):
+                            return await operation(True)
+                    return await operation(True)
+        except Exception as exc:
+            fault = classify(exc)
+            if fault is None:
+                raise
+            waited = time.monotonic() - started
+            if fault.transient:
+                raise _error(
+                    what, where, fault, exc, f"; gave up after retrying for {waited:.1f} s"
+                ) from exc
+            raise _error(what, where, fault, exc) from exc
+        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+
+def _transient(error: BaseException) -> bool:
+    fault = classify(error)
+    return fault is not None and fault.transient
+
+
+def _error(what: str, where: str, fault: Fault, error: Exception, tail: str = "") -> StoreError:
+    """``error`` as the StoreError to raise: kept as it is when it already is one."""
+    if isinstance(error, StoreError) and fault is Fault.PERMANENT:
+        return error
+    detail = _first_line(error)
+    return StoreError(f"could not {what}: {describe(fault, where)}{tail} ({detail})")
+
+
+def _first_line(error: BaseException) -> str:
+    cause: Any = error
+    # The driver's own message says most; SQLAlchemy's adds the statement and a link.
+    while isinstance(cause, StoreError) and cause.__cause__ is not None:
+        cause = cause.__cause__
+    orig = getattr(cause, "orig", None)
+    if isinstance(orig, BaseException):
+        cause = orig
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
