@@ -706,11 +706,14 @@ class Tool(Generic[R]):
         key = info.key
         assert key is not None
         change["updated_at"] = utcnow()
-        pending = Unrecorded(
-            info.run_id, key, self.name, printed, attempt, change, outcome, failure, ledger
-        )
         try:
-            recorded = await pending.record(ledger)
+            recorded = await ledger.update(
+                key,
+                change,
+                statuses=(ToolCallStatus.IN_PROGRESS, ToolCallStatus.UNKNOWN),
+                owner=owner_id(),
+                attempts=attempt,
+            )
         except StoreError as exc:
             logger.error(
                 "tool %r: the outcome of key %s happened but is not recorded yet; it is kept "
@@ -719,7 +722,9 @@ class Tool(Generic[R]):
                 key,
                 exc,
             )
-            _unrecorded[key] = pending
+            _unrecorded[key] = Unrecorded(
+                info.run_id, key, self.name, printed, attempt, change, outcome, failure, ledger
+            )
             return
         if not recorded:
             logger.warning(

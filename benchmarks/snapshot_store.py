@@ -127,7 +127,7 @@ def make_snapshot(
         )
     }
     for i, (name, blob) in enumerate(zip(names, states, strict=True)):
-        received = {names[i - 1]: delivered + i}
+        received = {names[i - 1]: delivered + (i - 1) % AGENTS + 1}  # all its peer sent
         if i == 0:
             received[ENVIRONMENT] = workloads.RING_TOKENS
         agents[name] = AgentCut(
@@ -152,6 +152,9 @@ def make_snapshot(
             for k in reversed(range(IN_FLIGHT_PER_CHANNEL))
         ]
         channels.append(ChannelRecord(src=src, dst=dst, messages=messages))
+        # A consistent cut: the receiver has not taken what is in flight to it.
+        received = {**agents[dst].received, src: sent - IN_FLIGHT_PER_CHANNEL}
+        agents[dst] = agents[dst].model_copy(update={"received": received})
     return Snapshot(
         id=f"{seq:08x}{run_id[8:]}",
         run_id=run_id,

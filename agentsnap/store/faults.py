@@ -213,19 +213,22 @@ class StoreRetry:
     async def call(
         self,
         what: str,
-        operation: Callable[[bool], Awaitable[T]],
-        *,
+        operation: Callable[..., Awaitable[T]],
+        *args: Any,
         where: str,
         bounded: bool = False,
     ) -> T:
         """Run ``operation``, retrying transient faults until the deadline.
 
-        ``operation(again)`` is called with ``again`` false the first time and true on every
-        retry, when it must first check whether an earlier attempt was committed after all.
+        ``operation(again, *args)`` is called with ``again`` false the first time and true
+        on every retry, when it must first check whether an earlier attempt was committed
+        after all.
 
         Args:
-            what: What the operation does, for messages ("write snapshot 3").
+            what: What the operation does, for messages: a ``str.format`` template filled
+                with ``args`` only when a message is made ("write snapshot {0.seq}").
             operation: The work, one attempt per call.
+            *args: Passed on to ``operation``.
             where: The database, for messages.
             bounded: Bound each attempt by ``timeout`` here (for drivers that can hang on
                 a silent network); others bound their waits themselves. SQLAlchemy discards
@@ -239,21 +242,23 @@ class StoreRetry:
         try:
             if bounded:
                 async with asyncio.timeout(self.timeout):
-                    return await operation(False)
-            return await operation(False)
+                    return await operation(False, *args)
+            return await operation(False, *args)
         except Exception as exc:
             fault = classify(exc)
             if fault is None:
                 raise
+            what = what.format(*args)
             if not fault.transient or not self.deadline:
                 raise _error(what, where, fault, exc) from exc
             first = exc, fault
-        return await self._retry(what, operation, where, bounded, first)
+        return await self._retry(what, operation, args, where, bounded, first)
 
-    async def _retry(
+    async def _retry(  # noqa: PLR0917
         self,
         what: str,
-        operation: Callable[[bool], Awaitable[T]],
+        operation: Callable[..., Awaitable[T]],
+        args: tuple[Any, ...],
         where: str,
         bounded: bool,
         first: tuple[Exception, Fault],
@@ -273,8 +278,8 @@ class StoreRetry:
                 with attempt:
                     if bounded:
                         async with asyncio.timeout(self.timeout):
-                            return await operation(True)
-                    return await operation(True)
+                            return await operation(True, *args)
+                    return await operation(True, *args)
         except Exception as exc:
             fault = classify(exc)
             if fault is None:

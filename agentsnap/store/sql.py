@@ -279,13 +279,14 @@ class SqlStore:
 
     async def save_rollback(self, rollback: RollbackInfo) -> None:  # noqa: D102
         await self.retry.call(
-            f"record rollback {rollback.id}",
-            lambda again: self._save_rollback(rollback, again),
+            "record rollback {0.id}",
+            self._save_rollback,
+            rollback,
             where=self.where,
             bounded=self.bounded,
         )
 
-    async def _save_rollback(self, rollback: RollbackInfo, again: bool) -> None:
+    async def _save_rollback(self, again: bool, rollback: RollbackInfo) -> None:
         await self._gate.wait()
         if again and await self._stored(_rollbacks.c.id == rollback.id):
             return  # the attempt before was committed, though its answer was lost
@@ -313,13 +314,14 @@ class SqlStore:
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:  # noqa: D102
         await self.retry.call(
-            f"write snapshot {snapshot.seq} of run {snapshot.run_id}",
-            lambda again: self._save_snapshot(snapshot, again),
+            "write snapshot {0.seq} of run {0.run_id}",
+            self._save_snapshot,
+            snapshot,
             where=self.where,
             bounded=self.bounded,
         )
 
-    async def _save_snapshot(self, snapshot: Snapshot, again: bool) -> None:
+    async def _save_snapshot(self, again: bool, snapshot: Snapshot) -> None:
         await self._gate.wait()
         if again and await self._stored(_snapshots.c.id == snapshot.id):
             return  # the attempt before was committed, though its answer was lost
@@ -421,14 +423,16 @@ class SqlStore:
         if not segments:
             return
         await self.retry.call(
-            f"write {len(segments)} journal segment(s) of run {run_id}",
-            lambda again: self._append_journal(run_id, segments, again),
+            "write journal segments of run {0}",
+            self._append_journal,
+            run_id,
+            segments,
             where=self.where,
             bounded=self.bounded,
         )
 
     async def _append_journal(
-        self, run_id: str, segments: Sequence[JournalSegment], again: bool
+        self, again: bool, run_id: str, segments: Sequence[JournalSegment]
     ) -> None:
         await self._gate.wait()
         first = segments[0]
@@ -461,13 +465,15 @@ class SqlStore:
 
     async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:  # noqa: D102
         await self.retry.call(
-            f"write the replay log of run {run_id}",
-            lambda again: self._append_replay(run_id, segment, again),
+            "write the replay log of run {0}",
+            self._append_replay,
+            run_id,
+            segment,
             where=self.where,
             bounded=self.bounded,
         )
 
-    async def _append_replay(self, run_id: str, segment: ReplaySegment, again: bool) -> None:
+    async def _append_replay(self, again: bool, run_id: str, segment: ReplaySegment) -> None:
         await self._gate.wait()
         if again and await self._last_replay(run_id) == segment:
             return  # the attempt before was committed, though its answer was lost
@@ -535,14 +541,18 @@ class SqlStore:
         self, run_id: str, owner: str, expires_at: datetime, *, replacing: int | None
     ) -> RunLease | None:
         return await self.retry.call(
-            f"take the lease of run {run_id}",
-            lambda again: self._take_lease(run_id, owner, expires_at, replacing, again),
+            "take the lease of run {0}",
+            self._take_lease,
+            run_id,
+            owner,
+            expires_at,
+            replacing,
             where=self.where,
             bounded=self.bounded,
         )
 
     async def _take_lease(
-        self, run_id: str, owner: str, expires_at: datetime, replacing: int | None, again: bool
+        self, again: bool, run_id: str, owner: str, expires_at: datetime, replacing: int | None
     ) -> RunLease | None:
         await self._gate.wait()
         token = 1 if replacing is None else replacing + 1

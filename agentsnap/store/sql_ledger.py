@@ -224,11 +224,15 @@ class SqlLedger:
             OwnershipLost: The entry's run is fenced and its lease has another token now;
                 nothing was written.
         """
-        return await self._retried(
-            f"claim key {entry.key!r}", lambda again: self._claim_once(entry, again)
+        return await self.retry.call(
+            "claim key {0.key!r}",
+            self._claim_once,
+            entry,
+            where=self._where,
+            bounded=self._engine is not None,
         )
 
-    async def _claim_once(self, entry: LedgerEntry, again: bool) -> LedgerEntry | None:
+    async def _claim_once(self, again: bool, entry: LedgerEntry) -> LedgerEntry | None:
         what = f"claim key {entry.key!r}"
         token = None if entry.run_id is None else self._fences.get(entry.run_id)
         if self._sqlite is not None:
@@ -274,9 +278,7 @@ class SqlLedger:
         return self._fenced_claim
 
     async def get(self, key: str) -> LedgerEntry | None:  # noqa: D102
-        found = await self._retried(
-            f"read key {key!r}", lambda _again: self._run(f"read key {key!r}", _one, key)
-        )
+        found = await self._retried("read key {0!r}", self._read, _one, key)
         return None if found is None else _entry(found)
 
     async def update(  # noqa: D102
@@ -288,19 +290,26 @@ class SqlLedger:
         owner: str | None = None,
         attempts: int | None = None,
     ) -> bool:
-        return await self._retried(
-            f"update key {key!r}",
-            lambda again: self._update_once(key, change, statuses, owner, attempts, again),
+        return await self.retry.call(
+            "update key {0!r}",
+            self._update_once,
+            key,
+            change,
+            statuses,
+            owner,
+            attempts,
+            where=self._where,
+            bounded=self._engine is not None,
         )
 
     async def _update_once(  # noqa: PLR0917
         self,
+        again: bool,
         key: str,
         change: Change,
         statuses: Collection[ToolCallStatus],
         owner: str | None,
         attempts: int | None,
-        again: bool,
     ) -> bool:
         what = f"update key {key!r}"
         if again:
@@ -378,18 +387,16 @@ class SqlLedger:
         return statement
 
     async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:  # noqa: D102
-        rows = await self._retried(
-            "read the calls", lambda _again: self._run("read the calls", _all, run_id)
-        )
+        rows = await self._retried("read the calls", self._read, _all, run_id)
         return [_entry(row) for row in rows]
 
-    async def _retried(self, what: str, operation: Callable[[bool], Awaitable[T]]) -> T:
+    async def _retried(self, what: str, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
         return await self.retry.call(
-            what,
-            operation,
-            where=self._where,
-            bounded=self._engine is not None,
+            what, operation, *args, where=self._where, bounded=self._engine is not None
         )
+
+    async def _read(self, again: bool, op: Callable[..., T], *args: Any) -> T:
+        return await self._run("read the ledger", op, *args)
 
     async def close(self) -> None:
         """Close the connections (and the SQLite thread)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 import tempfile
@@ -66,7 +67,11 @@ def skipped(scenario: Scenario, reason: str, workload: Workload) -> FaultReport:
 async def main(options: argparse.Namespace) -> int:
     """Run the chosen faults; print the table; 1 if a guarantee broke, else 0."""
     workload = Workload(timeout=options.timeout, deadline=options.deadline, retry=options.retry)
-    chosen = [s for s in SCENARIOS if not options.fault or s.name in options.fault]
+    chosen = [
+        s if options.seconds is None else dataclasses.replace(s, seconds=options.seconds)
+        for s in SCENARIOS
+        if not options.fault or s.name in options.fault
+    ]
     server: PostgresServer | None = None
     server_error = ""
     if any(s.backend == "postgres" for s in chosen):
@@ -129,6 +134,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         dest="retry",
         action="store_false",
         help="make the store as SqlStore(url), without retry= (the library's defaults)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, help="how long each fault lasts (default: each one's own)"
     )
     parser.add_argument("--timeout", type=float, default=1.0, help="StoreRetry timeout (s)")
     parser.add_argument("--deadline", type=float, default=60.0, help="StoreRetry deadline (s)")
