@@ -16,6 +16,7 @@ import click
 
 from agentsnap import __version__
 from agentsnap.exceptions import AgentsnapError
+from agentsnap.store.faults import StoreRetry
 
 if TYPE_CHECKING:
     from agentsnap.demo import DemoResult
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 T = TypeVar("T")
+
+# A command waits a few seconds for a database that does not answer, then says so.
+_RETRY = StoreRetry(timeout=10.0, deadline=5.0)
 
 _DB = click.option(
     "--db",
@@ -109,8 +113,8 @@ def recover(db: str, spool_dir: str | None, run_id: str | None) -> None:
         from agentsnap.store.sql import SqlStore  # noqa: PLC0415
         from agentsnap.store.sql_ledger import SqlLedger  # noqa: PLC0415
 
-        store = SqlStore(db, create=False)
-        ledger = SqlLedger(db, create=False)
+        store = SqlStore(db, create=False, retry=_RETRY)
+        ledger = SqlLedger(db, create=False, retry=_RETRY)
         try:
             return await spool.replay(store, ledger, spooled[0] if run_id is not None else None)
         finally:
@@ -759,7 +763,7 @@ def _ledger(db: str, action: Callable[[Ledger], Awaitable[T]]) -> T:
     from agentsnap.store.sql_ledger import SqlLedger  # noqa: PLC0415
 
     async def go() -> T:
-        ledger = SqlLedger(db, create=False)
+        ledger = SqlLedger(db, create=False, retry=_RETRY)
         try:
             return await action(ledger)
         finally:
@@ -773,7 +777,7 @@ def _read(db: str, query: Callable[[SqlStore], Awaitable[T]]) -> T:
     from agentsnap.store.sql import SqlStore  # noqa: PLC0415
 
     async def go() -> T:
-        store = SqlStore(db, create=False)
+        store = SqlStore(db, create=False, retry=_RETRY)
         try:
             return await query(store)
         finally:

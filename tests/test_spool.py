@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from ledger_entries import claim_of
 
 from agentsnap import (
     ConfigurationError,
@@ -84,20 +85,7 @@ def snapshot(run_id: str = RUN, snapshot_id: str = "s" * 32) -> Snapshot:
 
 
 def claim(key: str, run_id: str = RUN, owner: str = "host:1:abc") -> LedgerEntry:
-    return LedgerEntry(
-        key=key,
-        tool="charge",
-        fingerprint="f" * 64,
-        arguments={"amount": 5},
-        status=ToolCallStatus.IN_PROGRESS,
-        created_at=AT,
-        updated_at=AT,
-        run_id=run_id,
-        agent="writer",
-        message_id="$env>writer#1",
-        owner=owner,
-        lease_until=AT + timedelta(minutes=5),
-    )
+    return claim_of(key, run_id, owner=owner, at=AT)
 
 
 SUCCEEDED: Change = {

@@ -163,7 +163,7 @@ def _own_fault(error: BaseException) -> Fault | None:
 def describe(fault: Fault, where: str) -> str:
     """A short explanation of ``fault`` for an error message about database ``where``."""
     return {
-        Fault.CONNECTION: f"the connection to {where} was lost",
+        Fault.CONNECTION: f"{where} cannot be reached (the connection was refused or lost)",
         Fault.UNAVAILABLE: f"{where} is unavailable (starting, stopping or out of resources)",
         Fault.CONFLICT: f"{where} aborted the transaction (serialization failure or deadlock)",
         Fault.LOCKED: f"{where} is locked by another writer",
@@ -239,20 +239,48 @@ class StoreRetry:
             StoreError: A permanent failure, or a transient one that outlasted the deadline,
                 saying what failed and why; the driver's error is its cause.
         """
-        try:
-            if bounded:
-                async with asyncio.timeout(self.timeout):
-                    return await operation(False, *args)
-            return await operation(False, *args)
+        try:  # the first attempt inline: no fault, no cost
+            if not bounded:
+                return await operation(False, *args)
+            async with asyncio.timeout(self.timeout):
+                return await operation(False, *args)
         except Exception as exc:
-            fault = classify(exc)
-            if fault is None:
-                raise
-            what = what.format(*args)
-            if not fault.transient or not self.deadline:
-                raise _error(what, where, fault, exc) from exc
-            first = exc, fault
-        return await self._retry(what, operation, args, where, bounded, first)
+            return await self.after(exc, what, operation, *args, where=where, bounded=bounded)
+
+    async def after(
+        self,
+        error: Exception,
+        what: str,
+        operation: Callable[..., Awaitable[T]],
+        *args: Any,
+        where: str,
+        bounded: bool = False,
+    ) -> T:
+        """Go on as [`call`][agentsnap.store.faults.StoreRetry.call] does once its first
+        attempt failed with ``error``: retry a transient fault, raise anything else.
+
+        For the hottest operations, which make their first attempt themselves rather than
+        through ``call``.
+        """  # noqa: D205
+        fault = classify(error)
+        if fault is None:
+            raise error
+        what = what.format(*args)
+        if not fault.transient or not self.deadline:
+            raise _error(what, where, fault, error) from error
+        return await self._retry(what, operation, args, where, bounded, (error, fault))
+
+    async def _attempt(
+        self,
+        operation: Callable[..., Awaitable[T]],
+        again: bool,
+        args: tuple[Any, ...],
+        bounded: bool,
+    ) -> T:
+        if bounded:
+            async with asyncio.timeout(self.timeout):
+                return await operation(again, *args)
+        return await operation(again, *args)
 
     async def _retry(  # noqa: PLR0917
         self,
@@ -276,10 +304,7 @@ class StoreRetry:
         try:
             async for attempt in retrying:
                 with attempt:
-                    if bounded:
-                        async with asyncio.timeout(self.timeout):
-                            return await operation(True, *args)
-                    return await operation(True, *args)
+                    return await self._attempt(operation, True, args, bounded)
         except Exception as exc:
             fault = classify(exc)
             if fault is None:

@@ -130,7 +130,7 @@ def database_name(url: str) -> str:
     parsed = make_url(sync_url(url))
     if parsed.get_backend_name() == "sqlite" and parsed.database not in {None, "", ":memory:"}:
         return f"the database {parsed.database}"
-    return f"the database {parsed.render_as_string(hide_password=True)}"
+    return f"the database {make_url(url).render_as_string(hide_password=True)}"
 
 
 def engine_options(url: str, retry: StoreRetry) -> dict[str, Any]:

@@ -224,12 +224,15 @@ class SqlLedger:
             OwnershipLost: The entry's run is fenced and its lease has another token now;
                 nothing was written.
         """
+        if self._sqlite is not None:  # the first attempt here: a claim per tool call
+            try:
+                return await self._claim_once(False, entry)
+            except Exception as exc:
+                return await self.retry.after(
+                    exc, "claim key {0.key!r}", self._claim_once, entry, where=self._where
+                )
         return await self.retry.call(
-            "claim key {0.key!r}",
-            self._claim_once,
-            entry,
-            where=self._where,
-            bounded=self._engine is not None,
+            "claim key {0.key!r}", self._claim_once, entry, where=self._where, bounded=True
         )
 
     async def _claim_once(self, again: bool, entry: LedgerEntry) -> LedgerEntry | None:
@@ -290,6 +293,21 @@ class SqlLedger:
         owner: str | None = None,
         attempts: int | None = None,
     ) -> bool:
+        if self._sqlite is not None:  # the first attempt here: an outcome per tool call
+            try:
+                return await self._update_once(False, key, change, statuses, owner, attempts)
+            except Exception as exc:
+                return await self.retry.after(
+                    exc,
+                    "update key {0!r}",
+                    self._update_once,
+                    key,
+                    change,
+                    statuses,
+                    owner,
+                    attempts,
+                    where=self._where,
+                )
         return await self.retry.call(
             "update key {0!r}",
             self._update_once,
@@ -299,7 +317,7 @@ class SqlLedger:
             owner,
             attempts,
             where=self._where,
-            bounded=self._engine is not None,
+            bounded=True,
         )
 
     async def _update_once(  # noqa: PLR0917

@@ -24,6 +24,7 @@ import psycopg
 import psycopg.errors
 import pytest
 import sqlalchemy
+from ledger_entries import claim_of
 
 from agentsnap import (
     ConfigurationError,
@@ -34,7 +35,7 @@ from agentsnap import (
     StoreError,
     StoreRetry,
 )
-from agentsnap.ledger import LedgerEntry, ToolCallStatus, owner_id
+from agentsnap.ledger import LedgerEntry, ToolCallStatus
 from agentsnap.records import utcnow
 from agentsnap.store.faults import Fault, classify
 from agentsnap.store.sql import SqlStore
@@ -293,22 +294,7 @@ def answer_lost_once(owner: Any, name: str) -> list[int]:
 
 
 def entry(run_id: str, key: str = "charge-1") -> LedgerEntry:
-    now = utcnow()
-    return LedgerEntry(
-        key=key,
-        tool="charge",
-        fingerprint="f" * 64,
-        arguments={"amount": 5},
-        status=ToolCallStatus.IN_PROGRESS,
-        created_at=now,
-        updated_at=now,
-        run_id=run_id,
-        agent="a",
-        message_id="$env>a#1",
-        owner=owner_id(),
-        lease_until=now + timedelta(seconds=30),
-        attempts=1,
-    )
+    return claim_of(key, run_id, agent="a")
 
 
 async def test_store_writes_whose_answer_was_lost_are_not_made_twice(empty_db: str) -> None:
@@ -388,3 +374,16 @@ async def test_ledger_writes_whose_answer_was_lost_are_recognised(empty_db: str)
     finally:
         await ledger.close()
         await store.close()
+
+
+def test_the_cli_says_when_the_database_cannot_be_reached() -> None:
+    from click.testing import CliRunner
+
+    from agentsnap.cli import main
+
+    result = CliRunner().invoke(main, ["runs", "--db", "postgresql://app@127.0.0.1:1/runs"])
+
+    assert result.exit_code == 1
+    assert "the database postgresql://app@127.0.0.1:1/runs cannot be reached" in result.output
+    assert "gave up after retrying" in result.output
+    assert "Traceback" not in result.output
