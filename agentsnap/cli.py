@@ -2,20 +2,25 @@
 
 The database comes from ``--db``, else the ``AGENTSNAP_DB`` environment variable, else
 ``sqlite:///agentsnap.db``. Errors are one line on standard error and a non-zero exit status.
+Colour is used only on a terminal, and never with ``--no-color`` or ``NO_COLOR`` set; times
+are shown in local time with their UTC offset (``--utc`` for UTC), and in ISO 8601 UTC in JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from agentsnap import __version__
 from agentsnap.exceptions import AgentsnapError
+from agentsnap.ledger import ToolCallStatus
 from agentsnap.store.faults import StoreRetry
 
 if TYPE_CHECKING:
@@ -41,7 +46,64 @@ _DB = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_UTC_KEY = "agentsnap.utc"
+"""Where ``--utc`` is kept in the context's ``meta`` (shared by a command and its group)."""
+
+
+def _no_color(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--no-color``: print no ANSI colours, even on a terminal."""
+    if value:
+        ctx.color = False
+
+
+def _utc(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--utc``: show times in UTC rather than local time."""
+    if value:
+        ctx.meta[_UTC_KEY] = True
+
+
+def _display_options() -> list[click.Option]:
+    """``--no-color`` and ``--utc``, taken before the command's name or after it."""
+    return [
+        click.Option(
+            ["--no-color"],
+            is_flag=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_no_color,
+            help="No colours (also when NO_COLOR is set; there are none off a terminal).",
+        ),
+        click.Option(
+            ["--utc"],
+            is_flag=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_utc,
+            help="Show times in UTC instead of local time.",
+        ),
+    ]
+
+
+class _MainGroup(click.Group):
+    """The ``agentsnap`` group: honours ``NO_COLOR`` (https://no-color.org) from the start."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        if os.environ.get("NO_COLOR"):  # any non-empty value
+            extra["color"] = False
+        return super().make_context(info_name, args, parent, **extra)
+
+
+@click.group(
+    cls=_MainGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    params=_display_options(),
+)
 @click.version_option(__version__, prog_name="agentsnap")
 def main() -> None:
     """Inspect and drive agentsnap runs."""
@@ -59,24 +121,59 @@ def upgrade(db: str, revision: str) -> None:
     """Upgrade the schema to the newest revision (or --revision)."""
     from agentsnap.store import migrate  # noqa: PLC0415  # keeps `agentsnap --help` fast
 
+    _guard(lambda: migrate.check_database(db, create=True))
     _guard(lambda: migrate.upgrade(db, revision))
     click.echo(f"schema at {_guard(lambda: migrate.current(db))}")
 
 
 @db.command()
 @_DB
-def current(db: str) -> None:
-    """Print the schema revision of the database and whether it is the newest."""
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON: {exists, revision, newest, up_to_date}.",
+)
+def current(db: str, as_json: bool) -> None:
+    """Print the schema revision of the database and whether it is the newest.
+
+    Nothing is created: for an SQLite file that does not exist, it says so.
+    """
     from agentsnap.store import migrate  # noqa: PLC0415
 
-    found = _guard(lambda: migrate.current(db))
+    _guard(lambda: migrate.check_database(db, create=True))  # a directory, not SQLite...
+    exists = _guard(lambda: _exists(db))
+    found = _guard(lambda: migrate.current(db)) if exists else None
     newest = migrate.head()
-    if found is None:
+    if as_json:
+        _print_json(
+            {"exists": exists, "revision": found, "newest": newest, "up_to_date": found == newest}
+        )
+    elif not exists:
+        click.echo(
+            f"there is no database at {db} (newest schema is {newest}): check the --db URL, "
+            "or create it with `agentsnap db upgrade`"
+        )
+    elif found is None:
         click.echo(f"no agentsnap schema (newest is {newest}): run `agentsnap db upgrade`")
     elif found == newest:
         click.echo(f"{found} (newest)")
     else:
         click.echo(f"{found} (newest is {newest}): run `agentsnap db upgrade`")
+
+
+def _exists(db: str) -> bool:
+    """False for an SQLite URL naming a file that does not exist, else true."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from sqlalchemy.engine import make_url  # noqa: PLC0415
+
+    from agentsnap.store.migrate import sync_url  # noqa: PLC0415
+
+    parsed = make_url(sync_url(db))
+    if parsed.get_backend_name() != "sqlite" or parsed.database in {None, "", ":memory:"}:
+        return True
+    return Path(parsed.database).exists()
 
 
 @db.command()
@@ -317,25 +414,35 @@ def tools() -> None:
     """
 
 
+_STATUSES = tuple(status.value for status in ToolCallStatus)
+"""What ``tools list --status`` takes: the values of ``ToolCallStatus``."""
+
+
 @tools.command("list")
 @click.argument("run_id", required=False)
 @_DB
-@click.option("--status", default=None, help="Only calls in this status (e.g. unknown).")
-def list_tool_calls(run_id: str | None, db: str, status: str | None) -> None:
+@click.option(
+    "--status", type=click.Choice(_STATUSES), default=None, help="Only calls in this status."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of lines.")
+def list_tool_calls(run_id: str | None, db: str, status: str | None, as_json: bool) -> None:
     """Print the ledger's calls (of run RUN_ID, if given): key, status, tool, run, agent.
 
     A call still in progress whose owner stopped (its process is gone, or its run was taken
     over or left without an owner) is shown as unknown.
     """
-    from agentsnap.inspect import ledger_calls  # noqa: PLC0415
+    from agentsnap.inspect import ledger_calls_table  # noqa: PLC0415
 
-    entries = _read(db, lambda store: ledger_calls(store, run_id))
-    for entry in entries:
-        if status is None or entry.status.value == status:
-            click.echo(
-                f"{entry.key}  {entry.status.value}  {entry.tool}  attempts={entry.attempts}  "
-                f"run={entry.run_id or '-'}  agent={entry.agent or '-'}"
-            )
+    rows = _read(db, lambda store: ledger_calls_table(store, run_id))
+    rows = [row for row in rows if status is None or row["status"] == status]
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        click.echo(
+            f"{row['key']}  {_paint(row['status'], row['status'], header=False)}  {row['tool']}  "
+            f"attempts={row['attempts']}  run={row['run'] or '-'}  agent={row['agent'] or '-'}"
+        )
 
 
 @tools.command(_RUN_LEDGER, hidden=True)
@@ -497,14 +604,21 @@ def show(snapshot_id: str, db: str, agent: str | None, as_json: bool) -> None:
 @click.option("--agent", default=None, help="Only this agent.")
 @_JSON
 def diff(snapshot_a: str, snapshot_b: str, db: str, agent: str | None, as_json: bool) -> None:
-    """Show how each agent's state changed from SNAPSHOT_A to SNAPSHOT_B."""
+    """Show how each agent's state changed from SNAPSHOT_A to SNAPSHOT_B.
+
+    The snapshots may be of two runs (a fork and the run it came from, say): the first line
+    then names the run of each.
+    """
     from agentsnap.inspect import diff_snapshots  # noqa: PLC0415
 
     doc = _read(db, lambda store: diff_snapshots(store, snapshot_a, snapshot_b, agent))
     if as_json:
         _print_json(doc)
         return
-    click.echo(f"diff {doc['a']} -> {doc['b']}")
+    if doc["a_run_id"] == doc["b_run_id"]:
+        click.echo(f"diff {doc['a']} -> {doc['b']}")
+    else:  # snapshots of two runs (a fork and its parent, say): name both runs
+        click.echo(f"diff {doc['a']} (run {doc['a_run_id']}) -> {doc['b']} (run {doc['b_run_id']})")
     for side in ("a", "b"):
         if doc[f"{side}_damaged"]:
             click.echo(f"! snapshot {doc[side]} is damaged: {doc[f'{side}_damaged']}")
@@ -678,7 +792,8 @@ def _print_json(value: object) -> None:
 
 
 # Colours for the words that matter at a glance; click drops them when the output is not a
-# terminal (a pipe, a file, a test), so scripts see plain text.
+# terminal (a pipe, a file, a test), so scripts see plain text, and with --no-color or
+# NO_COLOR (the context's ``color`` is then false).
 _COLOURS = {
     "succeeded": "green",
     "complete": "green",
@@ -725,7 +840,23 @@ def _paint(word: str, padded: str, *, header: bool) -> str:
 
 
 def _when(moment: str | None) -> str:
-    return "-" if moment is None else moment[:19].replace("T", " ")
+    """An ISO 8601 time as ``2026-11-24 21:05:03 +01:00``: local time, or UTC with ``--utc``.
+
+    A time without an offset is taken to be UTC (as agentsnap stores them).
+    """
+    if moment is None:
+        return "-"
+    try:
+        parsed = datetime.fromisoformat(moment)
+    except ValueError:
+        return moment
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    ctx = click.get_current_context(silent=True)
+    utc = ctx is not None and bool(ctx.meta.get(_UTC_KEY))
+    shown = parsed.astimezone(UTC if utc else None)
+    offset = shown.strftime("%z")
+    return f"{shown:%Y-%m-%d %H:%M:%S} {offset[:3]}:{offset[3:]}"
 
 
 def _counters(counts: dict[str, int]) -> str:
@@ -794,3 +925,16 @@ def _guard(action: Callable[[], T]) -> T:
     except Exception as exc:  # a database error: one line, no traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise click.ClickException(f"{type(exc).__name__}: {first}") from exc
+
+
+def _commands(group: click.Group) -> Iterator[click.Command]:
+    """Every command under ``group`` that is not itself a group, depth first."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            yield from _commands(command)
+        else:
+            yield command
+
+
+for _command in _commands(main):
+    _command.params.extend(_display_options())

@@ -55,6 +55,7 @@ __all__ = [
     "graph_checkpoints_table",
     "is_empty_diff",
     "ledger_calls",
+    "ledger_calls_table",
     "resolve_run",
     "resolve_snapshot",
     "rollbacks_table",
@@ -360,6 +361,16 @@ async def ledger_calls(
     return await _as_reported(store, entries)
 
 
+async def ledger_calls_table(
+    store: Store, run_id: str | None = None, ledger: Ledger | None = None
+) -> list[dict[str, Any]]:
+    """``ledger_calls`` as rows: each call as in the export document, status as reported.
+
+    What ``agentsnap tools list --json`` prints.
+    """
+    return [_tool_call(entry) for entry in await ledger_calls(store, run_id, ledger)]
+
+
 async def _as_reported(store: Store, entries: list[LedgerEntry]) -> list[LedgerEntry]:
     """``entries``, those whose owner stopped shown as unknown."""
     leases: dict[str, RunLease | None] = {}
@@ -419,7 +430,8 @@ async def diff_snapshots(
     ``"unchanged"`` and, field by field, what differs (see ``diff_states``). An agent whose
     part of a damaged snapshot is missing or unreadable is ``"damaged"`` (compared as if it
     had no state there); ``"a_damaged"`` and ``"b_damaged"`` say what is wrong with a
-    damaged snapshot (``None`` for an intact one).
+    damaged snapshot (``None`` for an intact one). The snapshots may be of two runs (a fork
+    and its parent, say): ``"a_run_id"`` and ``"b_run_id"`` name the run of each.
 
     Raises:
         NotFoundError: No such snapshot (or a prefix is ambiguous), or neither snapshot
@@ -461,6 +473,8 @@ async def diff_snapshots(
     return {
         "a": a.id,
         "b": b.id,
+        "a_run_id": a.run_id,
+        "b_run_id": b.run_id,
         "a_damaged": _damage(a),
         "b_damaged": _damage(b),
         "agents": agents,

@@ -301,7 +301,7 @@ def test_rollbacks_lists_the_critics_rollback(demo: Demo) -> None:
     text = cli(demo, "rollbacks", demo.run_id)
     header, line = text.output.splitlines()
     assert header.split() == ["AT", "SNAPSHOT", "AGENT", "SOURCE", "ATTEMPT", "DISCARDED", "REASON"]
-    assert line.split()[2:6] == [demo.second, "writer", "critic", "1"]
+    assert line.split()[3:7] == [demo.second, "writer", "critic", "1"]  # AT: date, time, zone
     assert "cites no sources" in line
     assert as_json(demo, "rollbacks", "abc1") == []
 

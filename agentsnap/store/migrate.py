@@ -8,6 +8,8 @@ shipped inside the wheel as ``agentsnap/_migrations``, so these functions (and t
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sqlite3
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,6 +26,7 @@ from agentsnap.store.tables import VERSION_TABLE, Base
 
 __all__ = [
     "alembic_config",
+    "check_database",
     "current",
     "downgrade",
     "ensure_schema",
@@ -48,8 +51,12 @@ def migrations_dir() -> Path:
 def sync_url(url: str) -> str:
     """The URL with a synchronous driver: ``sqlite`` or ``postgresql+psycopg``.
 
+    ``postgres://`` (as Heroku and others write it) is taken for ``postgresql://``.
+
     Raises:
-        ConfigurationError: The URL is not an SQLite or PostgreSQL URL.
+        ConfigurationError: The URL is not an SQLite or PostgreSQL URL, or it is a PostgreSQL
+            URL and the psycopg driver is not installed (the message names the command that
+            installs it).
     """
     try:
         parsed = make_url(url)
@@ -58,11 +65,28 @@ def sync_url(url: str) -> str:
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         return parsed.set(drivername="sqlite").render_as_string(hide_password=False)
-    if backend == "postgresql":
+    if backend in {"postgresql", "postgres"}:
+        if not _psycopg_installed():
+            raise ConfigurationError(
+                "PostgreSQL needs the psycopg driver, which is not installed: "
+                f"run `{POSTGRES_INSTALL}`"
+            )
         return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     raise ConfigurationError(
         f"agentsnap stores runs in SQLite or PostgreSQL; {url!r} is a {backend} URL"
     )
+
+
+POSTGRES_INSTALL = "pip install 'agentsnap[postgres]'"
+"""The command that installs what agentsnap needs for PostgreSQL (the psycopg driver)."""
+
+
+def _psycopg_installed() -> bool:
+    """Whether ``import psycopg`` can work (without importing it)."""
+    try:
+        return importlib.util.find_spec("psycopg") is not None
+    except (ImportError, ValueError):  # a broken or half-imported installation
+        return False
 
 
 def alembic_config(url: str) -> Config:
@@ -128,15 +152,17 @@ _schema_lock = threading.Lock()
 
 def _ensure_schema(url: str, *, create: bool) -> None:
     shown = make_url(url).render_as_string(hide_password=True)
-    if not create and not _sqlite_file_exists(url):
-        raise StoreError(f"there is no database at {shown}: check the --db URL")
+    check_database(url, create=create)
     needed = head()
     found = current(url)
     if found == needed:
         return
     if found is None and not _has_tables(url):
         if not create:
-            raise StoreError(f"{shown} holds no agentsnap runs (it has no agentsnap tables)")
+            raise StoreError(
+                f"{shown} holds no agentsnap runs (it has no agentsnap tables): check the --db "
+                "URL, or run `agentsnap db upgrade` to add them"
+            )
         upgrade(url)
         return
     raise SchemaOutOfDate(shown, found, needed)
@@ -178,12 +204,43 @@ class SchemaGate:
                 self._ready = True
 
 
-def _sqlite_file_exists(url: str) -> bool:
-    """False only for a SQLite URL naming a file that does not exist."""
+def check_database(url: str, *, create: bool) -> None:
+    """Check, without creating anything, that ``url`` can name an SQLite database.
+
+    Nothing is checked for a PostgreSQL URL, nor for an in-memory SQLite one.
+
+    Raises:
+        StoreError: The SQLite file is a directory, or a file that is not an SQLite database,
+            or (when ``create`` is false) does not exist. The message says what to do.
+    """
     parsed = make_url(sync_url(url))
     if parsed.get_backend_name() != "sqlite" or parsed.database in {None, "", ":memory:"}:
-        return True
-    return Path(parsed.database).exists()
+        return
+    path = Path(parsed.database)
+    shown = make_url(url).render_as_string(hide_password=True)
+    if path.is_dir():
+        raise StoreError(
+            f"{path} is a directory, not an SQLite database: give a file with "
+            f"--db sqlite:///{path / 'agentsnap.db'}"
+        )
+    if not path.exists():
+        if not create:
+            raise StoreError(f"there is no database at {shown}: check the --db URL")
+        return
+    # Ask SQLite itself, never by opening the file directly: closing another descriptor of a
+    # database file drops the POSIX locks this process's connections hold on it.
+    try:
+        probe = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            probe.execute("PRAGMA schema_version")
+        finally:
+            probe.close()
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_NOTADB:
+            raise StoreError(
+                f"{path} is not an SQLite database (it is some other file): check the --db URL"
+            ) from exc
+        # Anything else (a lock, say) is for the store's own connection to meet and retry.
 
 
 def _has_tables(url: str) -> bool:
