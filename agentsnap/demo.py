@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from agentsnap.agents import Agent, Context
-from agentsnap.messages import Message
+from agentsnap.messages import JsonValue, Message
 from agentsnap.models import ChatModel
 from agentsnap.records import RollbackInfo, RunInfo, Snapshot
 from agentsnap.runtime import Runtime
@@ -196,7 +196,11 @@ class DemoResult:
 
 
 async def run_demo(
-    store: Store, model: ChatModel | None = None, *, journal: bool = True
+    store: Store,
+    model: ChatModel | None = None,
+    *,
+    journal: bool = True,
+    run_id: str | None = None,
 ) -> DemoResult:
     """Run the demo workflow against ``store`` and return what happened.
 
@@ -204,9 +208,12 @@ async def run_demo(
         store: Where the run goes.
         model: The model the agents ask (the scripted one by default).
         journal: Keep every message in the store, so the run's timeline shows them.
+        run_id: Id of the run (generated when omitted), so that a caller interrupted by
+            Ctrl-C can say which run it left.
     """
     model = model or demo_model()
-    async with Runtime(store=store, metadata={"demo": "research team"}, journal=journal) as runtime:
+    metadata: dict[str, JsonValue] = {"demo": "research team"}
+    async with Runtime(store=store, metadata=metadata, journal=journal, run_id=run_id) as runtime:
         runtime.add(Planner(model))
         runtime.add(Researcher(model))
         runtime.add(Writer(model))

@@ -322,8 +322,11 @@ class Runtime:
     ) -> None:
         """Declare a check on what ``agent`` sends: a failing message makes the run roll back.
 
-        Checks run as the message is sent, in the order declared. Declare them before or
-        after adding the agent.
+        Checks run as the message is sent, in the order declared. Declare them after adding
+        the agent, or before it while the run has taken no input yet: the first input
+        (``send``, ``resume``, ``fork_from``) then raises ``UnknownAgentError`` if a check
+        still names an agent that was never added, so a misspelt name cannot leave a check
+        that never runs.
 
         Args:
             agent: The agent whose messages are checked.
@@ -338,6 +341,7 @@ class Runtime:
             ConfigurationError: Neither ``schema`` nor ``check`` is given, or ``schema`` is not
                 a pydantic model, or the name or the kind is longer than 128 characters (the
                 longest every store can hold; the name is recorded with each rollback).
+            UnknownAgentError: ``agent`` is not registered and the run already took input.
         """
         if schema is None and check is None:
             raise ConfigurationError("Runtime.check() needs a schema=, a check=, or both")
@@ -346,11 +350,30 @@ class Runtime:
                 f"schema= takes a pydantic model class, got {schema!r}; for a function, use check="
             )
         label = name or ("schema" if check is None else str(getattr(check, "__name__", "check")))
+        if agent not in self._agents and self._have_cut:
+            raise self._unknown_checked([agent])
         self._checks.setdefault(agent, []).append(
             OutputCheck(kind=kind, name=label, schema=schema, check=check)
         )
         if agent in self._agents:
             self._arm(agent)
+
+    def _check_checked_agents(self) -> None:
+        """Every agent a check names is registered, now that the run takes input."""
+        unknown = [name for name in self._checks if name not in self._agents]
+        if unknown:
+            raise self._unknown_checked(unknown)
+
+    def _unknown_checked(self, unknown: list[str]) -> UnknownAgentError:
+        names = ", ".join(repr(name) for name in unknown)
+        error = UnknownAgentError("Runtime.check()", unknown[0], sorted(self._agents))
+        known = ", ".join(repr(name) for name in sorted(self._agents)) or "none"
+        error.args = (
+            f"Runtime.check() names {names}, which is not a registered agent (registered: "
+            f"{known}); add the agent with Runtime.add() before the run takes input, or fix "
+            "the name: a check on an agent that is never added would never run",
+        )
+        return error
 
     def _arm(self, name: str) -> None:
         """Give ``name``'s context a guard when it has checks or evaluates itself."""
@@ -409,7 +432,7 @@ class Runtime:
         """
         await self._close(failed=False)
 
-    async def _close(self, *, failed: bool) -> None:
+    async def _close(self, *, failed: bool, interrupted: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
@@ -456,7 +479,7 @@ class Runtime:
             bad = failed or self.failures or self._status_on_close is RunStatus.FAILED
             if bad or unreconciled:
                 status = RunStatus.FAILED
-            elif self._has_queued():
+            elif interrupted or self._has_queued():
                 status = RunStatus.INTERRUPTED  # closed with work left: resume() goes on
             else:
                 status = RunStatus.SUCCEEDED
@@ -530,7 +553,11 @@ class Runtime:
             recorded(pending.key)
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # __aexit__ is not called: close what start() began
+            await self._close(failed=True)
+            raise
         return self
 
     async def __aexit__(
@@ -539,7 +566,16 @@ class Runtime:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._close(failed=exc is not None)
+        """Close the runtime; the exception that ends the block decides the run's status.
+
+        Ctrl-C (``KeyboardInterrupt``) or a cancelled task (``CancelledError``, which is
+        what ``asyncio.run`` raises in the main task on Ctrl-C) records the run as
+        interrupted, so ``resume()`` continues it; any other exception records it as failed.
+        """
+        if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+            await self._close(failed=False, interrupted=True)
+        else:
+            await self._close(failed=exc is not None)
 
     # -- driving a run ------------------------------------------------------------------
 
@@ -557,7 +593,8 @@ class Runtime:
         other message.
 
         Raises:
-            UnknownAgentError: ``to`` is not a registered agent.
+            UnknownAgentError: ``to`` is not a registered agent; or, at the first input, a
+                ``Runtime.check()`` names an agent that was never added.
             PayloadNotSerializable: ``payload`` is not JSON.
             ConfigurationError: The store held this run (``run_id``) before this runtime
                 started: ``resume()`` it first; or ``kind`` is longer than 128 characters
@@ -580,6 +617,7 @@ class Runtime:
         self._raise_if_stopped()
         if not self._have_cut:
             self._check_not_stored_before("input sent")
+            self._check_checked_agents()
             self._have_cut = True
             if self._policy.at_start:
                 self._take_first_snapshot()
@@ -780,6 +818,7 @@ class Runtime:
                 cut, with a fresh retry budget.
         """
         self._check_fresh("resume()")
+        self._check_checked_agents()
         await self._replay_spool()
         run = await self.store.get_run(self.run_id)
         if run.status is RunStatus.SUCCEEDED:
@@ -844,6 +883,7 @@ class Runtime:
             ConfigurationError: The snapshot failed, or this runtime already took input.
         """
         self._check_fresh("fork_from()")
+        self._check_checked_agents()
         snapshot = await self.store.load_snapshot(snapshot_id)
         if snapshot.status is not SnapshotStatus.COMPLETE:
             raise ConfigurationError(

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import random
 import sys
+import uuid
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime, Snapshot, Store
 from agentsnap.store.sql import SqlStore
@@ -64,6 +65,7 @@ async def simulate(  # noqa: PLR0917
     deterministic: bool,
     store: Store | None = None,
     journal: bool = False,
+    run_id: str | None = None,
 ) -> tuple[str, int, list[Snapshot]]:
     """Run the simulation; return the run id, the initial total and every snapshot taken."""
     rng = random.Random(seed)
@@ -71,7 +73,7 @@ async def simulate(  # noqa: PLR0917
     scheduler = SeededScheduler(seed) if deterministic else None
     metadata = {"example": "bank_transfers", "seed": seed}
     async with Runtime(
-        scheduler=scheduler, store=store, metadata=metadata, journal=journal
+        scheduler=scheduler, store=store, metadata=metadata, journal=journal, run_id=run_id
     ) as runtime:
         for name in names:
             peers = [n for n in names if n != name]
@@ -96,7 +98,7 @@ async def _steps(scheduler: SeededScheduler | None, rng: random.Random) -> None:
             break
 
 
-async def run(args: argparse.Namespace) -> tuple[str, int, list[Snapshot]]:
+async def run(args: argparse.Namespace, run_id: str) -> tuple[str, int, list[Snapshot]]:
     store: Store | None = None
     if args.db:
         store = SqlStore(args.db)
@@ -109,10 +111,28 @@ async def run(args: argparse.Namespace) -> tuple[str, int, list[Snapshot]]:
             args.deterministic,
             store,
             args.journal,
+            run_id,
         )
     finally:
         if store is not None:
             await store.close()
+
+
+def interrupted(run_id: str, db: str | None) -> int:
+    """Ctrl-C: say in one line what became of the run, and exit with 130, like a shell."""
+    if db:
+        print(
+            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
+            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
+            "(pass --db to keep it, and resume it later)",
+            file=sys.stderr,
+        )
+    return 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.transfers < 0 or args.snapshot_every < 1:
         parser.error("--transfers must be >= 0 and --snapshot-every >= 1")
 
-    run_id, total, snapshots = asyncio.run(run(args))
+    run_id = uuid.uuid4().hex
+    try:
+        run_id, total, snapshots = asyncio.run(run(args, run_id))
+    except KeyboardInterrupt:
+        return interrupted(run_id, args.db)
     bad = 0
     print(f"{args.agents} tellers, initial total {total}, {len(snapshots)} snapshots")
     for snapshot in snapshots:

@@ -38,6 +38,7 @@ import asyncio
 import re
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,11 +216,12 @@ class Outcome:
     checkpoints: int
 
 
-async def simulate(url: str) -> Outcome:
+async def simulate(url: str, run_id: str | None = None) -> Outcome:
     store = SqlStore(url)
     saver = AgentsnapSaver(url)  # the graphs' checkpoints, in the same database
     try:
-        async with Runtime(store=store, metadata={"example": "langgraph_agents"}) as runtime:
+        metadata = {"example": "langgraph_agents"}
+        async with Runtime(store=store, run_id=run_id, metadata=metadata) as runtime:
             worker = runtime.add(
                 Worker("worker", worker_graph(scripted_model()), checkpointer=saver)
             )
@@ -295,13 +297,34 @@ def problems_of(outcome: Outcome) -> list[str]:
     return problems
 
 
+def interrupted(run_id: str, db: str | None) -> int:
+    """Ctrl-C: say in one line what became of the run, and exit with 130, like a shell."""
+    if db:
+        print(
+            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
+            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
+            "(pass --db to keep it, and resume it later)",
+            file=sys.stderr,
+        )
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", help="keep the run in this database (sqlite:/// or postgresql://)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         url = args.db or f"sqlite:///{Path(folder) / 'langgraph_agents.db'}"
-        outcome = asyncio.run(simulate(url))
+        run_id = uuid.uuid4().hex
+        try:
+            outcome = asyncio.run(simulate(url, run_id))
+        except KeyboardInterrupt:
+            return interrupted(run_id, args.db)
     report(outcome)
     print()
     print(

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import sys
 import tempfile
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -141,7 +142,9 @@ class Auditor(Agent[AgentState]):
         self.state.memory[message.payload["order_id"]] = message.payload
 
 
-async def simulate(url: str, orders: int) -> tuple[Runtime, list[LedgerEntry], dict[str, int]]:
+async def simulate(
+    url: str, orders: int, run_id: str | None = None
+) -> tuple[Runtime, list[LedgerEntry], dict[str, int]]:
     ordered = {f"o{n}": 1 + n % 3 for n in range(1, orders + 1)}
 
     def matches_order(message: Message) -> bool | str:
@@ -155,7 +158,7 @@ async def simulate(url: str, orders: int) -> tuple[Runtime, list[LedgerEntry], d
     try:
         # One rejected receipt per order, so allow a rollback per order (and one to spare).
         retry = RetryPolicy.attempts(orders + 2)
-        runtime = Runtime(store=store, retry=retry, metadata={"example": "payments"})
+        runtime = Runtime(store=store, retry=retry, run_id=run_id, metadata={"example": "payments"})
         runtime.check("cashier", kind="receipt", schema=Receipt)
         runtime.check("cashier", kind="receipt", check=matches_order)
         async with runtime:
@@ -193,6 +196,23 @@ def show(entries: list[LedgerEntry]) -> None:
         )
 
 
+def interrupted(run_id: str, db: str | None) -> int:
+    """Ctrl-C: say in one line what became of the run, and exit with 130, like a shell."""
+    if db:
+        print(
+            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
+            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
+            "(pass --db to keep it, and resume it later)",
+            file=sys.stderr,
+        )
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     global SERVICE  # noqa: PLW0603  # the tools reach the service like they would an SDK client
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -203,7 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         url = args.db or f"sqlite:///{Path(folder) / 'payments.db'}"
         SERVICE = PaymentService(url)
         before = SERVICE.charges()
-        runtime, entries, ordered = asyncio.run(simulate(url, args.orders))
+        run_id = uuid.uuid4().hex
+        try:
+            runtime, entries, ordered = asyncio.run(simulate(url, args.orders, run_id))
+        except KeyboardInterrupt:
+            SERVICE.engine.dispose()
+            return interrupted(run_id, args.db)
         charged = SERVICE.charges() - before
         SERVICE.engine.dispose()
 

@@ -17,25 +17,47 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import uuid
 
 from agentsnap import MemoryStore
 from agentsnap.demo import DemoResult, describe, run_demo
 from agentsnap.store.sql import SqlStore
 
 
-async def run(url: str | None) -> DemoResult:
+async def run(url: str | None, run_id: str | None = None) -> DemoResult:
     store = SqlStore(url) if url else MemoryStore()
     try:
-        return await run_demo(store)
+        return await run_demo(store, run_id=run_id)
     finally:
         await store.close()
+
+
+def interrupted(run_id: str, db: str | None) -> int:
+    """Ctrl-C: say in one line what became of the run, and exit with 130, like a shell."""
+    if db:
+        print(
+            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
+            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
+            "(pass --db to keep it, and resume it later)",
+            file=sys.stderr,
+        )
+    return 130
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", help="keep the run in this database (sqlite:/// or postgresql://)")
     args = parser.parse_args(argv)
-    result = asyncio.run(run(args.db))
+    run_id = uuid.uuid4().hex
+    try:
+        result = asyncio.run(run(args.db, run_id))
+    except KeyboardInterrupt:
+        return interrupted(run_id, args.db)
     print("\n".join(describe(result, args.db)))
     ok = bool(result.rollbacks) and result.report is not None
     print("the team recovered from the rejected draft" if ok else "the run did not recover")
