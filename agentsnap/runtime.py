@@ -114,6 +114,21 @@ _PROBE_MAX = 5.0
 _PROBE_KEY = "agentsnap:probe"  # a ledger key read to see whether the ledger answers
 
 
+def interrupted_message(run_id: str, db: str | None) -> str:
+    """One line for a program stopped by Ctrl-C: what became of run ``run_id``, and how to
+    resume it when it is kept in the database at ``db`` (``None``: in memory only).
+    """  # noqa: D205
+    if db:
+        return (
+            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
+            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()"
+        )
+    return (
+        f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
+        "(pass --db to keep it, and resume it later)"
+    )
+
+
 def _lost_to_database(error: BaseException) -> bool:
     """Whether ``error`` is a database fault that passes (the work can be redone later)."""
     if not isinstance(error, StoreError):

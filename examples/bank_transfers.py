@@ -22,6 +22,7 @@ import sys
 import uuid
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime, Snapshot, Store
+from agentsnap.runtime import interrupted_message
 from agentsnap.store.sql import SqlStore
 from agentsnap.testing import SeededScheduler, cut_problems
 
@@ -120,18 +121,7 @@ async def run(args: argparse.Namespace, run_id: str) -> tuple[str, int, list[Sna
 
 def interrupted(run_id: str, db: str | None) -> int:
     """Ctrl-C: say in one line what became of the run, and exit with 130, like a shell."""
-    if db:
-        print(
-            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
-            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()",
-            file=sys.stderr,
-        )
-    else:
-        print(
-            f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
-            "(pass --db to keep it, and resume it later)",
-            file=sys.stderr,
-        )
+    print(interrupted_message(run_id, db), file=sys.stderr)
     return 130
 
 

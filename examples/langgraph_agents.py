@@ -58,6 +58,7 @@ from agentsnap.integrations.langgraph import (
     current_context,
     langchain_tool,
 )
+from agentsnap.runtime import interrupted_message
 from agentsnap.store.sql import SqlStore
 
 PRICES = {"office chair": 120, "desk lamp": 25}
@@ -299,18 +300,7 @@ def problems_of(outcome: Outcome) -> list[str]:
 
 def interrupted(run_id: str, db: str | None) -> int:
     """Ctrl-C: say in one line what became of the run, and exit with 130, like a shell."""
-    if db:
-        print(
-            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
-            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()",
-            file=sys.stderr,
-        )
-    else:
-        print(
-            f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
-            "(pass --db to keep it, and resume it later)",
-            file=sys.stderr,
-        )
+    print(interrupted_message(run_id, db), file=sys.stderr)
     return 130
 
 

@@ -51,6 +51,7 @@ from agentsnap import (
     ToolRetry,
     tool,
 )
+from agentsnap.runtime import interrupted_message
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.sql import SqlStore
 
@@ -198,18 +199,7 @@ def show(entries: list[LedgerEntry]) -> None:
 
 def interrupted(run_id: str, db: str | None) -> int:
     """Ctrl-C: say in one line what became of the run, and exit with 130, like a shell."""
-    if db:
-        print(
-            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
-            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()",
-            file=sys.stderr,
-        )
-    else:
-        print(
-            f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
-            "(pass --db to keep it, and resume it later)",
-            file=sys.stderr,
-        )
+    print(interrupted_message(run_id, db), file=sys.stderr)
     return 130
 
 

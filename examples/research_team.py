@@ -21,6 +21,7 @@ import uuid
 
 from agentsnap import MemoryStore
 from agentsnap.demo import DemoResult, describe, run_demo
+from agentsnap.runtime import interrupted_message
 from agentsnap.store.sql import SqlStore
 
 
@@ -34,18 +35,7 @@ async def run(url: str | None, run_id: str | None = None) -> DemoResult:
 
 def interrupted(run_id: str, db: str | None) -> int:
     """Ctrl-C: say in one line what became of the run, and exit with 130, like a shell."""
-    if db:
-        print(
-            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
-            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()",
-            file=sys.stderr,
-        )
-    else:
-        print(
-            f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
-            "(pass --db to keep it, and resume it later)",
-            file=sys.stderr,
-        )
+    print(interrupted_message(run_id, db), file=sys.stderr)
     return 130
 
 
