@@ -34,7 +34,7 @@ from agentsnap.exceptions import ConfigurationError, NotFoundError, SnapshotDama
 from agentsnap.journal import read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
 from agentsnap.limits import check_run_id
-from agentsnap.records import RunInfo, SnapshotStatus, utcnow
+from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
 from agentsnap.store.ledger import ledger_for
 
 if TYPE_CHECKING:
@@ -622,6 +622,7 @@ async def fork_run(
         parent_run_id=snapshot.run_id,
         parent_snapshot_id=snapshot.id,
         metadata=dict(metadata or {}),
+        status=RunStatus.CREATED,
     )
     if run_id is not None and await store.find_ids("run", run_id, limit=1) == [run_id]:
         raise ConfigurationError(f"there is already a run with id {run_id}")

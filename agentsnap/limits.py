@@ -29,8 +29,12 @@ __all__ = [
     "MAX_IDEMPOTENCY_KEY",
     "MAX_MESSAGE_KIND",
     "MAX_RUN_ID",
+    "MAX_RUN_NAME",
+    "MAX_TAG_KEY",
+    "MAX_TAG_VALUE",
     "MAX_TOOL_NAME",
     "check_run_id",
+    "check_run_labels",
     "check_text",
     "preview",
 ]
@@ -47,10 +51,20 @@ MAX_RUN_ID: Final = 64
 """Longest run id (``Runtime(run_id=)``, ``fork_run(run_id=)``)."""
 MAX_IDEMPOTENCY_KEY: Final = 255
 """Longest idempotency key (``key=`` of a side-effecting tool call)."""
+MAX_RUN_NAME: Final = 128
+"""Longest run name (``Runtime(name=)``)."""
+MAX_TAG_KEY: Final = 128
+"""Longest tag key (``Runtime(tags=)``)."""
+MAX_TAG_VALUE: Final = 255
+"""Longest tag value (``Runtime(tags=)``)."""
 
 COLUMNS: Final[Mapping[str, int]] = {
     "agentsnap_runs.id": MAX_RUN_ID,
     "agentsnap_runs.parent_run_id": MAX_RUN_ID,
+    "agentsnap_runs.name": MAX_RUN_NAME,
+    "agentsnap_run_tags.run_id": MAX_RUN_ID,
+    "agentsnap_run_tags.key": MAX_TAG_KEY,
+    "agentsnap_run_tags.value": MAX_TAG_VALUE,
     "agentsnap_snapshots.run_id": MAX_RUN_ID,
     "agentsnap_snapshots.initiator": MAX_AGENT_NAME,
     "agentsnap_snapshot_agents.agent": MAX_AGENT_NAME,
@@ -155,3 +169,34 @@ def check_run_id(run_id: object) -> str:
         MAX_RUN_ID,
         f"use at most {MAX_RUN_ID} characters, or leave run_id out to get 32 hex digits",
     )
+
+
+def check_run_labels(
+    name: object, tags: Mapping[str, str] | None
+) -> tuple[str | None, dict[str, str]]:
+    """Return a run's ``name`` and ``tags`` if every store can hold them, else raise.
+
+    Raises:
+        ConfigurationError: The name is empty, longer than 128 characters or not a string;
+            a tag key is empty or longer than 128 characters, or a value is longer than 255
+            characters or not a string; or either holds the NUL character.
+    """
+    checked = (
+        None
+        if name is None
+        else check_text(name, "a run's name", MAX_RUN_NAME, "pass a shorter name= to Runtime")
+    )
+    if tags is None:
+        return checked, {}
+    if not isinstance(tags, Mapping):
+        raise ConfigurationError(
+            f"tags must be a mapping of strings to strings, got {type(tags).__name__} "
+            f"{preview(tags)}: pass tags={{'team': 'billing'}}"
+        )
+    labels: dict[str, str] = {}
+    for key, value in tags.items():
+        fix = f"pass tags as short strings, like tags={{'team': 'billing'}} (tag {preview(key)})"
+        labels[check_text(key, "a tag key", MAX_TAG_KEY, fix)] = check_text(
+            value, "a tag value", MAX_TAG_VALUE, fix, empty=True
+        )
+    return checked, labels

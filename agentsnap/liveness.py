@@ -22,7 +22,14 @@ if TYPE_CHECKING:
 
     from agentsnap.records import RunLease
 
-__all__ = ["lost", "owner_id", "owner_is_gone", "owner_is_live", "owner_runs_here"]
+__all__ = [
+    "lost",
+    "owner_gone",
+    "owner_id",
+    "owner_is_gone",
+    "owner_is_live",
+    "owner_runs_here",
+]
 
 _owner: tuple[int, str] | None = None
 
@@ -80,6 +87,18 @@ def owner_is_live(lease: RunLease | None, now: datetime) -> bool:
         now: The present, timezone-aware.
     """  # noqa: D205
     return lease is not None and lease.expires_at > now and not owner_is_gone(lease.owner)
+
+
+def owner_gone(lease: RunLease | None) -> str:
+    """Why a run recorded as running has no live owner, in one line (its status reason)."""
+    if lease is None:
+        return "no runtime ever owned it"
+    if owner_is_gone(lease.owner):
+        return f"its owner {lease.owner} stopped without closing it; resume() continues it"
+    return (
+        f"its owner {lease.owner} stopped renewing its lease (expired at "
+        f"{lease.expires_at.isoformat(timespec='seconds')}); resume() continues it"
+    )
 
 
 def lost(run_id: str, token: int, holder: tuple[str, int] | None) -> OwnershipLost:

@@ -54,7 +54,13 @@ class RunStatus(enum.StrEnum):
     """Stopped by a failure: rollbacks exhausted, a handler error, or an exception."""
     INTERRUPTED = "interrupted"
     """Not finished, and no runtime owns it any more (its process died, or its lease
-    expired): resume it with ``Runtime.resume``."""
+    expired, or it was closed with messages still queued): resume it with
+    ``Runtime.resume``."""
+    CANCELLED = "cancelled"
+    """Stopped on purpose before it finished (Ctrl-C, or the task running it was cancelled):
+    resume it with ``Runtime.resume``."""
+    CREATED = "created"
+    """Recorded but never started: a fork that no runtime has run yet."""
 
 
 class RunInfo(BaseModel):
@@ -73,9 +79,15 @@ class RunInfo(BaseModel):
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     """Free-form JSON the application attached to the run."""
     status: RunStatus = RunStatus.RUNNING
-    """Running, succeeded or failed."""
+    """Where the run stands."""
     finished_at: datetime | None = None
     """When the run finished, if it has."""
+    name: str | None = None
+    """A name for people (``Runtime(name=)``): runs of one workflow usually share it."""
+    tags: dict[str, str] = Field(default_factory=dict)
+    """Labels to find the run by (``Runtime(tags=)``, ``agentsnap runs --tag k=v``)."""
+    status_reason: str | None = None
+    """Why the run ended as it did, in one line: what failed, or what interrupted it."""
 
 
 class SnapshotStatus(enum.StrEnum):

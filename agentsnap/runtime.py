@@ -53,7 +53,7 @@ from agentsnap.exceptions import (
 )
 from agentsnap.journal import Journal
 from agentsnap.ledger import Ledger, ToolCallStatus, mark_orphaned, owner_id
-from agentsnap.limits import check_run_id
+from agentsnap.limits import check_run_id, check_run_labels
 from agentsnap.messages import ENVIRONMENT, Marker, Message
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import (
@@ -120,13 +120,20 @@ def interrupted_message(run_id: str, db: str | None) -> str:
     """  # noqa: D205
     if db:
         return (
-            f"interrupted: run {run_id} is recorded as interrupted in {db}; resume it with "
+            f"cancelled: run {run_id} is recorded as cancelled in {db}; resume it with "
             f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()"
         )
     return (
-        f"interrupted: run {run_id} stopped; it was kept in memory or a temporary database "
+        f"cancelled: run {run_id} stopped; it was kept in memory or a temporary database "
         "(pass --db to keep it, and resume it later)"
     )
+
+
+def _one_line(error: BaseException) -> str:
+    """``error`` as one line: its type, and the first line of its message."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def _lost_to_database(error: BaseException) -> bool:
@@ -152,6 +159,11 @@ class Runtime:
         run_id: Id of the run (32 hex digits are generated when omitted); at most 64
             characters, or ``ConfigurationError`` is raised here.
         metadata: JSON recorded with the run.
+        name: A name for people, stored with the run and shown by ``agentsnap runs``
+            (``--name`` filters by it); runs of one workflow usually share it. At most 128
+            characters.
+        tags: Labels stored with the run, to find it by (``agentsnap runs --tag key=value``):
+            string keys of at most 128 characters, string values of at most 255.
         journal: Keep a journal of every send and delivery in the store (see
             [`agentsnap.journal`][agentsnap.journal]); off by default.
         retry: How often a rejected output is retried by rolling back, and how long to wait
@@ -201,6 +213,8 @@ class Runtime:
         snapshot_policy: SnapshotPolicy | None = None,
         run_id: str | None = None,
         metadata: Mapping[str, JsonValue] | None = None,
+        name: str | None = None,
+        tags: Mapping[str, str] | None = None,
         journal: bool = False,
         retry: RetryPolicy | None = None,
         ledger: Ledger | None = None,
@@ -217,6 +231,7 @@ class Runtime:
         self.ledger: Ledger = ledger
         self.failures: list[HandlerFailed] = []
         self._metadata = dict(metadata or {})
+        self._name, self._tags = check_run_labels(name, tags)
         self._scheduler: Scheduler = scheduler if scheduler is not None else AsyncioScheduler()
         self._bus = Bus(self._scheduler)
         self._journal = Journal(self._bus, self.store, self.run_id) if journal else None
@@ -260,6 +275,7 @@ class Runtime:
         self._taking_input = False
         self._have_cut = False
         self._status_on_close: RunStatus | None = None
+        self._stopped_because: str | None = None  # why the run gave up, in one line
         # Single-flight rollback: one at a time; every rollback starts a new generation, and
         # a rejection from a handler that began in an earlier one is dropped.
         self._generation = 0
@@ -443,11 +459,14 @@ class Runtime:
 
         Messages still queued stay on their channels; nothing is handled after this. The run
         is recorded as failed when a rollback gave up or a handler raised; as interrupted
-        when messages were still queued (``resume`` continues it); else as succeeded.
+        when messages were still queued (``resume`` continues it); else as succeeded. The
+        run's [`status_reason`][agentsnap.RunInfo.status_reason] says why, in one line.
         """
-        await self._close(failed=False)
+        await self._close(failed=None)
 
-    async def _close(self, *, failed: bool, interrupted: bool = False) -> None:
+    async def _close(
+        self, *, failed: BaseException | None, cancelled: BaseException | None = None
+    ) -> None:
         if self._closed:
             return
         self._closed = True
@@ -491,13 +510,7 @@ class Runtime:
             if self._owns_ledger:
                 await self.ledger.close()
         if owner:
-            bad = failed or self.failures or self._status_on_close is RunStatus.FAILED
-            if bad or unreconciled:
-                status = RunStatus.FAILED
-            elif interrupted or self._has_queued():
-                status = RunStatus.INTERRUPTED  # closed with work left: resume() goes on
-            else:
-                status = RunStatus.SUCCEEDED
+            status, reason = self._outcome(failed, cancelled, unreconciled)
             for info in self._unsaved_rollbacks:
                 await closing.write(
                     functools.partial(self.store.save_rollback, info),
@@ -507,10 +520,14 @@ class Runtime:
             finished_at = utcnow()
             token = self._ownership.lease.token if self._ownership.lease else None
             await closing.write(
-                functools.partial(self.store.finish_run, self.run_id, status, finished_at),
+                functools.partial(self.store.finish_run, self.run_id, status, finished_at, reason),
                 lambda: [
                     FinishRun(
-                        run_id=self.run_id, status=status, finished_at=finished_at, token=token
+                        run_id=self.run_id,
+                        status=status,
+                        finished_at=finished_at,
+                        reason=reason,
+                        token=token,
                     )
                 ],
             )
@@ -523,6 +540,38 @@ class Runtime:
         closing.finish()
         if unreconciled is not None:
             raise unreconciled
+
+    def _outcome(
+        self,
+        failed: BaseException | None,
+        cancelled: BaseException | None,
+        unreconciled: Exception | None,
+    ) -> tuple[RunStatus, str | None]:
+        """How the run ends, and why in one line."""
+        if failed is not None:
+            return RunStatus.FAILED, _one_line(failed)
+        if self._status_on_close is RunStatus.FAILED:
+            return RunStatus.FAILED, self._stopped_because or "the run stopped"
+        if self.failures:
+            first = self.failures[0]
+            more = len(self.failures) - 1
+            return RunStatus.FAILED, _one_line(first) + (
+                f" (and {more} more handler failure{'s' * (more > 1)})" if more else ""
+            )
+        if unreconciled is not None:
+            return RunStatus.FAILED, _one_line(unreconciled)
+        if cancelled is not None:
+            how = "Ctrl-C" if isinstance(cancelled, KeyboardInterrupt) else "task cancelled"
+            return RunStatus.CANCELLED, f"{how}; resume() continues it"
+        if self._has_queued():
+            queued = sum(
+                type(item) is Message for ch in self._bus.channels.values() for item in ch.queue
+            )
+            return RunStatus.INTERRUPTED, (
+                f"closed with {queued} message{'s' * (queued != 1)} not delivered yet; "
+                "resume() continues it"
+            )
+        return RunStatus.SUCCEEDED, None
 
     def _spool(self) -> Spool | None:
         """Where writes the database refused at close go: beside the database, by default."""
@@ -570,8 +619,8 @@ class Runtime:
     async def __aenter__(self) -> Self:
         try:
             await self.start()
-        except BaseException:  # __aexit__ is not called: close what start() began
-            await self._close(failed=True)
+        except BaseException as exc:  # __aexit__ is not called: close what start() began
+            await self._close(failed=exc)
             raise
         return self
 
@@ -585,12 +634,13 @@ class Runtime:
 
         Ctrl-C (``KeyboardInterrupt``) or a cancelled task (``CancelledError``, which is
         what ``asyncio.run`` raises in the main task on Ctrl-C) records the run as
-        interrupted, so ``resume()`` continues it; any other exception records it as failed.
+        cancelled, so ``resume()`` continues it; any other exception records it as failed,
+        with the exception as its reason.
         """
         if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
-            await self._close(failed=False, interrupted=True)
+            await self._close(failed=None, cancelled=exc)
         else:
-            await self._close(failed=exc is not None)
+            await self._close(failed=exc)
 
     # -- driving a run ------------------------------------------------------------------
 
@@ -844,6 +894,8 @@ class Runtime:
                 "(Runtime.fork_from, or `agentsnap fork`)"
             )
         await self._own(wait=2 * self._ownership.ttl if wait is None else wait)
+        if run.status is not RunStatus.RUNNING:  # it runs again, until it is closed
+            await self.store.finish_run(self.run_id, RunStatus.RUNNING, None)
         await mark_orphaned(self.ledger, self.store, self.run_id)
         await self.start()
         snapshots = await self.store.list_snapshots(self.run_id)
@@ -1143,6 +1195,8 @@ class Runtime:
     def _stop(self, reason: BaseException | None) -> None:
         """The run gave up: nothing is delivered, sent or snapshotted any more."""
         self._status_on_close = RunStatus.FAILED
+        if reason is not None and self._stopped_because is None:
+            self._stopped_because = _one_line(reason)
         self._taking_input = False
         self._scheduler.pause()
         self._scheduler.reset()
@@ -1290,7 +1344,9 @@ class Runtime:
                 pass
             else:
                 self._stored_before = True
-            await self.store.create_run(RunInfo(id=self.run_id, metadata=self._metadata))
+            await self.store.create_run(
+                RunInfo(id=self.run_id, metadata=self._metadata, name=self._name, tags=self._tags)
+            )
             self._run_created = True
             if not self._stored_before:
                 await self._own(wait=0.0)  # a new run: nobody else can hold it

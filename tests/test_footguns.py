@@ -1,7 +1,8 @@
 """API footguns: mistakes that used to pass silently now say what is wrong.
 
 * a check on an agent that is never added,
-* Ctrl-C: the run is recorded as interrupted (resumable), and the examples exit with one line.
+* Ctrl-C: the run is recorded as cancelled (resumable), with its reason, and the examples exit
+  with one line.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ async def test_resume_refuses_a_check_on_an_unknown_agent() -> None:
 # -- 2. a runtime that is never closed -------------------------------------------------------
 
 
-async def test_a_cancelled_run_is_recorded_as_interrupted(tmp_path: Path) -> None:
+async def test_a_cancelled_run_is_recorded_as_cancelled(tmp_path: Path) -> None:
     store = SqlStore(f"sqlite:///{tmp_path / 'runs.db'}")
     started = asyncio.Event()
     runtime = Runtime(store=store)
@@ -134,7 +135,8 @@ async def test_a_cancelled_run_is_recorded_as_interrupted(tmp_path: Path) -> Non
         with pytest.raises(asyncio.CancelledError):
             await task
         run = await store.get_run(runtime.run_id)
-        assert run.status is RunStatus.INTERRUPTED
+        assert run.status is RunStatus.CANCELLED
+        assert run.status_reason == "task cancelled; resume() continues it"
     finally:
         await store.close()
 
@@ -143,7 +145,7 @@ async def test_a_cancelled_run_is_recorded_as_interrupted(tmp_path: Path) -> Non
 async def test_the_exception_that_ends_the_block_decides_the_status(
     signal_: type[BaseException],
 ) -> None:
-    """Ctrl-C outside asyncio.run() raises KeyboardInterrupt in the block: interrupted."""
+    """Ctrl-C outside asyncio.run() raises KeyboardInterrupt in the block: cancelled."""
     store = MemoryStore()
     runtime = Runtime(store=store)
 
@@ -157,8 +159,13 @@ async def test_the_exception_that_ends_the_block_decides_the_status(
     with pytest.raises(signal_):
         await work()
     run = await store.get_run(runtime.run_id)
-    expected = RunStatus.INTERRUPTED if signal_ is KeyboardInterrupt else RunStatus.FAILED
-    assert run.status is expected
+    if signal_ is KeyboardInterrupt:
+        assert (run.status, run.status_reason) == (
+            RunStatus.CANCELLED,
+            "Ctrl-C; resume() continues it",
+        )
+    else:
+        assert (run.status, run.status_reason) == (RunStatus.FAILED, "RuntimeError")
 
 
 def test_an_example_exits_with_one_line_on_ctrl_c(tmp_path: Path) -> None:
@@ -194,9 +201,9 @@ def test_an_example_exits_with_one_line_on_ctrl_c(tmp_path: Path) -> None:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, report
     ((run_id, status),) = _runs(db)
-    assert lines[0].startswith(f"interrupted: run {run_id} is recorded as interrupted"), report
+    assert lines[0].startswith(f"cancelled: run {run_id} is recorded as cancelled"), report
     assert ".resume()" in lines[0]
-    assert status == "interrupted"
+    assert status == "cancelled"
 
 
 def _runs(db: Path) -> list[tuple[str, str]]:

@@ -602,9 +602,15 @@ async def test_operations_spooled_during_a_replay_stay_for_the_next(tmp_path: Pa
     late = ReleaseLease(run_id=RUN, token=9)
 
     class Spooling(MemoryStore):
-        async def finish_run(self, run_id: str, status: RunStatus, finished_at: datetime) -> None:
+        async def finish_run(
+            self,
+            run_id: str,
+            status: RunStatus,
+            finished_at: datetime | None,
+            reason: str | None = None,
+        ) -> None:
             spool.add(late)  # the runtime spools more while the replay runs
-            await super().finish_run(run_id, status, finished_at)
+            await super().finish_run(run_id, status, finished_at, reason)
 
     store = Spooling()
     await store.create_run(RunInfo(id=RUN))

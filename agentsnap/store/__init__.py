@@ -55,8 +55,16 @@ class Store(Protocol):
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         """Write a completed or failed snapshot, all or nothing."""
 
-    async def finish_run(self, run_id: str, status: RunStatus, finished_at: datetime) -> None:
-        """Record how and when a run ended.
+    async def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        finished_at: datetime | None,
+        reason: str | None = None,
+    ) -> None:
+        """Record where a run stands: how and when it ended, and why (``reason``).
+
+        A run that is resumed is recorded as running again, with no end and no reason.
 
         Raises:
             NotFoundError: The store holds no such run.

@@ -8,7 +8,7 @@ from typing import Literal
 
 from agentsnap.exceptions import NotFoundError, StoreError
 from agentsnap.integrity import agent_versions
-from agentsnap.liveness import lost, owner_is_live
+from agentsnap.liveness import lost, owner_gone, owner_is_live
 from agentsnap.records import (
     AgentCut,
     AgentVersion,
@@ -79,10 +79,18 @@ class MemoryStore:
         self._snapshots[snapshot.id] = stored
         self._by_run[snapshot.run_id].append(snapshot.id)
 
-    async def finish_run(self, run_id: str, status: RunStatus, finished_at: datetime) -> None:  # noqa: D102
+    async def finish_run(  # noqa: D102
+        self,
+        run_id: str,
+        status: RunStatus,
+        finished_at: datetime | None,
+        reason: str | None = None,
+    ) -> None:
         run = self._run(run_id)
         self._check_fence(run_id)
-        self._runs[run_id] = run.model_copy(update={"status": status, "finished_at": finished_at})
+        self._runs[run_id] = run.model_copy(
+            update={"status": status, "finished_at": finished_at, "status_reason": reason}
+        )
 
     async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:  # noqa: D102
         run = self._run(run_id)
@@ -119,8 +127,11 @@ class MemoryStore:
 
     def _as_seen(self, run: RunInfo, now: datetime) -> RunInfo:
         """The run, interrupted if it is running without a live owner."""
-        if run.status is RunStatus.RUNNING and not owner_is_live(self._leases.get(run.id), now):
-            return run.model_copy(update={"status": RunStatus.INTERRUPTED})
+        lease = self._leases.get(run.id)
+        if run.status is RunStatus.RUNNING and not owner_is_live(lease, now):
+            return run.model_copy(
+                update={"status": RunStatus.INTERRUPTED, "status_reason": owner_gone(lease)}
+            )
         return run
 
     async def find_ids(  # noqa: D102

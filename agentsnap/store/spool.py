@@ -189,6 +189,8 @@ class FinishRun(_Op):
     """How it ended."""
     finished_at: Moment
     """When it ended."""
+    reason: str | None = None
+    """Why it ended so, in one line (a [`status_reason`][agentsnap.RunInfo.status_reason])."""
     token: int | None = None
     """The fencing token of the run's lease that the writer held, if it held one. Given, the
     replay records the end only while the run's lease still has this token, as a fenced
@@ -798,7 +800,7 @@ async def _apply(
         run = await store.get_run(op.run_id)
         if run.status is op.status and run.finished_at == op.finished_at:
             return Outcome.ALREADY_STORED
-        await store.finish_run(op.run_id, op.status, op.finished_at)
+        await store.finish_run(op.run_id, op.status, op.finished_at, op.reason)
         return Outcome.APPLIED
     if isinstance(op, AppendJournal):
         if state.journal is None:

@@ -48,7 +48,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.integrity import SnapshotReader, agent_versions
-from agentsnap.liveness import lost, owner_is_live
+from agentsnap.liveness import lost, owner_gone, owner_is_live
 from agentsnap.records import (
     AgentVersion,
     GraphCheckpoint,
@@ -73,6 +73,7 @@ from agentsnap.store.tables import (
     RollbackRow,
     RunLeaseRow,
     RunRow,
+    RunTagRow,
     SnapshotAgentRow,
     SnapshotMessageRow,
     SnapshotRow,
@@ -108,6 +109,7 @@ DEFAULT_URL = "sqlite:///agentsnap.db"
 """Where runs go when no database is named."""
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
+_tags: Table = RunTagRow.__table__  # type: ignore[assignment]
 _snapshots: Table = SnapshotRow.__table__  # type: ignore[assignment]
 _blobs: Table = StateBlobRow.__table__  # type: ignore[assignment]
 _agents: Table = SnapshotAgentRow.__table__  # type: ignore[assignment]
@@ -255,13 +257,28 @@ class SqlStore:
             "metadata": run.metadata,
             "status": run.status.value,
             "finished_at": run.finished_at,
+            "name": run.name,
+            "status_reason": run.status_reason,
         }
         async with self._begin() as conn:
-            await conn.execute(self._insert_ignore(_runs, ["id"]).values(row))
+            created = await conn.execute(self._insert_ignore(_runs, ["id"]).values(row))
+            if created.rowcount and run.tags:
+                await conn.execute(
+                    _tags.insert(),
+                    [{"run_id": run.id, "key": k, "value": v} for k, v in run.tags.items()],
+                )
 
     @_retried("record the run's status")
-    async def finish_run(self, run_id: str, status: RunStatus, finished_at: datetime) -> None:  # noqa: D102
-        await self._update_run(run_id, status=status.value, finished_at=finished_at)
+    async def finish_run(  # noqa: D102
+        self,
+        run_id: str,
+        status: RunStatus,
+        finished_at: datetime | None,
+        reason: str | None = None,
+    ) -> None:
+        await self._update_run(
+            run_id, status=status.value, finished_at=finished_at, status_reason=reason
+        )
 
     @_retried("record the run's parent")
     async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:  # noqa: D102
@@ -634,17 +651,21 @@ class SqlStore:
         await self._gate.wait()
         async with self._engine.connect() as conn:
             row = (await conn.execute(_RUN_AND_LEASE.where(_runs.c.id == run_id))).one_or_none()
-        if row is None:
-            raise NotFoundError("run", run_id)
-        return _run(row._mapping, utcnow())
+            if row is None:
+                raise NotFoundError("run", run_id)
+            tags = await _tags_of(conn, [run_id])
+        return _run(row._mapping, utcnow(), tags.get(run_id))
 
     @_retried("list runs")
     async def list_runs(self) -> list[RunInfo]:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
-            rows = await conn.execute(_RUN_AND_LEASE.order_by(_runs.c.created_at, _runs.c.id))
+            rows = (
+                await conn.execute(_RUN_AND_LEASE.order_by(_runs.c.created_at, _runs.c.id))
+            ).all()
+            tags = await _tags_of(conn, None)
             now = utcnow()
-            return [_run(row._mapping, now) for row in rows]
+            return [_run(row._mapping, now, tags.get(row.id)) for row in rows]
 
     @_retried("find ids")
     async def find_ids(  # noqa: D102
@@ -1004,9 +1025,21 @@ def _uuid6_time(uuid_text: str) -> datetime | None:
         return None
 
 
-def _run(row: Any, now: datetime) -> RunInfo:
+async def _tags_of(conn: AsyncConnection, run_ids: list[str] | None) -> dict[str, dict[str, str]]:
+    """The tags of ``run_ids`` (of every run when ``None``), by run."""
+    query = select(_tags.c.run_id, _tags.c.key, _tags.c.value)
+    if run_ids is not None:
+        query = query.where(_tags.c.run_id.in_(run_ids))
+    tags: dict[str, dict[str, str]] = {}
+    for run_id, key, value in await conn.execute(query):
+        tags.setdefault(run_id, {})[key] = value
+    return tags
+
+
+def _run(row: Any, now: datetime, tags: dict[str, str] | None = None) -> RunInfo:
     """A run from a row of ``_RUN_AND_LEASE``: interrupted if running without a live owner."""
     status = RunStatus(row["status"])
+    reason = row["status_reason"]
     if status is RunStatus.RUNNING:
         lease = (
             None
@@ -1020,6 +1053,7 @@ def _run(row: Any, now: datetime) -> RunInfo:
         )
         if not owner_is_live(lease, now):
             status = RunStatus.INTERRUPTED
+            reason = owner_gone(lease)
     return RunInfo(
         id=row["id"],
         created_at=row["created_at"],
@@ -1028,6 +1062,9 @@ def _run(row: Any, now: datetime) -> RunInfo:
         metadata=row["metadata"],
         status=status,
         finished_at=row["finished_at"],
+        name=row["name"],
+        tags=tags or {},
+        status_reason=reason,
     )
 
 

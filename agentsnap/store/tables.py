@@ -37,6 +37,7 @@ __all__ = [
     "RollbackRow",
     "RunLeaseRow",
     "RunRow",
+    "RunTagRow",
     "SnapshotAgentRow",
     "SnapshotMessageRow",
     "SnapshotRow",
@@ -114,6 +115,21 @@ class RunRow(Base):
     run_metadata: Mapped[dict[str, Any]] = mapped_column("metadata", Json())
     status: Mapped[str] = mapped_column(String(16), server_default="running")
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    name: Mapped[str | None] = mapped_column(String(128), index=True)
+    status_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class RunTagRow(Base):
+    """One label of a run (``Runtime(tags=)``): a key and its value."""
+
+    __tablename__ = "agentsnap_run_tags"
+    __table_args__ = (Index("ix_agentsnap_run_tags_key_value", "key", "value"),)
+
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))
 
 
 class SnapshotRow(Base):
