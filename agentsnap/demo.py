@@ -19,8 +19,8 @@ $env ──task──▶ planner ──topics──▶ researcher ──notes─
 
 The model is [`ScriptedModel`][agentsnap.testing.ScriptedModel] unless a LangChain model is
 named (``--model provider:name``), so the demo needs no network and tells the same story
-every time. Run it with ``agentsnap demo`` (or ``make demo``); it prints what happened and
-where the run is stored, ready for ``agentsnap export``.
+every time. Run it with ``agentsnap demo`` (or ``make demo``); it prints what happened, where
+the run is stored, and the commands that show its rollback, draw its timeline and export it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
+from agentsnap._hints import cli_command
 from agentsnap.agents import Agent, Context
 from agentsnap.messages import JsonValue, Message
 from agentsnap.models import ChatModel
@@ -233,7 +234,11 @@ async def run_demo(
 
 
 def describe(result: DemoResult, url: str | None) -> list[str]:
-    """The demo's account of ``result``, line by line (``url``: where it is stored, if kept)."""
+    """The demo's account of ``result``, line by line (``url``: where it is stored, if kept).
+
+    The commands it suggests for a stored run name ``agentsnap`` as it can be run from the
+    current directory (``.venv/bin/agentsnap`` after ``make demo``), so they work when pasted.
+    """
     lines = ["agentsnap demo: planner -> researcher -> writer -> critic", ""]
     by_id = {snapshot.id: snapshot for snapshot in result.snapshots}
     for snapshot in result.snapshots:
@@ -251,7 +256,13 @@ def describe(result: DemoResult, url: str | None) -> list[str]:
     lines += ["", f"final report ({result.run.status.value}):", f"  {result.report}", ""]
     if url is None:
         lines.append(f"run {result.run.id} was kept in memory only")
-    else:
-        lines.append(f"run {result.run.id} is stored in {url}")
-        lines.append(f"inspect it with: agentsnap export {result.run.id} --db {url}")
+        return lines
+    run = result.run.id
+    lines.append(f"run {run} is stored in {url}; look at it with:")
+    # Commands as they can be pasted here (``.venv/bin/agentsnap`` when it is not on PATH).
+    lines += [
+        f"  {cli_command('rollbacks', run, '--db', url)}",
+        f"  {cli_command('timeline', run, '--db', url, '-o', 'timeline.html')}",
+        f"  {cli_command('export', run, '--db', url, '--indent', '2')}",
+    ]
     return lines

@@ -328,7 +328,9 @@ def _mean(times: list[datetime]) -> datetime | None:
     return base + sum((t - base for t in times), timedelta()) / len(times)
 
 
-def render_svg(timeline: Timeline, *, max_messages: int = 1000) -> str:
+def render_svg(
+    timeline: Timeline, *, max_messages: int = 1000, plot_width: int = _PLOT_WIDTH
+) -> str:
     """The diagram as a standalone SVG document.
 
     Every element with details carries them in a ``<title>`` (a tooltip in most viewers).
@@ -337,13 +339,15 @@ def render_svg(timeline: Timeline, *, max_messages: int = 1000) -> str:
         timeline: What to draw.
         max_messages: Past this many messages, one arrow is drawn per channel per time
             bucket, thicker and labelled with the number of messages it stands for.
+        plot_width: Width of the time axis, in pixels; the agents' names and the margins
+            add 170. A narrower diagram of a short run reads better in a page's column.
     """
     agents = _agents(timeline)
     lane = {name: _TOP + i * _LANE for i, name in enumerate(agents)}
     bottom = _TOP + (len(agents) - 1) * _LANE
     notes: list[str] = []
-    scale = _Scale(_times(timeline), _PLOT_WIDTH)
-    right = _LEFT + _PLOT_WIDTH
+    scale = _Scale(_times(timeline), plot_width)
+    right = _LEFT + plot_width
     by_id = {snapshot.id: snapshot for snapshot in timeline.snapshots}
     cut_x: dict[str, float] = {}
 
@@ -467,7 +471,7 @@ def render_svg(timeline: Timeline, *, max_messages: int = 1000) -> str:
             )
         reason = rollback.reason if len(rollback.reason) <= 60 else rollback.reason[:59] + "…"
         label_y = bottom + 44 + (index % 4) * 14
-        anchor = "end" if x > _LEFT + _PLOT_WIDTH / 2 else "start"
+        anchor = "end" if x > _LEFT + plot_width / 2 else "start"
         add(
             f'<text class="rblabel" x="{x}" y="{label_y}" text-anchor="{anchor}">'
             f"{_text(f'rollback → {where}: {reason}')}</text></g>"

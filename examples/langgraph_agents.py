@@ -50,6 +50,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from agentsnap import Context, LedgerEntry, Message, RollbackInfo, Runtime, tool
+from agentsnap._hints import cli_command
 from agentsnap.integrations.langgraph import (
     AgentsnapSaver,
     GraphAgent,
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.db:
         print(f"stored in {args.db}; list its snapshots with:")
-        print(f"  agentsnap snapshots {outcome.run_id} --db {args.db}")
+        print(f"  {cli_command('snapshots', outcome.run_id, '--db', args.db)}")
     else:
         print("kept in a temporary database; pass --db sqlite:///langgraph_agents.db to keep it")
     problems = problems_of(outcome)

@@ -51,6 +51,7 @@ from agentsnap import (
     ToolRetry,
     tool,
 )
+from agentsnap._hints import cli_command
 from agentsnap.runtime import interrupted_message
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.sql import SqlStore
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("every order charged exactly once")
     if args.db:
-        print(f"inspect it with: agentsnap export {runtime.run_id} --db {args.db}")
+        print(f"inspect it with: {cli_command('export', runtime.run_id, '--db', args.db)}")
     return 0
 
 

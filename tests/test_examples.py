@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from agentsnap._hints import cli_words
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
@@ -151,7 +153,9 @@ async def test_bank_transfers_writes_its_run_to_sql(tmp_path: Path) -> None:
     assert len(written) == 1, result.stdout
     assert written[0].endswith(f"written to {url}"), written
     run_id = written[0].split()[1]
-    assert lines[-1] == f"inspect it with: agentsnap export {run_id} --db {url}"
+    # The command as it can be pasted where the example ran (.venv/bin/agentsnap off PATH).
+    command = shlex.join([*cli_words(cwd=ROOT), "export", run_id, "--db", url])
+    assert lines[-1] == f"inspect it with: {command}"
 
     store = SqlStore(url)
     try:
