@@ -292,18 +292,37 @@ class RollbackExhausted(RunError):
         source: What rejected it (a check's name, ``"self-evaluation"``, a critic agent).
         attempts: How many times it failed.
         reasons: The reasons given, oldest first.
+        per_run: The run's budget of rollbacks when it is what ran out
+            (`per_run` of [`RetryPolicy`][agentsnap.rollback.RetryPolicy]), else ``None``.
     """
 
-    def __init__(self, agent: str, source: str, attempts: int, reasons: list[str]) -> None:
+    def __init__(
+        self,
+        agent: str,
+        source: str,
+        attempts: int,
+        reasons: list[str],
+        *,
+        per_run: int | None = None,
+    ) -> None:
         self.agent = agent
         self.source = source
         self.attempts = attempts
         self.reasons = reasons
+        self.per_run = per_run
         last = "; ".join(repr(r) for r in reasons[-3:])
+        if per_run is not None:
+            super().__init__(
+                f"output of agent {agent!r} was rejected by {source} ({last}) after the run "
+                f"had rolled back {per_run} time(s), the most the retry policy allows for a "
+                "whole run. The run stopped; inspect it with `agentsnap export`, or raise "
+                "RetryPolicy(per_run=...)"
+            )
+            return
         super().__init__(
-            f"output of agent {agent!r} was rejected by {source} {attempts} time(s), the most "
-            f"the retry policy allows; last reasons: {last}. The run stopped; inspect it with "
-            "`agentsnap export`, or allow more attempts (RetryPolicy)"
+            f"output of agent {agent!r} was rejected by {source} {attempts} time(s) in a row, "
+            f"the most the retry policy allows; last reasons: {last}. The run stopped; inspect "
+            "it with `agentsnap export`, or allow more attempts (RetryPolicy)"
         )
 
 

@@ -229,34 +229,69 @@ class Guard:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often a failing output may be retried by rolling back, and how long to wait.
+    """How often a rejected output may be retried by rolling back, and how long to wait.
 
-    ``stop`` and ``wait`` are tenacity strategies, applied per failure site (an agent and
-    what rejected its output): ``stop`` sees the number of failures so far as the attempt
-    number, ``wait`` gives the pause before the run resumes.
+    The budget is **per rejected output**: an agent, what rejected its output (a check, the
+    schema, its self-evaluation, a critic), and the message it was handling when the output
+    was rejected (an *episode*). Each rollback redoes that message; once it is handled
+    without a rejection, the output passed and its episode ends, so the next rejected output
+    starts with the whole budget again. A long run can thus have any number of unrelated
+    rejections, while one output that keeps failing stops the run. ``per_run`` optionally
+    bounds the rollbacks of the whole run as well.
+
+    ``stop`` and ``wait`` are tenacity strategies, applied per episode: ``stop`` sees the
+    number of failures of that output so far as the attempt number, ``wait`` gives the pause
+    before the run resumes.
 
     Attributes:
-        stop: When to give up (default: after 3 failed attempts, that is 2 rollbacks).
+        stop: When to give up on one output (default: after 3 failed attempts, that is 2
+            rollbacks for it).
         wait: Pause before resuming (default: none).
+        per_run: At most this many rollbacks for rejected outputs in the whole run
+            (``None``, the default: no bound but the one per output). The rejection that
+            would need one more stops the run with
+            [`RollbackExhausted`][agentsnap.RollbackExhausted].
     """
 
     stop: Any = field(default_factory=lambda: tenacity.stop_after_attempt(3))
     wait: Any = field(default_factory=tenacity.wait_none)
+    per_run: int | None = None
 
-    @classmethod
-    def attempts(cls, count: int, *, wait: Any = None) -> RetryPolicy:
-        """Allow ``count`` attempts per failure site (``count - 1`` rollbacks).
+    def __post_init__(self) -> None:
+        """Refuse a run budget below zero.
 
         Raises:
-            ConfigurationError: ``count`` is below 1.
+            ConfigurationError: ``per_run`` is negative.
+        """
+        if self.per_run is not None and self.per_run < 0:
+            raise ConfigurationError(
+                f"RetryPolicy(per_run={self.per_run}) must be 0 or more rollbacks (or None for "
+                "no bound on the whole run)"
+            )
+
+    @classmethod
+    def attempts(cls, count: int, *, wait: Any = None, per_run: int | None = None) -> RetryPolicy:
+        """Allow ``count`` attempts per rejected output (``count - 1`` rollbacks for it).
+
+        Raises:
+            ConfigurationError: ``count`` is below 1, or ``per_run`` below 0.
         """
         if count < 1:
             raise ConfigurationError("a retry policy needs at least 1 attempt")
-        return cls(stop=tenacity.stop_after_attempt(count), wait=wait or tenacity.wait_none())
+        return cls(
+            stop=tenacity.stop_after_attempt(count),
+            wait=wait or tenacity.wait_none(),
+            per_run=per_run,
+        )
+
+
+Episode = tuple[str, str, tuple[str, str, int] | None]
+"""The rejected agent, what rejected its output, and the message being handled (``src``,
+``dst``, ``seq``) when it was rejected, if any."""
 
 
 class _Site:
-    """Failures of one agent's output rejected by one source, for the retry policy."""
+    """Failures of one rejected output (an episode), for the retry policy."""
 
     def __init__(self) -> None:
         self.state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
@@ -536,7 +571,11 @@ class RollbackManager:
         self._restore = restore
         self._load = load
         self._save = save
-        self._sites: dict[tuple[str, str], _Site] = {}
+        self._episodes: dict[Episode, _Site] = {}
+        self.open: dict[tuple[str, str, int], list[Episode]] = {}
+        """The episodes under way, by the message whose handling ends them once it passes
+        (see [`passed`][agentsnap.rollback.RollbackManager.passed]); usually empty."""
+        self._rejections = 0  # rollbacks for rejected outputs, for the per-run budget
         self.history: list[RollbackInfo] = []
         """Every rollback of this runtime, oldest first."""
         self.exhausted: RunError | None = None
@@ -556,22 +595,50 @@ class RollbackManager:
         self._coordinator.abort_all(reason)
         await self._coordinator.drain()
 
-    async def reject(self, rejection: OutputRejected) -> RollbackInfo | None:
+    def passed(self, message: Message) -> bool:
+        """``message`` was handled without a rejection: the episodes it was redoing end.
+
+        Returns whether any did.
+        """
+        ended = self.open.pop((message.src, message.dst, message.seq), ())
+        for episode in ended:
+            self._episodes.pop(episode, None)
+        return bool(ended)
+
+    async def reject(
+        self, rejection: OutputRejected, handling: Message | None = None
+    ) -> RollbackInfo | None:
         """Roll back for a rejected output; ``None`` when the run stops instead.
+
+        ``handling`` is the message being handled when the output was rejected: the episode's
+        failures count until a handling of it passes.
 
         The run stops (``exhausted`` says why, and the bus is left paused) when the retry
         policy gave up, or when the snapshot to go back to is damaged in the store.
         """
         await self.quiesce()
-        site = self._sites.setdefault((rejection.agent, rejection.source), _Site())
+        handled = None if handling is None else (handling.src, handling.dst, handling.seq)
+        episode: Episode = (rejection.agent, rejection.source, handled)
+        site = self._episodes.setdefault(episode, _Site())
         attempt = site.failed(rejection.reason)
-        if self._policy.stop(site.state):
+        per_run = self._policy.per_run
+        if self._policy.stop(site.state) or (per_run is not None and self._rejections >= per_run):
+            spent = not self._policy.stop(site.state)
             self.exhausted = RollbackExhausted(
-                rejection.agent, rejection.source, attempt, list(site.reasons)
+                rejection.agent,
+                rejection.source,
+                attempt,
+                list(site.reasons),
+                per_run=per_run if spent else None,
             )
             logger.error("%s", self.exhausted)
             self._drop_everything()
             return None
+        self._rejections += 1
+        if handled is not None:
+            waiting = self.open.setdefault(handled, [])
+            if episode not in waiting:
+                waiting.append(episode)
         target = self._coordinator.target_before(rejection.output)
         if target is None:
             raise ConfigurationError(

@@ -165,7 +165,10 @@ class Runtime:
         tags: Labels stored with the run, to find it by (``agentsnap runs --tag key=value``):
             string keys of at most 128 characters, string values of at most 255.
         journal: Keep a journal of every send and delivery in the store (see
-            [`agentsnap.journal`][agentsnap.journal]); off by default.
+            [`agentsnap.journal`][agentsnap.journal]), which the run's timeline and
+            ``agentsnap export`` show. On by default with an ``SqlStore`` (or any store kept
+            in a database), off with a store in memory; ``False`` turns it off (it costs
+            a little per message: see the benchmarks).
         retry: How often a rejected output is retried by rolling back, and how long to wait
             in between (see [`agentsnap.rollback`][agentsnap.rollback]).
         ledger: Where side-effecting tool calls are recorded (see
@@ -215,7 +218,7 @@ class Runtime:
         metadata: Mapping[str, JsonValue] | None = None,
         name: str | None = None,
         tags: Mapping[str, str] | None = None,
-        journal: bool = False,
+        journal: bool | None = None,
         retry: RetryPolicy | None = None,
         ledger: Ledger | None = None,
         telemetry: Telemetry | bool | None = None,
@@ -234,6 +237,8 @@ class Runtime:
         self._name, self._tags = check_run_labels(name, tags)
         self._scheduler: Scheduler = scheduler if scheduler is not None else AsyncioScheduler()
         self._bus = Bus(self._scheduler)
+        if journal is None:  # a store kept in a database keeps the journal too
+            journal = isinstance(getattr(self.store, "url", None), str)
         self._journal = Journal(self._bus, self.store, self.run_id) if journal else None
         self._agents: dict[str, Agent[Any]] = {}
         self._bus.replay_stalled = self._replay_stalled
@@ -478,6 +483,7 @@ class Runtime:
             await asyncio.gather(self._timer, return_exceptions=True)
         if self._replay_watch is not None:
             self._replay_watch.cancel()
+        self._take_last_snapshot()  # none while a handler is half-way (a cancelled run)
         await self._scheduler.close()
         self._snapshots.abort_all("the runtime was closed before the snapshot completed")
         await self._snapshots.drain()
@@ -782,6 +788,8 @@ class Runtime:
             await self._snapshots.drain()
             if self._rollbacks.exhausted is not None or self._lost or not self._has_queued():
                 break
+        if self._take_last_snapshot() is not None:
+            await self._snapshots.drain()
         if self._journal is not None and self._lost is None:
             await self._journal.flush()
         self._raise_if_stopped()
@@ -1053,11 +1061,15 @@ class Runtime:
             if endpoint.record_wanted and rejected is None and lost_to is None:
                 snapshots.record(endpoint, endpoint.record_wanted)
         if rejected is not None:
-            await self._rejected(rejected, generation)
+            await self._rejected(rejected, generation, message)
             return
         if lost_to is not None:
             await self._lost_to_database(lost_to, endpoint.name, message, generation)
             return
+        if self._rollbacks.open and self._rollbacks.passed(message):
+            # A message redone after a rejection passed this time: a cut after it keeps a
+            # later rollback from redoing it again.
+            self._policy_snapshot()
         if self._countdown:
             self._countdown -= 1
             if not self._countdown:
@@ -1076,7 +1088,9 @@ class Runtime:
                 ctx.agent.name, reason, "self-evaluation", outputs[0] if outputs else None
             )
 
-    async def _rejected(self, rejected: OutputRejected, generation: int) -> None:
+    async def _rejected(
+        self, rejected: OutputRejected, generation: int, handling: Message | None = None
+    ) -> None:
         """Act on a rejected output: at most one rollback at a time, for the live timeline.
 
         A rejection raised while a rollback is under way, or by a handler that began before
@@ -1099,7 +1113,7 @@ class Runtime:
         self._snapshots.abort_all("an output was rejected before the snapshot completed")
         try:
             async with self._rollback_lock:
-                await self._recover(rejected)
+                await self._recover(rejected, handling)
         finally:
             self._rolling_back = False
 
@@ -1181,9 +1195,9 @@ class Runtime:
                 return True
         return False
 
-    async def _recover(self, rejected: OutputRejected) -> None:
+    async def _recover(self, rejected: OutputRejected, handling: Message | None) -> None:
         """Roll back for a rejected output, or stop the run when the policy gave up."""
-        work = self._rollbacks.reject(rejected)
+        work = self._rollbacks.reject(rejected, handling)
         if self._telemetry is not None:
             work = self._telemetry.rolling_back(work, self.run_id, rejection=rejected)
         info = await work
@@ -1319,6 +1333,32 @@ class Runtime:
         failure.__cause__ = exc
         self.failures.append(failure)
         logger.error("%s", failure, exc_info=exc)
+
+    def _take_last_snapshot(self) -> SnapshotHandle | None:
+        """Record where the run stands as it goes idle or closes (``SnapshotPolicy.at_end``).
+
+        Taken at once (no markers) when no handler is half-way and nothing was sent or
+        delivered since the newest snapshot; ``None`` when none was taken.
+        """
+        if (
+            not (self._policy.at_end and self._have_cut and self._started)
+            or self._lost is not None
+            or self._snapshots.suspended is not None
+        ):
+            return None
+        newest = self._snapshots.newest
+        if newest is not None:
+            sent = delivered = 0
+            for channel in self._bus.channels.values():
+                sent += channel.sent
+                delivered += channel.delivered
+            then_sent = then_received = 0
+            for cut in newest.agents.values():
+                then_sent += sum(cut.sent.values())
+                then_received += sum(cut.received.values())
+            if (sent, delivered) == (then_sent, then_received):
+                return None  # nothing happened since: that snapshot is where the run stands
+        return self._snapshots.capture()
 
     def _policy_snapshot(self) -> None:
         snapshots = self._snapshots

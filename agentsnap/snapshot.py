@@ -68,6 +68,11 @@ class SnapshotPolicy:
         every_seconds: Start a snapshot every this many seconds of wall-clock time.
         at_start: Take a snapshot when the run gets its first input (the first message sent
             from the environment), so that a rollback always has a cut to go back to.
+        at_end: Take a snapshot when the run goes idle (``run_until_idle`` returns) and when
+            it closes, if anything was sent or delivered since the newest snapshot, so that
+            every run's final agent states can be shown, diffed and forked. Not taken while a
+            handler is half-way (a cancelled run keeps its newest cut) or after the run
+            stopped.
         max_in_progress: Skip a policy snapshot while this many are already in progress,
             so that a slow store cannot make snapshots pile up.
     """
@@ -75,6 +80,7 @@ class SnapshotPolicy:
     every_deliveries: int | None = None
     every_seconds: float | None = None
     at_start: bool = True
+    at_end: bool = True
     max_in_progress: int = 1
 
     def __post_init__(self) -> None:
@@ -243,6 +249,8 @@ class SnapshotCoordinator:
         self._targets: dict[int, tuple[str, dict[str, dict[str, int]]]] = {}
         self.latest: Snapshot | None = None
         """The newest complete snapshot written to the store, in this timeline."""
+        self.newest: Snapshot | None = None
+        """The newest snapshot completed (written or not yet), or restored."""
         self.suspended: str | None = None
         """While set (a rollback is under way, or the run stopped), a snapshot that is
         started fails at once with this reason."""
@@ -449,6 +457,7 @@ class SnapshotCoordinator:
             self._finish(seq, progress, status=SnapshotStatus.FAILED, error=reason)
             return
         logger.debug("snapshot %d complete", seq)
+        self.newest = snapshot
         self._write_finished(snapshot, progress.handle)
 
     def fail(self, seq: int, reason: str) -> None:
@@ -566,7 +575,7 @@ class SnapshotCoordinator:
         for seq in [seq for seq in self._targets if seq > snapshot.seq]:
             del self._targets[seq]
         self.written(snapshot)
-        self.latest = snapshot
+        self.latest = self.newest = snapshot
 
     async def drain(self) -> None:
         """Wait until every completed or failed snapshot has been handed to the store."""

@@ -5,8 +5,8 @@ snapshots start from random initiators, several at once. Money is only ever move
 completed snapshot the balances recorded in the agents plus the amounts recorded in flight on
 the channels must add up to the initial total. The program prints that sum for each snapshot
 and exits with status 1 if any snapshot gets it wrong. With ``--db URL`` (SQLite or
-PostgreSQL) the run and its snapshots are written to that database and the run id is printed;
-``--journal`` keeps every transfer there too (see ``agentsnap export``).
+PostgreSQL) the run and its snapshots are written to that database and the run id is printed,
+and every transfer is kept there too (see ``agentsnap export``; ``--no-journal`` does not).
 
 Run it with:
 
@@ -22,6 +22,7 @@ import sys
 import uuid
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime, Snapshot, Store
+from agentsnap._hints import cli_command
 from agentsnap.runtime import interrupted_message
 from agentsnap.store.sql import SqlStore
 from agentsnap.testing import SeededScheduler, cut_problems
@@ -65,7 +66,7 @@ async def simulate(  # noqa: PLR0917
     seed: int,
     deterministic: bool,
     store: Store | None = None,
-    journal: bool = False,
+    journal: bool | None = None,
     run_id: str | None = None,
 ) -> tuple[str, int, list[Snapshot]]:
     """Run the simulation; return the run id, the initial total and every snapshot taken."""
@@ -142,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         "--db", help="write the run to this database (sqlite:///file.db or postgresql://...)"
     )
     parser.add_argument(
-        "--journal", action="store_true", help="keep every message in the database (needs --db)"
+        "--journal",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep every message in the database (the default with --db; --no-journal: don't)",
     )
     args = parser.parse_args(argv)
     if args.agents < 2:
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     print("all snapshots consistent" if not bad else f"{bad} snapshot(s) inconsistent")
     if args.db:
         print(f"run {run_id} written to {args.db}")
-        print(f"inspect it with: agentsnap export {run_id} --db {args.db}")
+        print(f"inspect it with: {cli_command('export', run_id, '--db', args.db)}")
     return 1 if bad else 0
 
 
