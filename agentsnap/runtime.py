@@ -31,6 +31,7 @@ import functools
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -253,6 +254,7 @@ class Runtime:
         self._policy = snapshot_policy or SnapshotPolicy()
         self._countdown = self._policy.every_deliveries or 0
         self._timer: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._replay_watch: asyncio.TimerHandle | None = None
         self._started = False
         self._run_created = False
@@ -435,6 +437,9 @@ class Runtime:
         if self._stored_before and self._have_cut:  # input sent before start, not resumed
             raise self._stored_run_error("input sent")
         self._started = True
+        self._watch = asyncio.get_running_loop().create_task(
+            self._close_with_the_loop(), name="agentsnap:close-watch"
+        )
         self._scheduler.start()
         if self._journal is not None:
             self._journal.start()
@@ -469,12 +474,39 @@ class Runtime:
         """
         await self._close(failed=None)
 
+    async def _close_with_the_loop(self) -> None:
+        """Close the runtime if its event loop ends while it is open (``close()`` forgotten).
+
+        ``asyncio.run`` (and any runner) cancels the tasks left when the program's main
+        coroutine returns, and lets them finish: this one then closes the runtime, so the run
+        is recorded, its writes made and its lease released, and warns with a
+        ``ResourceWarning``. It costs one idle task per runtime, nothing per message.
+        """
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            if self._closed:
+                raise
+            busy = any(endpoint.busy for endpoint in self._bus.endpoints.values())
+            self._watch = None
+            await self._close(failed=None, cancelled=asyncio.CancelledError() if busy else None)
+            text = (
+                f"the Runtime of run {self.run_id} was never closed; it was closed as its "
+                "event loop ended. Use `async with Runtime(...) as runtime:` or call "
+                "`await runtime.close()`"
+            )
+            logger.warning("%s", text)
+            warnings.warn(text, ResourceWarning, stacklevel=1)
+
     async def _close(
         self, *, failed: BaseException | None, cancelled: BaseException | None = None
     ) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            self._watch.cancel()  # closed as it should be: nothing left to watch for
+            self._watch = None
         self._taking_input = False
         if self._telemetry is not None:
             self._telemetry.unwatch(self._bus)

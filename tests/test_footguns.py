@@ -3,6 +3,7 @@
 * a check on an agent that is never added,
 * Ctrl-C: the run is recorded as cancelled (resumable), with its reason, and the examples exit
   with one line.
+* a runtime never closed is closed when its event loop ends, with a warning.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -214,3 +216,64 @@ def _runs(db: Path) -> list[tuple[str, str]]:
             return list(conn.execute("select id, status from agentsnap_runs"))
     except sqlite3.Error:
         return []
+
+
+# -- 3. a runtime that is never closed -------------------------------------------------------
+
+NEVER_CLOSED = """
+import asyncio, sys
+from agentsnap import Agent, AgentState, Runtime
+from agentsnap.store.sql import SqlStore
+
+class Counter(Agent[AgentState]):
+    async def handle(self, message, ctx):
+        self.state.memory["n"] = self.state.memory.get("n", 0) + 1
+        if message.payload == "wait":
+            await asyncio.Event().wait()
+
+async def main():
+    runtime = Runtime(store=SqlStore(sys.argv[1]), run_id="forgotten")
+    await runtime.start()
+    runtime.add(Counter("counter"))
+    runtime.send("counter", sys.argv[2])
+    if sys.argv[2] == "wait":
+        await asyncio.sleep(0.2)
+    else:
+        await runtime.run_until_idle()
+    # returns without closing the runtime
+
+asyncio.run(main())
+print("returned")
+"""
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "snapshots"),
+    [("count", "succeeded", 2), ("wait", "cancelled", 1)],
+)
+def test_a_runtime_never_closed_is_closed_with_its_event_loop(
+    tmp_path: Path, payload: str, status: str, snapshots: int
+) -> None:
+    db = tmp_path / "runs.db"
+    script = tmp_path / "forgetful.py"
+    script.write_text(NEVER_CLOSED)
+    result = subprocess.run(
+        [sys.executable, "-W", "default::ResourceWarning", str(script), f"sqlite:///{db}", payload],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "returned"
+    assert "the Runtime of run forgotten was never closed" in result.stderr
+    assert "ResourceWarning" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    with sqlite3.connect(db) as connection:
+        (stored,) = connection.execute("SELECT status FROM agentsnap_runs").fetchall()
+        (count,) = connection.execute("SELECT count(*) FROM agentsnap_snapshots").fetchone()
+        (expires,) = connection.execute("SELECT expires_at FROM agentsnap_run_leases").fetchone()
+    assert stored == (status,)
+    assert count == snapshots  # the final states, unless a handler was cut off half-way
+    # The lease was released (it expires at once): resume() can take the run without waiting.
+    assert datetime.fromisoformat(expires) <= datetime.now(UTC).replace(tzinfo=None)
