@@ -120,9 +120,12 @@ def interrupted_message(run_id: str, db: str | None) -> str:
     resume it when it is kept in the database at ``db`` (``None``: in memory only).
     """  # noqa: D205
     if db:
+        from agentsnap._hints import cli_command  # noqa: PLC0415 (only for this message)
+
         return (
             f"cancelled: run {run_id} is recorded as cancelled in {db}; resume it with "
-            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume()"
+            f"Runtime(store=SqlStore({db!r}), run_id={run_id!r}).resume(), or see where it "
+            f"stopped with: {cli_command('snapshots', run_id, '--db', db)}"
         )
     return (
         f"cancelled: run {run_id} stopped; it was kept in memory or a temporary database "

@@ -205,6 +205,13 @@ def test_an_example_exits_with_one_line_on_ctrl_c(tmp_path: Path) -> None:
     ((run_id, status),) = _runs(db)
     assert lines[0].startswith(f"cancelled: run {run_id} is recorded as cancelled"), report
     assert ".resume()" in lines[0]
+    # The command it prints to see where the run stopped works when pasted.
+    command = lines[0].split("see where it stopped with: ")[1]
+    shown = subprocess.run(
+        command, shell=True, cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "SEQ" in shown.stdout
     assert status == "cancelled"
 
 
