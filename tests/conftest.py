@@ -81,3 +81,13 @@ def empty_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'agentsnap.db'}"
     url: str = request.getfixturevalue("postgres_url")
     return url
+
+
+@pytest.fixture(autouse=True)
+def _terminal_width_from_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables printed in a test are not fitted to the terminal the suite was started from.
+
+    A shell that exports ``COLUMNS`` would otherwise make the CLI cut wide columns; a test
+    that is about the width sets it itself.
+    """
+    monkeypatch.delenv("COLUMNS", raising=False)
