@@ -310,6 +310,8 @@ class Runtime:
             load=self.store.load_snapshot,
             save=self._save_rollback,
         )
+        # Messages redone after a rejected output (the same dict): empty but for rollbacks.
+        self._redoing = self._rollbacks.open
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -1101,7 +1103,7 @@ class Runtime:
         if lost_to is not None:
             await self._lost_to_database(lost_to, endpoint.name, message, generation)
             return
-        if self._rollbacks.open and self._rollbacks.passed(message):
+        if self._redoing and self._rollbacks.passed(message):
             # A message redone after a rejection passed this time: a cut after it keeps a
             # later rollback from redoing it again.
             self._policy_snapshot()

@@ -324,7 +324,10 @@ async def one_rollback(
     try:
         runtime = Runtime(
             store=store if store is not None else TimedMemoryStore(marks),
-            snapshot_policy=SnapshotPolicy(at_start=False),  # the one cut is taken below
+            # The one cut is taken below; none when the run goes idle, so that it stays the
+            # newest snapshot the rollback goes back to.
+            snapshot_policy=SnapshotPolicy(at_start=False, at_end=False),
+            journal=False,  # the same work on both stores: the journal is timed elsewhere
         )
         async with runtime:  # creates the run (and the schema) first
             names = [f"agent-{i:04d}" for i in range(n)]
