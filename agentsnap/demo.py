@@ -214,7 +214,9 @@ async def run_demo(
     """
     model = model or demo_model()
     metadata: dict[str, JsonValue] = {"demo": "research team"}
-    async with Runtime(store=store, metadata=metadata, journal=journal, run_id=run_id) as runtime:
+    async with Runtime(
+        store=store, name="demo", metadata=metadata, journal=journal, run_id=run_id
+    ) as runtime:
         runtime.add(Planner(model))
         runtime.add(Researcher(model))
         runtime.add(Writer(model))

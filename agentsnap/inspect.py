@@ -38,6 +38,7 @@ from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
 from agentsnap.store.ledger import ledger_for
 
 if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
     from datetime import datetime
 
     from agentsnap.ledger import Ledger, LedgerEntry
@@ -142,6 +143,9 @@ def _run(run: RunInfo) -> dict[str, Any]:
         "parent_run_id": run.parent_run_id,
         "parent_snapshot_id": run.parent_snapshot_id,
         "metadata": run.metadata,
+        "name": run.name,
+        "tags": run.tags,
+        "status_reason": run.status_reason,
     }
 
 
@@ -252,20 +256,42 @@ async def _one(store: Store, kind: Literal["run", "snapshot"], prefix: str) -> s
     return matches[0]
 
 
-async def runs_table(store: Store) -> list[dict[str, Any]]:
-    """Every run, oldest first: id, status, times, snapshot count and parent."""
-    counts = await store.snapshot_counts()
+async def runs_table(
+    store: Store,
+    *,
+    status: RunStatus | str | Collection[RunStatus | str] | None = None,
+    name: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    since: datetime | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """The runs the filters select (every run without one), oldest first.
+
+    Each row has the run's ``id``, ``name``, ``status`` and ``status_reason`` (why it ended
+    so, in one line), ``tags``, ``created_at``, ``finished_at``, how many ``snapshots`` it
+    has, and the run and snapshot it was forked from (``parent_run_id``,
+    ``parent_snapshot_id``). The filters are those of
+    [`Store.list_runs`][agentsnap.Store.list_runs].
+
+    Raises:
+        ConfigurationError: A filter is invalid.
+    """
+    runs = await store.list_runs(status=status, name=name, tags=tags, since=since, limit=limit)
+    counts = await store.snapshot_counts() if runs else {}
     return [
         {
             "id": run.id,
+            "name": run.name,
             "status": run.status.value,
+            "status_reason": run.status_reason,
+            "tags": dict(run.tags),
             "created_at": _time(run.created_at),
             "finished_at": _time(run.finished_at),
             "snapshots": counts.get(run.id, 0),
             "parent_run_id": run.parent_run_id,
             "parent_snapshot_id": run.parent_snapshot_id,
         }
-        for run in await store.list_runs()
+        for run in runs
     ]
 
 

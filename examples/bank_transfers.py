@@ -75,7 +75,12 @@ async def simulate(  # noqa: PLR0917
     scheduler = SeededScheduler(seed) if deterministic else None
     metadata = {"example": "bank_transfers", "seed": seed}
     async with Runtime(
-        scheduler=scheduler, store=store, metadata=metadata, journal=journal, run_id=run_id
+        scheduler=scheduler,
+        store=store,
+        name="bank_transfers",
+        metadata=metadata,
+        journal=journal,
+        run_id=run_id,
     ) as runtime:
         for name in names:
             peers = [n for n in names if n != name]

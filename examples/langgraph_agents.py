@@ -223,7 +223,9 @@ async def simulate(url: str, run_id: str | None = None) -> Outcome:
     saver = AgentsnapSaver(url)  # the graphs' checkpoints, in the same database
     try:
         metadata = {"example": "langgraph_agents"}
-        async with Runtime(store=store, run_id=run_id, metadata=metadata) as runtime:
+        async with Runtime(
+            store=store, run_id=run_id, name="langgraph_agents", metadata=metadata
+        ) as runtime:
             worker = runtime.add(
                 Worker("worker", worker_graph(scripted_model()), checkpointer=saver)
             )

@@ -35,6 +35,7 @@ async def test_runs_stored_before_0008_gain_a_name_tags_and_a_reason(url: str) -
 
     migrate.upgrade(url, "0008")
     assert {"name", "status_reason"} <= columns(url, "agentsnap_runs")
+    migrate.upgrade(url)  # the store needs the newest schema
     store = SqlStore(url)
     try:
         old = await store.get_run(RUN)
