@@ -14,6 +14,8 @@ AgentsnapError
 ├── NotFoundError               an id that the store does not hold
 ├── SpoolError                  the local spool of refused writes cannot be read (see
 │                               agentsnap.store.spool)
+├── DeleteRefused               runs cannot be deleted safely (a live runtime owns one, or
+│                               a fork needs its checkpoints); see agentsnap.store.retention
 └── RunError                    something went wrong while a run was executing
     ├── HandlerFailed
     ├── SnapshotFailed

@@ -14,6 +14,9 @@ rows and checks every part of a complete snapshot:
   registered, so its counters name every agent of the cut: a deleted agent row is found
   whenever the environment's row is intact, and a deleted environment row is found always;
 * each state is there, is a JSON object, and matches the SHA-256 hash it is stored under;
+  a state stored in chunks (see [`agentsnap.store.chunks`][agentsnap.store.chunks]) is
+  rebuilt from them first, and a chunk that is missing or does not match its own hash is
+  named in the reason;
 * the ``sent`` and ``received`` counters are JSON objects mapping process names to
   non-negative integers;
 * each message in flight can be read (its payload is JSON, its headers map strings to
@@ -126,11 +129,21 @@ class SnapshotReader:
 
     def wanted(self, hashes: Iterable[str]) -> list[str]:
         """Those of ``hashes`` whose state was not given yet, sorted, each once."""
-        return sorted(set(hashes) - self._blobs.keys())
+        return sorted(set(hashes) - self._blobs.keys() - self._verdicts.keys())
 
     def blob(self, state_hash: str, state: str) -> None:
         """A state the store holds under ``state_hash``."""
         self._blobs[state_hash] = state
+
+    def unreadable(self, state_hash: str, problem: str) -> None:
+        """A state the store holds under ``state_hash`` but cannot rebuild, and why.
+
+        Args:
+            state_hash: The state's hash.
+            problem: What is wrong, as a phrase that follows "the state of 'agent' ", such
+                as ``"is incomplete (the store holds no state chunk 1f2e3d4c5b6a)"``.
+        """
+        self._verdicts[state_hash] = problem
 
     def cut(
         self,

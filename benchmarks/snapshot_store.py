@@ -1,9 +1,9 @@
 """Cost of keeping snapshots and the message journal in SQLite, against plain sqlite3.
 
-Three figures, each from interleaved repetitions (reference and agentsnap alternately, the
-order flipped on every repetition). Times are medians over the repetitions; each ratio is the
-median of the per-repetition ratios, so that both sides of a ratio ran seconds apart on the
-same (shared, noisy) machine:
+Four figures. The timed ones come from interleaved repetitions (reference and agentsnap
+alternately, the order flipped on every repetition). Times are medians over the repetitions;
+each ratio is the median of the per-repetition ratios, so that both sides of a ratio ran
+seconds apart on the same (shared, noisy) machine:
 
 * persist: one snapshot of 100 agents, each with a distinct state of about 10 KB of canonical
   JSON, plus the ``$env`` process and a few in-flight messages, written by
@@ -19,17 +19,29 @@ same (shared, noisy) machine:
   ``PRAGMA wal_checkpoint(TRUNCATE)`` from a separate connection) across each snapshot.
   Reported as ``incremental_bytes_ratio = second / first``, next to the bytes the WAL received
   and the logical bytes (new state texts plus row payloads) of each snapshot.
+* tool history: a ``Runtime`` on a ``SqlStore`` (SQLite) runs one agent that makes
+  1,000 tool calls through the tool API (``@tool``), one per message, with a snapshot after
+  every delivery (``SnapshotPolicy(every_deliveries=1)``), so a snapshot after each call,
+  each holding the whole call history so far. The database file is measured (checkpointed
+  as above) after 200 and after 1,000 calls. Reported as
+  ``tool_history_bytes_ratio_1000_vs_200 = bytes at 1,000 / bytes at 200`` (5 is linear
+  growth; a store that kept every state whole would grow with the square of the calls),
+  with both sizes (``tool_history_db_bytes_200``, ``tool_history_db_bytes_1000``), the
+  length of the final state and the seconds the run took. Measured once per run of this
+  program (it is a size, not a time).
 * journal: a ring of 6 agents passing 4 tokens (the ring of ``bus.py``) for a fixed number
-  of messages, on a ``SqlStore`` with ``Runtime(journal=True)`` against one without a
-  journal, timed from the first send until ``run_until_idle()`` returns (journal writes
-  included). Reported as ``journal_throughput_ratio = with / without`` (rates). The message
+  of messages, on a ``SqlStore`` with the journal (``Runtime(journal=True)``, the default
+  with a database) against one with ``journal=False``, timed from the first send until
+  ``run_until_idle()`` returns (journal writes included). Reported as
+  ``journal_throughput_ratio = with / without`` (rates), with both rates. The message
   count is calibrated at start-up so that a run without the journal lasts about a second
   (0.25 s with ``--quick``).
 
 Each SQLite file is new and lives in a temporary directory (``--dir`` chooses where). The
 program exits with status 1 if a journaled run's journal misses messages.
 ``--json`` prints a single JSON object on stdout; ``--quick`` runs smaller and fewer
-repetitions (well under 30 s). Run it from the repository root with:
+repetitions (under a minute, most of it the tool-history run, which is the same in both
+profiles). Run it from the repository root with:
 
     python benchmarks/snapshot_store.py
 """
@@ -53,14 +65,20 @@ import workloads
 
 from agentsnap import (
     ENVIRONMENT,
+    Agent,
     AgentCut,
     AgentState,
     ChannelRecord,
+    Context,
+    JsonValue,
+    Message,
     RecordedMessage,
     RunInfo,
     Runtime,
     Snapshot,
+    SnapshotPolicy,
     SnapshotStatus,
+    tool,
 )
 from agentsnap.journal import read_journal
 from agentsnap.records import utcnow
@@ -70,6 +88,7 @@ from agentsnap.store.sql import SqlStore
 TARGET_PERSIST_RATIO = 1.5
 TARGET_INCREMENTAL_BYTES_RATIO = 0.05
 TARGET_JOURNAL_THROUGHPUT_RATIO = 0.5
+TARGET_TOOL_HISTORY_BYTES_RATIO = 6.0
 
 AGENTS = 100
 STATE_BYTES = 10_000  # each agent's state is at least this long as canonical JSON
@@ -77,6 +96,8 @@ CHANGED_AGENTS = 1  # agents with a new state in the second snapshot (1 % of 100
 IN_FLIGHT_CHANNELS = 3  # channels with messages in flight at each cut ...
 IN_FLIGHT_PER_CHANNEL = 2  # ... and how many on each
 SEED = 20_261_122
+TOOL_CALLS = 1_000  # calls of the tool-history run ...
+TOOL_CALLS_EARLY = 200  # ... and when its database is measured first
 
 # name: (persist repetitions, ring repetitions, target seconds of one ring run)
 PROFILES: dict[str, tuple[int, int, float]] = {
@@ -435,7 +456,7 @@ async def ring(path: Path, hops: int, journal: bool, check: bool = False) -> tup
     """
     store = SqlStore(f"sqlite:///{path}")
     try:
-        runtime = Runtime(store=store, journal=True) if journal else Runtime(store=store)
+        runtime = Runtime(store=store, journal=journal)
         async with runtime:  # creates the run (and the schema) before the clock starts
             nodes = workloads.add_ring(runtime, hops)
             gc.collect()
@@ -456,6 +477,60 @@ async def ring(path: Path, hops: int, journal: bool, check: bool = False) -> tup
         await store.close()
     workloads.check_ring(nodes, hops)
     return elapsed, journaled
+
+
+# -- the tool history ----------------------------------------------------------------------------
+
+
+@tool
+async def lookup(question: str, day: int) -> dict[str, JsonValue]:
+    """Look something up in the archive (no side effect)."""
+    return {"day": day, "answer": f"the answer to {question!r} is in the archive, shelf {day % 40}"}
+
+
+class Researcher(Agent[AgentState]):
+    """Makes one tool call per message."""
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        day = message.payload["day"]
+        await lookup(ctx, question=f"what happened on day {day}?", day=day)
+
+
+@dataclass(frozen=True)
+class ToolHistory:
+    """What the tool-history run measured."""
+
+    db_bytes: dict[int, int]
+    """Checkpointed database bytes after ``TOOL_CALLS_EARLY`` and ``TOOL_CALLS`` calls."""
+    final_state_bytes: int
+    seconds: float
+
+
+async def tool_history(path: Path) -> ToolHistory:
+    """Run the researcher for ``TOOL_CALLS`` calls on a fresh SQLite file at ``path``."""
+    store = SqlStore(f"sqlite:///{path}")
+    db_bytes: dict[int, int] = {}
+    try:
+        policy = SnapshotPolicy(every_deliveries=1)
+        runtime = Runtime(store=store, snapshot_policy=policy)
+        async with runtime:
+            runtime.add(Researcher("researcher"))
+            start = time.perf_counter()
+            for day in range(1, TOOL_CALLS + 1):
+                runtime.send("researcher", {"day": day})
+                await runtime.run_until_idle()
+                if day in {TOOL_CALLS_EARLY, TOOL_CALLS}:
+                    db_bytes[day] = checkpointed_size(path)
+            seconds = time.perf_counter() - start
+            state = runtime.agents["researcher"].state
+            history = await store.agent_history(runtime.run_id, "researcher")
+    finally:
+        await store.close()
+    assert len(state.tool_calls) == TOOL_CALLS, len(state.tool_calls)
+    last = history[-1].cut
+    assert last is not None
+    assert last.state_json == encode_state("researcher", state).json
+    return ToolHistory(db_bytes, len(last.state_json.encode()), seconds)
 
 
 # -- driver ------------------------------------------------------------------------------------
@@ -520,6 +595,13 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
         if name != ENVIRONMENT
     ]
 
+    path = workloads.fresh_db(directory, "tools")
+    try:
+        history = await tool_history(path)
+    finally:
+        workloads.remove_db(path)
+    tool_ratio = history.db_bytes[TOOL_CALLS] / history.db_bytes[TOOL_CALLS_EARLY]
+
     hops = await _calibrate_ring(directory, ring_seconds)
     ring_n = workloads.RING_TOKENS * hops
     journaled: list[int] = []
@@ -574,6 +656,12 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
         "first_snapshot_logical_bytes": first_logical,
         "second_snapshot_logical_bytes": second_logical,
         "logical_bytes_ratio": round(second_logical / first_logical, 4),
+        "tool_calls": TOOL_CALLS,
+        "tool_history_db_bytes_200": history.db_bytes[TOOL_CALLS_EARLY],
+        "tool_history_db_bytes_1000": history.db_bytes[TOOL_CALLS],
+        "tool_history_bytes_ratio_1000_vs_200": round(tool_ratio, 4),
+        "tool_history_final_state_bytes": history.final_state_bytes,
+        "tool_history_run_s": round(history.seconds, 2),
         "ring_agents": workloads.RING_AGENTS,
         "ring_tokens": workloads.RING_TOKENS,
         "ring_n": ring_n,
@@ -596,6 +684,8 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
             "persist_ratio_vs_raw_sqlite_met": persist_ratio <= TARGET_PERSIST_RATIO,
             "incremental_bytes_ratio_max": TARGET_INCREMENTAL_BYTES_RATIO,
             "incremental_bytes_ratio_met": bytes_ratio <= TARGET_INCREMENTAL_BYTES_RATIO,
+            "tool_history_bytes_ratio_max": TARGET_TOOL_HISTORY_BYTES_RATIO,
+            "tool_history_bytes_ratio_met": tool_ratio <= TARGET_TOOL_HISTORY_BYTES_RATIO,
             "journal_throughput_ratio_min": TARGET_JOURNAL_THROUGHPUT_RATIO,
             "journal_throughput_ratio_met": journal_ratio >= TARGET_JOURNAL_THROUGHPUT_RATIO,
             "journal_complete_met": all(n == ring_n for n in journaled),
@@ -629,6 +719,8 @@ def _table(r: dict[str, Any]) -> str:
         f"{r['second_snapshot_wal_bytes'] / r['first_snapshot_wal_bytes']:>9.3f}",
         f"{'  logical (bytes)':<40}{r['first_snapshot_logical_bytes']:>14,}"
         f"{r['second_snapshot_logical_bytes']:>14,}{r['logical_bytes_ratio']:>9.3f}",
+        f"{'tool history: 200 vs 1,000 calls (bytes)':<40}{r['tool_history_db_bytes_200']:>14,}"
+        f"{r['tool_history_db_bytes_1000']:>14,}{r['tool_history_bytes_ratio_1000_vs_200']:>9.3f}",
         f"{'ring: no journal vs journal (msg/s)':<40}{r['nojournal_msgs_per_s']:>14,.0f}"
         f"{r['journal_msgs_per_s']:>14,.0f}{r['journal_throughput_ratio']:>9.3f}",
         "",
@@ -640,6 +732,10 @@ def _table(r: dict[str, Any]) -> str:
         f"{met(t['persist_ratio_vs_raw_sqlite_met'])}",
         f"incremental_bytes_ratio     = {r['incremental_bytes_ratio']:.3f}  "
         f"target <= {t['incremental_bytes_ratio_max']}: {met(t['incremental_bytes_ratio_met'])}",
+        f"tool_history_bytes_ratio_1000_vs_200 = {r['tool_history_bytes_ratio_1000_vs_200']:.3f}  "
+        f"target <= {t['tool_history_bytes_ratio_max']}: {met(t['tool_history_bytes_ratio_met'])} "
+        f"(final state {r['tool_history_final_state_bytes']:,} bytes, run "
+        f"{r['tool_history_run_s']} s)",
         f"journal_throughput_ratio    = {r['journal_throughput_ratio']:.3f}  "
         f"target >= {t['journal_throughput_ratio_min']}: "
         f"{met(t['journal_throughput_ratio_met'])}",
@@ -649,7 +745,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = workloads.argument_parser(__doc__, "smaller and fewer runs (< 30 s)", directory=True)
+    parser = workloads.argument_parser(__doc__, "smaller and fewer runs (< 1 min)", directory=True)
     args = parser.parse_args(argv)
 
     with workloads.scratch_directory(args.dir) as directory:

@@ -19,6 +19,7 @@ from postgres_db import postgres_url_or_skip
 pytest.importorskip("langgraph.checkpoint.conformance")
 
 from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import Capability
 
 from agentsnap.exceptions import StoreError
 from agentsnap.integrations import MissingExtraError
@@ -58,7 +59,12 @@ async def test_the_saver_passes_langgraph_conformance_suite(url: str) -> None:
 
     report = await validate(make_saver)
     report.print_report()
-    assert report.passed_all_base(), "the saver fails LangGraph's conformance suite"
+    # Every capability the suite knows, the extended ones (copy_thread, delete_for_runs,
+    # prune) included: none may be missing, and each must pass.
+    missing = sorted(name for name, result in report.results.items() if not result.detected)
+    assert not missing, f"the saver does not implement {missing}"
+    assert set(report.results) == {capability.value for capability in Capability}
+    assert report.passed_all(), "the saver fails LangGraph's conformance suite"
 
 
 def test_the_sync_methods_round_trip_a_checkpoint(url: str) -> None:

@@ -12,7 +12,7 @@ another owner has taken the lease over.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
@@ -98,8 +98,36 @@ class Store(Protocol):
             NotFoundError: The store holds no such run.
         """
 
-    async def list_runs(self) -> list[RunInfo]:
-        """Every run, oldest first (``interrupted`` when running without a live owner)."""
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | str | Collection[RunStatus | str] | None = None,
+        name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[RunInfo]:
+        """The runs that pass every filter given (every run without one), oldest first.
+
+        A run's status is the one reported (``interrupted`` when it is recorded as running
+        and has no live owner), so ``status="running"`` lists only runs a live runtime owns.
+        An SQL store filters in the database and reads only the runs it returns.
+
+        Args:
+            status: Only runs in this status, or in one of these (an empty collection
+                matches no run).
+            name: Only runs of this name; each ``*`` in it stands for any characters
+                (``"nightly-*"``), and is always a wildcard. Runs without a name never match.
+            tags: Only runs that carry every one of these tags, with these values.
+            since: Only runs created at or after this moment (timezone-aware).
+            limit: Only the newest ``limit`` of the runs that pass the other filters (still
+                listed oldest first).
+
+        Raises:
+            ConfigurationError: A status is not a [`RunStatus`][agentsnap.RunStatus] or one's
+                value, ``name`` is empty, ``tags`` does not map strings to strings, ``since``
+                has no time zone, or ``limit`` is less than 1.
+        """
 
     async def find_ids(
         self, kind: Literal["run", "snapshot"], prefix: str, limit: int = 10

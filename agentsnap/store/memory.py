@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -22,6 +22,7 @@ from agentsnap.records import (
     Snapshot,
     utcnow,
 )
+from agentsnap.store._run_filter import run_filter
 
 __all__ = ["MemoryStore"]
 
@@ -113,10 +114,20 @@ class MemoryStore:
     async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
         return self._as_seen(self._run(run_id), utcnow())
 
-    async def list_runs(self) -> list[RunInfo]:  # noqa: D102
+    async def list_runs(  # noqa: D102
+        self,
+        *,
+        status: RunStatus | str | Collection[RunStatus | str] | None = None,
+        name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[RunInfo]:
+        wanted = run_filter(status, name, tags, since, limit)
         now = utcnow()
-        runs = sorted(self._runs.values(), key=lambda run: run.created_at)
-        return [self._as_seen(run, now) for run in runs]
+        runs = sorted(self._runs.values(), key=lambda run: (run.created_at, run.id))
+        found = [seen for seen in (self._as_seen(run, now) for run in runs) if wanted.matches(seen)]
+        return found if wanted.limit is None else found[-wanted.limit :]
 
     def _run(self, run_id: str) -> RunInfo:
         """The run as recorded."""

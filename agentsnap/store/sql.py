@@ -36,7 +36,7 @@ import json
 import math
 import re
 import sqlite3
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
@@ -63,6 +63,9 @@ from agentsnap.records import (
     utcnow,
 )
 from agentsnap.state import compact_json
+from agentsnap.store._run_filter import run_filter
+from agentsnap.store._run_query import runs_query
+from agentsnap.store.chunks import ChunkWrites, SplitMemo, StateLoader
 from agentsnap.store.faults import StoreRetry
 from agentsnap.store.migrate import SchemaGate, sync_url
 from agentsnap.store.sqlite_writer import SnapshotRows, SqliteWriter, Statements
@@ -91,6 +94,7 @@ T = TypeVar("T")
 
 _dumps = compact_json
 _KNOWN_BLOBS_MAX = 100_000
+_KNOWN_CHUNKS_MAX = 100_000
 _plain_name = re.compile(r"[\w.$-]*").fullmatch
 
 
@@ -224,11 +228,13 @@ class SqlStore:
         if self._backend == "sqlite":
             event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
         self._write_lock = asyncio.Lock() if self._backend == "sqlite" else None
-        # Hashes of states known to be stored (committed), so they are not sent again.
+        # Hashes of states and state chunks known to be stored (committed), so they are not
+        # sent again.
         self._known_blobs: set[str] = set()
-        self._statements = _statements(
-            "?" if self._engine.dialect.paramstyle == "qmark" else "%s", self._backend
-        )
+        self._known_chunks: set[str] = set()
+        self._split_memo = SplitMemo()
+        self._mark = "?" if self._engine.dialect.paramstyle == "qmark" else "%s"
+        self._statements = _statements(self._mark, self._backend)
         # Runs whose writes must carry a lease token: run id -> token.
         self._fences: dict[str, int] = {}
         database = self._engine.url.database
@@ -342,8 +348,30 @@ class SqlStore:
         await self._gate.wait()
         if again and await self._stored(_snapshots.c.id == snapshot.id):
             return  # the attempt before was committed, though its answer was lost
+        try:
+            await self._write_snapshot(snapshot)
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, (IntegrityError, sqlite3.IntegrityError)):
+                raise
+            await self._explain_refusal(snapshot)
+            if not self._known_blobs:
+                raise
+            # A state this store knew to be stored may have been deleted since (with the
+            # runs that referred to it): send every state and chunk again, once.
+            self._known_blobs.clear()
+            self._known_chunks.clear()
+            await self._write_snapshot(snapshot)
+
+    async def _write_snapshot(self, snapshot: Snapshot) -> None:
+        """Write the snapshot's rows in one transaction, with the states not known stored.
+
+        A long state goes in as its row and its chunks (see
+        [`agentsnap.store.chunks`][agentsnap.store.chunks]), which the write sends after the
+        agents' rows and checks in the same transaction.
+        """
         known = self._known_blobs
-        blobs = {
+        chunks = ChunkWrites(self._known_chunks, self._mark, self._split_memo)
+        new = {
             cut.state_hash: cut.state_json
             for cut in snapshot.agents.values()
             if cut.state_hash not in known
@@ -359,7 +387,7 @@ class SqlStore:
                 self._when(snapshot.completed_at),
                 snapshot.error,
             ),
-            blobs=list(blobs.items()),
+            blobs=[(state_hash, *chunks.add(text)) for state_hash, text in new.items()],
             agents=[
                 (snapshot.id, name, cut.state_hash, _counters(cut.sent), _counters(cut.received))
                 for name, cut in snapshot.agents.items()
@@ -379,22 +407,20 @@ class SqlStore:
                 for message in channel.messages
             ],
             fence=self._fence_of(snapshot.run_id),
+            chunks=chunks if chunks else None,
         )
-        try:
-            if self._writer is not None:
-                assert self._write_lock is not None
-                async with self._write_lock:
-                    await self._writer.write(rows)
-            else:
-                await self._write_rows(rows)
-        except StoreError as exc:
-            if isinstance(exc.__cause__, (IntegrityError, sqlite3.IntegrityError)):
-                await self._explain_refusal(snapshot)
-            raise
+        if self._writer is not None:
+            assert self._write_lock is not None
+            async with self._write_lock:
+                await self._writer.write(rows)
+        else:
+            await self._write_rows(rows)
         # Only now, committed: another snapshot with these states need not send them again.
         if len(known) > _KNOWN_BLOBS_MAX:
             known.clear()
-        known.update(blobs)
+        known.update(new)
+        if chunks:
+            chunks.committed(_KNOWN_CHUNKS_MAX)
 
     async def _write_rows(self, rows: SnapshotRows) -> None:
         # The rows go straight to the driver, prepared: per-row work in SQLAlchemy would cost
@@ -410,6 +436,8 @@ class SqlStore:
                 await conn.exec_driver_sql(sql.agents, rows.agents)
             if rows.messages:
                 await conn.exec_driver_sql(sql.messages, rows.messages)
+            if rows.chunks is not None:
+                await rows.chunks.write_async(conn)
 
     async def _explain_refusal(self, snapshot: Snapshot) -> None:
         """Turn a constraint violation into what it means, when it is a known one."""
@@ -657,15 +685,36 @@ class SqlStore:
         return _run(row._mapping, utcnow(), tags.get(run_id))
 
     @_retried("list runs")
-    async def list_runs(self) -> list[RunInfo]:  # noqa: D102
+    async def list_runs(  # noqa: D102
+        self,
+        *,
+        status: RunStatus | str | Collection[RunStatus | str] | None = None,
+        name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[RunInfo]:
+        wanted = run_filter(status, name, tags, since, limit)
         await self._gate.wait()
+        now = utcnow()
+        query = runs_query(_RUN_AND_LEASE, wanted, now, self._backend)
         async with self._engine.connect() as conn:
-            rows = (
-                await conn.execute(_RUN_AND_LEASE.order_by(_runs.c.created_at, _runs.c.id))
-            ).all()
-            tags = await _tags_of(conn, None)
-            now = utcnow()
-            return [_run(row._mapping, now, tags.get(row.id)) for row in rows]
+            if not query.refine:
+                runs = [_run(row._mapping, now) for row in await conn.execute(query.select)]
+            else:  # statuses computed here decide: read newest first until enough are kept
+                runs = []
+                result = await conn.stream(query.select)
+                async for row in result:
+                    run = _run(row._mapping, now)
+                    if wanted.matches(run):
+                        runs.append(run)
+                        if len(runs) == wanted.limit:
+                            break
+                await result.close()
+            if query.newest_first:
+                runs.reverse()
+            labels = await _tags_of(conn, None if wanted.selects_all else [r.id for r in runs])
+        return [r.model_copy(update={"tags": labels.get(r.id, {})}) for r in runs]
 
     @_retried("find ids")
     async def find_ids(  # noqa: D102
@@ -842,6 +891,7 @@ class SqlStore:
         if not rows:
             return []
         reader = SnapshotReader()
+        states = StateLoader()
         ids = [row["id"] for row in rows]
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
@@ -858,15 +908,11 @@ class SqlStore:
                     .order_by(_agents.c.snapshot_id, _agents.c.agent)
                 )
             ).all()
-            wanted = reader.wanted(cut.state_hash for cut in cuts)
-            for first in range(0, len(wanted), 500):
-                blobs = await conn.execute(
-                    select(_blobs.c.hash, _blobs.c.state).where(
-                        _blobs.c.hash.in_(wanted[first : first + 500])
-                    )
-                )
-                for blob in blobs:
-                    reader.blob(blob.hash, blob.state)
+            loaded = await states.load(conn, reader.wanted(cut.state_hash for cut in cuts))
+            for state_hash, state in loaded.texts.items():
+                reader.blob(state_hash, state)
+            for state_hash, problem in loaded.problems.items():
+                reader.unreadable(state_hash, problem)
             for cut in cuts:
                 reader.cut(cut.snapshot_id, cut.agent, cut.state_hash, cut.sent, cut.received)
             messages = await conn.execute(
@@ -934,7 +980,7 @@ def _statements(mark: str, backend: str) -> Statements:
             _snapshots,
             ["id", "run_id", "seq", "initiator", "status", "started_at", "completed_at", "error"],
         ),
-        blobs=insert(_blobs, ["hash", "state"], " ON CONFLICT (hash) DO NOTHING"),
+        blobs=insert(_blobs, ["hash", "state", "lists", "roots"], " ON CONFLICT (hash) DO NOTHING"),
         agents=insert(_agents, ["snapshot_id", "agent", "state_hash", "sent", "received"]),
         messages=insert(
             _messages, ["snapshot_id", "src", "dst", "seq", "kind", "payload", "headers", "epoch"]
@@ -1028,11 +1074,17 @@ def _uuid6_time(uuid_text: str) -> datetime | None:
 async def _tags_of(conn: AsyncConnection, run_ids: list[str] | None) -> dict[str, dict[str, str]]:
     """The tags of ``run_ids`` (of every run when ``None``), by run."""
     query = select(_tags.c.run_id, _tags.c.key, _tags.c.value)
-    if run_ids is not None:
-        query = query.where(_tags.c.run_id.in_(run_ids))
+    if run_ids is None:
+        batches = [query]
+    else:
+        batches = [
+            query.where(_tags.c.run_id.in_(run_ids[start : start + 500]))
+            for start in range(0, len(run_ids), 500)
+        ]
     tags: dict[str, dict[str, str]] = {}
-    for run_id, key, value in await conn.execute(query):
-        tags.setdefault(run_id, {})[key] = value
+    for batch in batches:
+        for run_id, key, value in await conn.execute(batch):
+            tags.setdefault(run_id, {})[key] = value
     return tags
 
 

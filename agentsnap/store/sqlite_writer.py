@@ -13,10 +13,13 @@ import asyncio
 import contextlib
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentsnap.exceptions import StoreError
 from agentsnap.liveness import lost
+
+if TYPE_CHECKING:
+    from agentsnap.store.chunks import ChunkWrites
 
 __all__ = ["SnapshotRows", "SqliteWriter", "Statements"]
 
@@ -42,11 +45,14 @@ class SnapshotRows(NamedTuple):
     """A snapshot as the rows to insert, prepared before the write."""
 
     snapshot: tuple[Any, ...]
-    blobs: list[tuple[str, str]]
+    blobs: list[tuple[str, str, str | None, str | None]]
+    """``(hash, state, lists, roots)`` of the states not known to be stored."""
     agents: list[tuple[Any, ...]]
     messages: list[tuple[Any, ...]]
     fence: tuple[str, int] | None = None
     """``(run, token)``: write only if the run's lease still has this token."""
+    chunks: ChunkWrites | None = None
+    """The state chunks to write after the agents' rows, in the same transaction."""
 
 
 class SqliteWriter:
@@ -125,6 +131,8 @@ class SqliteWriter:
                     connection.executemany(statements.agents, rows.agents)
                 if rows.messages:
                     connection.executemany(statements.messages, rows.messages)
+                if rows.chunks is not None:
+                    rows.chunks.write(connection)
                 connection.execute("COMMIT")
             except BaseException:
                 _roll_back(connection)

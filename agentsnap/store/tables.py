@@ -1,7 +1,9 @@
 """The SQL schema, declared once; Alembic migrations create and change it.
 
 Agent states live in ``agentsnap_state_blobs`` keyed by their content hash, so a state that did
-not change between snapshots is stored once. Every table carries the ``agentsnap_`` prefix so
+not change between snapshots is stored once; the long arrays of long states (a tool-call
+history, a conversation) are in ``agentsnap_state_chunks``, so that what an array shares with
+an earlier version of it is stored once too. Every table carries the ``agentsnap_`` prefix so
 that the schema can share a database with an application's own tables.
 """
 
@@ -42,6 +44,7 @@ __all__ = [
     "SnapshotMessageRow",
     "SnapshotRow",
     "StateBlobRow",
+    "StateChunkRow",
     "ToolCallRow",
 ]
 
@@ -151,12 +154,38 @@ class SnapshotRow(Base):
 
 
 class StateBlobRow(Base):
-    """A distinct agent state, as canonical JSON text, keyed by its SHA-256."""
+    """A distinct agent state, keyed by the SHA-256 of its canonical JSON text.
+
+    A short state is its text in ``state``, with ``lists`` and ``roots`` ``NULL``. In a long
+    one, ``state`` is the text without the leaves of its long arrays, which are in
+    ``agentsnap_state_chunks``: ``lists`` says where each array's leaves go back and how
+    many there are, ``roots`` names the chunk trees that hold them (see
+    [`agentsnap.store.chunks`][agentsnap.store.chunks]).
+    """
 
     __tablename__ = "agentsnap_state_blobs"
 
     hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     state: Mapped[str] = mapped_column(Text)
+    lists: Mapped[str | None] = mapped_column(Text)
+    roots: Mapped[str | None] = mapped_column(Text)
+
+
+class StateChunkRow(Base):
+    """A piece of the long arrays of agent states, keyed by the SHA-256 of its ``body``.
+
+    At ``height`` 0 a leaf: consecutive items of an array, as their JSON text separated by
+    commas. Above, a tree node: the hashes of its children (one height down), 64 hex digits
+    each, one after the other. Chunks are shared by every state that holds the same items.
+    (On SQLite the table keeps its rowid: rows of a kilobyte or more would overflow the pages
+    of a table without one.)
+    """
+
+    __tablename__ = "agentsnap_state_chunks"
+
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    height: Mapped[int] = mapped_column(Integer)
+    body: Mapped[str] = mapped_column(Text)
 
 
 class SnapshotAgentRow(Base):
@@ -306,7 +335,9 @@ class LangGraphCheckpointRow(Base):
     """A LangGraph checkpoint, without its channel values (those are in the blobs).
 
     ``checkpoint`` and ``meta`` are the checkpoint and its metadata as encoded by the saver's
-    serializer, whose type tag is in ``checkpoint_type`` and ``meta_type``.
+    serializer, whose type tag is in ``checkpoint_type`` and ``meta_type``. ``run_id`` is the
+    metadata's ``run_id`` when it is a string (the LangGraph run that wrote the checkpoint),
+    kept apart and indexed so that a run's checkpoints are found without decoding metadata.
     """
 
     __tablename__ = "agentsnap_lg_checkpoints"
@@ -319,6 +350,7 @@ class LangGraphCheckpointRow(Base):
     checkpoint: Mapped[bytes] = mapped_column(LargeBinary)
     meta_type: Mapped[str] = mapped_column(String(32))
     meta: Mapped[bytes] = mapped_column(LargeBinary)
+    run_id: Mapped[str | None] = mapped_column(Text, index=True)
 
 
 class LangGraphBlobRow(Base):

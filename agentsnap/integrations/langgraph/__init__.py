@@ -13,6 +13,9 @@ imports LangGraph; importing this module does, and raises
   ``BaseCheckpointSaver`` that keeps checkpoints in agentsnap's SQLite or PostgreSQL
   database, each channel value stored once per version; a graph agent needs a persistent
   checkpointer like it to be resumed or forked in another process.
+- [`delete_run_threads`][agentsnap.store.langgraph.delete_run_threads] removes the graph
+  checkpoints of agentsnap runs from the saver's tables (importable without LangGraph from
+  [`agentsnap.store.langgraph`][agentsnap.store.langgraph]).
 
 Example:
     ```python
@@ -50,6 +53,7 @@ from agentsnap.integrations.langgraph._agent import (
 )
 from agentsnap.integrations.langgraph._saver import AgentsnapSaver
 from agentsnap.integrations.langgraph._tools import langchain_tool
+from agentsnap.store.langgraph import delete_run_threads
 
 __all__ = [
     "AgentsnapSaver",
@@ -59,5 +63,6 @@ __all__ = [
     "Outgoing",
     "as_json",
     "current_context",
+    "delete_run_threads",
     "langchain_tool",
 ]

@@ -7,7 +7,7 @@ import builtins
 import random
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -29,8 +29,16 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
-from agentsnap.exceptions import ConfigurationError
+from agentsnap.exceptions import ConfigurationError, StoreError
+from agentsnap.integrations.langgraph._history import (
+    PRUNE_STRATEGIES,
+    Transaction,
+    copy_thread,
+    delete_runs,
+    prune_threads,
+)
 from agentsnap.integrations.langgraph._rows import (
     EMPTY,
     JSON,
@@ -44,6 +52,7 @@ from agentsnap.integrations.langgraph._rows import (
     plain_json,
     unpack_writes,
 )
+from agentsnap.store.faults import Fault, classify
 from agentsnap.store.migrate import ensure_schema, sync_url
 from agentsnap.store.sql import DEFAULT_URL
 from agentsnap.store.tables import (
@@ -59,9 +68,18 @@ _blobs: Table = LangGraphBlobRow.__table__  # type: ignore[assignment]
 _writes: Table = LangGraphTaskWritesRow.__table__  # type: ignore[assignment]
 
 _CHECKPOINT_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
-_CHECKPOINT_UPDATED = ("parent_checkpoint_id", "checkpoint_type", "checkpoint", "meta_type", "meta")
+_CHECKPOINT_UPDATED = (
+    "parent_checkpoint_id",
+    "checkpoint_type",
+    "checkpoint",
+    "meta_type",
+    "meta",
+    "run_id",
+)
 _BLOB_KEY = ("thread_id", "checkpoint_ns", "channel", "version")
 _WRITES_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id")
+_CONFLICT_ATTEMPTS = 3
+"""How often a history operation is tried on PostgreSQL when concurrent writes abort it."""
 
 # The SQLite write path runs these on a plain sqlite3 connection: the values are bound in
 # the order of the tables' columns (the key's columns, for the last two).
@@ -103,6 +121,13 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     metadata is stored as plain JSON (type tag ``"json"``) when it is plain JSON data, so that
     other tools can read a checkpoint's ``step`` and ``source`` without LangGraph; other
     metadata goes through the serializer.
+
+    Besides LangGraph's base methods, the saver manages the history of threads:
+    [`copy_thread`][agentsnap.integrations.langgraph.AgentsnapSaver.copy_thread],
+    [`prune`][agentsnap.integrations.langgraph.AgentsnapSaver.prune] and
+    [`delete_for_runs`][agentsnap.integrations.langgraph.AgentsnapSaver.delete_for_runs],
+    each one transaction, in SQL, that also deletes the channel values no checkpoint
+    refers to any more.
 
     The synchronous methods run on the calling thread; the asynchronous ones run the same
     code in a worker thread, so they do not block the event loop.
@@ -220,6 +245,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
                 raise
             self._raw = raw
         return self._raw
+
+    def _load_value(self, value_type: str, value: bytes) -> Any:
+        return self.serde.loads_typed((value_type, value))
 
     def _load_metadata(self, meta_type: str, meta: bytes) -> Any:
         # Metadata stored as JSON is plain data: read it as such, without LangGraph's reviver
@@ -427,7 +455,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
                 value_type, value = EMPTY, None
             blobs.append((thread_id, checkpoint_ns, channel, str(version), value_type, value))
         checkpoint_type, encoded = dumps_typed(stored)
-        meta_type, meta = self._dump_metadata(get_checkpoint_metadata(config, metadata))
+        full_metadata = get_checkpoint_metadata(config, metadata)
+        meta_type, meta = self._dump_metadata(full_metadata)
+        run_id = full_metadata.get("run_id")
         row = (
             thread_id,
             checkpoint_ns,
@@ -437,6 +467,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             encoded,
             meta_type,
             meta,
+            run_id if isinstance(run_id, str) else None,
         )
         if self._sqlite:
             if not blobs:
@@ -556,6 +587,126 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
                 connection.execute(delete(table).where(table.c.thread_id == thread_id))
             connection.commit()
 
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy a thread's whole history onto another thread.
+
+        Every checkpoint of every namespace is copied with its id, parent, metadata, channel
+        values and pending writes, in one transaction of ``INSERT … SELECT`` statements: the
+        values are not decoded. The target thread then continues from any of them as the
+        source would. A checkpoint or task write the target already holds under the same
+        id is replaced by the copy; the target's other checkpoints stay. Copying a thread
+        that holds nothing copies nothing.
+
+        Args:
+            source_thread_id: The thread to copy.
+            target_thread_id: The thread that receives the copy.
+
+        Raises:
+            StoreError: On PostgreSQL, concurrent writes to the same threads aborted it each
+                time it was tried.
+        """
+        if source_thread_id != target_thread_id:
+            self._maintain(
+                "copy_thread", lambda found: copy_thread(found, source_thread_id, target_thread_id)
+            )
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints written by LangGraph runs, on every thread and namespace.
+
+        A checkpoint belongs to the run its metadata's ``run_id`` names (a string, as the
+        LangGraph server and ``config["metadata"]["run_id"]`` give it); the saver keeps it in
+        an indexed column, so the run's checkpoints are found without reading any metadata.
+        Their pending writes are deleted with them, and so are the channel values that no
+        remaining checkpoint refers to; unknown run ids delete nothing.
+
+        A checkpoint left behind whose parent was deleted still loads, with its values; a
+        ``DeltaChannel`` whose history ran through a deleted checkpoint's writes is rebuilt
+        from what remains, as LangGraph warns.
+
+        Args:
+            run_ids: The LangGraph run ids (not agentsnap's run ids: for those, see
+                [`delete_run_threads`][agentsnap.store.langgraph.delete_run_threads]).
+
+        Raises:
+            ConfigurationError: ``run_ids`` is one string rather than a sequence of them.
+            StoreError: On PostgreSQL, concurrent writes to the same threads aborted it each
+                time it was tried.
+        """
+        _not_one_string("delete_for_runs", "run ids", run_ids)
+        if run_ids:
+            ids = list(run_ids)
+            self._maintain(
+                "delete_for_runs", lambda found: delete_runs(found, ids, self._load_value)
+            )
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Delete older checkpoints of threads, or all of them.
+
+        ``"keep_latest"`` keeps, in each namespace of each thread, the newest checkpoint with
+        its pending writes, and deletes the others with their writes and the channel values
+        only they referred to. When the graph uses LangGraph's ``DeltaChannel``, whose value
+        is rebuilt from the writes of earlier checkpoints back to the last one that stored
+        it, those earlier checkpoints are kept too (as the metadata's
+        ``counters_since_delta_snapshot`` says which channels need them), so the kept
+        checkpoint still loads with its full state. ``"delete"`` deletes the threads
+        entirely, as
+        [`delete_thread`][agentsnap.integrations.langgraph.AgentsnapSaver.delete_thread]
+        does. Unknown threads are skipped.
+
+        Args:
+            thread_ids: The threads.
+            strategy: ``"keep_latest"`` or ``"delete"``.
+
+        Raises:
+            ConfigurationError: ``strategy`` is neither of those, or ``thread_ids`` is one
+                string rather than a sequence of them.
+            StoreError: On PostgreSQL, concurrent writes to the same threads aborted it each
+                time it was tried.
+        """
+        if strategy not in PRUNE_STRATEGIES:
+            raise ConfigurationError(
+                f"unknown prune strategy {strategy!r}: use 'keep_latest' (keep each "
+                "namespace's newest checkpoint) or 'delete' (delete the threads)"
+            )
+        _not_one_string("prune", "thread ids", thread_ids)
+        if thread_ids:
+            ids = list(thread_ids)
+            self._maintain(
+                "prune",
+                lambda found: prune_threads(
+                    found, ids, strategy, self._load_value, self._load_metadata
+                ),
+            )
+
+    def _maintain(self, what: str, operation: Callable[[Transaction], None]) -> None:
+        """Run ``operation`` in one transaction that sees the database as of one moment.
+
+        On SQLite the transaction takes the write lock first (``BEGIN IMMEDIATE``), so no
+        other writer runs before it ends. On PostgreSQL it is ``REPEATABLE READ``, so rows
+        that others commit meanwhile are neither seen nor deleted; when PostgreSQL aborts it
+        for a conflicting concurrent write, it is run again from the start.
+        """
+        if self._sqlite:
+            with self._sqlite_transaction() as raw:
+                operation(Transaction(raw))
+            return
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            try:
+                with self._writing() as connection:
+                    connection.execution_options(isolation_level="REPEATABLE READ")
+                    operation(Transaction(connection))
+                    connection.commit()
+                return
+            except DBAPIError as exc:
+                if classify(exc) is not Fault.CONFLICT:
+                    raise
+                if attempt == _CONFLICT_ATTEMPTS:
+                    raise StoreError(
+                        f"the LangGraph saver's {what} was aborted {attempt} times by "
+                        "concurrent writes to the same threads; run it again when no graph "
+                        "is writing them"
+                    ) from exc
+
     def _writing(self) -> _Writing:
         return _Writing(self)
 
@@ -604,6 +755,18 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         """Asynchronous [`delete_thread`][agentsnap.integrations.langgraph.AgentsnapSaver.delete_thread]."""  # noqa: E501
         await asyncio.to_thread(self.delete_thread, thread_id)
 
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Asynchronous [`copy_thread`][agentsnap.integrations.langgraph.AgentsnapSaver.copy_thread]."""  # noqa: E501
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Asynchronous [`delete_for_runs`][agentsnap.integrations.langgraph.AgentsnapSaver.delete_for_runs]."""  # noqa: E501
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Asynchronous [`prune`][agentsnap.integrations.langgraph.AgentsnapSaver.prune]."""
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         """The version after ``current``: a zero-padded counter and a random suffix.
 
@@ -648,6 +811,14 @@ class _Writing:
         finally:
             if self._saver._sqlite:
                 self._saver._lock.release()
+
+
+def _not_one_string(method: str, what: str, given: Sequence[str]) -> None:
+    """Refuse one string where a sequence of strings is expected (it would be its letters)."""
+    if isinstance(given, str):
+        raise ConfigurationError(
+            f"{method} takes a list of {what}, not one string: pass [{given!r}]"
+        )
 
 
 def _merged(

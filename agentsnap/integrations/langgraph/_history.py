@@ -1,0 +1,391 @@
+"""How the LangGraph saver copies, prunes and deletes the history of threads, in SQL.
+
+Each operation runs in one ``Transaction`` that the saver opens (on SQLite, its write
+connection with the write lock taken; on PostgreSQL, a repeatable-read transaction), so it
+sees the database as of one moment and leaves it changed entirely or not at all.
+
+A channel value (a row of ``agentsnap_lg_blobs``) is shared by every checkpoint of its
+thread and namespace that has its channel at its version. When checkpoints are deleted, the
+values that no remaining checkpoint refers to are deleted too: which ones that is comes from
+the remaining checkpoints' channel versions, decoded by the saver's serializer (never
+unpickled).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Executable,
+    Table,
+    Text,
+    bindparam,
+    delete,
+    func,
+    literal,
+    select,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import ClauseElement
+
+from agentsnap.integrations.langgraph._rows import EMPTY
+from agentsnap.store.tables import (
+    LangGraphBlobRow,
+    LangGraphCheckpointRow,
+    LangGraphTaskWritesRow,
+)
+
+__all__ = [
+    "PRUNE_STRATEGIES",
+    "Load",
+    "Transaction",
+    "copy_thread",
+    "delete_runs",
+    "prune_threads",
+]
+
+_checkpoints = cast(Table, LangGraphCheckpointRow.__table__)
+_blobs = cast(Table, LangGraphBlobRow.__table__)
+_writes = cast(Table, LangGraphTaskWritesRow.__table__)
+
+_CHECKPOINT_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
+_BLOB_KEY = ("thread_id", "checkpoint_ns", "channel", "version")
+_WRITES_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id")
+
+PRUNE_STRATEGIES = ("keep_latest", "delete")
+"""The strategies ``prune`` knows."""
+
+_BATCH = 500
+"""Values bound in one ``IN (…)`` list (well under SQLite's limit on bound values)."""
+
+_SQLITE = sqlite.dialect()
+
+Load = Callable[[str, bytes], Any]
+"""Decodes a value the saver stored, given its type tag and bytes."""
+
+T = TypeVar("T")
+
+
+class Transaction:
+    """One transaction of the saver's, running statements of SQLAlchemy Core.
+
+    On SQLite it runs them on the saver's own ``sqlite3`` write connection, compiled to
+    SQLite's text; on PostgreSQL, on a SQLAlchemy connection.
+
+    Args:
+        target: The ``sqlite3`` connection (in a transaction) or the SQLAlchemy connection.
+    """
+
+    def __init__(self, target: sqlite3.Connection | Connection) -> None:
+        self._target = target
+        self.insert: Any = (
+            sqlite.insert if isinstance(target, sqlite3.Connection) else postgresql.insert
+        )
+        """The dialect's ``insert``, with ``on_conflict_do_nothing`` and ``do_update``."""
+
+    def rows(self, statement: Executable) -> list[Sequence[Any]]:
+        """The rows a query returns."""
+        target = self._target
+        if isinstance(target, sqlite3.Connection):
+            text, parameters = _sqlite_text(statement, None)
+            return list(target.execute(text, parameters[0]).fetchall())
+        return [tuple(row) for row in target.execute(statement)]
+
+    def run(self, statement: Executable, rows: Sequence[Mapping[str, Any]] | None = None) -> None:
+        """Run a statement, once for each of ``rows`` (its bound values by name) if given."""
+        if rows is not None and not rows:
+            return
+        target = self._target
+        if isinstance(target, sqlite3.Connection):
+            text, parameters = _sqlite_text(statement, rows)
+            if rows is None:
+                target.execute(text, parameters[0])
+            else:
+                target.executemany(text, parameters)
+        elif rows is None:
+            target.execute(statement)
+        else:
+            target.execute(statement, [dict(row) for row in rows])
+
+
+def _sqlite_text(
+    statement: Executable, rows: Sequence[Mapping[str, Any]] | None
+) -> tuple[str, list[tuple[Any, ...]]]:
+    """SQLite's text of ``statement`` and its positional values (one tuple per row)."""
+    compiled = cast(
+        SQLCompiler,
+        cast(ClauseElement, statement).compile(
+            dialect=_SQLITE, compile_kwargs={"render_postcompile": True}
+        ),
+    )
+    names = compiled.positiontup or []
+    values = [compiled.construct_params(dict(row)) for row in (rows if rows is not None else [{}])]
+    return str(compiled), [tuple(bound[name] for name in names) for bound in values]
+
+
+def _batches(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), _BATCH):
+        yield items[start : start + _BATCH]
+
+
+def _key_is(table: Table, names: Sequence[str]) -> list[ColumnElement[bool]]:
+    """The columns ``names`` of ``table`` equal to bound values of the same names."""
+    return [table.c[name] == bindparam(f"k_{name}") for name in names]
+
+
+def _key_rows(names: Sequence[str], keys: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
+    return [{f"k_{name}": value for name, value in zip(names, key, strict=True)} for key in keys]
+
+
+# Copying.
+
+
+def copy_thread(transaction: Transaction, source: str, target: str) -> None:
+    """Copy every checkpoint, channel value and task write of ``source`` onto ``target``.
+
+    Each namespace, checkpoint id, parent, metadata and pending write is kept as it is; a
+    row that ``target`` already has under the same key is replaced by the copy (a channel
+    value, which its version names, is kept).
+    """
+    for table, key, updated in (
+        (_blobs, _BLOB_KEY, ()),
+        (_writes, _WRITES_KEY, ("task_path", "writes")),
+        (
+            _checkpoints,
+            _CHECKPOINT_KEY,
+            tuple(c.name for c in _checkpoints.columns if c.name not in _CHECKPOINT_KEY),
+        ),
+    ):
+        names = [column.name for column in table.columns]
+        copied = select(
+            *(
+                literal(target, Text).label(name) if name == "thread_id" else table.c[name]
+                for name in names
+            )
+        ).where(table.c.thread_id == source)
+        insert = transaction.insert(table).from_select(names, copied)
+        transaction.run(
+            insert.on_conflict_do_update(
+                index_elements=list(key), set_={name: insert.excluded[name] for name in updated}
+            )
+            if updated
+            else insert.on_conflict_do_nothing(index_elements=list(key))
+        )
+
+
+# Deleting a run's checkpoints.
+
+
+def delete_runs(transaction: Transaction, run_ids: Sequence[str], load: Load) -> None:
+    """Delete the checkpoints whose metadata's ``run_id`` is one of ``run_ids``.
+
+    Their task writes go with them, and so do the channel values that no remaining
+    checkpoint refers to.
+    """
+    doomed: list[Sequence[Any]] = []
+    for batch in _batches(list(dict.fromkeys(run_ids))):
+        doomed += transaction.rows(
+            select(*(_checkpoints.c[name] for name in _CHECKPOINT_KEY)).where(
+                _checkpoints.c.run_id.in_(batch)
+            )
+        )
+    if not doomed:
+        return
+    rows = _key_rows(_CHECKPOINT_KEY, doomed)
+    for table in (_writes, _checkpoints):
+        transaction.run(delete(table).where(*_key_is(table, _CHECKPOINT_KEY)), rows)
+    for thread_id, checkpoint_ns in sorted({(key[0], key[1]) for key in doomed}):
+        _collect_values(transaction, load, thread_id, checkpoint_ns)
+
+
+def _collect_values(
+    transaction: Transaction, load: Load, thread_id: str, checkpoint_ns: str
+) -> None:
+    """Delete the channel values of a thread's namespace that no checkpoint refers to."""
+    referenced: set[tuple[str, str]] = set()
+    for checkpoint_type, encoded in transaction.rows(
+        select(_checkpoints.c.checkpoint_type, _checkpoints.c.checkpoint).where(
+            _checkpoints.c.thread_id == thread_id, _checkpoints.c.checkpoint_ns == checkpoint_ns
+        )
+    ):
+        referenced |= _stored_values(load(checkpoint_type, encoded))
+    stale = [
+        (thread_id, checkpoint_ns, channel, version)
+        for channel, version in transaction.rows(
+            select(_blobs.c.channel, _blobs.c.version).where(
+                _blobs.c.thread_id == thread_id, _blobs.c.checkpoint_ns == checkpoint_ns
+            )
+        )
+        if (channel, version) not in referenced
+    ]
+    transaction.run(delete(_blobs).where(*_key_is(_blobs, _BLOB_KEY)), _key_rows(_BLOB_KEY, stale))
+
+
+def _stored_values(checkpoint: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """The ``(channel, version)`` of the values a stored checkpoint keeps as rows of their own."""
+    inline = checkpoint.get("channel_values") or {}
+    versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
+    return {
+        (channel, str(version)) for channel, version in versions.items() if channel not in inline
+    }
+
+
+# Pruning.
+
+
+def prune_threads(
+    transaction: Transaction,
+    thread_ids: Sequence[str],
+    strategy: str,
+    load: Load,
+    load_metadata: Load,
+) -> None:
+    """Delete threads' history: all of it, or all but each namespace's newest checkpoint.
+
+    With ``"keep_latest"``, each namespace keeps its newest checkpoint with its task writes,
+    and the ancestors that LangGraph's ``DeltaChannel`` needs to rebuild its values (see
+    ``_needed_ancestors``);
+    every other checkpoint, task write and channel value of the thread is deleted.
+    """
+    for batch in _batches(list(dict.fromkeys(thread_ids))):
+        if strategy == "delete":
+            for table in (_writes, _blobs, _checkpoints):
+                transaction.run(delete(table).where(table.c.thread_id.in_(batch)))
+            continue
+        kept: dict[str, dict[str, set[str]]] = {thread_id: {} for thread_id in batch}
+        for thread_id, checkpoint_ns, newest in transaction.rows(
+            select(
+                _checkpoints.c.thread_id,
+                _checkpoints.c.checkpoint_ns,
+                func.max(_checkpoints.c.checkpoint_id),
+            )
+            .where(_checkpoints.c.thread_id.in_(batch))
+            .group_by(_checkpoints.c.thread_id, _checkpoints.c.checkpoint_ns)
+        ):
+            kept[thread_id][checkpoint_ns] = _needed_ancestors(
+                transaction,
+                thread_id,
+                checkpoint_ns,
+                newest,
+                load=load,
+                load_metadata=load_metadata,
+            )
+        for thread_id, namespaces in kept.items():
+            _keep_only(transaction, load, thread_id, namespaces)
+
+
+def _keep_only(
+    transaction: Transaction, load: Load, thread_id: str, namespaces: Mapping[str, set[str]]
+) -> None:
+    """Delete a thread's rows but the checkpoints ``namespaces`` names and their values."""
+    for table in (_writes, _blobs):  # rows of namespaces that have no checkpoint at all
+        transaction.run(
+            delete(table).where(
+                table.c.thread_id == thread_id, table.c.checkpoint_ns.not_in(list(namespaces))
+            )
+        )
+    for checkpoint_ns, checkpoint_ids in namespaces.items():
+        for table in (_writes, _checkpoints):
+            transaction.run(
+                delete(table).where(
+                    table.c.thread_id == thread_id,
+                    table.c.checkpoint_ns == checkpoint_ns,
+                    table.c.checkpoint_id.not_in(sorted(checkpoint_ids)),
+                )
+            )
+        _collect_values(transaction, load, thread_id, checkpoint_ns)
+
+
+def _needed_ancestors(
+    transaction: Transaction,
+    thread_id: str,
+    checkpoint_ns: str,
+    newest: str,
+    *,
+    load: Load,
+    load_metadata: Load,
+) -> set[str]:
+    """The checkpoint ``newest`` and the ancestors that its delta channels are rebuilt from.
+
+    A ``DeltaChannel`` keeps its value in a checkpoint only now and then (a snapshot); in
+    between, LangGraph rebuilds it from the task writes of the checkpoint's ancestors, back
+    to the nearest one that has a value for it. The channels that need this are those of
+    the metadata's ``counters_since_delta_snapshot`` that have a version but no value in
+    ``newest``; the ancestors are walked (by parent) until each has found a value, or the
+    thread's first checkpoint is reached.
+    """
+    kept = {newest}
+    found = _checkpoint_row(transaction, thread_id, checkpoint_ns, newest)
+    if found is None:
+        return kept
+    parent, checkpoint_type, encoded, meta_type, meta = found
+    metadata = load_metadata(meta_type, meta)
+    counters = metadata.get("counters_since_delta_snapshot") if isinstance(metadata, dict) else None
+    if not isinstance(counters, dict) or not counters:
+        return kept
+    checkpoint = load(checkpoint_type, encoded)
+    versions = checkpoint.get("channel_versions") or {}
+    needed = {channel for channel in counters if channel in versions}
+    needed -= _with_values(transaction, thread_id, checkpoint_ns, checkpoint, needed)
+    while needed and parent is not None and parent not in kept:
+        found = _checkpoint_row(transaction, thread_id, checkpoint_ns, parent)
+        if found is None:
+            break
+        kept.add(parent)
+        ancestor = load(found[1], found[2])
+        needed -= _with_values(transaction, thread_id, checkpoint_ns, ancestor, needed)
+        parent = found[0]
+    return kept
+
+
+def _checkpoint_row(
+    transaction: Transaction, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+) -> Sequence[Any] | None:
+    """A checkpoint's parent, encoded checkpoint and encoded metadata, if it is stored."""
+    rows = transaction.rows(
+        select(
+            _checkpoints.c.parent_checkpoint_id,
+            _checkpoints.c.checkpoint_type,
+            _checkpoints.c.checkpoint,
+            _checkpoints.c.meta_type,
+            _checkpoints.c.meta,
+        ).where(
+            _checkpoints.c.thread_id == thread_id,
+            _checkpoints.c.checkpoint_ns == checkpoint_ns,
+            _checkpoints.c.checkpoint_id == checkpoint_id,
+        )
+    )
+    return rows[0] if rows else None
+
+
+def _with_values(
+    transaction: Transaction,
+    thread_id: str,
+    checkpoint_ns: str,
+    checkpoint: Mapping[str, Any],
+    channels: set[str],
+) -> set[str]:
+    """Which of ``channels`` have a value in a stored checkpoint (as reading it would find)."""
+    inline = checkpoint.get("channel_values") or {}
+    found = {channel for channel in channels if channel in inline}
+    versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
+    wanted = {
+        (channel, str(versions[channel])) for channel in channels - found if channel in versions
+    }
+    if wanted:
+        rows = transaction.rows(
+            select(_blobs.c.channel, _blobs.c.version).where(
+                _blobs.c.thread_id == thread_id,
+                _blobs.c.checkpoint_ns == checkpoint_ns,
+                _blobs.c.channel.in_(sorted({channel for channel, _ in wanted})),
+                _blobs.c.version.in_(sorted({version for _, version in wanted})),
+                _blobs.c.value_type != EMPTY,
+            )
+        )
+        found |= {channel for channel, version in rows if (channel, version) in wanted}
+    return found

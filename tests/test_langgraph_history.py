@@ -1,0 +1,502 @@
+"""The LangGraph saver manages its history: copy, prune, delete by run, and agentsnap runs' threads.
+
+Run on SQLite and PostgreSQL against real compiled graphs, so that "the thread still loads"
+means what LangGraph itself reads back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+import sqlalchemy
+from langgraph.channels.delta import DeltaChannel
+from langgraph.graph import END, START, StateGraph
+from langgraph_graphs import notes_graph
+from postgres_db import postgres_url_or_skip
+
+from agentsnap import ConfigurationError, Runtime
+from agentsnap.exceptions import StoreError
+from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent, delete_run_threads
+from agentsnap.integrations.langgraph import _history as history
+from agentsnap.store import migrate
+from agentsnap.store.migrate import sync_url
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'agentsnap.db'}"
+    return postgres_url_or_skip()
+
+
+@pytest.fixture
+def saver(url: str) -> Iterator[AgentsnapSaver]:
+    made = AgentsnapSaver(url)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def _engine(url: str) -> sqlalchemy.Engine:
+    return sqlalchemy.create_engine(sync_url(url))
+
+
+def _query(url: str, sql: str, **values: Any) -> list[tuple[Any, ...]]:
+    engine = _engine(url)
+    try:
+        with engine.begin() as connection:
+            result = connection.execute(sqlalchemy.text(sql), values)
+            return [tuple(row) for row in result.all()] if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+def _thread(thread_id: str) -> Any:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def _rows_of(url: str, thread_id: str) -> dict[str, int]:
+    """How many rows each of the saver's tables holds for a thread."""
+    return {
+        table: _query(url, f"SELECT count(*) FROM {table} WHERE thread_id = :t", t=thread_id)[0][0]
+        for table in ("agentsnap_lg_checkpoints", "agentsnap_lg_blobs", "agentsnap_lg_task_writes")
+    }
+
+
+def _history_of(saver: AgentsnapSaver, thread_id: str) -> list[tuple[Any, ...]]:
+    """A thread's checkpoints as LangGraph reads them back, newest first."""
+    return [
+        (
+            found.config["configurable"]["checkpoint_ns"],
+            found.checkpoint["id"],
+            found.checkpoint["channel_values"],
+            dict(found.metadata),
+            found.parent_config["configurable"]["checkpoint_id"] if found.parent_config else None,
+            found.pending_writes,
+        )
+        for found in saver.list(_thread(thread_id))
+    ]
+
+
+def _orphan_values(url: str, saver: AgentsnapSaver) -> set[tuple[str, ...]]:
+    """Stored channel values that no stored checkpoint refers to."""
+    referenced: set[tuple[str, ...]] = set()
+    for found in saver.list(None):
+        configurable = found.config["configurable"]
+        referenced |= {
+            (configurable["thread_id"], configurable["checkpoint_ns"], channel, str(version))
+            for channel, version in found.checkpoint["channel_versions"].items()
+        }
+    stored = _query(
+        url, "SELECT thread_id, checkpoint_ns, channel, version FROM agentsnap_lg_blobs"
+    )
+    return {tuple(row) for row in stored} - referenced
+
+
+# copy_thread
+
+
+def test_a_copied_thread_reads_back_as_the_source_and_goes_on_alone(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    graph = notes_graph(saver)
+    graph.invoke({"notes": ["a"]}, _thread("source"))
+    graph.invoke({"notes": ["b"]}, _thread("source"))
+    newest = saver.get_tuple(_thread("source"))
+    assert newest is not None
+    # A subgraph's namespace and a pending write, which a plain run leaves none of.
+    child: Any = {"configurable": {"thread_id": "source", "checkpoint_ns": "child:1"}}
+    saved = saver.put(child, {**newest.checkpoint, "id": "child-1"}, {"step": 0}, {})
+    saver.put_writes(saved, [("notes", ["pending"])], task_id="task")
+    before = _history_of(saver, "source")
+
+    saver.copy_thread("source", "copy")
+
+    assert _history_of(saver, "copy") == before
+    assert _rows_of(url, "copy") == _rows_of(url, "source")
+    graph.invoke({"notes": ["c"]}, _thread("copy"))
+    assert graph.get_state(_thread("copy")).values == {"notes": ["a", "b", "c"], "count": 3}
+    assert graph.get_state(_thread("source")).values == {"notes": ["a", "b"], "count": 2}
+    assert _history_of(saver, "source") == before
+
+
+def test_copying_a_thread_that_holds_nothing_copies_nothing(saver: AgentsnapSaver) -> None:
+    notes_graph(saver).invoke({"notes": ["a"]}, _thread("kept"))
+    saver.copy_thread("nothing-here", "kept")
+    saver.copy_thread("kept", "kept")  # onto itself: unchanged
+    assert len(_history_of(saver, "kept")) == 3
+    assert saver.get_tuple(_thread("nothing-here")) is None
+
+
+# delete_for_runs
+
+
+def test_deleting_a_langgraph_run_keeps_the_other_runs_checkpoints_whole(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    graph = notes_graph(saver)
+    graph.invoke({"notes": ["a"]}, {**_thread("t"), "metadata": {"run_id": "run-1"}})
+    graph.invoke({"notes": ["b"]}, {**_thread("t"), "metadata": {"run_id": "run-2"}})
+    graph.invoke({"notes": ["x"]}, {**_thread("other"), "metadata": {"run_id": "run-2"}})
+    graph.invoke({"notes": ["y"]}, {**_thread("other"), "metadata": {"run_id": "run-3"}})
+    first_run = [entry for entry in _history_of(saver, "t") if entry[3]["run_id"] == "run-1"]
+    assert len(first_run) == 3
+
+    saver.delete_for_runs(["run-2", "no-such-run"])
+
+    assert _history_of(saver, "t") == first_run
+    assert graph.get_state(_thread("t")).values == {"notes": ["a"], "count": 1}
+    assert {entry[3]["run_id"] for entry in _history_of(saver, "other")} == {"run-3"}
+    assert _orphan_values(url, saver) == set()
+    saver.delete_for_runs([])  # nothing to do
+
+
+def test_a_run_is_found_whatever_its_metadata_is_stored_as(saver: AgentsnapSaver, url: str) -> None:
+    checkpoint: Any = {
+        "v": 4,
+        "id": "1",
+        "ts": "2026-11-22T00:00:00+00:00",
+        "channel_values": {},
+        "channel_versions": {},
+        "versions_seen": {},
+        "updated_channels": None,
+    }
+    when = datetime(2026, 11, 22, tzinfo=UTC)  # not JSON: the metadata goes through msgpack
+    metadata: dict[str, Any] = {
+        "msgpack": {"run_id": "r_%", "when": when},
+        "json": {"run_id": "r_%"},
+        "like-lookalike": {"run_id": "rx1"},
+        "not-a-string": {"run_id": 7},
+    }
+    for thread, meta in metadata.items():
+        saver.put(_thread(thread), checkpoint, meta, {})
+    assert {row[0] for row in _query(url, "SELECT meta_type FROM agentsnap_lg_checkpoints")} == {
+        "json",
+        "msgpack",
+    }
+
+    saver.delete_for_runs(["r_%", "7"])
+
+    remaining = _query(url, "SELECT thread_id FROM agentsnap_lg_checkpoints")
+    assert sorted(row[0] for row in remaining) == ["like-lookalike", "not-a-string"]
+
+
+# prune
+
+
+def test_keep_latest_keeps_each_namespaces_newest_checkpoint_as_it_was(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    graph = notes_graph(saver)
+    for note in "abc":
+        graph.invoke({"notes": [note]}, _thread("t"))
+    graph.invoke({"notes": ["z"]}, _thread("untouched"))
+    newest = saver.get_tuple(_thread("t"))
+    assert newest is not None
+    child: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": "child:1"}}
+    first = saver.put(child, {**newest.checkpoint, "id": "child-1"}, {"step": 0}, {})
+    saver.put_writes(first, [("notes", ["old"])], task_id="task")
+    last = saver.put(first, {**newest.checkpoint, "id": "child-2"}, {"step": 1}, {})
+    saver.put_writes(last, [("notes", ["pending"])], task_id="task")
+    # Task writes of a namespace that has no checkpoint.
+    stray: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": "gone", "checkpoint_id": "x"}}
+    saver.put_writes(stray, [("notes", ["stray"])], task_id="task")
+    latest = {entry[0]: entry for entry in reversed(_history_of(saver, "t"))}
+    untouched = _history_of(saver, "untouched")
+    blobs_before = _rows_of(url, "t")["agentsnap_lg_blobs"]
+
+    saver.prune(["t", "no-such-thread"])
+
+    assert _history_of(saver, "t") == sorted(latest.values(), key=lambda entry: entry[1])[::-1]
+    assert [entry[1] for entry in _history_of(saver, "t")] == ["child-2", newest.checkpoint["id"]]
+    assert _rows_of(url, "t")["agentsnap_lg_task_writes"] == 1
+    assert _rows_of(url, "t")["agentsnap_lg_blobs"] < blobs_before
+    assert _orphan_values(url, saver) == set()
+    assert _history_of(saver, "untouched") == untouched
+    graph.invoke({"notes": ["d"]}, _thread("t"))
+    assert graph.get_state(_thread("t")).values == {"notes": ["a", "b", "c", "d"], "count": 4}
+
+
+def test_prune_with_delete_removes_the_threads(saver: AgentsnapSaver, url: str) -> None:
+    graph = notes_graph(saver)
+    graph.invoke({"notes": ["a"]}, _thread("t1"))
+    graph.invoke({"notes": ["a"]}, _thread("t2"))
+    graph.invoke({"notes": ["a"]}, _thread("kept"))
+    saver.prune(["t1", "t2"], strategy="delete")
+    assert _rows_of(url, "t1") == _rows_of(url, "t2") == _rows_of(url, "nothing")
+    assert len(_history_of(saver, "kept")) == 3
+
+
+def test_an_unknown_prune_strategy_is_refused(saver: AgentsnapSaver) -> None:
+    notes_graph(saver).invoke({"notes": ["a"]}, _thread("t"))
+    with pytest.raises(ConfigurationError, match="unknown prune strategy 'oldest'") as caught:
+        saver.prune(["t"], strategy="oldest")
+    assert "\n" not in str(caught.value)
+    assert len(_history_of(saver, "t")) == 3
+
+
+def test_one_string_is_refused_where_a_list_of_ids_is_expected(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    notes_graph(saver).invoke({"notes": ["a"]}, {**_thread("t"), "metadata": {"run_id": "t"}})
+    engine = _engine(url)
+    try:
+        with engine.begin() as connection:
+            calls: list[Callable[[], object]] = [
+                lambda: saver.prune("t"),
+                lambda: saver.delete_for_runs("t"),
+                lambda: delete_run_threads(connection, "t"),
+            ]
+            for call in calls:
+                with pytest.raises(ConfigurationError, match=r"not one string: pass \['t'\]"):
+                    call()
+    finally:
+        engine.dispose()
+    assert len(_history_of(saver, "t")) == 3
+
+
+def _append(state: list[str], batches: list[list[str]]) -> list[str]:
+    return [*state, *(item for batch in batches for item in batch)]
+
+
+class Log(TypedDict, total=False):
+    log: Annotated[list[str], DeltaChannel(_append, snapshot_frequency=3)]
+    size: int
+
+
+def _delta_graph(saver: AgentsnapSaver) -> Any:
+    builder = StateGraph(Log)
+    builder.add_node("measure", lambda state: {"size": len(state.get("log", []))})
+    builder.add_edge(START, "measure")
+    builder.add_edge("measure", END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_keep_latest_keeps_what_a_delta_channel_is_rebuilt_from(saver: AgentsnapSaver) -> None:
+    graph = _delta_graph(saver)
+    for index in range(7):
+        graph.invoke({"log": [f"entry {index}"]}, _thread("t"))
+    before = graph.get_state(_thread("t")).values
+    assert before["log"] == [f"entry {index}" for index in range(7)]
+    total = len(_history_of(saver, "t"))
+
+    saver.prune(["t"])
+
+    # The newest checkpoint does not hold the log itself: its ancestors back to the last
+    # one that does are kept, with the writes the log is rebuilt from.
+    kept = len(_history_of(saver, "t"))
+    assert 1 < kept < total
+    assert graph.get_state(_thread("t")).values == before
+    graph.invoke({"log": ["after"]}, _thread("t"))
+    assert graph.get_state(_thread("t")).values["log"] == [*before["log"], "after"]
+
+
+@pytest.mark.postgres
+def test_a_checkpoint_saved_while_a_prune_runs_is_left_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = postgres_url_or_skip()
+    saver, writer = AgentsnapSaver(url), AgentsnapSaver(url)
+    try:
+        graph = notes_graph(saver)
+        graph.invoke({"notes": ["a"]}, _thread("t"))
+        graph.invoke({"notes": ["b"]}, _thread("t"))
+        keep_only: Callable[..., None] = history._keep_only
+
+        def write_meanwhile(*args: Any) -> None:
+            # The prune has read the thread; another connection commits a new step now.
+            notes_graph(writer).invoke({"notes": ["c"]}, _thread("t"))
+            keep_only(*args)
+
+        monkeypatch.setattr(history, "_keep_only", write_meanwhile)
+        saver.prune(["t"])
+        monkeypatch.undo()
+        assert graph.get_state(_thread("t")).values == {"notes": ["a", "b", "c"], "count": 3}
+        assert _orphan_values(url, saver) == set()
+    finally:
+        saver.close()
+        writer.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("aborted", [1, 3], ids=["once", "every-time"])
+def test_a_prune_that_a_concurrent_write_aborts_is_run_again(
+    monkeypatch: pytest.MonkeyPatch, aborted: int
+) -> None:
+    url = postgres_url_or_skip()
+    saver, writer = AgentsnapSaver(url), AgentsnapSaver(url)
+    try:
+        graph = notes_graph(saver)
+        graph.invoke({"notes": ["a"]}, _thread("t"))
+        graph.invoke({"notes": ["b"]}, _thread("t"))
+        oldest = list(saver.list(_thread("t")))[-1]
+        keep_only: Callable[..., None] = history._keep_only
+        calls = []
+
+        def rewrite_meanwhile(*args: Any) -> None:
+            calls.append(args)
+            if len(calls) <= aborted:
+                # Another connection rewrites a checkpoint the prune is about to delete:
+                # PostgreSQL aborts the prune's repeatable-read transaction.
+                writer.put(oldest.config, oldest.checkpoint, oldest.metadata, {})
+            keep_only(*args)
+
+        monkeypatch.setattr(history, "_keep_only", rewrite_meanwhile)
+        if aborted == 3:  # as often as the saver tries: it gives up, saying what to do
+            with pytest.raises(StoreError, match=r"prune was aborted 3 times .* run it again"):
+                saver.prune(["t"])
+            assert len(calls) == 3
+            assert len(_history_of(saver, "t")) == 6  # nothing was deleted
+            return
+        saver.prune(["t"])
+        assert len(calls) == 2
+        assert len(_history_of(saver, "t")) == 1
+        assert graph.get_state(_thread("t")).values == {"notes": ["a", "b"], "count": 2}
+    finally:
+        saver.close()
+        writer.close()
+
+
+# delete_run_threads (agentsnap runs)
+
+
+def test_an_agentsnap_runs_graph_threads_are_deleted_exactly(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    graph = notes_graph(saver)
+    runs = ["r_1", "r%", "R_1", "rX1", "r_1x", "r"]
+    for run in runs:
+        for thread in (f"{run}:graph", f"{run}:graph:2"):
+            graph.invoke({"notes": ["a"]}, _thread(thread))
+            saver.put_writes(
+                saver.list(_thread(thread), limit=1).__next__().config, [("notes", ["w"])], "task"
+            )
+    graph.invoke({"notes": ["a"]}, _thread("r_1"))  # not a graph agent's thread
+    counts = {thread: _rows_of(url, thread) for thread in ("r_1:graph", "r_1:graph:2")}
+    expected = sum(sum(count.values()) for count in counts.values())
+    counts_r = {thread: _rows_of(url, thread) for thread in ("r%:graph", "r%:graph:2")}
+    expected += sum(sum(count.values()) for count in counts_r.values())
+
+    engine = _engine(url)
+    try:
+        with engine.connect() as connection:  # the caller's transaction: rolled back
+            assert delete_run_threads(connection, ["r_1"]) > 0
+            connection.rollback()
+        assert _rows_of(url, "r_1:graph") == counts["r_1:graph"]
+        with engine.begin() as connection:
+            assert delete_run_threads(connection, ["r_1", "r%", "r_1", "never-ran"]) == expected
+        with engine.begin() as connection:
+            assert delete_run_threads(connection, []) == 0
+    finally:
+        engine.dispose()
+
+    left = {row[0] for row in _query(url, "SELECT thread_id FROM agentsnap_lg_checkpoints")}
+    assert left == {
+        "r_1",
+        *(f"{run}:graph{suffix}" for run in ("R_1", "rX1", "r_1x", "r") for suffix in ("", ":2")),
+    }
+    for table in ("agentsnap_lg_blobs", "agentsnap_lg_task_writes"):
+        threads = {row[0] for row in _query(url, f"SELECT thread_id FROM {table}")}
+        assert not threads & {"r_1:graph", "r_1:graph:2", "r%:graph", "r%:graph:2"}
+
+
+async def test_a_graph_agents_checkpoints_go_with_its_run(saver: AgentsnapSaver, url: str) -> None:
+    run_ids = []
+    for _ in range(2):
+        async with Runtime() as runtime:
+            agent = runtime.add(GraphAgent("graph", notes_graph(), checkpointer=saver))
+            runtime.send("graph", {"notes": ["a"]})
+            await runtime.run_until_idle()
+            assert isinstance(agent, GraphAgent)
+            assert agent.state.thread_id == f"{runtime.run_id}:graph"
+            run_ids.append(runtime.run_id)
+    engine = _engine(url)
+    try:
+        with engine.begin() as connection:
+            assert delete_run_threads(connection, run_ids[:1]) > 0
+    finally:
+        engine.dispose()
+    assert saver.get_tuple(_thread(f"{run_ids[0]}:graph")) is None
+    assert saver.get_tuple(_thread(f"{run_ids[1]}:graph")) is not None
+
+
+def test_delete_run_threads_needs_no_langgraph(tmp_path: Path) -> None:
+    code = f"""
+import sys
+
+class NoLangGraph:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {{"langgraph", "langchain_core", "ormsgpack"}}:
+            raise ImportError(name)
+
+sys.meta_path.insert(0, NoLangGraph())
+from sqlalchemy import create_engine
+from agentsnap.store.langgraph import delete_run_threads
+from agentsnap.store.migrate import upgrade
+
+url = "sqlite:///{tmp_path / "agentsnap.db"}"
+upgrade(url)
+engine = create_engine(url)
+with engine.begin() as connection:
+    assert delete_run_threads(connection, ["run"]) == 0
+engine.dispose()
+"""
+    subprocess.run([sys.executable, "-W", "error", "-c", code], check=True)
+
+
+# The migration that gives checkpoints their run id column.
+
+
+def test_upgrading_fills_the_run_id_of_stored_checkpoints(url: str) -> None:
+    migrate.upgrade(url, "0009")
+    saver = AgentsnapSaver(url)  # for its serializer; it touches no table before the upgrade
+    try:
+        checkpoint_type, checkpoint = saver.serde.dumps_typed({"id": "x"})
+        msgpack = saver.serde.dumps_typed(
+            {"run_id": "from-msgpack", "when": datetime(2026, 11, 22, tzinfo=UTC)}
+        )
+        assert msgpack[0] == "msgpack"
+        metas = {
+            "json": ("json", b'{"run_id": "from-json", "step": 1}'),
+            "msgpack": msgpack,
+            "number": ("json", b'{"run_id": 7}'),
+            "none": ("json", b'{"step": 1}'),
+        }
+        for thread, (meta_type, meta) in metas.items():
+            _query(
+                url,
+                "INSERT INTO agentsnap_lg_checkpoints VALUES "
+                "(:thread, '', '1', NULL, :ctype, :checkpoint, :meta_type, :meta)",
+                thread=thread,
+                ctype=checkpoint_type,
+                checkpoint=checkpoint,
+                meta_type=meta_type,
+                meta=meta,
+            )
+        migrate.upgrade(url)
+        stored = _query(url, "SELECT thread_id, run_id FROM agentsnap_lg_checkpoints")
+        assert dict(stored) == {
+            "json": "from-json",
+            "msgpack": "from-msgpack",
+            "number": None,
+            "none": None,
+        }
+        saver.delete_for_runs(["from-json", "from-msgpack"])
+        remaining = _query(url, "SELECT thread_id FROM agentsnap_lg_checkpoints")
+        assert sorted(row[0] for row in remaining) == ["none", "number"]
+    finally:
+        saver.close()
+    migrate.downgrade(url, "0009")
+    assert len(_query(url, "SELECT * FROM agentsnap_lg_checkpoints")[0]) == 8
