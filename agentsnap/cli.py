@@ -11,22 +11,27 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
-from agentsnap import __version__
+from agentsnap import __version__, console
 from agentsnap.exceptions import AgentsnapError
 from agentsnap.ledger import ToolCallStatus
+from agentsnap.records import RunStatus
 from agentsnap.store.faults import StoreRetry
 
 if TYPE_CHECKING:
     from agentsnap.demo import DemoResult
     from agentsnap.ledger import Ledger
-    from agentsnap.store.spool import ReplayReport
+    from agentsnap.records import RunInfo
+    from agentsnap.store.retention import DeleteReport
+    from agentsnap.store.spool import ReplayReport, Spool
     from agentsnap.store.sql import SqlStore
     from agentsnap.telemetry import Exporter
 
@@ -50,6 +55,10 @@ _UTC_KEY = "agentsnap.utc"
 """Where ``--utc`` is kept in the context's ``meta`` (shared by a command and its group)."""
 
 
+_WIDE_KEY = "agentsnap.wide"
+"""Where ``--wide`` is kept in the context's ``meta``."""
+
+
 def _no_color(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     """``--no-color``: print no ANSI colours, even on a terminal."""
     if value:
@@ -60,6 +69,24 @@ def _utc(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     """``--utc``: show times in UTC rather than local time."""
     if value:
         ctx.meta[_UTC_KEY] = True
+
+
+def _wide(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--wide``: show tables whole, however wide, rather than fitted to the terminal."""
+    if value:
+        ctx.meta[_WIDE_KEY] = True
+
+
+def _wide_option() -> click.Option:
+    """``--wide``, for the commands that print tables."""
+    return click.Option(
+        ["--wide"],
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_wide,
+        help="Show tables whole, even wider than the terminal (as they are when piped).",
+    )
 
 
 def _display_options() -> list[click.Option]:
@@ -102,7 +129,7 @@ class _MainGroup(click.Group):
 @click.group(
     cls=_MainGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
-    params=_display_options(),
+    params=[*_display_options(), _wide_option()],
 )
 @click.version_option(__version__, prog_name="agentsnap")
 def main() -> None:
@@ -117,13 +144,19 @@ def db() -> None:
 @db.command()
 @_DB
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
-def upgrade(db: str, revision: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {revision, newest, up_to_date}.")
+def upgrade(db: str, revision: str, as_json: bool) -> None:
     """Upgrade the schema to the newest revision (or --revision)."""
     from agentsnap.store import migrate  # noqa: PLC0415  # keeps `agentsnap --help` fast
 
     _guard(lambda: migrate.check_database(db, create=True))
     _guard(lambda: migrate.upgrade(db, revision))
-    click.echo(f"schema at {_guard(lambda: migrate.current(db))}")
+    found = _guard(lambda: migrate.current(db))
+    if as_json:
+        newest = migrate.head()
+        _print_json({"revision": found, "newest": newest, "up_to_date": found == newest})
+    else:
+        click.echo(f"schema at {found}")
 
 
 @db.command()
@@ -187,7 +220,13 @@ def _exists(db: str) -> bool:
     "database's directory under $XDG_STATE_HOME/agentsnap/spool].",
 )
 @click.option("--run", "run_id", default=None, help="Only this run (an id or a unique prefix).")
-def recover(db: str, spool_dir: str | None, run_id: str | None) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON: {spool, applied, kept, complete}.",
+)
+def recover(db: str, spool_dir: str | None, run_id: str | None, as_json: bool) -> None:
     """Write to the database what runs spooled locally while it was unavailable.
 
     A run that closes while its database is down keeps the writes it could not make in a
@@ -203,7 +242,12 @@ def recover(db: str, spool_dir: str | None, run_id: str | None) -> None:
         spooled = _spooled_run(spooled, run_id)
     if not spooled:
         of_run = f" of run {run_id}" if run_id is not None else ""
-        click.echo(f"nothing to recover: no spooled writes{of_run} in {spool.directory}")
+        if as_json:
+            _print_json(
+                {"spool": str(spool.directory), "applied": [], "kept": [], "complete": True}
+            )
+        else:
+            click.echo(f"nothing to recover: no spooled writes{of_run} in {spool.directory}")
         return
 
     async def go() -> ReplayReport:
@@ -219,6 +263,11 @@ def recover(db: str, spool_dir: str | None, run_id: str | None) -> None:
             await store.close()
 
     report = _guard(lambda: asyncio.run(go()))
+    if as_json:
+        _print_json(_recover_document(report, spool))
+        if not report.complete:
+            raise click.ClickException(_recover_advice(report))
+        return
     for done in report.applied:
         click.echo(f"{done.outcome.value:<14}  {done.op.run_id}  {done.op.describe()}")
     runs_done = len({done.op.run_id for done in report.applied})
@@ -233,6 +282,32 @@ def recover(db: str, spool_dir: str | None, run_id: str | None) -> None:
         why = str(error) if error is not None else "spooled while recovering"
         click.echo(f"kept {_many(count, 'spooled write')} of run {run} in {spool.file(run)}: {why}")
     raise click.ClickException(_recover_advice(report))
+
+
+def _recover_document(report: ReplayReport, spool: Spool) -> dict[str, Any]:
+    """What ``db recover --json`` prints: each write dealt with, what is left and why."""
+    return {
+        "spool": str(spool.directory),
+        "applied": [
+            {
+                "run_id": done.op.run_id,
+                "op": done.op.op,
+                "outcome": done.outcome.value,
+                "description": done.op.describe(),
+            }
+            for done in report.applied
+        ],
+        "kept": [
+            {
+                "run_id": run,
+                "count": count,
+                "file": str(spool.file(run)),
+                "error": None if report.errors.get(run) is None else str(report.errors[run]),
+            }
+            for run, count in sorted(report.kept.items())
+        ],
+        "complete": report.complete,
+    }
 
 
 def _spooled_run(spooled: list[str], run_id: str) -> list[str]:
@@ -396,7 +471,7 @@ class _ToolsGroup(click.Group):
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         path = ctx.command_path
-        formatter.write_usage(path, "RUN [--json] [--db URL]")
+        formatter.write_usage(path, "RUN [--json] [--wide] [--db URL]")
         formatter.write_usage(path, "COMMAND [ARGS]...", prefix="   or: ")
 
 
@@ -440,7 +515,7 @@ def list_tool_calls(run_id: str | None, db: str, status: str | None, as_json: bo
         return
     for row in rows:
         click.echo(
-            f"{row['key']}  {_paint(row['status'], row['status'], header=False)}  {row['tool']}  "
+            f"{row['key']}  {console.paint_word(row['status'])}  {row['tool']}  "
             f"attempts={row['attempts']}  run={row['run'] or '-'}  agent={row['agent'] or '-'}"
         )
 
@@ -472,8 +547,11 @@ def run_tool_calls(run_id: str, db: str, as_json: bool) -> None:
     unknown = sum(r["unknown"] for r in rows)
     if unknown:
         click.echo(
-            f"! {unknown} call{'s' if unknown > 1 else ''} with an unknown outcome: check the "
-            "outside system, then `agentsnap tools resolve KEY --result JSON | --error TEXT`"
+            console.paint_warning(
+                f"! {unknown} call{'s' if unknown > 1 else ''} with an unknown outcome: check "
+                "the outside system, then `agentsnap tools resolve KEY --result JSON | --error "
+                "TEXT`"
+            )
         )
 
 
@@ -482,7 +560,10 @@ def run_tool_calls(run_id: str, db: str, as_json: bool) -> None:
 @_DB
 @click.option("--result", "result", metavar="JSON", help="It happened: what the tool returned.")
 @click.option("--error", metavar="TEXT", help="It did not happen: what went wrong.")
-def resolve_tool_call(key: str, db: str, result: str | None, error: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {key, status, result, error}.")
+def resolve_tool_call(
+    key: str, db: str, result: str | None, error: str | None, as_json: bool
+) -> None:
     """Record the outcome of tool call KEY, whose outcome is unknown.
 
     Check the outside system first (did the card get charged?). With --result, later calls
@@ -500,30 +581,469 @@ def resolve_tool_call(key: str, db: str, result: str | None, error: str | None) 
         entry = _ledger(db, lambda ledger: resolve(ledger, key, result=value))
     else:
         entry = _ledger(db, lambda ledger: resolve(ledger, key, error=error))
-    click.echo(f"{entry.key}: {entry.status.value}")
+    if as_json:
+        _print_json(
+            {
+                "key": entry.key,
+                "status": entry.status.value,
+                "result": entry.result,
+                "error": entry.error,
+            }
+        )
+    else:
+        click.echo(f"{entry.key}: {entry.status.value}")
 
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
+# -- runs: list, delete, prune ---------------------------------------------------------------
 
-@main.command()
+_RUN_STATUSES = tuple(status.value for status in RunStatus)
+"""What ``runs --status`` takes: the values of ``RunStatus``."""
+
+_RUNS_DB_KEY = "agentsnap.runs.db"
+"""Where ``runs --db URL`` is kept for ``runs delete`` and ``runs prune`` (``ctx.meta``)."""
+
+_REASON_WIDTH = 40
+"""How much of ``status: reason`` the runs table shows (``--json`` has it whole)."""
+
+_DURATION = re.compile(r"(\d+)\s*(s|m|h|d|w)")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def _duration(text: str) -> timedelta | None:
+    """``7d``, ``12h``, ``30m``, ``45s``, ``2w`` as a timedelta; ``None`` for other text."""
+    found = _DURATION.fullmatch(text.strip().lower())
+    if found is None:
+        return None
+    try:
+        span = timedelta(**{_UNITS[found[2]]: int(found[1])})
+    except OverflowError:
+        return None
+    # A span that reaches back before the year 1 names no time.
+    return span if span < datetime.now(UTC) - datetime.min.replace(tzinfo=UTC) else None
+
+
+def _duration_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> timedelta | None:
+    """``--older-than``: a span of time, ``7d``, ``12h``, ``30m``, ``45s`` or ``2w``."""
+    if value is None:
+        return None
+    found = _duration(value)
+    if found is None:
+        raise click.BadParameter(
+            f"{value!r} is not a duration: give a number and a unit, like 7d, 12h, 30m, 45s or 2w",
+            ctx,
+            param,
+        )
+    return found
+
+
+def _since_option(ctx: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
+    """``--since``: a span back from now (``7d``), or an ISO 8601 date or date and time.
+
+    A date or time without an offset is local time (UTC with ``--utc``), as times are shown.
+    """
+    if value is None:
+        return None
+    span = _duration(value)
+    if span is not None:
+        return datetime.now(UTC) - span
+    try:
+        moment = datetime.fromisoformat(value.strip())
+        if moment.tzinfo is None:
+            utc = bool(ctx.meta.get(_UTC_KEY))
+            moment = moment.replace(tzinfo=UTC) if utc else moment.astimezone()
+        moment.astimezone(UTC)  # the store compares in UTC: one before the year 1 is no time
+    except (ValueError, OverflowError):
+        raise click.BadParameter(
+            f"{value!r} is not a time: give a span back from now (7d, 12h, 30m) or an ISO "
+            "date or date and time (2026-11-24, 2026-11-24T09:30, 2026-11-24T09:30+01:00)",
+            ctx,
+            param,
+        ) from None
+    return moment
+
+
+def _tags_option(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> dict[str, str]:
+    """``--tag KEY=VALUE``, repeated: the tags every run listed must carry."""
+    tags = {}
+    for given in value:
+        key, equals, text = given.partition("=")
+        if not equals or not key:
+            raise click.BadParameter(
+                f"{given!r} is not KEY=VALUE: give a tag like team=billing", ctx, param
+            )
+        tags[key] = text
+    return tags
+
+
+def _run_filters(command: Callable[..., None]) -> Callable[..., None]:
+    """``--status``, ``--name`` and ``--tag``: which runs a command looks at."""
+    for option in reversed(
+        [
+            click.option(
+                "--status",
+                "statuses",
+                type=click.Choice(_RUN_STATUSES),
+                multiple=True,
+                help="Only runs in this status (repeat for several).",
+            ),
+            click.option(
+                "--name", default=None, help="Only runs of this name; * stands for any text."
+            ),
+            click.option(
+                "--tag",
+                "tags",
+                metavar="KEY=VALUE",
+                multiple=True,
+                callback=_tags_option,
+                help="Only runs with this tag, KEY=VALUE (repeat: every one must match).",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+_LISTING = {
+    "statuses": "--status",
+    "name": "--name",
+    "tags": "--tag",
+    "since": "--since",
+    "limit": "--limit",
+    "as_json": "--json",
+}
+"""The ``runs`` options that only listing takes, by parameter."""
+
+
+@main.group(invoke_without_command=True)
 @_DB
+@_run_filters
+@click.option(
+    "--since",
+    metavar="WHEN",
+    default=None,
+    callback=_since_option,
+    help="Only runs created since: 7d, 12h, 30m back from now, or an ISO date or time.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N.")
 @_JSON
-def runs(db: str, as_json: bool) -> None:
-    """List every run, oldest first: id, status, created, snapshots, parent."""
+@click.pass_context
+def runs(
+    ctx: click.Context,
+    *,
+    db: str,
+    statuses: tuple[str, ...],
+    name: str | None,
+    tags: dict[str, str],
+    since: datetime | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """List runs, oldest first: id, name, status, tags, created, snapshots, parent.
+
+    STATUS says why a run ended so, when it is known (`failed: <reason>`, cut short here;
+    `--json` has it whole, as `status_reason`). The filters combine: `--status failed
+    --status cancelled --tag team=billing --since 7d` lists the failed or cancelled runs of
+    the last seven days tagged team=billing; `--limit N` keeps the newest N of them.
+
+    `agentsnap runs delete` and `agentsnap runs prune` remove runs and everything they hold.
+    """
+    if ctx.invoked_subcommand is not None:
+        given = [
+            flag
+            for param, flag in _LISTING.items()
+            if ctx.get_parameter_source(param) is ParameterSource.COMMANDLINE
+        ]
+        if given:
+            options = ", ".join(given)
+            raise click.UsageError(
+                f"{options} list runs: give `{ctx.invoked_subcommand}` its own options after "
+                "its name"
+            )
+        if ctx.get_parameter_source("db") is ParameterSource.COMMANDLINE:
+            ctx.meta[_RUNS_DB_KEY] = db
+        return
     from agentsnap.inspect import runs_table  # noqa: PLC0415
 
+    rows = _read(
+        db,
+        lambda store: runs_table(
+            store,
+            status=statuses or None,
+            name=name,
+            tags=tags,
+            since=since,
+            limit=limit,
+        ),
+    )
     _print_rows(
-        _read(db, runs_table),
+        rows,
         as_json,
         {
             "ID": "id",
-            "STATUS": "status",
+            "NAME": "name",
+            "STATUS": _status_cell,
+            "TAGS": lambda r: ",".join(f"{k}={v}" for k, v in sorted(r["tags"].items())) or None,
             "CREATED": lambda r: _when(r["created_at"]),
             "SNAPSHOTS": "snapshots",
             "PARENT": "parent_run_id",
         },
     )
+
+
+def _status_cell(row: dict[str, Any]) -> str:
+    """``status``, or ``status: reason`` cut to fit a table cell."""
+    reason = row["status_reason"]
+    if not reason:
+        return str(row["status"])
+    text = " ".join(f"{row['status']}: {reason}".split())
+    if len(text) <= _REASON_WIDTH:
+        return text
+    ellipsis = console.ellipsis_for(sys.stdout)
+    return text[: _REASON_WIDTH - len(ellipsis)].rstrip() + ellipsis
+
+
+def _runs_db(ctx: click.Context, db: str) -> str:
+    """The database of ``runs delete`` or ``runs prune``: its own ``--db``, else that of
+    ``runs`` (``agentsnap runs --db URL delete RUN``), else the environment or default.
+    """  # noqa: D205
+    if ctx.get_parameter_source("db") is ParameterSource.COMMANDLINE:
+        return db
+    return str(ctx.meta.get(_RUNS_DB_KEY, db))
+
+
+def _removal_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``--yes``, ``--dry-run``, ``--vacuum`` and ``--json`` of ``runs delete`` and ``prune``."""
+    for option in reversed(
+        [
+            click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
+            click.option(
+                "--dry-run", is_flag=True, help="Show what would be deleted; delete nothing."
+            ),
+            click.option(
+                "--vacuum",
+                is_flag=True,
+                help="Then give the space back: VACUUM the SQLite file (it shrinks), or "
+                "VACUUM ANALYZE on PostgreSQL.",
+            ),
+            click.option("--json", "as_json", is_flag=True, help="Print what was deleted as JSON."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+@runs.command("delete", short_help="Delete runs and everything they hold.")
+@click.argument("run_ids", metavar="RUN...", nargs=-1, required=True)
+@_DB
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Delete even a run that a live runtime owns, or whose LangGraph checkpoints a fork needs.",
+)
+@_removal_options
+@click.pass_context
+def delete_runs_command(
+    ctx: click.Context,
+    *,
+    run_ids: tuple[str, ...],
+    db: str,
+    force: bool,
+    yes: bool,
+    dry_run: bool,
+    vacuum: bool,
+    as_json: bool,
+) -> None:
+    """Delete runs and everything they hold; RUN is an id or a unique prefix of one.
+
+    Their snapshots, journal, replay log, rollbacks, lease, tags, tool calls in the ledger,
+    LangGraph checkpoints, and the agent states no other run holds: nothing of them is left.
+    Runs forked from them keep working. It asks first, showing what goes (unless --yes);
+    --dry-run only shows it. A run that a live runtime owns is refused (--force deletes it
+    even so).
+    """
+    from agentsnap.inspect import resolve_run  # noqa: PLC0415
+    from agentsnap.store.retention import delete_runs  # noqa: PLC0415
+
+    db = _runs_db(ctx, db)
+
+    async def resolve(store: SqlStore) -> list[RunInfo]:
+        found = [await resolve_run(store, prefix) for prefix in run_ids]
+        return list({run.id: run for run in found}.values())
+
+    chosen = _read(db, resolve)
+    ids = [run.id for run in chosen]
+    plan = _refusing(lambda: _read(db, lambda s: delete_runs(s, ids, force=force, dry_run=True)))
+    if dry_run:
+        _print_removal(plan, chosen, as_json)
+        return
+    if not yes:
+        _confirm(plan, chosen)
+    report = _refusing(lambda: _read(db, lambda s: delete_runs(s, ids, force=force, vacuum=vacuum)))
+    _print_removal(report, chosen, as_json)
+
+
+@runs.command("prune", short_help="Delete old runs by a policy: --keep N, --older-than D.")
+@_DB
+@click.option(
+    "--keep",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Keep the newest N of the runs the filters select.",
+)
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    default=None,
+    callback=_duration_option,
+    help="Delete only runs created longer ago than this: 7d, 12h, 30m, 2w.",
+)
+@_run_filters
+@_removal_options
+@click.pass_context
+def prune_runs_command(
+    ctx: click.Context,
+    *,
+    db: str,
+    keep: int | None,
+    older_than: timedelta | None,
+    statuses: tuple[str, ...],
+    name: str | None,
+    tags: dict[str, str],
+    yes: bool,
+    dry_run: bool,
+    vacuum: bool,
+    as_json: bool,
+) -> None:
+    """Delete old runs: all but the newest N (--keep), or those older than a time, or both.
+
+    Given both, a run goes when it is outside the newest N and older than the time. --status,
+    --name and --tag narrow the runs looked at (`prune --keep 10 --status failed` keeps the
+    ten newest failed runs, and deletes the other failed ones). Runs that a live runtime owns
+    are never deleted. It asks first, showing what goes (unless --yes); --dry-run only shows
+    it.
+    """
+    from dataclasses import replace  # noqa: PLC0415
+
+    from agentsnap.store.retention import delete_runs, prune_runs  # noqa: PLC0415
+
+    if keep is None and older_than is None:
+        raise click.UsageError("give --keep N, --older-than DURATION (7d, 12h…), or both")
+    db = _runs_db(ctx, db)
+    plan = _read(
+        db,
+        lambda store: prune_runs(
+            store,
+            keep=keep,
+            older_than=older_than,
+            status=statuses or None,
+            name=name,
+            tags=tags,
+            dry_run=True,
+        ),
+    )
+    chosen = _read(db, lambda store: _runs_of(store, [*plan.run_ids, *plan.skipped]))
+    if dry_run or not plan.run_ids:
+        _print_removal(plan, chosen, as_json)
+        return
+    if not yes:
+        _confirm(plan, chosen)
+    report = _read(
+        db, lambda store: delete_runs(store, plan.run_ids, skip_refused=True, vacuum=vacuum)
+    )
+    _print_removal(replace(report, skipped={**plan.skipped, **report.skipped}), chosen, as_json)
+
+
+def _refusing(action: Callable[[], T]) -> T:
+    """``action()``, a refused delete's error saying what to do on the command line."""
+    from agentsnap.store.retention import DeleteRefused  # noqa: PLC0415
+
+    try:
+        return action()
+    except click.ClickException as exc:
+        refused = exc.__cause__
+        if not isinstance(refused, DeleteRefused):
+            raise
+        reasons = "; ".join(f"run {run_id} {why}" for run_id, why in refused.refused.items())
+        raise click.ClickException(
+            f"refused to delete {_many(len(refused.refused), 'run')}, so nothing was deleted: "
+            f"{reasons}; or pass --force to delete even so"
+        ) from refused
+
+
+async def _runs_of(store: SqlStore, run_ids: list[str]) -> list[RunInfo]:
+    """The runs of these ids, in this order (those not found left out)."""
+    wanted = set(run_ids)
+    found = {run.id: run for run in await store.list_runs() if run.id in wanted}
+    return [found[run_id] for run_id in run_ids if run_id in found]
+
+
+def _confirm(plan: DeleteReport, runs: list[RunInfo]) -> None:
+    """Show what a delete removes, on standard error, and ask; raise unless confirmed."""
+    going = [run for run in runs if run.id in set(plan.run_ids)]
+    for run in going:
+        click.echo(f"  {_run_line(run)}", err=True)
+    for run_id, why in plan.skipped.items():
+        click.echo(f"  kept {run_id}: {why}", err=True)
+    snapshots = plan.rows.get("agentsnap_snapshots", 0)
+    question = (
+        f"Delete {_many(len(plan.run_ids), 'run')} ({_many(snapshots, 'snapshot')}, "
+        f"{_many(plan.total_rows, 'row')} in all)? This cannot be undone"
+    )
+    try:
+        confirmed = click.confirm(question, default=False, err=True)
+    except click.Abort:  # end of input
+        confirmed = False
+        click.echo(err=True)
+    else:
+        if not sys.stdin.isatty():  # the answer read was not echoed: end the prompt's line
+            click.echo(err=True)
+    if not confirmed:
+        raise click.ClickException("nothing deleted: not confirmed (--yes deletes without asking)")
+
+
+def _run_line(run: RunInfo) -> str:
+    name = run.name if run.name is not None else "-"
+    return f"{run.id}  {name}  {run.status.value}  created {_when(run.created_at.isoformat())}"
+
+
+def _print_removal(report: DeleteReport, runs: list[RunInfo], as_json: bool) -> None:
+    """What a delete or prune removed (or, dry, would remove)."""
+    if as_json:
+        _print_json(
+            {
+                "dry_run": report.dry_run,
+                "run_ids": report.run_ids,
+                "rows": report.rows,
+                "total_rows": report.total_rows,
+                "skipped": report.skipped,
+                "reclaimed_bytes": report.reclaimed_bytes,
+            }
+        )
+        return
+    known = {run.id: run for run in runs}
+    for run_id, why in report.skipped.items():
+        click.echo(console.paint_warning(f"kept {run_id}: {why}"))
+    if not report.run_ids:
+        click.echo("nothing to delete")
+        return
+    verb = "would delete" if report.dry_run else "deleted"
+    click.echo(f"{verb} {_many(len(report.run_ids), 'run')}:")
+    for run_id in report.run_ids:
+        click.echo(f"  {_run_line(known[run_id]) if run_id in known else run_id}")
+    rows = "rows that would go" if report.dry_run else "rows removed"
+    click.echo(f"{rows}: {report.total_rows}")
+    counted = {table: count for table, count in report.rows.items() if count}
+    width = max(map(len, counted), default=0)
+    for table, count in counted.items():
+        click.echo(f"  {table.ljust(width)}  {count}")
+    if report.reclaimed_bytes is not None:
+        click.echo(f"the database file shrank by {_many(report.reclaimed_bytes, 'byte')}")
 
 
 @main.command()
@@ -555,7 +1075,9 @@ def snapshots(run_id: str, db: str, as_json: bool) -> None:
     if not as_json:
         for row in rows:
             if row["status"] == "damaged":
-                click.echo(f"! snapshot {row['seq']} is damaged: {row['error']}")
+                click.echo(
+                    console.paint_warning(f"! snapshot {row['seq']} is damaged: {row['error']}")
+                )
 
 
 @main.command()
@@ -616,16 +1138,18 @@ def diff(snapshot_a: str, snapshot_b: str, db: str, agent: str | None, as_json: 
         _print_json(doc)
         return
     if doc["a_run_id"] == doc["b_run_id"]:
-        click.echo(f"diff {doc['a']} -> {doc['b']}")
+        header = f"diff {doc['a']} -> {doc['b']}"
     else:  # snapshots of two runs (a fork and its parent, say): name both runs
-        click.echo(f"diff {doc['a']} (run {doc['a_run_id']}) -> {doc['b']} (run {doc['b_run_id']})")
+        header = f"diff {doc['a']} (run {doc['a_run_id']}) -> {doc['b']} (run {doc['b_run_id']})"
+    click.echo(console.paint_header(header))
     for side in ("a", "b"):
         if doc[f"{side}_damaged"]:
-            click.echo(f"! snapshot {doc[side]} is damaged: {doc[f'{side}_damaged']}")
+            damaged = f"! snapshot {doc[side]} is damaged: {doc[f'{side}_damaged']}"
+            click.echo(console.paint_warning(damaged))
     for entry in doc["agents"]:
-        click.echo(f"agent {entry['agent']}: {entry['change']}")
+        click.echo(console.paint_header(f"agent {entry['agent']}: {entry['change']}"))
         for line in _diff_lines(entry):
-            click.echo(f"  {line}")
+            click.echo(console.paint_diff_line(f"  {line}"))
 
 
 @main.command()
@@ -647,11 +1171,13 @@ def history(run_id: str, db: str, agent: str, as_json: bool) -> None:
     for row in rows:
         state = "-" if row["state_hash"] is None else row["state_hash"][:12]
         click.echo(
-            f"snapshot {row['seq']}  {row['snapshot_id']}  {_when(row['completed_at'])}  "
-            f"state {state}"
+            console.paint_header(
+                f"snapshot {row['seq']}  {row['snapshot_id']}  {_when(row['completed_at'])}  "
+                f"state {state}"
+            )
         )
         if row["damaged"]:
-            click.echo(f"  ! damaged: {row['damaged']}")
+            click.echo(console.paint_warning(f"  ! damaged: {row['damaged']}"))
         if row["state"] is None:
             continue
         if row["changes"] is None:
@@ -660,7 +1186,7 @@ def history(run_id: str, db: str, agent: str, as_json: bool) -> None:
         else:
             lines = _diff_lines(row["changes"])
             for line in lines or ["(unchanged)"]:
-                click.echo(f"  {line}")
+                click.echo(console.paint_diff_line(f"  {line}"))
 
 
 @main.command()
@@ -791,52 +1317,51 @@ def _print_json(value: object) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
 
-# Colours for the words that matter at a glance; click drops them when the output is not a
-# terminal (a pipe, a file, a test), so scripts see plain text, and with --no-color or
-# NO_COLOR (the context's ``color`` is then false).
-_COLOURS = {
-    "succeeded": "green",
-    "complete": "green",
-    "running": "yellow",
-    "interrupted": "red",
-    "in_progress": "yellow",
-    "failed": "red",
-    "damaged": "red",
-    "unknown": "red",
-    "abandoned": "magenta",
-}
-
-
 Column = str | Callable[[dict[str, Any]], object]
 """A table column: the row's key to show, or a function of the row."""
 
 
-def _print_rows(rows: list[dict[str, Any]], as_json: bool, columns: dict[str, Column]) -> None:
-    """Print ``rows`` as JSON, or as a table with one column per entry of ``columns``."""
+def _print_rows(
+    rows: list[dict[str, Any]],
+    as_json: bool,
+    columns: dict[str, Column],
+    *,
+    kinds: dict[str, console.Kind] | None = None,
+) -> None:
+    """Print ``rows`` as JSON, or as a table with one column per entry of ``columns``.
+
+    The table fits the terminal unless ``--wide`` is given (see ``agentsnap.console``);
+    ``kinds`` says how columns give way, by header, where the header does not tell.
+    """
     if as_json:
         _print_json(rows)
         return
     _print_table(
         list(columns),
         [[c(r) if callable(c) else r[c] for c in columns.values()] for r in rows],
+        kinds=kinds,
     )
 
 
-def _print_table(headers: list[str], rows: list[list[object]]) -> None:
-    cells = [headers, *[["-" if c is None else str(c) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for index, row in enumerate(cells):
-        line = "  ".join(
-            _paint(c, c.ljust(w), header=index == 0) for c, w in zip(row, widths, strict=True)
-        )
-        click.echo(line.rstrip())
-
-
-def _paint(word: str, padded: str, *, header: bool) -> str:
-    if header:
-        return click.style(padded, bold=True)
-    colour = _COLOURS.get(word)
-    return padded if colour is None else click.style(word, fg=colour) + padded[len(word) :]
+def _print_table(
+    headers: list[str],
+    rows: list[list[object]],
+    *,
+    kinds: dict[str, console.Kind] | None = None,
+) -> None:
+    # Colour codes are written always: click drops them when the output is not a terminal
+    # (a pipe, a file, a test), and with --no-color or NO_COLOR (the context's ``color``).
+    ctx = click.get_current_context(silent=True)
+    wide = ctx is not None and bool(ctx.meta.get(_WIDE_KEY))
+    lines = console.render_table(
+        headers,
+        rows,
+        width=console.table_width(sys.stdout, wide=wide),
+        kinds=kinds,
+        ellipsis=console.ellipsis_for(sys.stdout),
+    )
+    for line in lines:
+        click.echo(line)
 
 
 def _when(moment: str | None) -> str:
@@ -927,14 +1452,27 @@ def _guard(action: Callable[[], T]) -> T:
         raise click.ClickException(f"{type(exc).__name__}: {first}") from exc
 
 
-def _commands(group: click.Group) -> Iterator[click.Command]:
-    """Every command under ``group`` that is not itself a group, depth first."""
-    for command in group.commands.values():
+def _commands(group: click.Group, path: str = "") -> Iterator[tuple[str, click.Command]]:
+    """Every command under ``group`` that runs on its own, with its path, depth first.
+
+    That is every command that is not a group, and every group that does something when
+    invoked without a command.
+    """
+    for name, command in group.commands.items():
+        here = f"{path} {name}".strip()
         if isinstance(command, click.Group):
-            yield from _commands(command)
+            if command.invoke_without_command:
+                yield here, command
+            yield from _commands(command, here)
         else:
-            yield command
+            yield here, command
 
 
-for _command in _commands(main):
+_TABLES = frozenset({"runs", "snapshots", "rollbacks", "checkpoints", "tools run"})
+"""The commands that print tables, and so take ``--wide``."""
+
+
+for _path, _command in _commands(main):
     _command.params.extend(_display_options())
+    if _path in _TABLES:
+        _command.params.append(_wide_option())

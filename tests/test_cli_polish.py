@@ -28,7 +28,9 @@ from agentsnap.cli import _STATUSES, _when, main
 from agentsnap.demo import demo_model, run_demo
 from agentsnap.inspect import fork_run
 from agentsnap.ledger import ToolCallStatus
+from agentsnap.records import RunInfo, RunStatus
 from agentsnap.store.migrate import POSTGRES_INSTALL, sync_url
+from agentsnap.store.spool import FinishRun, Spool
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.sql_ledger import SqlLedger
 
@@ -115,7 +117,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
         store = SqlStore(db)
         try:
             result = await run_demo(store, demo_model(delay=0.01))
-            first, second = result.snapshots
+            first, second = result.snapshots[:2]
             forked = await fork_run(store, second.id)
             (copy,) = await store.list_snapshots(forked.id)
         finally:
@@ -165,6 +167,9 @@ def test_an_empty_NO_COLOR_leaves_colour_on(demo: Demo) -> None:  # noqa: N802
 
 
 LISTS_OR_SHOWS = {
+    "db upgrade",
+    "db recover",
+    "tools resolve",
     "runs",
     "snapshots",
     "show",
@@ -225,6 +230,76 @@ def test_db_current_json(demo: Demo, tmp_path: Path) -> None:
     doc = json.loads(agentsnap("db", "current", "--json", "--db", f"sqlite:///{empty}").out)
     assert doc["revision"] is None
     assert doc["up_to_date"] is False
+
+
+def test_db_upgrade_json(tmp_path: Path) -> None:
+    done = agentsnap("db", "upgrade", "--json", "--db", f"sqlite:///{tmp_path / 'new.db'}")
+    assert done.code == 0, done.err
+    doc = json.loads(done.out)
+    assert doc == {"revision": doc["newest"], "newest": doc["newest"], "up_to_date": True}
+
+
+def test_db_recover_json_lists_each_write_and_what_is_kept(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'spooled.db'}"
+    ours, elsewhere = "a" * 32, "b" * 32
+
+    async def make() -> None:
+        store = SqlStore(db)
+        try:
+            await store.create_run(RunInfo(id=ours))
+        finally:
+            await store.close()
+
+    asyncio.run(make())
+    spool = Spool(tmp_path / "spool")
+    at = datetime(2026, 11, 24, 20, 5, 3, tzinfo=UTC)
+    spool.add(FinishRun(run_id=ours, status=RunStatus.SUCCEEDED, finished_at=at))
+    spool.add(FinishRun(run_id=elsewhere, status=RunStatus.SUCCEEDED, finished_at=at))
+
+    done = agentsnap("db", "recover", "--json", "--spool", str(spool.directory), "--db", db)
+
+    line = done.one_line_error()  # writes are left: status 1 and why, as without --json
+    assert "1 spooled write not recovered" in line
+    doc = json.loads(done.out)
+    assert doc["spool"] == str(spool.directory)
+    assert doc["complete"] is False
+    assert [(w["run_id"], w["op"], w["outcome"]) for w in doc["applied"]] == [
+        (ours, "finish_run", "applied")
+    ]
+    assert doc["applied"][0]["description"].startswith("finish run: succeeded")
+    (kept,) = doc["kept"]
+    assert (kept["run_id"], kept["count"], kept["file"]) == (
+        elsewhere,
+        1,
+        str(spool.file(elsewhere)),
+    )
+    assert kept["error"]
+    again = agentsnap("db", "recover", "--json", "--spool", str(spool.directory), "--db", db)
+    assert again.code == 1
+    assert json.loads(again.out)["applied"] == []
+    spool.file(elsewhere).unlink()
+    empty = agentsnap("db", "recover", "--json", "--spool", str(spool.directory), "--db", db)
+    assert empty.code == 0, empty.err
+    assert json.loads(empty.out) == {
+        "spool": str(spool.directory),
+        "applied": [],
+        "kept": [],
+        "complete": True,
+    }
+
+
+def test_tools_resolve_json(demo: Demo, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(Path(demo.db.removeprefix("sqlite:///")).read_bytes())
+    db = f"sqlite:///{copy}"
+    done = agentsnap("tools", "resolve", "charge-1", "--result", '{"ok": 1}', "--json", "--db", db)
+    assert done.code == 0, done.err
+    assert json.loads(done.out) == {
+        "key": "charge-1",
+        "status": "succeeded",
+        "result": {"ok": 1},
+        "error": None,
+    }
 
 
 # 3. Choices
