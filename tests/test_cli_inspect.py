@@ -33,6 +33,7 @@ class Demo:
     run_id: str
     first: str
     second: str
+    last: str
 
 
 @pytest.fixture(
@@ -55,8 +56,9 @@ def demo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             await store.create_run(RunInfo(id="abc2" + "0" * 28))
         finally:
             await store.close()
-        first, second = result.snapshots
-        return Demo(db, result.run.id, first.id, second.id)
+        # The start of the run, the researcher's snapshot, and the end of the run.
+        first, second, last = result.snapshots
+        return Demo(db, result.run.id, first.id, second.id, last.id)
 
     return asyncio.run(go())
 
@@ -83,16 +85,20 @@ def test_runs_lists_every_run_with_its_snapshot_count(demo: Demo) -> None:
         "snapshots",
         "parent_run_id",
         "parent_snapshot_id",
+        "name",
+        "tags",
+        "status_reason",
     }
-    assert (mine["status"], mine["snapshots"], mine["parent_run_id"]) == ("succeeded", 2, None)
+    assert (mine["status"], mine["snapshots"], mine["parent_run_id"]) == ("succeeded", 3, None)
+    assert (mine["name"], mine["tags"], mine["status_reason"]) == ("demo", {}, None)
 
     text = cli(demo, "runs")
     assert text.exit_code == 0
     header, *lines = text.output.splitlines()
-    assert header.split() == ["ID", "STATUS", "CREATED", "SNAPSHOTS", "PARENT"]
+    assert header.split() == ["ID", "NAME", "STATUS", "TAGS", "CREATED", "SNAPSHOTS", "PARENT"]
     (line,) = [li for li in lines if li.startswith(demo.run_id)]
-    assert line.split()[1] == "succeeded"
-    assert line.split()[-2:] == ["2", "-"]
+    assert line.split()[1:4] == ["demo", "succeeded", "-"]
+    assert line.split()[-2:] == ["3", "-"]
     # Columns are aligned: every row's STATUS starts where the header's does.
     column = header.index("STATUS")
     assert all(li[column - 2 : column] == "  " and li[column] != " " for li in lines)
@@ -125,13 +131,14 @@ def test_snapshots_lists_a_runs_snapshots_by_prefix(demo: Demo) -> None:
     assert [(r["seq"], r["id"], r["initiator"], r["in_flight"]) for r in rows] == [
         (1, demo.first, "$env", 0),
         (2, demo.second, "researcher", 1),
+        (3, demo.last, "$env", 0),  # the end of the run
     ]
     assert rows[1]["agents"] == ["$env", "critic", "planner", "researcher", "writer"]
     assert rows[1]["status"] == "complete"
 
     text = cli(demo, "snapshots", demo.run_id)
     assert text.exit_code == 0
-    header, one, two = text.output.splitlines()
+    header, one, two, _ = text.output.splitlines()
     assert header.split() == ["SEQ", "ID", "STATUS", "INITIATOR", "STARTED", "AGENTS", "IN-FLIGHT"]
     assert one.split()[:4] == ["1", demo.first, "complete", "$env"]
     assert two.split()[:4] == ["2", demo.second, "complete", "researcher"]
@@ -255,7 +262,11 @@ def test_diff_states_compares_memory_plan_tool_calls_and_fields() -> None:
 
 def test_history_follows_one_agent_across_snapshots(demo: Demo) -> None:
     rows = as_json(demo, "history", demo.run_id[:5], "--agent", "planner")
-    assert [(r["seq"], r["snapshot_id"]) for r in rows] == [(1, demo.first), (2, demo.second)]
+    assert [(r["seq"], r["snapshot_id"]) for r in rows] == [
+        (1, demo.first),
+        (2, demo.second),
+        (3, demo.last),
+    ]
     assert rows[0]["changes"] is None
     assert rows[1]["changes"]["fields"]["changed"]["task"]["old"] == ""
     assert len(rows[1]["changes"]["plan"]) == 3
@@ -265,7 +276,8 @@ def test_history_follows_one_agent_across_snapshots(demo: Demo) -> None:
     lines = text.output.splitlines()
     assert lines[0].startswith(f"snapshot 1  {demo.first}")
     assert "  drafts: []" in lines
-    assert lines[-1] == "  (unchanged)"
+    assert "  (unchanged)" in lines  # at the researcher's snapshot: not written yet
+    assert lines[-1].startswith("  ~ drafts: [] -> [")  # at the end of the run: the draft
 
     unknown = cli(demo, "history", demo.run_id, "--agent", "nobody")
     assert unknown.exit_code == 1
@@ -425,7 +437,7 @@ def test_export_and_timeline_show_their_steps_on_a_terminal(
     exported = CliRunner().invoke(main, ["export", demo.run_id, "--db", demo.db])
     assert exported.exit_code == 0
     json.loads(exported.stdout)
-    assert "export [2/2] writing 2 snapshots..." in terminal.getvalue()
+    assert "export [2/2] writing 3 snapshots..." in terminal.getvalue()
 
     terminal.seek(0)
     terminal.truncate()
