@@ -1381,6 +1381,9 @@ class Runtime:
             not (self._policy.at_end and self._have_cut and self._started)
             or self._lost is not None
             or self._snapshots.suspended is not None
+            # A cut after a failed handler would hold its message as handled: resuming the
+            # failed run from the newest cut before it handles that message again.
+            or self.failures
         ):
             return None
         newest = self._snapshots.newest

@@ -71,8 +71,9 @@ class SnapshotPolicy:
         at_end: Take a snapshot when the run goes idle (``run_until_idle`` returns) and when
             it closes, if anything was sent or delivered since the newest snapshot, so that
             every run's final agent states can be shown, diffed and forked. Not taken while a
-            handler is half-way (a cancelled run keeps its newest cut) or after the run
-            stopped.
+            handler is half-way (a cancelled run keeps its newest cut), after a handler
+            failed (resuming the failed run redoes that handler from the cut before it), or
+            after the run stopped.
         max_in_progress: Skip a policy snapshot while this many are already in progress,
             so that a slow store cannot make snapshots pile up.
     """

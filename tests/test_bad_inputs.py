@@ -342,13 +342,22 @@ async def test_state_that_becomes_unserializable_fails_only_that_snapshot() -> N
         assert [(s.seq, s.status) for s in stored] == [
             (1, SnapshotStatus.COMPLETE),  # the start snapshot, taken at the first input
             (2, SnapshotStatus.COMPLETE),
-            (3, SnapshotStatus.FAILED),
-            (4, SnapshotStatus.COMPLETE),
+            (3, SnapshotStatus.FAILED),  # taken as the run went idle with the bad state
+            (4, SnapshotStatus.FAILED),
+            (5, SnapshotStatus.COMPLETE),  # taken as the run went idle, state fixed
+            (6, SnapshotStatus.COMPLETE),
         ]
         failed = await runtime.store.load_snapshot(handle.id)
         assert failed.status is SnapshotStatus.FAILED
         assert failed.error == error.reason
         assert failed.agents == {}
+        failed_at_idle = stored[2]
+        assert failed_at_idle.initiator == "$env"
+        assert failed_at_idle.error == error.reason
+        assert failed_at_idle.agents == {}
+        fixed_at_idle = stored[4]
+        assert fixed_at_idle.initiator == "$env"
+        assert fixed_at_idle.agents == after.agents
 
         # The earlier snapshots are untouched, the later one is whole again.
         start = stored[0]

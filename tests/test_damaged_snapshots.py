@@ -25,6 +25,7 @@ from agentsnap import (
     Message,
     Runtime,
     SnapshotDamaged,
+    SnapshotPolicy,
     SnapshotStatus,
 )
 from agentsnap.cli import main
@@ -68,12 +69,15 @@ class Run:
 async def scripted_run(db: str) -> Run:
     """Snapshot 1 at the first input; snapshot 2 with ``alice>bob#1`` in flight, bob having
     received nothing from alice, carol idle. The run is left interrupted (input to carol
-    was never delivered), so it can be resumed.
+    was never delivered), so it can be resumed; it takes no snapshot as it closes, so that
+    snapshot 2 is the one a resume goes back to.
     """
     store = SqlStore(db)
     scheduler = ScriptedScheduler()
     try:
-        async with Runtime(store=store, scheduler=scheduler) as runtime:
+        async with Runtime(
+            store=store, scheduler=scheduler, snapshot_policy=SnapshotPolicy(at_end=False)
+        ) as runtime:
             for name in AGENTS:
                 runtime.add(Relay(name))
             runtime.send("alice", {"to": "bob"})
@@ -376,7 +380,8 @@ async def test_a_rollback_to_a_damaged_snapshot_is_refused(empty_db: str) -> Non
             runtime.send("alice", {"to": "bob"})
             await runtime.run_until_idle()
             second = await runtime.snapshot()
-            (first, _) = await runtime.list_snapshots()
+            # At the first input, as the run went idle, and ``second``.
+            (first, _, _) = await runtime.list_snapshots()
             damage(empty_db, DELETE_AGENT, id=first.id, agent="carol")
             with pytest.raises(SnapshotDamaged, match="the run cannot roll back to it"):
                 await runtime.rollback(first.id, reason="go back")

@@ -1134,7 +1134,10 @@ def states(runtime: Runtime) -> dict[str, list[int]]:
 
 
 async def test_manual_rollback_to_an_older_snapshot(store: Store) -> None:
-    runtime = Runtime(store=store, scheduler=SeededScheduler(4))
+    # Only the snapshots taken here: none as the run goes idle or closes.
+    runtime = Runtime(
+        store=store, scheduler=SeededScheduler(4), snapshot_policy=SnapshotPolicy(at_end=False)
+    )
     async with runtime:
         add_items(runtime)
         for item in range(3):
@@ -1206,19 +1209,34 @@ async def test_manual_rollback_to_an_older_snapshot(store: Store) -> None:
     assert snapshots[pending.id].status is SnapshotStatus.FAILED
     assert snapshots[newer.id].status is SnapshotStatus.COMPLETE
 
-    # A resumed run continues from the cut the rollbacks left it on, not the abandoned one.
+    # The rejected item 9 passed when it was redone from the older snapshot: a snapshot was
+    # begun then, the only one completed after the last rollback.
+    (passed,) = [
+        s
+        for s in snapshots.values()
+        if s.status is SnapshotStatus.COMPLETE
+        and s.completed_at is not None
+        and s.completed_at > rollbacks[-1].at
+    ]
+    assert passed.agents["worker"].received == {ENVIRONMENT: 10}
+
+    # A resumed run continues on the timeline the rollbacks left it on, from that snapshot,
+    # not from the abandoned one.
     resumed = Runtime(store=store, run_id=runtime.run_id, scheduler=SeededScheduler(6))
     async with resumed:
         add_items(resumed)
-        assert (await resumed.resume()).id == older.id
-        assert states(resumed) == {"worker": [0, 1, 2], "sink": [0, 1, 2]}
+        assert (await resumed.resume()).id == passed.id
+        assert states(resumed) == {"worker": list(range(10)), "sink": list(range(10))}
 
 
 async def test_resume_follows_a_rollback_back_to_a_newer_snapshot() -> None:
     # Rolled back to the older snapshot, then forward again to the newer one: the run goes on
-    # from the newer one, and so must a resume.
+    # from the newer one, and so must a resume (no snapshot is taken as it goes idle or
+    # closes, so the newer one is its last cut).
     store = MemoryStore()
-    runtime = Runtime(store=store, scheduler=SeededScheduler(4))
+    runtime = Runtime(
+        store=store, scheduler=SeededScheduler(4), snapshot_policy=SnapshotPolicy(at_end=False)
+    )
     async with runtime:
         add_items(runtime)
         for item in range(3):
@@ -1401,9 +1419,12 @@ async def test_a_fork_rolls_back_to_its_own_snapshots(store: Store) -> None:
             original.send("worker", {"item": item})
         await original.run_until_idle()
         parent = await take_snapshot(original)
-    assert parent.seq == 2
+    assert parent.seq == 3  # after the start snapshot and the one as the run went idle
 
-    fork = Runtime(store=store, scheduler=SeededScheduler(5))
+    # The fork takes no snapshot as it goes idle: its first is its only one.
+    fork = Runtime(
+        store=store, scheduler=SeededScheduler(5), snapshot_policy=SnapshotPolicy(at_end=False)
+    )
     async with fork:
         add_items(fork)
         await fork.fork_from(parent.id)
@@ -1567,7 +1588,8 @@ async def test_fork_misuse() -> None:
         original.send("sink", {})
         await original.run_until_idle()
         pending = original.snapshot()
-    (start, failed) = await store.list_snapshots(original.run_id)
+    (start, idle, failed) = await store.list_snapshots(original.run_id)
+    assert (idle.initiator, idle.status) == ("$env", SnapshotStatus.COMPLETE)
     assert failed.id == pending.id
     assert failed.status is SnapshotStatus.FAILED
 
@@ -1647,8 +1669,9 @@ async def test_a_stored_run_must_be_resumed_before_it_is_used_again() -> None:
             await again.rollback()
         await again.resume()
         again.send("sink", {})  # resumed: the run goes on, numbering after its snapshots
-        await again.run_until_idle()
-        assert (await again.snapshot()).seq == len(stored) + 1
+        await again.run_until_idle()  # which takes one as it goes idle
+        assert (await again.list_snapshots())[-1].seq == len(stored) + 1
+        assert (await again.snapshot()).seq == len(stored) + 2
 
     early = Runtime(store=store, run_id=first.run_id)
     early.add(Sink("sink"))

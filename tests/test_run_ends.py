@@ -184,6 +184,9 @@ async def test_a_failed_run_says_why(store: SqlStore) -> None:
         assert run.status_reason is not None
         assert run.status_reason.startswith("HandlerFailed: ")
         assert "the price is negative" in run.status_reason
+        # No end-of-run snapshot after a failed handler: resumed, the run goes back to the
+        # cut before it and handles that message again.
+        assert [s.seq for s in await store.list_snapshots(runtime.run_id)] == [1]
     finally:
         await store.close()
 

@@ -316,7 +316,8 @@ async def test_snapshots_while_money_flows_are_consistent_and_conserve_money() -
             results = [await within(handle) for handle in handles]
         stored = await runtime.list_snapshots()
 
-    assert [s.id for s in stored] == [h.id for h in handles]
+    *taken, end = stored
+    assert [s.id for s in taken] == [h.id for h in handles]
     assert [s.id for s in results] == [h.id for h in handles]
     for snapshot in stored:
         assert snapshot.status is SnapshotStatus.COMPLETE
@@ -325,6 +326,12 @@ async def test_snapshots_while_money_flows_are_consistent_and_conserve_money() -
         assert money_in(snapshot) == total, f"snapshot {snapshot.seq} lost or made money"
     final = sum(agent.state.balance for agent in runtime.agents.values())
     assert final == total
+    # Going idle took a last snapshot: the final balances, with nothing in flight.
+    assert (end.seq, end.initiator) == (len(handles) + 1, "$env")
+    assert end.channels == []
+    assert {name: end.agents[name].state["balance"] for name in names} == {
+        name: runtime.agents[name].state.balance for name in names
+    }
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
@@ -342,7 +349,8 @@ async def test_snapshots_under_seeded_interleavings_are_consistent(seed: int) ->
         await runtime.run_until_idle()
         stored = await runtime.list_snapshots()
 
-    assert len(stored) == 9
+    assert len(stored) == 9 + 1  # and the last one, taken as the run went idle
+    assert (stored[-1].initiator, stored[-1].channels) == ("$env", [])
     for snapshot in stored:
         assert_consistent(snapshot)
         assert money_in(snapshot) == 400
@@ -408,7 +416,7 @@ async def test_the_first_input_takes_a_snapshot_before_it_is_sent() -> None:
         runtime.send("a", {"to": "b"})
         runtime.send("b", {"x": 1})
         await runtime.run_until_idle()
-        (start,) = await runtime.list_snapshots()
+        start, end = await runtime.list_snapshots()  # and the one taken as the run went idle
 
     assert (start.seq, start.initiator, start.status) == (1, "$env", SnapshotStatus.COMPLETE)
     assert_consistent(start)
@@ -420,12 +428,17 @@ async def test_the_first_input_takes_a_snapshot_before_it_is_sent() -> None:
     assert start.in_flight("$env", "a") == []
     assert start.channels == []
     assert runtime.agents["b"].state.count == 9
+    assert (end.seq, end.initiator, end.status) == (2, "$env", SnapshotStatus.COMPLETE)
+    assert end.agents["b"].state["count"] == 9
 
     async with Runtime(snapshot_policy=SnapshotPolicy(at_start=False)) as runtime:
         runtime.add(Logger("a"))
         runtime.send("a", {"x": 1})
         await runtime.run_until_idle()
-        assert await runtime.list_snapshots() == []
+        # None before the input: the only one was taken as the run went idle, after it.
+        (end,) = await runtime.list_snapshots()
+        assert (end.seq, end.initiator) == (1, "$env")
+        assert end.agents["a"].received == {"$env": 1}
         assert runtime.agents["a"].state.count == 1
 
 
@@ -576,20 +589,23 @@ async def test_memory_store_keeps_an_unchanged_state_once() -> None:
             await within(runtime.snapshot())
         assert store.blob_count == after_first
 
-        # The first input takes the start snapshot (number 7): nothing new to keep.
+        # The first input takes the start snapshot (number 7): nothing new to keep. Going idle
+        # takes number 8, which keeps the changed state; the two after it, nothing new.
         runtime.send("still", {"x": 1})
         await runtime.run_until_idle()
-        assert store.blob_count == after_first
+        assert store.blob_count == after_first + 1
         await within(runtime.snapshot())
         assert store.blob_count == after_first + 1
         await within(runtime.snapshot())
         assert store.blob_count == after_first + 1
 
         snapshots = await runtime.list_snapshots()
-    assert len(snapshots) == 9
+    assert len(snapshots) == 10
     assert len({s.agents["still"].state_hash for s in snapshots}) == 2
     assert snapshots[0].agents["still"].state["count"] == 0
     assert snapshots[6].agents["still"].state["count"] == 0
+    assert snapshots[7].initiator == "$env"
+    assert snapshots[7].agents["still"].state["count"] == 1
     assert snapshots[-1].agents["still"].state["count"] == 1
 
 

@@ -158,8 +158,8 @@ async def run_bank(
     handles: list[SnapshotHandle] = []
     new_during_snapshot = 0
 
-    # No start snapshot: the snapshots stored are exactly the ones started here.
-    policy = SnapshotPolicy(at_start=False)
+    # No start or end snapshot: the snapshots stored are exactly the ones started here.
+    policy = SnapshotPolicy(at_start=False, at_end=False)
     async with Runtime(scheduler=scheduler, snapshot_policy=policy) as runtime:
 
         def on_new_peer(src: str, dst: str) -> None:

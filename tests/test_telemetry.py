@@ -38,6 +38,7 @@ from agentsnap import (
     RetryPolicy,
     RollbackExhausted,
     Runtime,
+    SnapshotPolicy,
     ToolFailed,
     tool,
 )
@@ -382,8 +383,11 @@ async def test_a_failed_snapshot_span_says_why(otel: Recorded) -> None:
 
 
 async def rejected_run(otel: Recorded) -> tuple[Runtime, str, Relay]:
-    """alice's message to bob is in flight at a snapshot; then a critic rejects bob's work."""
-    runtime = Runtime(telemetry=otel.telemetry)
+    """alice's message to bob is in flight at a snapshot; then a critic rejects bob's work.
+
+    No snapshot is taken as the run goes idle, so the rollback goes back to that one.
+    """
+    runtime = Runtime(telemetry=otel.telemetry, snapshot_policy=SnapshotPolicy(at_end=False))
     async with runtime:
         runtime.add(Relay("alice", to="bob"))
         bob = Relay("bob")
@@ -870,6 +874,8 @@ def test_the_module_example_runs(tmp_path: Path) -> None:
         env=_environment(),
     )
     assert done.returncode == 0, done.stderr
+    # Two snapshots: at the first input, and as the run went idle.
     assert done.stdout.strip() == (
-        "['agentsnap.snapshot', 'deliver echo', 'invoke_agent echo', 'send echo']"
+        "['agentsnap.snapshot', 'agentsnap.snapshot', 'deliver echo', 'invoke_agent echo', "
+        "'send echo']"
     )

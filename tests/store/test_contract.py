@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import re
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from owners import dead_owner
 
 import agentsnap
 from agentsnap import (
@@ -16,6 +17,7 @@ from agentsnap import (
     AgentCut,
     AgentState,
     ChannelRecord,
+    ConfigurationError,
     Context,
     JournalSegment,
     Message,
@@ -23,6 +25,7 @@ from agentsnap import (
     RecordedMessage,
     RunError,
     RunInfo,
+    RunStatus,
     Runtime,
     Snapshot,
     SnapshotHandle,
@@ -307,6 +310,148 @@ async def test_list_runs_returns_every_run_oldest_first(store: Store) -> None:
     newest = await stored_run(store, created_at=T0 + timedelta(days=1))
 
     assert await store.list_runs() == [oldest, middle, newest]
+
+
+# -- finding runs: list_runs's filters ----------------------------------------------------
+
+
+async def labelled_run(
+    store: Store,
+    *,
+    minutes: int = 0,
+    name: str | None = None,
+    tags: dict[str, str] | None = None,
+    status: RunStatus = RunStatus.SUCCEEDED,
+    reason: str | None = None,
+) -> RunInfo:
+    """A run created ``minutes`` after T0, stored with these labels and this status."""
+    run = RunInfo(
+        id=new_id(),
+        created_at=T0 + timedelta(minutes=minutes),
+        name=name,
+        tags=tags or {},
+        status=status,
+        status_reason=reason,
+    )
+    await store.create_run(run)
+    return run
+
+
+def ids(runs: list[RunInfo]) -> list[str]:
+    return [run.id for run in runs]
+
+
+async def test_list_runs_filters_by_recorded_status(store: Store) -> None:
+    done = await labelled_run(store, minutes=1)
+    failed = await labelled_run(store, minutes=2, status=RunStatus.FAILED, reason="boom")
+    cancelled = await labelled_run(store, minutes=3, status=RunStatus.CANCELLED)
+    created = await labelled_run(store, minutes=4, status=RunStatus.CREATED)
+
+    assert await store.list_runs(status=RunStatus.FAILED) == [failed]
+    assert await store.list_runs(status="cancelled") == [cancelled]
+    assert ids(await store.list_runs(status=[RunStatus.SUCCEEDED, "created"])) == ids(
+        [done, created]
+    )
+    assert await store.list_runs(status=[]) == []
+    (listed,) = await store.list_runs(status="failed")
+    assert listed.status_reason == "boom"
+
+
+async def test_list_runs_filters_on_the_status_as_reported_not_as_recorded(
+    store: Store,
+) -> None:
+    """``running`` is a run with a live owner; one recorded running without is interrupted."""
+    live = await labelled_run(store, minutes=1, status=RunStatus.RUNNING)
+    await hold(store, live.id)
+    never_owned = await labelled_run(store, minutes=2, status=RunStatus.RUNNING)
+    expired = await labelled_run(store, minutes=3, status=RunStatus.RUNNING)
+    await store.take_lease(expired.id, "elsewhere:1:a", utcnow() - timedelta(1), replacing=None)
+    gone = await labelled_run(store, minutes=4, status=RunStatus.RUNNING)
+    # Unexpired, but its process (of this host) has exited: only Python can tell.
+    await store.take_lease(gone.id, dead_owner(), utcnow() + timedelta(1), replacing=None)
+    recorded = await labelled_run(store, minutes=5, status=RunStatus.INTERRUPTED)
+    other_host = await labelled_run(store, minutes=6, status=RunStatus.RUNNING)
+    await store.take_lease(other_host.id, "elsewhere:1:b", utcnow() + timedelta(1), replacing=None)
+    await labelled_run(store, minutes=7)
+
+    running = await store.list_runs(status=RunStatus.RUNNING)
+    assert ids(running) == [live.id, other_host.id]
+    assert {run.status for run in running} == {RunStatus.RUNNING}
+    interrupted = await store.list_runs(status="interrupted")
+    assert ids(interrupted) == [never_owned.id, expired.id, gone.id, recorded.id]
+    assert all(run.status_reason for run in interrupted[:3])
+    both = await store.list_runs(status=["running", "interrupted"])
+    assert ids(both) == [live.id, never_owned.id, expired.id, gone.id, recorded.id, other_host.id]
+    # The limit counts runs as reported: the newest interrupted ones, not the newest rows.
+    assert ids(await store.list_runs(status="interrupted", limit=2)) == [gone.id, recorded.id]
+    assert ids(await store.list_runs(status="running", limit=1)) == [other_host.id]
+
+
+async def test_list_runs_filters_by_exact_name_or_a_pattern(store: Store) -> None:
+    nightly = await labelled_run(store, minutes=1, name="nightly")
+    first = await labelled_run(store, minutes=2, name="nightly-2026-11-24")
+    second = await labelled_run(store, minutes=3, name="nightly-2026-11-25")
+    shouting = await labelled_run(store, minutes=4, name="NIGHTLY-2026")
+    await labelled_run(store, minutes=5)  # no name: never matches a name
+    odd = await labelled_run(store, minutes=6, name="50%_off?[x]")
+
+    assert await store.list_runs(name="nightly") == [nightly]
+    assert ids(await store.list_runs(name="nightly-*")) == [first.id, second.id]
+    assert ids(await store.list_runs(name="*")) == ids([nightly, first, second, shouting, odd])
+    assert ids(await store.list_runs(name="*-2026-*-25")) == [second.id]
+    assert await store.list_runs(name="NIGHTLY-*") == [shouting]  # case counts
+    # %, _, ? and [ are the name's own characters, not wildcards.
+    assert await store.list_runs(name="50%_off?[x]") == [odd]
+    assert await store.list_runs(name="50%*") == [odd]
+    assert await store.list_runs(name="5_%*") == []
+    assert await store.list_runs(name="50%_off?[*") == [odd]
+    assert await store.list_runs(name="?0*") == []
+
+
+async def test_list_runs_filters_by_every_tag_given(store: Store) -> None:
+    billing = await labelled_run(store, minutes=1, tags={"team": "billing", "env": "prod"})
+    staging = await labelled_run(store, minutes=2, tags={"team": "billing", "env": "staging"})
+    await labelled_run(store, minutes=3, tags={"team": "search", "env": "prod"})
+    await labelled_run(store, minutes=4)
+
+    assert ids(await store.list_runs(tags={"team": "billing"})) == [billing.id, staging.id]
+    assert await store.list_runs(tags={"team": "billing", "env": "prod"}) == [billing]
+    assert await store.list_runs(tags={"team": "billing", "owner": "ann"}) == []
+    assert await store.list_runs(tags={"team": "Billing"}) == []
+    (listed,) = await store.list_runs(tags={"env": "staging"})
+    assert listed.tags == {"team": "billing", "env": "staging"}  # every tag, not the matched
+
+
+async def test_list_runs_filters_by_creation_time_and_keeps_the_newest(store: Store) -> None:
+    runs = [await labelled_run(store, minutes=m, name="job") for m in range(5)]
+    await labelled_run(store, minutes=10, name="other")
+
+    since = await store.list_runs(since=T0 + timedelta(minutes=3))  # at or after
+    assert ids(since) == [runs[3].id, runs[4].id, *ids((await store.list_runs())[-1:])]
+    assert ids(await store.list_runs(name="job", limit=2)) == [runs[3].id, runs[4].id]
+    assert ids(await store.list_runs(name="job", limit=50)) == ids(runs)
+    later = T0.astimezone(timezone(timedelta(hours=5))) + timedelta(minutes=4)
+    assert ids(await store.list_runs(name="job", since=later)) == [runs[4].id]
+    assert ids(await store.list_runs(limit=1)) == ids((await store.list_runs())[-1:])
+
+
+@pytest.mark.parametrize(
+    ("filters", "message"),
+    [
+        ({"status": "paused"}, "'paused' is not a run status: use one of running, succeeded"),
+        ({"status": ["failed", "nope"]}, "'nope' is not a run status"),
+        ({"name": ""}, "name= must be a run's name"),
+        ({"tags": {"team": 1}}, "tags= must map strings to strings"),
+        ({"since": datetime(2026, 1, 1)}, "has no time zone"),
+        ({"limit": 0}, "limit= must be a whole number of at least 1, got 0"),
+        ({"limit": True}, "limit= must be a whole number"),
+    ],
+)
+async def test_list_runs_refuses_filters_that_mean_nothing(
+    store: Store, filters: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        await store.list_runs(**filters)
 
 
 async def test_unknown_run_is_not_found(store: Store) -> None:
@@ -689,8 +834,10 @@ async def test_bank_ring_snapshots_are_stored_as_taken(store: Store, seed: int) 
     async with Runtime(
         store=store, scheduler=scheduler, metadata={"example": "bank ring", "seed": seed}
     ) as runtime:
-        for i, name in enumerate(names):
+        added = [
             runtime.add(Teller(name, 1_000, names[(i + 1) % tellers], random.Random(rng.random())))
+            for i, name in enumerate(names)
+        ]
         for i in range(120):
             runtime.send(rng.choice(names), kind="go")
             if i % 20 == 0:
@@ -705,7 +852,7 @@ async def test_bank_ring_snapshots_are_stored_as_taken(store: Store, seed: int) 
     taken = [await handle for handle in handles]
     assert len(taken) >= 6
     assert (await store.get_run(run_id)).metadata == {"example": "bank ring", "seed": seed}
-    start, *listed = await store.list_snapshots(run_id)
+    start, *listed, end = await store.list_snapshots(run_id)
     assert [s.id for s in listed] == [s.id for s in sorted(taken, key=lambda s: s.seq)]
     # The first input took the start snapshot: every teller as registered, nothing sent yet.
     assert (start.seq, start.initiator, start.status) == (1, "$env", SnapshotStatus.COMPLETE)
@@ -719,3 +866,15 @@ async def test_bank_ring_snapshots_are_stored_as_taken(store: Store, seed: int) 
         assert_consistent(loaded)
         assert_same_snapshot(loaded, snapshot)
         assert money_in(loaded) == 1_000 * tellers
+    # Going idle took the end snapshot: where the run stands, with nothing left in flight.
+    assert (end.seq, end.initiator, end.status) == (
+        listed[-1].seq + 1,
+        "$env",
+        SnapshotStatus.COMPLETE,
+    )
+    assert_consistent(end)
+    assert end.channels == []
+    assert money_in(end) == 1_000 * tellers
+    assert {name: cut.state for name, cut in end.agents.items() if name != "$env"} == {
+        teller.name: teller.state.model_dump(mode="json") for teller in added
+    }

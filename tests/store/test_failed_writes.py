@@ -147,26 +147,33 @@ async def test_a_failed_write_is_recorded_and_the_run_goes_on(
         run_id = runtime.run_id
 
     listed = await store.list_snapshots(run_id)
-    assert [(s.seq, s.status) for s in listed] == [
-        (1, SnapshotStatus.COMPLETE),  # the start snapshot, taken at the first input
-        (2, SnapshotStatus.COMPLETE),
-        (3, SnapshotStatus.FAILED),
-        (4, SnapshotStatus.COMPLETE),
+    assert [(s.seq, s.initiator, s.status) for s in listed] == [
+        (1, "$env", SnapshotStatus.COMPLETE),  # the start snapshot, taken at the first input
+        (2, "$env", SnapshotStatus.COMPLETE),  # each bounce ends in a snapshot as it goes idle
+        (3, "$env", SnapshotStatus.COMPLETE),
+        (4, "$env", SnapshotStatus.FAILED),  # the end of the bounce while the disk was full
+        (5, "$env", SnapshotStatus.FAILED),
+        (6, "$env", SnapshotStatus.COMPLETE),
+        (7, "$env", SnapshotStatus.COMPLETE),
     ]
-    start, earlier, failed, later = listed
-    assert start.initiator == "$env"
+    start, idle, earlier, failed_at_idle, failed, idle_again, later = listed
     assert start.agents["one"].state["count"] == start.agents["other"].state["count"] == 0
+    assert (idle.agents["one"].state["count"], idle.agents["other"].state["count"]) == (3, 3)
     assert earlier == first
     assert later == third
     assert failed.id == handle.id
-    assert failed.error is not None
-    assert "disk full (injected)" in failed.error
-    assert failed.agents == {}
-    # Nothing of the half-written snapshot was left behind.
-    assert faults.rows("agentsnap_snapshot_agents", failed.id) == 0
-    assert faults.rows("agentsnap_snapshot_messages", failed.id) == 0
-    for snapshot in (start, earlier, later):
+    for refused in (failed_at_idle, failed):
+        assert refused.error is not None
+        assert "disk full (injected)" in refused.error
+        assert refused.agents == {}
+        # Nothing of the half-written snapshot was left behind.
+        assert faults.rows("agentsnap_snapshot_agents", refused.id) == 0
+        assert faults.rows("agentsnap_snapshot_messages", refused.id) == 0
+    for snapshot in (start, idle, earlier, idle_again, later):
         assert_consistent(snapshot)
+    # ``third`` was taken where the bounce left the run, so the last ``run_until_idle``,
+    # with nothing sent or delivered since, took no further snapshot.
+    assert idle_again.agents == later.agents
     assert third.agents["one"].state["count"] == 3 + 2 + 3
     assert third.agents["other"].state["count"] == 3 + 2 + 2
 
@@ -206,9 +213,12 @@ async def test_a_store_that_is_down_fails_the_snapshot_and_not_the_run(
     assert store.refused == ["complete", "failed"]
     assert "could not be marked failed either" in caplog.text
     # The run's first input, once the store was back, took the start snapshot.
-    stored_first, start, stored_last = await store.list_snapshots(run_id)
+    # Going idle took the end snapshot, where ``last`` was then taken again.
+    stored_first, start, idle, stored_last = await store.list_snapshots(run_id)
     assert (stored_first.id, stored_last.id) == (first.id, last.id)
     assert (start.seq, start.initiator, start.status) == (3, "$env", SnapshotStatus.COMPLETE)
     assert start.agents["one"].state["count"] == start.agents["other"].state["count"] == 0
     assert_consistent(start)
+    assert (idle.seq, idle.initiator, idle.status) == (4, "$env", SnapshotStatus.COMPLETE)
+    assert idle.agents == last.agents
     assert last.agents["one"].state["count"] == 2

@@ -214,7 +214,7 @@ def test_tools_run_prints_the_ledger_of_one_run_unknown_outcomes_marked(db_url: 
 
     # The subcommands are still there.
     assert invoke("tools", "list", run_id, "--db", db_url).output.count("lost-parcel") == 1
-    assert " tools RUN [--json] [--db URL]" in invoke("tools", "--help").output
+    assert " tools RUN [--json] [--wide] [--db URL]" in invoke("tools", "--help").output
     missing = invoke("tools", "ffff", "--db", db_url)
     assert missing.exit_code == 1
     assert missing.output == "Error: no run with id 'ffff' in this store\n"
