@@ -273,7 +273,8 @@ class Context(Generic[S]):
 
         The rejected output is the message being handled when it came from ``agent``;
         the run goes back to the last consistent cut from before that message was sent.
-        Does not return.
+        Otherwise the run goes back to the last cut from before ``agent``'s latest output
+        (the newest cut, if it sent nothing since). Does not return.
 
         Args:
             agent: The agent whose work is rejected.

@@ -640,6 +640,12 @@ class RollbackManager:
             if episode not in waiting:
                 waiting.append(episode)
         target = self._coordinator.target_before(rejection.output)
+        endpoint = self._bus.endpoints.get(rejection.agent)
+        if rejection.output is None and rejection.source != "self-evaluation" and endpoint:
+            # A critic rejected the agent's work without naming a message: go back to before
+            # the agent's latest output, not merely to the newest cut.
+            sent = sum(channel.sent for channel in endpoint.outgoing.values())
+            target = self._coordinator.target_before_work_of(rejection.agent, sent) or target
         if target is None:
             raise ConfigurationError(
                 f"output of agent {rejection.agent!r} was rejected ({rejection.reason}) but no "

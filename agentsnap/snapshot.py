@@ -571,6 +571,18 @@ class SnapshotCoordinator:
                 return snapshot_id
         return None
 
+    def target_before_work_of(self, agent: str, sent: int) -> str | None:
+        """Id of the newest rollback target taken before ``agent`` had sent ``sent`` messages.
+
+        That is the newest cut from before the agent's latest output, for a critic that
+        rejects the agent's work without naming a message; ``None`` when there is none.
+        """
+        for seq in sorted(self._targets, reverse=True):
+            snapshot_id, counters = self._targets[seq]
+            if sum(counters.get(agent, {}).values()) < sent:
+                return snapshot_id
+        return None
+
     def restored(self, snapshot: Snapshot) -> None:
         """The run went back to ``snapshot``: snapshots taken after it are another future."""
         for seq in [seq for seq in self._targets if seq > snapshot.seq]:

@@ -167,3 +167,40 @@ async def test_a_later_rollback_goes_back_to_a_cut_after_the_outputs_that_passed
 def test_the_run_budget_must_not_be_negative() -> None:
     with pytest.raises(ConfigurationError, match=r"per_run=-1\) must be 0 or more"):
         RetryPolicy(per_run=-1)
+
+
+class Drafter(Agent[AgentState]):
+    """Writes a draft for each request; after feedback, a better one."""
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        version = "better" if ctx.feedback else "first"
+        self.state.memory["draft"] = version
+        ctx.send("editor", {"draft": version})
+
+
+class Editor(Agent[AgentState]):
+    """Files drafts; asked for a review later, rejects the drafter's first draft."""
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        if message.kind == "review":
+            if self.state.memory.get("filed") == "first":
+                ctx.reject("drafter", "the first draft misses the point")
+            return
+        self.state.memory["filed"] = message.payload["draft"]
+
+
+async def test_a_critic_asked_later_undoes_the_work_it_rejects() -> None:
+    """Run, go idle (a snapshot at the end), then ask for a review: the rejected work is
+    redone, although the newest cut was taken after it."""
+    async with asyncio.timeout(30), Runtime(store=MemoryStore()) as runtime:
+        runtime.add(Drafter("drafter"))
+        runtime.add(Editor("editor"))
+        runtime.send("drafter", "write")
+        await runtime.run_until_idle()  # the end snapshot holds the first draft
+        runtime.send("editor", None, kind="review")
+        await runtime.run_until_idle()
+        (rollback,) = runtime.rollbacks
+        target = await runtime.store.load_snapshot(rollback.snapshot_id)
+        assert target.seq == 1  # before the drafter's output, not the end snapshot
+        assert runtime.agents["drafter"].state.memory["draft"] == "better"
+        assert runtime.agents["editor"].state.memory["filed"] == "better"
