@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pty
 import re
 import sqlite3
 import subprocess
@@ -23,6 +22,7 @@ import click
 import pytest
 from click.testing import CliRunner
 from ledger_entries import claim_of
+from terminal import run_on_terminal
 
 from agentsnap.cli import _STATUSES, _when, main
 from agentsnap.demo import demo_model, run_demo
@@ -73,28 +73,7 @@ def on_terminal(*args: str, env: dict[str, str] | None = None) -> str:
     """Run the console script with ``args``, its standard output a terminal; what it wrote."""
     environ = {k: v for k, v in os.environ.items() if k not in {"NO_COLOR", "TERM"}}
     environ.update(env or {})
-    leader, follower = pty.openpty()
-    try:
-        process = subprocess.Popen(
-            [str(AGENTSNAP), *args], stdout=follower, stderr=subprocess.PIPE, env=environ
-        )
-    finally:
-        os.close(follower)
-    chunks = []
-    try:
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal is closed: the process is done
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(leader)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 0, err
-    return b"".join(chunks).decode()
+    return run_on_terminal([str(AGENTSNAP), *args], environ)
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,12 @@ The console script runs in a subprocess, its output piped (tables are then whole
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import io
 import json
 import os
-import pty
 import re
-import struct
 import subprocess
 import sys
-import termios
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +21,7 @@ import click
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from terminal import run_on_terminal
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime
 from agentsnap.cli import _TABLES, main
@@ -335,32 +332,12 @@ def agentsnap(*args: str, env: dict[str, str] | None = None) -> str:
 
 def on_terminal(*args: str, columns: int, env: dict[str, str] | None = None) -> str:
     """What the console script wrote to a terminal ``columns`` wide (no ``COLUMNS``)."""
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    try:
-        process = subprocess.Popen(
-            [str(AGENTSNAP), *args],
-            stdout=follower,
-            stderr=subprocess.PIPE,
-            env=without_columns({"TERM": "xterm", **(env or {})}),
-        )
-    finally:
-        os.close(follower)
-    chunks = []
-    try:
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal is closed: the process is done
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(leader)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 0, err
-    return b"".join(chunks).decode().replace("\r\n", "\n")
+    written = run_on_terminal(
+        [str(AGENTSNAP), *args],
+        without_columns({"TERM": "xterm", **(env or {})}),
+        columns,
+    )
+    return written.replace("\r\n", "\n")
 
 
 def test_twenty_agents_fit_80_columns(wide: Wide) -> None:
