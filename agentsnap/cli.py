@@ -797,12 +797,14 @@ def runs(
 
 
 def _status_cell(row: dict[str, Any]) -> str:
-    """``status``, or ``status: reason`` cut to fit a table cell."""
+    """``status``, or ``status: reason`` cut to fit a table cell (whole with ``--wide``)."""
     reason = row["status_reason"]
     if not reason:
         return str(row["status"])
     text = " ".join(f"{row['status']}: {reason}".split())
-    if len(text) <= _REASON_WIDTH:
+    ctx = click.get_current_context(silent=True)
+    wide = ctx is not None and bool(ctx.meta.get(_WIDE_KEY))
+    if wide or len(text) <= _REASON_WIDTH or console.table_width(sys.stdout) is None:
         return text
     ellipsis = console.ellipsis_for(sys.stdout)
     return text[: _REASON_WIDTH - len(ellipsis)].rstrip() + ellipsis

@@ -522,9 +522,13 @@ class Done:
         return lines[-1]
 
 
-def agentsnap(*args: str, given: str | None = None, db: str | None = None) -> Done:
-    env = {k: v for k, v in os.environ.items() if k != "AGENTSNAP_DB"}
+def agentsnap(
+    *args: str, given: str | None = None, db: str | None = None, columns: int | None = None
+) -> Done:
+    env = {k: v for k, v in os.environ.items() if k not in {"AGENTSNAP_DB", "COLUMNS"}}
     env["TZ"] = "UTC"
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
     if db is not None:
         env["AGENTSNAP_DB"] = db
     done = subprocess.run(
@@ -594,8 +598,13 @@ def test_runs_lists_names_statuses_with_reasons_and_tags(runs_db: str) -> None:
     assert header.split() == ["ID", "NAME", "STATUS", "TAGS", "CREATED", "SNAPSHOTS", "PARENT"]
     (failed,) = [line for line in lines if line.startswith("aaa2")]
     assert "failed: rollbacks exhausted: the critic" in failed
-    assert "3 times" not in failed  # cut short in the table
+    assert "3 times" in failed  # piped: whole, for scripts
     assert "env=prod,team=billing" in failed
+    on_screen = agentsnap("runs", "--db", runs_db, columns=200).out.splitlines()
+    (shown,) = [line for line in on_screen if line.startswith("aaa2")]
+    assert "failed: rollbacks exhausted: the critic" in shown
+    assert "3 times" not in shown  # cut short to fit a terminal
+    assert "env=prod,team=billing" in shown
     (cancelled,) = [line for line in lines if line.startswith("bbb1")]
     assert "cancelled: Ctrl-C" in cancelled
     assert "team=search" in cancelled
