@@ -22,8 +22,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check agentsnap tests examples benchmarks migrations
 	$(BIN)/ruff format --check agentsnap tests examples benchmarks migrations
 
+# The package, tests, examples, scripts and migrations as pyproject.toml lists them; then the
+# benchmarks on their own, since their `tools.py` and the tests' `tools` package share a name.
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy benchmarks
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site

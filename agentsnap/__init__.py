@@ -7,6 +7,7 @@ import logging
 
 from agentsnap.agents import Agent, Context, Feedback
 from agentsnap.bus import AsyncioScheduler, Scheduler
+from agentsnap.checks import Verdict
 from agentsnap.exceptions import (
     AgentsnapError,
     ConfigurationError,
@@ -54,7 +55,7 @@ from agentsnap.records import (
     Snapshot,
     SnapshotStatus,
 )
-from agentsnap.rollback import RetryPolicy, Verdict
+from agentsnap.rollback import RetryPolicy
 from agentsnap.runtime import Runtime
 from agentsnap.snapshot import SnapshotHandle, SnapshotPolicy
 from agentsnap.state import AgentState, PlanStep, ToolCallRecord

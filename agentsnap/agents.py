@@ -35,11 +35,12 @@ from agentsnap.state import AgentState
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Endpoint
+    from agentsnap.checks import CheckResult, Guard
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue, Message
+    from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo
     from agentsnap.replay import ReplayLog
-    from agentsnap.rollback import CheckResult, Guard
     from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle
     from agentsnap.telemetry import Telemetry
 
@@ -160,6 +161,7 @@ class Context(Generic[S]):
         "rejected",
         "replay",
         "run_id",
+        "tools",
     )
 
     def __init__(
@@ -186,6 +188,9 @@ class Context(Generic[S]):
         """Where side-effecting tool calls are recorded (set by the runtime)."""
         self.replay: ReplayLog | None = None
         """The run's replay log, made durable before each side-effecting tool call (set by
+        the runtime)."""
+        self.tools: KnownTools | None = None
+        """The tools the runtime knows; a tool called from the handler joins them (set by
         the runtime)."""
         self.rejected: OutputRejected | None = None
         """The rejection raised in the running handler, if any: the runtime acts on it even

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
 from agentsnap.exceptions import (
+    ConfigurationError,
     InvalidAgentName,
     PayloadNotSerializable,
     UnknownAgentError,
@@ -435,7 +436,9 @@ class AsyncioScheduler:
 
     def __init__(self, fairness: int = 64) -> None:
         if fairness < 1:
-            raise ValueError("fairness must be at least 1")
+            raise ConfigurationError(
+                f"AsyncioScheduler(fairness={fairness}) must be at least 1 message in a row"
+            )
         self._fairness = fairness
         self._deliver: Deliver | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}

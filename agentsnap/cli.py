@@ -199,14 +199,10 @@ def _exists(db: str) -> bool:
     """False for an SQLite URL naming a file that does not exist, else true."""
     from pathlib import Path  # noqa: PLC0415
 
-    from sqlalchemy.engine import make_url  # noqa: PLC0415
+    from agentsnap.store.dialect import sqlite_file  # noqa: PLC0415
 
-    from agentsnap.store.migrate import sync_url  # noqa: PLC0415
-
-    parsed = make_url(sync_url(db))
-    if parsed.get_backend_name() != "sqlite" or parsed.database in {None, "", ":memory:"}:
-        return True
-    return Path(parsed.database).exists()
+    path = sqlite_file(db)
+    return path is None or Path(path).exists()
 
 
 @db.command()

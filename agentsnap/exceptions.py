@@ -501,6 +501,6 @@ class ToolOutcomeUnknown(RunError):
             f"{owner or 'its owner'} claimed it and stopped before recording an outcome, so the "
             "effect may or may not have happened. Check the outside system, then record what "
             f"happened: `agentsnap tools resolve {key} --result JSON` (or --error TEXT), or "
-            "agentsnap.tools.resolve(); a tool that passes its key to the service may declare "
+            "agentsnap.ledger.resolve(); a tool that passes its key to the service may declare "
             "@tool(rerun_if_unknown=True) to be run again instead"
         )

@@ -35,6 +35,7 @@ from agentsnap.journal import read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
 from agentsnap.limits import check_run_id
 from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
+from agentsnap.store.graph import GraphCheckpointIndex
 from agentsnap.store.ledger import ledger_for
 
 if TYPE_CHECKING:
@@ -563,13 +564,16 @@ async def graph_checkpoints_table(
     created_at, metadata``) and ``"snapshots"``: the numbers of the run's complete snapshots
     whose state of that agent names that checkpoint, the checkpoint a rollback to them
     restores. The checkpoints are found when the graph agents' checkpointer is an
-    ``AgentsnapSaver`` on the store's database (see ``Store.list_graph_checkpoints``); a
+    ``AgentsnapSaver`` on the store's database (see ``GraphCheckpointIndex``; a store that
+    does not implement it holds no graph checkpoints, and the table is empty); a
     snapshot names a checkpoint by its id, which a fork's copy of a checkpoint keeps.
 
     Raises:
         NotFoundError: No such run, or the prefix is ambiguous.
     """
     run = await resolve_run(store, run_prefix)
+    if not isinstance(store, GraphCheckpointIndex):
+        return []
     checkpoints = await store.list_graph_checkpoints(run.id, agent)
     held: dict[tuple[str, str], list[int]] = {}
     for name in dict.fromkeys(c.agent for c in checkpoints):

@@ -37,6 +37,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from agentsnap.exceptions import ConfigurationError
 from agentsnap.records import JournalMessage, JournalSegment
 from agentsnap.state import compact_json
 
@@ -83,9 +84,13 @@ class Journal:
         segment_size: int = 64,
     ) -> None:
         if not interval > 0:
-            raise ValueError("the journal interval must be a positive number of seconds")
+            raise ConfigurationError(
+                f"the journal interval ({interval}) must be a positive number of seconds"
+            )
         if segment_size < 1:
-            raise ValueError("the journal segment size must be at least 1 message")
+            raise ConfigurationError(
+                f"the journal segment size ({segment_size}) must be at least 1 message"
+            )
         self._bus = bus
         self._store = store
         self._run_id = run_id

@@ -25,15 +25,16 @@ decides what happens, following Stripe's idempotency keys and the IETF Idempoten
 
 The ledger is never rolled back. A handler re-executed after a rollback derives the same keys
 for the calls it repeats and gets their recorded results; the calls the new path does not
-repeat are marked ``abandoned`` by [`reconcile`][agentsnap.tools.reconcile] when the run ends,
+repeat are marked ``abandoned`` by [`reconcile`][agentsnap.once.reconcile] when the run ends,
 and a tool's ``compensate`` action runs once for each of them.
 
 This module holds what the ledger records ([`LedgerEntry`][agentsnap.ledger.LedgerEntry],
 [`ToolCallStatus`][agentsnap.ledger.ToolCallStatus]), the [`Ledger`][agentsnap.ledger.Ledger]
 protocol every ledger follows, who owns a claim, how keys are made, and
-[`resolve`][agentsnap.ledger.resolve]. The tools that follow these rules are in
-[`agentsnap.tools`][agentsnap.tools], and so is [`reconcile`][agentsnap.tools.reconcile],
-because it runs the tools' compensating actions.
+[`resolve`][agentsnap.ledger.resolve]. The state machine that follows these rules for one
+call is [`run_once`][agentsnap.once.run_once], in [`agentsnap.once`][agentsnap.once] with
+[`reconcile`][agentsnap.once.reconcile]; the tools that use it are in
+[`agentsnap.tools`][agentsnap.tools].
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "ToolCallStatus",
+    "check_key",
     "derive_key",
     "fingerprint",
     "is_orphaned",
@@ -100,11 +102,6 @@ class ToolCallStatus(enum.StrEnum):
     """Abandoned, and the compensating action returned; ``compensation`` holds its result."""
     COMPENSATION_FAILED = "compensation_failed"
     """Abandoned, and the compensating action raised; ``compensation`` holds the error."""
-
-
-_OUTCOME_KNOWN = frozenset(
-    {ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.ABANDONED}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +160,7 @@ class Ledger(Protocol):
     """Where side-effecting tool calls are recorded, keyed by idempotency key.
 
     Every method is atomic on its own; the rules (what a status means, who may change it)
-    live in this module and in [`agentsnap.tools`][agentsnap.tools], not in the
+    live in this module and in [`agentsnap.once`][agentsnap.once], not in the
     implementations, so every ledger behaves alike. Implementations:
     [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger] and
     [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger].
@@ -223,9 +220,6 @@ def owner_id() -> str:
     return liveness.owner_id()
 
 
-_owner_is_gone = liveness.owner_is_gone
-
-
 # -- keys -----------------------------------------------------------------------------------
 
 
@@ -256,7 +250,13 @@ def derive_key(  # noqa: PLR0917
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _check_key(key: str) -> str:
+def check_key(key: str) -> str:
+    """Check an idempotency key given by a caller, and return it.
+
+    Raises:
+        ConfigurationError: The key is not a string of 1 to ``MAX_KEY_LENGTH`` characters,
+            or holds the NUL character or a lone surrogate.
+    """
     return check_text(
         key,
         "the idempotency key",

@@ -35,12 +35,13 @@ import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from pydantic import BaseModel
 
 from agentsnap.agents import Agent, Context
 from agentsnap.bus import AsyncioScheduler, Bus, Channel, Endpoint, Scheduler
+from agentsnap.checks import Check, Guard, OutputCheck, failure_reason
 from agentsnap.exceptions import (
     ConfigurationError,
     DuplicateAgentError,
@@ -56,6 +57,7 @@ from agentsnap.journal import Journal
 from agentsnap.ledger import Ledger, ToolCallStatus, mark_orphaned, owner_id
 from agentsnap.limits import check_run_id, check_run_labels
 from agentsnap.messages import ENVIRONMENT, Marker, Message
+from agentsnap.once import KnownTools, reconcile, recorded, unrecorded
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import (
     ReplaySegment,
@@ -68,14 +70,10 @@ from agentsnap.records import (
 )
 from agentsnap.replay import ReplayLog, plan_replay
 from agentsnap.rollback import (
-    Check,
-    Guard,
     InputLog,
-    OutputCheck,
     RetryPolicy,
     RollbackManager,
     current_cut,
-    failure_reason,
     restore_cut,
 )
 from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle, SnapshotPolicy
@@ -94,7 +92,6 @@ from agentsnap.store.spool import (
     UpdateLedger,
 )
 from agentsnap.telemetry import Telemetry, resolve
-from agentsnap.tools import reconcile, recorded, unrecorded
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -103,6 +100,8 @@ if TYPE_CHECKING:
     from agentsnap.store import Store
 
 __all__ = ["Runtime"]
+
+A = TypeVar("A", bound="Agent[Any]")
 
 logger = logging.getLogger("agentsnap")
 _now_ns = time.time_ns
@@ -209,6 +208,10 @@ class Runtime:
         run_id: Id of this run.
         store: The store snapshots are written to.
         ledger: The tool-call ledger.
+        tools: The tools this runtime knows, by name: a tool joins when an agent first
+            calls it. Declare one with ``runtime.tools.add(tool)`` to have its compensating
+            action run at close even when no handler calls it in this process (a resumed
+            run). Two different tools with one name are a ``ConfigurationError``.
         failures: Every handler failure so far, oldest first.
     """
 
@@ -236,6 +239,7 @@ class Runtime:
         if ledger is None:
             ledger = ledger_for(self.store) or MemoryLedger()
         self.ledger: Ledger = ledger
+        self.tools = KnownTools()
         self.failures: list[HandlerFailed] = []
         self._metadata = dict(metadata or {})
         self._name, self._tags = check_run_labels(name, tags)
@@ -325,7 +329,7 @@ class Runtime:
         """The bus (channels, counters), for inspection and tests."""
         return self._bus
 
-    def add(self, agent: Agent[Any]) -> Agent[Any]:
+    def add(self, agent: A) -> A:
         """Register an agent and return it.
 
         Raises:
@@ -350,6 +354,7 @@ class Runtime:
         endpoint.context = Context(agent, endpoint, self._bus, coordinator, self.run_id)
         endpoint.context.ledger = self.ledger
         endpoint.context.replay = self._replay
+        endpoint.context.tools = self.tools
         coordinator.joined(endpoint, blob.hash)
         self._arm(agent.name)
         return agent
@@ -545,6 +550,7 @@ class Runtime:
                     self.ledger,
                     self.run_id,
                     [a.state for a in self._agents.values()],
+                    self.tools,
                     store=self.store,
                 )
         except Exception as exc:  # the run's status is still recorded; then it is raised

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentsnap.exceptions import SnapshotFailed, StateNotSerializable
+from agentsnap.exceptions import ConfigurationError, SnapshotFailed, StateNotSerializable
 from agentsnap.messages import ENVIRONMENT, Marker
 from agentsnap.records import (
     AgentCut,
@@ -42,12 +42,17 @@ from agentsnap.records import (
     SnapshotStatus,
     utcnow,
 )
-from agentsnap.state import StateBlob, canonical_json, check_round_trip, encode_state
+from agentsnap.state import (
+    HasState,
+    StateBlob,
+    canonical_json,
+    check_round_trip,
+    encode_state,
+)
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from agentsnap.agents import Agent
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.messages import Message
     from agentsnap.telemetry import Telemetry
@@ -86,11 +91,19 @@ class SnapshotPolicy:
 
     def __post_init__(self) -> None:
         if self.every_deliveries is not None and self.every_deliveries < 1:
-            raise ValueError("every_deliveries must be a positive number of messages")
+            raise ConfigurationError(
+                f"SnapshotPolicy(every_deliveries={self.every_deliveries}) must be a positive "
+                "number of messages (or None for no snapshot by count)"
+            )
         if self.every_seconds is not None and not self.every_seconds > 0:
-            raise ValueError("every_seconds must be a positive number of seconds")
+            raise ConfigurationError(
+                f"SnapshotPolicy(every_seconds={self.every_seconds}) must be a positive number "
+                "of seconds (or None for no snapshot by time)"
+            )
         if self.max_in_progress < 1:
-            raise ValueError("max_in_progress must be at least 1")
+            raise ConfigurationError(
+                f"SnapshotPolicy(max_in_progress={self.max_in_progress}) must be at least 1"
+            )
 
 
 def cut_problems(snapshot: Snapshot) -> list[str]:
@@ -229,7 +242,7 @@ class SnapshotCoordinator:
     def __init__(
         self,
         bus: Bus,
-        agents: Mapping[str, Agent[Any]],
+        agents: Mapping[str, HasState],
         run_id: str,
         persist: Persist,
     ) -> None:

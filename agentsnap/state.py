@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +20,7 @@ from agentsnap.messages import JsonValue
 
 __all__ = [
     "AgentState",
+    "HasState",
     "PlanStep",
     "StateBlob",
     "ToolCallRecord",
@@ -90,6 +91,26 @@ class AgentState(BaseModel):
     """The steps the agent intends to take."""
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     """Every tool call the agent made, in order."""
+
+
+class HasState(Protocol):
+    """What snapshots and rollbacks need of an agent: its state, and the state's type.
+
+    [`Agent`][agentsnap.Agent] satisfies it; the snapshot and rollback layers depend on this
+    protocol rather than on the agents layer above them.
+    """
+
+    @property
+    def state(self) -> BaseModel:
+        """The agent's current state."""
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        """Replace the state (a restore)."""
+
+    @property
+    def state_type(self) -> type[BaseModel]:
+        """The pydantic model of the state, to rebuild it from JSON."""
 
 
 class StateBlob:

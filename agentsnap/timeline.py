@@ -42,6 +42,7 @@ from datetime import datetime, timedelta
 from html import escape
 from typing import TYPE_CHECKING
 
+from agentsnap.exceptions import ConfigurationError
 from agentsnap.inspect import resolve_run
 from agentsnap.journal import read_journal
 from agentsnap.records import SnapshotStatus
@@ -111,14 +112,14 @@ def render(timeline: Timeline, suffix: str, *, max_messages: int = 1000) -> str:
     """The diagram as the document a file with this suffix (``.svg`` or ``.html``) holds.
 
     Raises:
-        ValueError: Another suffix.
+        ConfigurationError: Another suffix.
     """
     kind = suffix.lower()
     if kind == ".svg":
         return render_svg(timeline, max_messages=max_messages)
     if kind == ".html":
         return render_html(timeline, max_messages=max_messages)
-    raise ValueError(
+    raise ConfigurationError(
         f"cannot draw a timeline as {suffix or 'a file without a suffix'!r}: use .svg or .html"
     )
 

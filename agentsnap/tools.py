@@ -7,11 +7,11 @@ agent's state (``tool_calls``), so snapshots carry the agent's tool-call history
 A tool declared ``side_effect=True`` touches the outside world (charges a card, sends an
 email), so each of its calls is claimed in a ledger under an idempotency key before it runs,
 and its outcome recorded after: [`agentsnap.ledger`][agentsnap.ledger] says how keys are made
-and what the ledger decides for a key it already holds. [`Tool`][agentsnap.Tool] follows those
-rules, and [`reconcile`][agentsnap.tools.reconcile] marks, when a run ends, the effects a
-rollback abandoned and runs their compensating actions. The ledger's names (``Ledger``,
-``LedgerEntry``, ``ToolCallStatus``, ``resolve`` and the others in ``__all__``) can be
-imported from this module too.
+and what the ledger decides for a key it already holds. [`Tool`][agentsnap.Tool] hands each
+call to [`run_once`][agentsnap.once.run_once], which follows those rules; when a run ends,
+[`reconcile`][agentsnap.once.reconcile] marks the effects a rollback abandoned and runs the
+compensating actions of the tools the runtime knows (``Runtime.tools``). Two different
+tools with one name in one runtime are an error.
 
 Example:
     ```python
@@ -46,69 +46,31 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import logging
 import typing
-import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticSerializationError
 
-from agentsnap.exceptions import (
-    ConfigurationError,
-    IdempotencyConflict,
-    NotFoundError,
-    StoreError,
-    ToolArgumentsInvalid,
-    ToolFailed,
-    ToolInProgress,
-    ToolOutcomeUnknown,
-)
-from agentsnap.ledger import (
-    _OUTCOME_KNOWN,
-    MAX_KEY_LENGTH,  # noqa: F401  # agentsnap.tools.MAX_KEY_LENGTH predates agentsnap.ledger
-    Change,
-    Ledger,
-    LedgerEntry,
-    ToolCallStatus,
-    _check_key,
-    _owner_is_gone,
-    derive_key,
-    fingerprint,
-    mark_orphaned,
-    owner_id,
-    resolve,
-)
+from agentsnap.exceptions import ConfigurationError, ToolArgumentsInvalid, ToolFailed
+from agentsnap.ledger import LedgerEntry, check_key, derive_key, fingerprint
 from agentsnap.limits import MAX_TOOL_NAME, check_text
-from agentsnap.records import utcnow
-from agentsnap.state import AgentState, ToolCallRecord, canonical_json
+from agentsnap.once import Outcome, run_once
+from agentsnap.state import ToolCallRecord, canonical_json
 from agentsnap.telemetry import tool_call
 
 if TYPE_CHECKING:
     from agentsnap.agents import Context
+    from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue
-    from agentsnap.store import Store
 
-__all__ = [
-    "Change",
-    "Ledger",
-    "LedgerEntry",
-    "Tool",
-    "ToolCall",
-    "ToolCallStatus",
-    "ToolRetry",
-    "derive_key",
-    "fingerprint",
-    "owner_id",
-    "reconcile",
-    "resolve",
-    "tool",
-]
+__all__ = ["Tool", "ToolCall", "ToolRetry", "tool"]
 
 logger = logging.getLogger("agentsnap")
 
@@ -116,8 +78,6 @@ R = TypeVar("R")
 
 RESULT_SUMMARY_CHARS = 500
 """A result whose JSON is longer than this is summarised in the agent's state."""
-_POLL_FIRST = 0.002
-_POLL_MAX = 0.1
 
 
 # -- tools ----------------------------------------------------------------------------------
@@ -185,70 +145,6 @@ Compensation = Callable[[LedgerEntry], Any]
 """A compensating action: takes the abandoned entry, returns JSON (or an awaitable of it)."""
 
 
-class _Outcome(typing.NamedTuple):
-    value: Any
-    result: JsonValue
-    attempts: int
-    replayed: bool
-
-
-_registry: weakref.WeakValueDictionary[str, Tool[Any]] = weakref.WeakValueDictionary()
-
-
-class Unrecorded(typing.NamedTuple):
-    """The outcome of a call whose effect happened but which the ledger could not record.
-
-    Kept in memory until it is written: by the next call of that key in this process, or
-    by the runtime at close (spooled when the database is still away).
-    """
-
-    run_id: str | None
-    key: str
-    tool: str
-    fingerprint: str
-    attempt: int
-    change: Change
-    outcome: _Outcome | None
-    failure: ToolFailed | None
-    ledger: Ledger
-
-    async def record(self, ledger: Ledger) -> bool:
-        """Write the outcome, if the entry is still this process's attempt; True if it was."""
-        return await ledger.update(
-            self.key,
-            self.change,
-            statuses=(ToolCallStatus.IN_PROGRESS, ToolCallStatus.UNKNOWN),
-            owner=owner_id(),
-            attempts=self.attempt,
-        )
-
-
-# Outcomes known here and not yet in the ledger, by key (keys are unique across runs).
-_unrecorded: dict[str, Unrecorded] = {}
-
-
-async def _record_pending(ledger: Ledger) -> None:
-    """Write the outcomes kept for ``ledger``, now that a call of it goes ahead.
-
-    Raises:
-        StoreError: The ledger still fails (the outcomes are kept).
-    """
-    for key, pending in list(_unrecorded.items()):
-        if pending.ledger is ledger:
-            await pending.record(ledger)  # False: taken over meanwhile, nothing to keep
-            _unrecorded.pop(key, None)
-
-
-def unrecorded(run_id: str) -> list[Unrecorded]:
-    """The outcomes of ``run_id``'s calls that happened and are not in the ledger yet."""
-    return [entry for entry in _unrecorded.values() if entry.run_id == run_id]
-
-
-def recorded(key: str) -> None:
-    """The outcome of ``key`` is in the ledger now (written from elsewhere, say a spool)."""
-    _unrecorded.pop(key, None)
-
-
 class Tool(Generic[R]):
     """A function agents call as a tool; made by the [`tool`][agentsnap.tool] decorator.
 
@@ -314,10 +210,11 @@ class Tool(Generic[R]):
         self.wait = wait
         self._is_async = inspect.iscoroutinefunction(fn)
         self._wants_call, self._arguments, self._names, self._returns = _signature(fn, self.name)
-        _registry[self.name] = self
+        self._load = None if self._returns is None else self._returns.validate_python
 
     def __repr__(self) -> str:
-        return f"<Tool {self.name!r}{' side_effect' if self.side_effect else ''}>"
+        where = f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
+        return f"<Tool {self.name!r}{' side_effect' if self.side_effect else ''} of {where}>"
 
     def arguments_schema(self) -> dict[str, Any]:
         """The JSON Schema of the tool's keyword arguments, as tool-calling models take it.
@@ -342,12 +239,16 @@ class Tool(Generic[R]):
 
         Raises:
             ToolArgumentsInvalid: The arguments do not fit the tool.
-            ConfigurationError: A side-effecting call outside a handler without ``key``.
+            ConfigurationError: A side-effecting call outside a handler without ``key``, or
+                the runtime knows another tool of this name.
             IdempotencyConflict: ``key`` was used for another call.
             ToolFailed: The tool failed (now, or as recorded for this key).
             ToolInProgress: The same key is in progress elsewhere beyond the tool's wait.
             ToolOutcomeUnknown: The key's outcome is unknown and re-running is not safe.
         """
+        known = ctx.tools
+        if known is not None:
+            known.add(self)
         values, args_json, printed = self._validate(arguments)
         message = ctx.message
         message_id = message.id if message is not None else None
@@ -368,7 +269,7 @@ class Tool(Generic[R]):
                     )
                 key = derive_key(ctx.run_id, agent, message_id, index, self.name, printed)
             else:
-                _check_key(key)
+                check_key(key)
             ledger = ctx.ledger
             if ledger is None:
                 raise ConfigurationError(
@@ -405,7 +306,7 @@ class Tool(Generic[R]):
                     if replay is not None and replay.pending():
                         # What this call depends on is durable before it can have an effect.
                         await replay.flush()
-                    outcome = await self._guarded(ledger, info, values, args_json, printed)
+                    outcome = await self._once(ledger, info, values, args_json, printed)
                 else:
                     outcome = await self._run(values, info, 1)
                 traced.deduplicated(outcome.replayed)
@@ -466,8 +367,8 @@ class Tool(Generic[R]):
             )
         if ledger is None:
             raise ConfigurationError(f"side-effecting tool {self.name!r} needs a ledger")
-        _check_key(key)
-        outcome = await self._guarded(ledger, info, values, args_json, printed)
+        check_key(key)
+        outcome = await self._once(ledger, info, values, args_json, printed)
         return typing.cast("R", outcome.value)
 
     def _no_key(self) -> str:
@@ -476,265 +377,33 @@ class Tool(Generic[R]):
             "@tool(side_effect=True) if it touches the outside world"
         )
 
-    # -- the ledger protocol of one call ----------------------------------------------------
-
-    async def _guarded(
+    async def _once(
         self,
         ledger: Ledger,
         info: ToolCall,
         values: dict[str, Any],
         args_json: dict[str, JsonValue],
         printed: str,
-    ) -> _Outcome:
-        key = info.key
-        assert key is not None
-        if _unrecorded:
-            pending = _unrecorded.get(key)
-            if pending is not None and (pending.tool, pending.fingerprint) == (self.name, printed):
-                return await self._known(ledger, pending)
-            await _record_pending(ledger)
-        me = owner_id()
-        now = utcnow()
-        entry = LedgerEntry(
-            key=key,
+    ) -> Outcome:
+        """Run the call through the ledger, at most once for its key."""
+        assert info.key is not None
+        return await run_once(
+            ledger,
+            info.key,
             tool=self.name,
-            fingerprint=printed,
             arguments=args_json,
-            status=ToolCallStatus.IN_PROGRESS,
-            created_at=now,
-            updated_at=now,
+            call=functools.partial(self._run, values, info),
+            fingerprint=printed,
+            load=self._load,
             run_id=info.run_id,
             agent=info.agent,
             message_id=info.message_id,
-            owner=me,
-            lease_until=now + timedelta(seconds=self.lease),
-            attempts=1,
+            lease=self.lease,
+            wait=self.wait,
+            rerun_if_unknown=self.rerun_if_unknown,
         )
-        found = await ledger.claim(entry)
-        if found is None:
-            return await self._run_claimed(ledger, info, values, 1, printed)
-        deadline: float | None = None
-        pause = _POLL_FIRST
-        loop = asyncio.get_running_loop()
-        while True:
-            if found.tool != self.name or found.fingerprint != printed:
-                what = (
-                    f"it was used for tool {found.tool!r}"
-                    if found.tool != self.name
-                    else "it was used with other arguments"
-                )
-                raise IdempotencyConflict(
-                    key, self.name, f"{what} ({_short_json(found.arguments)})"
-                )
-            status = found.status
-            if status in _OUTCOME_KNOWN:
-                if status == ToolCallStatus.ABANDONED:
-                    # A path that repeats the call again: the effect is live once more.
-                    await ledger.update(
-                        key,
-                        {"status": ToolCallStatus.SUCCEEDED, "updated_at": utcnow()},
-                        statuses=(ToolCallStatus.ABANDONED,),
-                    )
-                return self._replay(found)
-            takeover = False
-            if status == ToolCallStatus.RETRYABLE:
-                takeover = True
-            elif status == ToolCallStatus.IN_PROGRESS:
-                expired = found.lease_until is None or found.lease_until <= utcnow()
-                if expired or _owner_is_gone(found.owner):
-                    if self.rerun_if_unknown:
-                        takeover = True
-                    else:
-                        marked = await ledger.update(
-                            key,
-                            {"status": ToolCallStatus.UNKNOWN, "updated_at": utcnow()},
-                            statuses=(ToolCallStatus.IN_PROGRESS,),
-                            owner=found.owner,
-                            attempts=found.attempts,
-                        )
-                        if marked:
-                            raise ToolOutcomeUnknown(key, self.name, found.owner)
-                else:
-                    if deadline is None:
-                        deadline = loop.time() + self.wait
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        raise ToolInProgress(key, self.name, found.owner, self.wait)
-                    await asyncio.sleep(min(pause, remaining))
-                    pause = min(pause * 2, _POLL_MAX)
-            elif status == ToolCallStatus.UNKNOWN:
-                if not self.rerun_if_unknown:
-                    raise ToolOutcomeUnknown(key, self.name, found.owner)
-                takeover = True
-            else:  # compensating, compensated, compensation_failed
-                raise IdempotencyConflict(
-                    key,
-                    self.name,
-                    "its effect was abandoned by a rollback and is "
-                    + status.value.replace("_", " "),
-                )
-            if takeover:
-                attempt = found.attempts + 1
-                now = utcnow()
-                won = await ledger.update(
-                    key,
-                    {
-                        "status": ToolCallStatus.IN_PROGRESS,
-                        "owner": me,
-                        "lease_until": now + timedelta(seconds=self.lease),
-                        "attempts": attempt,
-                        "updated_at": now,
-                    },
-                    statuses=(status,),
-                    owner=found.owner,
-                    attempts=found.attempts,
-                )
-                if won:
-                    if status != ToolCallStatus.RETRYABLE:
-                        logger.warning(
-                            "tool %r: running key %s again after an unknown outcome (the tool "
-                            "declares rerun_if_unknown)",
-                            self.name,
-                            key,
-                        )
-                    return await self._run_claimed(ledger, info, values, attempt, printed)
-            again = await ledger.get(key)
-            if again is None:  # nothing deletes entries; only a hand-edited ledger gets here
-                raise NotFoundError("ledger entry", key)
-            found = again
 
-    async def _known(self, ledger: Ledger, pending: Unrecorded) -> _Outcome:
-        """Repeat a call whose outcome this process knows and the ledger does not yet."""
-        try:
-            await pending.record(ledger)
-        except StoreError as exc:
-            logger.warning("tool %r: key %s still not recorded: %s", self.name, pending.key, exc)
-        else:
-            _unrecorded.pop(pending.key, None)
-        if pending.failure is not None:
-            failure = pending.failure
-            raise ToolFailed(
-                self.name,
-                pending.key,
-                failure.error_type,
-                failure.detail,
-                replayed=True,
-            )
-        assert pending.outcome is not None
-        return pending.outcome._replace(attempts=0, replayed=True)
-
-    def _replay(self, entry: LedgerEntry) -> _Outcome:
-        if entry.status == ToolCallStatus.FAILED:
-            error_type, _, detail = (entry.error or "Error: unknown").partition(": ")
-            raise ToolFailed(self.name, entry.key, error_type, detail, replayed=True)
-        value = self._returns.validate_python(entry.result) if self._returns else entry.result
-        return _Outcome(value, entry.result, 0, replayed=True)
-
-    async def _run_claimed(
-        self, ledger: Ledger, info: ToolCall, values: dict[str, Any], attempt: int, printed: str
-    ) -> _Outcome:
-        key = info.key
-        assert key is not None
-        me = owner_id()
-        try:
-            outcome = await self._run(values, info, attempt)
-        except ToolFailed as failed:
-            status = ToolCallStatus.RETRYABLE if failed.transient else ToolCallStatus.FAILED
-            ran = attempt - 1 + failed.attempts
-            await self._record(
-                ledger,
-                info,
-                attempt,
-                {
-                    "status": status,
-                    "error": f"{failed.error_type}: {failed.detail}",
-                    "attempts": ran,
-                    "owner": None,
-                    "lease_until": None,
-                },
-                printed,
-                failure=failed,
-            )
-            raise
-        except BaseException:
-            # Cancelled (or interrupted) while the tool ran: whether the effect happened is
-            # unknown, and saying so at once spares other callers the wait for the lease.
-            await _shielded(
-                ledger.update(
-                    key,
-                    {"status": ToolCallStatus.UNKNOWN, "updated_at": utcnow()},
-                    statuses=(ToolCallStatus.IN_PROGRESS,),
-                    owner=me,
-                    attempts=attempt,
-                )
-            )
-            raise
-        ran = attempt - 1 + outcome.attempts
-        outcome = outcome._replace(attempts=ran)
-        await self._record(
-            ledger,
-            info,
-            attempt,
-            {
-                "status": ToolCallStatus.SUCCEEDED,
-                "result": outcome.result,
-                "attempts": ran,
-                "owner": None,
-                "lease_until": None,
-            },
-            printed,
-            outcome=outcome,
-        )
-        return outcome
-
-    async def _record(
-        self,
-        ledger: Ledger,
-        info: ToolCall,
-        attempt: int,
-        change: Change,
-        printed: str,
-        *,
-        outcome: _Outcome | None = None,
-        failure: ToolFailed | None = None,
-    ) -> None:
-        """Record the outcome of a call that ran; kept in memory if the ledger is away.
-
-        The effect has happened either way: the caller gets its outcome, and the record is
-        written later (see ``Unrecorded``) rather than the work being lost.
-        """
-        key = info.key
-        assert key is not None
-        change["updated_at"] = utcnow()
-        try:
-            recorded = await ledger.update(
-                key,
-                change,
-                statuses=(ToolCallStatus.IN_PROGRESS, ToolCallStatus.UNKNOWN),
-                owner=owner_id(),
-                attempts=attempt,
-            )
-        except StoreError as exc:
-            logger.error(
-                "tool %r: the outcome of key %s happened but is not recorded yet; it is kept "
-                "and written later: %s",
-                self.name,
-                key,
-                exc,
-            )
-            _unrecorded[key] = Unrecorded(
-                info.run_id, key, self.name, printed, attempt, change, outcome, failure, ledger
-            )
-            return
-        if not recorded:
-            logger.warning(
-                "tool %r: the outcome of key %s was not recorded, because another caller took "
-                "the key over or a person resolved it meanwhile",
-                self.name,
-                key,
-            )
-
-    async def _run(self, values: dict[str, Any], info: ToolCall, first_attempt: int) -> _Outcome:
+    async def _run(self, values: dict[str, Any], info: ToolCall, first_attempt: int) -> Outcome:
         """Run the function, retrying declared transient errors; wrap failures in ToolFailed."""
         attempts = 0
         try:
@@ -772,7 +441,7 @@ class Tool(Generic[R]):
                 "values or pydantic models, and annotate the return type",
                 attempts=attempts,
             ) from exc
-        return _Outcome(value, result, attempts, replayed=False)
+        return Outcome(value, result, attempts)
 
     async def _call_fn(self, values: dict[str, Any], info: ToolCall, attempt: int) -> Any:
         if self._wants_call:
@@ -807,8 +476,29 @@ class Tool(Generic[R]):
         canonical_json(dumped)  # refuses NaN and other non-JSON the dump let through
         return dumped
 
-    async def _run_compensation(self, entry: LedgerEntry) -> JsonValue:
-        assert self.compensate is not None
+    @property
+    def compensates(self) -> bool:
+        """Whether the tool declares a compensating action (``compensate=``)."""
+        return self.compensate is not None
+
+    async def compensation(self, entry: LedgerEntry) -> JsonValue:
+        """Run the compensating action for ``entry``, an effect a rollback abandoned.
+
+        Declared transient errors are retried as the tool's ``retry`` says.
+        [`reconcile`][agentsnap.once.reconcile] calls this once per abandoned entry.
+
+        Args:
+            entry: The abandoned ledger entry (its arguments, result and key).
+
+        Returns:
+            What the action returned, as JSON.
+
+        Raises:
+            ConfigurationError: The tool declares no compensating action.
+            Exception: Whatever the action raised last.
+        """
+        if self.compensate is None:
+            raise ConfigurationError(f"tool {self.name!r} declares no compensate= action")
         retrying = tenacity.AsyncRetrying(
             stop=self.retry.stop if self.transient else tenacity.stop_after_attempt(1),
             wait=self.retry.wait,
@@ -827,15 +517,6 @@ class Tool(Generic[R]):
 
 
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
-
-
-async def _shielded(update: Awaitable[bool]) -> None:
-    """Run a ledger update even while the caller is being cancelled; never raise."""
-    task = asyncio.ensure_future(update)
-    try:
-        await asyncio.shield(task)
-    except BaseException:  # best effort: the lease covers a lost update
-        logger.warning("could not mark a cancelled tool call as unknown in the ledger")
 
 
 def _signature(
@@ -895,11 +576,6 @@ def _summary(result: JsonValue) -> JsonValue:
     if len(text) <= RESULT_SUMMARY_CHARS:
         return result
     return f"{text[: RESULT_SUMMARY_CHARS - 40]}… ({len(text)} characters of JSON)"
-
-
-def _short_json(value: JsonValue) -> str:
-    text = canonical_json(value)
-    return text if len(text) <= 120 else f"{text[:117]}..."
 
 
 def _first_line(exc: BaseException) -> str:
@@ -999,85 +675,3 @@ def tool(
         return Tool(function, **options)
 
     return decorate
-
-
-# -- after the run --------------------------------------------------------------------------
-
-
-async def reconcile(
-    ledger: Ledger,
-    run_id: str,
-    states: Iterable[AgentState],
-    tools: Mapping[str, Tool[Any]] | None = None,
-    *,
-    store: Store | None = None,
-) -> list[LedgerEntry]:
-    """Mark the run's effects that no agent's final state holds as abandoned; compensate them.
-
-    A call that succeeded on a path a rollback discarded, and that the re-executed path did
-    not repeat (same key), is no longer part of the run: it becomes ``abandoned``. When its
-    tool declares ``compensate``, the compensating action runs once (the entry is claimed as
-    ``compensating`` first, so two reconciliations never both run it) and the entry ends
-    ``compensated`` or ``compensation_failed`` with the action's result or error. The
-    runtime calls this when it closes.
-
-    Args:
-        ledger: The run's ledger.
-        run_id: Id of the run.
-        states: The final state of every agent of the run.
-        tools: Tools by name (default: every live tool, by its name).
-        store: The run's store: with it, claims whose owner lost the run (its lease expired
-            or passed on) are marked ``unknown`` too, besides those of dead processes.
-
-    Returns:
-        The entries this call changed, as they ended (claims found orphaned first).
-    """
-    changed: list[LedgerEntry] = list(await mark_orphaned(ledger, store, run_id))
-    kept = {call.key for state in states for call in state.tool_calls if call.key is not None}
-    known = dict(_registry) if tools is None else dict(tools)
-    me = owner_id()
-    for entry in await ledger.list_calls(run_id):
-        if entry.key in kept:
-            continue
-        current = entry
-        if entry.status == ToolCallStatus.SUCCEEDED:
-            now = utcnow()
-            change: Change = {"status": ToolCallStatus.ABANDONED, "updated_at": now}
-            if not await ledger.update(entry.key, change, statuses=(ToolCallStatus.SUCCEEDED,)):
-                continue
-            current = dataclasses.replace(entry, status=ToolCallStatus.ABANDONED, updated_at=now)
-            logger.info("tool %r: key %s was abandoned by a rollback", entry.tool, entry.key)
-        elif entry.status != ToolCallStatus.ABANDONED:
-            continue
-        found = known.get(entry.tool)
-        if found is None or found.compensate is None:
-            if current is not entry:
-                changed.append(current)
-            continue
-        claimed = await ledger.update(
-            entry.key,
-            {"status": ToolCallStatus.COMPENSATING, "owner": me, "updated_at": utcnow()},
-            statuses=(ToolCallStatus.ABANDONED,),
-        )
-        if not claimed:
-            continue
-        try:
-            outcome: JsonValue = {"result": await found._run_compensation(current)}
-            status = ToolCallStatus.COMPENSATED
-        except Exception as exc:
-            outcome = {"error": f"{type(exc).__name__}: {exc}"}
-            status = ToolCallStatus.COMPENSATION_FAILED
-            logger.exception("tool %r: compensating key %s failed", entry.tool, entry.key)
-        now = utcnow()
-        await ledger.update(
-            entry.key,
-            {"status": status, "compensation": outcome, "owner": None, "updated_at": now},
-            statuses=(ToolCallStatus.COMPENSATING,),
-            owner=me,
-        )
-        changed.append(
-            dataclasses.replace(
-                current, status=status, compensation=outcome, owner=None, updated_at=now
-            )
-        )
-    return changed

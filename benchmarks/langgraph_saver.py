@@ -70,7 +70,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Final, TypedDict
 
 import orjson
 import workloads
@@ -87,7 +87,7 @@ CONTEXT_MESSAGES = 24
 CONTEXT_BYTES = 10_000  # the context is at least this long as JSON
 NOTE_WORDS = 12
 SEED = 20_261_122
-DURABILITY = "sync"  # LangGraph's default is "async": see the docstring
+DURABILITY: Final = "sync"  # LangGraph's default is "async": see the docstring
 
 PROFILES = {"full": (1000, 5), "quick": (200, 2)}  # super-steps, timed rounds
 VARIANTS = ("none", "nullsaver", "sqlitesaver", "sqlitesaver_normal", "agentsnap")

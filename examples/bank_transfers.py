@@ -53,7 +53,9 @@ class Teller(Agent[TellerState]):
 
 def money_in(snapshot: Snapshot) -> int:
     """Balances recorded in the tellers plus amounts recorded in flight."""
-    total = sum(cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env")
+    total: int = sum(
+        cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env"
+    )
     for channel in snapshot.channels:
         total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")
     return total

@@ -291,7 +291,7 @@ def problems_of(outcome: Outcome) -> list[str]:
         problems.append(f"expected the retry's reservation to be replayed, got {statuses}")
     if [e.status.value for e in outcome.ledger] != ["succeeded", "succeeded"]:
         problems.append(f"expected two succeeded calls in the ledger, got {outcome.ledger}")
-    contents = [m["content"] for m in outcome.worker.values["messages"]]  # type: ignore[index]
+    contents = [m["content"] for m in outcome.worker.values["messages"]]
     if any("$25 in total" in str(c) for c in contents):
         problems.append("the rejected quote is still in the worker's graph")
     if not any("A reviewer rejected" in str(c) for c in contents):

@@ -84,7 +84,9 @@ class PaymentService:
             inserted = conn.execute(
                 self.table.insert().values(card=card, order_id=order_id, amount=amount)
             )
-        return int(inserted.inserted_primary_key[0])
+        key = inserted.inserted_primary_key
+        assert key is not None  # an INSERT of one row into a table with a primary key
+        return int(key[0])
 
     def charges(self) -> Counter[str]:
         with self.engine.connect() as conn:

@@ -110,7 +110,7 @@ class Flaky(Agent[CountState]):
 def declare_agent(param: Any) -> type[Agent[Any]]:
     """Declare ``class Bad(Agent[param])``; the declaration itself may raise."""
 
-    class Bad(Agent[param]):  # type: ignore[valid-type]
+    class Bad(Agent[param]):
         async def handle(self, message: Message, ctx: Context[Any]) -> None:
             return None
 
@@ -664,7 +664,7 @@ def test_state_that_is_not_a_model() -> None:
 async def test_runtime_add_takes_only_agents() -> None:
     async with Runtime() as runtime:
         with pytest.raises(ConfigurationError, match=r"takes an agentsnap.Agent, got str"):
-            runtime.add("alice")  # type: ignore[arg-type]
+            runtime.add("alice")  # type: ignore[type-var]
 
 
 async def test_closed_runtime_refuses_work() -> None:

@@ -66,7 +66,7 @@ class Relay(Agent[Hops]):
         self.peer = peer
 
     async def handle(self, message: Message, ctx: Context[Hops]) -> None:
-        chain, hop = message.payload["chain"], message.payload["hop"]  # type: ignore[index]
+        chain, hop = message.payload["chain"], message.payload["hop"]
         await deliver_hop(ctx, chain=chain, hop=hop)
         ctx.state.done.append(f"{chain}:{hop}")
         if hop < HOPS:

@@ -6,11 +6,11 @@ import asyncio
 import importlib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-import agentsnap.models
 from agentsnap import MemoryStore, RunStatus, SnapshotStatus
 from agentsnap._hints import cli_command
 from agentsnap.cli import main
@@ -86,16 +86,16 @@ def test_agentsnap_demo_tells_the_story_and_stores_the_run(db: str) -> None:
         f"  {cli_command('export', run_id, '--db', db, '--indent', '2')}",
     ]
 
-    async def stored() -> dict[str, object]:
+    async def exported() -> dict[str, Any]:
         store = SqlStore(db)
         try:
             return await export_run(store, run_id)
         finally:
             await store.close()
 
-    document = asyncio.run(stored())
-    assert document["run"]["status"] == "succeeded"  # type: ignore[index]
-    (rollback,) = document["rollbacks"]  # type: ignore[misc]
+    document = asyncio.run(exported())
+    assert document["run"]["status"] == "succeeded"
+    (rollback,) = document["rollbacks"]
     assert rollback["agent"] == "writer"
     assert rollback["attempt"] == 1
 
@@ -108,7 +108,7 @@ def test_agentsnap_demo_names_what_a_real_model_needs(monkeypatch: pytest.Monkey
             raise ImportError(f"No module named {name!r}")
         return real_import(name, package)
 
-    monkeypatch.setattr(agentsnap.models.importlib, "import_module", without_langchain)
+    monkeypatch.setattr("agentsnap.models.importlib.import_module", without_langchain)
     result = CliRunner().invoke(
         main, ["demo", "--db", "sqlite://", "--model", "openai:gpt-4o-mini"]
     )

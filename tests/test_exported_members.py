@@ -12,7 +12,9 @@ import pytest
 
 import agentsnap
 import agentsnap.ledger
+import agentsnap.once
 import agentsnap.semconv
+import agentsnap.store.ledger
 import agentsnap.telemetry
 import agentsnap.testing
 import agentsnap.tools
@@ -102,28 +104,14 @@ EXPECTED_TESTING_ALL = [
 ]
 
 
-# agentsnap.tools re-exports the ledger's names, which agentsnap.ledger defines.
-EXPECTED_TOOLS_ALL = [
-    "Change",
-    "Ledger",
-    "LedgerEntry",
-    "Tool",
-    "ToolCall",
-    "ToolCallStatus",
-    "ToolRetry",
-    "derive_key",
-    "fingerprint",
-    "owner_id",
-    "reconcile",
-    "resolve",
-    "tool",
-]
+EXPECTED_TOOLS_ALL = ["Tool", "ToolCall", "ToolRetry", "tool"]
 
 EXPECTED_LEDGER_ALL = [
     "Change",
     "Ledger",
     "LedgerEntry",
     "ToolCallStatus",
+    "check_key",
     "derive_key",
     "fingerprint",
     "is_orphaned",
@@ -133,9 +121,16 @@ EXPECTED_LEDGER_ALL = [
     "resolve",
 ]
 
-# The ledger's names about orphaned claims are the ledger's own: agentsnap.tools uses them
-# and does not re-export them.
-LEDGER_ONLY = {"is_orphaned", "mark_orphaned", "orphaned"}
+EXPECTED_ONCE_ALL = [
+    "Compensable",
+    "KnownTools",
+    "Outcome",
+    "Unrecorded",
+    "reconcile",
+    "recorded",
+    "run_once",
+    "unrecorded",
+]
 
 # agentsnap.telemetry re-exports the table of names, which agentsnap.semconv defines.
 EXPECTED_TELEMETRY_ALL = [
@@ -189,17 +184,17 @@ def test_testing_all_is_pinned() -> None:
     )
 
 
-def test_tools_and_ledger_all_are_pinned() -> None:
+def test_tools_ledger_and_once_all_are_pinned() -> None:
     assert agentsnap.tools.__all__ == EXPECTED_TOOLS_ALL
     assert agentsnap.ledger.__all__ == EXPECTED_LEDGER_ALL
+    assert agentsnap.once.__all__ == EXPECTED_ONCE_ALL
 
 
-def test_tools_re_exports_the_ledger_names_themselves() -> None:
-    assert set(EXPECTED_LEDGER_ALL) - set(EXPECTED_TOOLS_ALL) == LEDGER_ONLY
+def test_the_ledger_names_are_defined_once() -> None:
+    # Nothing re-exports the ledger's names: agentsnap.tools and agentsnap.once use them.
     for name in EXPECTED_LEDGER_ALL:
-        if name not in LEDGER_ONLY:
-            assert getattr(agentsnap.tools, name) is getattr(agentsnap.ledger, name), name
         assert getattr(agentsnap.ledger, name).__module__ == "agentsnap.ledger", name
+    assert not set(EXPECTED_LEDGER_ALL) & {*EXPECTED_TOOLS_ALL, *EXPECTED_ONCE_ALL}
 
 
 def imported_by(module: ModuleType) -> set[str]:
@@ -218,10 +213,22 @@ def imported_by(module: ModuleType) -> set[str]:
     return imported
 
 
-def test_the_ledger_does_not_import_the_tools() -> None:
+def test_the_ledger_and_once_do_not_import_the_tools() -> None:
     # Imports run one way: the tools use the ledger, the ledger knows nothing of the tools.
-    imported = imported_by(agentsnap.ledger)
-    assert not {name for name in imported if name.startswith("agentsnap.tools")}
+    for module in (agentsnap.ledger, agentsnap.once):
+        imported = imported_by(module)
+        assert not {name for name in imported if name.startswith("agentsnap.tools")}
+
+
+def test_tools_and_the_ledger_import_no_private_names_of_each_other() -> None:
+    modules = {"agentsnap.tools", "agentsnap.ledger", "agentsnap.once", "agentsnap.store.ledger"}
+    for module in (agentsnap.tools, agentsnap.ledger, agentsnap.once, agentsnap.store.ledger):
+        private = {
+            name
+            for name in imported_by(module)
+            if name.rpartition(".")[0] in modules and name.rpartition(".")[2].startswith("_")
+        }
+        assert not private, (module.__name__, private)
 
 
 def test_telemetry_and_semconv_all_are_pinned() -> None:

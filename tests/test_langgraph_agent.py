@@ -199,7 +199,7 @@ async def test_a_rejected_graph_output_rolls_the_graph_back_and_the_retry_sees_w
             "notes": ["feedback: cite your sources", "draft"],
             "count": 2,
         }
-        assert critic.state.accepted == [writer.state.values]  # type: ignore[attr-defined]
+        assert critic.state.accepted == [writer.state.values]
         # The graph has seen the feedback: the next message does not repeat it.
         runtime.send("writer", {"note": "second"})
         await runtime.run_until_idle()
@@ -385,7 +385,7 @@ async def test_a_side_effecting_tool_in_the_graph_runs_once_across_a_rollback() 
         calls = shipper.state.tool_calls
         assert [(c.tool, c.status) for c in calls] == [("ship", "replayed")]
         assert calls[0].result == {"shipment": 1, "order": "A-1", "quantity": 2}
-        assert checker.state.accepted == [{"answer": "Shipped, tracking number 1."}]  # type: ignore[attr-defined]
+        assert checker.state.accepted == [{"answer": "Shipped, tracking number 1."}]
         entries = await runtime.ledger.list_calls(runtime.run_id)
         assert [(e.tool, e.status.value) for e in entries] == [("ship", "succeeded")]
 

@@ -23,7 +23,7 @@ from postgres_db import postgres_url_or_skip
 from agentsnap import ConfigurationError, Runtime
 from agentsnap.exceptions import StoreError
 from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent, delete_run_threads
-from agentsnap.integrations.langgraph import _history as history
+from agentsnap.store import _graph_history as history
 from agentsnap.store import migrate
 from agentsnap.store.migrate import sync_url
 

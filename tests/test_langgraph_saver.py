@@ -18,6 +18,8 @@ from postgres_db import postgres_url_or_skip
 
 pytest.importorskip("langgraph.checkpoint.conformance")
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import Checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import Capability
 
@@ -73,7 +75,7 @@ def test_the_sync_methods_round_trip_a_checkpoint(url: str) -> None:
         config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
         version = saver.get_next_version(None, None)
         assert saver.get_next_version(version, None) > version
-        checkpoint: Any = {
+        checkpoint: Checkpoint = {
             "v": 4,
             "id": "1",
             "ts": "2026-11-22T00:00:00+00:00",
@@ -185,7 +187,7 @@ async def test_a_branch_from_an_older_checkpoint_keeps_its_own_values(url: str) 
     saver = AgentsnapSaver(url)
     try:
         graph = builder.compile(checkpointer=saver)
-        thread = {"configurable": {"thread_id": "branching"}}
+        thread: RunnableConfig = {"configurable": {"thread_id": "branching"}}
         await graph.ainvoke({"notes": ["a"]}, thread)
         older = (await graph.aget_state(thread)).config
         await graph.ainvoke({"notes": ["b"]}, thread)

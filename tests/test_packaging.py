@@ -18,6 +18,7 @@ import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
@@ -158,7 +159,7 @@ def _newest_revision() -> str:
     """The head of the source migrations, read from the scripts without importing them."""
     revisions: dict[str, tuple[str, ...]] = {}
     for script in sorted((MIGRATIONS / "versions").glob("*.py")):
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # literal values as `ast.literal_eval` reads them
         for node in ast.parse(script.read_text(encoding="utf-8")).body:
             if isinstance(node, ast.AnnAssign | ast.Assign) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]

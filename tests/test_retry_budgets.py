@@ -28,7 +28,7 @@ from agentsnap import (
     RunStatus,
     Runtime,
 )
-from agentsnap.rollback import CheckResult
+from agentsnap.checks import CheckResult
 
 How = Literal["check", "critic", "self-evaluation"]
 HOWS: tuple[How, ...] = ("check", "critic", "self-evaluation")
@@ -70,7 +70,7 @@ class Reviewer(Agent[AgentState]):
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
         if self.critic and not message.payload["ok"]:
             ctx.reject("writer", f"the draft for {message.payload['task']} is flawed")
-        self.state.memory.setdefault("accepted", []).append(message.payload["task"])  # type: ignore[union-attr]
+        self.state.memory.setdefault("accepted", []).append(message.payload["task"])
 
 
 def check_draft(message: Message) -> str | None:
@@ -107,7 +107,7 @@ async def test_five_unrelated_rejected_outputs_pass_under_the_default_policy(how
     run_info = await runtime.store.get_run(runtime.run_id)
     assert run_info.status is RunStatus.SUCCEEDED, run_info.status_reason
     accepted = runtime.agents["reviewer"].state.memory["accepted"]
-    assert sorted(accepted) == tasks  # type: ignore[arg-type]
+    assert sorted(accepted) == tasks
     assert len(runtime.rollbacks) == 5
     assert {r.attempt for r in runtime.rollbacks} == {1}  # each output failed once
 

@@ -49,8 +49,8 @@ from agentsnap import (
     StoreError,
     Verdict,
 )
+from agentsnap.checks import CheckResult
 from agentsnap.inspect import export_run
-from agentsnap.rollback import CheckResult
 from agentsnap.state import encode_state
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.migrate import sync_url
@@ -1634,7 +1634,7 @@ async def test_more_input_after_the_retry_policy_gave_up_is_refused() -> None:
 
 async def test_a_ledger_that_fails_at_close_still_leaves_the_run_status() -> None:
     class Unreachable(MemoryLedger):
-        async def list_calls(self, run_id: str) -> list[LedgerEntry]:
+        async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:
             raise StoreError("cannot reach the database: connection refused")
 
     store = MemoryStore()

@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -95,7 +95,7 @@ class Shop(Agent[ShopState]):
     """Charges each order once (the ledger sees to it), then asks the critic."""
 
     async def handle(self, message: Message, ctx: Context[ShopState]) -> None:
-        order = message.payload["order"]  # type: ignore[index]
+        order = message.payload["order"]
         paid = await charge(ctx, order=order, amount=12)
         ctx.state.sold.append(order)
         ctx.send(
@@ -111,7 +111,7 @@ class Critic(Agent[CriticState]):
     """Rejects the shop's first answer to each order: the run rolls back once per order."""
 
     async def handle(self, message: Message, ctx: Context[CriticState]) -> None:
-        if not message.payload["fixed"]:  # type: ignore[index]
+        if not message.payload["fixed"]:
             ctx.reject("shop", "say the order is fixed")
         ctx.state.accepted.append(message.payload)
 
@@ -544,7 +544,7 @@ def agentsnap(
 
 
 @pytest.fixture
-def runs_db(tmp_path: Path) -> Iterator[str]:
+def runs_db(tmp_path: Path) -> str:
     """An SQLite database with five runs of several names, tags and statuses."""
     url = f"sqlite:///{tmp_path / 'runs.db'}"
 

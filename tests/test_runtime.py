@@ -15,6 +15,7 @@ from agentsnap import (
     Agent,
     AgentState,
     ChannelId,
+    ConfigurationError,
     Context,
     Feedback,
     MemoryStore,
@@ -102,7 +103,9 @@ class Teller(Agent[TellerState]):
 
 
 def money_in(snapshot: Snapshot) -> int:
-    total = sum(cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env")
+    total: int = sum(
+        cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env"
+    )
     for channel in snapshot.channels:
         total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")
     return total
@@ -513,7 +516,7 @@ async def test_every_seconds_policy_takes_snapshots_on_a_timer() -> None:
     ids=["deliveries-0", "deliveries-neg", "seconds-0", "seconds-neg", "seconds-nan", "max-0"],
 )
 def test_invalid_policy_values(kwargs: dict[str, Any], field: str) -> None:
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ConfigurationError, match=field):
         SnapshotPolicy(**kwargs)
 
 

@@ -215,7 +215,7 @@ async def run_bank(
 
 def money_in(snapshot: Snapshot) -> int:
     """Recorded balances plus the amounts of transfers recorded in flight."""
-    total = sum(
+    total: int = sum(
         cut.state["balance"] for name, cut in snapshot.agents.items() if name != ENVIRONMENT
     )
     for channel in snapshot.channels:

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 import agentsnap.telemetry
 from agentsnap import (
@@ -118,6 +119,12 @@ def lineage(span: ReadableSpan, spans: Sequence[ReadableSpan]) -> list[str]:
 
 def child_of(child: ReadableSpan, parent: ReadableSpan) -> bool:
     return child.parent is not None and child.parent.span_id == parent.context.span_id
+
+
+def attribute_text(value: AttributeValue | None) -> str:
+    """An attribute that holds a name (a channel, an agent): a string."""
+    assert isinstance(value, str), value
+    return value
 
 
 # -- agents ------------------------------------------------------------------------------------
@@ -344,12 +351,12 @@ async def test_a_snapshot_span_holds_its_markers_and_its_size(otel: Recorded) ->
     assert isinstance(attributes["agentsnap.snapshot.bytes"], int)
     assert attributes["agentsnap.snapshot.bytes"] > 100
     markers = [
-        (event.attributes or {})["agentsnap.channel"]
+        attribute_text((event.attributes or {})["agentsnap.channel"])
         for event in span.events
         if event.name == "agentsnap.snapshot.marker"
     ]
     recorded = [
-        (event.attributes or {})["agentsnap.process"]
+        attribute_text((event.attributes or {})["agentsnap.process"])
         for event in span.events
         if event.name == "agentsnap.snapshot.recorded"
     ]
@@ -647,6 +654,7 @@ async def test_without_an_sdk_nothing_is_recorded_and_headers_stay_empty() -> No
         assert runtime.bus.tracing is None
         assert runtime.bus.telemetry is None
     assert dict(sent.headers) == {}
+    assert isinstance(bob, Relay)
     assert bob.handled == ["alice>bob#1"]
 
 
@@ -761,7 +769,9 @@ async def test_everything_recorded_is_named_in_the_table(otel: Recorded) -> None
         entry = next(e for e in NAMES if e.kind == "span" and span.name.startswith(e.name))
         seen_spans.add(entry.name)
         if entry.suffix:
-            assert span.name == f"{entry.name} {(span.attributes or {})[entry.suffix]}"
+            assert (
+                span.name == f"{entry.name} {attribute_text((span.attributes or {})[entry.suffix])}"
+            )
         assert set(span.attributes or {}) <= attributes, span.name
         for event in span.events:
             assert event.name in events

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from agentsnap import ConfigurationError
 from agentsnap.cli import main
 from agentsnap.demo import run_demo
 from agentsnap.records import (
@@ -230,7 +231,7 @@ def test_render_chooses_by_suffix() -> None:
     timeline = Timeline(RunInfo(id="0" * 32))
     assert render(timeline, ".SVG").startswith("<svg")
     assert render(timeline, ".html").startswith("<!DOCTYPE html>")
-    with pytest.raises(ValueError, match=r"use \.svg or \.html"):
+    with pytest.raises(ConfigurationError, match=r"use \.svg or \.html"):
         render(timeline, ".png")
 
 

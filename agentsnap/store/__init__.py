@@ -8,6 +8,10 @@ A store also keeps who owns each run (a lease with a fencing token, see
 [`agentsnap.ownership`][agentsnap.ownership]) and each run's replay log. Once the owner has
 fenced the store for a run, the store refuses that owner's writes to the run as soon as
 another owner has taken the lease over.
+
+A store may also list the LangGraph checkpoints of its runs' graph agents: that optional
+protocol, [`GraphCheckpointIndex`][agentsnap.store.graph.GraphCheckpointIndex], lives in
+[`agentsnap.store.graph`][agentsnap.store.graph] with the storage of LangGraph checkpoints.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from typing import Literal, Protocol, runtime_checkable
 
 from agentsnap.records import (
     AgentVersion,
-    GraphCheckpoint,
     JournalSegment,
     ReplaySegment,
     RollbackInfo,
@@ -169,21 +172,6 @@ class Store(Protocol):
         Raises:
             NotFoundError: The store holds no such run, or no snapshot of the run has
                 recorded this agent.
-        """
-
-    async def list_graph_checkpoints(
-        self, run_id: str, agent: str | None = None
-    ) -> list[GraphCheckpoint]:
-        """The LangGraph checkpoints the graph agents of a run (or only ``agent``) wrote.
-
-        Oldest first (by checkpoint id, which LangGraph makes time-ordered), the root graph's
-        checkpoints only (not a subgraph's), on every thread of the agent: its first thread
-        and those started by rollbacks to before its first message. A store finds the
-        checkpoints a graph agent's checkpointer put in the store's own database
-        (``AgentsnapSaver`` on the same URL); a store that holds none returns ``[]``.
-
-        Raises:
-            NotFoundError: The store holds no such run.
         """
 
     async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -82,33 +81,6 @@ class Fault(StrEnum):
         return self is not Fault.PERMANENT
 
 
-# PostgreSQL SQLSTATE codes, exact first, then by class (the first two characters).
-_SQLSTATE: dict[str, Fault] = {
-    "57P01": Fault.UNAVAILABLE,  # admin_shutdown
-    "57P02": Fault.UNAVAILABLE,  # crash_shutdown
-    "57P03": Fault.UNAVAILABLE,  # cannot_connect_now (starting up)
-    "57P05": Fault.CONNECTION,  # idle_session_timeout
-    "57014": Fault.TIMEOUT,  # query_canceled (statement_timeout)
-    "40001": Fault.CONFLICT,  # serialization_failure
-    "40P01": Fault.CONFLICT,  # deadlock_detected
-    "55P03": Fault.LOCKED,  # lock_not_available (lock_timeout)
-    "53100": Fault.DISK_FULL,  # disk_full
-    "58030": Fault.UNAVAILABLE,  # io_error
-}
-_SQLSTATE_CLASS: dict[str, Fault] = {
-    "08": Fault.CONNECTION,  # connection_exception
-    "53": Fault.UNAVAILABLE,  # insufficient_resources (out of memory, too many connections)
-}
-_SQLITE: dict[int, Fault] = {
-    sqlite3.SQLITE_BUSY: Fault.LOCKED,
-    sqlite3.SQLITE_LOCKED: Fault.LOCKED,
-    sqlite3.SQLITE_FULL: Fault.DISK_FULL,
-    sqlite3.SQLITE_IOERR: Fault.UNAVAILABLE,
-    sqlite3.SQLITE_CANTOPEN: Fault.UNAVAILABLE,
-    sqlite3.SQLITE_PROTOCOL: Fault.UNAVAILABLE,
-}
-
-
 def classify(error: BaseException) -> Fault | None:
     """The kind of database failure ``error`` is, or ``None`` if it is not one.
 
@@ -133,22 +105,14 @@ def _own_fault(error: BaseException) -> Fault | None:
         return Fault.TIMEOUT
     if getattr(error, "connection_invalidated", False):
         return Fault.CONNECTION
-    if isinstance(error, sqlite3.Error):
-        code = getattr(error, "sqlite_errorcode", None)
-        if code is None:  # a programming error of the module, not the database
-            return Fault.PERMANENT
-        return _SQLITE.get(code & 0xFF, Fault.PERMANENT)
-    sqlstate = getattr(error, "sqlstate", None)
-    if isinstance(sqlstate, str) and len(sqlstate) == 5:
-        return _SQLSTATE.get(sqlstate) or _SQLSTATE_CLASS.get(sqlstate[:2], Fault.PERMANENT)
-    module = type(error).__module__
-    if module.startswith("psycopg"):
-        # No SQLSTATE: the client's side failed (refused, reset, closed connection).
-        name = type(error).__name__
-        if name in {"OperationalError", "InterfaceError"}:
-            return Fault.CONNECTION
-        return Fault.PERMANENT
-    if module.startswith("sqlalchemy"):
+    # Each dialect knows its driver's error codes; the dialect module needs ``Fault`` from
+    # here, so it is imported when first needed.
+    from agentsnap.store.dialect import driver_fault  # noqa: PLC0415
+
+    fault = driver_fault(error)
+    if fault is not None:
+        return fault
+    if type(error).__module__.startswith("sqlalchemy"):
         name = type(error).__name__
         if name == "TimeoutError":  # the connection pool had none free in time
             return Fault.UNAVAILABLE

@@ -30,13 +30,13 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import cast
 
-from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, or_
+from sqlalchemy import Connection, Table, delete, or_
 
 from agentsnap.exceptions import ConfigurationError
+from agentsnap.store.dialect import dialect_of
 from agentsnap.store.tables import LangGraphBlobRow, LangGraphCheckpointRow, LangGraphTaskWritesRow
 
 __all__ = ["delete_run_threads"]
@@ -49,41 +49,6 @@ _TABLES = tuple(
 
 _BATCH = 200
 """Run ids matched by one statement (two bound values each, well under SQLite's limit)."""
-
-_LIKE_ESCAPE = "\\"
-
-
-def _thread_prefix(column: ColumnElement[str], prefix: str, dialect: str) -> ColumnElement[bool]:
-    """A condition that ``column`` starts with ``prefix``, exactly and case-sensitively.
-
-    ``prefix`` is taken as it is: its ``%`` and ``_`` are not wildcards. On SQLite the
-    condition is a range of the column (``prefix <= column < successor``), exact under its
-    default binary collation and answered from an index whose first column is ``column``
-    (SQLite's ``LIKE`` would ignore case). On PostgreSQL it is a ``LIKE`` with the wildcards
-    of ``prefix`` escaped, which the index answers when the database's collation is ``C``
-    and a scan otherwise: a range there would follow the database's collation, which need
-    not order strings by their characters.
-
-    Args:
-        column: A text column.
-        prefix: The start that the column's values must have; not empty.
-        dialect: The database's dialect name (``connection.dialect.name``).
-
-    Returns:
-        The condition.
-    """
-    assert prefix, "a thread prefix is never empty"
-    if dialect == "sqlite":
-        if ord(prefix[-1]) == sys.maxunicode:  # no successor: compare the start itself
-            return func.substr(column, 1, len(prefix)) == prefix
-        successor = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-        return and_(column >= prefix, column < successor)
-    pattern = (
-        prefix.replace(_LIKE_ESCAPE, _LIKE_ESCAPE * 2)
-        .replace("%", _LIKE_ESCAPE + "%")
-        .replace("_", _LIKE_ESCAPE + "_")
-    )
-    return column.like(pattern + "%", escape=_LIKE_ESCAPE)
 
 
 def delete_run_threads(connection: Connection, run_ids: Sequence[str]) -> int:
@@ -113,13 +78,13 @@ def delete_run_threads(connection: Connection, run_ids: Sequence[str]) -> int:
         raise ConfigurationError(
             f"delete_run_threads takes a list of run ids, not one string: pass [{run_ids!r}]"
         )
-    dialect = connection.dialect.name
+    dialect = dialect_of(connection.dialect.name)
     unique = list(dict.fromkeys(run_ids))
     deleted = 0
     for start in range(0, len(unique), _BATCH):
         batch = unique[start : start + _BATCH]
         for table in _TABLES:
             column = table.c.thread_id
-            condition = or_(*(_thread_prefix(column, f"{run_id}:", dialect) for run_id in batch))
+            condition = or_(*(dialect.starts_with(column, f"{run_id}:") for run_id in batch))
             deleted += connection.execute(delete(table).where(condition)).rowcount
     return deleted

@@ -8,7 +8,6 @@ shipped inside the wheel as ``agentsnap/_migrations``, so these functions (and t
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sqlite3
 import threading
 from collections.abc import Awaitable, Callable
@@ -22,9 +21,11 @@ from sqlalchemy import create_engine, inspect, pool
 from sqlalchemy.engine import make_url
 
 from agentsnap.exceptions import ConfigurationError, SchemaOutOfDate, StoreError
+from agentsnap.store.dialect import POSTGRES_INSTALL, sync_url
 from agentsnap.store.tables import VERSION_TABLE, Base
 
 __all__ = [
+    "POSTGRES_INSTALL",
     "alembic_config",
     "check_database",
     "current",
@@ -46,47 +47,6 @@ def migrations_dir() -> Path:
     raise ConfigurationError(
         "agentsnap's migration scripts are missing from this installation; reinstall agentsnap"
     )
-
-
-def sync_url(url: str) -> str:
-    """The URL with a synchronous driver: ``sqlite`` or ``postgresql+psycopg``.
-
-    ``postgres://`` (as Heroku and others write it) is taken for ``postgresql://``.
-
-    Raises:
-        ConfigurationError: The URL is not an SQLite or PostgreSQL URL, or it is a PostgreSQL
-            URL and the psycopg driver is not installed (the message names the command that
-            installs it).
-    """
-    try:
-        parsed = make_url(url)
-    except Exception as exc:
-        raise ConfigurationError(f"{url!r} is not a database URL: {exc}") from exc
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        return parsed.set(drivername="sqlite").render_as_string(hide_password=False)
-    if backend in {"postgresql", "postgres"}:
-        if not _psycopg_installed():
-            raise ConfigurationError(
-                "PostgreSQL needs the psycopg driver, which is not installed: "
-                f"run `{POSTGRES_INSTALL}`"
-            )
-        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-    raise ConfigurationError(
-        f"agentsnap stores runs in SQLite or PostgreSQL; {url!r} is a {backend} URL"
-    )
-
-
-POSTGRES_INSTALL = "pip install 'agentsnap[postgres]'"
-"""The command that installs what agentsnap needs for PostgreSQL (the psycopg driver)."""
-
-
-def _psycopg_installed() -> bool:
-    """Whether ``import psycopg`` can work (without importing it)."""
-    try:
-        return importlib.util.find_spec("psycopg") is not None
-    except (ImportError, ValueError):  # a broken or half-imported installation
-        return False
 
 
 def alembic_config(url: str) -> Config:

@@ -68,7 +68,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, Table, delete, event, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -77,9 +77,10 @@ from agentsnap.exceptions import AgentsnapError, ConfigurationError, NotFoundErr
 from agentsnap.liveness import owner_is_live
 from agentsnap.records import RunLease, RunStatus, utcnow
 from agentsnap.store.chunks import delete_unreferenced_states
+from agentsnap.store.dialect import async_url, sqlite_setup
 from agentsnap.store.langgraph import delete_run_threads
 from agentsnap.store.migrate import SchemaGate
-from agentsnap.store.sql import SqlStore, async_url, engine_options
+from agentsnap.store.sql import SqlStore, engine_options
 from agentsnap.store.tables import (
     Base,
     JournalRow,
@@ -94,10 +95,6 @@ from agentsnap.store.tables import (
     StateBlobRow,
     ToolCallRow,
 )
-
-if TYPE_CHECKING:
-    from sqlalchemy.engine.interfaces import DBAPIConnection
-    from sqlalchemy.pool import ConnectionPoolEntry
 
 __all__ = ["LANGGRAPH_ROWS", "DeleteRefused", "DeleteReport", "delete_runs", "prune_runs"]
 
@@ -341,7 +338,7 @@ class _Database:
         await SchemaGate(self.url, create=False).wait()
         engine = create_async_engine(async_url(self.url), **engine_options(self.url, self.retry))
         if engine.dialect.name == "sqlite":
-            event.listen(engine.sync_engine, "connect", _foreign_keys)
+            event.listen(engine.sync_engine, "connect", sqlite_setup(timeout=self.retry.timeout))
         self._engine = engine
         return self
 
@@ -604,9 +601,3 @@ async def _file_size(conn: AsyncConnection) -> int:
     pages = (await conn.exec_driver_sql("PRAGMA page_count")).scalar()
     size = (await conn.exec_driver_sql("PRAGMA page_size")).scalar()
     return int(pages or 0) * int(size or 0)
-
-
-def _foreign_keys(dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()

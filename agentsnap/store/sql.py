@@ -33,20 +33,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import math
 import re
 import sqlite3
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from sqlalchemy import Insert, Table, Text, Update, event, func, literal, select, type_coerce
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
+from agentsnap.exceptions import NotFoundError, StoreError
 from agentsnap.integrity import SnapshotReader, agent_versions
 from agentsnap.liveness import lost, owner_gone, owner_is_live
 from agentsnap.records import (
@@ -66,8 +64,9 @@ from agentsnap.state import compact_json
 from agentsnap.store._run_filter import run_filter
 from agentsnap.store._run_query import runs_query
 from agentsnap.store.chunks import ChunkWrites, SplitMemo, StateLoader
+from agentsnap.store.dialect import Dialect, async_url, dialect_of, sqlite_file, sqlite_setup
 from agentsnap.store.faults import StoreRetry
-from agentsnap.store.migrate import SchemaGate, sync_url
+from agentsnap.store.migrate import SchemaGate
 from agentsnap.store.sqlite_writer import SnapshotRows, SqliteWriter, Statements
 from agentsnap.store.tables import (
     JournalRow,
@@ -82,10 +81,6 @@ from agentsnap.store.tables import (
     SnapshotRow,
     StateBlobRow,
 )
-
-if TYPE_CHECKING:
-    from sqlalchemy.engine.interfaces import DBAPIConnection
-    from sqlalchemy.pool import ConnectionPoolEntry
 
 __all__ = ["DEFAULT_URL", "SqlStore", "async_url", "database_name"]
 
@@ -133,9 +128,9 @@ _RUN_AND_LEASE = select(
 
 def database_name(url: str) -> str:
     """How messages name the database of ``url``: its file, or its URL without password."""
-    parsed = make_url(sync_url(url))
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in {None, "", ":memory:"}:
-        return f"the database {parsed.database}"
+    path = sqlite_file(url)
+    if path is not None:
+        return f"the database {path}"
     return f"the database {make_url(url).render_as_string(hide_password=True)}"
 
 
@@ -144,19 +139,7 @@ def engine_options(url: str, retry: StoreRetry) -> dict[str, Any]:
 
     PostgreSQL gets a connect timeout and a ``statement_timeout``; SQLite a busy timeout.
     """
-    backend = make_url(sync_url(url)).get_backend_name()
-    if backend == "postgresql":
-        milliseconds = math.ceil(retry.timeout * 1000)
-        return {
-            "connect_args": {
-                # libpq takes whole seconds and treats less than 2 as 2.
-                "connect_timeout": max(2, math.ceil(retry.timeout)),
-                "options": f"-c statement_timeout={milliseconds}",
-            }
-        }
-    if backend == "sqlite":
-        return {"connect_args": {"timeout": retry.timeout}}
-    return {}
+    return dialect_of(url).engine_options(retry.timeout)
 
 
 def _retried(
@@ -180,14 +163,6 @@ def _retried(
         return retried
 
     return decorate
-
-
-def async_url(url: str) -> str:
-    """The URL with an asyncio driver: ``sqlite+aiosqlite`` or ``postgresql+psycopg``."""
-    parsed = make_url(sync_url(url))
-    if parsed.get_backend_name() == "sqlite":
-        parsed = parsed.set(drivername="sqlite+aiosqlite")
-    return parsed.render_as_string(hide_password=False)
 
 
 class SqlStore:
@@ -222,25 +197,28 @@ class SqlStore:
         self._engine: AsyncEngine = create_async_engine(
             async_url(url), echo=echo, **engine_options(url, self.retry)
         )
-        self._backend = self._engine.dialect.name
+        self._dialect: Dialect = dialect_of(self._engine.dialect.name)
+        self._backend = self._dialect.name
         # SQLite bounds its own waits (the busy timeout); a network can stay silent.
-        self.bounded = self._backend != "sqlite"
+        self.bounded = self._dialect.bounded
         if self._backend == "sqlite":
-            event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
-        self._write_lock = asyncio.Lock() if self._backend == "sqlite" else None
+            event.listen(
+                self._engine.sync_engine, "connect", sqlite_setup(timeout=self.retry.timeout)
+            )
+        self._write_lock = asyncio.Lock() if self._dialect.one_writer else None
         # Hashes of states and state chunks known to be stored (committed), so they are not
         # sent again.
         self._known_blobs: set[str] = set()
         self._known_chunks: set[str] = set()
         self._split_memo = SplitMemo()
         self._mark = "?" if self._engine.dialect.paramstyle == "qmark" else "%s"
-        self._statements = _statements(self._mark, self._backend)
+        self._statements = _statements(self._mark, self._dialect)
         # Runs whose writes must carry a lease token: run id -> token.
         self._fences: dict[str, int] = {}
-        database = self._engine.url.database
+        database = sqlite_file(url)
         self._writer = (
             SqliteWriter(database, self._statements, timeout=self.retry.timeout)
-            if self._backend == "sqlite" and database not in {None, "", ":memory:"}
+            if database is not None
             else None
         )
         self._gate = SchemaGate(
@@ -942,12 +920,8 @@ class SqlStore:
     def _begin(self) -> _Transaction:
         return _Transaction(self._engine, self._write_lock)
 
-    def _insert_ignore(self, table: Any, keys: list[str]) -> Insert:
-        if self._backend == "sqlite":
-            return sqlite.insert(table).on_conflict_do_nothing(index_elements=keys)
-        if self._backend == "postgresql":
-            return postgresql.insert(table).on_conflict_do_nothing(index_elements=keys)
-        raise ConfigurationError(f"unsupported database backend {self._backend!r}")
+    def _insert_ignore(self, table: Table, keys: list[str]) -> Insert:
+        return self._dialect.insert_or_ignore(table, keys)
 
     async def close(self) -> None:
         """Close every pooled connection."""
@@ -956,7 +930,7 @@ class SqlStore:
         await self._engine.dispose()
 
 
-def _statements(mark: str, backend: str) -> Statements:
+def _statements(mark: str, dialect: Dialect) -> Statements:
     """The fast writes' statements in the driver's own placeholder style."""
 
     def insert(table: Table, columns: list[str], suffix: str = "") -> str:
@@ -966,7 +940,7 @@ def _statements(mark: str, backend: str) -> Statements:
 
     # PostgreSQL: a share lock on the lease row holds a takeover off until the write commits.
     # SQLite has no row locks: a fenced write checks the lease once it holds the write lock.
-    share = " FOR SHARE" if backend == "postgresql" else ""
+    share = dialect.share_lock
     holds = f"SELECT 1 FROM {_leases.name} WHERE run_id = {mark} AND token = {mark}{share}"  # noqa: S608
     # The position is the run's next one, found on the primary key's index.
     replay = (
@@ -1118,11 +1092,3 @@ def _run(row: Any, now: datetime, tags: dict[str, str] | None = None) -> RunInfo
         tags=tags or {},
         status_reason=reason,
     )
-
-
-def _sqlite_pragmas(dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()

@@ -89,9 +89,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.ledger import Change, LedgerEntry, ToolCallStatus
 from agentsnap.liveness import lost
+from agentsnap.store.dialect import async_url, connect_sqlite, sqlite_setup, sync_url
 from agentsnap.store.faults import StoreRetry
-from agentsnap.store.migrate import SchemaGate, sync_url
-from agentsnap.store.sql import DEFAULT_URL, async_url, database_name, engine_options
+from agentsnap.store.migrate import SchemaGate
+from agentsnap.store.sql import DEFAULT_URL, database_name, engine_options
 from agentsnap.store.tables import RunLeaseRow, ToolCallRow
 
 if TYPE_CHECKING:
@@ -589,7 +590,7 @@ class _Sqlite:
 
     def __init__(self, url: str, path: str, *, durable: bool, echo: bool, timeout: float) -> None:
         self._url = url
-        self._busy_ms = max(1, round(timeout * 1000))
+        self._timeout = max(0.001, timeout)
         self._path = path
         self._synchronous = "FULL" if durable else "NORMAL"
         self._echo = echo
@@ -608,17 +609,11 @@ class _Sqlite:
             self._engine = create_engine(
                 sync_url(self._url), echo=self._echo, isolation_level="AUTOCOMMIT"
             )
-            synchronous = self._synchronous
-            busy_ms = self._busy_ms
-
-            def pragmas(dbapi_connection: Any, record: Any) -> None:
-                cursor = dbapi_connection.cursor()
-                cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
-                cursor.execute("PRAGMA journal_mode=WAL")
-                cursor.execute(f"PRAGMA synchronous={synchronous}")
-                cursor.close()
-
-            event.listen(self._engine, "connect", pragmas)
+            event.listen(
+                self._engine,
+                "connect",
+                sqlite_setup(timeout=self._timeout, synchronous=self._synchronous),
+            )
             self._conn = self._engine.connect()
         return self._conn
 
@@ -677,9 +672,7 @@ class _Sqlite:
         return changed
 
     def _open_fast(self) -> sqlite3.Connection:
-        fast = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=0)
-        fast.execute("PRAGMA busy_timeout=0")
-        fast.execute(f"PRAGMA synchronous={self._synchronous}")
+        fast = connect_sqlite(self._path, timeout=0, synchronous=self._synchronous)
         # Checkpoints copy the WAL into the database and fsync: the thread runs them.
         fast.execute("PRAGMA wal_autocheckpoint=0")
         self._fast = fast

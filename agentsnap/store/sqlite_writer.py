@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentsnap.exceptions import StoreError
 from agentsnap.liveness import lost
+from agentsnap.store.dialect import connect_sqlite
 
 if TYPE_CHECKING:
     from agentsnap.store.chunks import ChunkWrites
@@ -102,13 +103,7 @@ class SqliteWriter:
             self._connection = self._open()
 
     def _open(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(
-            self._path, isolation_level=None, check_same_thread=False, timeout=self._timeout
-        )
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=NORMAL")
-        connection.execute("PRAGMA foreign_keys=ON")
-        return connection
+        return connect_sqlite(self._path, timeout=self._timeout)
 
     def _write(self, rows: SnapshotRows) -> None:
         try:

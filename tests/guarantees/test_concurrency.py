@@ -62,7 +62,7 @@ from agentsnap import (
     SnapshotStatus,
     Store,
 )
-from agentsnap.rollback import CheckResult
+from agentsnap.checks import CheckResult
 from agentsnap.store.sql import SqlStore
 from agentsnap.testing import cut_problems
 

@@ -25,6 +25,7 @@ from datetime import timedelta
 
 from agentsnap import RunOwnedError
 from agentsnap.ledger import LedgerEntry, ToolCallStatus, fingerprint, owner_id
+from agentsnap.messages import JsonValue
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import utcnow
 from agentsnap.store.sql import SqlStore
@@ -62,13 +63,13 @@ async def claim(url: str, store: SqlStore, run_id: str) -> None:
     ledger = SqlLedger(url)
     ownership.fence_ledger(ledger)
     now = utcnow()
-    arguments = {"card": "4242", "amount": 500}
+    arguments: dict[str, JsonValue] = {"card": "4242", "amount": 500}
     found = await ledger.claim(
         LedgerEntry(
             key="orphan-1",
             tool="charge",
-            fingerprint=fingerprint(arguments),  # type: ignore[arg-type]
-            arguments=arguments,  # type: ignore[arg-type]
+            fingerprint=fingerprint(arguments),
+            arguments=arguments,
             status=ToolCallStatus.IN_PROGRESS,
             created_at=now,
             updated_at=now,

@@ -16,6 +16,7 @@ from agentsnap import (
     Agent,
     AgentCut,
     AgentState,
+    AgentVersion,
     ChannelRecord,
     ConfigurationError,
     Context,
@@ -236,6 +237,12 @@ def assert_aware_equal(loaded: datetime | None, saved: datetime | None, what: st
     assert loaded is not None, f"{what}: None came back for {saved!r}"
     assert loaded.utcoffset() is not None, f"{what} came back naive: {loaded!r}"
     assert loaded == saved, f"{what}: {loaded.isoformat()} came back for {saved.isoformat()}"
+
+
+def cut_of(version: AgentVersion) -> AgentCut:
+    """The agent's cut in one version of its history, which an undamaged snapshot always has."""
+    assert version.cut is not None, version.damaged
+    return version.cut
 
 
 def channel_layout(snapshot: Snapshot) -> list[tuple[str, str, list[str]]]:
@@ -726,12 +733,16 @@ async def test_agent_history_lists_complete_snapshots_in_order(store: Store) -> 
 
     assert [v.snapshot_id for v in history] == [s.id for s in saved]
     assert [v.snapshot_seq for v in history] == [1, 2, 3]
-    assert [v.cut.state for v in history] == states
-    assert [v.cut.received for v in history] == [{"$env": 1}, {"$env": 2}, {"$env": 3}]
+    assert [cut_of(v).state for v in history] == states
+    assert [cut_of(v).received for v in history] == [{"$env": 1}, {"$env": 2}, {"$env": 3}]
     for version, snapshot in zip(history, saved, strict=True):
         assert version.cut == snapshot.agents["alice"]
         assert_aware_equal(version.completed_at, snapshot.completed_at, "completed_at")
-    assert history[0].cut.state_hash == history[1].cut.state_hash != history[2].cut.state_hash
+    assert (
+        cut_of(history[0]).state_hash
+        == cut_of(history[1]).state_hash
+        != cut_of(history[2]).state_hash
+    )
     assert [v.damaged for v in history] == [None, None, None]
 
 
@@ -818,9 +829,11 @@ class Teller(Agent[TellerState]):
 
 
 def money_in(snapshot: Snapshot) -> int:
-    total = sum(cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env")  # type: ignore[misc]
+    total: int = sum(
+        cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env"
+    )
     for channel in snapshot.channels:
-        total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")  # type: ignore[index,call-overload,misc]
+        total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")
     return total
 
 

@@ -28,6 +28,7 @@ from agentsnap import (
 )
 from agentsnap.inspect import graph_checkpoints_table
 from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent
+from agentsnap.store.graph import GraphCheckpointIndex
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.tables import LangGraphCheckpointRow
@@ -174,6 +175,7 @@ async def test_the_table_says_which_snapshots_hold_each_checkpoint(graph_run: Gr
 
 
 async def test_an_unknown_run_is_not_found(store: Store) -> None:
+    assert isinstance(store, GraphCheckpointIndex)
     with pytest.raises(NotFoundError):
         await store.list_graph_checkpoints(uuid.uuid4().hex)
     with pytest.raises(NotFoundError):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from postgres_db import postgres_url_or_skip
 
+from agentsnap.ledger import Ledger
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.sql_ledger import SqlLedger
-from agentsnap.tools import Ledger
 
 
 def sqlite_url(tmp_path: Path) -> str:

@@ -48,7 +48,7 @@ async def main(url: str, name: str) -> None:
         RUNNER.set(runner)
         order = KEYS[:]
         random.Random(number).shuffle(order)
-        outcomes = []
+        outcomes: list[dict[str, Any]] = []
         for key in order:
             try:
                 result = await effect.invoke(ledger, key=key, key_name=key)

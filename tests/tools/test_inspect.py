@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from agentsnap import Agent, AgentState, Context, MemoryStore, Message, Runtime, tool
 from agentsnap.cli import main as cli
 from agentsnap.inspect import export_run
+from agentsnap.ledger import LedgerEntry, ToolCallStatus
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.sql_ledger import SqlLedger
-from agentsnap.tools import LedgerEntry, ToolCallStatus
 
 EXPORT_KEYS = {
     "key",

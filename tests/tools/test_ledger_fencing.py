@@ -16,6 +16,7 @@ import pytest
 
 from agentsnap import OwnershipLost, RunInfo, ToolCallStatus, tool
 from agentsnap.ledger import LedgerEntry, fingerprint, owner_id
+from agentsnap.messages import JsonValue
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import utcnow
 from agentsnap.store.ledger import MemoryLedger
@@ -30,12 +31,12 @@ DAY = timedelta(days=1)
 
 def claim_of(key: str, run_id: str | None = RUN) -> LedgerEntry:
     now = utcnow()
-    arguments = {"card": "4242", "amount": 500}
+    arguments: dict[str, JsonValue] = {"card": "4242", "amount": 500}
     return LedgerEntry(
         key=key,
         tool="charge",
-        fingerprint=fingerprint(arguments),  # type: ignore[arg-type]
-        arguments=arguments,  # type: ignore[arg-type]
+        fingerprint=fingerprint(arguments),
+        arguments=arguments,
         status=ToolCallStatus.IN_PROGRESS,
         created_at=now,
         updated_at=now,

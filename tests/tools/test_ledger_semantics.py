@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import TypedDict, Unpack
 
 import pytest
 import tenacity
@@ -16,6 +17,7 @@ from agentsnap import (
     ConfigurationError,
     IdempotencyConflict,
     LedgerEntry,
+    Tool,
     ToolCall,
     ToolCallStatus,
     ToolFailed,
@@ -24,8 +26,9 @@ from agentsnap import (
     ToolRetry,
     tool,
 )
+from agentsnap.ledger import Ledger, fingerprint, owner_id, resolve
+from agentsnap.messages import JsonValue
 from agentsnap.records import utcnow
-from agentsnap.tools import Ledger, fingerprint, owner_id, resolve
 
 
 class Flaky(Exception):
@@ -43,8 +46,15 @@ class Counter:
         self.attempts: list[int] = []
 
 
-def make_charge(counter: Counter, **options: object) -> object:
-    @tool(side_effect=True, name="charge", **options)  # type: ignore[call-overload]
+class ChargeOptions(TypedDict, total=False):
+    """The `tool` options the tests vary."""
+
+    wait: float
+    rerun_if_unknown: bool
+
+
+def make_charge(counter: Counter, **options: Unpack[ChargeOptions]) -> Tool[dict[str, object]]:
+    @tool(side_effect=True, name="charge", **options)
     async def charge(call: ToolCall, card: str, amount: int) -> dict[str, object]:
         counter.runs += 1
         counter.keys.append(call.key)
@@ -54,14 +64,14 @@ def make_charge(counter: Counter, **options: object) -> object:
     return charge
 
 
-def entry(key: str, owner: str, lease: timedelta, **arguments: object) -> LedgerEntry:
+def entry(key: str, owner: str, lease: timedelta, **arguments: JsonValue) -> LedgerEntry:
     """A claim as another caller would have left it."""
     now = utcnow()
     return LedgerEntry(
         key=key,
         tool="charge",
-        fingerprint=fingerprint(arguments),  # type: ignore[arg-type]
-        arguments=dict(arguments),  # type: ignore[arg-type]
+        fingerprint=fingerprint(arguments),
+        arguments=dict(arguments),
         status=ToolCallStatus.IN_PROGRESS,
         created_at=now,
         updated_at=now,
@@ -73,8 +83,8 @@ def entry(key: str, owner: str, lease: timedelta, **arguments: object) -> Ledger
 async def test_a_recorded_result_is_returned_and_the_tool_does_not_run(ledger: Ledger) -> None:
     counter = Counter()
     charge = make_charge(counter)
-    first = await charge.invoke(ledger, key="order-1", card="4242", amount=500)  # type: ignore[attr-defined]
-    again = await charge.invoke(ledger, key="order-1", card="4242", amount=500)  # type: ignore[attr-defined]
+    first = await charge.invoke(ledger, key="order-1", card="4242", amount=500)
+    again = await charge.invoke(ledger, key="order-1", card="4242", amount=500)
     assert first == again == {"charge": 1, "card": "4242", "amount": 500}
     assert counter.runs == 1
     (recorded,) = await ledger.list_calls()
@@ -114,9 +124,9 @@ async def test_a_recorded_final_error_is_raised_again_without_running(ledger: Le
 async def test_an_explicit_key_reused_with_other_arguments_is_a_conflict(ledger: Ledger) -> None:
     counter = Counter()
     charge = make_charge(counter)
-    await charge.invoke(ledger, key="order-2", card="4242", amount=500)  # type: ignore[attr-defined]
+    await charge.invoke(ledger, key="order-2", card="4242", amount=500)
     with pytest.raises(IdempotencyConflict) as info:
-        await charge.invoke(ledger, key="order-2", card="4242", amount=900)  # type: ignore[attr-defined]
+        await charge.invoke(ledger, key="order-2", card="4242", amount=900)
     assert counter.runs == 1
     assert info.value.key == "order-2"
     assert "other arguments" in str(info.value)
@@ -144,7 +154,7 @@ async def test_a_key_in_progress_elsewhere_is_waited_for_then_refused(ledger: Le
         is None
     )
     with pytest.raises(ToolInProgress) as info:
-        await charge.invoke(ledger, key="busy", card="1", amount=1)  # type: ignore[attr-defined]
+        await charge.invoke(ledger, key="busy", card="1", amount=1)
     assert counter.runs == 0
     assert info.value.owner == "elsewhere:4711:aaaaaaaaaaaa"
     assert "call again later" in str(info.value)
@@ -187,7 +197,7 @@ async def test_a_claim_without_outcome_after_a_crash_is_unknown(ledger: Ledger, 
     assert await ledger.claim(claim) is None
 
     with pytest.raises(ToolOutcomeUnknown) as info:
-        await charge.invoke(ledger, key="lost", card="9", amount=9)  # type: ignore[attr-defined]
+        await charge.invoke(ledger, key="lost", card="9", amount=9)
     assert counter.runs == 0, "an unknown outcome is never re-run blindly"
     assert info.value.key == "lost"
     assert "agentsnap tools resolve lost" in str(info.value)
@@ -196,7 +206,7 @@ async def test_a_claim_without_outcome_after_a_crash_is_unknown(ledger: Ledger, 
     assert found.status == ToolCallStatus.UNKNOWN  # what the inspector and export show
 
     with pytest.raises(ToolOutcomeUnknown):  # and it stays so until someone resolves it
-        await charge.invoke(ledger, key="lost", card="9", amount=9)  # type: ignore[attr-defined]
+        await charge.invoke(ledger, key="lost", card="9", amount=9)
     assert counter.runs == 0
 
 
@@ -207,7 +217,7 @@ async def test_an_unknown_outcome_is_run_again_when_the_tool_says_it_is_safe(
     charge = make_charge(counter, rerun_if_unknown=True)
     claim = entry("lost", dead_owner(), timedelta(minutes=5), card="9", amount=9)
     assert await ledger.claim(claim) is None
-    result = await charge.invoke(ledger, key="lost", card="9", amount=9)  # type: ignore[attr-defined]
+    result = await charge.invoke(ledger, key="lost", card="9", amount=9)
     assert result == {"charge": 1, "card": "9", "amount": 9}
     assert counter.keys == ["lost"], "the tool got the key to hand to the service"
     assert counter.attempts == [2], "the crashed claim was attempt 1"
@@ -221,11 +231,11 @@ async def test_a_person_resolves_an_unknown_outcome(ledger: Ledger) -> None:
     charge = make_charge(counter)
     assert await ledger.claim(entry("lost", dead_owner(), timedelta(0), card="9", amount=9)) is None
     with pytest.raises(ToolOutcomeUnknown):
-        await charge.invoke(ledger, key="lost", card="9", amount=9)  # type: ignore[attr-defined]
+        await charge.invoke(ledger, key="lost", card="9", amount=9)
 
     resolved = await resolve(ledger, "lost", result={"charge": "ch_from_the_bank"})
     assert resolved.status == ToolCallStatus.SUCCEEDED
-    again = await charge.invoke(ledger, key="lost", card="9", amount=9)  # type: ignore[attr-defined]
+    again = await charge.invoke(ledger, key="lost", card="9", amount=9)
     assert again == {"charge": "ch_from_the_bank"}
     assert counter.runs == 0
 
@@ -241,7 +251,7 @@ async def test_a_person_records_that_an_unknown_effect_did_not_happen(ledger: Le
     assert await ledger.claim(entry("lost", dead_owner(), timedelta(0), card="9", amount=9)) is None
     await resolve(ledger, "lost", error="the bank has no such charge")
     with pytest.raises(ToolFailed, match="the bank has no such charge") as info:
-        await charge.invoke(ledger, key="lost", card="9", amount=9)  # type: ignore[attr-defined]
+        await charge.invoke(ledger, key="lost", card="9", amount=9)
     assert info.value.replayed
     assert counter.runs == 0
 

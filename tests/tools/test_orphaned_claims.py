@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from owners import dead_owner
 
 from agentsnap import RunInfo, RunLease, ToolCallStatus
 from agentsnap.cli import main as cli
@@ -29,8 +30,6 @@ from agentsnap.store import MemoryStore, migrate
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.sql_ledger import SqlLedger
-
-from .test_ledger_semantics import dead_owner
 
 WORKER = Path(__file__).parent.parent / "store" / "lease_worker.py"
 RUN = "0f" * 16

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from agentsnap import AgentState, IdempotencyConflict, LedgerEntry, ToolCallStatus, tool
+from agentsnap.ledger import Ledger
+from agentsnap.once import reconcile
 from agentsnap.state import ToolCallRecord
 from agentsnap.store.sql_ledger import SqlLedger
-from agentsnap.tools import Ledger, reconcile
 
 REFUNDS: list[str] = []
 RELEASES: list[str] = []
@@ -139,7 +140,14 @@ async def test_a_compensated_key_cannot_be_used_again(ledger: Ledger) -> None:
     assert REFUNDS == ["c"]
 
 
-async def test_the_default_tools_are_every_live_tool(ledger: Ledger) -> None:
+async def test_without_its_tool_an_abandoned_effect_waits_for_a_later_reconcile(
+    ledger: Ledger,
+) -> None:
+    # No global registry: a tool nobody named is not compensated, and the entry waits.
     await charge.invoke(ledger, key="d", run_id="run", amount=5)
     await reconcile(ledger, "run", [AgentState()])
+    assert REFUNDS == []
+    assert (await statuses(ledger))["d"] == ToolCallStatus.ABANDONED
+    await reconcile(ledger, "run", [AgentState()], TOOLS)
     assert REFUNDS == ["d"]
+    assert (await statuses(ledger))["d"] == ToolCallStatus.COMPENSATED

@@ -19,14 +19,14 @@ from agentsnap import (
     ToolCallStatus,
     tool,
 )
-from agentsnap.tools import Ledger
+from agentsnap.ledger import Ledger
 
 CHARGES: list[int] = []
 REFUNDS: list[int] = []
 
 
 def refund(entry: LedgerEntry) -> str:
-    REFUNDS.append(entry.arguments["amount"])  # type: ignore[arg-type]
+    REFUNDS.append(entry.arguments["amount"])
     return f"refunded {entry.arguments['amount']}"
 
 

@@ -21,8 +21,8 @@ from agentsnap import (
     ToolFailed,
     tool,
 )
+from agentsnap.ledger import Ledger, derive_key, fingerprint
 from agentsnap.store.ledger import MemoryLedger
-from agentsnap.tools import Ledger, derive_key, fingerprint
 
 
 class Receipt(BaseModel):

@@ -8,9 +8,9 @@ from typing import Any
 
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
-from sqlalchemy import Table
 
 from agentsnap.exceptions import StoreError
+from agentsnap.store.graph import EMPTY
 
 __all__ = [
     "EMPTY",
@@ -18,16 +18,11 @@ __all__ = [
     "WriteEntry",
     "checkpoint_config",
     "inline",
-    "insert_sql",
     "merge_writes",
-    "named",
     "pack_writes",
     "plain_json",
     "unpack_writes",
 ]
-
-EMPTY = "empty"
-"""The type tag of a blob for a channel that had no value at that version."""
 
 JSON = "json"
 """The type tag of metadata stored as plain JSON (``orjson.dumps``)."""
@@ -131,28 +126,3 @@ def checkpoint_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) ->
             "checkpoint_id": checkpoint_id,
         }
     }
-
-
-def named(table: Table, rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
-    """Rows given in the order of ``table``'s columns, as SQLAlchemy's parameter dicts."""
-    names = [column.name for column in table.columns]
-    return [dict(zip(names, row, strict=True)) for row in rows]
-
-
-def insert_sql(table: Table, key: Sequence[str], updated: Sequence[str] = ()) -> str:
-    """SQLite's text of an insert of a row of ``table``.
-
-    The row's values are ``?`` parameters, in the order of the table's columns. On a conflict
-    on ``key`` the existing row is kept, or its ``updated`` columns are updated.
-    """
-    columns = [column.name for column in table.columns]
-    on_conflict = (
-        "DO UPDATE SET " + ", ".join(f"{name} = excluded.{name}" for name in updated)
-        if updated
-        else "DO NOTHING"
-    )
-    return (
-        f"INSERT INTO {table.name} ({', '.join(columns)}) "  # noqa: S608 (names of ours)
-        f"VALUES ({', '.join('?' for _ in columns)}) "
-        f"ON CONFLICT ({', '.join(key)}) {on_conflict}"
-    )

@@ -1,6 +1,6 @@
-"""How the LangGraph saver copies, prunes and deletes the history of threads, in SQL.
+"""How LangGraph checkpoint storage copies, prunes and deletes the history of threads, in SQL.
 
-Each operation runs in one ``Transaction`` that the saver opens (on SQLite, its write
+Each operation runs in one ``Transaction`` that the graph store opens (on SQLite, its write
 connection with the write lock taken; on PostgreSQL, a repeatable-read transaction), so it
 sees the database as of one moment and leaves it changed entirely or not at all.
 
@@ -14,7 +14,7 @@ unpickled).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
@@ -29,11 +29,12 @@ from sqlalchemy import (
     literal,
     select,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
-from agentsnap.integrations.langgraph._rows import EMPTY
+from agentsnap.store.dialect import Dialect, dialect_of
+from agentsnap.store.graph import EMPTY, PRUNE_STRATEGIES, Load
 from agentsnap.store.tables import (
     LangGraphBlobRow,
     LangGraphCheckpointRow,
@@ -41,6 +42,7 @@ from agentsnap.store.tables import (
 )
 
 __all__ = [
+    "EMPTY",
     "PRUNE_STRATEGIES",
     "Load",
     "Transaction",
@@ -57,25 +59,19 @@ _CHECKPOINT_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
 _BLOB_KEY = ("thread_id", "checkpoint_ns", "channel", "version")
 _WRITES_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id")
 
-PRUNE_STRATEGIES = ("keep_latest", "delete")
-"""The strategies ``prune`` knows."""
-
 _BATCH = 500
 """Values bound in one ``IN (…)`` list (well under SQLite's limit on bound values)."""
 
 _SQLITE = sqlite.dialect()
 
-Load = Callable[[str, bytes], Any]
-"""Decodes a value the saver stored, given its type tag and bytes."""
-
 T = TypeVar("T")
 
 
 class Transaction:
-    """One transaction of the saver's, running statements of SQLAlchemy Core.
+    """One transaction of the graph store's, running statements of SQLAlchemy Core.
 
-    On SQLite it runs them on the saver's own ``sqlite3`` write connection, compiled to
-    SQLite's text; on PostgreSQL, on a SQLAlchemy connection.
+    On SQLite it runs them on the store's own ``sqlite3`` write connection, compiled to
+    SQLite's text; on other databases, on a SQLAlchemy connection.
 
     Args:
         target: The ``sqlite3`` connection (in a transaction) or the SQLAlchemy connection.
@@ -83,10 +79,10 @@ class Transaction:
 
     def __init__(self, target: sqlite3.Connection | Connection) -> None:
         self._target = target
-        self.insert: Any = (
-            sqlite.insert if isinstance(target, sqlite3.Connection) else postgresql.insert
+        self.dialect: Dialect = dialect_of(
+            "sqlite" if isinstance(target, sqlite3.Connection) else target.dialect.name
         )
-        """The dialect's ``insert``, with ``on_conflict_do_nothing`` and ``do_update``."""
+        """The database's dialect (its inserts on a conflict)."""
 
     def rows(self, statement: Executable) -> list[Sequence[Any]]:
         """The rows a query returns."""
@@ -168,7 +164,7 @@ def copy_thread(transaction: Transaction, source: str, target: str) -> None:
                 for name in names
             )
         ).where(table.c.thread_id == source)
-        insert = transaction.insert(table).from_select(names, copied)
+        insert = transaction.dialect.insert(table).from_select(names, copied)
         transaction.run(
             insert.on_conflict_do_update(
                 index_elements=list(key), set_={name: insert.excluded[name] for name in updated}

@@ -1,0 +1,250 @@
+"""LangGraph checkpoint storage: the rows of graph checkpoints, and the protocols over them.
+
+Two optional protocols, apart from the core [`Store`][agentsnap.store.Store]:
+
+- [`GraphCheckpointStore`][agentsnap.store.graph.GraphCheckpointStore] keeps a LangGraph
+  checkpointer's rows: checkpoints, channel values and task writes, already encoded (this
+  layer never decodes a value, except through functions its caller hands it).
+  [`SqlGraphStore`][agentsnap.store.sql_graph.SqlGraphStore] implements it on agentsnap's
+  database, and [`AgentsnapSaver`][agentsnap.integrations.langgraph.AgentsnapSaver] is
+  LangGraph's ``BaseCheckpointSaver`` over it.
+- [`GraphCheckpointIndex`][agentsnap.store.graph.GraphCheckpointIndex] lists the graph
+  checkpoints of agentsnap runs; [`SqlStore`][agentsnap.store.sql.SqlStore] and
+  [`MemoryStore`][agentsnap.store.MemoryStore] implement it, and
+  [`agentsnap.inspect`][agentsnap.inspect] uses it when a store does.
+
+The tables are ``agentsnap_lg_checkpoints`` (a checkpoint without its channel values),
+``agentsnap_lg_blobs`` (each channel value, once per version of its channel) and
+``agentsnap_lg_task_writes`` (the pending writes of a task, one row per task and checkpoint),
+created by agentsnap's migrations.
+
+Example:
+    ```python
+    import tempfile
+
+    from agentsnap.store.sql_graph import SqlGraphStore
+
+    with tempfile.TemporaryDirectory() as folder:
+        graphs = SqlGraphStore(f"sqlite:///{folder}/agentsnap.db")
+        try:
+            with graphs.reading() as reader:
+                print(reader.checkpoint("thread-1", "", None))  # None: nothing saved
+        finally:
+            graphs.close()
+    ```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from agentsnap.records import GraphCheckpoint
+
+__all__ = [
+    "EMPTY",
+    "PRUNE_STRATEGIES",
+    "GraphCheckpointIndex",
+    "GraphCheckpointStore",
+    "GraphReader",
+    "Load",
+    "Merge",
+    "StoredCheckpoint",
+    "StoredValue",
+    "TaskWrites",
+]
+
+EMPTY = "empty"
+"""The type tag of a stored channel value for a channel that had no value at that version."""
+
+PRUNE_STRATEGIES = ("keep_latest", "delete")
+"""The strategies ``prune`` knows."""
+
+Load = Callable[[str, bytes], Any]
+"""Decodes a value the checkpointer stored, given its type tag and bytes."""
+
+
+class StoredCheckpoint(NamedTuple):
+    """A row of ``agentsnap_lg_checkpoints``: a checkpoint, encoded, without stored values."""
+
+    thread_id: str
+    """The thread."""
+    checkpoint_ns: str
+    """The namespace (``""`` for the root graph)."""
+    checkpoint_id: str
+    """The checkpoint's id (LangGraph's, time-ordered)."""
+    parent_checkpoint_id: str | None
+    """The checkpoint it follows, if any."""
+    checkpoint_type: str
+    """The serializer's type tag of ``checkpoint``."""
+    checkpoint: bytes
+    """The checkpoint as the serializer encoded it."""
+    meta_type: str
+    """The type tag of ``meta`` (``"json"`` for plain JSON)."""
+    meta: bytes
+    """The metadata, encoded."""
+    run_id: str | None
+    """The LangGraph run that wrote it (the metadata's ``run_id``), if a string."""
+
+
+class StoredValue(NamedTuple):
+    """A row of ``agentsnap_lg_blobs``: a channel's value at one version, encoded."""
+
+    thread_id: str
+    """The thread."""
+    checkpoint_ns: str
+    """The namespace."""
+    channel: str
+    """The channel."""
+    version: str
+    """The channel's version."""
+    value_type: str
+    """The serializer's type tag (``EMPTY`` when the channel had no value)."""
+    value: bytes | None
+    """The value, encoded (``None`` when empty)."""
+
+
+class TaskWrites(NamedTuple):
+    """A row of ``agentsnap_lg_task_writes``: a task's pending writes, packed as one value."""
+
+    task_id: str
+    """The task."""
+    task_path: str
+    """The task's path in the graph."""
+    writes: bytes
+    """The writes, packed by the checkpointer."""
+
+
+Merge = Callable[[str, bytes], tuple[str, bytes]]
+"""Given a task's stored path and packed writes, the path and writes to store instead."""
+
+
+class GraphReader(Protocol):
+    """Reads of graph checkpoints, all in one connection (see ``GraphCheckpointStore``)."""
+
+    def checkpoint(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> StoredCheckpoint | None:
+        """The checkpoint with this id, or the namespace's newest one when ``None``."""
+
+    def checkpoints(
+        self,
+        *,
+        thread_id: str | None = None,
+        checkpoint_ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[StoredCheckpoint]:
+        """The checkpoints that match every filter given, newest first.
+
+        Args:
+            thread_id: Only this thread's.
+            checkpoint_ns: Only this namespace's.
+            checkpoint_id: Only the checkpoint with this id.
+            before: Only checkpoints with a smaller id.
+            limit: At most this many.
+        """
+
+    def values(
+        self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
+    ) -> list[tuple[str, str, bytes]]:
+        """The stored values of these channels at these versions (empty ones left out).
+
+        Returns:
+            ``(channel, value_type, value)`` for each one found.
+        """
+
+    def task_writes(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> list[TaskWrites]:
+        """The pending writes of the tasks of a checkpoint, one entry per task."""
+
+
+class GraphCheckpointStore(Protocol):
+    """Where a LangGraph checkpointer keeps its rows.
+
+    Every method runs on the calling thread and blocks; each write is one transaction.
+    """
+
+    def reading(self) -> AbstractContextManager[GraphReader]:
+        """A reader on one connection, for the block's duration."""
+
+    def put_checkpoint(self, checkpoint: StoredCheckpoint, values: Sequence[StoredValue]) -> None:
+        """Store a checkpoint (replacing one with its key) and new values (kept if present)."""
+
+    def put_task_writes(
+        self,
+        key: tuple[str, str, str, str],
+        task_path: str,
+        writes: bytes,
+        merge: Merge,
+    ) -> None:
+        """Store a task's writes, or merge them into the ones stored for its key.
+
+        Args:
+            key: Thread, namespace, checkpoint id and task id.
+            task_path: The task's path in the graph.
+            writes: The task's writes, packed.
+            merge: When the task has writes stored already, what to store instead.
+        """
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, value and write of a thread."""
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every row of a thread onto another, in one transaction.
+
+        Raises:
+            StoreError: Concurrent writes aborted it each time it was tried.
+        """
+
+    def delete_for_runs(self, run_ids: Sequence[str], load: Load) -> None:
+        """Delete the checkpoints of LangGraph runs, their writes and the values only they used.
+
+        Args:
+            run_ids: The LangGraph run ids.
+            load: Decodes a stored checkpoint (to find which values remain in use).
+
+        Raises:
+            StoreError: Concurrent writes aborted it each time it was tried.
+        """
+
+    def prune(
+        self, thread_ids: Sequence[str], strategy: str, load: Load, load_metadata: Load
+    ) -> None:
+        """Delete threads' history: all of it, or all but what each namespace's newest needs.
+
+        Args:
+            thread_ids: The threads.
+            strategy: ``"keep_latest"`` or ``"delete"``.
+            load: Decodes a stored checkpoint.
+            load_metadata: Decodes stored metadata.
+
+        Raises:
+            StoreError: Concurrent writes aborted it each time it was tried.
+        """
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+@runtime_checkable
+class GraphCheckpointIndex(Protocol):
+    """A store that can list the LangGraph checkpoints of its runs' graph agents."""
+
+    async def list_graph_checkpoints(
+        self, run_id: str, agent: str | None = None
+    ) -> list[GraphCheckpoint]:
+        """The LangGraph checkpoints the graph agents of a run (or only ``agent``) wrote.
+
+        Oldest first (by checkpoint id, which LangGraph makes time-ordered), the root graph's
+        checkpoints only (not a subgraph's), on every thread of the agent: its first thread
+        and those started by rollbacks to before its first message. A store finds the
+        checkpoints a graph agent's checkpointer put in the store's own database
+        (``AgentsnapSaver`` on the same URL); a store that holds none returns ``[]``.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """

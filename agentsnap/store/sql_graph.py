@@ -1,0 +1,465 @@
+"""LangGraph checkpoint storage in SQLite or PostgreSQL, on agentsnap's tables.
+
+[`SqlGraphStore`][agentsnap.store.sql_graph.SqlGraphStore] implements
+[`GraphCheckpointStore`][agentsnap.store.graph.GraphCheckpointStore]; the copying, pruning
+and deleting of threads' history is SQL of its own (``agentsnap.store._graph_history``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, cast
+
+from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from agentsnap.exceptions import ConfigurationError, StoreError
+from agentsnap.store._graph_history import (
+    Transaction,
+    copy_thread,
+    delete_runs,
+    prune_threads,
+)
+from agentsnap.store.dialect import (
+    connect_sqlite,
+    dialect_of,
+    sqlite_file,
+    sqlite_setup,
+    sync_url,
+)
+from agentsnap.store.faults import Fault, classify
+from agentsnap.store.graph import (
+    EMPTY,
+    PRUNE_STRATEGIES,
+    GraphReader,
+    Load,
+    Merge,
+    StoredCheckpoint,
+    StoredValue,
+    TaskWrites,
+)
+from agentsnap.store.migrate import ensure_schema
+from agentsnap.store.tables import LangGraphBlobRow, LangGraphCheckpointRow, LangGraphTaskWritesRow
+
+__all__ = ["SqlGraphStore", "insert_sql"]
+
+_checkpoints = cast(Table, LangGraphCheckpointRow.__table__)
+_blobs = cast(Table, LangGraphBlobRow.__table__)
+_writes = cast(Table, LangGraphTaskWritesRow.__table__)
+
+_CHECKPOINT_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
+_CHECKPOINT_UPDATED = (
+    "parent_checkpoint_id",
+    "checkpoint_type",
+    "checkpoint",
+    "meta_type",
+    "meta",
+    "run_id",
+)
+_BLOB_KEY = ("thread_id", "checkpoint_ns", "channel", "version")
+_WRITES_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id")
+_CONFLICT_ATTEMPTS = 3
+"""How often a history operation is tried on PostgreSQL when concurrent writes abort it."""
+
+_SQLITE_TIMEOUT = 30.0
+"""Seconds an SQLite connection waits for another process's write lock."""
+
+
+def insert_sql(table: Table, key: Sequence[str], updated: Sequence[str] = ()) -> str:
+    """SQLite's text of an insert of a row of ``table``.
+
+    The row's values are ``?`` parameters, in the order of the table's columns. On a conflict
+    on ``key`` the existing row is kept, or its ``updated`` columns are updated.
+    """
+    columns = [column.name for column in table.columns]
+    on_conflict = (
+        "DO UPDATE SET " + ", ".join(f"{name} = excluded.{name}" for name in updated)
+        if updated
+        else "DO NOTHING"
+    )
+    return (
+        f"INSERT INTO {table.name} ({', '.join(columns)}) "  # noqa: S608 (names of ours)
+        f"VALUES ({', '.join('?' for _ in columns)}) "
+        f"ON CONFLICT ({', '.join(key)}) {on_conflict}"
+    )
+
+
+def _named(table: Table, rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """Rows given in the order of ``table``'s columns, as SQLAlchemy's parameter dicts."""
+    names = [column.name for column in table.columns]
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+# The SQLite write path runs these on a plain sqlite3 connection: the values are bound in
+# the order of the tables' columns (the key's columns, for the last two).
+_SQLITE_PUT_CHECKPOINT = insert_sql(_checkpoints, _CHECKPOINT_KEY, _CHECKPOINT_UPDATED)
+_SQLITE_PUT_BLOB = insert_sql(_blobs, _BLOB_KEY)
+_SQLITE_ADD_WRITES = insert_sql(_writes, _WRITES_KEY)
+_SQLITE_GET_WRITES = (
+    f"SELECT task_path, writes FROM {_writes.name} "  # noqa: S608 (names of ours)
+    f"WHERE {' AND '.join(f'{name} = ?' for name in _WRITES_KEY)}"
+)
+_SQLITE_SET_WRITES = (
+    f"UPDATE {_writes.name} SET task_path = ?, writes = ? "  # noqa: S608 (names of ours)
+    f"WHERE {' AND '.join(f'{name} = ?' for name in _WRITES_KEY)}"
+)
+_SQLITE_DELETE_THREAD = [
+    f"DELETE FROM {table.name} WHERE thread_id = ?"  # noqa: S608 (names of ours)
+    for table in (_writes, _blobs, _checkpoints)
+]
+
+
+class _Reader:
+    """A ``GraphReader`` on one SQLAlchemy connection."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def checkpoint(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> StoredCheckpoint | None:
+        query = select(_checkpoints).where(
+            _checkpoints.c.thread_id == thread_id, _checkpoints.c.checkpoint_ns == checkpoint_ns
+        )
+        if checkpoint_id:
+            query = query.where(_checkpoints.c.checkpoint_id == checkpoint_id)
+        query = query.order_by(_checkpoints.c.checkpoint_id.desc()).limit(1)
+        row = self._connection.execute(query).first()
+        return None if row is None else StoredCheckpoint(*row)
+
+    def checkpoints(
+        self,
+        *,
+        thread_id: str | None = None,
+        checkpoint_ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[StoredCheckpoint]:
+        query = select(_checkpoints)
+        if thread_id is not None:
+            query = query.where(_checkpoints.c.thread_id == thread_id)
+        if checkpoint_ns is not None:
+            query = query.where(_checkpoints.c.checkpoint_ns == checkpoint_ns)
+        if checkpoint_id:
+            query = query.where(_checkpoints.c.checkpoint_id == checkpoint_id)
+        if before:
+            query = query.where(_checkpoints.c.checkpoint_id < before)
+        query = query.order_by(
+            _checkpoints.c.checkpoint_id.desc(),
+            _checkpoints.c.thread_id,
+            _checkpoints.c.checkpoint_ns,
+        )
+        if limit is not None:
+            query = query.limit(max(limit, 0))
+        for row in self._connection.execute(query):
+            yield StoredCheckpoint(*row)
+
+    def values(
+        self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
+    ) -> list[tuple[str, str, bytes]]:
+        if not versions:
+            return []
+        wanted = set(versions.items())
+        # Only the versions wanted (with other channels' at those versions, dropped below),
+        # rather than every version the thread ever had.
+        rows = self._connection.execute(
+            select(_blobs.c.channel, _blobs.c.version, _blobs.c.value_type, _blobs.c.value).where(
+                _blobs.c.thread_id == thread_id,
+                _blobs.c.checkpoint_ns == checkpoint_ns,
+                _blobs.c.channel.in_(list(versions)),
+                _blobs.c.version.in_(sorted(set(versions.values()))),
+            )
+        )
+        return [
+            (channel, value_type, value)
+            for channel, version, value_type, value in rows
+            if (channel, version) in wanted and value_type != EMPTY
+        ]
+
+    def task_writes(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> list[TaskWrites]:
+        rows = self._connection.execute(
+            select(_writes.c.task_id, _writes.c.task_path, _writes.c.writes).where(
+                _writes.c.thread_id == thread_id,
+                _writes.c.checkpoint_ns == checkpoint_ns,
+                _writes.c.checkpoint_id == checkpoint_id,
+            )
+        )
+        return [TaskWrites(*row) for row in rows]
+
+
+class SqlGraphStore:
+    """A [`GraphCheckpointStore`][agentsnap.store.graph.GraphCheckpointStore] in SQLite or
+    PostgreSQL, on agentsnap's tables.
+
+    On SQLite, writes take turns in the process (one writer at a time) and go through one
+    plain ``sqlite3`` connection in autocommit mode with the statements' text ready, so that
+    a write of one statement is one step of SQLite; SQLAlchemy would cost more than the
+    writes themselves. Reads, and every statement on PostgreSQL, go through SQLAlchemy.
+
+    Args:
+        url: Database URL, as for [`SqlStore`][agentsnap.store.sql.SqlStore].
+        create: Create agentsnap's schema in an empty database on first use.
+        echo: Log every SQL statement (the SQLite write path is not logged).
+
+    Raises:
+        ConfigurationError: The URL is not SQLite or PostgreSQL, or is an in-memory SQLite
+            database (each connection would see its own).
+    """  # noqa: D205
+
+    def __init__(self, url: str, *, create: bool = True, echo: bool = False) -> None:
+        self.url = url
+        self._create = create
+        self._dialect = dialect_of(sync_url(url))
+        self._path = sqlite_file(url)
+        self._sqlite = self._dialect.one_writer
+        if self._sqlite and self._path is None:
+            raise ConfigurationError(
+                "the LangGraph saver needs an SQLite file (sqlite:///path.db): an in-memory "
+                "database is private to one connection"
+            )
+        self._engine: Engine = create_engine(
+            sync_url(url),
+            echo=echo,
+            connect_args={"check_same_thread": False} if self._sqlite else {},
+        )
+        if self._sqlite:
+            event.listen(self._engine, "connect", sqlite_setup(timeout=_SQLITE_TIMEOUT))
+        self._lock = threading.Lock()
+        self._ready = False
+        self._raw: sqlite3.Connection | None = None
+        self._put_checkpoint = self._dialect.upsert(
+            _checkpoints, _CHECKPOINT_KEY, _CHECKPOINT_UPDATED
+        )
+        self._put_blob = self._dialect.insert_or_ignore(_blobs, _BLOB_KEY)
+        # RETURNING says whether the row went in (no row on a conflict).
+        self._add_writes = self._dialect.insert_or_ignore(_writes, _WRITES_KEY).returning(
+            _writes.c.task_id
+        )
+
+    def __repr__(self) -> str:
+        return f"SqlGraphStore({make_url(self.url).render_as_string(hide_password=True)!r})"
+
+    def close(self) -> None:
+        """Close the store's database connections."""
+        with self._lock:
+            if self._raw is not None:
+                self._raw.close()
+                self._raw = None
+        self._engine.dispose()
+
+    def _ensure_schema(self) -> None:
+        if not self._ready:
+            with self._lock:
+                if not self._ready:
+                    ensure_schema(self.url, create=self._create)
+                    self._ready = True
+
+    def _connect(self) -> Connection:
+        self._ensure_schema()
+        return self._engine.connect()
+
+    @contextmanager
+    def reading(self) -> Iterator[GraphReader]:
+        """A reader on one connection, for the block's duration."""
+        with self._connect() as connection:
+            yield _Reader(connection)
+
+    # Writes.
+
+    def put_checkpoint(self, checkpoint: StoredCheckpoint, values: Sequence[StoredValue]) -> None:
+        """Store a checkpoint (replacing one with its key) and new values (kept if present)."""
+        if self._sqlite:
+            if not values:
+                self._sqlite_write(_SQLITE_PUT_CHECKPOINT, checkpoint)
+            else:
+                with self._sqlite_transaction() as raw:
+                    raw.executemany(_SQLITE_PUT_BLOB, values)
+                    raw.execute(_SQLITE_PUT_CHECKPOINT, checkpoint)
+            return
+        with self._writing() as connection:
+            if values:
+                connection.execute(self._put_blob, _named(_blobs, values))
+            connection.execute(self._put_checkpoint, _named(_checkpoints, [checkpoint]))
+            connection.commit()
+
+    def put_task_writes(
+        self,
+        key: tuple[str, str, str, str],
+        task_path: str,
+        writes: bytes,
+        merge: Merge,
+    ) -> None:
+        """Store a task's writes, or merge them into the ones stored for its key.
+
+        Args:
+            key: Thread, namespace, checkpoint id and task id.
+            task_path: The task's path in the graph.
+            writes: The task's writes, packed.
+            merge: When the task has writes stored already, what to store instead.
+        """
+        row = (*key, task_path, writes)
+        if self._sqlite:
+            if self._sqlite_write(_SQLITE_ADD_WRITES, row) == 0:
+                # The task has writes already: merge the new ones into them.
+                with self._sqlite_transaction() as raw:
+                    found = raw.execute(_SQLITE_GET_WRITES, key).fetchone()
+                    if found is None:  # deleted in between
+                        raw.execute(_SQLITE_ADD_WRITES, row)
+                    else:
+                        raw.execute(_SQLITE_SET_WRITES, (*merge(*found), *key))
+            return
+        with self._writing() as connection:
+            (added,) = _named(_writes, [row])
+            if connection.execute(self._add_writes, added).first() is None:
+                where = [
+                    _writes.c[name] == value for name, value in zip(_WRITES_KEY, key, strict=True)
+                ]
+                found = connection.execute(
+                    select(_writes.c.task_path, _writes.c.writes).where(*where).with_for_update()
+                ).first()
+                if found is None:  # deleted in between
+                    connection.execute(self._add_writes, added)
+                else:
+                    path, stored = merge(found.task_path, found.writes)
+                    connection.execute(
+                        update(_writes).where(*where).values(task_path=path, writes=stored)
+                    )
+            connection.commit()
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, value and write of a thread."""
+        if self._sqlite:
+            with self._sqlite_transaction() as raw:
+                for statement in _SQLITE_DELETE_THREAD:
+                    raw.execute(statement, (thread_id,))
+            return
+        with self._writing() as connection:
+            for table in (_writes, _blobs, _checkpoints):
+                connection.execute(delete(table).where(table.c.thread_id == thread_id))
+            connection.commit()
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every row of a thread onto another, in one transaction.
+
+        Rows the target already holds under the same key are replaced by the copy (a
+        channel value, which its version names, is kept).
+
+        Raises:
+            StoreError: On PostgreSQL, concurrent writes to the same threads aborted it each
+                time it was tried.
+        """
+        if source_thread_id != target_thread_id:
+            self._maintain(
+                "copy_thread", lambda found: copy_thread(found, source_thread_id, target_thread_id)
+            )
+
+    def delete_for_runs(self, run_ids: Sequence[str], load: Load) -> None:
+        """Delete the checkpoints of LangGraph runs, their writes and the values only they used.
+
+        Raises:
+            StoreError: On PostgreSQL, concurrent writes to the same threads aborted it each
+                time it was tried.
+        """
+        if run_ids:
+            ids = list(run_ids)
+            self._maintain("delete_for_runs", lambda found: delete_runs(found, ids, load))
+
+    def prune(
+        self, thread_ids: Sequence[str], strategy: str, load: Load, load_metadata: Load
+    ) -> None:
+        """Delete threads' history: all of it, or all but what each namespace's newest needs.
+
+        Raises:
+            ConfigurationError: ``strategy`` is not one of ``PRUNE_STRATEGIES``.
+            StoreError: On PostgreSQL, concurrent writes to the same threads aborted it each
+                time it was tried.
+        """
+        if strategy not in PRUNE_STRATEGIES:
+            raise ConfigurationError(
+                f"unknown prune strategy {strategy!r}: use 'keep_latest' (keep each "
+                "namespace's newest checkpoint) or 'delete' (delete the threads)"
+            )
+        if thread_ids:
+            ids = list(thread_ids)
+            self._maintain(
+                "prune", lambda found: prune_threads(found, ids, strategy, load, load_metadata)
+            )
+
+    # Plumbing.
+
+    def _raw_connection(self) -> sqlite3.Connection:
+        """The SQLite write connection; the caller holds the lock."""
+        if self._raw is None:
+            args, kwargs = self._engine.dialect.create_connect_args(self._engine.url)
+            kwargs = {**kwargs, "timeout": kwargs.get("timeout", _SQLITE_TIMEOUT)}
+            for option in ("check_same_thread", "isolation_level"):
+                kwargs.pop(option, None)
+            self._raw = connect_sqlite(*args, **kwargs)
+        return self._raw
+
+    def _sqlite_write(self, sql: str, parameters: Sequence[Any]) -> int:
+        """Run one statement, a transaction of its own, on SQLite; the rows it changed."""
+        self._ensure_schema()
+        with self._lock:
+            return self._raw_connection().execute(sql, parameters).rowcount
+
+    @contextmanager
+    def _sqlite_transaction(self) -> Iterator[sqlite3.Connection]:
+        """The SQLite write connection, under the lock, in one transaction."""
+        self._ensure_schema()
+        with self._lock:
+            raw = self._raw_connection()
+            # IMMEDIATE: take the write lock now, not on the first write after a read, when
+            # another process holding it would make SQLite give up rather than wait.
+            raw.execute("BEGIN IMMEDIATE")
+            with raw:  # commits, or rolls back on an exception
+                yield raw
+
+    @contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        """A SQLAlchemy connection for writing (on SQLite, under the store's lock)."""
+        connection = self._connect()
+        try:
+            if self._sqlite:
+                with self._lock:
+                    yield connection
+            else:
+                yield connection
+        finally:
+            connection.close()
+
+    def _maintain(self, what: str, operation: Callable[[Transaction], None]) -> None:
+        """Run ``operation`` in one transaction that sees the database as of one moment.
+
+        On SQLite the transaction takes the write lock first (``BEGIN IMMEDIATE``), so no
+        other writer runs before it ends. On PostgreSQL it is ``REPEATABLE READ``, so rows
+        that others commit meanwhile are neither seen nor deleted; when PostgreSQL aborts it
+        for a conflicting concurrent write, it is run again from the start.
+        """
+        if self._sqlite:
+            with self._sqlite_transaction() as raw:
+                operation(Transaction(raw))
+            return
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            try:
+                with self._writing() as connection:
+                    connection.execution_options(isolation_level="REPEATABLE READ")
+                    operation(Transaction(connection))
+                    connection.commit()
+                return
+            except DBAPIError as exc:
+                if classify(exc) is not Fault.CONFLICT:
+                    raise
+                if attempt == _CONFLICT_ATTEMPTS:
+                    raise StoreError(
+                        f"the LangGraph saver's {what} was aborted {attempt} times by "
+                        "concurrent writes to the same threads; run it again when no graph "
+                        "is writing them"
+                    ) from exc
