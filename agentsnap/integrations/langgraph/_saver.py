@@ -38,7 +38,6 @@ from agentsnap.integrations.langgraph._rows import (
 )
 from agentsnap.store.dialect import redacted_url
 from agentsnap.store.graph import (
-    PRUNE_STRATEGIES,
     GraphCheckpointStore,
     GraphReader,
     StoredCheckpoint,
@@ -432,11 +431,6 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             StoreError: On PostgreSQL, concurrent writes to the same threads aborted it each
                 time it was tried.
         """
-        if strategy not in PRUNE_STRATEGIES:
-            raise ConfigurationError(
-                f"unknown prune strategy {strategy!r}: use 'keep_latest' (keep each "
-                "namespace's newest checkpoint) or 'delete' (delete the threads)"
-            )
         _not_one_string("prune", "thread ids", thread_ids)
         self._storage.prune(list(thread_ids), strategy, self._load_value, self._load_metadata)
 
