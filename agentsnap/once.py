@@ -189,7 +189,7 @@ async def _record_pending(ledger: Ledger) -> None:
 # -- one call -------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _Once:
     """One call of ``run_once``: what it needs at every step of the state machine."""
 
