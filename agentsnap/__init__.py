@@ -36,6 +36,7 @@ from agentsnap.exceptions import (
     ToolOutcomeUnknown,
     UnknownAgentError,
 )
+from agentsnap.handles import SnapshotHandle
 from agentsnap.ledger import Ledger, LedgerEntry, ToolCallStatus
 from agentsnap.messages import ENVIRONMENT, ChannelId, JsonValue, Marker, Message
 from agentsnap.ownership import RunOwnership
@@ -57,7 +58,7 @@ from agentsnap.records import (
 )
 from agentsnap.rollback import RetryPolicy
 from agentsnap.runtime import Runtime
-from agentsnap.snapshot import SnapshotHandle, SnapshotPolicy
+from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.state import AgentState, PlanStep, ToolCallRecord
 from agentsnap.store import MemoryStore, Store
 from agentsnap.store.faults import StoreRetry

@@ -24,7 +24,7 @@ from __future__ import annotations
 import abc
 import typing
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -36,15 +36,15 @@ from agentsnap.state import AgentState
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Endpoint
     from agentsnap.checks import CheckResult, Guard
+    from agentsnap.handles import SnapshotHandle
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue, Message
     from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo
     from agentsnap.replay import ReplayLog
-    from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle
     from agentsnap.telemetry import Telemetry
 
-__all__ = ["Agent", "Context", "Feedback"]
+__all__ = ["Agent", "Context", "Feedback", "Initiator"]
 
 S = TypeVar("S", bound=AgentState)
 
@@ -143,6 +143,16 @@ class Agent(abc.ABC, Generic[S]):
         return f"<{type(self).__name__} {self.name!r}>"
 
 
+class Initiator(Protocol):
+    """What a handler's context needs of the snapshot layer: starting a snapshot.
+
+    The runtime's [`SnapshotCoordinator`][agentsnap.snapshot.SnapshotCoordinator] is one.
+    """
+
+    def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
+        """Start a snapshot with ``initiator`` (an agent, or ``None`` for the runtime)."""
+
+
 class Context(Generic[S]):
     """What a handler can do besides changing its own state.
 
@@ -161,6 +171,7 @@ class Context(Generic[S]):
         "rejected",
         "replay",
         "run_id",
+        "telemetry",
         "tools",
     )
 
@@ -169,7 +180,7 @@ class Context(Generic[S]):
         agent: Agent[S],
         endpoint: Endpoint,
         bus: Bus,
-        snapshots: SnapshotCoordinator,
+        snapshots: Initiator,
         run_id: str,
     ) -> None:
         self.agent = agent
@@ -195,6 +206,9 @@ class Context(Generic[S]):
         self.rejected: OutputRejected | None = None
         """The rejection raised in the running handler, if any: the runtime acts on it even
         when the handler caught it."""
+        self.telemetry: Telemetry | None = None
+        """Where the run's spans and metrics go, or ``None`` when nothing is recorded (set by
+        the runtime)."""
 
     @property
     def state(self) -> S:
@@ -205,11 +219,6 @@ class Context(Generic[S]):
     def feedback(self) -> Sequence[Feedback]:
         """Feedback given to this agent, oldest first."""
         return tuple(self._feedback)
-
-    @property
-    def telemetry(self) -> Telemetry | None:
-        """Where the run's spans and metrics go, or ``None`` when nothing is recorded."""
-        return self._bus.telemetry
 
     def send(
         self,

@@ -1,8 +1,16 @@
-"""The in-process bus: FIFO channels, sequence numbers and schedulers.
+"""The bus: FIFO channels, sequence numbers, schedulers, and the seams around them.
 
 Every ordered pair of processes that has talked has one [`Channel`][agentsnap.bus.Channel],
 created on first send. Messages and snapshot markers travel on the channel in FIFO order; each
 message takes the channel's next sequence number, starting at 1.
+
+The bus owns its channels. Everyone else reaches a channel's items through the
+[`Channel`][agentsnap.bus.Channel] protocol (append, take the next, length, iterate in order,
+counters and epochs) and puts the whole bus back on a recorded cut with
+[`Bus.restore`][agentsnap.bus.Bus.restore]. A [`Transport`][agentsnap.bus.Transport] makes the
+channels: [`LocalTransport`][agentsnap.bus.LocalTransport] keeps them in this process; another
+one may carry them between processes. Whoever wants to see the traffic (the journal, tracing)
+implements [`BusObserver`][agentsnap.bus.BusObserver]; the bus imports none of them.
 
 A scheduler decides *which* deliverable item goes next. The
 [`AsyncioScheduler`][agentsnap.AsyncioScheduler] runs one task per agent, so an agent awaiting
@@ -16,9 +24,9 @@ import asyncio
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
@@ -40,17 +48,19 @@ from agentsnap.messages import (
 )
 
 if TYPE_CHECKING:
-    from agentsnap.agents import Context
     from agentsnap.messages import JsonValue
-    from agentsnap.telemetry import Telemetry
 
 __all__ = [
     "AsyncioScheduler",
     "Bus",
+    "BusObserver",
     "Channel",
     "Deliver",
     "Endpoint",
+    "LocalChannel",
+    "LocalTransport",
     "Scheduler",
+    "Transport",
     "check_agent_name",
     "check_kind",
 ]
@@ -96,34 +106,70 @@ def check_kind(kind: object) -> str:
     )
 
 
-class Channel:
-    """The FIFO channel from ``src`` to ``dst``, with its counters.
+Item = Message | Marker
+"""What travels on a channel: a message, or a snapshot marker."""
+
+
+class Channel(Protocol):
+    """The FIFO channel from ``src`` to ``dst``: its items in flight, counters and epochs.
+
+    The bus makes channels through its [`Transport`][agentsnap.bus.Transport] and is their only
+    writer of items; the rest of the package reads them through this protocol.
 
     Attributes:
         src: Sending process.
         dst: Receiving process.
+        receiver: The receiving endpoint.
         sent: Messages sent so far (the last sequence number used).
         delivered: Messages taken off the channel by the receiver so far.
-        queue: Items (messages and markers) sent but not yet delivered, oldest first.
         closed: Highest snapshot number for which nothing more on this channel can be
             in flight (raised by markers and by messages from a sender that had recorded).
-        receiver: The receiving endpoint.
-        sent_log: Sends not yet journaled, as ``message, microseconds since the epoch``
-            pairs laid out flat; ``None`` when the run keeps no journal.
-        delivered_log: Deliveries not yet journaled, as ``seq, microseconds`` pairs laid
-            out flat; ``None`` when the run keeps no journal.
+    """
+
+    src: str
+    dst: str
+    receiver: Endpoint
+    sent: int
+    delivered: int
+    closed: int
+
+    def append(self, item: Item, /) -> None:
+        """Put ``item`` at the end of the channel."""
+
+    def take(self) -> Item:
+        """Remove and return the oldest item (the channel is not empty)."""
+
+    def clear(self) -> None:
+        """Drop every item."""
+
+    def __len__(self) -> int:
+        """Items sent and not yet delivered."""
+
+    def __iter__(self) -> Iterator[Item]:
+        """The items in flight, oldest first."""
+
+    def __getitem__(self, index: int, /) -> Item:
+        """The item at ``index`` (0 is the next to be delivered)."""
+
+
+class LocalChannel:
+    """A [`Channel`][agentsnap.bus.Channel] kept in this process, on a ``deque``.
+
+    ``append`` and ``take`` are the deque's own methods, so the send and delivery paths pay
+    no call of their own.
     """
 
     __slots__ = (
+        "_items",
+        "append",
+        "clear",
         "closed",
         "delivered",
-        "delivered_log",
         "dst",
-        "queue",
         "receiver",
         "sent",
-        "sent_log",
         "src",
+        "take",
     )
 
     def __init__(self, src: str, dst: str, receiver: Endpoint, closed: int) -> None:
@@ -131,17 +177,87 @@ class Channel:
         self.dst = dst
         self.sent = 0
         self.delivered = 0
-        self.queue: deque[Message | Marker] = deque()
         self.closed = closed
         self.receiver = receiver
-        self.sent_log: list[Message | int] | None = None
-        self.delivered_log: list[int] | None = None
+        items: deque[Item] = deque()
+        self._items = items
+        self.append: Callable[[Item], None] = items.append
+        self.take: Callable[[], Item] = items.popleft
+        self.clear: Callable[[], None] = items.clear
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self._items)
+
+    def __getitem__(self, index: int) -> Item:
+        return self._items[index]
 
     def __repr__(self) -> str:
         return (
             f"<Channel {self.src}>{self.dst} sent={self.sent} delivered={self.delivered} "
-            f"queued={len(self.queue)}>"
+            f"queued={len(self._items)}>"
         )
+
+
+class Transport(Protocol):
+    """Makes the channels of a bus: where their items are kept and how they travel."""
+
+    def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:
+        """A new, empty channel from ``src`` to ``dst``, closed up to snapshot ``closed``."""
+
+
+class LocalTransport:
+    """The default transport: every channel is a [`LocalChannel`][agentsnap.bus.LocalChannel]."""
+
+    def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:  # noqa: D102
+        return LocalChannel(src, dst, receiver, closed)
+
+
+class BusObserver(Protocol):
+    """Sees every message sent and delivered on a bus.
+
+    Add one with [`Bus.observe`][agentsnap.bus.Bus.observe].
+
+    The hooks run on the hot path, in the sending or receiving process, between the bus's own
+    steps: keep them short, and never raise.
+    """
+
+    def on_send(self, channel: Channel, message: Message) -> Message:
+        """``message`` took its sequence number on ``channel``: return it, or a copy of it.
+
+        Tracing returns a copy whose headers carry its context. Checks may still hold the
+        message back after this.
+        """
+
+    def on_enqueue(self, channel: Channel, message: Message) -> None:
+        """``message`` was appended to ``channel``: its receiver can take it now."""
+
+    def on_deliver(self, channel: Channel, message: Message) -> None:
+        """``message`` was taken off ``channel`` and is about to be handled."""
+
+
+class _Observers:
+    """Several observers seen as one, in the order they were added."""
+
+    __slots__ = ("observers",)
+
+    def __init__(self, observers: list[BusObserver]) -> None:
+        self.observers = observers
+
+    def on_send(self, channel: Channel, message: Message) -> Message:
+        for observer in self.observers:
+            message = observer.on_send(channel, message)
+        return message
+
+    def on_enqueue(self, channel: Channel, message: Message) -> None:
+        for observer in self.observers:
+            observer.on_enqueue(channel, message)
+
+    def on_deliver(self, channel: Channel, message: Message) -> None:
+        for observer in self.observers:
+            observer.on_deliver(channel, message)
 
 
 class Endpoint:
@@ -153,24 +269,12 @@ class Endpoint:
         outgoing: Channels this process sends on, by receiver.
         incoming: Channels this process receives from, by sender.
         busy: Whether a handler of this process is running.
-        record_wanted: A snapshot number to record as soon as the running handler returns.
         replay: While a resumed run re-executes what it did before a crash: the messages
             this process must take next, as ``(src, seq)``, in the order it took them then.
             Schedulers deliver nothing else to it until the plan is done (markers excepted).
     """
 
-    __slots__ = (
-        "busy",
-        "context",
-        "epoch",
-        "inbox",
-        "incoming",
-        "name",
-        "outgoing",
-        "record_wanted",
-        "replay",
-        "waiter",
-    )
+    __slots__ = ("busy", "epoch", "incoming", "name", "outgoing", "replay")
 
     def __init__(self, name: str, epoch: int = 0) -> None:
         self.name = name
@@ -178,13 +282,7 @@ class Endpoint:
         self.outgoing: dict[str, Channel] = {}
         self.incoming: dict[str, Channel] = {}
         self.busy = False
-        self.record_wanted = 0
         self.replay: deque[tuple[str, int]] | None = None
-        # The agent's handler context (set by the runtime; None for the environment).
-        self.context: Context[Any] | None = None
-        # Owned by the scheduler: channels with an item waiting, one entry per item.
-        self.inbox: deque[Channel] = deque()
-        self.waiter: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.name} epoch={self.epoch}>"
@@ -201,7 +299,7 @@ class Scheduler(Protocol):
         """Attach to ``bus``; ``deliver`` handles the next item of a channel."""
 
     def notify(self, channel: Channel) -> None:
-        """An item was appended to ``channel.queue``."""
+        """An item was appended to ``channel``."""
 
     def start(self) -> None:
         """Begin delivering (called from a running event loop)."""
@@ -241,34 +339,51 @@ def planned_channel(endpoint: Endpoint) -> Channel | None:
 
 
 class Bus:
-    """Processes, their channels, and the send path.
+    """Processes, their channels, and the send and delivery paths.
+
+    Args:
+        scheduler: Decides which deliverable item goes next.
+        transport: Makes the channels; [`LocalTransport`][agentsnap.bus.LocalTransport] when
+            omitted.
 
     Attributes:
         endpoints: Every process on the bus, by name (the environment first).
         channels: Every channel, by ``(src, dst)``, in creation order.
         environment: The environment process.
         scheduler: The scheduler delivering items.
-        journaling: Whether channels log sends and deliveries for the
-            [`Journal`][agentsnap.journal.Journal] (see [`journal`][agentsnap.bus.Bus.journal]).
-        telemetry: Where the run's spans and metrics go, or ``None`` (set by the runtime).
-        tracing: ``telemetry`` when it traces, so that each send makes a span and carries
-            the trace context in its headers; else ``None``.
+        transport: Where the channels come from.
     """
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, transport: Transport | None = None) -> None:
         self.environment = Endpoint(ENVIRONMENT)
         self.endpoints: dict[str, Endpoint] = {ENVIRONMENT: self.environment}
         self.channels: dict[tuple[str, str], Channel] = {}
         self.scheduler = scheduler
-        self.journaling = False
-        self._spill: Callable[[Channel], None] | None = None
-        self._spill_at = 0
+        self.transport: Transport = transport if transport is not None else LocalTransport()
         self._notify = scheduler.notify
-        self.telemetry: Telemetry | None = None
-        self.tracing: Telemetry | None = None
+        # One observer, or several behind one: the hot paths check a single None.
+        self._observer: BusObserver | None = None
+        self._observers: list[BusObserver] = []
         self.replay_stalled: Callable[[], None] = self.abandon_replay
         # Message kinds already checked (check_kind): a send pays one set lookup.
         self._kinds: set[str] = {"message"}
+
+    def observe(self, observer: BusObserver) -> None:
+        """Have ``observer`` see every message sent and delivered from now on."""
+        self._observers.append(observer)
+        self._observer = (
+            observer if len(self._observers) == 1 else _Observers(list(self._observers))
+        )
+
+    def unobserve(self, observer: BusObserver) -> None:
+        """Stop showing the traffic to ``observer``."""
+        if observer in self._observers:
+            self._observers.remove(observer)
+        observers = self._observers
+        if not observers:
+            self._observer = None
+        else:
+            self._observer = observers[0] if len(observers) == 1 else _Observers(list(observers))
 
     def replaying(self) -> bool:
         """Whether some process still follows a replay plan."""
@@ -287,18 +402,6 @@ class Bus:
         self.scheduler.added(endpoint)
         return endpoint
 
-    def journal(self, spill: Callable[[Channel], None], every: int) -> None:
-        """Log sends and deliveries on every channel, present and future.
-
-        ``spill(channel)`` is called once ``every`` sends are logged on a channel, to take them.
-        """
-        self.journaling = True
-        self._spill = spill
-        self._spill_at = 2 * every  # the log holds (message, time) pairs laid out flat
-        for channel in self.channels.values():
-            channel.sent_log = []
-            channel.delivered_log = []
-
     def channel(self, sender: Endpoint, dst: str) -> Channel:
         """The channel from ``sender`` to ``dst``, created on first use.
 
@@ -314,10 +417,7 @@ class Bus:
             raise UnknownAgentError(sender.name, dst, known)
         # Everything sent on a new channel comes after its sender's last recording, so no
         # snapshot up to the sender's epoch can have anything in flight on it.
-        channel = Channel(sender.name, dst, receiver, closed=sender.epoch)
-        if self.journaling:
-            channel.sent_log = []
-            channel.delivered_log = []
+        channel = self.transport.channel(sender.name, dst, receiver, sender.epoch)
         sender.outgoing[dst] = channel
         receiver.incoming[sender.name] = channel
         self.channels[sender.name, dst] = channel
@@ -363,23 +463,19 @@ class Bus:
             if problem is not None:
                 raise PayloadNotSerializable(sender.name, dst, problem)
         headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
-        tracing = self.tracing
-        if tracing is not None:
-            headers = tracing.sent(sender.name, dst, channel.sent + 1, kind, headers)
         channel.sent = seq = channel.sent + 1
         message: Message = _new_message(
             Message, (sender.name, dst, seq, kind, payload, headers, sender.epoch)
         )
+        observer = self._observer
+        if observer is not None:
+            message = observer.on_send(channel, message)
         if not post:
             return message
         # What post() does, written out: this is the hot path of every send.
-        channel.queue.append(message)
-        log = channel.sent_log
-        if log is not None:
-            log.append(message)
-            log.append(_now_ns() // 1000)
-            if len(log) >= self._spill_at:
-                self._spill(channel)  # type: ignore[misc]
+        channel.append(message)
+        if observer is not None:
+            observer.on_enqueue(channel, message)
         self._notify(channel)
         return message
 
@@ -393,13 +489,10 @@ class Bus:
     def post(self, sender: Endpoint, message: Message) -> None:
         """Make a message built with ``send(..., post=False)`` visible to its receiver."""
         channel = sender.outgoing[message.dst]
-        channel.queue.append(message)
-        log = channel.sent_log
-        if log is not None:
-            log.append(message)
-            log.append(_now_ns() // 1000)
-            if len(log) >= self._spill_at:
-                self._spill(channel)  # type: ignore[misc]
+        channel.append(message)
+        observer = self._observer
+        if observer is not None:
+            observer.on_enqueue(channel, message)
         self._notify(channel)
 
     def unsend(self, sender: Endpoint, message: Message) -> None:
@@ -410,8 +503,72 @@ class Bus:
 
     def post_marker(self, channel: Channel, snapshot: int) -> None:
         """Append a marker for ``snapshot`` to ``channel``."""
-        channel.queue.append(Marker(channel.src, channel.dst, snapshot))
+        channel.append(Marker(channel.src, channel.dst, snapshot))
         self._notify(channel)
+
+    def delivered(self, channel: Channel, message: Message) -> None:
+        """``message``, taken off ``channel``, is handed to its receiver now: count it.
+
+        The receiver takes the item with ``channel.take()``; a message counts as received
+        only from here, so that a snapshot it records in between does not count it.
+        """
+        channel.delivered += 1
+        observer = self._observer
+        if observer is not None:
+            observer.on_deliver(channel, message)
+
+    def has_messages(self) -> bool:
+        """Whether any channel holds a message (markers aside)."""
+        return any(type(item) is Message for ch in self.channels.values() for item in ch)
+
+    def restore(
+        self,
+        epoch: int,
+        counters: Mapping[str, tuple[Mapping[str, int], Mapping[str, int]]],
+        in_flight: Iterable[Message],
+    ) -> int:
+        """Put every channel back on a recorded cut.
+
+        Every channel is emptied, then given the cut's counters and its messages in flight;
+        the scheduler hears of each item as usual. Call the scheduler's ``reset`` first.
+
+        Args:
+            epoch: The snapshot number every process and channel now stands at; no message
+                put back carries a higher one.
+            counters: Per process, the messages it had sent (by receiver) and received (by
+                sender) at the cut; channels the cut does not name start from zero.
+            in_flight: The messages to put back, in order per channel. A message beyond a
+                channel's recorded ``sent`` raises it (the environment's inputs replayed
+                after the cut).
+
+        Returns:
+            How many messages queued before were not put back (discarded by the restore).
+        """
+        dropped: set[tuple[str, str, int]] = set()
+        for channel in self.channels.values():
+            dropped.update(
+                (item.src, item.dst, item.seq) for item in channel if type(item) is Message
+            )
+            channel.clear()
+            channel.sent = channel.delivered = 0
+            channel.closed = epoch
+        endpoints = self.endpoints
+        for endpoint in endpoints.values():
+            endpoint.epoch = epoch
+        for name, (sent, received) in counters.items():
+            endpoint = endpoints[name]
+            for dst, count in sent.items():
+                self.channel(endpoint, dst).sent = count
+            for src, count in received.items():
+                self.channel(endpoints[src], name).delivered = count
+        notify = self._notify
+        for message in in_flight:
+            channel = self.channel(endpoints[message.src], message.dst)
+            channel.append(message._replace(epoch=epoch) if message.epoch > epoch else message)
+            channel.sent = max(channel.sent, message.seq)
+            dropped.discard((message.src, message.dst, message.seq))
+            notify(channel)
+        return len(dropped)
 
 
 def _freeze_headers(src: str, dst: str, headers: Mapping[str, str]) -> Mapping[str, str]:
@@ -449,6 +606,8 @@ class AsyncioScheduler:
         self._idle: asyncio.Future[None] | None = None
         self._started = False
         self._endpoints: list[Endpoint] = []
+        # Per process: the channels with an item waiting, and the serve task's wake-up.
+        self._boxes: dict[Endpoint, _Mailbox] = {}
         self._error: BaseException | None = None
         self._bus: Bus | None = None
         # Processes waiting for the channel their replay plan names, with items elsewhere.
@@ -459,17 +618,18 @@ class AsyncioScheduler:
         self._deliver = deliver
 
     def notify(self, channel: Channel) -> None:  # noqa: D102
-        endpoint = channel.receiver
-        endpoint.inbox.append(channel)
+        box = self._boxes[channel.receiver]
+        box.inbox.append(channel)
         self._pending += 1
-        waiter = endpoint.waiter
+        waiter = box.waiter
         if waiter is not None:
-            endpoint.waiter = None
+            box.waiter = None
             if not waiter.done():
                 waiter.set_result(None)
 
     def added(self, endpoint: Endpoint) -> None:  # noqa: D102
         self._endpoints.append(endpoint)
+        self._boxes[endpoint] = _Mailbox()
         if self._started:
             self._spawn(endpoint)
 
@@ -489,7 +649,8 @@ class AsyncioScheduler:
     async def _serve(self, endpoint: Endpoint) -> None:
         deliver = self._deliver
         assert deliver is not None, "scheduler used before bind()"
-        inbox = endpoint.inbox
+        box = self._boxes[endpoint]
+        inbox = box.inbox
         loop = asyncio.get_running_loop()
         fairness = self._fairness
         streak = 0
@@ -520,7 +681,7 @@ class AsyncioScheduler:
                         await asyncio.sleep(0)
                 else:
                     streak = 0
-                    endpoint.waiter = waiter = loop.create_future()
+                    box.waiter = waiter = loop.create_future()
                     await waiter
         except asyncio.CancelledError:
             raise
@@ -534,9 +695,9 @@ class AsyncioScheduler:
     def _planned(self, endpoint: Endpoint) -> Channel | None:
         """Take the channel the replay plan names off the inbox, if it has an item."""
         channel = planned_channel(endpoint)
-        if channel is None or not channel.queue:
+        if channel is None or not channel:
             return None
-        endpoint.inbox.remove(channel)
+        self._boxes[endpoint].inbox.remove(channel)
         return channel
 
     async def _wait_blocked(self, endpoint: Endpoint) -> None:
@@ -545,7 +706,8 @@ class AsyncioScheduler:
             if not self._active:
                 self._check_stalled()
             if endpoint.replay and self._planned_empty(endpoint):
-                endpoint.waiter = waiter = asyncio.get_running_loop().create_future()
+                box = self._boxes[endpoint]
+                box.waiter = waiter = asyncio.get_running_loop().create_future()
                 await waiter
         finally:
             self._blocked -= 1
@@ -553,7 +715,7 @@ class AsyncioScheduler:
     @staticmethod
     def _planned_empty(endpoint: Endpoint) -> bool:
         channel = planned_channel(endpoint)
-        return channel is None or not channel.queue
+        return channel is None or not channel
 
     def _check_stalled(self) -> None:
         """No handler runs and every process with items waits for its plan: give the plans up.
@@ -563,14 +725,17 @@ class AsyncioScheduler:
         """
         if self._paused or self._bus is None:
             return
-        for endpoint in self._endpoints:
-            if endpoint.inbox and not (endpoint.replay and self._planned_empty(endpoint)):
+        for endpoint, box in self._boxes.items():
+            if box.inbox and not (endpoint.replay and self._planned_empty(endpoint)):
                 return
         self._bus.replay_stalled()
-        for endpoint in self._endpoints:
-            waiter = endpoint.waiter
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for box in self._boxes.values():
+            waiter = box.waiter
             if waiter is not None:
-                endpoint.waiter = None
+                box.waiter = None
                 if not waiter.done():
                     waiter.set_result(None)
 
@@ -595,18 +760,13 @@ class AsyncioScheduler:
 
     def resume(self) -> None:  # noqa: D102
         self._paused = False
-        for endpoint in self._endpoints:
-            waiter = endpoint.waiter
-            if waiter is not None:
-                endpoint.waiter = None
-                if not waiter.done():
-                    waiter.set_result(None)
+        self._wake_all()
         if not self._pending and not self._active:
             self._wake_idle()
 
     def reset(self) -> None:  # noqa: D102
-        for endpoint in self._endpoints:
-            endpoint.inbox.clear()
+        for box in self._boxes.values():
+            box.inbox.clear()
         self._pending = 0
 
     async def close(self) -> None:  # noqa: D102
@@ -618,3 +778,14 @@ class AsyncioScheduler:
         self._tasks.clear()
         self._started = False
         self._wake_idle()
+
+
+class _Mailbox:
+    """What the asyncio scheduler keeps per process."""
+
+    __slots__ = ("inbox", "waiter")
+
+    def __init__(self) -> None:
+        # Channels with an item waiting, one entry per item, in arrival order.
+        self.inbox: deque[Channel] = deque()
+        self.waiter: asyncio.Future[None] | None = None

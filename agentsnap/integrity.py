@@ -68,10 +68,9 @@ from agentsnap.records import (
     Snapshot,
     SnapshotStatus,
 )
-from agentsnap.snapshot import cut_problems
 from agentsnap.state import content_hash
 
-__all__ = ["SnapshotReader", "agent_versions", "one_line"]
+__all__ = ["SnapshotReader", "agent_versions", "cut_problems", "one_line"]
 
 _SHOWN = 3
 """How many problems a damaged snapshot's reason spells out."""
@@ -373,3 +372,43 @@ def agent_versions(snapshots: Iterable[Snapshot], agent: str) -> list[AgentVersi
             )
         )
     return versions
+
+
+def cut_problems(snapshot: Snapshot) -> list[str]:
+    """Check that a snapshot is a consistent cut; return what is wrong (empty when nothing).
+
+    For every channel ``(src, dst)``: the receiver cannot have received more than the sender
+    had sent at the cut, and the channel's recorded messages must be exactly sequence numbers
+    ``received + 1 .. sent``, in order. The coordinator runs this on every snapshot before it
+    calls it complete; it costs one pass over the channels.
+    """
+    if snapshot.status is not SnapshotStatus.COMPLETE:
+        return [f"snapshot {snapshot.seq} is {snapshot.status}, not complete"]
+    problems: list[str] = []
+    agents = snapshot.agents
+    in_flight = {(ch.src, ch.dst): ch.messages for ch in snapshot.channels}
+    pairs: set[tuple[str, str]] = set(in_flight)
+    for name, cut in agents.items():
+        pairs.update((name, dst) for dst in cut.sent)
+        pairs.update((src, name) for src in cut.received)
+    for src, dst in sorted(pairs):
+        if src not in agents or dst not in agents:
+            problems.append(f"channel {src}>{dst} names a process missing from the cut")
+            continue
+        sent = agents[src].sent.get(dst, 0)
+        received = agents[dst].received.get(src, 0)
+        messages = in_flight.get((src, dst), ())
+        if received > sent:
+            problems.append(
+                f"channel {src}>{dst}: {dst} received {received} but {src} had sent only {sent}"
+            )
+        if len(messages) != sent - received or any(
+            m.seq != received + i for i, m in enumerate(messages, 1)
+        ):
+            seqs = [m.seq for m in messages]
+            expected = list(range(received + 1, sent + 1))
+            problems.append(
+                f"channel {src}>{dst}: in flight {seqs}, expected {expected} "
+                f"(sent {sent}, received {received})"
+            )
+    return problems

@@ -18,8 +18,9 @@ async def main() -> None:
 asyncio.run(main())
 ```
 
-Keeping the journal must not slow the bus down much, so the send and delivery paths only
-append the message (or its sequence number) and the time to a list on the channel. Every
+Keeping the journal must not slow the bus down much: it watches the bus as a
+[`BusObserver`][agentsnap.bus.BusObserver], and each send and delivery only appends the
+message (or its sequence number) and the time to the channel's list. Every
 ``interval`` seconds, whenever the run goes idle, and when the runtime closes, the lists are
 taken, encoded as one JSON segment per channel and event, and written to the store in one
 call, off the hot path. A write that fails is logged and kept for the next flush, so the
@@ -34,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +57,7 @@ logger = logging.getLogger("agentsnap.journal")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _encode = compact_json
+_now_ns = time.time_ns
 
 
 class Journal:
@@ -99,7 +103,32 @@ class Journal:
         self._lock = asyncio.Lock()
         self._timer: asyncio.Task[None] | None = None
         self.failures: list[Exception] = []
-        bus.journal(self.spill, segment_size)
+        # Per channel, sends as ``message, microseconds since the epoch`` pairs laid out
+        # flat, and deliveries as ``seq, microseconds`` pairs, not yet taken.
+        self._sent: defaultdict[Channel, list[Any]] = defaultdict(list)
+        self._delivered: defaultdict[Channel, list[int]] = defaultdict(list)
+        self._spill_at = 2 * segment_size
+        bus.observe(self)
+
+    # -- the bus's observer: the hot path -----------------------------------------------------
+
+    def on_send(self, channel: Channel, message: Message) -> Message:
+        """Nothing to do until the message is visible."""
+        return message
+
+    def on_enqueue(self, channel: Channel, message: Message) -> None:
+        """Log a send."""
+        log = self._sent[channel]
+        log.append(message)
+        log.append(_now_ns() // 1000)
+        if len(log) >= self._spill_at:
+            self.spill(channel)
+
+    def on_deliver(self, channel: Channel, message: Message) -> None:
+        """Log a delivery."""
+        log = self._delivered[channel]
+        log.append(message.seq)
+        log.append(_now_ns() // 1000)
 
     def start(self) -> None:
         """Start flushing in the background (called from the running event loop)."""
@@ -115,22 +144,21 @@ class Journal:
 
     def spill(self, channel: Channel) -> None:
         """Encode the sends logged on ``channel`` now; they are written at the next flush."""
-        sent = channel.sent_log
+        sent = self._sent.pop(channel, None)
         if sent:
-            channel.sent_log = []
             self._pending.append(_send_segment(channel.src, channel.dst, sent))
 
     def take(self) -> list[JournalSegment]:
         """Take every event logged since the last call, as segments (sends first)."""
         segments: list[JournalSegment] = []
+        sent_logs, self._sent = self._sent, defaultdict(list)
+        delivered_logs, self._delivered = self._delivered, defaultdict(list)
         for channel in self._bus.channels.values():
-            sent = channel.sent_log
+            sent = sent_logs.get(channel)
             if sent:
-                channel.sent_log = []
                 segments.append(_send_segment(channel.src, channel.dst, sent))
-            delivered = channel.delivered_log
+            delivered = delivered_logs.get(channel)
             if delivered:
-                channel.delivered_log = []
                 segments.append(_deliver_segment(channel.src, channel.dst, delivered))
         return segments
 

@@ -26,9 +26,10 @@ only the deliveries of the timeline the run was on when it stopped.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from itertools import groupby
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -39,13 +40,105 @@ from agentsnap.state import compact_json
 
 if TYPE_CHECKING:
     from agentsnap.bus import Channel
-    from agentsnap.rollback import InputLog
 
-__all__ = ["ReplayLog", "ReplayPlan", "plan_replay"]
+__all__ = ["InputLog", "ReplayLog", "ReplayPlan", "plan_replay"]
 
 logger = logging.getLogger("agentsnap.replay")
 
 Write = Callable[[ReplaySegment], Awaitable[None]]
+
+
+class InputLog:
+    """What the environment sent, kept for replay after a rollback (like a source's log).
+
+    The environment records a cut at one instant, so the messages it sent before a cut are
+    a prefix of this log: the cut's counters, summed, say where it falls. New messages go to
+    ``buffer`` (appending costs a list append); every few hundred, ``seal`` turns them into
+    JSON text, which the garbage collector never has to walk, so a run fed a million inputs
+    does not slow down because of them.
+
+    Attributes:
+        buffer: Messages not sealed yet, oldest first; append new ones here.
+    """
+
+    __slots__ = ("_base", "_sealed", "buffer", "sealed")
+
+    def __init__(self) -> None:
+        self.buffer: list[Message] = []
+        self.sealed: Callable[[int, str], None] | None = None
+        """Called with each piece sealed: how many messages, their rows as JSON."""
+        # (how many messages, their rows as JSON), oldest first; _base is the position in
+        # the run of the first message held.
+        self._sealed: list[tuple[int, str]] = []
+        self._base = 0
+
+    def __len__(self) -> int:
+        return sum(count for count, _ in self._sealed) + len(self.buffer)
+
+    def seal(self) -> None:
+        """Turn the buffered messages into JSON text."""
+        buffer = self.buffer
+        if buffer:
+            rows = [
+                (m.dst, m.seq, m.kind, m.payload, dict(m.headers) if m.headers else None, m.epoch)
+                for m in buffer
+            ]
+            text = compact_json(rows)
+            self._sealed.append((len(rows), text))
+            buffer.clear()
+            if self.sealed is not None:
+                self.sealed(len(rows), text)
+
+    def forget(self, before: Mapping[str, int] | None) -> None:
+        """Drop what precedes a cut whose environment had sent ``before`` (all if ``None``)."""
+        self.seal()
+        if before is None:
+            self._base += len(self)
+            self._sealed.clear()
+            return
+        drop = sum(before.values()) - self._base
+        while self._sealed and self._sealed[0][0] <= drop:
+            count, _ = self._sealed.pop(0)
+            self._base += count
+            drop -= count
+        if drop > 0 and self._sealed:
+            rows = json.loads(self._sealed[0][1])[drop:]
+            self._sealed[0] = (len(rows), compact_json(rows))
+            self._base += drop
+
+    def restore(self, messages: list[Message], before: Mapping[str, int]) -> None:
+        """Hold ``messages``, sent after a cut whose environment had sent ``before`` (resume)."""
+        self.seal()
+        self._sealed.clear()
+        self._base = sum(before.values())
+        self.buffer.extend(messages)
+        hook, self.sealed = self.sealed, None  # stored already: not news for the replay log
+        try:
+            self.seal()
+        finally:
+            self.sealed = hook
+
+    def after(self, sent: Mapping[str, int]) -> Iterator[Message]:
+        """The messages sent after a cut whose environment had sent ``sent``, in order."""
+        skip = sum(sent.values()) - self._base
+        # Read back with the standard library: orjson would turn integers beyond 64 bits
+        # into floats.
+        for count, text in self._sealed:
+            if skip >= count:
+                skip -= count
+                continue
+            for dst, seq, kind, payload, headers, epoch in json.loads(text)[max(skip, 0) :]:
+                yield Message(
+                    ENVIRONMENT,
+                    dst,
+                    seq,
+                    kind,
+                    payload,
+                    MappingProxyType(headers) if headers else EMPTY_HEADERS,
+                    epoch,
+                )
+            skip = 0
+        yield from self.buffer[max(skip, 0) :]
 
 
 class ReplayLog:
@@ -54,7 +147,7 @@ class ReplayLog:
     The runtime appends to ``deliveries`` the channel of each message an agent takes, as it
     takes it (one list append: the sequence numbers are worked out when the log is written,
     since each channel is taken in order). The
-    environment's input is taken from the run's [`InputLog`][agentsnap.rollback.InputLog],
+    environment's input is taken from the run's [`InputLog`][agentsnap.replay.InputLog],
     which turns it into JSON every few hundred messages anyway: the replay log takes those
     pieces as they are made, so logging input costs nothing more.
     [`flush`][agentsnap.replay.ReplayLog.flush] writes everything appended so far.

@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
+import itertools
 import logging
 import time
 import uuid
@@ -68,16 +68,16 @@ from agentsnap.exceptions import (
     RunError,
     SnapshotDamaged,
 )
-from agentsnap.messages import EMPTY_HEADERS, ENVIRONMENT, Message
+from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.records import RollbackInfo, Snapshot, SnapshotStatus
-from agentsnap.state import HasState, compact_json
+from agentsnap.state import HasState
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus
+    from agentsnap.replay import InputLog
     from agentsnap.snapshot import SnapshotCoordinator
 
 __all__ = [
-    "InputLog",
     "RetryPolicy",
     "RollbackManager",
     "current_cut",
@@ -164,99 +164,6 @@ class _Site:
         return len(self.reasons)
 
 
-class InputLog:
-    """What the environment sent, kept for replay after a rollback (like a source's log).
-
-    The environment records a cut at one instant, so the messages it sent before a cut are
-    a prefix of this log: the cut's counters, summed, say where it falls. New messages go to
-    ``buffer`` (appending costs a list append); every few hundred, ``seal`` turns them into
-    JSON text, which the garbage collector never has to walk, so a run fed a million inputs
-    does not slow down because of them.
-
-    Attributes:
-        buffer: Messages not sealed yet, oldest first; append new ones here.
-    """
-
-    __slots__ = ("_base", "_sealed", "buffer", "sealed")
-
-    def __init__(self) -> None:
-        self.buffer: list[Message] = []
-        self.sealed: Callable[[int, str], None] | None = None
-        """Called with each piece sealed: how many messages, their rows as JSON."""
-        # (how many messages, their rows as JSON), oldest first; _base is the position in
-        # the run of the first message held.
-        self._sealed: list[tuple[int, str]] = []
-        self._base = 0
-
-    def __len__(self) -> int:
-        return sum(count for count, _ in self._sealed) + len(self.buffer)
-
-    def seal(self) -> None:
-        """Turn the buffered messages into JSON text."""
-        buffer = self.buffer
-        if buffer:
-            rows = [
-                (m.dst, m.seq, m.kind, m.payload, dict(m.headers) if m.headers else None, m.epoch)
-                for m in buffer
-            ]
-            text = compact_json(rows)
-            self._sealed.append((len(rows), text))
-            buffer.clear()
-            if self.sealed is not None:
-                self.sealed(len(rows), text)
-
-    def forget(self, before: Mapping[str, int] | None) -> None:
-        """Drop what precedes a cut whose environment had sent ``before`` (all if ``None``)."""
-        self.seal()
-        if before is None:
-            self._base += len(self)
-            self._sealed.clear()
-            return
-        drop = sum(before.values()) - self._base
-        while self._sealed and self._sealed[0][0] <= drop:
-            count, _ = self._sealed.pop(0)
-            self._base += count
-            drop -= count
-        if drop > 0 and self._sealed:
-            rows = json.loads(self._sealed[0][1])[drop:]
-            self._sealed[0] = (len(rows), compact_json(rows))
-            self._base += drop
-
-    def restore(self, messages: list[Message], before: Mapping[str, int]) -> None:
-        """Hold ``messages``, sent after a cut whose environment had sent ``before`` (resume)."""
-        self.seal()
-        self._sealed.clear()
-        self._base = sum(before.values())
-        self.buffer.extend(messages)
-        hook, self.sealed = self.sealed, None  # stored already: not news for the replay log
-        try:
-            self.seal()
-        finally:
-            self.sealed = hook
-
-    def after(self, sent: Mapping[str, int]) -> Iterator[Message]:
-        """The messages sent after a cut whose environment had sent ``sent``, in order."""
-        skip = sum(sent.values()) - self._base
-        # Read back with the standard library: orjson would turn integers beyond 64 bits
-        # into floats.
-        for count, text in self._sealed:
-            if skip >= count:
-                skip -= count
-                continue
-            for dst, seq, kind, payload, headers, epoch in json.loads(text)[max(skip, 0) :]:
-                yield Message(
-                    ENVIRONMENT,
-                    dst,
-                    seq,
-                    kind,
-                    payload,
-                    MappingProxyType(headers) if headers else EMPTY_HEADERS,
-                    epoch,
-                )
-            skip = 0
-        yield from self.buffer[max(skip, 0) :]
-
-
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Keep the cycle collector out of the way.
@@ -298,54 +205,34 @@ def restore_cut(
                 f"snapshot {snapshot.id} holds agent {name!r}, which is not registered; "
                 "register the same agents as the run that took it"
             )
-    dropped: set[tuple[str, str, int]] = set()
-    for channel in bus.channels.values():
-        dropped.update(
-            (item.src, item.dst, item.seq) for item in channel.queue if type(item) is Message
-        )
-        channel.queue.clear()
-        channel.sent = channel.delivered = 0
-        channel.closed = epoch
     for name, agent in agents.items():
         cut = snapshot.agents.get(name)
         text = cut.state_json if cut is not None else initial_states[name]
         agent.state = agent.state_type.model_validate_json(text)
-    for endpoint in bus.endpoints.values():
-        endpoint.epoch = epoch
-        endpoint.record_wanted = 0
-        cut = snapshot.agents.get(endpoint.name)
-        if cut is None:
-            continue
-        for dst, count in cut.sent.items():
-            bus.channel(endpoint, dst).sent = count
-        for src, count in cut.received.items():
-            bus.channel(bus.endpoints[src], endpoint.name).delivered = count
-    notify = bus.scheduler.notify
+    environment = snapshot.agents.get(ENVIRONMENT)
+    return bus.restore(
+        epoch,
+        {name: (cut.sent, cut.received) for name, cut in snapshot.agents.items()},
+        itertools.chain(
+            _in_flight(snapshot),
+            # The environment's messages sent after the cut, as a source is replayed.
+            replay.after(environment.sent if environment is not None else {}),
+        ),
+    )
+
+
+def _in_flight(snapshot: Snapshot) -> Iterator[Message]:
     for record in snapshot.channels:
-        channel = bus.channel(bus.endpoints[record.src], record.dst)
         for kept in record.messages:
-            message = Message(
+            yield Message(
                 record.src,
                 record.dst,
                 kept.seq,
                 kept.kind,
                 kept.payload,
                 MappingProxyType(dict(kept.headers)),
-                # Never above the new base: in a fork, snapshot numbers start again.
-                min(kept.epoch, epoch),
+                kept.epoch,
             )
-            channel.queue.append(message)
-            dropped.discard((record.src, record.dst, kept.seq))
-            notify(channel)
-    environment = snapshot.agents.get(ENVIRONMENT)
-    for sent in replay.after(environment.sent if environment is not None else {}):
-        channel = bus.channel(bus.environment, sent.dst)
-        # Never above the new base (a resume may number snapshots from fewer than were begun).
-        channel.queue.append(sent._replace(epoch=epoch) if sent.epoch > epoch else sent)
-        channel.sent = sent.seq
-        dropped.discard((sent.src, sent.dst, sent.seq))
-        notify(channel)
-    return len(dropped)
 
 
 def current_cut(snapshots: list[Snapshot], rollbacks: list[RollbackInfo]) -> Snapshot | None:

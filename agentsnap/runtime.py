@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from pydantic import BaseModel
 
 from agentsnap.agents import Agent, Context
-from agentsnap.bus import AsyncioScheduler, Bus, Channel, Endpoint, Scheduler
+from agentsnap.bus import AsyncioScheduler, Bus, Channel, Endpoint, Scheduler, Transport
 from agentsnap.checks import Check, Guard, OutputCheck, failure_reason
 from agentsnap.exceptions import (
     ConfigurationError,
@@ -53,6 +53,7 @@ from agentsnap.exceptions import (
     StoreError,
     UnknownAgentError,
 )
+from agentsnap.handles import SnapshotHandle
 from agentsnap.journal import Journal
 from agentsnap.ledger import Ledger, ToolCallStatus, mark_orphaned, owner_id
 from agentsnap.limits import check_run_id, check_run_labels
@@ -68,15 +69,14 @@ from agentsnap.records import (
     SnapshotStatus,
     utcnow,
 )
-from agentsnap.replay import ReplayLog, plan_replay
+from agentsnap.replay import InputLog, ReplayLog, plan_replay
 from agentsnap.rollback import (
-    InputLog,
     RetryPolicy,
     RollbackManager,
     current_cut,
     restore_cut,
 )
-from agentsnap.snapshot import SnapshotCoordinator, SnapshotHandle, SnapshotPolicy
+from agentsnap.snapshot import SnapshotCoordinator, SnapshotPolicy
 from agentsnap.state import check_round_trip
 from agentsnap.store.faults import classify
 from agentsnap.store.ledger import MemoryLedger, ledger_for
@@ -104,7 +104,6 @@ __all__ = ["Runtime"]
 A = TypeVar("A", bound="Agent[Any]")
 
 logger = logging.getLogger("agentsnap")
-_now_ns = time.time_ns
 _SEAL_INPUTS_EVERY = 256
 _REPLAY_HOLDS = 4096  # deliveries (or inputs) the replay log holds before it writes them
 _REPLAY_WATCH_SECONDS = 0.25
@@ -158,6 +157,8 @@ class Runtime:
             by default.
         scheduler: Decides which message is delivered next; an
             [`AsyncioScheduler`][agentsnap.AsyncioScheduler] by default.
+        transport: Makes the bus's channels (see [`Transport`][agentsnap.bus.Transport]);
+            they are kept in this process by default.
         snapshot_policy: When to take snapshots without being asked.
         run_id: Id of the run (32 hex digits are generated when omitted); at most 64
             characters, or ``ConfigurationError`` is raised here.
@@ -220,6 +221,7 @@ class Runtime:
         *,
         store: Store | None = None,
         scheduler: Scheduler | None = None,
+        transport: Transport | None = None,
         snapshot_policy: SnapshotPolicy | None = None,
         run_id: str | None = None,
         metadata: Mapping[str, JsonValue] | None = None,
@@ -244,18 +246,21 @@ class Runtime:
         self._metadata = dict(metadata or {})
         self._name, self._tags = check_run_labels(name, tags)
         self._scheduler: Scheduler = scheduler if scheduler is not None else AsyncioScheduler()
-        self._bus = Bus(self._scheduler)
+        self._bus = Bus(self._scheduler, transport)
         if journal is None:  # a store kept in a database keeps the journal too
             journal = isinstance(getattr(self.store, "url", None), str)
         self._journal = Journal(self._bus, self.store, self.run_id) if journal else None
         self._agents: dict[str, Agent[Any]] = {}
+        # Each agent's handler context, by name.
+        self._contexts: dict[str, Context[Any]] = {}
         self._bus.replay_stalled = self._replay_stalled
         self._snapshots = SnapshotCoordinator(self._bus, self._agents, self.run_id, self._persist)
         # Without an SDK this is None, and the hot paths pay one None check per message.
         self._telemetry = resolve(telemetry)
         self._tracing = self._telemetry if self._telemetry and self._telemetry.tracing else None
-        self._bus.telemetry = self._snapshots.telemetry = self._telemetry
-        self._bus.tracing = self._tracing
+        self._snapshots.observer = self._telemetry
+        if self._tracing is not None:
+            self._bus.observe(self._tracing)
         if self._telemetry is not None:
             self._telemetry.watch(self._bus)
         self._policy = snapshot_policy or SnapshotPolicy()
@@ -329,6 +334,29 @@ class Runtime:
         """The bus (channels, counters), for inspection and tests."""
         return self._bus
 
+    @property
+    def telemetry(self) -> Telemetry | None:
+        """Where the run's spans and metrics go, or ``None`` when nothing is recorded."""
+        return self._telemetry
+
+    def context(self, agent: str) -> Context[Any]:
+        """The context handed to ``agent``'s handlers.
+
+        Outside a handler it serves to call a tool on the agent's behalf, with an explicit
+        idempotency key.
+
+        Raises:
+            ConfigurationError: No agent of that name is registered.
+        """
+        ctx = self._contexts.get(agent)
+        if ctx is None:
+            names = ", ".join(repr(n) for n in self._agents) or "none"
+            raise ConfigurationError(
+                f"there is no agent {agent!r} in this runtime (registered: {names}); "
+                "register it with Runtime.add() first"
+            )
+        return ctx
+
     def add(self, agent: A) -> A:
         """Register an agent and return it.
 
@@ -351,10 +379,13 @@ class Runtime:
         self._agents[agent.name] = agent
         self._initial[agent.name] = blob.json
         endpoint = self._bus.add(agent.name, epoch)
-        endpoint.context = Context(agent, endpoint, self._bus, coordinator, self.run_id)
-        endpoint.context.ledger = self.ledger
-        endpoint.context.replay = self._replay
-        endpoint.context.tools = self.tools
+        ctx = self._contexts[agent.name] = Context(
+            agent, endpoint, self._bus, coordinator, self.run_id
+        )
+        ctx.ledger = self.ledger
+        ctx.replay = self._replay
+        ctx.tools = self.tools
+        ctx.telemetry = self._telemetry
         coordinator.joined(endpoint, blob.hash)
         self._arm(agent.name)
         return agent
@@ -428,8 +459,7 @@ class Runtime:
         agent = self._agents[name]
         evaluates = type(agent).evaluate is not Agent.evaluate
         checks = self._checks.get(name, [])
-        ctx = self._bus.endpoints[name].context
-        assert ctx is not None
+        ctx = self._contexts[name]
         if not checks and not evaluates:
             ctx.guard = None
             return
@@ -613,9 +643,7 @@ class Runtime:
             how = "Ctrl-C" if isinstance(cancelled, KeyboardInterrupt) else "task cancelled"
             return RunStatus.CANCELLED, f"{how}; resume() continues it"
         if self._has_queued():
-            queued = sum(
-                type(item) is Message for ch in self._bus.channels.values() for item in ch.queue
-            )
+            queued = sum(type(item) is Message for ch in self._bus.channels.values() for item in ch)
             return RunStatus.INTERRUPTED, (
                 f"closed with {queued} message{'s' * (queued != 1)} not delivered yet; "
                 "resume() continues it"
@@ -1040,7 +1068,7 @@ class Runtime:
             self._first_write = None
             if generation != self._generation:
                 return  # a rollback emptied the channels meanwhile and queued them again
-        item = channel.queue.popleft()
+        item = channel.take()
         endpoint = channel.receiver
         snapshots = self._snapshots
         if type(item) is Marker:
@@ -1049,18 +1077,13 @@ class Runtime:
         message: Message = item  # type: ignore[assignment]
         if snapshots.active:
             snapshots.on_message(endpoint, channel, message)
-        channel.delivered += 1
-        log = channel.delivered_log
-        if log is not None:
-            log.append(message.seq)
-            log.append(_now_ns() // 1000)
+        self._bus.delivered(channel, message)
         delivered = self._delivered
         if delivered is not None:
             delivered.append(channel)  # bounded by _watch_replay, not here: the hot path
         elif self._replaying:
             self._replayed(endpoint, channel, message)
-        ctx = endpoint.context
-        assert ctx is not None, "only agents receive messages"
+        ctx = self._contexts[endpoint.name]
         ctx.message = message
         endpoint.busy = True
         generation = self._generation
@@ -1101,8 +1124,10 @@ class Runtime:
                     guard.outputs.clear()  # held back, and now never sent
             endpoint.busy = False
             ctx.message = None
-            if endpoint.record_wanted and rejected is None and lost_to is None:
-                snapshots.record(endpoint, endpoint.record_wanted)
+            if snapshots.wanted and rejected is None and lost_to is None:
+                wanted = snapshots.wanted.get(endpoint.name)
+                if wanted:
+                    snapshots.record(endpoint, wanted)
         if rejected is not None:
             await self._rejected(rejected, generation, message)
             return
@@ -1315,12 +1340,9 @@ class Runtime:
 
     async def _after_rollback(self, info: RollbackInfo) -> None:
         if info.agent is not None and info.agent in self._agents:
-            ctx = self._bus.endpoints[info.agent].context
-            assert ctx is not None
-            ctx.add_feedback(info.reason, info.source)
+            self._contexts[info.agent].add_feedback(info.reason, info.source)
         for name, agent in self._agents.items():
-            ctx = self._bus.endpoints[name].context
-            assert ctx is not None
+            ctx = self._contexts[name]
             try:
                 await agent.on_rollback(info, ctx)
             except OutputRejected as exc:  # checked before it was enqueued: nobody saw it
@@ -1335,6 +1357,7 @@ class Runtime:
 
     def _restore(self, snapshot: Snapshot) -> int:
         self._snapshots.abort_all("the run rolled back before the snapshot completed")
+        self._snapshots.wanted.clear()
         return restore_cut(
             self._bus,
             self._agents,
@@ -1472,7 +1495,7 @@ class Runtime:
                 logger.warning("run %s: rollback records still not written: %s", self.run_id, exc)
 
     def _has_queued(self) -> bool:
-        return any(ch.queue for ch in self._bus.channels.values())
+        return any(self._bus.channels.values())
 
     def _raise_if_stopped(self) -> None:
         if self._lost is not None:

@@ -28,11 +28,13 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentsnap.exceptions import ConfigurationError, SnapshotFailed, StateNotSerializable
+from agentsnap.handles import SnapshotHandle
+from agentsnap.integrity import cut_problems
 from agentsnap.messages import ENVIRONMENT, Marker
 from agentsnap.records import (
     AgentCut,
@@ -55,9 +57,8 @@ if TYPE_CHECKING:
 
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.messages import Message
-    from agentsnap.telemetry import Telemetry
 
-__all__ = ["SnapshotCoordinator", "SnapshotHandle", "SnapshotPolicy", "cut_problems"]
+__all__ = ["SnapshotCoordinator", "SnapshotObserver", "SnapshotPolicy"]
 
 logger = logging.getLogger("agentsnap.snapshot")
 
@@ -106,111 +107,29 @@ class SnapshotPolicy:
             )
 
 
-def cut_problems(snapshot: Snapshot) -> list[str]:
-    """Check that a snapshot is a consistent cut; return what is wrong (empty when nothing).
+class SnapshotObserver(Protocol):
+    """Sees the snapshots of a coordinator go by (telemetry implements it).
 
-    For every channel ``(src, dst)``: the receiver cannot have received more than the sender
-    had sent at the cut, and the channel's recorded messages must be exactly sequence numbers
-    ``received + 1 .. sent``, in order. The coordinator runs this on every snapshot before it
-    calls it complete; it costs one pass over the channels.
-    """
-    if snapshot.status is not SnapshotStatus.COMPLETE:
-        return [f"snapshot {snapshot.seq} is {snapshot.status}, not complete"]
-    problems: list[str] = []
-    agents = snapshot.agents
-    in_flight = {(ch.src, ch.dst): ch.messages for ch in snapshot.channels}
-    pairs: set[tuple[str, str]] = set(in_flight)
-    for name, cut in agents.items():
-        pairs.update((name, dst) for dst in cut.sent)
-        pairs.update((src, name) for src in cut.received)
-    for src, dst in sorted(pairs):
-        if src not in agents or dst not in agents:
-            problems.append(f"channel {src}>{dst} names a process missing from the cut")
-            continue
-        sent = agents[src].sent.get(dst, 0)
-        received = agents[dst].received.get(src, 0)
-        messages = in_flight.get((src, dst), ())
-        if received > sent:
-            problems.append(
-                f"channel {src}>{dst}: {dst} received {received} but {src} had sent only {sent}"
-            )
-        if len(messages) != sent - received or any(
-            m.seq != received + i for i, m in enumerate(messages, 1)
-        ):
-            seqs = [m.seq for m in messages]
-            expected = list(range(received + 1, sent + 1))
-            problems.append(
-                f"channel {src}>{dst}: in flight {seqs}, expected {expected} "
-                f"(sent {sent}, received {received})"
-            )
-    return problems
-
-
-class SnapshotHandle:
-    """A snapshot in progress; await it for the completed [`Snapshot`][agentsnap.Snapshot].
-
-    Awaiting raises [`SnapshotFailed`][agentsnap.SnapshotFailed] if the snapshot could not be
-    completed.
+    Set one as [`SnapshotCoordinator.observer`][agentsnap.snapshot.SnapshotCoordinator.observer].
+    The hooks run inside the protocol's steps: keep them short, and never raise.
     """
 
-    __slots__ = ("_done", "_error", "_result", "id", "initiator", "seq")
+    def snapshot_started(self, handle: SnapshotHandle, run_id: str) -> None:
+        """A snapshot was started."""
 
-    def __init__(self, snapshot_id: str, seq: int, initiator: str) -> None:
-        self.id = snapshot_id
-        """Snapshot id."""
-        self.seq = seq
-        """Number of the snapshot within the run."""
-        self.initiator = initiator
-        """Who started it."""
-        self._done = asyncio.Event()
-        self._result: Snapshot | None = None
-        self._error: SnapshotFailed | None = None
+    def snapshot_marker(self, snapshot_id: str, src: str, dst: str) -> None:
+        """A marker of the snapshot came through the channel ``src -> dst``."""
 
-    def done(self) -> bool:
-        """Whether the snapshot completed or failed."""
-        return self._done.is_set()
+    def snapshot_recorded(self, snapshot_id: str, process: str) -> None:
+        """``process`` recorded its state for the snapshot."""
 
-    def result(self) -> Snapshot:
-        """The completed snapshot.
+    def snapshot_written(
+        self, snapshot: Snapshot, handle: SnapshotHandle, write: Awaitable[None]
+    ) -> Awaitable[None]:
+        """The snapshot finished (complete or failed), and ``write`` will store it.
 
-        Raises:
-            SnapshotFailed: The snapshot failed.
-            RuntimeError: It is still in progress.
+        Return ``write``, or an awaitable that wraps it (to time it, say).
         """
-        if self._error is not None:
-            raise self._error
-        if self._result is None:
-            raise RuntimeError(f"snapshot {self.seq} is still in progress; await it first")
-        return self._result
-
-    async def wait(self) -> Snapshot:
-        """Wait for the snapshot to complete and be written, and return it.
-
-        This waits as long as the store keeps retrying a failing write (its retry policy's
-        deadline), then raises ``SnapshotFailed``; to wait less, wrap it in
-        ``asyncio.timeout()`` (the snapshot goes on).
-
-        Raises:
-            SnapshotFailed: The snapshot failed, or could not be written.
-        """
-        await self._done.wait()
-        return self.result()
-
-    async def settled(self) -> None:
-        """Wait until the snapshot is written or has failed; never raise."""
-        await self._done.wait()
-
-    def __await__(self) -> Generator[Any, None, Snapshot]:
-        return self.wait().__await__()
-
-    def _resolve(self, snapshot: Snapshot | None, error: SnapshotFailed | None) -> None:
-        self._result = snapshot
-        self._error = error
-        self._done.set()
-
-    def __repr__(self) -> str:
-        state = "failed" if self._error else "complete" if self._result else "in progress"
-        return f"<SnapshotHandle {self.seq} {self.id[:8]} {state}>"
 
 
 class _Progress:
@@ -251,8 +170,11 @@ class SnapshotCoordinator:
         self.active: dict[int, _Progress] = {}
         """Snapshots in progress, by number, oldest first."""
         self.last_seq = 0
-        self.telemetry: Telemetry | None = None
-        """Where snapshot spans and metrics go (set by the runtime), or ``None``."""
+        self.observer: SnapshotObserver | None = None
+        """Who sees the snapshots go by (telemetry, set by the runtime), or ``None``."""
+        self.wanted: dict[str, int] = {}
+        """Per process whose handler is running: the snapshot number it must record as soon as
+        that handler returns (see [`request`][agentsnap.snapshot.SnapshotCoordinator.request])."""
         self._agents = agents
         self._persist = persist
         self._tasks: set[asyncio.Task[None]] = set()
@@ -277,8 +199,8 @@ class SnapshotCoordinator:
         name = initiator.name if initiator is not None else ENVIRONMENT
         handle = SnapshotHandle(uuid.uuid4().hex, seq, name)
         self.active[seq] = _Progress(handle, list(self.bus.endpoints))
-        if self.telemetry is not None:
-            self.telemetry.snapshot_started(handle, self.run_id)
+        if self.observer is not None:
+            self.observer.snapshot_started(handle, self.run_id)
         if self.suspended is not None:
             self.fail(seq, self.suspended)
             return handle
@@ -298,14 +220,15 @@ class SnapshotCoordinator:
         if (
             self.active
             or self.suspended is not None
-            or any(e.busy or e.record_wanted for e in self.bus.endpoints.values())
+            or self.wanted
+            or any(e.busy for e in self.bus.endpoints.values())
         ):
             return None
         self.last_seq = seq = self.last_seq + 1
         handle = SnapshotHandle(uuid.uuid4().hex, seq, ENVIRONMENT)
         progress = self.active[seq] = _Progress(handle, [])
-        if self.telemetry is not None:
-            self.telemetry.snapshot_started(handle, self.run_id)
+        if self.observer is not None:
+            self.observer.snapshot_started(handle, self.run_id)
         for endpoint in self.bus.endpoints.values():
             cut = self._cut(endpoint, [seq])
             if cut is None:
@@ -314,7 +237,7 @@ class SnapshotCoordinator:
             endpoint.epoch = seq
         for channel in self.bus.channels.values():
             channel.closed = seq
-            for item in channel.queue:
+            for item in channel:
                 if type(item) is Marker:
                     continue
                 self._record_in_flight(seq, progress, channel, item)  # type: ignore[arg-type]
@@ -326,7 +249,8 @@ class SnapshotCoordinator:
     def request(self, endpoint: Endpoint, seq: int) -> None:
         """Have ``endpoint`` record ``seq`` now, or when its running handler returns."""
         if endpoint.busy:
-            endpoint.record_wanted = max(endpoint.record_wanted, seq)
+            wanted = self.wanted
+            wanted[endpoint.name] = max(wanted.get(endpoint.name, 0), seq)
         else:
             self.record(endpoint, seq)
 
@@ -345,8 +269,8 @@ class SnapshotCoordinator:
 
     def on_marker(self, endpoint: Endpoint, channel: Channel, seq: int) -> None:
         """``endpoint`` took a marker for snapshot ``seq`` off ``channel``."""
-        if self.telemetry is not None and seq in self.active:
-            self.telemetry.snapshot_marker(self.active[seq].handle.id, channel.src, channel.dst)
+        if self.observer is not None and seq in self.active:
+            self.observer.snapshot_marker(self.active[seq].handle.id, channel.src, channel.dst)
         if seq > endpoint.epoch:
             self.record(endpoint, seq)
         if seq > channel.closed:
@@ -370,7 +294,8 @@ class SnapshotCoordinator:
         """``endpoint`` records every snapshot in progress up to ``upto`` it has not recorded."""
         if upto <= endpoint.epoch:
             return
-        endpoint.record_wanted = 0
+        if self.wanted:
+            self.wanted.pop(endpoint.name, None)
         due = [seq for seq in self.active if endpoint.epoch < seq <= upto]
         endpoint.epoch = upto
         if not due:
@@ -382,8 +307,8 @@ class SnapshotCoordinator:
                 continue
             progress.cuts[endpoint.name] = cut
             progress.unrecorded.discard(endpoint.name)
-            if self.telemetry is not None:
-                self.telemetry.snapshot_recorded(progress.handle.id, endpoint.name)
+            if self.observer is not None:
+                self.observer.snapshot_recorded(progress.handle.id, endpoint.name)
             if not progress.unrecorded:
                 self._all_recorded(seq, progress)
         for channel in endpoint.outgoing.values():
@@ -497,9 +422,9 @@ class SnapshotCoordinator:
         self._write_finished(self._snapshot(seq, progress, **outcome), progress.handle)
 
     def _write_finished(self, snapshot: Snapshot, handle: SnapshotHandle) -> None:
-        work = self._write(snapshot, handle)
-        if self.telemetry is not None:
-            work = self.telemetry.snapshot_written(snapshot, handle, work)
+        work: Awaitable[None] = self._write(snapshot, handle)
+        if self.observer is not None:
+            work = self.observer.snapshot_written(snapshot, handle, work)
         self._spawn(work)
 
     def abort_all(self, reason: str) -> None:
@@ -523,15 +448,15 @@ class SnapshotCoordinator:
         except Exception as exc:
             reason = f"the store could not write it: {type(exc).__name__}: {exc}"
             logger.exception("snapshot %d (%s) was not written", snapshot.seq, snapshot.id)
-            handle._resolve(None, SnapshotFailed(snapshot.id, reason))
+            handle.resolve(None, SnapshotFailed(snapshot.id, reason))
             if snapshot.status is SnapshotStatus.COMPLETE:
                 await self._record_failure(snapshot, reason)
             return
         if snapshot.status is SnapshotStatus.COMPLETE:
             self.written(snapshot)
-            handle._resolve(snapshot, None)
+            handle.resolve(snapshot, None)
         else:
-            handle._resolve(None, SnapshotFailed(snapshot.id, snapshot.error or "unknown"))
+            handle.resolve(None, SnapshotFailed(snapshot.id, snapshot.error or "unknown"))
 
     async def _record_failure(self, snapshot: Snapshot, reason: str) -> None:
         """Leave a failed record in place of a snapshot whose write failed, if the store can.
@@ -598,6 +523,7 @@ class SnapshotCoordinator:
 
     def restored(self, snapshot: Snapshot) -> None:
         """The run went back to ``snapshot``: snapshots taken after it are another future."""
+        self.wanted.clear()
         for seq in [seq for seq in self._targets if seq > snapshot.seq]:
             del self._targets[seq]
         self.written(snapshot)

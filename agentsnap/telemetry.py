@@ -137,10 +137,10 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext
     from opentelemetry.util.types import AttributeValue
 
-    from agentsnap.bus import Bus
+    from agentsnap.bus import Bus, Channel
+    from agentsnap.handles import SnapshotHandle
     from agentsnap.messages import Message
     from agentsnap.records import RollbackInfo, Snapshot
-    from agentsnap.snapshot import SnapshotHandle
 
 __all__ = [
     "NAMES",
@@ -271,7 +271,7 @@ class Telemetry:
         try:
             for bus in list(self._buses):
                 for channel in list(bus.channels.values()):
-                    depth[channel.dst] = depth.get(channel.dst, 0) + len(channel.queue)
+                    depth[channel.dst] = depth.get(channel.dst, 0) + len(channel)
         except RuntimeError:
             return []
         return [Observation(count, {DESTINATION_NAME: dst}) for dst, count in depth.items()]
@@ -296,6 +296,17 @@ class Telemetry:
         propagate.inject(carrier, context=trace.set_span_in_context(span))
         span.end()
         return MappingProxyType(carrier) if carrier else EMPTY_HEADERS
+
+    def on_send(self, channel: Channel, message: Message) -> Message:
+        """As a bus observer (when tracing): the message's send span and trace context."""
+        headers = self.sent(message.src, message.dst, message.seq, message.kind, message.headers)
+        return message._replace(headers=headers)
+
+    def on_enqueue(self, channel: Channel, message: Message) -> None:
+        """As a bus observer: nothing (the send span covers it)."""
+
+    def on_deliver(self, channel: Channel, message: Message) -> None:
+        """As a bus observer: nothing (the runtime opens the handling spans)."""
 
     def handling(self, run_id: str, agent: str, message: Message) -> Handling:
         """Spans around ``agent`` handling ``message``: ``deliver``, and ``invoke_agent`` in it.

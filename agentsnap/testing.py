@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from agentsnap.bus import planned_channel
 from agentsnap.exceptions import ScheduleError
-from agentsnap.snapshot import cut_problems
+from agentsnap.integrity import cut_problems
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Channel, Deliver, Endpoint
@@ -86,7 +86,7 @@ class SequentialScheduler:
         """Channels whose next item can be delivered now, in a stable order."""
         if self._paused:
             return []
-        ready = [channel for channel in self._ready if channel.queue]
+        ready = [channel for channel in self._ready if channel]
         if len(ready) != len(self._ready):
             self._ready = dict.fromkeys(ready)
         bus = self._bus
@@ -102,15 +102,15 @@ class SequentialScheduler:
 
     def pending(self) -> list[Message | Marker]:
         """The next item of every deliverable channel."""
-        return [channel.queue[0] for channel in self.deliverable()]
+        return [channel[0] for channel in self.deliverable()]
 
     async def deliver_from(self, channel: Channel) -> Message | Marker:
         """Deliver the next item of ``channel`` and wait for its handler to return."""
         if self._deliver is None:
             raise ScheduleError("the scheduler is not attached to a runtime yet")
-        if not channel.queue:
+        if not channel:
             raise ScheduleError(f"nothing to deliver on channel {channel.src}>{channel.dst}")
-        item = channel.queue[0]
+        item = channel[0]
         self.steps += 1
         await self._deliver(channel)
         return item
@@ -180,7 +180,7 @@ class ScriptedScheduler(SequentialScheduler):
         if self._bus is None:
             return []
         channel = self._bus.channels.get((src, dst))
-        return list(channel.queue) if channel is not None else []
+        return list(channel) if channel is not None else []
 
 
 class ScriptedModel:

@@ -304,7 +304,7 @@ class Sample:
 
 def _queued(runtime: Runtime) -> int:
     return sum(
-        type(item) is Message for channel in runtime.bus.channels.values() for item in channel.queue
+        type(item) is Message for channel in runtime.bus.channels.values() for item in channel
     )
 
 

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from agentsnap import ENVIRONMENT, Agent, AgentState, Context, Message, Runtime
 from agentsnap.messages import EMPTY_HEADERS
-from agentsnap.rollback import InputLog
+from agentsnap.replay import InputLog
 from agentsnap.testing import ScriptedScheduler
 
 

@@ -1,8 +1,20 @@
 """Imports run one way: each layer imports only the layers below it, even for type checking.
 
 Every ``import`` of every module of the package counts, wherever it stands (at the top, in a
-function, under ``TYPE_CHECKING``). These are the contracts the package keeps; the layering
-of the bus, agents, snapshot and rollback modules among themselves is not checked yet.
+function, under ``TYPE_CHECKING``). The layers, from the bottom::
+
+    foundation   exceptions, limits, messages, state, records, handles, integrity, liveness,
+                 semconv: data types and rules; they import nothing but each other
+    store        store/, ledger, once, ownership: persistence, and the exactly-once machine
+    bus          channels, the transport and observer protocols, schedulers
+    checks       verdicts, checks, the guard          telemetry, replay: see the bus only
+    agents       Agent, Context (a snapshot Initiator protocol, not the coordinator)
+    snapshot     the Chandy-Lamport coordinator, its observer protocol
+    rollback     retry policy, the rollback manager, restoring a cut through Bus.restore
+    journal      a bus observer writing to the store
+    tools        side-effecting tools on the ledger
+    runtime      wires everything; above it only the public face: the package itself,
+                 inspect, timeline, cli, demo, testing, integrations, which nothing below imports
 """
 
 from __future__ import annotations
@@ -20,20 +32,47 @@ FOUNDATION = {
     "agentsnap.messages",
     "agentsnap.state",
     "agentsnap.records",
+    "agentsnap.handles",
+    "agentsnap.integrity",
     "agentsnap.liveness",
     "agentsnap.semconv",
 }
 """Data types and rules every layer uses; they import nothing but each other."""
 
+STORE = {"agentsnap.store", "agentsnap.ledger", "agentsnap.once", "agentsnap.ownership"}
+"""Persistence: the store package, the ledger protocols, the exactly-once state machine
+and run ownership. They know the data types only."""
+
+BUS = FOUNDATION | {"agentsnap.bus"}
+AGENTS = BUS | STORE | {"agentsnap.checks", "agentsnap.telemetry", "agentsnap.replay"}
+ROLLBACK = BUS | {"agentsnap.checks", "agentsnap.replay", "agentsnap.snapshot"}
+
 CONTRACTS: dict[str, set[str]] = {
     **dict.fromkeys(FOUNDATION, FOUNDATION),
-    "agentsnap.checks": FOUNDATION | {"agentsnap.bus"},
-    "agentsnap.ledger": FOUNDATION | {"agentsnap.store"},
-    "agentsnap.once": FOUNDATION | {"agentsnap.ledger", "agentsnap.store"},
-    "agentsnap.store": FOUNDATION | {"agentsnap.ledger", "agentsnap.integrity", "agentsnap.store"},
+    **dict.fromkeys(STORE, FOUNDATION | STORE),
+    "agentsnap.bus": FOUNDATION,
+    "agentsnap.checks": BUS,
+    "agentsnap.telemetry": BUS,
+    "agentsnap.replay": BUS,
+    "agentsnap.agents": AGENTS,
+    "agentsnap.snapshot": BUS,
+    "agentsnap.rollback": ROLLBACK,
+    "agentsnap.journal": BUS | STORE,
+    "agentsnap.tools": AGENTS | {"agentsnap.agents"},
 }
 """For a module (or a package, with everything in it): the only agentsnap modules it may
-import (a package allows its modules too)."""
+import (a package allows its modules too). Modules not named here are above the runtime."""
+
+PUBLIC_FACE = {
+    "agentsnap.cli",
+    "agentsnap.demo",
+    "agentsnap.inspect",
+    "agentsnap.integrations",
+    "agentsnap.testing",
+    "agentsnap.timeline",
+}
+"""Built on the public API; only each other, ``__main__`` and the package's ``__init__`` may
+import them."""
 
 
 def module_name(path: Path) -> str:
@@ -84,6 +123,53 @@ def test_only_the_store_imports_sqlalchemy(module: str) -> None:
     assert not using, f"{module} imports {using}; only agentsnap.store may"
 
 
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_nothing_below_the_public_face_imports_it(module: str) -> None:
+    if module in {"agentsnap", "agentsnap.__main__"} or _within(module, PUBLIC_FACE):
+        return
+    wrong = sorted(name for name in imports(MODULES[module]) if _within(name, PUBLIC_FACE))
+    assert not wrong, f"{module} imports {wrong}, which only the public face may"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_only_the_bus_reaches_into_a_channel(module: str) -> None:
+    """Channels are reached through the ``Channel`` protocol; their storage is the bus's."""
+    if module == "agentsnap.bus":
+        return
+    tree = ast.parse(MODULES[module].read_text())
+    private = sorted(
+        {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in {"queue", "_items"}
+        }
+    )
+    assert not private, f"{module} touches a channel's storage ({private})"
+
+
+def test_the_runtime_is_imported_by_the_public_face_only() -> None:
+    users = sorted(
+        module
+        for module, path in MODULES.items()
+        if "agentsnap.runtime" in imports(path)
+        and module not in {"agentsnap", "agentsnap.runtime"}
+        and not _within(module, PUBLIC_FACE)
+    )
+    assert not users, f"{users} import the runtime; only the public face may"
+
+
+def _within(name: str, scopes: set[str]) -> bool:
+    return any(name == scope or name.startswith(scope + ".") for scope in scopes)
+
+
 def test_the_contracts_name_modules_that_exist() -> None:
-    named = set(CONTRACTS) | set().union(*CONTRACTS.values())
+    named = set(CONTRACTS) | set().union(*CONTRACTS.values()) | PUBLIC_FACE
     assert named <= set(MODULES), sorted(named - set(MODULES))
+
+
+def test_every_module_has_a_place() -> None:
+    """A new module must be placed in a layer (or be explicitly above the runtime)."""
+    above = {"agentsnap", "agentsnap.__main__", "agentsnap._hints", "agentsnap.console"}
+    above |= {"agentsnap.models", "agentsnap.runtime"}
+    placed = {m for m in MODULES if _within(m, set(CONTRACTS) | PUBLIC_FACE | above)}
+    assert placed == set(MODULES), sorted(set(MODULES) - placed)

@@ -16,7 +16,7 @@ import pytest
 from pydantic import Field
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotPolicy, tool
-from agentsnap.bus import Channel, Endpoint
+from agentsnap.bus import Channel, Endpoint, LocalChannel
 from agentsnap.messages import EMPTY_HEADERS, ENVIRONMENT
 from agentsnap.records import (
     AgentCut,
@@ -25,8 +25,7 @@ from agentsnap.records import (
     SnapshotStatus,
     utcnow,
 )
-from agentsnap.replay import ReplayLog, plan_replay
-from agentsnap.rollback import InputLog
+from agentsnap.replay import InputLog, ReplayLog, plan_replay
 from agentsnap.store import MemoryStore
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.testing import SeededScheduler
@@ -77,7 +76,7 @@ def test_a_plan_restores_the_inputs_sent_after_the_cut_up_to_the_first_missing()
 
 
 def channel(src: str, dst: str) -> Channel:
-    return Channel(src, dst, Endpoint(dst), closed=0)
+    return LocalChannel(src, dst, Endpoint(dst), closed=0)
 
 
 def delivered(log: ReplayLog, on: Channel) -> None:

@@ -80,7 +80,7 @@ def queued(runtime: Runtime) -> dict[tuple[str, str], list[Queued]]:
     found: dict[tuple[str, str], list[Queued]] = {}
     for key, channel in runtime.bus.channels.items():
         items = []
-        for item in channel.queue:
+        for item in channel:
             assert isinstance(item, Message), f"{item!r} left on channel {key}"
             items.append(
                 (item.id, item.seq, item.kind, item.payload, dict(item.headers), item.epoch)
@@ -127,9 +127,7 @@ def assert_restored(
 
 
 def context(runtime: Runtime, name: str) -> Context[Any]:
-    ctx = runtime.bus.endpoints[name].context
-    assert ctx is not None
-    return ctx
+    return runtime.context(name)
 
 
 # -- 1. a rollback restores exactly the stored cut ----------------------------------------------

@@ -142,7 +142,7 @@ async def test_channels_are_fifo_with_seqs_from_one_created_on_first_send() -> N
         assert ("b", "sink") in runtime.bus.channels
         assert ("sink", "a") not in runtime.bus.channels
         a_to_sink = runtime.bus.channels["a", "sink"]
-        assert (a_to_sink.sent, a_to_sink.delivered, len(a_to_sink.queue)) == (10, 10, 0)
+        assert (a_to_sink.sent, a_to_sink.delivered, len(a_to_sink)) == (10, 10, 0)
 
     log = runtime.agents["sink"].state.log
     from_a = [entry for entry in log if entry.startswith("a>sink#")]

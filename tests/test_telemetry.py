@@ -651,8 +651,7 @@ async def test_without_an_sdk_nothing_is_recorded_and_headers_stay_empty() -> No
         bob = runtime.add(Relay("bob"))
         sent = runtime.send("alice", 1)
         await within(runtime.run_until_idle())
-        assert runtime.bus.tracing is None
-        assert runtime.bus.telemetry is None
+        assert runtime.telemetry is None
     assert dict(sent.headers) == {}
     assert isinstance(bob, Relay)
     assert bob.handled == ["alice>bob#1"]
@@ -663,7 +662,8 @@ async def test_tracing_forced_through_the_api_alone_adds_no_headers() -> None:
         runtime.add(Relay("alice"))
         sent = runtime.send("alice", 1)
         await within(runtime.run_until_idle())
-        assert runtime.bus.tracing is not None
+        assert runtime.telemetry is not None
+        assert runtime.telemetry.tracing
     assert dict(sent.headers) == {}
 
 

@@ -49,8 +49,8 @@ from agentsnap import (
     ToolCall,
     tool,
 )
+from agentsnap.integrity import cut_problems
 from agentsnap.records import JournalSegment, Snapshot
-from agentsnap.snapshot import cut_problems
 from agentsnap.store.sql import SqlStore
 
 __all__ = [

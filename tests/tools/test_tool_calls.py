@@ -150,8 +150,7 @@ async def test_arguments_are_validated_before_anything_runs() -> None:
 async def test_a_side_effect_outside_a_handler_needs_a_key() -> None:
     async with Runtime() as runtime:
         runtime.add(Shopper("shopper"))
-        ctx = runtime.bus.endpoints["shopper"].context
-        assert ctx is not None
+        ctx = runtime.context("shopper")
         with pytest.raises(ConfigurationError, match="outside a handler without an idempotency"):
             await charge(ctx, card="4242", amount=5)
         with pytest.raises(ConfigurationError, match="outside a handler without an idempotency"):

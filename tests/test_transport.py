@@ -1,0 +1,225 @@
+"""The bus's seams: a transport of one's own carries every guarantee, observers see the traffic.
+
+The runtime reaches channels only through the ``Channel`` protocol, so a transport whose
+channels keep their items elsewhere (here: a plain list, and a count of every operation) runs
+the snapshot protocol, rollbacks and the journal unchanged, on the default scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+from agentsnap import Agent, AgentState, Context, Message, Runtime
+from agentsnap.bus import Channel, Endpoint
+from agentsnap.exceptions import SnapshotFailed
+from agentsnap.journal import read_journal
+from agentsnap.messages import Marker
+from agentsnap.records import SnapshotStatus
+from agentsnap.rollback import RetryPolicy
+from agentsnap.store.sql import SqlStore
+from agentsnap.testing import assert_consistent
+
+Item = Message | Marker
+
+
+class ListChannel:
+    """A channel on a list, counting what is done to it."""
+
+    def __init__(self, src: str, dst: str, receiver: Endpoint, closed: int) -> None:
+        self.src = src
+        self.dst = dst
+        self.receiver = receiver
+        self.closed = closed
+        self.sent = 0
+        self.delivered = 0
+        self.items: list[Item] = []
+        self.appended = 0
+        self.taken = 0
+
+    def append(self, item: Item, /) -> None:
+        self.appended += 1
+        self.items.append(item)
+
+    def take(self) -> Item:
+        self.taken += 1
+        return self.items.pop(0)
+
+    def clear(self) -> None:
+        self.items.clear()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(list(self.items))
+
+    def __getitem__(self, index: int, /) -> Item:
+        return self.items[index]
+
+
+class ListTransport:
+    def __init__(self) -> None:
+        self.made: list[ListChannel] = []
+
+    def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:
+        channel = ListChannel(src, dst, receiver, closed)
+        self.made.append(channel)
+        return channel
+
+
+class Ledger(AgentState):
+    balance: int = 100
+
+
+class Teller(Agent[Ledger]):
+    """Moves money to its peers; a transfer of more than 30 is rejected by a check."""
+
+    peers: tuple[str, ...] = ()
+
+    async def handle(self, message: Message, ctx: Context[Ledger]) -> None:
+        payload = message.payload
+        assert isinstance(payload, dict)
+        amount = payload["amount"]
+        assert isinstance(amount, int)
+        if message.kind == "credit":
+            self.state.balance += amount
+            return
+        self.state.balance -= amount
+        await asyncio.sleep(0)
+        to = payload["to"]
+        assert isinstance(to, str)
+        ctx.send(to, {"amount": amount}, kind="credit")
+
+
+def tellers(runtime: Runtime, names: list[str]) -> list[Teller]:
+    made = []
+    for name in names:
+        teller = Teller(name)
+        teller.peers = tuple(n for n in names if n != name)
+        made.append(runtime.add(teller))
+    return made
+
+
+async def test_a_transport_of_ones_own_carries_snapshots_and_rollbacks() -> None:
+    transport = ListTransport()
+    names = ["t0", "t1", "t2", "t3"]
+    failed_once: set[int] = set()
+
+    def small(message: Message) -> bool | str:
+        assert isinstance(message.payload, dict)
+        amount = message.payload["amount"]
+        assert isinstance(amount, int)
+        if amount > 30 and amount not in failed_once:
+            failed_once.add(amount)
+            return f"{amount} is more than 30"
+        return True
+
+    async with Runtime(transport=transport, retry=RetryPolicy.attempts(3)) as runtime:
+        made = tellers(runtime, names)
+        runtime.check("t1", kind="credit", check=small, name="small")
+        snapshots = []
+        for batch in range(4):
+            for i in range(batch * 10, batch * 10 + 10):
+                src, dst = names[i % 4], names[(i + 1) % 4]
+                runtime.send(src, {"amount": 5 + (i * 7) % 31, "to": dst}, kind="transfer")
+            handle = runtime.snapshot(initiator=names[batch])  # taken while messages fly
+            await runtime.run_until_idle()
+            try:
+                snapshots.append(await handle)
+            except SnapshotFailed:  # a rollback discards the snapshots in progress
+                continue
+        total = sum(teller.state.balance for teller in made)
+
+    assert total == 400, "money was made or lost"
+    assert failed_once, "the check never rejected anything: the rollback path was not run"
+    assert {(c.src, c.dst) for c in transport.made} == set(runtime.bus.channels)
+    assert all(isinstance(c, ListChannel) for c in runtime.bus.channels.values())
+    assert sum(c.taken for c in transport.made) > 0
+    assert all(not c.items for c in transport.made), "items were left on a channel"
+    assert snapshots, "no snapshot completed"
+    for snapshot in snapshots:
+        assert snapshot.status is SnapshotStatus.COMPLETE
+        assert_consistent(snapshot)
+
+
+class Recorder:
+    """A bus observer that writes down what it sees."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def on_send(self, channel: Channel, message: Message) -> Message:
+        self.events.append(("send", message.id))
+        return message
+
+    def on_enqueue(self, channel: Channel, message: Message) -> None:
+        self.events.append(("enqueue", message.id))
+
+    def on_deliver(self, channel: Channel, message: Message) -> None:
+        assert channel.delivered == message.seq, "delivered before it was counted"
+        self.events.append(("deliver", message.id))
+
+
+class Echo(Agent[AgentState]):
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        if ctx.agent.name == "a":
+            ctx.send("b", message.payload)
+
+
+async def test_an_observer_sees_every_send_and_delivery_in_order() -> None:
+    recorder = Recorder()
+    async with Runtime() as runtime:
+        runtime.add(Echo("a"))
+        runtime.add(Echo("b"))
+        runtime.bus.observe(recorder)
+        runtime.send("a", 1)
+        await runtime.run_until_idle()
+        runtime.bus.unobserve(recorder)
+        runtime.send("a", 2)
+        await runtime.run_until_idle()
+    assert recorder.events == [
+        ("send", "$env>a#1"),
+        ("enqueue", "$env>a#1"),
+        ("deliver", "$env>a#1"),
+        ("send", "a>b#1"),
+        ("enqueue", "a>b#1"),
+        ("deliver", "a>b#1"),
+    ]
+
+
+async def test_a_held_output_is_seen_as_sent_but_enqueued_only_once_it_passes(
+    tmp_path: Any,
+) -> None:
+    """With self-evaluation, what a handler sends is visible only once the evaluation passed;
+    the journal (itself an observer) records only what became visible."""
+
+    class Judged(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            ctx.send("sink", message.payload)
+
+        async def evaluate(self, outputs: Any, ctx: Context[AgentState]) -> bool:
+            return bool(outputs[0].payload != "bad" or ctx.feedback)
+
+    class Sink(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            return None
+
+    recorder = Recorder()
+    store = SqlStore(f"sqlite:///{tmp_path / 'run.db'}")
+    try:
+        async with Runtime(store=store) as runtime:
+            runtime.add(Judged("judged"))
+            runtime.add(Sink("sink"))
+            runtime.bus.observe(recorder)
+            runtime.send("judged", "bad")
+            await runtime.run_until_idle()
+        journal = read_journal(await store.load_journal(runtime.run_id))
+    finally:
+        await store.close()
+    sent = [event for event in recorder.events if event[1].startswith("judged>")]
+    # Rejected once (sent, never enqueued), then redone after the rollback and passed.
+    assert sent.count(("send", "judged>sink#1")) == 2
+    assert sent.count(("enqueue", "judged>sink#1")) == 1
+    assert [(m.src, m.dst, m.seq) for m in journal if m.src == "judged"] == [("judged", "sink", 1)]
