@@ -18,6 +18,7 @@ from agentsnap.exceptions import (
     NotFoundError,
     OutputRejected,
     OwnershipLost,
+    PayloadInvalid,
     PayloadNotSerializable,
     RollbackExhausted,
     RunError,
@@ -37,7 +38,7 @@ from agentsnap.exceptions import (
     UnknownAgentError,
 )
 from agentsnap.ledger import Ledger, LedgerEntry, ToolCallStatus
-from agentsnap.messages import ENVIRONMENT, ChannelId, JsonValue, Marker, Message
+from agentsnap.messages import ENVIRONMENT, ChannelId, JsonInput, JsonValue, Marker, Message
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import (
     AgentCut,
@@ -89,6 +90,7 @@ __all__ = [
     "InvalidAgentName",
     "JournalMessage",
     "JournalSegment",
+    "JsonInput",
     "JsonValue",
     "Ledger",
     "LedgerEntry",
@@ -98,6 +100,7 @@ __all__ = [
     "NotFoundError",
     "OutputRejected",
     "OwnershipLost",
+    "PayloadInvalid",
     "PayloadNotSerializable",
     "PlanStep",
     "RecordedMessage",

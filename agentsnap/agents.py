@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from agentsnap.bus import Bus, Endpoint
     from agentsnap.checks import CheckResult, Guard
     from agentsnap.ledger import Ledger
-    from agentsnap.messages import JsonValue, Message
+    from agentsnap.messages import JsonInput, Message
     from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo
     from agentsnap.replay import ReplayLog
@@ -214,7 +214,7 @@ class Context(Generic[S]):
     def send(
         self,
         to: str,
-        payload: JsonValue | BaseModel = None,
+        payload: JsonInput | BaseModel = None,
         *,
         kind: str = "message",
         headers: Mapping[str, str] | None = None,

@@ -41,7 +41,7 @@ from agentsnap.messages import (
 
 if TYPE_CHECKING:
     from agentsnap.agents import Context
-    from agentsnap.messages import JsonValue
+    from agentsnap.messages import JsonInput
     from agentsnap.telemetry import Telemetry
 
 __all__ = [
@@ -327,7 +327,7 @@ class Bus:
         self,
         sender: Endpoint,
         dst: str,
-        payload: JsonValue | BaseModel,
+        payload: JsonInput | BaseModel,
         kind: str,
         headers: Mapping[str, str] | None,
         post: bool = True,
