@@ -18,6 +18,7 @@ from agentsnap.exceptions import (
     NotFoundError,
     OutputRejected,
     OwnershipLost,
+    PayloadInvalid,
     PayloadNotSerializable,
     RollbackExhausted,
     RunError,
@@ -38,7 +39,7 @@ from agentsnap.exceptions import (
 )
 from agentsnap.handles import SnapshotHandle
 from agentsnap.ledger import Ledger, LedgerEntry, ToolCallStatus
-from agentsnap.messages import ENVIRONMENT, ChannelId, JsonValue, Marker, Message
+from agentsnap.messages import ENVIRONMENT, ChannelId, JsonInput, JsonValue, Marker, Message
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import (
     AgentCut,
@@ -90,6 +91,7 @@ __all__ = [
     "InvalidAgentName",
     "JournalMessage",
     "JournalSegment",
+    "JsonInput",
     "JsonValue",
     "Ledger",
     "LedgerEntry",
@@ -99,6 +101,7 @@ __all__ = [
     "NotFoundError",
     "OutputRejected",
     "OwnershipLost",
+    "PayloadInvalid",
     "PayloadNotSerializable",
     "PlanStep",
     "RecordedMessage",

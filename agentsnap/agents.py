@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from agentsnap.checks import CheckResult, Guard
     from agentsnap.handles import SnapshotHandle
     from agentsnap.ledger import Ledger
-    from agentsnap.messages import JsonValue, Message
+    from agentsnap.messages import JsonInput, Message
     from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo
     from agentsnap.replay import ReplayLog
@@ -223,7 +223,7 @@ class Context(Generic[S]):
     def send(
         self,
         to: str,
-        payload: JsonValue | BaseModel = None,
+        payload: JsonInput | BaseModel = None,
         *,
         kind: str = "message",
         headers: Mapping[str, str] | None = None,

@@ -48,7 +48,7 @@ from agentsnap.messages import (
 )
 
 if TYPE_CHECKING:
-    from agentsnap.messages import JsonValue
+    from agentsnap.messages import JsonInput
 
 __all__ = [
     "AsyncioScheduler",
@@ -427,7 +427,7 @@ class Bus:
         self,
         sender: Endpoint,
         dst: str,
-        payload: JsonValue | BaseModel,
+        payload: JsonInput | BaseModel,
         kind: str,
         headers: Mapping[str, str] | None,
         post: bool = True,

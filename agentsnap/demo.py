@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from agentsnap._hints import cli_command
 from agentsnap.agents import Agent, Context
@@ -86,6 +86,25 @@ def demo_model(delay: float = 0.02) -> ScriptedModel:
     )
 
 
+class Topics(BaseModel):
+    """What the planner asks the researcher to look into."""
+
+    task: str
+
+
+class Notes(BaseModel):
+    """The researcher's notes, on their way to the writer."""
+
+    task: str
+    notes: str
+
+
+class Draft(BaseModel):
+    """A draft of the report, on its way to the critic."""
+
+    draft: str
+
+
 class PlannerState(AgentState):
     """The planner keeps the task and the plan (in ``plan``)."""
 
@@ -108,7 +127,7 @@ class Planner(Agent[PlannerState]):
             if line.strip()
         ]
         self.state.plan[0].status = "in_progress"
-        ctx.send("researcher", {"task": self.state.task}, kind="topics")
+        ctx.send("researcher", Topics(task=self.state.task), kind="topics")
 
 
 class NotesState(AgentState):
@@ -125,13 +144,13 @@ class Researcher(Agent[NotesState]):
         self.model = model
 
     async def handle(self, message: Message, ctx: Context[NotesState]) -> None:
-        task = message.payload["task"]
+        task = message.payload_as(Topics).task
         self.state.notes = await self.model.complete(f"Research: {task}")
         # The research is worth keeping: a cut to come back to if the writing goes wrong.
         # Taken before the notes are sent, the cut holds them in flight to the writer, so
         # going back to it has the writer start again from the notes.
         ctx.snapshot()
-        ctx.send("writer", {"task": task, "notes": self.state.notes}, kind="notes")
+        ctx.send("writer", Notes(task=task, notes=self.state.notes), kind="notes")
 
 
 class WriterState(AgentState):
@@ -148,14 +167,13 @@ class Writer(Agent[WriterState]):
         self.model = model
 
     async def handle(self, message: Message, ctx: Context[WriterState]) -> None:
-        prompt = (
-            f"Write the report for: {message.payload['task']}\nNotes:\n{message.payload['notes']}"
-        )
+        notes = message.payload_as(Notes)
+        prompt = f"Write the report for: {notes.task}\nNotes:\n{notes.notes}"
         if ctx.feedback:
             prompt += "\nFeedback: " + "; ".join(f.reason for f in ctx.feedback)
         draft = await self.model.complete(prompt)
         self.state.drafts.append(draft)
-        ctx.send("critic", {"draft": draft}, kind="draft")
+        ctx.send("critic", Draft(draft=draft), kind="draft")
 
 
 class CriticState(AgentState):
@@ -168,7 +186,7 @@ class Critic(Agent[CriticState]):
     """Accepts a draft only when it cites the notes."""
 
     async def handle(self, message: Message, ctx: Context[CriticState]) -> None:
-        draft = message.payload["draft"]
+        draft = message.payload_as(Draft).draft
         if not _CITATION.search(draft):
             ctx.reject(
                 "writer",

@@ -8,6 +8,7 @@ AgentsnapError
 │   ├── UnknownAgentError
 │   ├── StateNotSerializable
 │   ├── PayloadNotSerializable
+│   ├── PayloadInvalid
 │   ├── ScheduleError
 │   ├── ToolArgumentsInvalid
 │   └── IdempotencyConflict
@@ -59,6 +60,7 @@ __all__ = [
     "InvalidAgentName",
     "NotFoundError",
     "OwnershipLost",
+    "PayloadInvalid",
     "PayloadNotSerializable",
     "RunError",
     "RunOwnedError",
@@ -142,6 +144,27 @@ class PayloadNotSerializable(ConfigurationError):
             f"the payload {sender!r} sent to {recipient!r} is not JSON ({detail}); "
             "send JSON values (dict with str keys, list, str, int, finite float, bool, None) "
             "or a pydantic model"
+        )
+
+
+class PayloadInvalid(ConfigurationError, ValueError):
+    """A message payload does not have the shape its reader expects.
+
+    Raised by [`Message.payload_as`][agentsnap.Message.payload_as]; the pydantic
+    ``ValidationError`` that says what does not fit is the ``__cause__``. Inside a handler it
+    fails the handler like any other exception (see [`HandlerFailed`][agentsnap.HandlerFailed]).
+
+    Attributes:
+        message: The message whose payload was read.
+        expected: Name of the type the payload was read as.
+    """
+
+    def __init__(self, message: Message, expected: str, detail: str) -> None:
+        self.message = message
+        self.expected = expected
+        super().__init__(
+            f"the payload of message {message.id} (kind {message.kind!r}) does not fit "
+            f"{expected}: {detail}; make the sender and the reader agree on its shape"
         )
 
 

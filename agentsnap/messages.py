@@ -9,13 +9,18 @@ message ids stable across re-executions.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from agentsnap.exceptions import PayloadInvalid
 
 __all__ = [
     "ENVIRONMENT",
     "ChannelId",
+    "JsonInput",
     "JsonValue",
     "Marker",
     "Message",
@@ -23,15 +28,61 @@ __all__ = [
     "json_problem",
 ]
 
-JsonValue: TypeAlias = Any
-"""A JSON value: ``dict`` with ``str`` keys, ``list``, ``str``, ``int``, finite ``float``,
-``bool`` or ``None``."""
+if TYPE_CHECKING:
+    JsonValue: TypeAlias = (
+        dict[str, "JsonValue"] | list["JsonValue"] | str | int | float | bool | None
+    )
+    """A JSON value: ``dict`` with ``str`` keys, ``list``, ``str``, ``int``, finite ``float``,
+    ``bool`` or ``None``.
+
+    To a type checker it is that recursive union (the same as ``pydantic.JsonValue``), so code
+    that reads a value must narrow it first (``isinstance``), or read a payload with
+    [`Message.payload_as`][agentsnap.Message.payload_as]. Parameters that only take JSON in
+    (a payload to send, run metadata) are typed with its read-only form,
+    [`JsonInput`][agentsnap.JsonInput], so a ``dict[str, int]`` fits them too.
+
+    At run time it is ``typing.Any``: a pydantic field annotated with it is not validated, nor
+    given a serializer of its own, which keeps states and records as fast to dump as plain data.
+    agentsnap checks JSON where it enters instead (a send, a state's round trip). Annotate a
+    field with ``pydantic.JsonValue`` where pydantic should validate it: type checkers treat the
+    two alike."""
+else:
+    JsonValue = Any
+
+
+if TYPE_CHECKING:
+    JsonInput: TypeAlias = (
+        Mapping[str, "JsonInput"] | Sequence["JsonInput"] | str | int | float | bool | None
+    )
+    """What a parameter that takes JSON accepts, such as a payload to send: a
+    [`JsonValue`][agentsnap.JsonValue] seen read-only.
+
+    Read-only containers are covariant, so a ``dict[str, int]`` or a ``list[str]`` is one, where
+    it is not a ``JsonValue`` (``dict`` and ``list`` are invariant: a function may add any JSON
+    value to a ``dict[str, JsonValue]``). What is sent must still be built of plain ``dict`` and
+    ``list``: a ``tuple`` passes the type checker but not the check at the send."""
+else:
+    JsonInput = Any
+
 
 ENVIRONMENT = "$env"
 """Name of the environment process: the sender of every message the program injects with
 [`Runtime.send`][agentsnap.Runtime.send]. It takes part in every snapshot like an agent."""
 
 EMPTY_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+_T = TypeVar("_T")
+
+_ADAPTERS: dict[object, TypeAdapter[Any]] = {}
+"""A pydantic adapter per type read with ``Message.payload_as``: building one costs far more
+than validating with it."""
+
+
+def _adapter(kind: type[_T]) -> TypeAdapter[_T]:
+    adapter = _ADAPTERS.get(kind)
+    if adapter is None:
+        adapter = _ADAPTERS[kind] = TypeAdapter(kind)
+    return adapter
 
 
 class ChannelId(NamedTuple):
@@ -76,6 +127,43 @@ class Message(NamedTuple):
         """The channel the message travels on."""
         return ChannelId(self.src, self.dst)
 
+    def payload_as(self, kind: type[_T]) -> _T:
+        """The payload, validated as ``kind``: the typed way to read it.
+
+        ``kind`` is anything pydantic validates: a model, a ``TypedDict``, a dataclass, or a
+        type such as ``dict[str, int]``. The payload itself is left as it is.
+
+        Example:
+            ```python
+            from pydantic import BaseModel
+
+            from agentsnap import Message
+
+
+            class Transfer(BaseModel):
+                amount: int
+                to: str
+
+
+            message = Message("bank", "alice", 1, "transfer", {"amount": 5, "to": "bob"}, {}, 0)
+            assert message.payload_as(Transfer).amount == 5
+            assert message.payload_as(dict[str, int | str])["to"] == "bob"
+            ```
+
+        Args:
+            kind: The type to read the payload as.
+
+        Raises:
+            PayloadInvalid: The payload does not fit ``kind``; the pydantic
+                ``ValidationError`` is the ``__cause__``.
+        """
+        try:
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                return kind.model_validate(self.payload)
+            return _adapter(kind).validate_python(self.payload)
+        except ValidationError as exc:
+            raise PayloadInvalid(self, _type_name(kind), _first_error(exc)) from exc
+
     def to_json(self) -> dict[str, JsonValue]:
         """The message as a JSON object (what stores persist)."""
         return {
@@ -92,16 +180,41 @@ class Message(NamedTuple):
     @classmethod
     def from_json(cls, data: Mapping[str, JsonValue]) -> Message:
         """Rebuild a message from [`to_json`][agentsnap.Message.to_json] output."""
-        headers = data.get("headers") or {}
+        headers = data.get("headers")
         return cls(
             src=str(data["src"]),
             dst=str(data["dst"]),
-            seq=int(data["seq"]),
+            seq=_int(data["seq"]),
             kind=str(data["kind"]),
             payload=data.get("payload"),
-            headers=MappingProxyType(dict(headers)) if headers else EMPTY_HEADERS,
-            epoch=int(data.get("epoch", 0)),
+            headers=(
+                MappingProxyType({key: str(value) for key, value in headers.items()})
+                if isinstance(headers, dict) and headers
+                else EMPTY_HEADERS
+            ),
+            epoch=_int(data.get("epoch", 0)),
         )
+
+
+def _int(value: JsonValue) -> int:
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+def _type_name(kind: object) -> str:
+    name = getattr(kind, "__name__", None)
+    return name if isinstance(name, str) and not getattr(kind, "__args__", None) else repr(kind)
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return str(exc)
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"])
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where + ': ' if where else ''}{first['msg']}{more}"
 
 
 class Marker(NamedTuple):

@@ -96,7 +96,7 @@ from agentsnap.telemetry import Telemetry, resolve
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from agentsnap.messages import JsonValue
+    from agentsnap.messages import JsonInput
     from agentsnap.store import Store
 
 __all__ = ["Runtime"]
@@ -224,7 +224,7 @@ class Runtime:
         transport: Transport | None = None,
         snapshot_policy: SnapshotPolicy | None = None,
         run_id: str | None = None,
-        metadata: Mapping[str, JsonValue] | None = None,
+        metadata: Mapping[str, JsonInput] | None = None,
         name: str | None = None,
         tags: Mapping[str, str] | None = None,
         journal: bool | None = None,
@@ -724,7 +724,7 @@ class Runtime:
     def send(
         self,
         to: str,
-        payload: JsonValue | BaseModel = None,
+        payload: JsonInput | BaseModel = None,
         *,
         kind: str = "message",
         headers: Mapping[str, str] | None = None,

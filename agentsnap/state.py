@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticSerializationError
 
 from agentsnap.exceptions import StateNotSerializable
-from agentsnap.messages import JsonValue
+from agentsnap.messages import JsonInput, JsonValue
 
 __all__ = [
     "AgentState",
@@ -130,7 +130,7 @@ class StateBlob:
         return loaded
 
 
-def canonical_json(value: JsonValue) -> str:
+def canonical_json(value: JsonInput) -> str:
     """Serialize ``value`` as canonical JSON: sorted keys, compact, UTF-8, no NaN.
 
     Raises:
@@ -145,7 +145,7 @@ def canonical_json(value: JsonValue) -> str:
 _stdlib_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def compact_json(value: JsonValue | tuple[Any, ...]) -> str:
+def compact_json(value: JsonInput) -> str:
     """Serialize an already checked JSON value compactly, fast (key order kept).
 
     orjson is about ten times faster than the standard library; the standard library takes

@@ -472,7 +472,7 @@ class Tool(Generic[R]):
 
     def _dump(self, value: Any) -> JsonValue:
         adapter = self._returns or _ANY
-        dumped = adapter.dump_python(value, mode="json")
+        dumped: JsonValue = adapter.dump_python(value, mode="json")
         canonical_json(dumped)  # refuses NaN and other non-JSON the dump let through
         return dumped
 
@@ -511,7 +511,7 @@ class Tool(Generic[R]):
                 value = self.compensate(entry)
                 if inspect.isawaitable(value):
                     value = await value
-        dumped = _ANY.dump_python(value, mode="json")
+        dumped: JsonValue = _ANY.dump_python(value, mode="json")
         canonical_json(dumped)
         return dumped
 

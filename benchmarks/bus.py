@@ -87,7 +87,10 @@ class Player(Agent[AgentState]):
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
         self.count += 1
-        k = message.payload["k"]
+        payload = message.payload
+        assert isinstance(payload, dict)
+        k = payload["k"]
+        assert isinstance(k, int)
         if k < self.limit:
             ctx.send(self.peer, {"k": k + 1})
 

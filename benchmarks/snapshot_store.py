@@ -492,7 +492,10 @@ class Researcher(Agent[AgentState]):
     """Makes one tool call per message."""
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        day = message.payload["day"]
+        payload = message.payload
+        assert isinstance(payload, dict)
+        day = payload["day"]
+        assert isinstance(day, int)
         await lookup(ctx, question=f"what happened on day {day}?", day=day)
 
 

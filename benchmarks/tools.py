@@ -68,10 +68,12 @@ class Payer(Agent[AgentState]):
         self.use_tool = use_tool
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        order = message.payload
+        assert isinstance(order, int)
         if self.use_tool:
-            await pay_tool(ctx, order=message.payload, amount=5)
+            await pay_tool(ctx, order=order, amount=5)
         else:
-            await pay(order=message.payload, amount=5)
+            await pay(order=order, amount=5)
 
 
 async def timed_run(ledger: Ledger, calls: int, use_tool: bool) -> float:

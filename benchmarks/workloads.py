@@ -60,7 +60,9 @@ class RingNode(Agent[RingState]):
         # State changes on every message, so each snapshot records something new.
         self.state.forwarded += 1
         payload = message.payload
+        assert isinstance(payload, dict)
         h = payload["h"]
+        assert isinstance(h, int)
         if h < self.hops:
             ctx.send(self.next, {"t": payload["t"], "h": h + 1})
 

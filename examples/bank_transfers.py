@@ -21,11 +21,17 @@ import random
 import sys
 import uuid
 
+from pydantic import BaseModel
+
 from agentsnap import Agent, AgentState, Context, Message, Runtime, Snapshot, Store
 from agentsnap._hints import cli_command
 from agentsnap.runtime import interrupted_message
 from agentsnap.store.sql import SqlStore
 from agentsnap.testing import SeededScheduler, cut_problems
+
+
+class Transfer(BaseModel):
+    amount: int
 
 
 class TellerState(AgentState):
@@ -43,21 +49,27 @@ class Teller(Agent[TellerState]):
 
     async def handle(self, message: Message, ctx: Context[TellerState]) -> None:
         if message.kind == "transfer":
-            self.state.balance += message.payload["amount"]
+            self.state.balance += message.payload_as(Transfer).amount
         elif message.kind == "go" and self.state.balance > 0:
             amount = self.rng.randint(1, min(self.state.balance, 50))
             self.state.balance -= amount
             self.state.transfers_out += 1
-            ctx.send(self.rng.choice(self.peers), {"amount": amount}, kind="transfer")
+            ctx.send(self.rng.choice(self.peers), Transfer(amount=amount), kind="transfer")
 
 
 def money_in(snapshot: Snapshot) -> int:
     """Balances recorded in the tellers plus amounts recorded in flight."""
-    total: int = sum(
-        cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env"
+    total = sum(
+        TellerState.model_validate(cut.state).balance
+        for name, cut in snapshot.agents.items()
+        if name != "$env"
     )
     for channel in snapshot.channels:
-        total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")
+        total += sum(
+            Transfer.model_validate(m.payload).amount
+            for m in channel.messages
+            if m.kind == "transfer"
+        )
     return total
 
 
@@ -75,12 +87,11 @@ async def simulate(  # noqa: PLR0917
     rng = random.Random(seed)
     names = [f"teller-{i}" for i in range(agents)]
     scheduler = SeededScheduler(seed) if deterministic else None
-    metadata = {"example": "bank_transfers", "seed": seed}
     async with Runtime(
         scheduler=scheduler,
         store=store,
         name="bank_transfers",
-        metadata=metadata,
+        metadata={"example": "bank_transfers", "seed": seed},
         journal=journal,
         run_id=run_id,
     ) as runtime:

@@ -48,8 +48,9 @@ from langchain_core.language_models.fake_chat_models import FakeMessagesListChat
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+from pydantic import BaseModel
 
-from agentsnap import Context, LedgerEntry, Message, RollbackInfo, Runtime, tool
+from agentsnap import Context, JsonValue, LedgerEntry, Message, RollbackInfo, Runtime, tool
 from agentsnap._hints import cli_command
 from agentsnap.integrations.langgraph import (
     AgentsnapSaver,
@@ -153,13 +154,18 @@ def reviewer_graph() -> Any:
     return builder.compile()
 
 
+class Request(BaseModel):
+    item: str
+    quantity: int
+
+
 class Worker(GraphAgent):
     """Puts the customer's request, and any reviewer feedback, into its graph's messages."""
 
     def graph_input(self, message: Message, ctx: Context[GraphState]) -> Any:
-        request = message.payload
-        say(f"worker    <- {message.src}: quote {request['quantity']} x {request['item']}")
-        text = f"Quote {request['quantity']} x {request['item']} and reserve them."
+        request = message.payload_as(Request)
+        say(f"worker    <- {message.src}: quote {request.quantity} x {request.item}")
+        text = f"Quote {request.quantity} x {request.item} and reserve them."
         messages: list[AnyMessage] = [HumanMessage(text)]
         if feedback := self.unseen_feedback(ctx):
             reasons = "; ".join(f.reason for f in feedback)
@@ -172,7 +178,8 @@ class Worker(GraphAgent):
     ) -> Iterable[Outgoing]:
         answer = result["messages"][-1].content
         say(f"worker    -> reviewer: {answer}")
-        return [Outgoing("reviewer", {**message.payload, "answer": answer}, "quote")]
+        request = message.payload_as(dict[str, JsonValue])
+        return [Outgoing("reviewer", {**request, "answer": answer}, "quote")]
 
     async def on_rollback(self, rollback: RollbackInfo, ctx: Context[GraphState]) -> None:
         say(f"ROLLBACK  {rollback.source} rejected {rollback.agent}'s quote: {rollback.reason}")
@@ -231,11 +238,11 @@ async def simulate(url: str, run_id: str | None = None) -> Outcome:
             )
             reviewer = runtime.add(Reviewer("reviewer", reviewer_graph(), checkpointer=saver))
             assert isinstance(worker, Worker)
-            runtime.send("worker", {"item": "office chair", "quantity": 2}, kind="request")
+            runtime.send("worker", Request(item="office chair", quantity=2), kind="request")
             await runtime.run_until_idle()
             cut = await runtime.snapshot()
             say(f"snapshot {cut.seq}: a consistent cut; the worker's graph at {where(worker)}")
-            runtime.send("worker", {"item": "desk lamp", "quantity": 3}, kind="request")
+            runtime.send("worker", Request(item="desk lamp", quantity=3), kind="request")
             await runtime.run_until_idle()
             ledger = await runtime.ledger.list_calls(runtime.run_id)
             checkpoints = [
@@ -257,13 +264,20 @@ async def simulate(url: str, run_id: str | None = None) -> Outcome:
         saver.close()
 
 
+def graph_messages(state: GraphState) -> list[dict[str, JsonValue]]:
+    """The messages in an agent's graph state, as the state keeps them (JSON objects)."""
+    messages = state.values["messages"]
+    assert isinstance(messages, list)
+    return [message for message in messages if isinstance(message, dict)]
+
+
 def report(outcome: Outcome) -> None:
     print()
     print("the worker's graph messages, as the retry left them:")
-    for message in outcome.worker.values["messages"]:
-        assert isinstance(message, dict)
-        calls = message.get("tool_calls") or []
-        text = "; ".join(f"{c['name']}({c['args']})" for c in calls) or message["content"]
+    for message in graph_messages(outcome.worker):
+        calls = message.get("tool_calls")
+        named = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+        text = "; ".join(f"{c['name']}({c['args']})" for c in named) or message["content"]
         print(f"  {message['type']:<6} {text}")
     print()
     print("tool calls in the agents' state (the rejected attempt's were rolled back):")
@@ -291,7 +305,7 @@ def problems_of(outcome: Outcome) -> list[str]:
         problems.append(f"expected the retry's reservation to be replayed, got {statuses}")
     if [e.status.value for e in outcome.ledger] != ["succeeded", "succeeded"]:
         problems.append(f"expected two succeeded calls in the ledger, got {outcome.ledger}")
-    contents = [m["content"] for m in outcome.worker.values["messages"]]
+    contents = [m["content"] for m in graph_messages(outcome.worker)]
     if any("$25 in total" in str(c) for c in contents):
         problems.append("the rejected quote is still in the worker's graph")
     if not any("A reviewer rejected" in str(c) for c in contents):

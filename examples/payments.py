@@ -118,6 +118,12 @@ def charge_card(card: str, order_id: str, amount: int) -> int:
     return SERVICE.charge(card, order_id, amount)
 
 
+class Order(BaseModel):
+    id: str
+    chairs: int
+    card: str
+
+
 class Receipt(BaseModel):
     order_id: str
     chairs: int
@@ -127,22 +133,22 @@ class Receipt(BaseModel):
 
 class Cashier(Agent[AgentState]):
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        order = message.payload
-        told = any(f"order {order['id']}:" in feedback.reason for feedback in ctx.feedback)
-        chairs = order["chairs"] if told else order["chairs"] + 1  # misread on the first try
-        reservation = await reserve_chairs(ctx, order_id=order["id"], chairs=chairs)
+        order = message.payload_as(Order)
+        told = any(f"order {order.id}:" in feedback.reason for feedback in ctx.feedback)
+        chairs = order.chairs if told else order.chairs + 1  # misread on the first try
+        reservation = await reserve_chairs(ctx, order_id=order.id, chairs=chairs)
         charge_id = await charge_card(
-            ctx, card=order["card"], order_id=order["id"], amount=order["chairs"] * 45
+            ctx, card=order.card, order_id=order.id, amount=order.chairs * 45
         )
         receipt = Receipt(
-            order_id=order["id"], chairs=chairs, reservation=reservation, charge_id=charge_id
+            order_id=order.id, chairs=chairs, reservation=reservation, charge_id=charge_id
         )
         ctx.send("auditor", receipt, kind="receipt")
 
 
 class Auditor(Agent[AgentState]):
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        self.state.memory[message.payload["order_id"]] = message.payload
+        self.state.memory[message.payload_as(Receipt).order_id] = message.payload
 
 
 async def simulate(
@@ -151,11 +157,11 @@ async def simulate(
     ordered = {f"o{n}": 1 + n % 3 for n in range(1, orders + 1)}
 
     def matches_order(message: Message) -> bool | str:
-        receipt = message.payload
-        wanted = ordered[receipt["order_id"]]
-        if receipt["chairs"] == wanted:
+        receipt = message.payload_as(Receipt)
+        wanted = ordered[receipt.order_id]
+        if receipt.chairs == wanted:
             return True
-        return f"order {receipt['order_id']}: reserved {receipt['chairs']} chairs, ordered {wanted}"
+        return f"order {receipt.order_id}: reserved {receipt.chairs} chairs, ordered {wanted}"
 
     store = SqlStore(url)
     try:
@@ -171,7 +177,7 @@ async def simulate(
             runtime.add(Auditor("auditor"))
             for order_id, chairs in ordered.items():
                 card = f"4000-0000-0000-{order_id[1:]:0>4}"
-                runtime.send("cashier", {"id": order_id, "chairs": chairs, "card": card})
+                runtime.send("cashier", Order(id=order_id, chairs=chairs, card=card))
             await runtime.run_until_idle()
         # Closing the runtime reconciled the ledger (abandoned calls compensated): read it now.
         entries = await ledger_calls(url, runtime.run_id)

@@ -33,7 +33,7 @@ import json
 import sys
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from agentsnap import (
     Agent,
@@ -76,7 +76,7 @@ class Dispatcher(Agent[DispatcherState]):
     """Sends each job of a batch to its first worker."""
 
     async def handle(self, message: Message, ctx: Context[DispatcherState]) -> None:
-        for job in message.payload["jobs"]:
+        for job in message.payload_as(dict[str, list[int]])["jobs"]:
             self.state.dispatched += 1
             first = WORKER_NAMES[job % WORKERS]
             ctx.send(first, {"job": job, "hops": 2 + job % 5, "value": job}, kind="work")
@@ -96,7 +96,7 @@ class Worker(Agent[WorkerState]):
         self.options = options
 
     async def handle(self, message: Message, ctx: Context[WorkerState]) -> None:
-        payload = message.payload
+        payload = message.payload_as(dict[str, int])
         self.state.handled += 1
         value = (payload["value"] * 31 + 7 * self.index + 3) % 1009
         if payload["hops"] > 0:
@@ -119,18 +119,24 @@ class TallyState(AgentState):
     jobs: list[int] = Field(default_factory=list)
 
 
+class Result(BaseModel):
+    job: int
+    value: int
+    checked: bool
+
+
 class Tally(Agent[TallyState]):
     """Adds up the results; rejects an unchecked result that is a multiple of 7."""
 
     async def handle(self, message: Message, ctx: Context[TallyState]) -> None:
-        result = message.payload
-        if result["value"] % 7 == 0 and not result["checked"]:
+        result = message.payload_as(Result)
+        if result.value % 7 == 0 and not result.checked:
             ctx.reject(
                 message.src,
-                f"result {result['value']} of job {result['job']} is a multiple of 7: check it",
+                f"result {result.value} of job {result.job} is a multiple of 7: check it",
             )
-        self.state.total += result["value"]
-        self.state.jobs.append(result["job"])
+        self.state.total += result.value
+        self.state.jobs.append(result.job)
 
 
 def add_agents(runtime: Runtime, store: CountingStore, options: Any) -> None:

@@ -21,9 +21,10 @@ import click
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 from terminal import run_on_terminal
 
-from agentsnap import Agent, AgentState, Context, Message, Runtime
+from agentsnap import Agent, AgentState, Context, JsonValue, Message, Runtime
 from agentsnap.cli import _TABLES, main
 from agentsnap.console import (
     ELLIPSIS,
@@ -262,14 +263,19 @@ class KeeperState(AgentState):
     count: int = 0
 
 
+class MemoryChange(BaseModel):
+    set: dict[str, JsonValue] = {}
+    drop: list[str] = []
+
+
 class Keeper(Agent[KeeperState]):
     """Sets and drops memory keys as it is told."""
 
     async def handle(self, message: Message, ctx: Context[KeeperState]) -> None:
         self.state.count += 1
-        for key, value in message.payload.get("set", {}).items():
-            self.state.memory[key] = value
-        for key in message.payload.get("drop", []):
+        change = message.payload_as(MemoryChange)
+        self.state.memory.update(change.set)
+        for key in change.drop:
             self.state.memory.pop(key, None)
 
 

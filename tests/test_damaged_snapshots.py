@@ -51,8 +51,8 @@ class Relay(Agent[CountState]):
 
     async def handle(self, message: Message, ctx: Context[CountState]) -> None:
         self.state.count += 1
-        if isinstance(message.payload, dict) and "to" in message.payload:
-            ctx.send(message.payload["to"], {"from": self.name}, kind="relayed")
+        if isinstance(message.payload, dict) and isinstance(to := message.payload.get("to"), str):
+            ctx.send(to, {"from": self.name}, kind="relayed")
 
 
 AGENTS = ("alice", "bob", "carol")

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from payloads import get
 from pydantic import Field
 
 from agentsnap import (
@@ -66,7 +67,7 @@ class Relay(Agent[Hops]):
         self.peer = peer
 
     async def handle(self, message: Message, ctx: Context[Hops]) -> None:
-        chain, hop = message.payload["chain"], message.payload["hop"]
+        chain, hop = get(message.payload, "chain", str), get(message.payload, "hop", int)
         await deliver_hop(ctx, chain=chain, hop=hop)
         ctx.state.done.append(f"{chain}:{hop}")
         if hop < HOPS:

@@ -43,9 +43,10 @@ class Relay(Agent[RelayState]):
         self.rng = rng
 
     async def handle(self, message: Message, ctx: Context[RelayState]) -> None:
-        self.state.seen.append(message.payload)
-        if message.payload > 0:
-            ctx.send(self.rng.choice(self.peers), message.payload - 1, kind="relay")
+        hops = message.payload_as(int)
+        self.state.seen.append(hops)
+        if hops > 0:
+            ctx.send(self.rng.choice(self.peers), hops - 1, kind="relay")
 
 
 async def make_run(store: Store, *, journal: bool, seed: int = 5) -> str:

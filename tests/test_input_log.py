@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 from pydantic import Field
 
-from agentsnap import ENVIRONMENT, Agent, AgentState, Context, Message, Runtime
+from agentsnap import ENVIRONMENT, Agent, AgentState, Context, JsonValue, Message, Runtime
 from agentsnap.messages import EMPTY_HEADERS
 from agentsnap.replay import InputLog
 from agentsnap.testing import ScriptedScheduler
@@ -20,7 +20,7 @@ def sent_by_env(count: int) -> list[Message]:
         dst = "abc"[i % 3] if i % 7 else "a"
         seqs[dst] += 1
         headers = MappingProxyType({"n": str(i)}) if i % 5 == 0 else EMPTY_HEADERS
-        payload = {"i": i, "big": 2**70 + i, "text": "ü"} if i % 11 == 0 else i
+        payload: JsonValue = {"i": i, "big": 2**70 + i, "text": "ü"} if i % 11 == 0 else i
         messages.append(Message(ENVIRONMENT, dst, seqs[dst], "kind", payload, headers, i // 100))
     return messages
 
@@ -71,7 +71,7 @@ class RecorderState(AgentState):
 
 class Recorder(Agent[RecorderState]):
     async def handle(self, message: Message, ctx: Context[RecorderState]) -> None:
-        self.state.seen.append(message.payload)
+        self.state.seen.append(message.payload_as(int))
 
 
 async def test_a_rollback_replays_hundreds_of_inputs_in_order() -> None:

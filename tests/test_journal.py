@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from payloads import get
 
 from agentsnap import (
     Agent,
@@ -37,7 +38,7 @@ class Hopper(Agent[HopState]):
 
     async def handle(self, message: Message, ctx: Context[HopState]) -> None:
         self.state.handled += 1
-        hops = message.payload["hops"]
+        hops = get(message.payload, "hops", int)
         if hops > 0:
             kind = "odd" if hops % 2 else "even"
             headers = {"trace": f"t-{hops}"} if hops % 3 == 0 else None
@@ -82,7 +83,7 @@ async def test_every_send_and_delivery_is_journaled_in_order() -> None:
         ("b", "c"),
         ("c", "a"),
     ]
-    assert [m.payload["hops"] for m in messages] == list(range(30, -1, -1))
+    assert [get(m.payload, "hops", int) for m in messages] == list(range(30, -1, -1))
     assert messages[0].kind == "start"
     assert [m.kind for m in messages[1:3]] == ["even", "odd"]
     # Sequence numbers count per channel, and the journal agrees with the cut's counters.
@@ -131,7 +132,10 @@ async def test_journal_writes_are_retried_after_a_failure(
 
     messages = read_journal(await store.load_journal(runtime.run_id))
 
-    assert [m.payload["hops"] for m in messages] == [*range(10, -1, -1), *range(4, -1, -1)]
+    assert [get(m.payload, "hops", int) for m in messages] == [
+        *range(10, -1, -1),
+        *range(4, -1, -1),
+    ]
     assert all(m.delivered_at is not None for m in messages)
     assert "journal write of" in caplog.text
     assert "connection refused" in caplog.text

@@ -18,7 +18,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph_graphs import Notes, count_notes, notes_graph
 from postgres_db import postgres_url_or_skip
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from agentsnap import (
     Agent,
@@ -166,7 +166,7 @@ class Revising(GraphAgent):
 
     def graph_input(self, message: Message, ctx: Context[GraphState]) -> Any:
         notes = [f"feedback: {f.reason}" for f in self.unseen_feedback(ctx)]
-        notes.append(message.payload["note"])
+        notes.append(message.payload_as(dict[str, str])["note"])
         return {"notes": notes}
 
     def graph_outputs(
@@ -175,13 +175,18 @@ class Revising(GraphAgent):
         return [Outgoing("critic", result, "draft")]
 
 
+class NotesPayload(BaseModel):
+    notes: list[str]
+
+
 class CriticState(AgentState):
     accepted: list[Any] = Field(default_factory=list)
 
 
 class Critic(Agent[CriticState]):
     async def handle(self, message: Message, ctx: Context[CriticState]) -> None:
-        if not any(note.startswith("feedback:") for note in message.payload["notes"]):
+        notes = message.payload_as(NotesPayload).notes
+        if not any(note.startswith("feedback:") for note in notes):
             ctx.reject("writer", "cite your sources")
         self.state.accepted.append(message.payload)
 
@@ -213,7 +218,7 @@ async def test_a_rejected_graph_output_rolls_the_graph_back_and_the_retry_sees_w
 
 class Strict(Agent[CriticState]):
     async def handle(self, message: Message, ctx: Context[CriticState]) -> None:
-        notes = message.payload["notes"]
+        notes = message.payload_as(NotesPayload).notes
         if "bad" in notes and not any(note.startswith("feedback:") for note in notes):
             ctx.reject("writer", "no bad notes")
         self.state.accepted.append(message.payload)
@@ -349,7 +354,7 @@ def shipping_graph(model: FakeMessagesListChatModel) -> Any:
 
 class Shipper(GraphAgent):
     def graph_input(self, message: Message, ctx: Context[GraphState]) -> Any:
-        return {"messages": [HumanMessage(message.payload["request"])]}
+        return {"messages": [HumanMessage(message.payload_as(dict[str, str])["request"])]}
 
     def graph_outputs(
         self, result: Any, message: Message, ctx: Context[GraphState]
@@ -359,7 +364,7 @@ class Shipper(GraphAgent):
 
 class Checker(Agent[CriticState]):
     async def handle(self, message: Message, ctx: Context[CriticState]) -> None:
-        if "tracking" not in message.payload["answer"]:
+        if "tracking" not in message.payload_as(dict[str, str])["answer"]:
             ctx.reject("shipper", "give the customer a tracking number")
         self.state.accepted.append(message.payload)
 

@@ -116,7 +116,8 @@ class Relay(Agent[CountState]):
     async def handle(self, message: Message, ctx: Context[CountState]) -> None:
         self.state.count += 1
         if isinstance(message.payload, dict) and "to" in message.payload:
-            ctx.send(message.payload["to"], {"n": 1}, kind=message.payload["kind"])
+            order = message.payload_as(dict[str, str])
+            ctx.send(order["to"], {"n": 1}, kind=order["kind"])
 
 
 class Caught(Agent[CountState]):
@@ -128,9 +129,9 @@ class Caught(Agent[CountState]):
 
     async def handle(self, message: Message, ctx: Context[CountState]) -> None:
         self.state.count += 1
-        assert isinstance(message.payload, dict)
+        order = message.payload_as(dict[str, str])
         try:
-            ctx.send(message.payload["to"], None, kind=message.payload["kind"])
+            ctx.send(order["to"], None, kind=order["kind"])
         except ConfigurationError as exc:
             self.errors.append(exc)
 
@@ -265,10 +266,10 @@ class Writer(Agent[CountState]):
 
     async def handle(self, message: Message, ctx: Context[CountState]) -> None:
         self.state.count += 1
-        assert isinstance(message.payload, dict)
+        kind = message.payload_as(dict[str, str])["kind"]
         await charge(ctx, key="k" * MAX_IDEMPOTENCY_KEY, amount=5)
         text = "long enough" if ctx.feedback else "no"
-        ctx.send("editor", {"text": text}, kind=message.payload["kind"])
+        ctx.send("editor", {"text": text}, kind=kind)
 
 
 async def run_at_the_limits(url: str) -> dict[str, Any]:
@@ -283,7 +284,7 @@ async def run_at_the_limits(url: str) -> dict[str, Any]:
             runtime.check(
                 "w" * MAX_AGENT_NAME,
                 kind,
-                check=lambda m: len(m.payload["text"]) > 3 or "too short",
+                check=lambda m: len(m.payload_as(dict[str, str])["text"]) > 3 or "too short",
                 name=check,
             )
             runtime.send("w" * MAX_AGENT_NAME, {"kind": kind})

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from typing import Literal
 
 import pytest
+from payloads import get
+from pydantic import BaseModel
 
 from agentsnap import (
     Agent,
@@ -39,6 +41,15 @@ def flawed(task: str, feedback: Sequence[object], stubborn: set[str]) -> bool:
     return task in stubborn or not any(task in str(f) for f in feedback)
 
 
+class Draft(BaseModel):
+    task: str
+    ok: bool
+
+
+def read_draft(message: Message) -> Draft:
+    return message.payload_as(Draft)
+
+
 class Writer(Agent[AgentState]):
     """Drafts one answer per task, for the reviewer."""
 
@@ -48,7 +59,7 @@ class Writer(Agent[AgentState]):
         self.stubborn = stubborn
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        task = message.payload["task"]
+        task = message.payload_as(dict[str, str])["task"]
         await asyncio.sleep(0)  # let other handlers interleave
         bad = flawed(task, ctx.feedback, self.stubborn)
         ctx.send("reviewer", {"task": task, "ok": not bad}, kind="draft")
@@ -56,7 +67,7 @@ class Writer(Agent[AgentState]):
     async def evaluate(self, outputs: Sequence[Message], ctx: Context[AgentState]) -> CheckResult:
         if self.how != "self-evaluation":
             return True
-        flaws = [m.payload["task"] for m in outputs if not m.payload["ok"]]
+        flaws = [draft.task for draft in map(read_draft, outputs) if not draft.ok]
         return f"the draft for {flaws[0]} is flawed" if flaws else True
 
 
@@ -68,14 +79,17 @@ class Reviewer(Agent[AgentState]):
         self.critic = critic
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        if self.critic and not message.payload["ok"]:
-            ctx.reject("writer", f"the draft for {message.payload['task']} is flawed")
-        self.state.memory.setdefault("accepted", []).append(message.payload["task"])
+        draft = read_draft(message)
+        if self.critic and not draft.ok:
+            ctx.reject("writer", f"the draft for {draft.task} is flawed")
+        accepted = self.state.memory.setdefault("accepted", [])
+        assert isinstance(accepted, list)
+        accepted.append(draft.task)
 
 
 def check_draft(message: Message) -> str | None:
-    ok = message.payload["ok"]
-    return None if ok else f"the draft for {message.payload['task']} is flawed"
+    draft = read_draft(message)
+    return None if draft.ok else f"the draft for {draft.task} is flawed"
 
 
 async def run(
@@ -186,7 +200,7 @@ class Editor(Agent[AgentState]):
             if self.state.memory.get("filed") == "first":
                 ctx.reject("drafter", "the first draft misses the point")
             return
-        self.state.memory["filed"] = message.payload["draft"]
+        self.state.memory["filed"] = get(message.payload, "draft", str)
 
 
 async def test_a_critic_asked_later_undoes_the_work_it_rejects() -> None:

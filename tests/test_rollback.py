@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 import sqlalchemy
 import tenacity
+from payloads import get
 from pydantic import BaseModel, Field
 
 from agentsnap import (
@@ -29,6 +30,7 @@ from agentsnap import (
     Context,
     Feedback,
     HandlerFailed,
+    JsonValue,
     LedgerEntry,
     MemoryStore,
     Message,
@@ -137,6 +139,12 @@ class RelayState(AgentState):
     log: list[str] = Field(default_factory=list)
 
 
+class Routed(BaseModel):
+    origin: str | None = None
+    routes: list[list[str]] = []
+    bad: bool = False
+
+
 class Relay(Agent[RelayState]):
     """Logs where each message started; passes it along each route in ``payload["routes"]``.
 
@@ -145,11 +153,11 @@ class Relay(Agent[RelayState]):
     """
 
     async def handle(self, message: Message, ctx: Context[RelayState]) -> None:
-        payload = message.payload
-        origin = payload.get("origin", message.id)
+        payload = message.payload_as(Routed)
+        origin = payload.origin or message.id
         self.state.log.append(origin)
-        bad = bool(payload.get("bad")) and not ctx.feedback
-        for route in payload.get("routes", []):
+        bad = payload.bad and not ctx.feedback
+        for route in payload.routes:
             if route:
                 ctx.send(route[0], {"origin": origin, "routes": [route[1:]], "bad": bad})
 
@@ -179,7 +187,7 @@ async def roll_back_relays(store: Store) -> RelayRollback:
     at_rejection: dict[tuple[str, str], list[Queued]] = {}
 
     def not_bad(message: Message) -> CheckResult:
-        if message.payload["bad"]:
+        if message.payload_as(Routed).bad:
             at_rejection.update(queued(runtime))
             return "b passed on a bad item"
         return True
@@ -324,8 +332,9 @@ class Splitter(Agent[SplitterState]):
         self.tracker.delivered(message)
         count = 1
         if message.kind == "start":
-            self.state.jobs += message.payload["jobs"]
-            count = message.payload["window"]
+            start = message.payload_as(dict[str, int])
+            self.state.jobs += start["jobs"]
+            count = start["window"]
         for _ in range(count):
             job = self.state.next_job
             if job < self.state.jobs:
@@ -346,7 +355,7 @@ class JobWorker(Agent[JobWorkerState]):
 
     async def handle(self, message: Message, ctx: Context[JobWorkerState]) -> None:
         self.tracker.delivered(message)
-        job = message.payload["job"]
+        job = message.payload_as(dict[str, int])["job"]
         self.state.done.append(job)
         result = {"job": job, "value": job * job + 1, "attempt": len(ctx.feedback)}
         self.tracker.send(ctx, "collector", result, "result")
@@ -364,9 +373,10 @@ class Collector(Agent[CollectorState]):
 
     async def handle(self, message: Message, ctx: Context[CollectorState]) -> None:
         self.tracker.delivered(message)
-        self.state.total += message.payload["value"]
-        self.state.jobs.append(message.payload["job"])
-        self.tracker.send(ctx, "splitter", {"job": message.payload["job"]}, "done")
+        result = message.payload_as(dict[str, int])
+        self.state.total += result["value"]
+        self.state.jobs.append(result["job"])
+        self.tracker.send(ctx, "splitter", {"job": result["job"]}, "done")
 
 
 JOBS = 21
@@ -375,7 +385,7 @@ WORKERS = ["worker-0", "worker-1", "worker-2"]
 
 def second_look(message: Message) -> CheckResult:
     """The first result of job 20, the last one, is rejected."""
-    payload = message.payload
+    payload = message.payload_as(dict[str, int])
     return payload["job"] != 20 or payload["attempt"] > 0 or "job 20 needs a second look"
 
 
@@ -438,7 +448,7 @@ async def test_nothing_sent_after_the_cut_is_delivered_after_the_rollback(seed: 
     # Agents did receive messages sent after the cut before the rollback ...
     assert any(sent_after_cut(m) and m.src != ENVIRONMENT for m in before)
     # ... and none of them after it (the nonce tells a resent id from the old message).
-    old = [m for m in after if not tracker.sends[m.payload["nonce"]][0]]
+    old = [m for m in after if not tracker.sends[get(m.payload, "nonce", int)][0]]
     assert [m.id for m in old if sent_after_cut(m) and m.src != ENVIRONMENT] == []
     # Every message of the old timeline delivered after the rollback was in flight at the
     # cut, or is the environment's input, replayed.
@@ -447,12 +457,16 @@ async def test_nothing_sent_after_the_cut_is_delivered_after_the_rollback(seed: 
     assert all(in_flight_at_cut(m) for m in kept), [m.id for m in kept]
     # Each message in flight at the cut was delivered again, once, with its own payload.
     in_flight = [
-        (c.src, c.dst, m.seq, m.payload["nonce"]) for c in cut.channels for m in c.messages
+        (c.src, c.dst, m.seq, get(m.payload, "nonce", int))
+        for c in cut.channels
+        for m in c.messages
     ]
     assert in_flight
-    assert sorted((m.src, m.dst, m.seq, m.payload["nonce"]) for m in kept) == sorted(in_flight)
+    assert sorted((m.src, m.dst, m.seq, get(m.payload, "nonce", int)) for m in kept) == sorted(
+        in_flight
+    )
     # No message is delivered twice after the rollback.
-    nonces = [m.payload["nonce"] for m in after]
+    nonces = [get(m.payload, "nonce", int) for m in after]
     assert len(nonces) == len(set(nonces))
     assert result == EXPECTED_PIPELINE
     assert (await store.get_run(runtime.run_id)).status is RunStatus.SUCCEEDED
@@ -476,9 +490,10 @@ class Teller(Agent[TellerState]):
         self.next_agent = next_agent
 
     async def handle(self, message: Message, ctx: Context[TellerState]) -> None:
-        hops = message.payload["hops"]
+        payload = message.payload_as(dict[str, int])
+        hops = payload["hops"]
         if message.kind == "transfer":
-            self.state.balance += message.payload["amount"]
+            self.state.balance += payload["amount"]
         if hops > 0 and self.state.balance > 0:
             amount = min(self.state.balance, 1 + hops % (6 if ctx.feedback else 7))
             self.state.balance -= amount
@@ -490,9 +505,11 @@ def money_in(snapshot: Snapshot) -> int:
     total = 0
     for name, cut in snapshot.agents.items():
         if name != ENVIRONMENT:
-            total += int(cut.state["balance"])
+            total += get(cut.state, "balance", int)
     for channel in snapshot.channels:
-        total += sum(int(m.payload["amount"]) for m in channel.messages if m.kind == "transfer")
+        total += sum(
+            get(m.payload, "amount", int) for m in channel.messages if m.kind == "transfer"
+        )
     return total
 
 
@@ -510,7 +527,7 @@ async def test_rollbacks_while_snapshots_are_in_progress(seed: int) -> None:
     in_progress_at_rejection: list[int] = []
 
     def under_seven(message: Message) -> CheckResult:
-        if message.payload["amount"] < 7:
+        if message.payload_as(dict[str, int])["amount"] < 7:
             return Verdict.passed()
         in_progress_at_rejection.append(runtime.snapshots_in_progress)
         return Verdict.failed("transfers of 7 or more need a second signature")
@@ -565,7 +582,7 @@ class RestlessTeller(Teller):
     """A teller whose handler lets the other agents run half-way through it."""
 
     async def handle(self, message: Message, ctx: Context[TellerState]) -> None:
-        if message.payload["hops"] % 2:
+        if message.payload_as(dict[str, int])["hops"] % 2:
             await asyncio.sleep(0)
         await super().handle(message, ctx)
 
@@ -581,7 +598,9 @@ async def test_rollbacks_under_the_asyncio_scheduler_keep_cuts_consistent() -> N
             runtime.check(
                 name,
                 kind="transfer",
-                check=lambda m: m.payload["amount"] < 7 or "transfers of 7 need a signature",
+                check=lambda m: (
+                    m.payload_as(dict[str, int])["amount"] < 7 or "transfers of 7 need a signature"
+                ),
                 name="under-seven",
             )
         for i in range(16):
@@ -633,7 +652,7 @@ async def test_a_snapshot_started_while_a_rollback_waits_does_not_stay_in_progre
     gate = asyncio.Event()
 
     def ok(message: Message) -> CheckResult:
-        if message.payload["ok"]:
+        if get(message.payload, "ok", bool):
             return True
         gate.set()  # let "waiting" finish while the rollback waits for it
         return "not ok yet"
@@ -694,7 +713,7 @@ def empty_drafts_fail() -> tuple[list[str], Any]:
     reasons: list[str] = []
 
     def not_empty(message: Message) -> CheckResult:
-        if message.payload["text"]:
+        if get(message.payload, "text", str):
             return True
         reasons.append(f"draft {len(reasons) + 1} is empty")
         return reasons[-1]
@@ -861,8 +880,10 @@ async def test_failures_are_counted_per_agent_and_source(attempts: int) -> None:
     async with runtime:
         runtime.add(Redrafter("writer"))
         runtime.add(Sink("sink"))
-        runtime.check("writer", check=lambda m: m.payload["draft"] not in (0, 2), name="first")
-        runtime.check("writer", check=lambda m: m.payload["draft"] != 1, name="second")
+        runtime.check(
+            "writer", check=lambda m: get(m.payload, "draft", int) not in (0, 2), name="first"
+        )
+        runtime.check("writer", check=lambda m: get(m.payload, "draft", int) != 1, name="second")
         runtime.send("writer", {})
         if attempts == 2:
             with pytest.raises(RollbackExhausted) as caught:
@@ -925,7 +946,7 @@ class SelfCriticalWriter(Writer):
     async def evaluate(self, outputs: Sequence[Message], ctx: Context[WriterState]) -> CheckResult:
         assert ctx.message is not None
         assert ctx.message.kind == "topic"
-        if any(len(m.payload.get("body", "")) < 10 for m in outputs):
+        if any(len(m.payload_as(Draft).body) < 10 for m in outputs):
             return "my draft is too short"
         return None
 
@@ -941,14 +962,16 @@ class Editor(Agent[EditorState]):
 
     async def handle(self, message: Message, ctx: Context[EditorState]) -> None:
         self.state.edited += 1
-        ctx.send("reviewer", {**message.payload, "edited": True}, kind="draft")
+        ctx.send(
+            "reviewer", {**message.payload_as(dict[str, JsonValue]), "edited": True}, kind="draft"
+        )
 
     async def on_rollback(self, rollback: RollbackInfo, ctx: Context[EditorState]) -> None:
         self.seen.append(Seen(self.name, rollback, self.state.model_dump(), tuple(ctx.feedback)))
 
 
 class ReviewerState(AgentState):
-    accepted: list[dict[str, Any]] = Field(default_factory=list)
+    accepted: list[JsonValue] = Field(default_factory=list)
 
 
 class Reviewer(Agent[ReviewerState]):
@@ -960,7 +983,7 @@ class Reviewer(Agent[ReviewerState]):
         self.critic = critic
 
     async def handle(self, message: Message, ctx: Context[ReviewerState]) -> None:
-        if self.critic and len(message.payload.get("body", "")) < 10:
+        if self.critic and len(message.payload_as(Draft).body) < 10:
             ctx.reject(message.src, "the body is too short: write at least 10 characters")
         self.state.accepted.append(message.payload)
 
@@ -969,7 +992,7 @@ class Reviewer(Agent[ReviewerState]):
 
 
 def body_is_long(message: Message) -> CheckResult:
-    body = message.payload.get("body", "")
+    body = message.payload_as(Draft).body
     if len(body) >= 10:
         return Verdict.passed()
     return Verdict.failed(f"the body has {len(body)} characters; it needs 10")
@@ -1100,14 +1123,14 @@ class ItemWorker(Agent[ItemsState]):
     """Passes each item on to the sink; careful once it has been given feedback."""
 
     async def handle(self, message: Message, ctx: Context[ItemsState]) -> None:
-        item = message.payload["item"]
+        item = get(message.payload, "item", int)
         self.state.items.append(item)
         ctx.send("sink", {"item": item, "careful": bool(ctx.feedback)}, kind="item")
 
 
 class ItemSink(Agent[ItemsState]):
     async def handle(self, message: Message, ctx: Context[ItemsState]) -> None:
-        self.state.items.append(message.payload["item"])
+        self.state.items.append(get(message.payload, "item", int))
 
 
 def add_items(runtime: Runtime) -> None:
@@ -1116,7 +1139,11 @@ def add_items(runtime: Runtime) -> None:
     runtime.check(
         "worker",
         kind="item",
-        check=lambda m: m.payload["item"] != 9 or m.payload["careful"] or "item 9 needs care",
+        check=lambda m: (
+            get(m.payload, "item", int) != 9
+            or get(m.payload, "careful", bool)
+            or "item 9 needs care"
+        ),
         name="careful-with-9",
     )
 
@@ -1697,7 +1724,7 @@ class Apologist(Agent[AgentState]):
 
 async def test_a_rejection_outside_a_handler_is_not_a_rollback_and_does_not_linger() -> None:
     runtime = Runtime(retry=RetryPolicy.attempts(3))
-    runtime.check("writer", check=lambda m: m.payload["text"] != "bad" or "bad text")
+    runtime.check("writer", check=lambda m: get(m.payload, "text", str) != "bad" or "bad text")
     async with runtime:
         runtime.add(Apologist("writer"))
         sink = runtime.add(Recorder("sink"))
@@ -1716,7 +1743,7 @@ class Recorder(Agent[AgentState]):
         self.texts: list[str] = []
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        self.texts.append(message.payload["text"])
+        self.texts.append(get(message.payload, "text", str))
 
 
 class Misnamer(Agent[AgentState]):

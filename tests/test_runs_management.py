@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from langgraph_graphs import notes_graph
 from owners import dead_owner
+from payloads import get
 from postgres_db import postgres_url_or_skip
 from pydantic import Field
 from sqlalchemy import create_engine, select
@@ -95,7 +96,7 @@ class Shop(Agent[ShopState]):
     """Charges each order once (the ledger sees to it), then asks the critic."""
 
     async def handle(self, message: Message, ctx: Context[ShopState]) -> None:
-        order = message.payload["order"]
+        order = get(message.payload, "order", str)
         paid = await charge(ctx, order=order, amount=12)
         ctx.state.sold.append(order)
         ctx.send(
@@ -111,7 +112,7 @@ class Critic(Agent[CriticState]):
     """Rejects the shop's first answer to each order: the run rolls back once per order."""
 
     async def handle(self, message: Message, ctx: Context[CriticState]) -> None:
-        if not message.payload["fixed"]:
+        if not get(message.payload, "fixed", bool):
             ctx.reject("shop", "say the order is fixed")
         ctx.state.accepted.append(message.payload)
 

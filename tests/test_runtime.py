@@ -9,7 +9,8 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import pytest
-from pydantic import Field
+from payloads import get
+from pydantic import BaseModel, Field
 
 from agentsnap import (
     Agent,
@@ -53,8 +54,14 @@ class Logger(Agent[LogState]):
         self.state.count += 1
         self.state.log.append(f"{message.id} {json.dumps(message.payload, sort_keys=True)}")
         if isinstance(message.payload, dict) and "to" in message.payload:
-            for i in range(message.payload.get("times", 1)):
-                ctx.send(message.payload["to"], {"n": i})
+            order = message.payload_as(Forward)
+            for i in range(order.times):
+                ctx.send(order.to, {"n": i})
+
+
+class Forward(BaseModel):
+    to: str
+    times: int = 1
 
 
 class TokenState(AgentState):
@@ -69,7 +76,7 @@ class TokenRing(Agent[TokenState]):
         self.next_agent = next_agent
 
     async def handle(self, message: Message, ctx: Context[TokenState]) -> None:
-        hops = message.payload["hops"]
+        hops = message.payload_as(dict[str, int])["hops"]
         if hops > 0:
             self.state.passed += 1
             ctx.send(self.next_agent, {"hops": hops - 1}, kind="token")
@@ -89,10 +96,11 @@ class Teller(Agent[TellerState]):
     async def handle(self, message: Message, ctx: Context[TellerState]) -> None:
         hops = 0
         if message.kind == "transfer":
-            self.state.balance += message.payload["amount"]
-            hops = message.payload["hops"]
+            transfer = message.payload_as(dict[str, int])
+            self.state.balance += transfer["amount"]
+            hops = transfer["hops"]
         elif message.kind == "go":
-            hops = message.payload["hops"]
+            hops = message.payload_as(dict[str, int])["hops"]
         if hops > 0 and self.state.balance > 0:
             amount = min(self.state.balance, 1 + hops % 7)
             self.state.balance -= amount
@@ -103,11 +111,13 @@ class Teller(Agent[TellerState]):
 
 
 def money_in(snapshot: Snapshot) -> int:
-    total: int = sum(
-        cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env"
+    total = sum(
+        get(cut.state, "balance", int) for name, cut in snapshot.agents.items() if name != "$env"
     )
     for channel in snapshot.channels:
-        total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")
+        total += sum(
+            get(m.payload, "amount", int) for m in channel.messages if m.kind == "transfer"
+        )
     return total
 
 

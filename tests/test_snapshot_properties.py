@@ -20,6 +20,7 @@ from typing import Any
 
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
+from payloads import get
 
 from agentsnap import (
     ENVIRONMENT,
@@ -67,7 +68,7 @@ class Teller(Agent[AccountState]):
 
     async def handle(self, message: Message, ctx: Context[AccountState]) -> None:
         if message.kind == "transfer":
-            self.state.balance += message.payload["amount"]
+            self.state.balance += message.payload_as(dict[str, int])["amount"]
         elif message.kind == "go" and self.peers and self.state.balance > 0:
             amount = self.rng.randint(1, min(self.state.balance, MAX_AMOUNT))
             peer = self.pick_peer()
@@ -215,11 +216,15 @@ async def run_bank(
 
 def money_in(snapshot: Snapshot) -> int:
     """Recorded balances plus the amounts of transfers recorded in flight."""
-    total: int = sum(
-        cut.state["balance"] for name, cut in snapshot.agents.items() if name != ENVIRONMENT
+    total = sum(
+        get(cut.state, "balance", int)
+        for name, cut in snapshot.agents.items()
+        if name != ENVIRONMENT
     )
     for channel in snapshot.channels:
-        total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")
+        total += sum(
+            get(m.payload, "amount", int) for m in channel.messages if m.kind == "transfer"
+        )
     return total
 
 

@@ -11,6 +11,8 @@ are the ones each test starts, numbered from 1, and the only markers are theirs.
 
 from __future__ import annotations
 
+from payloads import get
+
 from agentsnap import (
     ENVIRONMENT,
     Agent,
@@ -35,11 +37,11 @@ class AccountState(AgentState):
 class Account(Agent[AccountState]):
     async def handle(self, message: Message, ctx: Context[AccountState]) -> None:
         if message.kind == "pay":
-            amount = message.payload["amount"]
+            amount = get(message.payload, "amount", int)
             self.state.balance -= amount
-            ctx.send(message.payload["to"], {"amount": amount}, kind="transfer")
+            ctx.send(get(message.payload, "to", str), {"amount": amount}, kind="transfer")
         elif message.kind == "transfer":
-            self.state.balance += message.payload["amount"]
+            self.state.balance += get(message.payload, "amount", int)
 
 
 def pay(runtime: Runtime, src: str, dst: str, amount: int) -> Message:
@@ -48,7 +50,9 @@ def pay(runtime: Runtime, src: str, dst: str, amount: int) -> Message:
 
 
 def balances(snapshot: Snapshot) -> dict[str, int]:
-    return {name: cut.state["balance"] for name, cut in snapshot.agents.items() if name != ENV}
+    return {
+        name: get(cut.state, "balance", int) for name, cut in snapshot.agents.items() if name != ENV
+    }
 
 
 def in_flight(snapshot: Snapshot, src: str, dst: str) -> list[tuple[int, str, object]]:
@@ -59,7 +63,9 @@ def in_flight(snapshot: Snapshot, src: str, dst: str) -> list[tuple[int, str, ob
 def money(snapshot: Snapshot) -> int:
     total = sum(balances(snapshot).values())
     for channel in snapshot.channels:
-        total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")
+        total += sum(
+            get(m.payload, "amount", int) for m in channel.messages if m.kind == "transfer"
+        )
     return total
 
 

@@ -183,9 +183,10 @@ class Cashier(Agent[AgentState]):
     """Pays under the key in the message, then looks the city up."""
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        await pay(ctx, key=message.payload["key"], amount=5)
+        order = message.payload_as(dict[str, str])
+        await pay(ctx, key=order["key"], amount=5)
         try:
-            await look_up(ctx, city=message.payload["city"])
+            await look_up(ctx, city=order["city"])
         except ToolFailed:
             self.state.memory["failed"] = True
 

@@ -156,8 +156,7 @@ class Hop(Agent[HopState]):
 
     async def handle(self, message: Message, ctx: Context[HopState]) -> None:
         announce_running()
-        payload = message.payload
-        assert isinstance(payload, dict)
+        payload = message.payload_as(dict[str, str | int])
         token, hop = str(payload["token"]), int(payload["hop"])
         self.state.handled.append(f"{token}:{hop}")
         await asyncio.sleep(self.rng.uniform(0, 0.004))

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from payloads import get
 from pydantic import Field
 
 from agentsnap import (
@@ -250,8 +251,7 @@ class Worker(Agent[WorkerState]):
     async def handle(self, message: Message, ctx: Context[WorkerState]) -> None:
         observer, plan = self.observer, self.observer.plan
         observer.started(self.name, message)
-        payload = message.payload
-        assert isinstance(payload, dict)
+        payload = message.payload_as(dict[str, int | bool])
         token, hop = int(payload["token"]), int(payload["hop"])
         self.state.handled.append([token, hop])
         self.state.flawed.extend(f for f in ("bad", "sloppy") if payload.get(f))
@@ -291,8 +291,7 @@ class Critic(Agent[CriticState]):
 
     async def handle(self, message: Message, ctx: Context[CriticState]) -> None:
         self.observer.started(self.name, message)
-        payload = message.payload
-        assert isinstance(payload, dict)
+        payload = message.payload_as(dict[str, int | bool])
         await self.observer.pause()
         if payload["dubious"]:
             self.observer.rejected(message.src, CRITIC)
@@ -314,8 +313,7 @@ class Sink(Agent[SinkState]):
 
     async def handle(self, message: Message, ctx: Context[SinkState]) -> None:
         self.observer.started(self.name, message)
-        payload = message.payload
-        assert isinstance(payload, dict)
+        payload = message.payload_as(dict[str, int | bool])
         self.state.done.append(int(payload["token"]))
         self.state.flawed.extend(f for f in ("bad", "sloppy") if payload.get(f))
         await self.observer.pause()
@@ -625,7 +623,7 @@ async def test_a_handler_cannot_swallow_a_rejection(catch: type[BaseException]) 
         runtime.check(
             "writer",
             kind="draft",
-            check=lambda m: bool(m.payload["good"]) or "not good",
+            check=lambda m: get(m.payload, "good", bool) or "not good",
             name="good-drafts",
         )
         runtime.send("writer", {}, kind="go")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from owners import dead_owner
+from payloads import get
 
 import agentsnap
 from agentsnap import (
@@ -667,7 +668,7 @@ def test_store_error_is_a_run_error_exported_by_agentsnap() -> None:
 async def test_identical_states_share_their_content(store: Store) -> None:
     run = await stored_run(store)
     other = await stored_run(store)
-    same = {"balance": 1000, "notes": ["ü", 0.5, None]}
+    same: dict[str, JsonValue] = {"balance": 1000, "notes": ["ü", 0.5, None]}
     first = make_snapshot(
         run.id,
         1,
@@ -820,7 +821,7 @@ class Teller(Agent[TellerState]):
 
     async def handle(self, message: Message, ctx: Context[TellerState]) -> None:
         if message.kind == "transfer":
-            self.state.balance += message.payload["amount"]
+            self.state.balance += get(message.payload, "amount", int)
         elif message.kind == "go" and self.state.balance > 0:
             amount = self.rng.randint(1, min(self.state.balance, 50))
             self.state.balance -= amount
@@ -829,11 +830,13 @@ class Teller(Agent[TellerState]):
 
 
 def money_in(snapshot: Snapshot) -> int:
-    total: int = sum(
-        cut.state["balance"] for name, cut in snapshot.agents.items() if name != "$env"
+    total = sum(
+        get(cut.state, "balance", int) for name, cut in snapshot.agents.items() if name != "$env"
     )
     for channel in snapshot.channels:
-        total += sum(m.payload["amount"] for m in channel.messages if m.kind == "transfer")
+        total += sum(
+            get(m.payload, "amount", int) for m in channel.messages if m.kind == "transfer"
+        )
     return total
 
 

@@ -62,8 +62,9 @@ class CountState(AgentState):
 class Counter(Agent[CountState]):
     async def handle(self, message: Message, ctx: Context[CountState]) -> None:
         self.state.count += 1
-        if message.payload:
-            ctx.send("other" if self.name == "one" else "one", message.payload - 1)
+        left = message.payload_as(int)
+        if left:
+            ctx.send("other" if self.name == "one" else "one", left - 1)
 
 
 class Faults:

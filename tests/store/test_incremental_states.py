@@ -653,7 +653,7 @@ async def lookup(question: str, day: int) -> dict[str, JsonValue]:
 
 class Researcher(Agent[AgentState]):
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        day = message.payload["day"]
+        day = message.payload_as(dict[str, int])["day"]
         await lookup(ctx, question=f"what happened on day {day}?", day=day)
 
 

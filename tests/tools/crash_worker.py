@@ -46,7 +46,8 @@ def charge(card: str, amount: int) -> dict[str, int]:
 
 class Payer(Agent[AgentState]):
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        self.state.memory["receipt"] = await charge(ctx, card="4242", amount=message.payload)
+        receipt = await charge(ctx, card="4242", amount=message.payload_as(int))
+        self.state.memory["receipt"] = dict(receipt)
 
 
 async def main(mode: str, run_id: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 from agentsnap import (
     ConfigurationError,
     IdempotencyConflict,
+    JsonValue,
     ToolCallStatus,
     ToolFailed,
     ToolOutcomeUnknown,
@@ -71,12 +72,19 @@ async def test_a_key_runs_once_and_then_replays_its_outcome(ledger: Ledger) -> N
     )
 
 
+def as_tuple(result: JsonValue) -> tuple[JsonValue, ...]:
+    assert isinstance(result, list)
+    return tuple(result)
+
+
 async def test_load_turns_a_recorded_result_into_the_callers_value(ledger: Ledger) -> None:
     async def effect(attempt: int) -> Outcome:
         return Outcome(value=(1, 2), result=[1, 2], attempts=1)
 
     for _ in range(2):
-        outcome = await run_once(ledger, "pair", tool="pair", arguments={}, call=effect, load=tuple)
+        outcome = await run_once(
+            ledger, "pair", tool="pair", arguments={}, call=effect, load=as_tuple
+        )
         assert outcome.value == (1, 2)
 
 

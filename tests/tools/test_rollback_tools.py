@@ -8,6 +8,7 @@ repeats; the calls the new path does not repeat are compensated when the run end
 from __future__ import annotations
 
 import pytest
+from payloads import get
 
 from agentsnap import (
     Agent,
@@ -26,7 +27,7 @@ REFUNDS: list[int] = []
 
 
 def refund(entry: LedgerEntry) -> str:
-    REFUNDS.append(entry.arguments["amount"])
+    REFUNDS.append(get(entry.arguments, "amount", int))
     return f"refunded {entry.arguments['amount']}"
 
 
@@ -54,7 +55,7 @@ class Cashier(Agent[AgentState]):
         self.sloppy_amount = sloppy_amount
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        amount = message.payload["amount"]
+        amount = get(message.payload, "amount", int)
         careful = bool(ctx.feedback)
         if self.sloppy_amount and not careful:
             amount *= 10
@@ -68,7 +69,7 @@ class Auditor(Agent[AgentState]):
 
 
 def checked(message: Message) -> bool | str:
-    return bool(message.payload["checked"]) or "check the receipt before you report it"
+    return get(message.payload, "checked", bool) or "check the receipt before you report it"
 
 
 async def run_shop(ledger: Ledger, *, sloppy_amount: bool) -> Runtime:

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+from payloads import get
 from pydantic import BaseModel
 
 from agentsnap import (
@@ -49,7 +50,7 @@ class Shopper(Agent[AgentState]):
     """Charges twice per order (the deposit, then the rest), then looks something up."""
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        total = message.payload["total"]
+        total = get(message.payload, "total", int)
         deposit = await charge(ctx, card="4242", amount=total // 2)
         rest = await charge(ctx, card="4242", amount=total - total // 2)
         found = await lookup(ctx, city="Lyon")
@@ -129,10 +130,10 @@ async def test_snapshots_carry_the_tool_call_history() -> None:
         runtime.send("shopper", {"total": 10})
         await runtime.run_until_idle()
         snapshot = await runtime.snapshot()
-    calls = snapshot.agents["shopper"].state["tool_calls"]
-    assert [c["tool"] for c in calls] == ["calls_charge", "calls_charge", "calls_lookup"]
-    assert calls[0]["key"] == runtime.agents["shopper"].state.tool_calls[0].key
-    assert calls[0]["status"] == "ok"
+    calls = get(snapshot.agents["shopper"].state, "tool_calls", list)
+    assert [get(c, "tool", str) for c in calls] == ["calls_charge", "calls_charge", "calls_lookup"]
+    assert get(calls[0], "key", str) == runtime.agents["shopper"].state.tool_calls[0].key
+    assert get(calls[0], "status", str) == "ok"
 
 
 async def test_arguments_are_validated_before_anything_runs() -> None:
