@@ -31,6 +31,7 @@ CONTRACTS: dict[str, set[str]] = {
     "agentsnap.ledger": FOUNDATION | {"agentsnap.store"},
     "agentsnap.once": FOUNDATION | {"agentsnap.ledger", "agentsnap.store"},
     "agentsnap.store": FOUNDATION | {"agentsnap.ledger", "agentsnap.integrity", "agentsnap.store"},
+    "agentsnap.fork": FOUNDATION | {"agentsnap.store"},
 }
 """For a module (or a package, with everything in it): the only agentsnap modules it may
 import (a package allows its modules too)."""
