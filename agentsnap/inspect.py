@@ -27,10 +27,10 @@ The export document is described, key by key, in ``docs/reference/export.md``.
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentsnap.exceptions import ConfigurationError, NotFoundError, SnapshotDamaged
+from agentsnap.exceptions import NotFoundError
+from agentsnap.fork import fork_snapshot
 from agentsnap.journal import read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
 from agentsnap.limits import check_run_id
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from agentsnap.ledger import Ledger, LedgerEntry
-    from agentsnap.messages import JsonValue
+    from agentsnap.messages import JsonInput
     from agentsnap.records import JournalMessage, RollbackInfo, RunLease, Snapshot
     from agentsnap.store import Store
 
@@ -611,7 +611,8 @@ async def fork_run(
     snapshot_prefix: str,
     *,
     run_id: str | None = None,
-    metadata: dict[str, JsonValue] | None = None,
+    metadata: Mapping[str, JsonInput] | None = None,
+    states: Mapping[str, JsonInput] | None = None,
 ) -> RunInfo:
     """Add a run that starts from a complete snapshot (id or unique prefix) of another run.
 
@@ -619,13 +620,16 @@ async def fork_run(
     its snapshot 1: the same agent states, counters and messages in flight, under a new id.
     Nothing runs: a program continues the run by creating
     ``Runtime(store=store, run_id=run.id)``, registering the same agents and calling
-    ``resume()``. The original run is not touched.
+    ``resume()``. The original run is not touched. ``Runtime.fork_from`` records a fork the
+    same way (see [`agentsnap.fork`][agentsnap.fork]), and resumes it at once.
 
     Args:
         store: The store holding the snapshot; the new run goes there too.
         snapshot_prefix: The snapshot to start from.
         run_id: Id of the new run (32 hex digits are generated when omitted).
         metadata: JSON recorded with the new run.
+        states: New states of some agents, by agent name, replacing their recorded states
+            in the new run's snapshot 1 (each a JSON object the agent's state model loads).
 
     Returns:
         The new run.
@@ -634,43 +638,13 @@ async def fork_run(
         NotFoundError: No such snapshot, or the prefix is ambiguous.
         SnapshotDamaged: The snapshot is damaged in the store.
         ConfigurationError: The snapshot failed, or ``run_id`` is taken or longer than 64
-            characters.
+            characters, or ``states`` names an agent the snapshot does not hold or gives a
+            state that is not a JSON object.
     """
     if run_id is not None:
         check_run_id(run_id)
     snapshot = await resolve_snapshot(store, snapshot_prefix)
-    if snapshot.status is SnapshotStatus.DAMAGED:
-        raise SnapshotDamaged(
-            snapshot.id, snapshot.error or "damaged", "no run can be forked from it"
-        )
-    if snapshot.status is not SnapshotStatus.COMPLETE:
-        raise ConfigurationError(
-            f"snapshot {snapshot.id} is {snapshot.status.value}; fork from a complete one"
-        )
-    run = RunInfo(
-        id=run_id or uuid.uuid4().hex,
-        parent_run_id=snapshot.run_id,
-        parent_snapshot_id=snapshot.id,
-        metadata=dict(metadata or {}),
-        status=RunStatus.CREATED,
-    )
-    if run_id is not None and await store.find_ids("run", run_id, limit=1) == [run_id]:
-        raise ConfigurationError(f"there is already a run with id {run_id}")
-    await store.create_run(run)
-    now = utcnow()
-    await store.save_snapshot(
-        snapshot.model_copy(
-            update={
-                "id": uuid.uuid4().hex,
-                "run_id": run.id,
-                "seq": 1,
-                "started_at": now,
-                "completed_at": now,
-            },
-            deep=True,
-        )
-    )
-    return await store.get_run(run.id)
+    return await fork_snapshot(store, snapshot, run_id=run_id, metadata=metadata, states=states)
 
 
 _STATE_PARTS = ("memory", "plan", "tool_calls")

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import logging
 import time
@@ -53,6 +54,7 @@ from agentsnap.exceptions import (
     StoreError,
     UnknownAgentError,
 )
+from agentsnap.fork import check_forkable, fork_snapshot
 from agentsnap.handles import SnapshotHandle
 from agentsnap.journal import Journal
 from agentsnap.ledger import Ledger, ToolCallStatus, mark_orphaned, owner_id
@@ -66,7 +68,6 @@ from agentsnap.records import (
     RunInfo,
     RunStatus,
     Snapshot,
-    SnapshotStatus,
     utcnow,
 )
 from agentsnap.replay import InputLog, ReplayLog, plan_replay
@@ -144,6 +145,67 @@ def _lost_to_database(error: BaseException) -> bool:
         return False
     fault = classify(error)
     return fault is not None and fault.transient
+
+
+class _Phase(enum.Enum):
+    """Where a runtime is in its life; it moves only as ``_MOVES`` allows."""
+
+    NEW = "new"
+    """Created: agents and checks are added; nothing started, no input yet."""
+    PRIMED = "primed"
+    """Input was sent before ``start()``: the run has its first cut, and waits to start."""
+    STARTED = "started"
+    """Started, and waiting for its first input, ``resume()`` or ``fork_from()``."""
+    RESTORING = "restoring"
+    """``resume()`` or ``fork_from()`` puts the run on its cut."""
+    RUNNING = "running"
+    """Started, with its first cut: input is taken and delivered."""
+    STOPPED = "stopped"
+    """The run gave up (its retry policy, or another runtime took it over): nothing more is
+    delivered, sent or snapshotted; only closing is left."""
+    CLOSING = "closing"
+    """``close()`` is under way."""
+    CLOSED = "closed"
+    """Closed: nothing more can be done with it."""
+
+
+_MOVES: Mapping[_Phase, frozenset[_Phase]] = {
+    _Phase.NEW: frozenset({_Phase.PRIMED, _Phase.STARTED, _Phase.STOPPED, _Phase.CLOSING}),
+    _Phase.PRIMED: frozenset({_Phase.RUNNING, _Phase.STOPPED, _Phase.CLOSING}),
+    _Phase.STARTED: frozenset({_Phase.RUNNING, _Phase.RESTORING, _Phase.STOPPED, _Phase.CLOSING}),
+    # A restore that failed leaves the runtime as it found it: started, without a cut.
+    _Phase.RESTORING: frozenset({_Phase.RUNNING, _Phase.STARTED, _Phase.STOPPED, _Phase.CLOSING}),
+    _Phase.RUNNING: frozenset({_Phase.STOPPED, _Phase.CLOSING}),
+    _Phase.STOPPED: frozenset({_Phase.CLOSING}),
+    _Phase.CLOSING: frozenset({_Phase.CLOSED}),
+    _Phase.CLOSED: frozenset(),
+}
+"""The moves each phase allows."""
+
+_NOT_STARTED = frozenset({_Phase.NEW, _Phase.PRIMED})
+_WITHOUT_CUT = frozenset({_Phase.NEW, _Phase.STARTED, _Phase.RESTORING})
+"""The run has no cut yet: no input taken, not resumed or forked."""
+_TAKING_INPUT = frozenset({_Phase.PRIMED, _Phase.RUNNING})
+"""Input is sent on the fast path, without the checks of ``_before_input``."""
+_ENDED = frozenset({_Phase.CLOSING, _Phase.CLOSED})
+
+
+class _LoopEnd(asyncio.Future[None]):
+    """What a runtime's close-watch waits on: cancelled only as the event loop ends.
+
+    It notes whether a handler was running the moment it is cancelled: the runner cancels
+    every task before any of them runs again, so a handler cancelled with it has not ended
+    yet, whichever task the runner cancelled first.
+    """
+
+    def __init__(self, bus: Bus) -> None:
+        super().__init__()
+        self._bus = bus
+        self.busy = False
+
+    def cancel(self, msg: Any = None) -> bool:
+        self.busy = any(endpoint.busy for endpoint in self._bus.endpoints.values())
+        return super().cancel(msg)
 
 
 class Runtime:
@@ -268,12 +330,12 @@ class Runtime:
         self._timer: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._replay_watch: asyncio.TimerHandle | None = None
-        self._started = False
+        self._phase = _Phase.NEW  # changed by _enter() only
+        # The store holds the run (this runtime created it, or found it).
         self._run_created = False
         # The store held this run before this runtime started: it must be resumed, not
         # written to as if new (its snapshot numbers would collide).
         self._stored_before = False
-        self._closed = False
         self._reported = 0
         self._scheduler.bind(self._bus, self._deliver)
         # Rollback: checks by agent, the state each agent was registered with, and every
@@ -289,10 +351,9 @@ class Runtime:
         self._delivered = self._replay.deliveries if self._replay is not None else None
         # While a resumed run follows its replay plans, deliveries take the slow path.
         self._replaying = False
-        # False until the first input, and once the run is closed or stopped: send() then
+        # Whether the phase takes input (_TAKING_INPUT), kept by _enter(): send() otherwise
         # takes the slow path through _before_input().
         self._taking_input = False
-        self._have_cut = False
         self._status_on_close: RunStatus | None = None
         self._stopped_because: str | None = None  # why the run gave up, in one line
         # Single-flight rollback: one at a time; every rollback starts a new generation, and
@@ -429,7 +490,7 @@ class Runtime:
                 f"schema= takes a pydantic model class, got {schema!r}; for a function, use check="
             )
         label = name or ("schema" if check is None else str(getattr(check, "__name__", "check")))
-        if agent not in self._agents and self._have_cut:
+        if agent not in self._agents and self._phase not in _WITHOUT_CUT:
             raise self._unknown_checked([agent])
         self._checks.setdefault(agent, []).append(
             OutputCheck(kind=kind, name=label, schema=schema, check=check)
@@ -471,12 +532,16 @@ class Runtime:
     async def start(self) -> None:
         """Record the run in the store and start delivering messages."""
         self._check_open()
-        if self._started:
+        if self._phase not in _NOT_STARTED:
             return
         await self._ensure_run()
-        if self._stored_before and self._have_cut:  # input sent before start, not resumed
+        self._check_open()  # closed meanwhile, or started by another call
+        if self._phase not in _NOT_STARTED:
+            return
+        primed = self._phase is _Phase.PRIMED
+        if self._stored_before and primed:  # input sent before start, not resumed
             raise self._stored_run_error("input sent")
-        self._started = True
+        self._enter(_Phase.RUNNING if primed else _Phase.STARTED)
         self._watch = asyncio.get_running_loop().create_task(
             self._close_with_the_loop(), name="agentsnap:close-watch"
         )
@@ -522,14 +587,17 @@ class Runtime:
         is recorded, its writes made and its lease released, and warns with a
         ``ResourceWarning``. It costs one idle task per runtime, nothing per message.
         """
+        loop_end = _LoopEnd(self._bus)
         try:
-            await asyncio.get_running_loop().create_future()
+            await loop_end
         except asyncio.CancelledError:
             if self._closed:
                 raise
-            busy = any(endpoint.busy for endpoint in self._bus.endpoints.values())
+            busy = loop_end.busy
             self._watch = None
-            await self._close(failed=None, cancelled=asyncio.CancelledError() if busy else None)
+            await self._close(
+                failed=None, cancelled=asyncio.CancelledError() if busy else None, cut_off=busy
+            )
             text = (
                 f"the Runtime of run {self.run_id} was never closed; it was closed as its "
                 "event loop ended. Use `async with Runtime(...) as runtime:` or call "
@@ -539,15 +607,39 @@ class Runtime:
             warnings.warn(text, ResourceWarning, stacklevel=1)
 
     async def _close(
-        self, *, failed: BaseException | None, cancelled: BaseException | None = None
+        self,
+        *,
+        failed: BaseException | None,
+        cancelled: BaseException | None = None,
+        cut_off: bool = False,
     ) -> None:
-        if self._closed:
+        """Close the runtime once; ``cut_off``: a handler was cancelled half-way."""
+        phase = self._phase
+        if phase in _ENDED:
             return
-        self._closed = True
+        self._enter(_Phase.CLOSING)
+        try:
+            await self._shut_down(
+                failed,
+                cancelled,
+                started=phase not in _NOT_STARTED,
+                live=phase is _Phase.RUNNING and not cut_off,
+            )
+        finally:
+            self._enter(_Phase.CLOSED)
+
+    async def _shut_down(
+        self,
+        failed: BaseException | None,
+        cancelled: BaseException | None,
+        *,
+        started: bool,
+        live: bool,
+    ) -> None:
+        """Close a runtime that was ``started`` (and ``live``: running) when closing began."""
         if self._watch is not None:
             self._watch.cancel()  # closed as it should be: nothing left to watch for
             self._watch = None
-        self._taking_input = False
         if self._telemetry is not None:
             self._telemetry.unwatch(self._bus)
         if self._timer is not None:
@@ -555,7 +647,7 @@ class Runtime:
             await asyncio.gather(self._timer, return_exceptions=True)
         if self._replay_watch is not None:
             self._replay_watch.cancel()
-        self._take_last_snapshot()  # none while a handler is half-way (a cancelled run)
+        self._take_last_snapshot(live)  # none while a handler is half-way (a cancelled run)
         await self._scheduler.close()
         self._snapshots.abort_all("the runtime was closed before the snapshot completed")
         await self._snapshots.drain()
@@ -575,7 +667,7 @@ class Runtime:
         try:
             if owner:
                 await self._record_outcomes(closing)
-            if self._started and owner:  # effects no final state holds were abandoned
+            if started and owner:  # effects no final state holds were abandoned
                 await reconcile(
                     self.ledger,
                     self.run_id,
@@ -757,13 +849,17 @@ class Runtime:
         """The checks ``send`` skips while input flows: closed, stopped, first input."""
         self._check_open()
         self._raise_if_stopped()
-        if not self._have_cut:
+        phase = self._phase
+        if phase in _WITHOUT_CUT:
             self._check_not_stored_before("input sent")
+            if phase is _Phase.RESTORING:
+                raise ConfigurationError(
+                    "input sent while resume() or fork_from() is under way: await it first"
+                )
             self._check_checked_agents()
-            self._have_cut = True
+            self._enter(_Phase.PRIMED if phase is _Phase.NEW else _Phase.RUNNING)
             if self._policy.at_start:
                 self._take_first_snapshot()
-        self._taking_input = True
 
     def _take_first_snapshot(self) -> None:
         """Take the run's first cut; nothing is delivered until it is stored.
@@ -963,6 +1059,10 @@ class Runtime:
         """
         self._check_fresh("resume()")
         self._check_checked_agents()
+        return await self._resume("resume()", wait)
+
+    async def _resume(self, what: str, wait: float | None) -> Snapshot:
+        """Put the run the store holds on its current cut, and take it over (``resume()``)."""
         await self._replay_spool()
         run = await self.store.get_run(self.run_id)
         if run.status is RunStatus.SUCCEEDED:
@@ -977,6 +1077,20 @@ class Runtime:
             await self.store.finish_run(self.run_id, RunStatus.RUNNING, None)
         await mark_orphaned(self.ledger, self.store, self.run_id)
         await self.start()
+        self._raise_if_stopped()
+        self._check_fresh(what)  # no input or restore came in meanwhile
+        self._enter(_Phase.RESTORING)
+        try:
+            snapshot = await self._restore_current_cut()
+        except BaseException:
+            if self._phase is _Phase.RESTORING:
+                self._enter(_Phase.STARTED)
+            raise
+        self._enter(_Phase.RUNNING)
+        return snapshot
+
+    async def _restore_current_cut(self) -> Snapshot:
+        """Restore the run's current cut, and the input and replay plans logged after it."""
         snapshots = await self.store.list_snapshots(self.run_id)
         rollbacks = await self.store.list_rollbacks(self.run_id)
         segments = await self.store.load_replay(self.run_id) if self._replay else []
@@ -1011,44 +1125,58 @@ class Runtime:
                 plan.deliveries,
             )
         await self._rollbacks.restart(snapshot, own=True)
-        self._have_cut = True
         return snapshot
 
     async def fork_from(self, snapshot_id: str) -> Snapshot:
         """Start this (new) run from a complete snapshot of another run.
 
-        Register the same agents first. The new run records its parent run and snapshot;
-        the original run is not touched. A snapshot of the new run is taken at once, so it
-        has its own cut to roll back to.
+        Register the same agents first. The run is forked as
+        [`fork_run`][agentsnap.inspect.fork_run] (and ``agentsnap fork``) forks one: it
+        records its parent run and snapshot, and gets a copy of the snapshot as its snapshot
+        1, its own cut to roll back to; then it is resumed from that copy. The original run
+        is not touched.
 
         Returns:
-            The snapshot the new run starts from.
+            The snapshot the new run starts from (the other run's).
 
         Raises:
             NotFoundError: The store holds no such snapshot.
-            ConfigurationError: The snapshot failed, or this runtime already took input.
+            SnapshotDamaged: The snapshot is damaged in the store.
+            ConfigurationError: The snapshot failed, or this runtime already took input, or
+                the store held this run (``run_id``) before this runtime started.
         """
         self._check_fresh("fork_from()")
         self._check_checked_agents()
         snapshot = await self.store.load_snapshot(snapshot_id)
-        if snapshot.status is not SnapshotStatus.COMPLETE:
-            raise ConfigurationError(
-                f"snapshot {snapshot_id} is {snapshot.status.value}; fork from a complete one"
-            )
+        check_forkable(snapshot)
         if snapshot.run_id == self.run_id:
             raise ConfigurationError(
                 "fork_from() starts a new run; to go back within this run, use rollback()"
             )
-        await self.start()
-        await self.store.set_parent(self.run_id, snapshot.run_id, snapshot.id)
-        await self._rollbacks.restart(snapshot, own=False)
-        self._have_cut = True
-        self._take_first_snapshot()
+        self._check_fresh("fork_from()")
+        if self._stored_before:
+            raise self._stored_run_error("fork_from() called")
+        await fork_snapshot(
+            self.store,
+            snapshot,
+            run_id=self.run_id,
+            metadata=self._metadata,
+            name=self._name,
+            tags=self._tags,
+            recorded=self._run_created,  # started: the run is recorded, with no snapshot
+        )
+        await self._resume("fork_from()", None)
         return snapshot
 
     def _check_fresh(self, what: str) -> None:
         self._check_open()
-        if self._inputs or self._snapshots.last_seq:
+        if self._phase is _Phase.RESTORING:
+            raise ConfigurationError(
+                f"{what} called while resume() or fork_from() is under way; await it first"
+            )
+        if self._phase not in (_Phase.NEW, _Phase.STARTED) or (
+            self._inputs or self._snapshots.last_seq
+        ):
             raise ConfigurationError(
                 f"{what} must come before the runtime takes input or snapshots; create a new "
                 "Runtime, register the agents, then call it"
@@ -1279,7 +1407,8 @@ class Runtime:
         self._status_on_close = RunStatus.FAILED
         if reason is not None and self._stopped_because is None:
             self._stopped_because = _one_line(reason)
-        self._taking_input = False
+        if _Phase.STOPPED in _MOVES[self._phase]:  # not while closing
+            self._enter(_Phase.STOPPED)
         self._scheduler.pause()
         self._scheduler.reset()
         self._snapshots.suspended = f"the run stopped: {reason}"
@@ -1400,14 +1529,17 @@ class Runtime:
         self.failures.append(failure)
         logger.error("%s", failure, exc_info=exc)
 
-    def _take_last_snapshot(self) -> SnapshotHandle | None:
+    def _take_last_snapshot(self, live: bool | None = None) -> SnapshotHandle | None:
         """Record where the run stands as it goes idle or closes (``SnapshotPolicy.at_end``).
 
         Taken at once (no markers) when no handler is half-way and nothing was sent or
-        delivered since the newest snapshot; ``None`` when none was taken.
+        delivered since the newest snapshot; ``None`` when none was taken. ``live``: the run
+        was running (default: it is).
         """
+        if live is None:
+            live = self._phase is _Phase.RUNNING
         if (
-            not (self._policy.at_end and self._have_cut and self._started)
+            not (self._policy.at_end and live)
             or self._lost is not None
             or self._snapshots.suspended is not None
             # A cut after a failed handler would hold its message as handled: resuming the
@@ -1475,7 +1607,7 @@ class Runtime:
         self._stop(lost)
 
     def _check_not_stored_before(self, what: str) -> None:
-        if self._stored_before and not self._have_cut:
+        if self._stored_before and self._phase in _WITHOUT_CUT:
             raise self._stored_run_error(what)
 
     def _stored_run_error(self, what: str) -> ConfigurationError:
@@ -1503,8 +1635,19 @@ class Runtime:
         if self._rollbacks.exhausted is not None:
             raise self._rollbacks.exhausted
 
+    def _enter(self, phase: _Phase) -> None:
+        """Move to ``phase``: the one place the phase changes."""
+        assert phase in _MOVES[self._phase], f"a runtime cannot go from {self._phase} to {phase}"
+        self._phase = phase
+        self._taking_input = phase in _TAKING_INPUT
+
+    @property
+    def _closed(self) -> bool:
+        """Closing or closed: nothing more is handled."""
+        return self._phase in _ENDED
+
     def _check_open(self) -> None:
-        if self._closed:
+        if self._phase in _ENDED:
             raise RuntimeClosedError("this runtime is closed; create a new Runtime to go on")
 
 

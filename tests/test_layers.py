@@ -5,7 +5,8 @@ function, under ``TYPE_CHECKING``). The layers, from the bottom::
 
     foundation   exceptions, limits, messages, state, records, handles, integrity, liveness,
                  semconv: data types and rules; they import nothing but each other
-    store        store/, ledger, once, ownership: persistence, and the exactly-once machine
+    store        store/, ledger, once, ownership, fork: persistence, the exactly-once
+                 machine, forks of stored cuts
     bus          channels, the transport and observer protocols, schedulers
     checks       verdicts, checks, the guard          telemetry, replay: see the bus only
     agents       Agent, Context (a snapshot Initiator protocol, not the coordinator)
@@ -39,9 +40,15 @@ FOUNDATION = {
 }
 """Data types and rules every layer uses; they import nothing but each other."""
 
-STORE = {"agentsnap.store", "agentsnap.ledger", "agentsnap.once", "agentsnap.ownership"}
-"""Persistence: the store package, the ledger protocols, the exactly-once state machine
-and run ownership. They know the data types only."""
+STORE = {
+    "agentsnap.store",
+    "agentsnap.ledger",
+    "agentsnap.once",
+    "agentsnap.ownership",
+    "agentsnap.fork",
+}
+"""Persistence: the store package, the ledger protocols, the exactly-once state machine,
+run ownership and forking a run from a stored cut. They know the data types only."""
 
 BUS = FOUNDATION | {"agentsnap.bus"}
 AGENTS = BUS | STORE | {"agentsnap.checks", "agentsnap.telemetry", "agentsnap.replay"}

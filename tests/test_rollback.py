@@ -1458,15 +1458,22 @@ async def test_a_fork_rolls_back_to_its_own_snapshots(store: Store) -> None:
         for item in range(7, 10):
             fork.send("worker", {"item": item})
         await fork.run_until_idle()
-        # Item 9 was rejected once: the fork went back to its own first snapshot.
+        # Item 9 was rejected once: the fork went back to its own first snapshot, and redid
+        # the input sent since, as any run does.
         where = {own.id: "its own first snapshot", parent.id: "the parent run's snapshot"}
         (rejection,) = fork.rollbacks
         assert rejection.source == "careful-with-9"
         assert where.get(rejection.snapshot_id) == "its own first snapshot"
-        # Rolling back on request goes to the fork's newest snapshot too.
+        done = {"worker": [0, 1, 2, 7, 8, 9], "sink": [0, 1, 2, 7, 8, 9]}
+        assert states(fork) == done
+        # Rolling back on request goes to the fork's newest snapshot: its own cut, taken once
+        # the redone item passed.
+        newest = (await fork.list_snapshots())[-1]
+        assert (newest.run_id, newest.seq) == (fork.run_id, 2)
         manual = await fork.rollback()
-        assert where.get(manual.snapshot_id) == "its own first snapshot"
-        assert states(fork) == {"worker": [0, 1, 2], "sink": [0, 1, 2]}
+        assert manual.snapshot_id == newest.id
+        await fork.run_until_idle()  # what was in flight at that cut is delivered again
+        assert states(fork) == done
     ids = {s.id for s in await store.list_snapshots(fork.run_id)}
     assert {r.snapshot_id for r in await store.list_rollbacks(fork.run_id)} <= ids
 

@@ -1,0 +1,179 @@
+"""Forking: a new run whose snapshot 1 is a copy of a complete snapshot of another run.
+
+This is the one way a run is forked. [`fork_run`][agentsnap.inspect.fork_run] (and
+``agentsnap fork``) records the fork and leaves it for a program to continue with
+``Runtime(store=..., run_id=...)`` and ``resume()``;
+[`Runtime.fork_from`][agentsnap.Runtime.fork_from] records it the same way and resumes it
+at once. Either way the store holds the same run: its parent run and snapshot, and as its
+snapshot 1 the parent's cut under a new id (agent states, counters, messages in flight),
+with the agent states that ``states=`` replaces.
+
+Example:
+    ```python
+    import asyncio
+
+    from agentsnap import MemoryStore, Runtime
+    from agentsnap.fork import fork_snapshot
+
+    async def main() -> None:
+        store = MemoryStore()
+        async with Runtime(store=store) as runtime:
+            cut = await runtime.snapshot()
+        run = await fork_snapshot(store, cut)
+        print(run.parent_snapshot_id == cut.id, run.status)
+
+    asyncio.run(main())
+    ```
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from agentsnap.exceptions import ConfigurationError, SnapshotDamaged
+from agentsnap.limits import check_run_id, check_run_labels
+from agentsnap.messages import ENVIRONMENT
+from agentsnap.records import RunInfo, RunStatus, Snapshot, SnapshotStatus, utcnow
+from agentsnap.state import StateBlob, canonical_json
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from agentsnap.messages import JsonInput
+    from agentsnap.store import Store
+
+__all__ = ["check_forkable", "fork_snapshot", "forked_cut"]
+
+
+def check_forkable(snapshot: Snapshot) -> None:
+    """Raise unless a run can be forked from ``snapshot``.
+
+    Raises:
+        SnapshotDamaged: The snapshot is damaged in the store.
+        ConfigurationError: The snapshot is not complete (it failed, or is in progress).
+    """
+    if snapshot.status is SnapshotStatus.DAMAGED:
+        raise SnapshotDamaged(
+            snapshot.id, snapshot.error or "damaged", "no run can be forked from it"
+        )
+    if snapshot.status is not SnapshotStatus.COMPLETE:
+        raise ConfigurationError(
+            f"snapshot {snapshot.id} is {snapshot.status.value}; fork from a complete one"
+        )
+
+
+def forked_cut(
+    snapshot: Snapshot, run_id: str, states: Mapping[str, JsonInput] | None = None
+) -> Snapshot:
+    """The fork's snapshot 1: a copy of ``snapshot`` for run ``run_id``, under a new id.
+
+    Args:
+        snapshot: The complete snapshot forked from.
+        run_id: The fork's run id.
+        states: New states of some agents of the cut, by agent name, replacing the recorded
+            ones (each a JSON object, stored as canonical JSON with its content hash). The
+            runtime that resumes the fork loads them into the agents' state models.
+
+    Raises:
+        SnapshotDamaged: The snapshot is damaged in the store.
+        ConfigurationError: The snapshot is not complete; or ``states`` names an agent the
+            cut does not hold, or gives a state that is not a JSON object.
+    """
+    check_forkable(snapshot)
+    agents = dict(snapshot.agents)
+    for name, state in (states or {}).items():
+        if name == ENVIRONMENT or name not in agents:
+            known = ", ".join(repr(a) for a in sorted(agents) if a != ENVIRONMENT) or "none"
+            raise ConfigurationError(
+                f"states= names {name!r}, which is not an agent of snapshot {snapshot.id} "
+                f"(its agents: {known})"
+            )
+        if not isinstance(state, dict):
+            raise ConfigurationError(
+                f"states= gives agent {name!r} a {type(state).__name__}; an agent's state is "
+                "a JSON object"
+            )
+        try:
+            blob = StateBlob(canonical_json(state))
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"states= gives agent {name!r} a state that is not JSON: {exc}"
+            ) from exc
+        agents[name] = agents[name].model_copy(
+            update={"state_json": blob.json, "state_hash": blob.hash}
+        )
+    now = utcnow()
+    return snapshot.model_copy(
+        update={
+            "id": uuid.uuid4().hex,
+            "run_id": run_id,
+            "seq": 1,
+            "started_at": now,
+            "completed_at": now,
+            "agents": agents,
+        },
+        deep=True,
+    )
+
+
+async def fork_snapshot(
+    store: Store,
+    snapshot: Snapshot,
+    *,
+    run_id: str | None = None,
+    metadata: Mapping[str, JsonInput] | None = None,
+    name: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    states: Mapping[str, JsonInput] | None = None,
+    recorded: bool = False,
+) -> RunInfo:
+    """Record a run forked from ``snapshot``: its parent, and a copy of the cut as snapshot 1.
+
+    Nothing runs: the new run is ``created`` until a runtime resumes it. The parent run is
+    not touched. Everything is checked before anything is written.
+
+    Args:
+        store: The store holding ``snapshot``; the new run goes there too.
+        snapshot: The complete snapshot to fork from.
+        run_id: Id of the new run (32 hex digits are generated when omitted).
+        metadata: JSON recorded with the new run.
+        name: The new run's name.
+        tags: The new run's tags.
+        states: New states of some agents, by name, replacing the recorded ones in the
+            fork's snapshot 1 (see [`forked_cut`][agentsnap.fork.forked_cut]).
+        recorded: The store already holds run ``run_id``, with no snapshot yet (a runtime
+            that started it): only its parent and its snapshot 1 are recorded, and
+            ``metadata``, ``name`` and ``tags`` are not used.
+
+    Returns:
+        The new run, as the store holds it.
+
+    Raises:
+        SnapshotDamaged: The snapshot is damaged in the store.
+        ConfigurationError: The snapshot is not complete; ``run_id`` is taken or longer than
+            64 characters; ``name`` or ``tags`` cannot be stored; or ``states`` is wrong.
+    """
+    if run_id is not None:
+        check_run_id(run_id)
+    elif recorded:
+        raise ConfigurationError("fork_snapshot(recorded=True) needs the run_id of the run")
+    checked_name, checked_tags = check_run_labels(name, tags)
+    run = RunInfo(
+        id=run_id or uuid.uuid4().hex,
+        parent_run_id=snapshot.run_id,
+        parent_snapshot_id=snapshot.id,
+        metadata=dict(metadata or {}),
+        name=checked_name,
+        tags=checked_tags,
+        status=RunStatus.CREATED,
+    )
+    first = forked_cut(snapshot, run.id, states)
+    if recorded:
+        await store.set_parent(run.id, snapshot.run_id, snapshot.id)
+    else:
+        if run_id is not None and await store.find_ids("run", run_id, limit=1) == [run_id]:
+            raise ConfigurationError(f"there is already a run with id {run_id}")
+        await store.create_run(run)
+    await store.save_snapshot(first)
+    return await store.get_run(run.id)
