@@ -164,10 +164,10 @@ def plain_canonical_json(value: JsonInput) -> str:
     not strings, strings that are not valid Unicode (lone surrogates), and floats below 1e-4
     in magnitude.
 
-    Unlike ``canonical_json``, it does not refuse every non-JSON value: orjson writes
-    non-finite floats as ``null`` and enum members, UUIDs and dates by value. Use
-    ``canonical_json`` to check that a value is JSON; a state holding a non-finite float
-    fails its round-trip check (``check_round_trip``), which says so.
+    orjson writes non-finite floats as ``null``, so any output holding ``null`` is written
+    again by the standard library, which refuses them: a NaN is never recorded as ``None``.
+    Unlike ``canonical_json``, it does not refuse enum members, UUIDs and dates (orjson
+    writes them by value); ``model_dump(mode="json")`` never returns them.
 
     Raises:
         TypeError: ``value`` holds something neither orjson nor the standard library writes.
@@ -177,7 +177,7 @@ def plain_canonical_json(value: JsonInput) -> str:
         data = orjson.dumps(value, option=_SORTED)
     except TypeError:
         return canonical_json(value)
-    if _FLOAT_MARKS[0] in data or _FLOAT_MARKS[1] in data:
+    if _FLOAT_MARKS[0] in data or _FLOAT_MARKS[1] in data or b"null" in data:
         return canonical_json(value)
     return data.decode()
 

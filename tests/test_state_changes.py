@@ -285,3 +285,26 @@ async def test_a_tool_called_outside_handlers_is_recorded() -> None:
     assert isinstance(call, dict)
     assert call["status"] == "ok"
     assert call["result"] == "found x"
+
+
+class MaybeNumber(AgentState):
+    value: float | None = None
+
+
+async def test_a_nan_where_none_was_recorded_fails_the_snapshot_and_is_never_stored_as_none() -> (
+    None
+):
+    """orjson writes NaN as null; a state whose field held None before must not pass as null."""
+    from agentsnap.exceptions import SnapshotFailed
+
+    class Holder(Agent[MaybeNumber]):
+        async def handle(self, message: Message, ctx: Context[MaybeNumber]) -> None:
+            self.state.value = float("nan")
+
+    async with Runtime() as runtime:
+        runtime.add(Holder("holder"))
+        await runtime.snapshot()  # records value=None, verified
+        runtime.send("holder", 1)
+        await runtime.run_until_idle()
+        with pytest.raises(SnapshotFailed, match="holder"):
+            await runtime.snapshot()
