@@ -58,6 +58,23 @@ class Feedback(BaseModel):
     """Who said so: an agent name, a validator, the runtime."""
 
 
+class _StateSlot:
+    """``Agent.state``: assigning it marks the state changed for the next snapshot.
+
+    Only ``__set__`` is defined, so reading ``agent.state`` finds the instance's own attribute
+    as fast as a plain one; an assignment stores it there and tells the runtime.
+    """
+
+    __slots__ = ()
+
+    def __set__(self, agent: Agent[Any], value: Any) -> None:
+        attributes = agent.__dict__
+        attributes["state"] = value
+        changed = attributes.get("_state_changed")
+        if changed is not None:
+            changed.add(agent.name)
+
+
 class Agent(abc.ABC, Generic[S]):
     """Base class of agents.
 
@@ -72,11 +89,23 @@ class Agent(abc.ABC, Generic[S]):
     Attributes:
         name: The agent's name.
         state: The agent's current state. Update it in the handler; snapshots record it
-            between two handler calls, never half-way through one.
+            between two handler calls, never half-way through one. A snapshot encodes it
+            again only if it may have changed since the last one: after a message was
+            delivered to the agent, ``on_rollback``, or an assignment to ``agent.state``.
+            Code that changes it in place anywhere else must say so with
+            [`Runtime.mark_changed`][agentsnap.Runtime.mark_changed].
     """
 
     state_type: ClassVar[type[AgentState]] = AgentState
     """The pydantic model of this agent's state."""
+
+    if TYPE_CHECKING:
+        state: S
+    else:
+        state = _StateSlot()
+
+    _state_changed: set[str] | None = None
+    # Set by the runtime that registers the agent: where an assignment to ``state`` is noted.
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -214,6 +243,17 @@ class Context(Generic[S]):
     def state(self) -> S:
         """The agent's state (the same object as ``agent.state``)."""
         return self.agent.state
+
+    def mark_changed(self) -> None:
+        """Say that the agent's state changed outside a handler, for the next snapshot.
+
+        Not needed in a handler or ``on_rollback`` (the runtime marks the state after
+        them); see [`Runtime.mark_changed`][agentsnap.Runtime.mark_changed].
+        """
+        agent = self.agent
+        changed = agent._state_changed
+        if changed is not None:
+            changed.add(agent.name)
 
     @property
     def feedback(self) -> Sequence[Feedback]:

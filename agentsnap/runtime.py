@@ -447,9 +447,26 @@ class Runtime:
         ctx.replay = self._replay
         ctx.tools = self.tools
         ctx.telemetry = self._telemetry
+        agent._state_changed = coordinator.changed  # assigning agent.state marks it
         coordinator.joined(endpoint, blob.hash)
         self._arm(agent.name)
         return agent
+
+    def mark_changed(self, *agents: str) -> None:
+        """Say that the states of ``agents`` changed outside their handlers.
+
+        A snapshot encodes again only the states that may have changed since they were last
+        recorded. Changes made by a handler, by ``on_rollback`` or by assigning
+        ``agent.state`` are seen by the runtime; code that changes a registered agent's
+        state in place anywhere else (``agent.state.count += 1`` between two runs, say) must
+        call this before the next snapshot, or the snapshot may record the state as it was.
+
+        Raises:
+            ConfigurationError: One of ``agents`` is not registered.
+        """
+        for name in agents:
+            self.context(name)  # refuses an unknown name
+        self._snapshots.mark_changed(*agents)
 
     def check(
         self,
@@ -1251,6 +1268,7 @@ class Runtime:
                 if guard is not None:
                     guard.outputs.clear()  # held back, and now never sent
             endpoint.busy = False
+            snapshots.changed.add(endpoint.name)  # whatever the handler did to its state
             ctx.message = None
             if snapshots.wanted and rejected is None and lost_to is None:
                 wanted = snapshots.wanted.get(endpoint.name)
@@ -1480,6 +1498,8 @@ class Runtime:
                     name,
                     exc,
                 )
+            finally:
+                self._snapshots.changed.add(name)  # whatever the hook did to the state
         if self._rollbacks.exhausted is None and not self._closed:
             self._snapshots.suspended = None
             self._rollbacks.resume()
@@ -1487,6 +1507,7 @@ class Runtime:
     def _restore(self, snapshot: Snapshot) -> int:
         self._snapshots.abort_all("the run rolled back before the snapshot completed")
         self._snapshots.wanted.clear()
+        self._snapshots.mark_changed(*self._agents)
         return restore_cut(
             self._bus,
             self._agents,

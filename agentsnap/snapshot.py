@@ -156,6 +156,12 @@ class SnapshotCoordinator:
     The runtime calls [`on_marker`][agentsnap.snapshot.SnapshotCoordinator.on_marker] and
     [`on_message`][agentsnap.snapshot.SnapshotCoordinator.on_message] as items are delivered;
     everything here is synchronous and runs between two handler calls of the process concerned.
+
+    A recording encodes only the states that may have changed since their agent's last
+    recording (the [`changed`][agentsnap.snapshot.SnapshotCoordinator.changed] set) and
+    reuses the JSON and hash of the others, so a snapshot in which few agents changed costs
+    little; [`mark_changed`][agentsnap.snapshot.SnapshotCoordinator.mark_changed] says when
+    a state counts as changed.
     """
 
     def __init__(
@@ -180,6 +186,12 @@ class SnapshotCoordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         # Per agent, the hash of the last state shown to survive a JSON round trip.
         self._verified: dict[str, str] = {}
+        self.changed: set[str] = set()
+        """Agents whose state may have changed since it was last recorded: only these are
+        encoded again by the next recording; the others reuse their last encoding. See
+        [`mark_changed`][agentsnap.snapshot.SnapshotCoordinator.mark_changed]."""
+        # Per agent, the state as last recorded (encoded), reused while it is unchanged.
+        self._recorded: dict[str, StateBlob] = {}
         # Complete, written snapshots of the current timeline (rollback targets), by number,
         # with each process's sent counters; and the newest of them in full.
         self._targets: dict[int, tuple[str, dict[str, dict[str, int]]]] = {}
@@ -260,10 +272,26 @@ class SnapshotCoordinator:
         ``verified_hash`` is the hash of its state, already shown to survive a JSON round trip.
         """
         self._verified[endpoint.name] = verified_hash
+        self.changed.add(endpoint.name)
         for progress in self.active.values():
             progress.unrecorded.add(endpoint.name)
         if self.active:
             self.record(endpoint, self.last_seq)
+
+    def mark_changed(self, *names: str) -> None:
+        """The states of ``names`` may have changed: encode them again when next recorded.
+
+        A recording encodes an agent's state only if it may have changed since the agent's
+        last recording, and otherwise reuses that recording's JSON and hash, so a snapshot
+        costs what changed. The runtime marks an agent each time it delivers a message to it
+        (whatever the handler did), when the agent is registered, when a rollback, a resume or
+        a fork restores the states, and after ``on_rollback``; assigning ``agent.state``
+        marks it too. Code that changes a state in place anywhere else (outside the agent's
+        handlers and hooks) must mark it, with
+        [`Runtime.mark_changed`][agentsnap.Runtime.mark_changed], or a later snapshot may
+        record the state as it was before.
+        """
+        self.changed.update(names)
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -315,20 +343,26 @@ class SnapshotCoordinator:
             self.bus.post_marker(channel, upto)
 
     def _cut(self, endpoint: Endpoint, due: list[int]) -> AgentCut | None:
-        if endpoint.name == ENVIRONMENT:
+        name = endpoint.name
+        if name == ENVIRONMENT:
             blob = _EMPTY_STATE
-        else:
-            agent = self._agents[endpoint.name]
+        elif name in self.changed or name not in self._recorded:
+            state = self._agents[name].state
             try:
-                blob = encode_state(endpoint.name, agent.state)
-                if self._verified.get(endpoint.name) != blob.hash:
+                blob = encode_state(name, state)
+                if self._verified.get(name) != blob.hash:
                     # Only a state that changed since it was last verified pays for the check.
-                    check_round_trip(endpoint.name, agent.state, blob)
-                    self._verified[endpoint.name] = blob.hash
+                    check_round_trip(name, state, blob)
+                    self._verified[name] = blob.hash
             except StateNotSerializable as exc:
                 for seq in due:
                     self.fail(seq, str(exc))
                 return None
+            self._recorded[name] = blob
+            self.changed.discard(name)
+        else:
+            # Unchanged since its last recording (nothing delivered, restored or marked).
+            blob = self._recorded[name]
         return AgentCut(
             state_json=blob.json,
             state_hash=blob.hash,

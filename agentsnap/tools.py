@@ -319,9 +319,13 @@ class Tool(Generic[R]):
             record.status = "error"
             record.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
             raise
-        record.status = "replayed" if outcome.replayed else "ok"
-        record.attempts = outcome.attempts
-        record.result = _summary(outcome.result)
+        else:
+            record.status = "replayed" if outcome.replayed else "ok"
+            record.attempts = outcome.attempts
+            record.result = _summary(outcome.result)
+        finally:
+            if message is None:  # outside a handler: nothing else marks the record's change
+                ctx.mark_changed()
         return typing.cast("R", outcome.value)
 
     async def invoke(

@@ -1,0 +1,243 @@
+"""Cost of a team snapshot end to end, against a naive stop-the-world dump of every state.
+
+Three ratios, each from rounds in which the two sides alternate (the order flipped every
+round); a ratio is the median of the per-round ratios, reported with the lowest and highest:
+
+* ``vs_naive_1pct_1000``: 1,000 agents with distinct states of about 10 KB of canonical
+  JSON; between two snapshots 1 % of them (10) handle a message that changes their state.
+  The later snapshot, timed from ``runtime.snapshot()`` until its handle resolves (the states
+  encoded, the cut written to a ``SqlStore`` on an SQLite file), against the naive dump: each
+  agent's ``model_dump_json()`` written as one row each, in one transaction, with the stdlib
+  ``sqlite3`` module on a fresh file with the pragmas of the ``SqlStore`` (WAL,
+  ``synchronous=NORMAL``). Target ``<= 0.7``.
+* ``vs_naive_all_100``: the same with 100 agents, every one of which changed. Target
+  ``<= 1.5``.
+* ``later_vs_first_10000``: 10,000 agents with states of about 2 KB; the first snapshot of a
+  fresh runtime (every state encoded and written) against a later one with 1 % changed.
+  Reported as later / first. Target ``<= 0.3``.
+
+Every round builds a new runtime on a new SQLite file; the messages that change the states
+are delivered (``run_until_idle``) before the clock starts, and garbage is collected. The
+naive dump runs on the same agents' states, right before or after. ``--json`` prints one JSON
+object on stdout; ``--quick`` runs fewer rounds (the sizes are the same; under a minute).
+Run it from the repository root with:
+
+    python benchmarks/team_snapshot.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import sqlite3
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import workloads
+from pydantic import Field
+
+from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotPolicy
+from agentsnap.store.sql import SqlStore
+
+TARGETS = {"vs_naive_1pct_1000": 0.7, "vs_naive_all_100": 1.5, "later_vs_first_10000": 0.3}
+SEED = 20_261_201
+
+# name: rounds of each comparison
+PROFILES: dict[str, int] = {"full": 7, "quick": 3}
+
+
+class WorkerState(AgentState):
+    handled: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
+class Worker(Agent[WorkerState]):
+    """Notes every message it handles: its state changes on every delivery."""
+
+    async def handle(self, message: Message, ctx: Context[WorkerState]) -> None:
+        self.state.handled += 1
+        self.state.notes.append(f"handled {message.id}")
+
+
+def _sentence(rng: random.Random, words: int) -> str:
+    return " ".join(workloads.word(rng) for _ in range(words)).capitalize() + "."
+
+
+def make_state(index: int, size: int) -> WorkerState:
+    """A distinct state of at least ``size`` bytes of canonical JSON."""
+    rng = random.Random(f"{SEED}/{index}/{size}")
+    plan, calls = workloads.plan_and_calls(rng, _sentence, f"w{index}")
+    facts: dict[str, Any] = {}
+    notes: list[Any] = []
+    state = WorkerState(memory={"agent": index, "facts": facts, "notes": notes})
+    if size >= 8_000:
+        state.plan, state.tool_calls = plan, calls
+    missing = size - len(state.model_dump_json())
+    workloads.add_notes(rng, _sentence, notes, facts, missing)
+    return state
+
+
+def naive_dump(path: Path, agents: list[Worker]) -> float:
+    """Seconds to dump every agent's state, one row each, in one sqlite3 transaction."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE IF NOT EXISTS dump (agent TEXT PRIMARY KEY, state TEXT)")
+        gc.collect()
+        start = time.perf_counter()
+        rows = [(agent.name, agent.state.model_dump_json()) for agent in agents]
+        conn.execute("BEGIN")
+        conn.executemany("INSERT OR REPLACE INTO dump VALUES (?, ?)", rows)
+        conn.execute("COMMIT")
+        return time.perf_counter() - start
+    finally:
+        conn.close()
+
+
+async def timed_snapshot(runtime: Runtime) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    await runtime.snapshot()
+    return time.perf_counter() - start
+
+
+async def change(runtime: Runtime, agents: list[Worker], share: float) -> None:
+    """Deliver one message to ``share`` of the agents (spread over the team)."""
+    step = max(1, round(1 / share))
+    for agent in agents[::step]:
+        runtime.send(agent.name, {"work": 1})
+    await runtime.run_until_idle()
+
+
+async def one_round(
+    directory: Path, states: list[WorkerState], share: float, naive_first: bool
+) -> tuple[float, float, float]:
+    """One round: (first snapshot, later snapshot after ``share`` changed, naive dump)."""
+    path = workloads.fresh_db(directory, "team")
+    naive_path = workloads.fresh_db(directory, "naive")
+    store = SqlStore(f"sqlite:///{path}")
+    policy = SnapshotPolicy(at_start=False, at_end=False)
+    try:
+        async with Runtime(store=store, snapshot_policy=policy, journal=False) as runtime:
+            agents = [
+                runtime.add(Worker(f"w{i:05d}", state.model_copy(deep=True)))
+                for i, state in enumerate(states)
+            ]
+            await runtime.snapshot()  # the run row, SQL statements compiled: not timed
+            await change(runtime, agents, 1.0)  # everyone changed: a first snapshot's work
+            first = await timed_snapshot(runtime)
+            await change(runtime, agents, share)
+            naive = 0.0
+            if naive_first:
+                naive = naive_dump(naive_path, agents)
+            later = await timed_snapshot(runtime)
+            if not naive_first:
+                naive = naive_dump(naive_path, agents)
+    finally:
+        await store.close()
+        workloads.remove_db(path)
+        workloads.remove_db(naive_path)
+    return first, later, naive
+
+
+def _spread(values: list[float]) -> list[float]:
+    return [round(min(values), 3), round(max(values), 3)]
+
+
+async def compare(
+    directory: Path, agents: int, size: int, share: float, rounds: int
+) -> dict[str, Any]:
+    states = [make_state(i, size) for i in range(agents)]
+    firsts: list[float] = []
+    laters: list[float] = []
+    naives: list[float] = []
+    for r in range(rounds):
+        first, later, naive = await one_round(directory, states, share, naive_first=r % 2 == 0)
+        firsts.append(first)
+        laters.append(later)
+        naives.append(naive)
+    vs_naive = [later / naive for later, naive in zip(laters, naives, strict=True)]
+    later_vs_first = [later / first for later, first in zip(laters, firsts, strict=True)]
+    return {
+        "agents": agents,
+        "state_bytes": size,
+        "changed_share": share,
+        "first_ms": workloads.ms(firsts),
+        "later_ms": workloads.ms(laters),
+        "naive_ms": workloads.ms(naives),
+        "vs_naive": round(statistics.median(vs_naive), 3),
+        "vs_naive_spread": _spread(vs_naive),
+        "later_vs_first": round(statistics.median(later_vs_first), 3),
+        "later_vs_first_spread": _spread(later_vs_first),
+        "samples_later_ms": workloads.samples_ms(laters),
+        "samples_first_ms": workloads.samples_ms(firsts),
+        "samples_naive_ms": workloads.samples_ms(naives),
+    }
+
+
+async def measure(profile: str, parent: Path | None) -> dict[str, Any]:
+    rounds = PROFILES[profile]
+    began = time.perf_counter()
+    results = workloads.environment("team_snapshot", profile, "sqlite", "pydantic", "orjson")
+    with workloads.scratch_directory(parent) as directory:
+        one_pct = await compare(directory, 1_000, 10_000, 0.01, rounds)
+        everyone = await compare(directory, 100, 10_000, 1.0, rounds)
+        big = await compare(directory, 10_000, 2_000, 0.01, rounds)
+    results.update(
+        {
+            "vs_naive_1pct_1000": one_pct["vs_naive"],
+            "vs_naive_1pct_1000_spread": one_pct["vs_naive_spread"],
+            "vs_naive_all_100": everyone["vs_naive"],
+            "vs_naive_all_100_spread": everyone["vs_naive_spread"],
+            "later_vs_first_10000": big["later_vs_first"],
+            "later_vs_first_10000_spread": big["later_vs_first_spread"],
+            "rounds": rounds,
+            "by_case": {"1pct_1000": one_pct, "all_100": everyone, "1pct_10000": big},
+        }
+    )
+    results["targets"] = {
+        **{f"{name}_max": limit for name, limit in TARGETS.items()},
+        **{f"{name}_met": results[name] <= limit for name, limit in TARGETS.items()},
+    }
+    results["elapsed_s"] = round(time.perf_counter() - began, 1)
+    return results
+
+
+def _table(r: dict[str, Any]) -> str:
+    cases = r["by_case"]
+    lines = [
+        f"team snapshot vs naive dump ({r['profile']}, {r['rounds']} rounds, medians in ms)",
+        f"{'case':<28}{'first':>10}{'later':>10}{'naive':>10}",
+    ]
+    for name, case in cases.items():
+        lines.append(
+            f"{name:<28}{case['first_ms']:>10,.2f}{case['later_ms']:>10,.2f}"
+            f"{case['naive_ms']:>10,.2f}"
+        )
+    lines.append("")
+    t = r["targets"]
+    for name in TARGETS:
+        low, high = r[f"{name}_spread"]
+        lines.append(
+            f"{name:<22} = {r[name]:.3f} (spread {low:.3f} .. {high:.3f})  "
+            f"target <= {t[f'{name}_max']}: {workloads.met(t[f'{name}_met'])}"
+        )
+    lines.append(f"total {r['elapsed_s']} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = workloads.argument_parser(__doc__, "fewer rounds (< 60 s)", directory=True)
+    args = parser.parse_args(argv)
+    results = asyncio.run(measure("quick" if args.quick else "full", args.dir))
+    workloads.report(results, args.json, _table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

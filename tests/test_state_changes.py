@@ -1,0 +1,310 @@
+"""A snapshot costs what changed: unchanged states are not encoded again, changed ones are.
+
+Also the fast canonical JSON of states: orjson writes the same bytes as the standard library
+(so content hashes of stored states do not change), and the standard library takes over
+where orjson cannot represent a value or would write it differently.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, Field
+
+import agentsnap.snapshot
+from agentsnap import (
+    Agent,
+    AgentState,
+    ConfigurationError,
+    Context,
+    Message,
+    RollbackInfo,
+    Runtime,
+    Snapshot,
+    SnapshotPolicy,
+    tool,
+)
+from agentsnap.state import (
+    StateBlob,
+    ToolCallRecord,
+    canonical_json,
+    content_hash,
+    encode_state,
+    plain_canonical_json,
+)
+
+# -- canonical JSON: orjson and the standard library agree -----------------------------------
+
+
+def stdlib_canonical(value: Any) -> str:
+    """The canonical form as the standard library writes it (the form stored so far)."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # unbounded: beyond 64 bits too
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=10), children, max_size=6)
+    ),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(json_values)
+def test_orjson_writes_the_same_canonical_json_as_the_standard_library(value: Any) -> None:
+    assert plain_canonical_json(value) == stdlib_canonical(value) == canonical_json(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_every_finite_float_comes_out_as_the_standard_library_writes_it(value: float) -> None:
+    assert plain_canonical_json([value, {"f": value}]) == stdlib_canonical([value, {"f": value}])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        2**64,  # beyond orjson's integers
+        -(2**63) - 1,
+        {"big": [10**30, -(10**30)]},
+        {2: "two", 1: "one"},  # keys that are not strings
+        {"a": {3: None}},
+        "\ud800 a lone surrogate",
+        1e-7,  # orjson: 1e-7, the standard library: 1e-07
+        1.5e-5,  # orjson: 0.000015
+        -9.999e-9,
+        {"note": "re-run with e-mail 0.0000 here"},  # the float marks inside a string
+    ],
+)
+def test_the_standard_library_takes_over_where_orjson_differs(value: Any) -> None:
+    assert plain_canonical_json(value) == stdlib_canonical(value)
+
+
+def test_what_neither_writes_is_still_refused() -> None:
+    not_json: Any = {"x": object()}
+    mixed_keys: Any = {1: "a", "b": 2}  # cannot be sorted
+    with pytest.raises(TypeError):
+        plain_canonical_json(not_json)
+    with pytest.raises(TypeError):
+        plain_canonical_json(mixed_keys)
+
+
+class FixedState(AgentState):
+    balance: int = 0
+    ratio: float = 0.0
+    tags: list[str] = Field(default_factory=list)
+
+
+def fixed_state() -> FixedState:
+    return FixedState(
+        memory={"name": "Zoë", "n": [1, 2.5, None, True], "z": {"b": 1, "a": "\u2028"}},
+        balance=2**70,
+        ratio=1e-7,
+        tags=["x", "émoji 🎉", 'quote " and \\ slash', "tab\there"],
+        tool_calls=[ToolCallRecord(tool="search", arguments={"q": "w", "limit": 3})],
+    )
+
+
+# The hash of fixed_state() as the standard library encoded it before orjson did.
+FIXED_STATE_HASH = "d97896c8dd7334774610c629951b99dd429cb2be24671d037d0fa3f5047a5362"
+
+
+def test_the_content_hash_of_a_stored_state_does_not_change() -> None:
+    state = fixed_state()
+    stdlib = stdlib_canonical(state.model_dump(mode="json"))
+    blob = encode_state("teller", state)
+    assert blob.json == stdlib
+    assert blob.hash == content_hash(stdlib) == FIXED_STATE_HASH
+    small = encode_state("teller", AgentState(memory={"count": 3}))
+    assert small.hash == StateBlob('{"memory":{"count":3},"plan":[],"tool_calls":[]}').hash
+
+
+# -- dirty tracking ---------------------------------------------------------------------------
+
+
+class CountState(AgentState):
+    count: int = 0
+    note: str = ""
+
+
+class Counter(Agent[CountState]):
+    async def handle(self, message: Message, ctx: Context[CountState]) -> None:
+        self.state.count += 1
+
+
+class Rollbacker(Agent[CountState]):
+    async def handle(self, message: Message, ctx: Context[CountState]) -> None:
+        self.state.count += 1
+
+    async def on_rollback(self, rollback: RollbackInfo, ctx: Context[CountState]) -> None:
+        self.state.note = f"rolled back: {rollback.reason}"
+
+
+@pytest.fixture
+def encoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the agents whose states the snapshot coordinator encodes, in order."""
+    calls: list[str] = []
+    real = encode_state
+
+    def counting(agent: str, state: BaseModel) -> StateBlob:
+        calls.append(agent)
+        return real(agent, state)
+
+    monkeypatch.setattr(agentsnap.snapshot, "encode_state", counting)
+    return calls
+
+
+def quiet() -> Runtime:
+    return Runtime(snapshot_policy=SnapshotPolicy(at_start=False, at_end=False))
+
+
+def count_of(snapshot: Snapshot, agent: str) -> Any:
+    return snapshot.agents[agent].state["count"]
+
+
+async def test_an_unchanged_agent_is_not_encoded_again(encoded: list[str]) -> None:
+    async with quiet() as runtime:
+        agents = [runtime.add(Counter(f"c{i}")) for i in range(10)]
+        runtime.send("c0", {})
+        await runtime.run_until_idle()
+        first = await runtime.snapshot()
+        assert sorted(encoded) == sorted(a.name for a in agents)
+        encoded.clear()
+        runtime.send("c3", {})
+        runtime.send("c3", {})
+        await runtime.run_until_idle()
+        second = await runtime.snapshot()
+        assert encoded == ["c3"]
+        encoded.clear()
+        third = await runtime.snapshot()  # nothing delivered since
+        assert encoded == []
+    assert count_of(first, "c3") == 0
+    assert count_of(second, "c3") == count_of(third, "c3") == 2
+    assert count_of(third, "c0") == 1
+    for name in ("c0", "c5"):
+        assert second.agents[name].state_hash == first.agents[name].state_hash
+
+
+async def test_assigning_the_state_marks_it(encoded: list[str]) -> None:
+    async with quiet() as runtime:
+        counter = runtime.add(Counter("c"))
+        await runtime.snapshot()
+        encoded.clear()
+        counter.state = CountState(count=41)
+        snapshot = await runtime.snapshot()
+    assert encoded == ["c"]
+    assert count_of(snapshot, "c") == 41
+
+
+async def test_a_change_in_place_outside_handlers_needs_mark_changed(encoded: list[str]) -> None:
+    async with quiet() as runtime:
+        counter = runtime.add(Counter("c"))
+        runtime.add(Counter("d"))
+        await runtime.snapshot()
+        counter.state.count = 5
+        unmarked = await runtime.snapshot()  # the rule: nothing said the state changed
+        runtime.mark_changed("c")
+        encoded.clear()
+        marked = await runtime.snapshot()
+        assert encoded == ["c"]
+        counter.state.count = 6
+        runtime.context("c").mark_changed()
+        via_context = await runtime.snapshot()
+        with pytest.raises(ConfigurationError, match="no agent 'nobody'"):
+            runtime.mark_changed("nobody")
+    assert count_of(unmarked, "c") == 0
+    assert count_of(marked, "c") == 5
+    assert count_of(via_context, "c") == 6
+
+
+async def test_a_change_made_before_the_first_snapshot_is_recorded() -> None:
+    async with quiet() as runtime:
+        counter = runtime.add(Counter("c"))
+        counter.state.count = 3  # registered, and never recorded yet
+        snapshot = await runtime.snapshot()
+    assert count_of(snapshot, "c") == 3
+
+
+async def test_an_agent_added_later_is_recorded(encoded: list[str]) -> None:
+    async with quiet() as runtime:
+        runtime.add(Counter("c"))
+        await runtime.snapshot()
+        encoded.clear()
+        runtime.add(Counter("late", CountState(count=9)))
+        snapshot = await runtime.snapshot()
+    assert encoded == ["late"]
+    assert count_of(snapshot, "late") == 9
+
+
+async def test_a_rollback_and_on_rollback_are_recorded(encoded: list[str]) -> None:
+    async with quiet() as runtime:
+        runtime.add(Rollbacker("r"))
+        counter = runtime.add(Counter("c"))
+        runtime.send("r", {})
+        runtime.send("c", {})
+        await runtime.run_until_idle()
+        cut = await runtime.snapshot()
+        counter.state.count = 50
+        runtime.mark_changed("c")
+        before = await runtime.snapshot()
+        await runtime.rollback(cut.id, reason="again")
+        encoded.clear()
+        after = await runtime.snapshot()
+    assert sorted(encoded) == ["c", "r"]  # restored states are encoded again
+    assert count_of(before, "c") == 50
+    assert count_of(after, "r") == count_of(after, "c") == 1
+    assert after.agents["r"].state["note"] == "rolled back: again"
+    assert after.agents["c"].state_hash == cut.agents["c"].state_hash
+
+
+@tool
+async def lookup(query: str) -> str:
+    return f"found {query}"
+
+
+async def test_a_tool_called_outside_handlers_is_recorded() -> None:
+    async with quiet() as runtime:
+        runtime.add(Counter("c"))
+        await runtime.snapshot()
+        await lookup(runtime.context("c"), query="x")
+        snapshot = await runtime.snapshot()
+    calls = snapshot.agents["c"].state["tool_calls"]
+    assert isinstance(calls, list)
+    (call,) = calls
+    assert isinstance(call, dict)
+    assert call["status"] == "ok"
+    assert call["result"] == "found x"
+
+
+class MaybeNumber(AgentState):
+    value: float | None = None
+
+
+async def test_a_nan_where_none_was_recorded_fails_the_snapshot_and_is_never_stored_as_none() -> (
+    None
+):
+    """orjson writes NaN as null; a state whose field held None before must not pass as null."""
+    from agentsnap.exceptions import SnapshotFailed
+
+    class Holder(Agent[MaybeNumber]):
+        async def handle(self, message: Message, ctx: Context[MaybeNumber]) -> None:
+            self.state.value = float("nan")
+
+    async with Runtime() as runtime:
+        runtime.add(Holder("holder"))
+        await runtime.snapshot()  # records value=None, verified
+        runtime.send("holder", 1)
+        await runtime.run_until_idle()
+        with pytest.raises(SnapshotFailed, match="holder"):
+            await runtime.snapshot()
