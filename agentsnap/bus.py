@@ -361,8 +361,9 @@ class Bus:
         self.scheduler = scheduler
         self.transport: Transport = transport if transport is not None else LocalTransport()
         self._notify = scheduler.notify
-        # One observer, or several behind one: the hot paths check a single None.
-        self._observer: BusObserver | None = None
+        self.observer: BusObserver | None = None
+        """Who sees the traffic: one observer, or several behind one object, so the hot
+        paths check a single ``None``. Change it with ``observe`` and ``unobserve``."""
         self._observers: list[BusObserver] = []
         self.replay_stalled: Callable[[], None] = self.abandon_replay
         # Message kinds already checked (check_kind): a send pays one set lookup.
@@ -371,9 +372,7 @@ class Bus:
     def observe(self, observer: BusObserver) -> None:
         """Have ``observer`` see every message sent and delivered from now on."""
         self._observers.append(observer)
-        self._observer = (
-            observer if len(self._observers) == 1 else _Observers(list(self._observers))
-        )
+        self.observer = observer if len(self._observers) == 1 else _Observers(list(self._observers))
 
     def unobserve(self, observer: BusObserver) -> None:
         """Stop showing the traffic to ``observer``."""
@@ -381,9 +380,9 @@ class Bus:
             self._observers.remove(observer)
         observers = self._observers
         if not observers:
-            self._observer = None
+            self.observer = None
         else:
-            self._observer = observers[0] if len(observers) == 1 else _Observers(list(observers))
+            self.observer = observers[0] if len(observers) == 1 else _Observers(list(observers))
 
     def replaying(self) -> bool:
         """Whether some process still follows a replay plan."""
@@ -467,7 +466,7 @@ class Bus:
         message: Message = _new_message(
             Message, (sender.name, dst, seq, kind, payload, headers, sender.epoch)
         )
-        observer = self._observer
+        observer = self.observer
         if observer is not None:
             message = observer.on_send(channel, message)
         if not post:
@@ -490,7 +489,7 @@ class Bus:
         """Make a message built with ``send(..., post=False)`` visible to its receiver."""
         channel = sender.outgoing[message.dst]
         channel.append(message)
-        observer = self._observer
+        observer = self.observer
         if observer is not None:
             observer.on_enqueue(channel, message)
         self._notify(channel)
@@ -513,7 +512,7 @@ class Bus:
         only from here, so that a snapshot it records in between does not count it.
         """
         channel.delivered += 1
-        observer = self._observer
+        observer = self.observer
         if observer is not None:
             observer.on_deliver(channel, message)
 
