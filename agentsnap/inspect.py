@@ -108,7 +108,7 @@ async def write_export(
     *,
     indent: int | None = None,
     ledger: Ledger | None = None,
-    page: int = 100,
+    page: int = 20,
 ) -> None:
     """Write ``export_run``'s document as JSON text, reading the run a page at a time.
 
