@@ -15,10 +15,11 @@ at the end).
 * ``export_rss_1e5_vs_1e4``: the peak resident memory of ``agentsnap export RUN -o
   /dev/null`` on a run of M = 100,000 messages and 200 snapshots, over that on a run of
   M = 10,000 messages and 20 snapshots (each snapshot has up to 500 messages in flight).
-  Each export runs the CLI in a new Python process, which reports
-  its own ``resource.getrusage`` maximum resident set size; the process's baseline (Python,
-  SQLAlchemy, agentsnap) is in both. An export holding the whole run grows with it; a
-  streaming one stays near 1. Target: at most 2.
+  Each export runs the CLI in a new Python process, which reports its own peak resident
+  set size (``VmHWM`` of ``/proc/self/status`` on Linux, where ``resource.getrusage``
+  would carry this process's peak over; ``ru_maxrss`` elsewhere); the process's baseline
+  (Python, SQLAlchemy, agentsnap) is in both. An export holding the whole run grows with
+  it; a streaming one stays near 1. Target: at most 2.
 
 Each ratio is measured in one run of this program: rounds (7, or 3 with ``--quick``) time
 both sides one after the other, in an order flipped every round; the figure is the median
@@ -55,13 +56,19 @@ EXPORT_STEP = 500  # messages per snapshot: the longer run has more of both
 TARGETS = {"timeline_s400_vs_s100_max": 1.5, "export_rss_1e5_vs_1e4_max": 2.0}
 
 # The child that exports: the CLI itself, then its own peak resident set, on standard error.
+# Linux carries the parent's peak over into ru_maxrss across fork and exec, so the peak of
+# the child's own memory is read from /proc (VmHWM) where there is one.
 _EXPORT = """
 import resource, sys
 from agentsnap.cli import main
+main(sys.argv[1:], standalone_mode=False)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
-    main(sys.argv[1:], standalone_mode=False)
-finally:
-    print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+    with open("/proc/self/status") as status:
+        peak = next(int(li.split()[1]) for li in status if li.startswith("VmHWM:"))
+except OSError:
+    pass
+print("maxrss_kb", peak, file=sys.stderr)
 """
 
 
