@@ -369,18 +369,20 @@ def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
     RUN_ID may be a unique prefix of the id. The document's keys are described in the
     documentation (reference/export).
     """
-    from agentsnap.inspect import export_run, resolve_run  # noqa: PLC0415
+    from agentsnap.inspect import resolve_run, write_export  # noqa: PLC0415
 
-    async def query(store: SqlStore) -> dict[str, Any]:
+    async def query(store: SqlStore) -> None:
         run = await resolve_run(store, run_id)
-        return await export_run(store, run.id)
+        count = (await store.snapshot_counts()).get(run.id, 0)
+        steps.next(f"writing {count} snapshots")
+        # Written as it is read, a page of snapshots at a time, so that a long run's
+        # export holds little in memory.
+        await write_export(store, run.id, output.write, indent=indent)
+        output.write("\n")
 
     with _Steps("export", 2) as steps:
         steps.next(f"reading run {run_id}")
-        document = _read(db, query)
-        steps.next(f"writing {len(document['snapshots'])} snapshots")
-        json.dump(document, output, indent=indent, ensure_ascii=False)
-        output.write("\n")
+        _read(db, query)
 
 
 @main.command()

@@ -27,11 +27,13 @@ The export document is described, key by key, in ``docs/reference/export.md``.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentsnap.exceptions import NotFoundError
 from agentsnap.fork import fork_snapshot
-from agentsnap.journal import read_journal
+from agentsnap.journal import JournalReader, read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
 from agentsnap.limits import check_run_id
 from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
@@ -39,7 +41,7 @@ from agentsnap.store.graph import GraphCheckpointIndex
 from agentsnap.store.ledger import ledger_for
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
+    from collections.abc import Callable, Collection, Mapping
     from datetime import datetime
 
     from agentsnap.ledger import Ledger, LedgerEntry
@@ -65,6 +67,7 @@ __all__ = [
     "show_snapshot",
     "snapshots_table",
     "tool_calls_table",
+    "write_export",
 ]
 
 EXPORT_FORMAT = 1
@@ -96,6 +99,92 @@ async def export_run(store: Store, run_id: str, ledger: Ledger | None = None) ->
     if segments:
         document["messages"] = [_message(m) for m in read_journal(segments)]
     return document
+
+
+async def write_export(
+    store: Store,
+    run_id: str,
+    write: Callable[[str], object],
+    *,
+    indent: int | None = None,
+    ledger: Ledger | None = None,
+    page: int = 20,
+) -> None:
+    """Write ``export_run``'s document as JSON text, reading the run a page at a time.
+
+    ``write`` is given the text piece by piece; put together, it is exactly what
+    ``json.dump(await export_run(store, run_id, ledger), file, indent=indent,
+    ensure_ascii=False)`` writes. Snapshots are read ``page`` at a time and the journal a
+    few segments at a time (see [`JournalReader`][agentsnap.journal.JournalReader]), so
+    what is held does not grow with the run, bar 16 bytes a journaled message. The journal
+    is read through, and checked, before anything is written.
+
+    Raises:
+        NotFoundError: The store holds no such run.
+        ValueError: A journal segment is not in the journal's format.
+    """
+    run = await store.get_run(run_id)
+    journal = JournalReader(store, run_id)
+    await journal.index()
+    rollbacks = [_rollback(r) for r in await store.list_rollbacks(run_id)]
+    tool_calls = [_tool_call(entry) for entry in await _ledger_calls(store, run_id, ledger)]
+
+    async def snapshots() -> AsyncIterator[dict[str, Any]]:
+        after = 0
+        while True:
+            found = await store.list_snapshots_page(run_id, after_seq=after, limit=page)
+            for snapshot in found:
+                yield _snapshot(snapshot)
+            if len(found) < page:
+                return
+            after = found[-1].seq
+
+    async def messages() -> AsyncIterator[dict[str, Any]]:
+        async for message in journal.messages():
+            yield _message(message)
+
+    parts: list[tuple[str, Any]] = [
+        ("format", EXPORT_FORMAT),
+        ("run", _run(run)),
+        ("snapshots", snapshots()),
+        ("rollbacks", rollbacks),
+        ("tool_calls", tool_calls),
+    ]
+    if journal.segments:
+        parts.append(("messages", messages()))
+    await _write_object(write, parts, indent)
+
+
+async def _write_object(
+    write: Callable[[str], object], parts: list[tuple[str, Any]], indent: int | None
+) -> None:
+    """Write an object as ``json.dump`` would, its async iterators as arrays."""
+    # What opens each level's first item, and what comes between two items.
+    if indent is None:
+        first = [""] * 3
+        between = [", "] * 3
+    else:
+        first = ["\n" + " " * (indent * level) for level in range(3)]
+        between = ["," + lead for lead in first]
+
+    def encode(value: object, level: int) -> str:
+        text = json.dumps(value, indent=indent, ensure_ascii=False)
+        # JSON text holds no raw newline but those indenting adds: shift them to the level.
+        return text.replace("\n", first[level]) if indent else text
+
+    write("{")
+    for number, (key, value) in enumerate(parts):
+        write((between[1] if number else first[1]) + json.dumps(key, ensure_ascii=False) + ": ")
+        if not isinstance(value, AsyncIterator):
+            write(encode(value, 1))
+            continue
+        count = 0
+        async for element in value:
+            write(between[2] if count else "[" + first[2])
+            write(encode(element, 2))
+            count += 1
+        write(first[1] + "]" if count else "[]")
+    write(first[0] + "}" if parts else "}")
 
 
 async def _ledger_calls(store: Store, run_id: str, ledger: Ledger | None) -> list[LedgerEntry]:
@@ -301,6 +390,7 @@ async def snapshots_table(store: Store, run_prefix: str) -> list[dict[str, Any]]
 
     A snapshot found damaged in the store has status ``"damaged"``, ``"error"`` saying what
     is wrong and ``"damaged_agents"`` the processes whose part is missing or unreadable.
+    Read from the store's summaries (``list_snapshot_summaries``): no snapshot is built.
 
     Raises:
         NotFoundError: No such run, or the prefix is ambiguous.
@@ -315,12 +405,12 @@ async def snapshots_table(store: Store, run_prefix: str) -> list[dict[str, Any]]
             "initiator": s.initiator,
             "started_at": _time(s.started_at),
             "completed_at": _time(s.completed_at),
-            "agents": sorted(s.agents),
-            "in_flight": sum(len(c.messages) for c in s.channels),
+            "agents": list(s.agents),
+            "in_flight": s.in_flight,
             "error": s.error,
             "damaged_agents": list(s.damaged_agents),
         }
-        for s in await store.list_snapshots(run.id)
+        for s in await store.list_snapshot_summaries(run.id)
     ]
 
 

@@ -67,6 +67,7 @@ from agentsnap.records import (
     RecordedMessage,
     Snapshot,
     SnapshotStatus,
+    SnapshotSummary,
 )
 from agentsnap.state import content_hash
 
@@ -117,7 +118,10 @@ class SnapshotReader:
     once, however many cuts share it.
     """  # noqa: D205
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_states: bool = True) -> None:
+        # Without keep_states, a state is checked as soon as it is given and let go: the
+        # snapshots read back then hold empty states, good for summaries only.
+        self._keep = keep_states
         self._blobs: dict[str, str] = {}
         # Per state hash, what is wrong with the state, or None: checked once.
         self._verdicts: dict[str, str | None] = {}
@@ -132,7 +136,10 @@ class SnapshotReader:
 
     def blob(self, state_hash: str, state: str) -> None:
         """A state the store holds under ``state_hash``."""
-        self._blobs[state_hash] = state
+        if self._keep:
+            self._blobs[state_hash] = state
+        elif state_hash not in self._verdicts:
+            self._verdicts[state_hash] = _state_problem(state_hash, state)
 
     def unreadable(self, state_hash: str, problem: str) -> None:
         """A state the store holds under ``state_hash`` but cannot rebuild, and why.
@@ -176,7 +183,7 @@ class SnapshotReader:
             self._broken.setdefault(snapshot_id, set()).add(agent)
             return
         self._cuts.setdefault(snapshot_id, {})[agent] = AgentCut(
-            state_json=self._blobs[state_hash],
+            state_json=self._blobs[state_hash] if self._keep else "",
             state_hash=state_hash,
             sent=counters[0],
             received=counters[1],
@@ -271,28 +278,34 @@ class SnapshotReader:
             }
         )
 
+    def summary(self, row: Mapping[str, Any]) -> SnapshotSummary:
+        """The summary of the snapshot of a snapshot row (as ``snapshot``, then summed up)."""
+        return SnapshotSummary.of(self.snapshot(row))
+
     def _state_problem(self, state_hash: str) -> str | None:
         if state_hash in self._verdicts:
             return self._verdicts[state_hash]
-        text = self._blobs.get(state_hash)
-        problem: str | None = None
-        if text is None:
-            problem = f"is missing (the store holds no state blob {state_hash[:12]})"
-        else:
-            try:
-                value = json.loads(text)
-            except ValueError as exc:
-                problem = f"is not JSON ({exc})"
-            else:
-                if not isinstance(value, dict):
-                    problem = f"is a JSON {_json_type(value)}, not an object"
-                elif content_hash(text) != state_hash:
-                    problem = (
-                        f"does not match its hash {state_hash[:12]} (the state blob was changed "
-                        "after it was written)"
-                    )
+        problem = _state_problem(state_hash, self._blobs.get(state_hash))
         self._verdicts[state_hash] = problem
         return problem
+
+
+def _state_problem(state_hash: str, text: str | None) -> str | None:
+    """What is wrong with the state stored under ``state_hash`` (``None``: nothing)."""
+    if text is None:
+        return f"is missing (the store holds no state blob {state_hash[:12]})"
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return f"is not JSON ({exc})"
+    if not isinstance(value, dict):
+        return f"is a JSON {_json_type(value)}, not an object"
+    if content_hash(text) != state_hash:
+        return (
+            f"does not match its hash {state_hash[:12]} (the state blob was changed "
+            "after it was written)"
+        )
+    return None
 
 
 def _counters(text: str | None) -> dict[str, int] | None:

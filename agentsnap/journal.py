@@ -33,25 +33,27 @@ dies is lost (the snapshots, not the journal, are what a run is recovered from).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 import time
+from array import array
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.records import JournalMessage, JournalSegment
 from agentsnap.state import compact_json
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import AsyncIterator, Iterable, Sequence
 
     from agentsnap.bus import Bus, Channel
     from agentsnap.messages import Message
     from agentsnap.store import Store
 
-__all__ = ["Journal", "read_journal"]
+__all__ = ["Journal", "JournalReader", "read_journal"]
 
 logger = logging.getLogger("agentsnap.journal")
 
@@ -248,6 +250,45 @@ def _column(columns: dict[str, Any], name: str, count: int) -> list[Any]:
     return [value] * count
 
 
+class _Decoded(NamedTuple):
+    """A segment's columns, one value per event."""
+
+    seqs: list[Any]
+    at: list[Any]
+    kinds: list[Any]
+    payloads: list[Any]
+    epochs: list[Any]
+    headers: dict[str, Any]
+
+
+def _decode(segment: JournalSegment) -> _Decoded:
+    """The columns of a segment (a delivery segment's kinds, payloads and epochs are empty).
+
+    Raises:
+        ValueError: The segment is not in the journal's format.
+    """
+    where = f"journal segment {segment.event} {segment.src}>{segment.dst}"
+    try:
+        columns = json.loads(segment.entries)
+        at = columns["at"]
+        count = len(at)
+        seqs = _column(columns, "seq", count)
+        if segment.event == "send":
+            return _Decoded(
+                seqs,
+                at,
+                _column(columns, "kind", count),
+                _column(columns, "payload", count),
+                _column(columns, "epoch", count),
+                columns.get("headers", {}),
+            )
+        if segment.event != "deliver":
+            raise ValueError(f"unknown event {segment.event!r}")
+        return _Decoded(seqs, at, [], [], [], {})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{where} is damaged: {exc}") from exc
+
+
 def read_journal(segments: Iterable[JournalSegment]) -> list[JournalMessage]:
     """Turn journal segments (in the order they were written) into messages, in send order.
 
@@ -264,23 +305,9 @@ def read_journal(segments: Iterable[JournalSegment]) -> list[JournalMessage]:
     messages: list[dict[str, Any]] = []
     sends: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for segment in segments:
-        where = f"journal segment {segment.event} {segment.src}>{segment.dst}"
-        try:
-            columns = json.loads(segment.entries)
-            at = columns["at"]
-            count = len(at)
-            seqs = _column(columns, "seq", count)
-            if segment.event == "send":
-                kinds = _column(columns, "kind", count)
-                payloads = _column(columns, "payload", count)
-                epochs = _column(columns, "epoch", count)
-                headers = columns.get("headers", {})
-            elif segment.event != "deliver":
-                raise ValueError(f"unknown event {segment.event!r}")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{where} is damaged: {exc}") from exc
+        seqs, at, kinds, payloads, epochs, headers = _decode(segment)
         if segment.event == "send":
-            for i in range(count):
+            for i in range(len(at)):
                 message = {
                     "src": segment.src,
                     "dst": segment.dst,
@@ -309,3 +336,142 @@ def read_journal(segments: Iterable[JournalSegment]) -> list[JournalMessage]:
     # stable, so each channel keeps its own order even where the clock ticked too coarsely).
     messages.sort(key=lambda message: message["sent_at"])
     return [JournalMessage.model_validate(message) for message in messages]
+
+
+_UNDELIVERED = -(2**63)
+
+
+class JournalReader:
+    """A run's journal read from the store a page at a time, in the order ``read_journal``
+    gives, holding a few numbers per message rather than the messages.
+
+    [`index`][agentsnap.journal.JournalReader.index] reads the journal once, checks every
+    segment, matches deliveries with sends and notes, per send, its time and when it was
+    delivered (16 bytes a message); [`messages`][agentsnap.journal.JournalReader.messages]
+    then reads it again and yields the messages sorted by the time they were sent, keeping
+    only those sent out of order until every earlier one has come (with one flush of the
+    journal at a time, a flush's worth).
+
+    Example:
+        ```python
+        reader = JournalReader(store, run_id)
+        if await reader.index():
+            async for message in reader.messages():
+                print(message.src, message.dst, message.seq)
+        ```
+
+    Args:
+        store: The store holding the run.
+        run_id: The run.
+        page: How many segments to read at a time.
+
+    Attributes:
+        segments: How many segments ``index`` read (the run kept a journal if any).
+    """  # noqa: D205
+
+    def __init__(self, store: Store, run_id: str, *, page: int = 100) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._page = page
+        self._end = 0  # position of the last segment indexed
+        self.segments = 0
+        self._sent = array("q")  # per send, in journal order: microseconds since the epoch
+        self._delivered = array("q")  # when it was delivered, or _UNDELIVERED
+        self._floor = array("q")  # the earliest send time from this send on
+
+    async def _pages(self, end: int | None = None) -> AsyncIterator[list[JournalSegment]]:
+        after = 0
+        while True:
+            page = await self._store.load_journal_page(self._run_id, after=after, limit=self._page)
+            if end is not None:
+                page = [(position, found) for position, found in page if position <= end]
+            if not page:
+                return
+            after = page[-1][0]
+            if end is None:
+                self._end = after
+            yield [found for _, found in page]
+            if len(page) < self._page:
+                return
+
+    async def index(self) -> int:
+        """Read the journal through once; how many messages it holds.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+            ValueError: A segment is not in the journal's format.
+        """
+        sent = self._sent = array("q")
+        delivered = self._delivered = array("q")
+        # The sends not delivered yet, by channel and number, in journal order.
+        waiting: dict[tuple[str, str, int], list[int]] = {}
+        self.segments = 0
+        async for segments in self._pages():
+            self.segments += len(segments)
+            for segment in segments:
+                seqs, at, _, _, _, _ = _decode(segment)
+                src, dst = segment.src, segment.dst
+                if segment.event == "send":
+                    for seq, when in zip(seqs, at, strict=True):
+                        waiting.setdefault((src, dst, seq), []).append(len(sent))
+                        sent.append(when)
+                        delivered.append(_UNDELIVERED)
+                    continue
+                for seq, when in zip(seqs, at, strict=True):
+                    key = (src, dst, seq)
+                    ordinals = waiting.get(key)
+                    if not ordinals:
+                        continue
+                    # The latest send made before the delivery, else the latest one.
+                    chosen = len(ordinals) - 1
+                    for i in range(len(ordinals) - 1, -1, -1):
+                        if sent[ordinals[i]] <= when:
+                            chosen = i
+                            break
+                    delivered[ordinals.pop(chosen)] = when
+                    if not ordinals:
+                        del waiting[key]
+        floor = self._floor = array("q", sent)
+        for i in range(len(floor) - 2, -1, -1):
+            floor[i] = min(floor[i], floor[i + 1])
+        return len(sent)
+
+    async def messages(self) -> AsyncIterator[JournalMessage]:
+        """The messages indexed, in send order (call ``index`` first)."""
+        floor = self._floor
+        delivered = self._delivered
+        count = len(floor)
+        held: list[tuple[int, int, JournalMessage]] = []
+        ordinal = 0
+        async for segments in self._pages(self._end):
+            for segment in segments:
+                if segment.event != "send":
+                    continue
+                seqs, at, kinds, payloads, epochs, headers = _decode(segment)
+                for i in range(len(at)):
+                    if ordinal >= count:
+                        break
+                    when = delivered[ordinal]
+                    message = JournalMessage.model_validate(
+                        {
+                            "src": segment.src,
+                            "dst": segment.dst,
+                            "seq": seqs[i],
+                            "kind": kinds[i],
+                            "payload": payloads[i],
+                            "headers": headers.get(str(i), {}),
+                            "epoch": epochs[i],
+                            "sent_at": _EPOCH + timedelta(microseconds=at[i]),
+                            "delivered_at": None
+                            if when == _UNDELIVERED
+                            else _EPOCH + timedelta(microseconds=when),
+                        }
+                    )
+                    heapq.heappush(held, (at[i], ordinal, message))
+                    ordinal += 1
+                    # Every message still to come was sent at or after ``floor[ordinal]``.
+                    coming = floor[ordinal] if ordinal < count else None
+                    while held and (coming is None or held[0][0] <= coming):
+                        yield heapq.heappop(held)[2]
+        while held:
+            yield heapq.heappop(held)[2]

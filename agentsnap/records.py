@@ -34,6 +34,7 @@ __all__ = [
     "RunStatus",
     "Snapshot",
     "SnapshotStatus",
+    "SnapshotSummary",
     "utcnow",
 ]
 
@@ -200,6 +201,57 @@ class Snapshot(BaseModel):
             if channel.src == src and channel.dst == dst:
                 return list(channel.messages)
         return []
+
+
+class SnapshotSummary(BaseModel):
+    """A snapshot as a listing shows it: what it is and how much it holds, without its states.
+
+    A store lists these (``list_snapshot_summaries``) without building the snapshots: its
+    status is the one the whole snapshot would have when read (``damaged`` with the same
+    ``error`` and ``damaged_agents``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    """Snapshot id."""
+    run_id: str
+    """The run the snapshot belongs to."""
+    seq: int
+    """Number of the snapshot within its run."""
+    initiator: str
+    """Who started it."""
+    status: SnapshotStatus
+    """Complete, failed, or damaged."""
+    started_at: datetime
+    """When it was initiated."""
+    completed_at: datetime | None = None
+    """When the last channel was recorded."""
+    error: str | None = None
+    """Why it failed, or what is wrong with it (as ``Snapshot.error``)."""
+    agents: list[str] = Field(default_factory=list)
+    """The processes whose part it holds (read intact), sorted."""
+    in_flight: int = 0
+    """How many messages were in flight at the cut (those that could be read)."""
+    damaged_agents: list[str] = Field(default_factory=list)
+    """As ``Snapshot.damaged_agents``."""
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> SnapshotSummary:
+        """The summary of a whole snapshot."""
+        return cls(
+            id=snapshot.id,
+            run_id=snapshot.run_id,
+            seq=snapshot.seq,
+            initiator=snapshot.initiator,
+            status=snapshot.status,
+            started_at=snapshot.started_at,
+            completed_at=snapshot.completed_at,
+            error=snapshot.error,
+            agents=sorted(snapshot.agents),
+            in_flight=sum(len(channel.messages) for channel in snapshot.channels),
+            damaged_agents=list(snapshot.damaged_agents),
+        )
 
 
 class AgentVersion(BaseModel):

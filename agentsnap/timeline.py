@@ -48,11 +48,14 @@ from agentsnap.journal import read_journal
 from agentsnap.records import SnapshotStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from agentsnap.records import JournalMessage, RollbackInfo, RunInfo, Snapshot
     from agentsnap.store import Store
 
 __all__ = [
     "FORMATS",
+    "JournalIndex",
     "Timeline",
     "load_timeline",
     "recording_times",
@@ -127,8 +130,32 @@ def render(timeline: Timeline, suffix: str, *, max_messages: int = 1000) -> str:
 # --- Where each process recorded ----------------------------------------------------------
 
 
+class JournalIndex:
+    """A run's journal indexed by channel and sequence number, built once for every cut.
+
+    Maps ``(src, dst, seq)`` to the times of the sends and of the deliveries of that number
+    (a rollback reuses numbers, so there may be several of each), in journal order.
+    """
+
+    __slots__ = ("deliveries", "sends")
+
+    def __init__(self, messages: Iterable[JournalMessage]) -> None:
+        self.sends: dict[tuple[str, str, int], list[datetime]] = defaultdict(list)
+        self.deliveries: dict[tuple[str, str, int], list[datetime]] = defaultdict(list)
+        for message in messages:
+            self.sends[message.src, message.dst, message.seq].append(message.sent_at)
+            if message.delivered_at is not None:
+                self.deliveries[message.src, message.dst, message.seq].append(message.delivered_at)
+
+
+_NONE: list[datetime] = []
+
+
 def recording_times(
-    snapshot: Snapshot, messages: list[JournalMessage] | None
+    snapshot: Snapshot,
+    messages: list[JournalMessage] | None,
+    *,
+    index: JournalIndex | None = None,
 ) -> dict[str, tuple[datetime, bool]]:
     """When each process of ``snapshot`` recorded, and whether the journal says so.
 
@@ -139,30 +166,34 @@ def recording_times(
     earliest such time, as markers travel fast). When
     the journal does not bound it, the time is approximated from the snapshot (the second
     item is then ``False``).
+
+    Args:
+        snapshot: The snapshot.
+        messages: The run's journal, ``None`` when it kept none.
+        index: ``JournalIndex(messages)``, when placing several snapshots of the run: built
+            once, it makes each call cost the size of the cut rather than of the journal.
     """
     start = snapshot.started_at
     end = snapshot.completed_at or start
     end = max(end, start)
     result: dict[str, tuple[datetime, bool]] = {}
-    sends: dict[tuple[str, str, int], list[datetime]] = defaultdict(list)
-    deliveries: dict[tuple[str, str, int], list[datetime]] = defaultdict(list)
-    for message in messages or []:
-        sends[message.src, message.dst, message.seq].append(message.sent_at)
-        if message.delivered_at is not None:
-            deliveries[message.src, message.dst, message.seq].append(message.delivered_at)
+    if messages is not None and index is None:
+        index = JournalIndex(messages)
     for name, cut in snapshot.agents.items():
         approx = start
-        if messages is None:
+        if index is None:
             result[name] = (approx, False)
             continue
+        sends = index.sends
+        deliveries = index.deliveries
         before: list[list[datetime]] = []
         after: list[list[datetime]] = []
         for src, count in cut.received.items():
-            before.append(deliveries.get((src, name, count), []) if count else [])
-            after.append(deliveries.get((src, name, count + 1), []))
+            before.append(deliveries.get((src, name, count), _NONE) if count else _NONE)
+            after.append(deliveries.get((src, name, count + 1), _NONE))
         for dst, count in cut.sent.items():
-            before.append(sends.get((name, dst, count), []) if count else [])
-            after.append(sends.get((name, dst, count + 1), []))
+            before.append(sends.get((name, dst, count), _NONE) if count else _NONE)
+            after.append(sends.get((name, dst, count + 1), _NONE))
         # Sequence numbers repeat after a rollback: take the latest event before the
         # snapshot ended as the lower bound, and the first one after that as the upper.
         lows = [max((t for t in times if t <= end), default=None) for times in before]
@@ -415,9 +446,10 @@ def render_svg(
 
     # Cuts.
     add('<g class="cuts">')
+    journal = None if timeline.messages is None else JournalIndex(timeline.messages)
     for snapshot in timeline.snapshots:
         complete = snapshot.status == SnapshotStatus.COMPLETE
-        points = recording_times(snapshot, timeline.messages)
+        points = recording_times(snapshot, timeline.messages, index=journal)
         placed = sorted(
             ((lane[name], scale.x(when), derived) for name, (when, derived) in points.items()),
         )

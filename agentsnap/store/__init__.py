@@ -29,6 +29,7 @@ from agentsnap.records import (
     RunLease,
     RunStatus,
     Snapshot,
+    SnapshotSummary,
 )
 from agentsnap.store.memory import MemoryStore
 
@@ -149,6 +150,32 @@ class Store(Protocol):
         (see [`agentsnap.integrity`][agentsnap.integrity]); so does ``load_snapshot``.
         """
 
+    async def list_snapshots_page(
+        self, run_id: str, *, after_seq: int = 0, limit: int = 100
+    ) -> list[Snapshot]:
+        """The run's snapshots numbered after ``after_seq``, at most ``limit``, by number.
+
+        A page of ``list_snapshots``, read alike (damage reported the same way): a reader
+        walks a long run from ``after_seq=0``, passing the last number it got, and never
+        holds more than a page.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+            ConfigurationError: ``limit`` is less than 1.
+        """
+
+    async def list_snapshot_summaries(self, run_id: str) -> list[SnapshotSummary]:
+        """What a listing shows of each snapshot of a run, in the order they were started.
+
+        Each summary has the status, ``error`` and ``damaged_agents`` the whole snapshot
+        would have, and counts its agents and messages in flight; no snapshot is assembled
+        and no state is kept (an SQL store reads each distinct state once, to check it, and
+        lets it go).
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
     async def snapshot_counts(self) -> dict[str, int]:
         """How many snapshots (complete or failed) each run has, by run id.
 
@@ -187,6 +214,21 @@ class Store(Protocol):
         Raises:
             NotFoundError: The store holds no such run.
         """
+
+    async def load_journal_page(
+        self, run_id: str, *, after: int = 0, limit: int = 1000
+    ) -> list[tuple[int, JournalSegment]]:
+        """A page of a run's journal: at most ``limit`` segments appended after position
+        ``after``, in append order, each with its position.
+
+        Positions grow in append order (not necessarily by one); pass the last one read as
+        ``after`` for the next page, ``0`` for the first. A page shorter than ``limit`` is
+        the last, for now.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+            ConfigurationError: ``limit`` is less than 1.
+        """  # noqa: D205
 
     async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:
         """Append a segment to a run's replay log, durably, after the ones already there.

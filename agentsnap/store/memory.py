@@ -6,7 +6,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Literal
 
-from agentsnap.exceptions import NotFoundError, StoreError
+from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.integrity import agent_versions
 from agentsnap.liveness import lost, owner_gone, owner_is_live
 from agentsnap.records import (
@@ -20,6 +20,7 @@ from agentsnap.records import (
     RunLease,
     RunStatus,
     Snapshot,
+    SnapshotSummary,
     utcnow,
 )
 from agentsnap.store._run_filter import run_filter
@@ -152,10 +153,22 @@ class MemoryStore:
         return sorted(i for i in ids if i.startswith(prefix))[:limit]
 
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:  # noqa: D102
+        return self._of_run(run_id)
+
+    def _of_run(self, run_id: str) -> list[Snapshot]:
         ids = self._by_run.get(run_id)
         if ids is None:
             raise NotFoundError("run", run_id)
         return sorted((self._snapshots[i] for i in ids), key=lambda s: s.seq)
+
+    async def list_snapshots_page(  # noqa: D102
+        self, run_id: str, *, after_seq: int = 0, limit: int = 100
+    ) -> list[Snapshot]:
+        _check_limit(limit)
+        return [s for s in self._of_run(run_id) if s.seq > after_seq][:limit]
+
+    async def list_snapshot_summaries(self, run_id: str) -> list[SnapshotSummary]:  # noqa: D102
+        return [SnapshotSummary.of(s) for s in self._of_run(run_id)]
 
     async def snapshot_counts(self) -> dict[str, int]:  # noqa: D102
         return {run_id: len(ids) for run_id, ids in self._by_run.items() if ids}
@@ -196,6 +209,17 @@ class MemoryStore:
         if run_id not in self._runs:
             raise NotFoundError("run", run_id)
         return list(self._journals.get(run_id, ()))
+
+    async def load_journal_page(  # noqa: D102
+        self, run_id: str, *, after: int = 0, limit: int = 1000
+    ) -> list[tuple[int, JournalSegment]]:
+        if run_id not in self._runs:
+            raise NotFoundError("run", run_id)
+        _check_limit(limit)
+        # A segment's position is its index in the journal, from 1.
+        start = max(after, 0)
+        segments = self._journals.get(run_id, [])[start : start + limit]
+        return [(start + i, segment) for i, segment in enumerate(segments, 1)]
 
     async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:  # noqa: D102
         if run_id not in self._runs:
@@ -258,3 +282,8 @@ class MemoryStore:
 
     async def close(self) -> None:  # noqa: D102
         return None
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 1:
+        raise ConfigurationError(f"a page holds at least 1 item, not {limit}")

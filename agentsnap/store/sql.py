@@ -44,7 +44,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from agentsnap.exceptions import NotFoundError, StoreError
+from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.integrity import SnapshotReader, agent_versions
 from agentsnap.liveness import lost, owner_gone, owner_is_live
 from agentsnap.records import (
@@ -58,6 +58,7 @@ from agentsnap.records import (
     RunStatus,
     Snapshot,
     SnapshotStatus,
+    SnapshotSummary,
     utcnow,
 )
 from agentsnap.state import compact_json
@@ -90,6 +91,7 @@ T = TypeVar("T")
 _dumps = compact_json
 _KNOWN_BLOBS_MAX = 100_000
 _KNOWN_CHUNKS_MAX = 100_000
+_PAGE = 500  # snapshots whose parts are read in one query
 _plain_name = re.compile(r"[\w.$-]*").fullmatch
 
 
@@ -719,6 +721,45 @@ class SqlStore:
             ).all()
             return await self._assemble(conn, [row._mapping for row in rows])
 
+    @_retried("list snapshots")
+    async def list_snapshots_page(  # noqa: D102
+        self, run_id: str, *, after_seq: int = 0, limit: int = 100
+    ) -> list[Snapshot]:
+        _check_limit(limit)
+        await self._gate.wait()
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows = (
+                await conn.execute(
+                    select(_snapshots)
+                    .where(_snapshots.c.run_id == run_id, _snapshots.c.seq > after_seq)
+                    .order_by(_snapshots.c.seq)
+                    .limit(limit)
+                )
+            ).all()
+            return await self._assemble(conn, [row._mapping for row in rows])
+
+    @_retried("list snapshots")
+    async def list_snapshot_summaries(self, run_id: str) -> list[SnapshotSummary]:  # noqa: D102
+        await self._gate.wait()
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows = (
+                await conn.execute(
+                    select(_snapshots)
+                    .where(_snapshots.c.run_id == run_id)
+                    .order_by(_snapshots.c.seq)
+                )
+            ).all()
+            # Each distinct state is read once, checked, and let go.
+            reader = SnapshotReader(keep_states=False)
+            summaries: list[SnapshotSummary] = []
+            for start in range(0, len(rows), _PAGE):
+                page: list[Any] = [row._mapping for row in rows[start : start + _PAGE]]
+                await self._read_parts(conn, reader, [row["id"] for row in page])
+                summaries.extend(reader.summary(row) for row in page)
+            return summaries
+
     @_retried("count snapshots")
     async def snapshot_counts(self) -> dict[str, int]:  # noqa: D102
         await self._gate.wait()
@@ -779,6 +820,30 @@ class SqlStore:
                 .order_by(_journal.c.pos)
             )
             return [JournalSegment(*row) for row in rows]
+
+    @_retried("load the journal")
+    async def load_journal_page(  # noqa: D102
+        self, run_id: str, *, after: int = 0, limit: int = 1000
+    ) -> list[tuple[int, JournalSegment]]:
+        _check_limit(limit)
+        await self._gate.wait()
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows = await conn.execute(
+                select(
+                    _journal.c.pos,
+                    _journal.c.src,
+                    _journal.c.dst,
+                    _journal.c.event,
+                    _journal.c.first_seq,
+                    _journal.c.last_seq,
+                    _journal.c.entries,
+                )
+                .where(_journal.c.run_id == run_id, _journal.c.pos > after)
+                .order_by(_journal.c.pos)
+                .limit(limit)
+            )
+            return [(row[0], JournalSegment(*row[1:])) for row in rows]
 
     @_retried("load the replay log")
     async def load_replay(self, run_id: str) -> list[ReplaySegment]:  # noqa: D102
@@ -871,49 +936,61 @@ class SqlStore:
         reader = SnapshotReader()
         states = StateLoader()
         ids = [row["id"] for row in rows]
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            cuts = (
-                await conn.execute(
-                    select(
-                        _agents.c.snapshot_id,
-                        _agents.c.agent,
-                        _agents.c.state_hash,
-                        type_coerce(_agents.c.sent, Text()).label("sent"),
-                        type_coerce(_agents.c.received, Text()).label("received"),
-                    )
-                    .where(_agents.c.snapshot_id.in_(chunk))
-                    .order_by(_agents.c.snapshot_id, _agents.c.agent)
-                )
-            ).all()
-            loaded = await states.load(conn, reader.wanted(cut.state_hash for cut in cuts))
-            for state_hash, state in loaded.texts.items():
-                reader.blob(state_hash, state)
-            for state_hash, problem in loaded.problems.items():
-                reader.unreadable(state_hash, problem)
-            for cut in cuts:
-                reader.cut(cut.snapshot_id, cut.agent, cut.state_hash, cut.sent, cut.received)
-            messages = await conn.execute(
-                select(
-                    _messages.c.snapshot_id,
-                    _messages.c.src,
-                    _messages.c.dst,
-                    _messages.c.seq,
-                    _messages.c.kind,
-                    type_coerce(_messages.c.payload, Text()).label("payload"),
-                    type_coerce(_messages.c.headers, Text()).label("headers"),
-                    _messages.c.epoch,
-                )
-                .where(_messages.c.snapshot_id.in_(chunk))
-                .order_by(
-                    _messages.c.snapshot_id, _messages.c.src, _messages.c.dst, _messages.c.seq
-                )
-            )
-            for m in messages:
-                reader.message(
-                    m.snapshot_id, m.src, m.dst, m.seq, m.kind, m.payload, m.headers, m.epoch
-                )
+        for start in range(0, len(ids), _PAGE):
+            await self._read_parts(conn, reader, ids[start : start + _PAGE], states)
         return [reader.snapshot(row) for row in rows]
+
+    async def _read_parts(
+        self,
+        conn: AsyncConnection,
+        reader: SnapshotReader,
+        ids: list[str],
+        states: StateLoader | None = None,
+    ) -> None:
+        """Give ``reader`` the cuts, states and messages in flight of snapshots ``ids``.
+
+        States already given to the reader are not read again.
+        """
+        states = states or StateLoader()
+        cuts = (
+            await conn.execute(
+                select(
+                    _agents.c.snapshot_id,
+                    _agents.c.agent,
+                    _agents.c.state_hash,
+                    type_coerce(_agents.c.sent, Text()).label("sent"),
+                    type_coerce(_agents.c.received, Text()).label("received"),
+                )
+                .where(_agents.c.snapshot_id.in_(ids))
+                .order_by(_agents.c.snapshot_id, _agents.c.agent)
+            )
+        ).all()
+        loaded = await states.load(conn, reader.wanted(cut.state_hash for cut in cuts))
+        for state_hash, state in loaded.texts.items():
+            reader.blob(state_hash, state)
+        for state_hash, problem in loaded.problems.items():
+            reader.unreadable(state_hash, problem)
+        del loaded
+        for cut in cuts:
+            reader.cut(cut.snapshot_id, cut.agent, cut.state_hash, cut.sent, cut.received)
+        messages = await conn.execute(
+            select(
+                _messages.c.snapshot_id,
+                _messages.c.src,
+                _messages.c.dst,
+                _messages.c.seq,
+                _messages.c.kind,
+                type_coerce(_messages.c.payload, Text()).label("payload"),
+                type_coerce(_messages.c.headers, Text()).label("headers"),
+                _messages.c.epoch,
+            )
+            .where(_messages.c.snapshot_id.in_(ids))
+            .order_by(_messages.c.snapshot_id, _messages.c.src, _messages.c.dst, _messages.c.seq)
+        )
+        for m in messages:
+            reader.message(
+                m.snapshot_id, m.src, m.dst, m.seq, m.kind, m.payload, m.headers, m.epoch
+            )
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -1003,6 +1080,11 @@ class _Transaction:
                 self._lock.release()
         if isinstance(error, SQLAlchemyError):
             raise StoreError(f"the database refused the write: {error}") from error
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 1:
+        raise ConfigurationError(f"a page holds at least 1 item, not {limit}")
 
 
 def _thread_agent(run_id: str, thread_id: str) -> str | None:

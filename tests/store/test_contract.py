@@ -36,7 +36,7 @@ from agentsnap import (
 )
 from agentsnap.ledger import owner_id
 from agentsnap.messages import JsonValue
-from agentsnap.records import RunLease, utcnow
+from agentsnap.records import RunLease, SnapshotSummary, utcnow
 from agentsnap.state import canonical_json, content_hash
 from agentsnap.testing import SeededScheduler, assert_consistent
 
@@ -558,6 +558,78 @@ async def test_list_snapshots_orders_by_seq_and_keeps_runs_apart(store: Store) -
     assert await store.list_snapshots(other.id) == [others[1], others[0]]
 
 
+async def test_list_snapshots_page_walks_a_run_in_pages(store: Store) -> None:
+    run = await stored_run(store)
+    other = await stored_run(store)
+    snapshots = {seq: make_snapshot(run.id, seq) for seq in (1, 2, 3, 5, 8)}
+    snapshots[3] = make_snapshot(run.id, 3, status=SnapshotStatus.FAILED, error="closed")
+    for seq in (8, 3, 1, 5, 2):
+        await store.save_snapshot(snapshots[seq])
+    await store.save_snapshot(make_snapshot(other.id, 4))
+
+    pages: list[list[int]] = []
+    after = 0
+    while page := await store.list_snapshots_page(run.id, after_seq=after, limit=2):
+        pages.append([s.seq for s in page])
+        for loaded in page:
+            assert_same_snapshot(loaded, snapshots[loaded.seq])
+        after = page[-1].seq
+    assert pages == [[1, 2], [3, 5], [8]]
+    assert [s.seq for s in await store.list_snapshots_page(run.id)] == [1, 2, 3, 5, 8]
+    assert [s.seq for s in await store.list_snapshots_page(run.id, after_seq=4)] == [5, 8]
+    assert await store.list_snapshots_page(run.id, after_seq=8) == []
+    assert await store.list_snapshots_page(run.id, limit=5) == await store.list_snapshots(run.id)
+
+
+async def test_list_snapshots_page_of_an_unknown_run_or_an_empty_page_is_refused(
+    store: Store,
+) -> None:
+    run = await stored_run(store)
+    assert await store.list_snapshots_page(run.id) == []
+    with pytest.raises(NotFoundError) as error:
+        await store.list_snapshots_page("no-such-run")
+    assert_not_found(error, "run", "no-such-run")
+    with pytest.raises(ConfigurationError):
+        await store.list_snapshots_page(run.id, limit=0)
+
+
+async def test_snapshot_summaries_say_what_the_snapshots_hold(store: Store) -> None:
+    run = await stored_run(store)
+    other = await stored_run(store)
+    complete = make_snapshot(run.id, 1, initiator="alice")
+    failed = make_snapshot(run.id, 2, status=SnapshotStatus.FAILED, error="agent 'bob' failed")
+    empty = make_snapshot(run.id, 3, agents={"$env": make_cut({})}, channels=[])
+    for snapshot in (empty, complete, failed):
+        await store.save_snapshot(snapshot)
+    await store.save_snapshot(make_snapshot(other.id, 1))
+
+    summaries = await store.list_snapshot_summaries(run.id)
+
+    assert [s.seq for s in summaries] == [1, 2, 3]
+    first, second, third = summaries
+    assert isinstance(first, SnapshotSummary)
+    assert (first.id, first.run_id, first.initiator) == (complete.id, run.id, "alice")
+    assert first.status is SnapshotStatus.COMPLETE
+    assert first.agents == sorted(complete.agents)
+    assert first.in_flight == sum(len(c.messages) for c in complete.channels) > 0
+    assert (first.error, first.damaged_agents) == (None, [])
+    assert_aware_equal(first.started_at, complete.started_at, "started_at")
+    assert_aware_equal(first.completed_at, complete.completed_at, "completed_at")
+    assert (second.status, second.error, second.agents, second.in_flight) == (
+        SnapshotStatus.FAILED,
+        "agent 'bob' failed",
+        [],
+        0,
+    )
+    assert (third.agents, third.in_flight) == (["$env"], 0)
+    # The same as summing up the whole snapshots.
+    assert summaries == [SnapshotSummary.of(s) for s in await store.list_snapshots(run.id)]
+    assert await store.list_snapshot_summaries((await stored_run(store)).id) == []
+    with pytest.raises(NotFoundError) as error:
+        await store.list_snapshot_summaries("no-such-run")
+    assert_not_found(error, "run", "no-such-run")
+
+
 async def test_snapshot_counts_count_every_snapshot_of_each_run(store: Store) -> None:
     assert await store.snapshot_counts() == {}
     run = await stored_run(store)
@@ -787,6 +859,42 @@ async def test_journal_segments_read_back_in_append_order(store: Store) -> None:
 
     assert await store.load_journal(run.id) == first + second
     assert await store.load_journal(other.id) == [segment("x", "y", "send", 1, 1, "elsewhere")]
+
+
+async def test_journal_pages_read_back_in_append_order(store: Store) -> None:
+    run = await stored_run(store)
+    other = await stored_run(store)
+    written = [segment("$env", "alice", "send", i, i, f"n{i}") for i in range(1, 8)]
+    await store.append_journal(run.id, written[:3])
+    await store.append_journal(other.id, [segment("x", "y", "send", 1, 1, "elsewhere")])
+    await store.append_journal(run.id, written[3:])
+
+    pages: list[list[JournalSegment]] = []
+    after = 0
+    while page := await store.load_journal_page(run.id, after=after, limit=3):
+        positions = [position for position, _ in page]
+        assert positions == sorted(set(positions))
+        assert positions[0] > after
+        pages.append([found for _, found in page])
+        after = positions[-1]
+    assert pages == [written[:3], written[3:6], written[6:]]
+    assert [found for _, found in await store.load_journal_page(run.id)] == written
+    assert await store.load_journal_page(run.id, after=after) == []
+    # A segment appended later comes after the last position read.
+    await store.append_journal(run.id, [segment("alice", "bob", "send", 1, 1, "late")])
+    assert [found for _, found in await store.load_journal_page(run.id, after=after)] == [
+        segment("alice", "bob", "send", 1, 1, "late")
+    ]
+
+
+async def test_journal_page_of_an_unknown_run_or_an_empty_page_is_refused(store: Store) -> None:
+    run = await stored_run(store)
+    assert await store.load_journal_page(run.id) == []
+    with pytest.raises(NotFoundError) as error:
+        await store.load_journal_page("no-such-run")
+    assert_not_found(error, "run", "no-such-run")
+    with pytest.raises(ConfigurationError):
+        await store.load_journal_page(run.id, limit=0)
 
 
 async def test_journal_of_a_run_without_one_is_empty(store: Store) -> None:
