@@ -1,71 +1,81 @@
-"""Cost of checkpointing a LangGraph agent loop in agentsnap's database, against SqliteSaver.
+"""Cost of checkpointing a LangGraph agent loop with AgentsnapSaver, against LangGraph's savers.
 
-One graph, run three ways in the same process (and two more for context, below): without
-a checkpointer, with LangGraph's own ``SqliteSaver`` (package ``langgraph-checkpoint-sqlite``,
-on ``sqlite3.connect(path, check_same_thread=False)``, as its documentation sets it up) and
-with ``AgentsnapSaver`` on an SQLite file (``sqlite:///path``, schema created before the
-clock starts). Each checkpointed run starts from a fresh file.
+Two graphs, each run in the same process without a checkpointer, with LangGraph's own
+``SqliteSaver`` (package ``langgraph-checkpoint-sqlite``) and with ``AgentsnapSaver`` on an
+SQLite file (``sqlite:///path``, schema created before the clock starts), and, with
+``--postgres URL``, with LangGraph's ``PostgresSaver`` and ``AsyncPostgresSaver`` (package
+``langgraph-checkpoint-postgres``) and ``AgentsnapSaver`` on that PostgreSQL database, sync
+(``graph.invoke``) and async (``graph.ainvoke``). Each checkpointed run starts from empty
+tables (a fresh SQLite file; on PostgreSQL, both savers' tables truncated).
 
-The graph is an agent loop: a ``StateGraph`` with one node, ``agent``, that routes back to
+Both graphs are an agent loop: a ``StateGraph`` with one node, ``agent``, that routes back to
 itself for 1000 super-steps (200 with ``--quick``; ``recursion_limit`` is raised to match).
-Its state is about 10 KB, as an agent's usually is: a long context that hardly ever changes
-and small fields that change on every step.
+Its state is about 10 KB, as an agent's usually is:
 
 * ``context``: a conversation of 24 messages (``{"role", "content"}`` dicts, about 10 KB of
-  JSON), written once by the input and never again (as is ``steps``, the loop's length);
+  JSON);
 * ``step``: a counter the node increments on every super-step;
-* ``note``: a short note (a dozen words) the node replaces on every super-step.
+* ``note``: a short note (a dozen words) the node replaces on every super-step;
+* ``steps``: the loop's length, written once by the input.
 
-So every super-step writes two small channels (plus LangGraph's routing channel) and leaves
-the large one alone: a saver that stores a checkpoint's values in full pays for the context
-on every step, one that stores a value once per version pays for it once. The graph runs
-with ``graph.invoke(..., durability="sync")``, so that each checkpoint is written before the
-next step starts and its whole cost is on the clock (LangGraph's default, ``"async"``, writes
-it from a background thread while the next step runs, hiding part of it behind the node).
+In the ``static`` graph the context is written once, by the input, and never again; in the
+``changing`` graph the node also replaces the context's last message on every super-step,
+so the 10 KB value is new at every step. A saver that stores each channel once per version
+pays for the context once in the first and at every step in the second. The graphs run
+with ``durability="sync"``, so that each checkpoint is written before the next step starts
+and its whole cost is on the clock (LangGraph's default, ``"async"``, writes it from a
+background thread while the next step runs, hiding part of it behind the node).
 
-Rounds: each round runs every variant once, in an order that rotates from round to
-round, after a warm-up round that is not timed. Garbage is collected before each run.
-Reported times are medians over the rounds of the time of ``invoke`` divided by the number
-of super-steps (``ms_per_step_*``);
-``overhead_ratio = (agentsnap - none) / (sqlitesaver - none)`` is the median of the
-per-round ratios, so both sides of a ratio ran seconds apart on the same (shared, noisy)
-machine. Database sizes (``db_bytes_*``) are the size of the SQLite file after the run, once
-its savers are closed and its WAL has been checkpointed into it
-(``PRAGMA wal_checkpoint(TRUNCATE)`` from a new connection), plus whatever remains of the
-``-wal`` file (nothing, normally); the same for both files. agentsnap's file also holds the
-(empty) tables of agentsnap's other features: ``db_bytes_agentsnap_empty`` is its size with
-the schema and no checkpoint. After each run both savers must give back the final state and
-hold one checkpoint per super-step (plus the input's); otherwise the program stops with an
-error (status 1).
+Equal durability: on SQLite both savers run in WAL mode with ``synchronous=NORMAL`` (what
+``AgentsnapSaver`` sets; an application crash loses nothing, a power loss may lose the last
+commits). ``SqliteSaver``'s ``setup()`` turns WAL on; its connection
+(``sqlite3.connect(path, check_same_thread=False)``, as its documentation sets it up) is set
+to ``synchronous=NORMAL`` before. On PostgreSQL both commit each write as the server is
+configured (``synchronous_commit`` unchanged). The official PostgreSQL savers run on one
+connection in autocommit mode with ``dict_row``, as their documentation sets them up.
 
-Both savers run with their defaults: ``SqliteSaver`` leaves SQLite's ``synchronous=FULL``
-(an fsync of the WAL on every commit), ``AgentsnapSaver`` sets ``synchronous=NORMAL`` (WAL
-mode: an application crash loses nothing, a power loss may lose the last commits). The
-temporary directory's file system (``--dir`` chooses where) decides what an fsync costs, so
-two more variants run in every round, for context only:
+Rounds: each round runs every variant of both graphs once, in an order that rotates from
+round to round, after a warm-up round that is not timed. Garbage is collected before each
+run. Reported times are medians over the rounds of the time of ``invoke`` divided by the
+number of super-steps (``ms_per_step_*``). A ratio compares the checkpointing overhead of
+two savers on one graph, ``(agentsnap - none) / (official - none)``, per round (both sides
+ran seconds apart on the same, shared and noisy, machine); the figure is the median of the
+per-round ratios, with their min and max:
 
-* ``sqlitesaver_normal``: ``SqliteSaver`` on a connection set to ``synchronous=NORMAL``, the
-  durability ``AgentsnapSaver`` has (``overhead_ratio_vs_sqlitesaver_normal``);
-* ``nullsaver``: a checkpointer that stores nothing, i.e. what LangGraph itself spends on
-  checkpointing (copies, versions, handing each save to a worker thread), which no saver can
-  save: ``overhead_floor_ratio = (nullsaver - none) / (sqlitesaver - none)``.
+* ``overhead_ratio_same_durability_changing`` and ``…_static``: against ``SqliteSaver``;
+* with ``--postgres``: ``overhead_ratio_vs_postgres`` (against ``PostgresSaver``, sync) and
+  ``overhead_ratio_vs_async_postgres`` (against ``AsyncPostgresSaver``, async, measured
+  from ``ainvoke`` without a checkpointer), the higher of the two graphs' figures, each
+  graph's under ``…_changing`` and ``…_static``.
 
-Targets: ``overhead_ratio <= 0.5`` and ``db_bytes_agentsnap <= db_bytes_sqlitesaver / 2``.
-``--json`` prints a single JSON object on stdout; ``--quick`` runs fewer steps and rounds
-(well under 30 s). Run it from the repository root with:
+Targets: each of those ratios ``<= 1.0``. Database sizes (``db_bytes_*``, SQLite) are the
+size of the file after the run, once its savers are closed and its WAL has been checkpointed
+into it; agentsnap's file also holds the (empty) tables of agentsnap's other features. For
+context, a checkpointer that stores nothing (``nullsaver``) runs too: what LangGraph itself
+spends on checkpointing, which no saver can save. After each run every saver must give back
+the final state and hold one checkpoint per super-step (plus the input's); otherwise the
+program stops with an error (status 1).
 
-    python benchmarks/langgraph_saver.py
+``--json`` prints a single JSON object on stdout; ``--quick`` runs fewer steps and rounds.
+Run it from the repository root with:
+
+    python benchmarks/langgraph_saver.py [--postgres postgresql://user@host/db]
+
+The PostgreSQL database is the benchmark's: the official savers' tables (``checkpoints``,
+``checkpoint_blobs``, ``checkpoint_writes``, ``checkpoint_migrations``) and agentsnap's are
+created in it and emptied before each run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import random
 import sqlite3
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from importlib import metadata
@@ -80,8 +90,7 @@ from langgraph.graph import END, START, StateGraph
 
 from agentsnap.integrations.langgraph import AgentsnapSaver
 
-TARGET_OVERHEAD_RATIO = 0.5
-TARGET_BYTES_RATIO = 0.5
+TARGET_RATIO = 1.0
 
 CONTEXT_MESSAGES = 24
 CONTEXT_BYTES = 10_000  # the context is at least this long as JSON
@@ -90,7 +99,12 @@ SEED = 20_261_122
 DURABILITY: Final = "sync"  # LangGraph's default is "async": see the docstring
 
 PROFILES = {"full": (1000, 5), "quick": (200, 2)}  # super-steps, timed rounds
-VARIANTS = ("none", "nullsaver", "sqlitesaver", "sqlitesaver_normal", "agentsnap")
+GRAPHS = ("changing", "static")
+SQLITE_VARIANTS = ("none", "nullsaver", "sqlitesaver", "agentsnap")
+POSTGRES_VARIANTS = ("anone", "postgressaver", "agentsnap_pg", "apostgressaver", "aagentsnap_pg")
+ASYNC_VARIANTS = {"anone", "apostgressaver", "aagentsnap_pg"}
+OFFICIAL_PG_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
+AGENTSNAP_PG_TABLES = ("agentsnap_lg_checkpoints", "agentsnap_lg_blobs", "agentsnap_lg_task_writes")
 
 
 class LoopState(TypedDict):
@@ -115,14 +129,23 @@ def make_context(seed: int) -> list[dict[str, str]]:
     return context
 
 
-def build_graph() -> StateGraph[LoopState]:
+def build_graph(changing: bool) -> StateGraph[LoopState]:
     words = workloads.vocabulary(SEED + 1)
 
     def agent(state: LoopState) -> dict[str, Any]:
         step = state["step"] + 1
         # A short note that differs from step to step (a deterministic pick of words).
         note = " ".join(words[(step * 7919 + i * 104_729) % len(words)] for i in range(NOTE_WORDS))
-        return {"step": step, "note": f"step {step}: {note}"}
+        update: dict[str, Any] = {"step": step, "note": f"step {step}: {note}"}
+        if changing:
+            # A new last message (as long as the one it replaces): a new 10 KB value.
+            context = state["context"]
+            last = context[-1]["content"]
+            update["context"] = [
+                *context[:-1],
+                {"role": "assistant", "content": f"{step:06} {last[7:]}"},
+            ]
+        return update
 
     def route(state: LoopState) -> str:
         return "agent" if state["step"] < state["steps"] else END
@@ -158,7 +181,6 @@ class NullSaver(BaseCheckpointSaver[str]):
 class Run:
     seconds: float
     db_bytes: int | None
-    final: dict[str, Any]
 
 
 def db_bytes(path: Path) -> int:
@@ -169,19 +191,39 @@ def db_bytes(path: Path) -> int:
     return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
 
 
-def check(saver: BaseCheckpointSaver[Any], config: Any, steps: int, final: dict[str, Any]) -> None:
-    """The saver gives back the final state and holds a checkpoint per super-step."""
-    saved = saver.get_tuple(config)
-    assert saved is not None, "no checkpoint saved"
-    values = saved.checkpoint["channel_values"]
+def check_saved(tuple_: Any, count: int, steps: int, final: dict[str, Any]) -> None:
+    """The saver gave back the final state and holds a checkpoint per super-step."""
+    assert tuple_ is not None, "no checkpoint saved"
+    values = tuple_.checkpoint["channel_values"]
     assert values["step"] == final["step"] == steps, (values["step"], final["step"], steps)
     assert values["note"] == final["note"]
     assert values["context"] == final["context"]
-    count = sum(1 for _ in saver.list(config))
     assert count == steps + 2, (count, steps + 2)  # the input, each step, and the start
 
 
-def run_variant(
+def check(saver: BaseCheckpointSaver[Any], config: Any, steps: int, final: dict[str, Any]) -> None:
+    check_saved(saver.get_tuple(config), sum(1 for _ in saver.list(config)), steps, final)
+
+
+async def acheck(
+    saver: BaseCheckpointSaver[Any], config: Any, steps: int, final: dict[str, Any]
+) -> None:
+    count = 0
+    async for _ in saver.alist(config):
+        count += 1
+    check_saved(await saver.aget_tuple(config), count, steps, final)
+
+
+def timed(invoke: Callable[[], dict[str, Any]], steps: int) -> tuple[float, dict[str, Any]]:
+    gc.collect()
+    began = time.perf_counter()
+    final = invoke()
+    seconds = time.perf_counter() - began
+    assert final["step"] == steps, (final["step"], steps)
+    return seconds, final
+
+
+def run_sqlite(
     variant: str, builder: StateGraph[LoopState], inputs: LoopState, directory: Path
 ) -> Run:
     steps = inputs["steps"]
@@ -191,13 +233,15 @@ def run_variant(
     connection: sqlite3.Connection | None = None
     if variant == "nullsaver":
         saver = NullSaver()
-    elif variant.startswith("sqlitesaver"):
+    elif variant == "sqlitesaver":
         path = workloads.fresh_db(directory, variant)
         connection = sqlite3.connect(path, check_same_thread=False)
-        if variant == "sqlitesaver_normal":
-            connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("PRAGMA synchronous=NORMAL")  # AgentsnapSaver's durability
         sqlite_saver = SqliteSaver(connection)
-        sqlite_saver.setup()
+        sqlite_saver.setup()  # journal_mode=WAL, as AgentsnapSaver's
+        (mode,) = connection.execute("PRAGMA journal_mode").fetchone()
+        (sync,) = connection.execute("PRAGMA synchronous").fetchone()
+        assert (mode, sync) == ("wal", 1), (mode, sync)  # 1 is NORMAL
         saver = sqlite_saver
     elif variant == "agentsnap":
         path = workloads.fresh_db(directory, "agentsnap")
@@ -205,22 +249,10 @@ def run_variant(
         agentsnap_saver.get_tuple(config)  # creates the schema, off the clock
         saver = agentsnap_saver
     graph = builder.compile(checkpointer=saver)
-    invoke: Callable[[], dict[str, Any]]
     if saver is None:
-
-        def invoke() -> dict[str, Any]:
-            return graph.invoke(inputs, config)
-
+        seconds, final = timed(lambda: graph.invoke(inputs, config), steps)
     else:
-
-        def invoke() -> dict[str, Any]:
-            return graph.invoke(inputs, config, durability=DURABILITY)
-
-    gc.collect()
-    began = time.perf_counter()
-    final = invoke()
-    seconds = time.perf_counter() - began
-    assert final["step"] == steps, (final["step"], steps)
+        seconds, final = timed(lambda: graph.invoke(inputs, config, durability=DURABILITY), steps)
     size = None
     try:
         if saver is not None and path is not None:
@@ -233,150 +265,272 @@ def run_variant(
     if path is not None:
         size = db_bytes(path)
         workloads.remove_db(path)
-    return Run(seconds, size, final)
+    return Run(seconds, size)
 
 
-def empty_agentsnap_bytes(directory: Path) -> int:
-    path = workloads.fresh_db(directory, "empty")
-    saver = AgentsnapSaver(f"sqlite:///{path}")
+class Postgres:
+    """The benchmark's PostgreSQL database: its savers, set up once, and emptying them."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        self.url = url
+        self.dsn = url.replace("postgresql+psycopg://", "postgresql://")
+        self.connection: Any = psycopg.Connection.connect(
+            self.dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
+        PostgresSaver(self.connection).setup()
+        setup = AgentsnapSaver(url)
+        setup.get_tuple({"configurable": {"thread_id": "none"}})  # creates the schema
+        setup.close()
+
+    def empty(self) -> None:
+        tables = ", ".join(OFFICIAL_PG_TABLES + AGENTSNAP_PG_TABLES)
+        self.connection.execute(f"TRUNCATE {tables}")
+        self.connection.execute("VACUUM ANALYZE")
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def run_postgres(
+    variant: str, builder: StateGraph[LoopState], inputs: LoopState, postgres: Postgres
+) -> Run:
+    steps = inputs["steps"]
+    config: Any = {"configurable": {"thread_id": "loop"}, "recursion_limit": steps + 10}
+    postgres.empty()
+    if variant in ASYNC_VARIANTS:
+        return asyncio.run(_run_async_postgres(variant, builder, inputs, config, postgres))
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+
+    saver: BaseCheckpointSaver[Any]
+    connection: Any = None
+    if variant == "postgressaver":
+        connection = psycopg.Connection.connect(
+            postgres.dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
+        saver = PostgresSaver(connection)
+    else:
+        saver = AgentsnapSaver(postgres.url)
+    saver.get_tuple(config)  # connects, off the clock
+    graph = builder.compile(checkpointer=saver)
     try:
-        saver.get_tuple({"configurable": {"thread_id": "none"}})
+        seconds, final = timed(lambda: graph.invoke(inputs, config, durability=DURABILITY), steps)
+        check(saver, config, steps, final)
     finally:
-        saver.close()
-    size = db_bytes(path)
-    workloads.remove_db(path)
-    return size
+        if isinstance(saver, AgentsnapSaver):
+            saver.close()
+        if connection is not None:
+            connection.close()
+    return Run(seconds, None)
 
 
-def measure(profile: str, directory: Path) -> dict[str, Any]:
+async def _run_async_postgres(
+    variant: str, builder: StateGraph[LoopState], inputs: LoopState, config: Any, pg: Postgres
+) -> Run:
+    import psycopg
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+
+    steps = inputs["steps"]
+    saver: BaseCheckpointSaver[Any] | None = None
+    connection: Any = None
+    if variant == "apostgressaver":
+        connection = await psycopg.AsyncConnection.connect(
+            pg.dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
+        saver = AsyncPostgresSaver(connection)
+    elif variant == "aagentsnap_pg":
+        saver = AgentsnapSaver(pg.url)
+    if saver is not None:
+        await saver.aget_tuple(config)  # connects, off the clock
+    graph = builder.compile(checkpointer=saver)
+    invoke: Callable[[], Awaitable[dict[str, Any]]]
+    if saver is None:
+
+        def invoke() -> Awaitable[dict[str, Any]]:
+            return graph.ainvoke(inputs, config)
+
+    else:
+
+        def invoke() -> Awaitable[dict[str, Any]]:
+            return graph.ainvoke(inputs, config, durability=DURABILITY)
+
+    try:
+        gc.collect()
+        began = time.perf_counter()
+        final = await invoke()
+        seconds = time.perf_counter() - began
+        assert final["step"] == steps, (final["step"], steps)
+        if saver is not None:
+            await acheck(saver, config, steps, final)
+    finally:
+        if isinstance(saver, AgentsnapSaver):
+            await saver.aclose()
+        if connection is not None:
+            await connection.close()
+    return Run(seconds, None)
+
+
+def spread(ratios: list[float]) -> dict[str, Any]:
+    """A ratio's median over the rounds, with its min, max and every round's value."""
+    return {
+        "median": round(statistics.median(ratios), 4),
+        "min": round(min(ratios), 4),
+        "max": round(max(ratios), 4),
+        "rounds": [round(r, 4) for r in ratios],
+    }
+
+
+def measure(profile: str, directory: Path, postgres_url: str | None) -> dict[str, Any]:
     began = time.perf_counter()
     steps, rounds = PROFILES[profile]
     context = make_context(SEED)
     inputs: LoopState = {"context": context, "step": 0, "note": "", "steps": steps}
-    builder = build_graph()
+    builders = {graph: build_graph(graph == "changing") for graph in GRAPHS}
     state_bytes = len(orjson.dumps(inputs))
+    postgres = Postgres(postgres_url) if postgres_url else None
 
-    # Warm-up (imports, code paths, page cache), not timed.
-    for variant in VARIANTS:
-        run_variant(variant, builder, {**inputs, "steps": min(steps, 50)}, directory)
+    variants = [(graph, v) for graph in GRAPHS for v in SQLITE_VARIANTS]
+    if postgres is not None:
+        variants += [(graph, v) for graph in GRAPHS for v in POSTGRES_VARIANTS]
 
-    runs: dict[str, list[Run]] = {variant: [] for variant in VARIANTS}
-    for index in range(rounds):
-        shift = index % len(VARIANTS)
-        for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-            runs[variant].append(run_variant(variant, builder, inputs, directory))
+    def run(graph: str, variant: str, loop: LoopState) -> Run:
+        if variant in SQLITE_VARIANTS:
+            return run_sqlite(variant, builders[graph], loop, directory)
+        assert postgres is not None
+        return run_postgres(variant, builders[graph], loop, postgres)
 
-    def per_step(variant: str) -> list[float]:
-        return [run.seconds / steps for run in runs[variant]]
+    try:
+        # Warm-up (imports, code paths, page cache, connections), not timed.
+        for graph, variant in variants:
+            run(graph, variant, {**inputs, "steps": min(steps, 50)})
+        runs: dict[tuple[str, str], list[Run]] = {key: [] for key in variants}
+        for index in range(rounds):
+            shift = index % len(variants)
+            for graph, variant in variants[shift:] + variants[:shift]:
+                runs[graph, variant].append(run(graph, variant, inputs))
+    finally:
+        if postgres is not None:
+            postgres.close()
 
-    none_s, theirs_s, ours_s = per_step("none"), per_step("sqlitesaver"), per_step("agentsnap")
-    null_s, normal_s = per_step("nullsaver"), per_step("sqlitesaver_normal")
+    def per_step(graph: str, variant: str) -> list[float]:
+        return [r.seconds / steps for r in runs[graph, variant]]
 
-    def ratios_of(subject: list[float], reference: list[float]) -> list[float]:
+    def ratios(graph: str, subject: str, reference: str, none: str) -> list[float]:
         return [
-            (sub - none) / (ref - none)
-            for none, ref, sub in zip(none_s, reference, subject, strict=True)
+            (sub - base) / (ref - base)
+            for base, ref, sub in zip(
+                per_step(graph, none),
+                per_step(graph, reference),
+                per_step(graph, subject),
+                strict=True,
+            )
         ]
 
-    ratios = ratios_of(ours_s, theirs_s)
-    overhead_ratio = statistics.median(ratios)
-    floor_ratios = ratios_of(null_s, theirs_s)
-    normal_ratios = ratios_of(ours_s, normal_s)
-    theirs_bytes = [run.db_bytes or 0 for run in runs["sqlitesaver"]]
-    normal_bytes = [run.db_bytes or 0 for run in runs["sqlitesaver_normal"]]
-    ours_bytes = [run.db_bytes or 0 for run in runs["agentsnap"]]
-    bytes_ratio = statistics.median(ours_bytes) / statistics.median(theirs_bytes)
-
-    return {
-        **workloads.environment("AgentsnapSaver vs SqliteSaver", profile, "sqlite", "sqlalchemy"),
+    result: dict[str, Any] = {
+        **workloads.environment("AgentsnapSaver vs LangGraph's savers", profile, "sqlite"),
         **{
             f"{name.replace('-', '_')}_version": metadata.version(name)
-            for name in ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite")
+            for name in (
+                "langgraph",
+                "langgraph-checkpoint",
+                "langgraph-checkpoint-sqlite",
+                "langgraph-checkpoint-postgres",
+            )
         },
         "db_dir": str(directory),
-        "statistic": "median of rounds; overhead_ratio is the median of per-round ratios",
+        "postgres": postgres_url is not None,
+        "statistic": "ms/step: median of rounds; ratios: median of per-round ratios (min, max)",
+        "durability": f"graph {DURABILITY}; SQLite WAL, synchronous=NORMAL for both savers",
         "rounds": rounds,
         "steps": steps,
-        "durability": DURABILITY,
         "state_bytes": state_bytes,
-        "context_messages": CONTEXT_MESSAGES,
-        "ms_per_step_none": workloads.ms(none_s),
-        "ms_per_step_sqlitesaver": workloads.ms(theirs_s),
-        "ms_per_step_agentsnap": workloads.ms(ours_s),
-        "overhead_ratio": round(overhead_ratio, 4),
-        "ms_per_step_nullsaver": workloads.ms(null_s),
-        "overhead_floor_ratio": round(statistics.median(floor_ratios), 4),
-        "ms_per_step_sqlitesaver_normal": workloads.ms(normal_s),
-        "overhead_ratio_vs_sqlitesaver_normal": round(statistics.median(normal_ratios), 4),
-        "db_bytes_sqlitesaver": round(statistics.median(theirs_bytes)),
-        "db_bytes_agentsnap": round(statistics.median(ours_bytes)),
-        "db_bytes_agentsnap_empty": empty_agentsnap_bytes(directory),
-        "db_bytes_sqlitesaver_normal": round(statistics.median(normal_bytes)),
-        "db_bytes_ratio": round(bytes_ratio, 4),
-        "samples": {
-            "ms_per_step_none": workloads.samples_ms(none_s),
-            "ms_per_step_sqlitesaver": workloads.samples_ms(theirs_s),
-            "ms_per_step_agentsnap": workloads.samples_ms(ours_s),
-            "ms_per_step_nullsaver": workloads.samples_ms(null_s),
-            "ms_per_step_sqlitesaver_normal": workloads.samples_ms(normal_s),
-            "overhead_ratio": [round(r, 4) for r in ratios],
-            "db_bytes_sqlitesaver": theirs_bytes,
-            "db_bytes_agentsnap": ours_bytes,
+        "ms_per_step": {
+            f"{graph}/{variant}": workloads.ms(per_step(graph, variant))
+            for graph, variant in variants
         },
-        "targets": {
-            "overhead_ratio_max": TARGET_OVERHEAD_RATIO,
-            "overhead_ratio_met": overhead_ratio <= TARGET_OVERHEAD_RATIO,
-            "db_bytes_ratio_max": TARGET_BYTES_RATIO,
-            "db_bytes_ratio_met": bytes_ratio <= TARGET_BYTES_RATIO,
+        "db_bytes": {
+            f"{graph}/{variant}": round(statistics.median(r.db_bytes or 0 for r in found))
+            for (graph, variant), found in runs.items()
+            if variant in ("sqlitesaver", "agentsnap")
         },
-        "elapsed_s": round(time.perf_counter() - began, 2),
     }
+    targets: dict[str, Any] = {"ratio_max": TARGET_RATIO}
+    spreads: dict[str, Any] = {}
+    for graph in GRAPHS:
+        key = f"overhead_ratio_same_durability_{graph}"
+        spreads[key] = spread(ratios(graph, "agentsnap", "sqlitesaver", "none"))
+        spreads[f"overhead_floor_ratio_{graph}"] = spread(
+            ratios(graph, "nullsaver", "sqlitesaver", "none")
+        )
+        result[key] = spreads[key]["median"]
+        targets[f"{key}_met"] = result[key] <= TARGET_RATIO
+    if postgres is not None:
+        for key, subject, reference, none in (
+            ("overhead_ratio_vs_postgres", "agentsnap_pg", "postgressaver", "none"),
+            ("overhead_ratio_vs_async_postgres", "aagentsnap_pg", "apostgressaver", "anone"),
+        ):
+            for graph in GRAPHS:
+                spreads[f"{key}_{graph}"] = spread(ratios(graph, subject, reference, none))
+                result[f"{key}_{graph}"] = spreads[f"{key}_{graph}"]["median"]
+            result[key] = max(result[f"{key}_{graph}"] for graph in GRAPHS)
+            targets[f"{key}_met"] = result[key] <= TARGET_RATIO
+    result["spread"] = spreads
+    result["targets"] = targets
+    result["elapsed_s"] = round(time.perf_counter() - began, 2)
+    return result
 
 
 def _table(r: dict[str, Any]) -> str:
-    t = r["targets"]
-    met = workloads.met
-    none = r["ms_per_step_none"]
     lines = [
         f"agentsnap {r['agentsnap_version']} LangGraph saver benchmark, "
         f"{r['python_implementation']} {r['python']}, SQLite {r['sqlite_version']}, "
         f"LangGraph {r['langgraph_version']}, {r['cpu_count']} CPUs, profile {r['profile']}",
-        f"median of {r['rounds']} rounds (variants in rotating order); one graph, "
-        f"{r['steps']:,} super-steps, state {r['state_bytes']:,} bytes of JSON, "
-        f"durability={r['durability']}",
+        f"median of {r['rounds']} rounds (variants in rotating order); "
+        f"{r['steps']:,} super-steps, state {r['state_bytes']:,} bytes of JSON; {r['durability']}",
         "",
-        f"{'checkpointer':<26}{'ms/step':>10}{'overhead ms':>13}{'db bytes':>14}",
-        f"{'none':<26}{none:>10.3f}{'':>13}{'':>14}",
-        f"{'null (stores nothing)':<26}{r['ms_per_step_nullsaver']:>10.3f}"
-        f"{r['ms_per_step_nullsaver'] - none:>13.3f}{'':>14}",
-        f"{'SqliteSaver':<26}{r['ms_per_step_sqlitesaver']:>10.3f}"
-        f"{r['ms_per_step_sqlitesaver'] - none:>13.3f}{r['db_bytes_sqlitesaver']:>14,}",
-        f"{'SqliteSaver, sync=NORMAL':<26}{r['ms_per_step_sqlitesaver_normal']:>10.3f}"
-        f"{r['ms_per_step_sqlitesaver_normal'] - none:>13.3f}"
-        f"{r['db_bytes_sqlitesaver_normal']:>14,}",
-        f"{'AgentsnapSaver':<26}{r['ms_per_step_agentsnap']:>10.3f}"
-        f"{r['ms_per_step_agentsnap'] - none:>13.3f}{r['db_bytes_agentsnap']:>14,}",
-        f"{'  (empty schema)':<26}{'':>10}{'':>13}{r['db_bytes_agentsnap_empty']:>14,}",
-        "",
-        f"overhead_ratio = {r['overhead_ratio']:.3f}  target <= {t['overhead_ratio_max']}: "
-        f"{met(t['overhead_ratio_met'])}  (per round: {r['samples']['overhead_ratio']})",
-        f"overhead_floor_ratio (null vs SqliteSaver) = {r['overhead_floor_ratio']:.3f}; "
-        "overhead_ratio_vs_sqlitesaver_normal = "
-        f"{r['overhead_ratio_vs_sqlitesaver_normal']:.3f}",
-        f"db_bytes_ratio = {r['db_bytes_ratio']:.3f}  target <= {t['db_bytes_ratio_max']}: "
-        f"{met(t['db_bytes_ratio_met'])}",
-        f"total {r['elapsed_s']} s",
+        f"{'graph/checkpointer':<28}{'ms/step':>10}{'db bytes':>14}",
     ]
+    for name, value in r["ms_per_step"].items():
+        size = r["db_bytes"].get(name)
+        lines.append(f"{name:<28}{value:>10.3f}{'' if size is None else f'{size:,}':>14}")
+    lines.append("")
+    for key, found in r["spread"].items():
+        target = r["targets"].get(f"{key}_met")
+        verdict = "" if target is None else f"  target <= {TARGET_RATIO}: {workloads.met(target)}"
+        lines.append(
+            f"{key} = {found['median']:.3f} (min {found['min']:.3f}, max {found['max']:.3f})"
+            f"{verdict}"
+        )
+    lines.extend(
+        f"{key} = {r[key]:.3f} (the higher graph)  target <= {TARGET_RATIO}: "
+        f"{workloads.met(r['targets'][f'{key}_met'])}"
+        for key in ("overhead_ratio_vs_postgres", "overhead_ratio_vs_async_postgres")
+        if key in r
+    )
+    lines.append(f"total {r['elapsed_s']} s")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = workloads.argument_parser(
-        __doc__, "200 super-steps and 2 rounds (< 30 s)", directory=True
+        __doc__, "200 super-steps and 2 rounds (< 1 minute)", directory=True
+    )
+    parser.add_argument(
+        "--postgres",
+        metavar="URL",
+        default=None,
+        help="also compare with PostgresSaver and AsyncPostgresSaver on this database "
+        "(its tables are emptied)",
     )
     args = parser.parse_args(argv)
     with workloads.scratch_directory(args.dir) as directory:
-        results = measure("quick" if args.quick else "full", directory)
+        results = measure("quick" if args.quick else "full", directory, args.postgres)
     workloads.report(results, args.json, _table)
     return 0
 

@@ -339,3 +339,56 @@ def test_importing_agentsnap_does_not_import_langgraph() -> None:
 
     code = "import agentsnap, sys; assert not any(m.startswith('langgraph') for m in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.postgres
+async def test_the_async_methods_run_on_postgresqls_asyncio_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saver = AgentsnapSaver(postgres_url(tmp_path))
+    saver.get_tuple({"configurable": {"thread_id": "none"}})  # creates the schema (a thread)
+
+    def no_thread(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a native asynchronous method hopped to a thread")
+
+    monkeypatch.setattr("agentsnap.integrations.langgraph._saver.asyncio.to_thread", no_thread)
+    try:
+        config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        version = saver.get_next_version(None, None)
+        checkpoint: Checkpoint = {
+            "v": 4,
+            "id": "1",
+            "ts": "2026-11-22T00:00:00+00:00",
+            "channel_values": {"a": [1, 2], "n": 7},
+            "channel_versions": {"a": version, "n": version},
+            "versions_seen": {},
+            "updated_channels": None,
+        }
+        assert await saver.aget_tuple(config) is None
+        saved = await saver.aput(
+            config, checkpoint, {"source": "input", "step": -1}, {"a": version}
+        )
+        await saver.aput(saved, {**checkpoint, "id": "2"}, {"source": "loop", "step": 0}, {})
+        await saver.aput_writes(saved, [("a", {"k": 1})], task_id="task")
+        # Sent again: the regular write is kept; a special channel's newest write replaces.
+        await saver.aput_writes(saved, [("a", {"k": 2}), ("__error__", "e1")], task_id="task")
+        await saver.aput_writes(saved, [("__error__", "e2")], task_id="task")
+        newest = await saver.aget_tuple(config)
+        assert newest is not None
+        assert newest.checkpoint["id"] == "2"
+        assert newest.checkpoint["channel_values"] == {"a": [1, 2], "n": 7}
+        first = await saver.aget_tuple(saved)
+        assert first is not None
+        assert sorted(first.pending_writes or []) == [
+            ("task", "__error__", "e2"),
+            ("task", "a", {"k": 1}),
+        ]
+        assert [t.checkpoint["id"] async for t in saver.alist(config)] == ["2", "1"]
+        assert [t.checkpoint["id"] async for t in saver.alist(config, limit=1)] == ["2"]
+        loop = [t.checkpoint["id"] async for t in saver.alist(config, filter={"source": "loop"})]
+        assert loop == ["2"]
+        # The synchronous methods see what the asynchronous ones wrote.
+        assert saver.get_tuple(saved) == first
+    finally:
+        monkeypatch.undo()
+        await saver.aclose()

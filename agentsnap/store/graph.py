@@ -45,6 +45,7 @@ from agentsnap.records import GraphCheckpoint
 __all__ = [
     "EMPTY",
     "PRUNE_STRATEGIES",
+    "AsyncGraphReader",
     "GraphCheckpointIndex",
     "GraphCheckpointStore",
     "GraphReader",
@@ -157,6 +158,36 @@ class GraphReader(Protocol):
         """
 
     def task_writes(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> list[TaskWrites]:
+        """The pending writes of the tasks of a checkpoint, one entry per task."""
+
+
+class AsyncGraphReader(Protocol):
+    """``GraphReader``'s reads on an asyncio driver, all in one connection."""
+
+    async def checkpoint(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> StoredCheckpoint | None:
+        """The checkpoint with this id, or the namespace's newest one when ``None``."""
+
+    async def checkpoints(
+        self,
+        *,
+        thread_id: str | None = None,
+        checkpoint_ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[StoredCheckpoint]:
+        """The checkpoints that match every filter given, newest first."""
+
+    async def values(
+        self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
+    ) -> list[tuple[str, str, bytes]]:
+        """The stored values of these channels at these versions (empty ones left out)."""
+
+    async def task_writes(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
     ) -> list[TaskWrites]:
         """The pending writes of the tasks of a checkpoint, one entry per task."""

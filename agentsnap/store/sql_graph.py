@@ -7,15 +7,17 @@ and deleting of threads' history is SQL of its own (``agentsnap.store._graph_his
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, select, update
+from sqlalchemy import Connection, Engine, Select, Table, create_engine, delete, event, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.store._graph_history import (
@@ -25,6 +27,7 @@ from agentsnap.store._graph_history import (
     prune_threads,
 )
 from agentsnap.store.dialect import (
+    async_url,
     connect_sqlite,
     dialect_of,
     sqlite_file,
@@ -35,6 +38,7 @@ from agentsnap.store.faults import Fault, classify
 from agentsnap.store.graph import (
     EMPTY,
     PRUNE_STRATEGIES,
+    AsyncGraphReader,
     GraphReader,
     Load,
     Merge,
@@ -69,11 +73,13 @@ _SQLITE_TIMEOUT = 30.0
 """Seconds an SQLite connection waits for another process's write lock."""
 
 
-def insert_sql(table: Table, key: Sequence[str], updated: Sequence[str] = ()) -> str:
-    """SQLite's text of an insert of a row of ``table``.
+def insert_sql(
+    table: Table, key: Sequence[str], updated: Sequence[str] = (), placeholder: str = "?"
+) -> str:
+    """The text of an insert of a row of ``table`` (SQLite's, or PostgreSQL's with ``%s``).
 
-    The row's values are ``?`` parameters, in the order of the table's columns. On a conflict
-    on ``key`` the existing row is kept, or its ``updated`` columns are updated.
+    The row's values are ``placeholder`` parameters, in the order of the table's columns. On a
+    conflict on ``key`` the existing row is kept, or its ``updated`` columns are updated.
     """
     columns = [column.name for column in table.columns]
     on_conflict = (
@@ -83,15 +89,9 @@ def insert_sql(table: Table, key: Sequence[str], updated: Sequence[str] = ()) ->
     )
     return (
         f"INSERT INTO {table.name} ({', '.join(columns)}) "  # noqa: S608 (names of ours)
-        f"VALUES ({', '.join('?' for _ in columns)}) "
+        f"VALUES ({', '.join(placeholder for _ in columns)}) "
         f"ON CONFLICT ({', '.join(key)}) {on_conflict}"
     )
-
-
-def _named(table: Table, rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
-    """Rows given in the order of ``table``'s columns, as SQLAlchemy's parameter dicts."""
-    names = [column.name for column in table.columns]
-    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 # The SQLite write path runs these on a plain sqlite3 connection: the values are bound in
@@ -112,6 +112,80 @@ _SQLITE_DELETE_THREAD = [
     for table in (_writes, _blobs, _checkpoints)
 ]
 
+# The PostgreSQL write path runs these on psycopg's connection, pipelined in one transaction.
+_PG_PUT_CHECKPOINT = insert_sql(_checkpoints, _CHECKPOINT_KEY, _CHECKPOINT_UPDATED, "%s")
+_PG_PUT_BLOB = insert_sql(_blobs, _BLOB_KEY, (), "%s")
+_PG_ADD_WRITES = insert_sql(_writes, _WRITES_KEY, (), "%s") + " RETURNING task_id"
+_PG_GET_WRITES = (
+    _SQLITE_GET_WRITES.replace("?", "%s") + " FOR UPDATE"  # the names hold no "?"
+)
+_PG_SET_WRITES = _SQLITE_SET_WRITES.replace("?", "%s")
+
+
+def _checkpoint_query(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Select[Any]:
+    query = select(_checkpoints).where(
+        _checkpoints.c.thread_id == thread_id, _checkpoints.c.checkpoint_ns == checkpoint_ns
+    )
+    if checkpoint_id:
+        query = query.where(_checkpoints.c.checkpoint_id == checkpoint_id)
+    return query.order_by(_checkpoints.c.checkpoint_id.desc()).limit(1)
+
+
+def _checkpoints_query(
+    thread_id: str | None,
+    checkpoint_ns: str | None,
+    checkpoint_id: str | None,
+    before: str | None,
+    limit: int | None,
+) -> Select[Any]:
+    query = select(_checkpoints)
+    if thread_id is not None:
+        query = query.where(_checkpoints.c.thread_id == thread_id)
+    if checkpoint_ns is not None:
+        query = query.where(_checkpoints.c.checkpoint_ns == checkpoint_ns)
+    if checkpoint_id:
+        query = query.where(_checkpoints.c.checkpoint_id == checkpoint_id)
+    if before:
+        query = query.where(_checkpoints.c.checkpoint_id < before)
+    query = query.order_by(
+        _checkpoints.c.checkpoint_id.desc(),
+        _checkpoints.c.thread_id,
+        _checkpoints.c.checkpoint_ns,
+    )
+    if limit is not None:
+        query = query.limit(max(limit, 0))
+    return query
+
+
+def _values_query(thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]) -> Select[Any]:
+    # Only the versions wanted (with other channels' at those versions, dropped by
+    # ``_wanted_values``), rather than every version the thread ever had.
+    return select(_blobs.c.channel, _blobs.c.version, _blobs.c.value_type, _blobs.c.value).where(
+        _blobs.c.thread_id == thread_id,
+        _blobs.c.checkpoint_ns == checkpoint_ns,
+        _blobs.c.channel.in_(list(versions)),
+        _blobs.c.version.in_(sorted(set(versions.values()))),
+    )
+
+
+def _wanted_values(
+    rows: Iterable[Sequence[Any]], versions: Mapping[str, str]
+) -> list[tuple[str, str, bytes]]:
+    wanted = set(versions.items())
+    return [
+        (channel, value_type, value)
+        for channel, version, value_type, value in rows
+        if (channel, version) in wanted and value_type != EMPTY
+    ]
+
+
+def _task_writes_query(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> Select[Any]:
+    return select(_writes.c.task_id, _writes.c.task_path, _writes.c.writes).where(
+        _writes.c.thread_id == thread_id,
+        _writes.c.checkpoint_ns == checkpoint_ns,
+        _writes.c.checkpoint_id == checkpoint_id,
+    )
+
 
 class _Reader:
     """A ``GraphReader`` on one SQLAlchemy connection."""
@@ -122,12 +196,7 @@ class _Reader:
     def checkpoint(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
     ) -> StoredCheckpoint | None:
-        query = select(_checkpoints).where(
-            _checkpoints.c.thread_id == thread_id, _checkpoints.c.checkpoint_ns == checkpoint_ns
-        )
-        if checkpoint_id:
-            query = query.where(_checkpoints.c.checkpoint_id == checkpoint_id)
-        query = query.order_by(_checkpoints.c.checkpoint_id.desc()).limit(1)
+        query = _checkpoint_query(thread_id, checkpoint_ns, checkpoint_id)
         row = self._connection.execute(query).first()
         return None if row is None else StoredCheckpoint(*row)
 
@@ -140,22 +209,7 @@ class _Reader:
         before: str | None = None,
         limit: int | None = None,
     ) -> Iterator[StoredCheckpoint]:
-        query = select(_checkpoints)
-        if thread_id is not None:
-            query = query.where(_checkpoints.c.thread_id == thread_id)
-        if checkpoint_ns is not None:
-            query = query.where(_checkpoints.c.checkpoint_ns == checkpoint_ns)
-        if checkpoint_id:
-            query = query.where(_checkpoints.c.checkpoint_id == checkpoint_id)
-        if before:
-            query = query.where(_checkpoints.c.checkpoint_id < before)
-        query = query.order_by(
-            _checkpoints.c.checkpoint_id.desc(),
-            _checkpoints.c.thread_id,
-            _checkpoints.c.checkpoint_ns,
-        )
-        if limit is not None:
-            query = query.limit(max(limit, 0))
+        query = _checkpoints_query(thread_id, checkpoint_ns, checkpoint_id, before, limit)
         for row in self._connection.execute(query):
             yield StoredCheckpoint(*row)
 
@@ -164,34 +218,54 @@ class _Reader:
     ) -> list[tuple[str, str, bytes]]:
         if not versions:
             return []
-        wanted = set(versions.items())
-        # Only the versions wanted (with other channels' at those versions, dropped below),
-        # rather than every version the thread ever had.
-        rows = self._connection.execute(
-            select(_blobs.c.channel, _blobs.c.version, _blobs.c.value_type, _blobs.c.value).where(
-                _blobs.c.thread_id == thread_id,
-                _blobs.c.checkpoint_ns == checkpoint_ns,
-                _blobs.c.channel.in_(list(versions)),
-                _blobs.c.version.in_(sorted(set(versions.values()))),
-            )
-        )
-        return [
-            (channel, value_type, value)
-            for channel, version, value_type, value in rows
-            if (channel, version) in wanted and value_type != EMPTY
-        ]
+        rows = self._connection.execute(_values_query(thread_id, checkpoint_ns, versions))
+        return _wanted_values(rows, versions)
 
     def task_writes(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
     ) -> list[TaskWrites]:
-        rows = self._connection.execute(
-            select(_writes.c.task_id, _writes.c.task_path, _writes.c.writes).where(
-                _writes.c.thread_id == thread_id,
-                _writes.c.checkpoint_ns == checkpoint_ns,
-                _writes.c.checkpoint_id == checkpoint_id,
-            )
-        )
+        rows = self._connection.execute(_task_writes_query(thread_id, checkpoint_ns, checkpoint_id))
         return [TaskWrites(*row) for row in rows]
+
+
+class _AsyncReader:
+    """An ``AsyncGraphReader`` on one SQLAlchemy asyncio connection."""
+
+    def __init__(self, connection: AsyncConnection) -> None:
+        self._connection = connection
+
+    async def checkpoint(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> StoredCheckpoint | None:
+        query = _checkpoint_query(thread_id, checkpoint_ns, checkpoint_id)
+        row = (await self._connection.execute(query)).first()
+        return None if row is None else StoredCheckpoint(*row)
+
+    async def checkpoints(
+        self,
+        *,
+        thread_id: str | None = None,
+        checkpoint_ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[StoredCheckpoint]:
+        query = _checkpoints_query(thread_id, checkpoint_ns, checkpoint_id, before, limit)
+        return [StoredCheckpoint(*row) for row in await self._connection.execute(query)]
+
+    async def values(
+        self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
+    ) -> list[tuple[str, str, bytes]]:
+        if not versions:
+            return []
+        query = _values_query(thread_id, checkpoint_ns, versions)
+        return _wanted_values(await self._connection.execute(query), versions)
+
+    async def task_writes(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> list[TaskWrites]:
+        query = _task_writes_query(thread_id, checkpoint_ns, checkpoint_id)
+        return [TaskWrites(*row) for row in await self._connection.execute(query)]
 
 
 class SqlGraphStore:
@@ -201,7 +275,11 @@ class SqlGraphStore:
     On SQLite, writes take turns in the process (one writer at a time) and go through one
     plain ``sqlite3`` connection in autocommit mode with the statements' text ready, so that
     a write of one statement is one step of SQLite; SQLAlchemy would cost more than the
-    writes themselves. Reads, and every statement on PostgreSQL, go through SQLAlchemy.
+    writes themselves. On PostgreSQL, a write is one transaction whose statements psycopg
+    sends together (pipeline mode) on a connection of SQLAlchemy's pool. Reads go through
+    SQLAlchemy. On PostgreSQL the store also has native asyncio methods
+    (``aput_checkpoint``, ``aput_task_writes``, ``areading``) on an asyncio engine (psycopg's
+    async connections), opened on first use.
 
     Args:
         url: Database URL, as for [`SqlStore`][agentsnap.store.sql.SqlStore].
@@ -231,28 +309,40 @@ class SqlGraphStore:
         )
         if self._sqlite:
             event.listen(self._engine, "connect", sqlite_setup(timeout=_SQLITE_TIMEOUT))
+        self._async_engine: AsyncEngine | None = None
         self._lock = threading.Lock()
         self._ready = False
         self._raw: sqlite3.Connection | None = None
-        self._put_checkpoint = self._dialect.upsert(
-            _checkpoints, _CHECKPOINT_KEY, _CHECKPOINT_UPDATED
-        )
-        self._put_blob = self._dialect.insert_or_ignore(_blobs, _BLOB_KEY)
-        # RETURNING says whether the row went in (no row on a conflict).
-        self._add_writes = self._dialect.insert_or_ignore(_writes, _WRITES_KEY).returning(
-            _writes.c.task_id
-        )
 
     def __repr__(self) -> str:
         return f"SqlGraphStore({make_url(self.url).render_as_string(hide_password=True)!r})"
 
+    @property
+    def native_async(self) -> bool:
+        """Whether the asyncio methods run on an asyncio driver (PostgreSQL) or not (SQLite)."""
+        return not self._sqlite
+
     def close(self) -> None:
-        """Close the store's database connections."""
+        """Close the store's database connections, the asyncio engine's included."""
+        engine, self._async_engine = self._async_engine, None
+        if engine is not None:
+            # Its connections are closed by a coroutine: on a loop of its own, in a thread of
+            # its own when this thread runs one already.
+            closer = threading.Thread(target=asyncio.run, args=(engine.dispose(),))
+            closer.start()
+            closer.join()
         with self._lock:
             if self._raw is not None:
                 self._raw.close()
                 self._raw = None
         self._engine.dispose()
+
+    async def aclose(self) -> None:
+        """Close the store's database connections, the asyncio engine's included."""
+        engine, self._async_engine = self._async_engine, None
+        if engine is not None:
+            await engine.dispose()
+        self.close()
 
     def _ensure_schema(self) -> None:
         if not self._ready:
@@ -283,11 +373,10 @@ class SqlGraphStore:
                     raw.executemany(_SQLITE_PUT_BLOB, values)
                     raw.execute(_SQLITE_PUT_CHECKPOINT, checkpoint)
             return
-        with self._writing() as connection:
+        with self._pg_transaction() as cursor:
             if values:
-                connection.execute(self._put_blob, _named(_blobs, values))
-            connection.execute(self._put_checkpoint, _named(_checkpoints, [checkpoint]))
-            connection.commit()
+                cursor.executemany(_PG_PUT_BLOB, values)
+            cursor.execute(_PG_PUT_CHECKPOINT, checkpoint)
 
     def put_task_writes(
         self,
@@ -315,23 +404,52 @@ class SqlGraphStore:
                     else:
                         raw.execute(_SQLITE_SET_WRITES, (*merge(*found), *key))
             return
-        with self._writing() as connection:
-            (added,) = _named(_writes, [row])
-            if connection.execute(self._add_writes, added).first() is None:
-                where = [
-                    _writes.c[name] == value for name, value in zip(_WRITES_KEY, key, strict=True)
-                ]
-                found = connection.execute(
-                    select(_writes.c.task_path, _writes.c.writes).where(*where).with_for_update()
-                ).first()
+        with self._pg_transaction() as cursor:
+            cursor.execute(_PG_ADD_WRITES, row)
+            if cursor.fetchone() is None:
+                # The task has writes already: merge the new ones into them.
+                cursor.execute(_PG_GET_WRITES, key)
+                found = cursor.fetchone()
                 if found is None:  # deleted in between
-                    connection.execute(self._add_writes, added)
+                    cursor.execute(_PG_ADD_WRITES, row)
                 else:
-                    path, stored = merge(found.task_path, found.writes)
-                    connection.execute(
-                        update(_writes).where(*where).values(task_path=path, writes=stored)
-                    )
-            connection.commit()
+                    cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
+
+    # Native asyncio (PostgreSQL).
+
+    @asynccontextmanager
+    async def areading(self) -> AsyncIterator[AsyncGraphReader]:
+        """A reader on one asyncio connection, for the block's duration (PostgreSQL)."""
+        async with self._async_connect() as connection:
+            yield _AsyncReader(connection)
+
+    async def aput_checkpoint(
+        self, checkpoint: StoredCheckpoint, values: Sequence[StoredValue]
+    ) -> None:
+        """``put_checkpoint`` on the asyncio driver (PostgreSQL)."""
+        async with self._apg_transaction() as cursor:
+            if values:
+                await cursor.executemany(_PG_PUT_BLOB, values)
+            await cursor.execute(_PG_PUT_CHECKPOINT, checkpoint)
+
+    async def aput_task_writes(
+        self,
+        key: tuple[str, str, str, str],
+        task_path: str,
+        writes: bytes,
+        merge: Merge,
+    ) -> None:
+        """``put_task_writes`` on the asyncio driver (PostgreSQL)."""
+        row = (*key, task_path, writes)
+        async with self._apg_transaction() as cursor:
+            await cursor.execute(_PG_ADD_WRITES, row)
+            if await cursor.fetchone() is None:
+                await cursor.execute(_PG_GET_WRITES, key)
+                found = await cursor.fetchone()
+                if found is None:  # deleted in between
+                    await cursor.execute(_PG_ADD_WRITES, row)
+                else:
+                    await cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread."""
@@ -421,6 +539,46 @@ class SqlGraphStore:
             raw.execute("BEGIN IMMEDIATE")
             with raw:  # commits, or rolls back on an exception
                 yield raw
+
+    @contextmanager
+    def _pg_transaction(self) -> Iterator[Any]:
+        """A psycopg cursor in one transaction, pipelined, on a pooled connection."""
+        self._ensure_schema()
+        pooled = self._engine.raw_connection()
+        try:
+            driver: Any = pooled.driver_connection
+            with driver.pipeline(), driver.transaction(), driver.cursor() as cursor:
+                yield cursor
+        finally:
+            pooled.close()
+
+    def _async(self) -> AsyncEngine:
+        if self._sqlite:
+            raise ConfigurationError("the graph store's asyncio methods need PostgreSQL")
+        if self._async_engine is None:
+            self._async_engine = create_async_engine(async_url(self.url))
+        return self._async_engine
+
+    @asynccontextmanager
+    async def _async_connect(self) -> AsyncIterator[AsyncConnection]:
+        engine = self._async()
+        if not self._ready:
+            await asyncio.to_thread(self._ensure_schema)
+        async with engine.connect() as connection:
+            yield connection
+
+    @asynccontextmanager
+    async def _apg_transaction(self) -> AsyncIterator[Any]:
+        """A psycopg async cursor in one transaction, pipelined, on a pooled connection."""
+        async with self._async_connect() as connection:
+            pooled = await connection.get_raw_connection()
+            driver: Any = pooled.driver_connection
+            async with driver.pipeline(), driver.transaction():
+                cursor = driver.cursor()
+                try:
+                    yield cursor
+                finally:
+                    await cursor.close()
 
     @contextmanager
     def _writing(self) -> Iterator[Connection]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import random
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import orjson
@@ -38,10 +38,13 @@ from agentsnap.integrations.langgraph._rows import (
 )
 from agentsnap.store.dialect import redacted_url
 from agentsnap.store.graph import (
+    AsyncGraphReader,
     GraphCheckpointStore,
     GraphReader,
+    Merge,
     StoredCheckpoint,
     StoredValue,
+    TaskWrites,
 )
 from agentsnap.store.sql import DEFAULT_URL
 from agentsnap.store.sql_graph import SqlGraphStore
@@ -78,8 +81,12 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     each one transaction, in SQL, that also deletes the channel values no checkpoint
     refers to any more.
 
-    The synchronous methods run on the calling thread; the asynchronous ones run the same
-    code in a worker thread, so they do not block the event loop.
+    The synchronous methods run on the calling thread. On PostgreSQL, ``aget_tuple``,
+    ``alist``, ``aput`` and ``aput_writes`` run on an asyncio driver (psycopg's async
+    connections, from a pool of their own, opened on first use; close it with
+    [`aclose`][agentsnap.integrations.langgraph.AgentsnapSaver.aclose]); the other
+    asynchronous methods, and all of them on SQLite, run the synchronous code in a worker
+    thread, so they do not block the event loop.
 
     Args:
         url: Database URL, as for [`SqlStore`][agentsnap.store.sql.SqlStore]: the saver may
@@ -120,8 +127,12 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         self._storage.close()
 
     async def aclose(self) -> None:
-        """Close the saver's database connections (off the event loop)."""
-        await asyncio.to_thread(self.close)
+        """Close the saver's database connections, those of its asyncio methods included."""
+        native = self._native()
+        if native is None:
+            await asyncio.to_thread(self.close)
+        else:
+            await native.aclose()
 
     def _load_value(self, value_type: str, value: bytes) -> Any:
         return self.serde.loads_typed((value_type, value))
@@ -184,25 +195,14 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         Yields:
             The matching checkpoint tuples.
         """
-        where: dict[str, Any] = {}
-        if config is not None:
-            configurable = config["configurable"]
-            where["thread_id"] = configurable["thread_id"]
-            where["checkpoint_ns"] = configurable.get("checkpoint_ns")
-            where["checkpoint_id"] = get_checkpoint_id(config) or None
-        if before is not None:
-            where["before"] = get_checkpoint_id(before) or None
-        if limit is not None and not filter:
-            where["limit"] = limit
+        where = _list_where(config, filter, before, limit)
         found: builtins.list[CheckpointTuple] = []
         with self._storage.reading() as reader:
             for row in reader.checkpoints(**where):
                 if limit is not None and len(found) >= limit:
                     break
                 metadata = self._load_metadata(row.meta_type, row.meta)
-                if filter and not all(
-                    key in metadata and metadata[key] == value for key, value in filter.items()
-                ):
+                if _filtered_out(metadata, filter):
                     continue
                 found.append(self._tuple(reader, row, metadata))
         yield from found
@@ -211,19 +211,43 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         self, reader: GraphReader, row: StoredCheckpoint, metadata: Any | None = None
     ) -> CheckpointTuple:
         thread_id, checkpoint_ns, checkpoint_id = row[:3]
+        checkpoint, stored = self._stored_checkpoint(row)
+        found = reader.values(thread_id, checkpoint_ns, stored)
+        writes = reader.task_writes(thread_id, checkpoint_ns, checkpoint_id)
+        return self._assemble(row, checkpoint, found, writes, metadata)
+
+    async def _atuple(
+        self, reader: AsyncGraphReader, row: StoredCheckpoint, metadata: Any | None = None
+    ) -> CheckpointTuple:
+        thread_id, checkpoint_ns, checkpoint_id = row[:3]
+        checkpoint, stored = self._stored_checkpoint(row)
+        found = await reader.values(thread_id, checkpoint_ns, stored)
+        writes = await reader.task_writes(thread_id, checkpoint_ns, checkpoint_id)
+        return self._assemble(row, checkpoint, found, writes, metadata)
+
+    def _stored_checkpoint(self, row: StoredCheckpoint) -> tuple[Any, dict[str, str]]:
+        """A stored checkpoint, decoded, and the versions of its values stored as rows."""
         checkpoint = self.serde.loads_typed((row.checkpoint_type, row.checkpoint))
-        if metadata is None:
-            metadata = self._load_metadata(row.meta_type, row.meta)
         inline: dict[str, Any] = checkpoint.get("channel_values") or {}
         versions = checkpoint["channel_versions"]
         stored = {channel: str(versions[channel]) for channel in versions if channel not in inline}
+        return checkpoint, stored
+
+    def _assemble(
+        self,
+        row: StoredCheckpoint,
+        checkpoint: Any,
+        values: Iterable[tuple[str, str, bytes]],
+        writes: Iterable[TaskWrites],
+        metadata: Any | None,
+    ) -> CheckpointTuple:
+        thread_id, checkpoint_ns, checkpoint_id = row[:3]
+        if metadata is None:
+            metadata = self._load_metadata(row.meta_type, row.meta)
         loads_typed = self.serde.loads_typed
         checkpoint["channel_values"] = {
-            **inline,
-            **{
-                channel: loads_typed((value_type, value))
-                for channel, value_type, value in reader.values(thread_id, checkpoint_ns, stored)
-            },
+            **(checkpoint.get("channel_values") or {}),
+            **{channel: loads_typed((value_type, value)) for channel, value_type, value in values},
         }
         parent = row.parent_checkpoint_id
         return CheckpointTuple(
@@ -231,17 +255,13 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             checkpoint=checkpoint,
             metadata=cast(CheckpointMetadata, metadata),
             parent_config=checkpoint_config(thread_id, checkpoint_ns, parent) if parent else None,
-            pending_writes=self._load_writes(reader, thread_id, checkpoint_ns, checkpoint_id),
+            pending_writes=self._load_writes(writes),
         )
 
-    def _load_writes(
-        self, reader: GraphReader, thread_id: str, checkpoint_ns: str, checkpoint_id: str
-    ) -> builtins.list[PendingWrite]:
+    def _load_writes(self, rows: Iterable[TaskWrites]) -> builtins.list[PendingWrite]:
         found = [
             (task_path, task_id, idx, channel, value_type, value)
-            for task_id, task_path, writes in reader.task_writes(
-                thread_id, checkpoint_ns, checkpoint_id
-            )
+            for task_id, task_path, writes in rows
             for idx, channel, value_type, value in unpack_writes(writes)
         ]
         found.sort(key=lambda w: writes_sort_key(w[0], w[1], w[2]))
@@ -271,6 +291,17 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         Returns:
             The config naming the saved checkpoint.
         """
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        self._storage.put_checkpoint(row, blobs)
+        return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
+
+    def _put_rows(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> tuple[StoredCheckpoint, builtins.list[StoredValue]]:
         configurable = config["configurable"]
         thread_id: str = configurable["thread_id"]
         checkpoint_ns: str = configurable.get("checkpoint_ns", "")
@@ -306,8 +337,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             meta,
             run_id if isinstance(run_id, str) else None,
         )
-        self._storage.put_checkpoint(row, blobs)
-        return checkpoint_config(thread_id, checkpoint_ns, checkpoint["id"])
+        return row, blobs
 
     def put_writes(
         self,
@@ -328,8 +358,16 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             task_id: The task that made the writes.
             task_path: The task's path in the graph.
         """
-        if not writes:
-            return
+        if writes:
+            self._storage.put_task_writes(*self._writes_args(config, writes, task_id, task_path))
+
+    def _writes_args(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> tuple[tuple[str, str, str, str], str, bytes, Merge]:
         configurable = config["configurable"]
         key = (
             configurable["thread_id"],
@@ -347,7 +385,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
                 for idx, (channel, value) in enumerate(writes)
             ],
         )
-        self._storage.put_task_writes(
+        return (
             key,
             task_path,
             pack_writes(entries),
@@ -434,11 +472,22 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         _not_one_string("prune", "thread ids", thread_ids)
         self._storage.prune(list(thread_ids), strategy, self._load_value, self._load_metadata)
 
-    # Asynchronous versions: the same code in a worker thread.
+    # Asynchronous versions: on PostgreSQL, on the asyncio driver; otherwise the same code
+    # in a worker thread.
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Asynchronous [`get_tuple`][agentsnap.integrations.langgraph.AgentsnapSaver.get_tuple]."""
-        return await asyncio.to_thread(self.get_tuple, config)
+        native = self._native()
+        if native is None:
+            return await asyncio.to_thread(self.get_tuple, config)
+        configurable = config["configurable"]
+        async with native.areading() as reader:
+            row = await reader.checkpoint(
+                configurable["thread_id"],
+                configurable.get("checkpoint_ns", ""),
+                get_checkpoint_id(config) or None,
+            )
+            return None if row is None else await self._atuple(reader, row)
 
     async def alist(
         self,
@@ -449,10 +498,25 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """Asynchronous [`list`][agentsnap.integrations.langgraph.AgentsnapSaver.list]."""
-        found = await asyncio.to_thread(
-            lambda: [*self.list(config, filter=filter, before=before, limit=limit)]
-        )
-        for item in found:
+        native = self._native()
+        if native is None:
+            found = await asyncio.to_thread(
+                lambda: [*self.list(config, filter=filter, before=before, limit=limit)]
+            )
+            for item in found:
+                yield item
+            return
+        where = _list_where(config, filter, before, limit)
+        tuples: builtins.list[CheckpointTuple] = []
+        async with native.areading() as reader:
+            for row in await reader.checkpoints(**where):
+                if limit is not None and len(tuples) >= limit:
+                    break
+                metadata = self._load_metadata(row.meta_type, row.meta)
+                if _filtered_out(metadata, filter):
+                    continue
+                tuples.append(await self._atuple(reader, row, metadata))
+        for item in tuples:
             yield item
 
     async def aput(
@@ -463,7 +527,12 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Asynchronous [`put`][agentsnap.integrations.langgraph.AgentsnapSaver.put]."""
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        native = self._native()
+        if native is None:
+            return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        await native.aput_checkpoint(row, blobs)
+        return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
     async def aput_writes(
         self,
@@ -473,7 +542,18 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """Asynchronous [`put_writes`][agentsnap.integrations.langgraph.AgentsnapSaver.put_writes]."""  # noqa: E501
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        native = self._native()
+        if native is None:
+            await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        elif writes:
+            await native.aput_task_writes(*self._writes_args(config, writes, task_id, task_path))
+
+    def _native(self) -> SqlGraphStore | None:
+        """The storage when it has native asyncio methods (PostgreSQL), else ``None``."""
+        storage = self._storage
+        if isinstance(storage, SqlGraphStore) and storage.native_async:
+            return storage
+        return None
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Asynchronous [`delete_thread`][agentsnap.integrations.langgraph.AgentsnapSaver.delete_thread]."""  # noqa: E501
@@ -512,6 +592,33 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         else:
             number = int(str(current).split(".")[0])
         return f"{number + 1:016}.{random.getrandbits(32):08x}"
+
+
+def _list_where(
+    config: RunnableConfig | None,
+    filter: dict[str, Any] | None,
+    before: RunnableConfig | None,
+    limit: int | None,
+) -> dict[str, Any]:
+    """The storage's filters for ``list``'s arguments (the metadata filter is applied after)."""
+    where: dict[str, Any] = {}
+    if config is not None:
+        configurable = config["configurable"]
+        where["thread_id"] = configurable["thread_id"]
+        where["checkpoint_ns"] = configurable.get("checkpoint_ns")
+        where["checkpoint_id"] = get_checkpoint_id(config) or None
+    if before is not None:
+        where["before"] = get_checkpoint_id(before) or None
+    if limit is not None and not filter:
+        where["limit"] = limit
+    return where
+
+
+def _filtered_out(metadata: Any, filter: dict[str, Any] | None) -> bool:
+    """Whether metadata lacks one of the filter's values."""
+    return bool(filter) and not all(
+        key in metadata and metadata[key] == value for key, value in (filter or {}).items()
+    )
 
 
 def _not_one_string(method: str, what: str, given: Sequence[str]) -> None:
