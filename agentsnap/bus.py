@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
@@ -215,13 +215,15 @@ class LocalTransport:
         return LocalChannel(src, dst, receiver, closed)
 
 
-class BusObserver(Protocol):
-    """Sees every message sent and delivered on a bus.
+class BusObserver:
+    """Sees the messages sent and delivered on a bus.
 
     Add one with [`Bus.observe`][agentsnap.bus.Bus.observe].
 
-    The hooks run on the hot path, in the sending or receiving process, between the bus's own
-    steps: keep them short, and never raise.
+    Subclass it and override the hooks you need: the bus calls only the hooks an observer
+    overrides, so a journal that logs deliveries costs nothing on the send path. The hooks run
+    on the hot path, in the sending or receiving process, between the bus's own steps: keep
+    them short, and never raise.
     """
 
     def on_send(self, channel: Channel, message: Message) -> Message:
@@ -230,6 +232,7 @@ class BusObserver(Protocol):
         Tracing returns a copy whose headers carry its context. Checks may still hold the
         message back after this.
         """
+        return message
 
     def on_enqueue(self, channel: Channel, message: Message) -> None:
         """``message`` was appended to ``channel``: its receiver can take it now."""
@@ -238,26 +241,42 @@ class BusObserver(Protocol):
         """``message`` was taken off ``channel`` and is about to be handled."""
 
 
-class _Observers:
-    """Several observers seen as one, in the order they were added."""
+def _send_hook(observers: list[BusObserver]) -> Callable[[Channel, Message], Message] | None:
+    """The observers' ``on_send`` as one callable, or ``None`` when none overrides it."""
+    hooks = _overridden(observers, "on_send")
+    if len(hooks) <= 1:
+        return hooks[0] if hooks else None
 
-    __slots__ = ("observers",)
-
-    def __init__(self, observers: list[BusObserver]) -> None:
-        self.observers = observers
-
-    def on_send(self, channel: Channel, message: Message) -> Message:
-        for observer in self.observers:
-            message = observer.on_send(channel, message)
+    def chained(channel: Channel, message: Message) -> Message:
+        for hook in hooks:
+            message = hook(channel, message)
         return message
 
-    def on_enqueue(self, channel: Channel, message: Message) -> None:
-        for observer in self.observers:
-            observer.on_enqueue(channel, message)
+    return chained
 
-    def on_deliver(self, channel: Channel, message: Message) -> None:
-        for observer in self.observers:
-            observer.on_deliver(channel, message)
+
+def _event_hook(
+    observers: list[BusObserver], name: str
+) -> Callable[[Channel, Message], None] | None:
+    """The observers' hook ``name`` as one callable, or ``None`` when none overrides it."""
+    hooks = _overridden(observers, name)
+    if len(hooks) <= 1:
+        return hooks[0] if hooks else None
+
+    def each(channel: Channel, message: Message) -> None:
+        for hook in hooks:
+            hook(channel, message)
+
+    return each
+
+
+def _overridden(observers: list[BusObserver], name: str) -> list[Any]:
+    default = getattr(BusObserver, name)
+    return [
+        getattr(observer, name)
+        for observer in observers
+        if getattr(type(observer), name, default) is not default
+    ]
 
 
 class Endpoint:
@@ -361,10 +380,13 @@ class Bus:
         self.scheduler = scheduler
         self.transport: Transport = transport if transport is not None else LocalTransport()
         self._notify = scheduler.notify
-        self.observer: BusObserver | None = None
-        """Who sees the traffic: one observer, or several behind one object, so the hot
-        paths check a single ``None``. Change it with ``observe`` and ``unobserve``."""
         self._observers: list[BusObserver] = []
+        # The observers' hooks, each one callable or None: a hot path checks a single None.
+        self._on_send: Callable[[Channel, Message], Message] | None = None
+        self._on_enqueue: Callable[[Channel, Message], None] | None = None
+        self.on_deliver: Callable[[Channel, Message], None] | None = None
+        """The observers' ``on_deliver`` hooks as one callable, or ``None``: whoever hands a
+        message to its receiver calls it (see [`delivered`][agentsnap.bus.Bus.delivered])."""
         self.replay_stalled: Callable[[], None] = self.abandon_replay
         # Message kinds already checked (check_kind): a send pays one set lookup.
         self._kinds: set[str] = {"message"}
@@ -372,17 +394,18 @@ class Bus:
     def observe(self, observer: BusObserver) -> None:
         """Have ``observer`` see every message sent and delivered from now on."""
         self._observers.append(observer)
-        self.observer = observer if len(self._observers) == 1 else _Observers(list(self._observers))
+        self._hooks()
 
     def unobserve(self, observer: BusObserver) -> None:
         """Stop showing the traffic to ``observer``."""
         if observer in self._observers:
             self._observers.remove(observer)
-        observers = self._observers
-        if not observers:
-            self.observer = None
-        else:
-            self.observer = observers[0] if len(observers) == 1 else _Observers(list(observers))
+        self._hooks()
+
+    def _hooks(self) -> None:
+        self._on_send = _send_hook(self._observers)
+        self._on_enqueue = _event_hook(self._observers, "on_enqueue")
+        self.on_deliver = _event_hook(self._observers, "on_deliver")
 
     def replaying(self) -> bool:
         """Whether some process still follows a replay plan."""
@@ -466,15 +489,16 @@ class Bus:
         message: Message = _new_message(
             Message, (sender.name, dst, seq, kind, payload, headers, sender.epoch)
         )
-        observer = self.observer
-        if observer is not None:
-            message = observer.on_send(channel, message)
+        on_send = self._on_send
+        if on_send is not None:
+            message = on_send(channel, message)
         if not post:
             return message
         # What post() does, written out: this is the hot path of every send.
         channel.append(message)
-        if observer is not None:
-            observer.on_enqueue(channel, message)
+        on_enqueue = self._on_enqueue
+        if on_enqueue is not None:
+            on_enqueue(channel, message)
         self._notify(channel)
         return message
 
@@ -489,9 +513,9 @@ class Bus:
         """Make a message built with ``send(..., post=False)`` visible to its receiver."""
         channel = sender.outgoing[message.dst]
         channel.append(message)
-        observer = self.observer
-        if observer is not None:
-            observer.on_enqueue(channel, message)
+        on_enqueue = self._on_enqueue
+        if on_enqueue is not None:
+            on_enqueue(channel, message)
         self._notify(channel)
 
     def unsend(self, sender: Endpoint, message: Message) -> None:
@@ -512,9 +536,9 @@ class Bus:
         only from here, so that a snapshot it records in between does not count it.
         """
         channel.delivered += 1
-        observer = self.observer
-        if observer is not None:
-            observer.on_deliver(channel, message)
+        on_deliver = self.on_deliver
+        if on_deliver is not None:
+            on_deliver(channel, message)
 
     def has_messages(self) -> bool:
         """Whether any channel holds a message (markers aside)."""
@@ -561,11 +585,15 @@ class Bus:
             for src, count in received.items():
                 self.channel(endpoints[src], name).delivered = count
         notify = self._notify
+        channels = self.channels
         for message in in_flight:
-            channel = self.channel(endpoints[message.src], message.dst)
+            src, dst, seq = message[:3]
+            found = channels.get((src, dst))
+            channel = found if found is not None else self.channel(endpoints[src], dst)
             channel.append(message._replace(epoch=epoch) if message.epoch > epoch else message)
-            channel.sent = max(channel.sent, message.seq)
-            dropped.discard((message.src, message.dst, message.seq))
+            channel.sent = max(channel.sent, seq)
+            if dropped:
+                dropped.discard((src, dst, seq))
             notify(channel)
         return len(dropped)
 

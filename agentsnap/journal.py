@@ -38,10 +38,10 @@ import json
 import logging
 import time
 from array import array
-from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from agentsnap.bus import BusObserver
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.records import JournalMessage, JournalSegment
 from agentsnap.state import compact_json
@@ -62,7 +62,7 @@ _encode = compact_json
 _now_ns = time.time_ns
 
 
-class Journal:
+class Journal(BusObserver):
     """Collects a run's sends and deliveries and writes them to the store in segments.
 
     The runtime creates one when it is given ``journal=True``; applications do not need to.
@@ -72,7 +72,7 @@ class Journal:
         store: Where segments are written.
         run_id: The run they belong to.
         interval: Seconds between background flushes.
-        segment_size: A channel's sends are encoded as soon as this many are logged, so the
+        segment_size: Sends are encoded once about this many per channel are logged, so the
             journal holds on to few live messages (which would slow Python's garbage
             collector down) and mostly to encoded text until the next flush.
 
@@ -105,30 +105,29 @@ class Journal:
         self._lock = asyncio.Lock()
         self._timer: asyncio.Task[None] | None = None
         self.failures: list[Exception] = []
-        # Per channel, sends as ``message, microseconds since the epoch`` pairs laid out
-        # flat, and deliveries as ``seq, microseconds`` pairs, not yet taken.
-        self._sent: defaultdict[Channel, list[Any]] = defaultdict(list)
-        self._delivered: defaultdict[Channel, list[int]] = defaultdict(list)
-        self._spill_at = 2 * segment_size
+        # Sends as ``channel, message, microseconds since the epoch`` triples laid out flat,
+        # and deliveries as ``channel, seq, microseconds``, in the order they happened.
+        self._sends: list[Any] = []
+        self._deliveries: list[Any] = []
+        self._segment_size = segment_size
+        self._spill_at = 3 * segment_size
         bus.observe(self)
 
     # -- the bus's observer: the hot path -----------------------------------------------------
 
-    def on_send(self, channel: Channel, message: Message) -> Message:
-        """Nothing to do until the message is visible."""
-        return message
-
     def on_enqueue(self, channel: Channel, message: Message) -> None:
         """Log a send."""
-        log = self._sent[channel]
+        log = self._sends
+        log.append(channel)
         log.append(message)
         log.append(_now_ns() // 1000)
         if len(log) >= self._spill_at:
-            self.spill(channel)
+            self._full()
 
     def on_deliver(self, channel: Channel, message: Message) -> None:
         """Log a delivery."""
-        log = self._delivered[channel]
+        log = self._deliveries
+        log.append(channel)
         log.append(message.seq)
         log.append(_now_ns() // 1000)
 
@@ -144,24 +143,34 @@ class Journal:
             await asyncio.sleep(self._interval)
             await self.flush()
 
-    def spill(self, channel: Channel) -> None:
-        """Encode the sends logged on ``channel`` now; they are written at the next flush."""
-        sent = self._sent.pop(channel, None)
-        if sent:
-            self._pending.append(_send_segment(channel.src, channel.dst, sent))
+    def _full(self) -> None:
+        """The send log reached its bound: about ``segment_size`` sends per channel."""
+        self._spill_at = 3 * self._segment_size * max(1, len(self._bus.channels))
+        if len(self._sends) >= self._spill_at:
+            self.spill()
+
+    def spill(self) -> None:
+        """Encode the sends logged so far; they are written at the next flush.
+
+        Encoded, they are text the garbage collector never walks, where the logged messages
+        would be live objects.
+        """
+        sends, self._sends = self._sends, []
+        self._pending.extend(
+            _send_segment(channel.src, channel.dst, log) for channel, log in _by_channel(sends)
+        )
 
     def take(self) -> list[JournalSegment]:
         """Take every event logged since the last call, as segments (sends first)."""
-        segments: list[JournalSegment] = []
-        sent_logs, self._sent = self._sent, defaultdict(list)
-        delivered_logs, self._delivered = self._delivered, defaultdict(list)
-        for channel in self._bus.channels.values():
-            sent = sent_logs.get(channel)
-            if sent:
-                segments.append(_send_segment(channel.src, channel.dst, sent))
-            delivered = delivered_logs.get(channel)
-            if delivered:
-                segments.append(_deliver_segment(channel.src, channel.dst, delivered))
+        sends, self._sends = self._sends, []
+        deliveries, self._deliveries = self._deliveries, []
+        segments = [
+            _send_segment(channel.src, channel.dst, log) for channel, log in _by_channel(sends)
+        ]
+        segments.extend(
+            _deliver_segment(channel.src, channel.dst, log)
+            for channel, log in _by_channel(deliveries)
+        )
         return segments
 
     async def flush(self) -> None:
@@ -203,6 +212,22 @@ class Journal:
 # Segments are encoded column by column: one JSON array per field, which the C encoder turns
 # out far faster than an object per message. A column whose values are all equal (the kind,
 # the epoch) is kept as that single value, and consecutive sequence numbers as the first one.
+
+
+def _by_channel(log: list[Any]) -> Iterable[tuple[Channel, list[Any]]]:
+    """Split a flat log of ``channel, a, b`` triples into ``a, b`` pairs per channel.
+
+    Each channel's pairs keep their order; the channels come in the order they first appear.
+    """
+    pairs: dict[Channel, list[Any]] = {}
+    for i in range(0, len(log), 3):
+        channel = log[i]
+        found = pairs.get(channel)
+        if found is None:
+            found = pairs[channel] = []
+        found.append(log[i + 1])
+        found.append(log[i + 2])
+    return pairs.items()
 
 
 def _send_segment(src: str, dst: str, log: list[Any]) -> JournalSegment:

@@ -1224,9 +1224,9 @@ class Runtime:
             snapshots.on_message(endpoint, channel, message)
         # What bus.delivered() does, written out: this is the hot path of every delivery.
         channel.delivered += 1
-        observer = self._bus.observer
-        if observer is not None:
-            observer.on_deliver(channel, message)
+        on_deliver = self._bus.on_deliver
+        if on_deliver is not None:
+            on_deliver(channel, message)
         delivered = self._delivered
         if delivered is not None:
             delivered.append(channel)  # bounded by _watch_replay, not here: the hot path

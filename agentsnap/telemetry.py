@@ -69,6 +69,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
+from agentsnap.bus import BusObserver
 from agentsnap.exceptions import ConfigurationError, OutputRejected, ToolFailed
 from agentsnap.messages import EMPTY_HEADERS, ENVIRONMENT
 from agentsnap.semconv import (
@@ -189,7 +190,7 @@ def _meter_is_sdk(meter: metrics.Meter) -> bool:
 # -- the recorder ----------------------------------------------------------------------------
 
 
-class Telemetry:
+class Telemetry(BusObserver):
     """Where a runtime's spans and metrics go: a tracer and a meter, and what to record.
 
     Give one to [`Runtime`][agentsnap.Runtime] (``Runtime(telemetry=...)``) to use providers
@@ -298,15 +299,12 @@ class Telemetry:
         return MappingProxyType(carrier) if carrier else EMPTY_HEADERS
 
     def on_send(self, channel: Channel, message: Message) -> Message:
-        """As a bus observer (when tracing): the message's send span and trace context."""
+        """As a bus observer (when tracing): the message's send span and trace context.
+
+        The runtime opens the spans of deliveries and handlers itself.
+        """
         headers = self.sent(message.src, message.dst, message.seq, message.kind, message.headers)
         return message._replace(headers=headers)
-
-    def on_enqueue(self, channel: Channel, message: Message) -> None:
-        """As a bus observer: nothing (the send span covers it)."""
-
-    def on_deliver(self, channel: Channel, message: Message) -> None:
-        """As a bus observer: nothing (the runtime opens the handling spans)."""
 
     def handling(self, run_id: str, agent: str, message: Message) -> Handling:
         """Spans around ``agent`` handling ``message``: ``deliver``, and ``invoke_agent`` in it.

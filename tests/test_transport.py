@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime
-from agentsnap.bus import Channel, Endpoint
+from agentsnap.bus import BusObserver, Channel, Endpoint
 from agentsnap.exceptions import SnapshotFailed
 from agentsnap.journal import read_journal
 from agentsnap.messages import Marker
@@ -144,7 +144,7 @@ async def test_a_transport_of_ones_own_carries_snapshots_and_rollbacks() -> None
         assert_consistent(snapshot)
 
 
-class Recorder:
+class Recorder(BusObserver):
     """A bus observer that writes down what it sees."""
 
     def __init__(self) -> None:
@@ -223,3 +223,35 @@ async def test_a_held_output_is_seen_as_sent_but_enqueued_only_once_it_passes(
     assert sent.count(("send", "judged>sink#1")) == 2
     assert sent.count(("enqueue", "judged>sink#1")) == 1
     assert [(m.src, m.dst, m.seq) for m in journal if m.src == "judged"] == [("judged", "sink", 1)]
+
+
+class Deliveries(BusObserver):
+    """Overrides one hook only."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_deliver(self, channel: Channel, message: Message) -> None:
+        self.seen.append(message.id)
+
+
+async def test_the_bus_calls_only_the_hooks_an_observer_overrides() -> None:
+    deliveries, recorder = Deliveries(), Recorder()
+    async with Runtime() as runtime:
+        runtime.add(Echo("a"))
+        runtime.add(Echo("b"))
+        runtime.bus.observe(deliveries)
+        first = runtime.bus.on_deliver
+        runtime.bus.observe(recorder)
+        runtime.send("a", 1)
+        await runtime.run_until_idle()
+        runtime.bus.unobserve(deliveries)
+        runtime.bus.unobserve(recorder)
+        last = runtime.bus.on_deliver
+    assert first == deliveries.on_deliver, "one observer's hook is called directly"
+    assert last is None, "no observer left: nothing to call"
+    assert deliveries.seen == ["$env>a#1", "a>b#1"]
+    assert [event for event in recorder.events if event[0] == "deliver"] == [
+        ("deliver", "$env>a#1"),
+        ("deliver", "a>b#1"),
+    ]
