@@ -247,8 +247,8 @@ class Context(Generic[S]):
     def mark_changed(self) -> None:
         """Say that the agent's state changed outside a handler, for the next snapshot.
 
-        Not needed in a handler or ``on_rollback`` (the runtime marks the state after
-        them); see [`Runtime.mark_changed`][agentsnap.Runtime.mark_changed].
+        Not needed in a handler or ``on_rollback`` (a delivery, and the hook, count as
+        changes); see [`Runtime.mark_changed`][agentsnap.Runtime.mark_changed].
         """
         agent = self.agent
         changed = agent._state_changed

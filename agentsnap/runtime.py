@@ -1272,7 +1272,6 @@ class Runtime:
                 if guard is not None:
                     guard.outputs.clear()  # held back, and now never sent
             endpoint.busy = False
-            snapshots.changed.add(endpoint.name)  # whatever the handler did to its state
             ctx.message = None
             if snapshots.wanted and rejected is None and lost_to is None:
                 wanted = snapshots.wanted.get(endpoint.name)

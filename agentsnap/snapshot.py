@@ -187,11 +187,13 @@ class SnapshotCoordinator:
         # Per agent, the hash of the last state shown to survive a JSON round trip.
         self._verified: dict[str, str] = {}
         self.changed: set[str] = set()
-        """Agents whose state may have changed since it was last recorded: only these are
-        encoded again by the next recording; the others reuse their last encoding. See
+        """Agents marked as changed since they were last recorded: these, and those that
+        received a message since, are encoded again by the next recording; the others reuse
+        their last encoding. See
         [`mark_changed`][agentsnap.snapshot.SnapshotCoordinator.mark_changed]."""
-        # Per agent, the state as last recorded (encoded), reused while it is unchanged.
-        self._recorded: dict[str, StateBlob] = {}
+        # Per agent, the state as last encoded, and how many messages the agent had received
+        # from each sender then: reused while nothing was delivered to it and nothing marked it.
+        self._recorded: dict[str, tuple[StateBlob, dict[str, int]]] = {}
         # Complete, written snapshots of the current timeline (rollback targets), by number,
         # with each process's sent counters; and the newest of them in full.
         self._targets: dict[int, tuple[str, dict[str, dict[str, int]]]] = {}
@@ -283,11 +285,12 @@ class SnapshotCoordinator:
 
         A recording encodes an agent's state only if it may have changed since the agent's
         last recording, and otherwise reuses that recording's JSON and hash, so a snapshot
-        costs what changed. The runtime marks an agent each time it delivers a message to it
-        (whatever the handler did), when the agent is registered, when a rollback, a resume or
-        a fork restores the states, and after ``on_rollback``; assigning ``agent.state``
-        marks it too. Code that changes a state in place anywhere else (outside the agent's
-        handlers and hooks) must mark it, with
+        costs what changed. An agent that received a message since (its delivered counters
+        moved, whatever the handler did) counts as changed without a mark, so deliveries cost
+        nothing here. The runtime marks an agent when it is registered, when a rollback, a
+        resume or a fork restores the states, and after ``on_rollback``; assigning
+        ``agent.state`` marks it too. Code that changes a state in place anywhere else
+        (outside the agent's handlers and hooks) must mark it, with
         [`Runtime.mark_changed`][agentsnap.Runtime.mark_changed], or a later snapshot may
         record the state as it was before.
         """
@@ -344,9 +347,14 @@ class SnapshotCoordinator:
 
     def _cut(self, endpoint: Endpoint, due: list[int]) -> AgentCut | None:
         name = endpoint.name
+        received = {src: ch.delivered for src, ch in endpoint.incoming.items()}
+        last = self._recorded.get(name)
         if name == ENVIRONMENT:
             blob = _EMPTY_STATE
-        elif name in self.changed or name not in self._recorded:
+        elif last is not None and last[1] == received and name not in self.changed:
+            # Nothing delivered, restored or marked since its last recording: unchanged.
+            blob = last[0]
+        else:
             state = self._agents[name].state
             try:
                 blob = encode_state(name, state)
@@ -358,16 +366,13 @@ class SnapshotCoordinator:
                 for seq in due:
                     self.fail(seq, str(exc))
                 return None
-            self._recorded[name] = blob
+            self._recorded[name] = (blob, received)
             self.changed.discard(name)
-        else:
-            # Unchanged since its last recording (nothing delivered, restored or marked).
-            blob = self._recorded[name]
         return AgentCut(
             state_json=blob.json,
             state_hash=blob.hash,
             sent={dst: ch.sent for dst, ch in endpoint.outgoing.items()},
-            received={src: ch.delivered for src, ch in endpoint.incoming.items()},
+            received=received,
         )
 
     def _record_in_flight(
