@@ -24,7 +24,7 @@ import asyncio
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -548,7 +548,7 @@ class Bus:
         self,
         epoch: int,
         counters: Mapping[str, tuple[Mapping[str, int], Mapping[str, int]]],
-        in_flight: Iterable[Message],
+        in_flight: Iterable[Sequence[Message]],
     ) -> int:
         """Put every channel back on a recorded cut.
 
@@ -560,9 +560,9 @@ class Bus:
                 put back carries a higher one.
             counters: Per process, the messages it had sent (by receiver) and received (by
                 sender) at the cut; channels the cut does not name start from zero.
-            in_flight: The messages to put back, in order per channel. A message beyond a
-                channel's recorded ``sent`` raises it (the environment's inputs replayed
-                after the cut).
+            in_flight: The messages to put back, one sequence per channel, in order. A
+                message beyond a channel's recorded ``sent`` raises it (the environment's
+                inputs replayed after the cut).
 
         Returns:
             How many messages queued before were not put back (discarded by the restore).
@@ -585,16 +585,18 @@ class Bus:
             for src, count in received.items():
                 self.channel(endpoints[src], name).delivered = count
         notify = self._notify
-        channels = self.channels
-        for message in in_flight:
-            src, dst, seq = message[:3]
-            found = channels.get((src, dst))
-            channel = found if found is not None else self.channel(endpoints[src], dst)
-            channel.append(message._replace(epoch=epoch) if message.epoch > epoch else message)
-            channel.sent = max(channel.sent, seq)
+        for messages in in_flight:
+            if not messages:
+                continue
+            src, dst = messages[0].src, messages[0].dst
+            channel = self.channel(endpoints[src], dst)
+            append = channel.append
+            for message in messages:
+                append(message._replace(epoch=epoch) if message.epoch > epoch else message)
+                notify(channel)
             if dropped:
-                dropped.discard((src, dst, seq))
-            notify(channel)
+                dropped.difference_update((src, dst, message.seq) for message in messages)
+            channel.sent = max(channel.sent, messages[-1].seq)
         return len(dropped)
 
 

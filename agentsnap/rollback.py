@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import itertools
 import logging
 import time
 import uuid
@@ -210,21 +209,9 @@ def restore_cut(
         text = cut.state_json if cut is not None else initial_states[name]
         agent.state = agent.state_type.model_validate_json(text)
     environment = snapshot.agents.get(ENVIRONMENT)
-    return bus.restore(
-        epoch,
-        {name: (cut.sent, cut.received) for name, cut in snapshot.agents.items()},
-        itertools.chain(
-            _in_flight(snapshot),
-            # The environment's messages sent after the cut, as a source is replayed.
-            replay.after(environment.sent if environment is not None else {}),
-        ),
-    )
-
-
-def _in_flight(snapshot: Snapshot) -> Iterator[Message]:
-    for record in snapshot.channels:
-        for kept in record.messages:
-            yield Message(
+    in_flight = [
+        [
+            Message(
                 record.src,
                 record.dst,
                 kept.seq,
@@ -233,6 +220,18 @@ def _in_flight(snapshot: Snapshot) -> Iterator[Message]:
                 MappingProxyType(dict(kept.headers)),
                 kept.epoch,
             )
+            for kept in record.messages
+        ]
+        for record in snapshot.channels
+    ]
+    # The environment's messages sent after the cut, as a source is replayed.
+    inputs: dict[str, list[Message]] = {}
+    for sent in replay.after(environment.sent if environment is not None else {}):
+        inputs.setdefault(sent.dst, []).append(sent)
+    in_flight.extend(inputs.values())
+    return bus.restore(
+        epoch, {name: (cut.sent, cut.received) for name, cut in snapshot.agents.items()}, in_flight
+    )
 
 
 def current_cut(snapshots: list[Snapshot], rollbacks: list[RollbackInfo]) -> Snapshot | None:
