@@ -90,9 +90,12 @@ def main() -> None:
                         _run(trees[side], scripts, options.benchmark, options.args)
                     )
         finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "prune"], check=False, capture_output=True
-            )
+            for tree in (*trees.values(), *([shared.parent] if shared else [])):
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                    check=False,
+                    capture_output=True,
+                )
     heads, bases = results["head"], results["base"]
     print(
         f"{options.benchmark}: {options.rounds} rounds, head {options.head} / base "
