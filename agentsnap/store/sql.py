@@ -40,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, ParamSpec, TypeVar
 
 from sqlalchemy import Insert, Table, Text, Update, event, func, literal, select, type_coerce
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Row, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -711,15 +711,20 @@ class SqlStore:
     async def list_snapshots(self, run_id: str) -> list[Snapshot]:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = (
-                await conn.execute(
-                    select(_snapshots)
-                    .where(_snapshots.c.run_id == run_id)
-                    .order_by(_snapshots.c.seq)
-                )
-            ).all()
+            rows = await self._snapshot_rows(conn, run_id)
             return await self._assemble(conn, [row._mapping for row in rows])
+
+    async def _snapshot_rows(
+        self, conn: AsyncConnection, run_id: str, after_seq: int = 0, limit: int | None = None
+    ) -> Sequence[Row[Any]]:
+        """The snapshot rows of a run after ``after_seq``, in order (``limit`` of them)."""
+        await self._require_run(conn, run_id)
+        query = (
+            select(_snapshots)
+            .where(_snapshots.c.run_id == run_id, _snapshots.c.seq > after_seq)
+            .order_by(_snapshots.c.seq)
+        )
+        return (await conn.execute(query if limit is None else query.limit(limit))).all()
 
     @_retried("list snapshots")
     async def list_snapshots_page(  # noqa: D102
@@ -728,29 +733,14 @@ class SqlStore:
         _check_limit(limit)
         await self._gate.wait()
         async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = (
-                await conn.execute(
-                    select(_snapshots)
-                    .where(_snapshots.c.run_id == run_id, _snapshots.c.seq > after_seq)
-                    .order_by(_snapshots.c.seq)
-                    .limit(limit)
-                )
-            ).all()
+            rows = await self._snapshot_rows(conn, run_id, after_seq, limit)
             return await self._assemble(conn, [row._mapping for row in rows])
 
     @_retried("list snapshots")
     async def list_snapshot_summaries(self, run_id: str) -> list[SnapshotSummary]:  # noqa: D102
         await self._gate.wait()
         async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = (
-                await conn.execute(
-                    select(_snapshots)
-                    .where(_snapshots.c.run_id == run_id)
-                    .order_by(_snapshots.c.seq)
-                )
-            ).all()
+            rows = await self._snapshot_rows(conn, run_id)
             # Each distinct state is read once, checked, and let go.
             reader = SnapshotReader(keep_states=False)
             summaries: list[SnapshotSummary] = []
