@@ -47,7 +47,7 @@ from agentsnap.records import JournalMessage, JournalSegment
 from agentsnap.state import compact_json
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable, Sequence
+    from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 
     from agentsnap.bus import Bus, Channel
     from agentsnap.messages import Message
@@ -214,6 +214,30 @@ class Journal(BusObserver):
 # the epoch) is kept as that single value, and consecutive sequence numbers as the first one.
 
 
+def _sent(  # noqa: PLR0917
+    segment: JournalSegment,
+    i: int,
+    seqs: Sequence[int],
+    at: Sequence[int],
+    kinds: Sequence[str],
+    payloads: Sequence[Any],
+    epochs: Sequence[int],
+    headers: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The fields of the ``i``-th message of a send segment, not delivered yet."""
+    return {
+        "src": segment.src,
+        "dst": segment.dst,
+        "seq": seqs[i],
+        "kind": kinds[i],
+        "payload": payloads[i],
+        "headers": headers.get(str(i), {}),
+        "epoch": epochs[i],
+        "sent_at": _EPOCH + timedelta(microseconds=at[i]),
+        "delivered_at": None,
+    }
+
+
 def _by_channel(log: list[Any]) -> Iterable[tuple[Channel, list[Any]]]:
     """Split a flat log of ``channel, a, b`` triples into ``a, b`` pairs per channel.
 
@@ -333,17 +357,7 @@ def read_journal(segments: Iterable[JournalSegment]) -> list[JournalMessage]:
         seqs, at, kinds, payloads, epochs, headers = _decode(segment)
         if segment.event == "send":
             for i in range(len(at)):
-                message = {
-                    "src": segment.src,
-                    "dst": segment.dst,
-                    "seq": seqs[i],
-                    "kind": kinds[i],
-                    "payload": payloads[i],
-                    "headers": headers.get(str(i), {}),
-                    "epoch": epochs[i],
-                    "sent_at": _EPOCH + timedelta(microseconds=at[i]),
-                    "delivered_at": None,
-                }
+                message = _sent(segment, i, seqs, at, kinds, payloads, epochs, headers)
                 messages.append(message)
                 sends.setdefault((segment.src, segment.dst, seqs[i]), []).append(message)
         else:
@@ -477,21 +491,10 @@ class JournalReader:
                     if ordinal >= count:
                         break
                     when = delivered[ordinal]
-                    message = JournalMessage.model_validate(
-                        {
-                            "src": segment.src,
-                            "dst": segment.dst,
-                            "seq": seqs[i],
-                            "kind": kinds[i],
-                            "payload": payloads[i],
-                            "headers": headers.get(str(i), {}),
-                            "epoch": epochs[i],
-                            "sent_at": _EPOCH + timedelta(microseconds=at[i]),
-                            "delivered_at": None
-                            if when == _UNDELIVERED
-                            else _EPOCH + timedelta(microseconds=when),
-                        }
-                    )
+                    fields = _sent(segment, i, seqs, at, kinds, payloads, epochs, headers)
+                    if when != _UNDELIVERED:
+                        fields["delivered_at"] = _EPOCH + timedelta(microseconds=when)
+                    message = JournalMessage.model_validate(fields)
                     heapq.heappush(held, (at[i], ordinal, message))
                     ordinal += 1
                     # Every message still to come was sent at or after ``floor[ordinal]``.
