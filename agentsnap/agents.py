@@ -195,11 +195,13 @@ class Context(Generic[S]):
         "_snapshots",
         "agent",
         "guard",
+        "keep_before",
         "ledger",
         "message",
         "rejected",
         "replay",
         "run_id",
+        "shown",
         "telemetry",
         "tools",
     )
@@ -238,6 +240,13 @@ class Context(Generic[S]):
         self.telemetry: Telemetry | None = None
         """Where the run's spans and metrics go, or ``None`` when nothing is recorded (set by
         the runtime)."""
+        self.shown: Message | None = None
+        """The message whose handler made a message visible to another agent, the latest
+        such: while it is ``message``, the running handler cannot be recorded from before
+        it began."""
+        self.keep_before = False
+        """Whether the runtime keeps the agent's state as each handler begins (set once a
+        handler of the agent was found running at a recording)."""
 
     @property
     def state(self) -> S:
@@ -296,7 +305,9 @@ class Context(Generic[S]):
             raise self.rejected  # the handler's output was rejected: it sends nothing more
         guard = self.guard
         if guard is None:
-            return self._bus.send(self._endpoint, to, payload, kind, headers)
+            message = self._bus.send(self._endpoint, to, payload, kind, headers)
+            self.shown = self.message
+            return message
         message = self._bus.send(self._endpoint, to, payload, kind, headers, post=False)
         try:
             guard(message)
@@ -309,6 +320,7 @@ class Context(Generic[S]):
             guard.outputs.append(message)
         else:
             self._bus.post(self._endpoint, message)
+            self.shown = self.message
         return message
 
     def post_held(self) -> None:
@@ -355,8 +367,11 @@ class Context(Generic[S]):
     def snapshot(self) -> SnapshotHandle:
         """Start a snapshot with this agent as initiator.
 
-        The agent records its state as soon as the running handler returns, so the state in
-        the snapshot includes what this handler still does after the call.
+        Called from a handler, the agent records at once the state it had before that
+        handler began, and the message being handled is in flight in the snapshot (going
+        back to the snapshot handles it again); the snapshot does not wait for the handler.
+        If the handler already sent a message, the agent records as soon as the handler
+        returns instead, with what the handler did.
 
         Returns:
             A handle to await for the completed snapshot.

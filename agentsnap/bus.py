@@ -338,6 +338,14 @@ class Scheduler(Protocol):
     def resume(self) -> None:
         """Deliver again after ``pause``."""
 
+    def interrupt(self, endpoint: Endpoint) -> bool:
+        """Cancel the handler ``endpoint`` is running, whose work a rollback throws away.
+
+        The handler gets ``asyncio.CancelledError`` where it awaits; the scheduler goes on
+        delivering to ``endpoint`` afterwards. Returns ``False`` when this scheduler cannot
+        (the rollback then waits for the handler to return).
+        """
+
     def reset(self) -> None:
         """Forget every queued item: the runtime has emptied the channels (a rollback).
 
@@ -512,6 +520,10 @@ class Bus:
     def post(self, sender: Endpoint, message: Message) -> None:
         """Make a message built with ``send(..., post=False)`` visible to its receiver."""
         channel = sender.outgoing[message.dst]
+        if message.epoch != sender.epoch:
+            # Held back while its sender recorded (inside the handler that sent it): it is
+            # sent after that cut, and says so.
+            message = message._replace(epoch=sender.epoch)
         channel.append(message)
         on_enqueue = self._on_enqueue
         if on_enqueue is not None:
@@ -697,8 +709,16 @@ class AsyncioScheduler:
                     self._active += 1
                     try:
                         await deliver(channel)
+                    except asyncio.CancelledError:
+                        if not box.interrupted:
+                            raise  # the scheduler is closing
                     finally:
                         self._active -= 1
+                    if box.interrupted:  # cancelled by interrupt(), or the handler ignored it
+                        box.interrupted = False
+                        me = asyncio.current_task()
+                        if me is not None:
+                            me.uncancel()
                     if not self._active:
                         if not self._pending:
                             self._wake_idle()
@@ -798,6 +818,16 @@ class AsyncioScheduler:
             box.inbox.clear()
         self._pending = 0
 
+    def interrupt(self, endpoint: Endpoint) -> bool:  # noqa: D102
+        task = self._tasks.get(endpoint.name)
+        if task is None or task.done() or task is asyncio.current_task() or not endpoint.busy:
+            return False
+        box = self._boxes[endpoint]
+        if not box.interrupted:
+            box.interrupted = True
+            task.cancel()
+        return True
+
     async def close(self) -> None:  # noqa: D102
         tasks = list(self._tasks.values())
         for task in tasks:
@@ -812,9 +842,11 @@ class AsyncioScheduler:
 class _Mailbox:
     """What the asyncio scheduler keeps per process."""
 
-    __slots__ = ("inbox", "waiter")
+    __slots__ = ("inbox", "interrupted", "waiter")
 
     def __init__(self) -> None:
         # Channels with an item waiting, one entry per item, in arrival order.
         self.inbox: deque[Channel] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        # Whether interrupt() cancelled the running delivery (not the serve task).
+        self.interrupted = False

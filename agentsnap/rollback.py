@@ -329,10 +329,20 @@ class RollbackManager:
         the snapshot to go back to is damaged in the store (``SnapshotDamaged``)."""
 
     async def quiesce(self) -> None:
-        """Pause the bus and wait until no handler is running."""
-        self._bus.scheduler.pause()
+        """Pause the bus, cancel the handlers under way, and wait until none runs.
+
+        Their work is thrown away by the rollback, so they are not awaited to the end: a
+        handler awaiting a model is cancelled at once. One inside a side-effecting tool call
+        finishes that call first, so its outcome is in the ledger (see
+        [`Tool`][agentsnap.tools.Tool]).
+        """
+        scheduler = self._bus.scheduler
+        scheduler.pause()
         reason = "the run rolled back before the snapshot completed"
         self._coordinator.abort_all(reason)
+        for endpoint in self._bus.endpoints.values():
+            if endpoint.busy:
+                scheduler.interrupt(endpoint)
         delay = 0.0
         while any(endpoint.busy for endpoint in self._bus.endpoints.values()):
             await asyncio.sleep(delay)

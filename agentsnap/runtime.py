@@ -77,7 +77,7 @@ from agentsnap.rollback import (
     current_cut,
     restore_cut,
 )
-from agentsnap.snapshot import SnapshotCoordinator, SnapshotPolicy
+from agentsnap.snapshot import Handling, SnapshotCoordinator, SnapshotPolicy
 from agentsnap.state import check_round_trip
 from agentsnap.store.faults import classify
 from agentsnap.store.ledger import MemoryLedger, ledger_for
@@ -317,6 +317,7 @@ class Runtime:
         self._contexts: dict[str, Context[Any]] = {}
         self._bus.replay_stalled = self._replay_stalled
         self._snapshots = SnapshotCoordinator(self._bus, self._agents, self.run_id, self._persist)
+        self._snapshots.handling = self._handling
         # Without an SDK this is None, and the hot paths pay one None check per message.
         self._telemetry = resolve(telemetry)
         self._tracing = self._telemetry if self._telemetry and self._telemetry.tracing else None
@@ -1222,6 +1223,9 @@ class Runtime:
         message: Message = item  # type: ignore[assignment]
         if snapshots.active:
             snapshots.on_message(endpoint, channel, message)
+        ctx = self._contexts[endpoint.name]
+        if ctx.keep_before:
+            snapshots.keep_before(endpoint, channel, message)
         # What bus.delivered() does, written out: this is the hot path of every delivery.
         channel.delivered += 1
         on_deliver = self._bus.on_deliver
@@ -1232,7 +1236,6 @@ class Runtime:
             delivered.append(channel)  # bounded by _watch_replay, not here: the hot path
         elif self._replaying:
             self._replayed(endpoint, channel, message)
-        ctx = self._contexts[endpoint.name]
         ctx.message = message
         endpoint.busy = True
         generation = self._generation
@@ -1260,7 +1263,13 @@ class Runtime:
                     self._handler_failed(endpoint.name, message, exc)
         finally:
             # A rejection the handler caught (even with ``except BaseException``) counts.
-            if lost_to is not None:
+            discarded = generation != self._generation
+            if discarded:
+                # A rollback threw this handler's work away (and may have cancelled it).
+                ctx.rejected = None
+                if guard is not None:
+                    guard.outputs.clear()
+            elif lost_to is not None:
                 if guard is not None:
                     guard.outputs.clear()  # held back, and sent when the handler is redone
             elif rejected is None and ctx.rejected is None:
@@ -1273,10 +1282,12 @@ class Runtime:
                     guard.outputs.clear()  # held back, and now never sent
             endpoint.busy = False
             ctx.message = None
-            if snapshots.wanted and rejected is None and lost_to is None:
+            if snapshots.wanted and rejected is None and lost_to is None and not discarded:
                 wanted = snapshots.wanted.get(endpoint.name)
                 if wanted:
                     snapshots.record(endpoint, wanted)
+        if discarded:
+            return
         if rejected is not None:
             await self._rejected(rejected, generation, message)
             return
@@ -1292,6 +1303,24 @@ class Runtime:
             if not self._countdown:
                 self._countdown = self._policy.every_deliveries or 0
                 self._policy_snapshot()
+
+    def _handling(self, endpoint: Endpoint) -> Handling | None:
+        """What the running handler of ``endpoint`` did so far, for a recording inside it.
+
+        ``None`` when it made a message visible already. An agent found inside a handler at
+        a recording keeps its state as each later handler begins, so that the next
+        recordings need not wait for its handlers either.
+        """
+        ctx = self._contexts.get(endpoint.name)
+        message = None if ctx is None else ctx.message
+        if ctx is None or message is None:
+            return None
+        ctx.keep_before = True
+        channel = endpoint.incoming.get(message.src)
+        if ctx.shown is message or channel is None:
+            return None
+        guard = ctx.guard
+        return Handling(message, channel, tuple(guard.outputs) if guard is not None else ())
 
     async def _evaluate(self, ctx: Context[Any]) -> None:
         guard = ctx.guard
@@ -1509,7 +1538,7 @@ class Runtime:
 
     def _restore(self, snapshot: Snapshot) -> int:
         self._snapshots.abort_all("the run rolled back before the snapshot completed")
-        self._snapshots.wanted.clear()
+        self._snapshots.forget_handlers()
         self._snapshots.mark_changed(*self._agents)
         return restore_cut(
             self._bus,

@@ -8,18 +8,39 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
    records as soon as it is between two handler calls.
 2. **Recording.** A process records when it takes a marker ``k`` off a channel, or a message
    whose epoch is ``k`` (the sender recorded before sending it, so the message must not count
-   in the receiver's state). Recording ``k`` records every snapshot up to ``k`` still in
-   progress at the same point, which keeps each process's recordings in order and lets a
-   single integer stand for "which snapshots had the sender recorded". After recording, the
-   process sends marker ``k`` on each outgoing channel.
+   in the receiver's state); a process inside a handler records as soon as a marker ``k`` is
+   put on one of its channels (see *Recording inside a handler*). Recording ``k`` records
+   every snapshot up to ``k`` still in progress at the same point, which keeps each
+   process's recordings in order and lets a single integer stand for "which snapshots had
+   the sender recorded". After recording, the process sends marker ``k`` on each outgoing
+   channel.
 3. **Channel state.** A channel is *closed* for ``k`` once a marker or a message with epoch
    ``>= k`` has come through it. A message the receiver takes after recording ``k`` from a
    channel not yet closed for ``k`` was in flight across the cut and is recorded with it.
-   A channel created after its sender recorded ``k`` starts closed, so channels that appear
-   during a snapshot stay correct.
+   In one process the messages ahead of the marker are known as soon as both ends have
+   recorded, so the channel is closed then, with those messages recorded, without waiting
+   for the receiver to take them. A channel created after its sender recorded ``k`` starts
+   closed, so channels that appear during a snapshot stay correct.
 4. **Completion.** When every process has recorded ``k`` and every channel is closed for
    ``k``, the snapshot is a consistent cut and is handed to the store; the handle resolves once
    it is written. Several snapshots may be in progress at once; the bus never pauses.
+
+**Recording inside a handler.** A handler may await a model for minutes; a snapshot does not
+wait for it. A process whose handler runs when it must record records the state it had
+*before* that handler began, and the message being handled counts as in flight on its
+channel (first in that channel's state). The cut stays consistent because, at that point,
+nothing the handler did is visible to another process: the process records only while the
+handler has sent nothing anyone can see (messages held back for self-evaluation are not
+counted as sent), and what the handler sends later follows the markers of the recording on
+every outgoing channel, so it belongs to the next epoch. Restoring such a cut hands the
+message to the agent again. The state before the handler is the agent's last recorded one
+when nothing was delivered to it or marked since; otherwise it is the encoding
+[`keep_before`][agentsnap.snapshot.SnapshotCoordinator.keep_before] kept as the handler began,
+which the runtime does for agents whose handlers have been found running at a recording
+before; such an agent also records a snapshot in progress as it takes a message, rather than
+at the marker that may be queued behind it. A process that cannot record this way (it
+already sent a message, or no state from before the handler is known) records as soon as
+the handler returns, as a process between two handlers does.
 """
 
 from __future__ import annotations
@@ -30,7 +51,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from agentsnap.exceptions import ConfigurationError, SnapshotFailed, StateNotSerializable
 from agentsnap.handles import SnapshotHandle
@@ -53,12 +74,13 @@ from agentsnap.state import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from datetime import datetime
 
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.messages import Message
 
-__all__ = ["SnapshotCoordinator", "SnapshotObserver", "SnapshotPolicy"]
+__all__ = ["Handling", "SnapshotCoordinator", "SnapshotObserver", "SnapshotPolicy"]
 
 logger = logging.getLogger("agentsnap.snapshot")
 
@@ -132,6 +154,22 @@ class SnapshotObserver(Protocol):
         """
 
 
+class Handling(NamedTuple):
+    """What the handler a process is running has done, for recording it without waiting.
+
+    See *Recording inside a handler* above; the runtime gives it through
+    [`SnapshotCoordinator.handling`][agentsnap.snapshot.SnapshotCoordinator.handling].
+    """
+
+    message: Message
+    """The message being handled: in flight on ``channel`` for the recording."""
+    channel: Channel
+    """The channel it came from."""
+    held: Sequence[Message]
+    """Messages the handler sent that are not visible yet (held for self-evaluation): they
+    have their sequence numbers, but do not count as sent at the recording."""
+
+
 class _Progress:
     """Book-keeping for one snapshot in progress."""
 
@@ -179,8 +217,21 @@ class SnapshotCoordinator:
         self.observer: SnapshotObserver | None = None
         """Who sees the snapshots go by (telemetry, set by the runtime), or ``None``."""
         self.wanted: dict[str, int] = {}
-        """Per process whose handler is running: the snapshot number it must record as soon as
-        that handler returns (see [`request`][agentsnap.snapshot.SnapshotCoordinator.request])."""
+        """Per process whose handler is running and that could not record inside it: the
+        snapshot number it must record as soon as that handler returns."""
+        self.handling: Callable[[Endpoint], Handling | None] | None = None
+        """What the handler ``endpoint`` is running has done so far, or ``None`` when it cannot
+        record inside it (it made a message visible); set by the runtime. Without it, a
+        process inside a handler records when the handler returns."""
+        # Per agent, its state and received counters as a handler began (see keep_before).
+        self._before: dict[str, tuple[StateBlob, dict[str, int]]] = {}
+        # Processes to record, and whether record() is working through them already: a
+        # recording can make others record (their channels got a marker while they were in
+        # a handler), without recursion however many there are.
+        self._to_record: list[tuple[Endpoint, int, tuple[Channel, Message] | None]] = []
+        self._recording = False
+        # Per agent, why its state could not be encoded (for the snapshots that fail).
+        self._unencodable: dict[str, str] = {}
         self._agents = agents
         self._persist = persist
         self._tasks: set[asyncio.Task[None]] = set()
@@ -261,12 +312,43 @@ class SnapshotCoordinator:
         return handle
 
     def request(self, endpoint: Endpoint, seq: int) -> None:
-        """Have ``endpoint`` record ``seq`` now, or when its running handler returns."""
-        if endpoint.busy:
-            wanted = self.wanted
-            wanted[endpoint.name] = max(wanted.get(endpoint.name, 0), seq)
-        else:
-            self.record(endpoint, seq)
+        """Have ``endpoint`` record ``seq`` now.
+
+        Inside its running handler when it can, otherwise as soon as that handler returns.
+        """
+        self.record(endpoint, seq)
+
+    def keep_before(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:
+        """Keep the state of ``endpoint``'s agent as it takes ``message`` to handle it.
+
+        Called before the message counts. A recording while the handler runs then records
+        this state (see *Recording inside a handler*). A process that has not recorded a
+        snapshot in progress records it now instead (any process may record at any moment),
+        so that a marker queued behind the message does not wait for the handler. The
+        runtime calls it for agents whose handlers were found running at a recording before;
+        it costs an encoding when the state changed since it was last encoded, and nothing
+        otherwise.
+        """
+        newest = next(reversed(self.active), 0)
+        if newest > endpoint.epoch:
+            self.record(endpoint, newest, (channel, message))
+        name = endpoint.name
+        received = {src: ch.delivered for src, ch in endpoint.incoming.items()}
+        last = self._recorded.get(name)
+        if last is not None and last[1] == received and name not in self.changed:
+            self._before[name] = (last[0], received)
+            return
+        blob = self._encode(name)
+        if blob is None:  # not JSON: the recording after the handler reports it
+            self._unencodable.pop(name, None)
+            self._before.pop(name, None)
+            return
+        self._before[name] = (blob, received)
+
+    def forget_handlers(self) -> None:
+        """Drop what was kept about running handlers: the runtime restored a cut."""
+        self.wanted.clear()
+        self._before.clear()
 
     def joined(self, endpoint: Endpoint, verified_hash: str) -> None:
         """A process joined: it records every snapshot in progress at its first moment.
@@ -300,53 +382,166 @@ class SnapshotCoordinator:
 
     def on_marker(self, endpoint: Endpoint, channel: Channel, seq: int) -> None:
         """``endpoint`` took a marker for snapshot ``seq`` off ``channel``."""
-        if self.observer is not None and seq in self.active:
+        if self.observer is not None and seq in self.active and seq > channel.closed:
             self.observer.snapshot_marker(self.active[seq].handle.id, channel.src, channel.dst)
-        if seq > endpoint.epoch:
-            self.record(endpoint, seq)
+        # Closed before recording: what follows the marker on it is after the cut.
         if seq > channel.closed:
             self._close(channel, seq)
+        if seq > endpoint.epoch:
+            self.record(endpoint, seq)
 
     def on_message(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:
         """``endpoint`` is about to take ``message`` off ``channel`` (snapshots in progress)."""
         epoch = message.epoch
-        if epoch > endpoint.epoch:
-            # The sender recorded before sending: record before this message counts.
-            self.record(endpoint, epoch)
         if epoch > channel.closed:
+            # The sender recorded up to ``epoch`` before sending it: it is after those cuts.
             self._close(channel, epoch)
         closed = channel.closed
         mine = endpoint.epoch
         for seq, progress in self.active.items():
             if closed < seq <= mine:
                 self._record_in_flight(seq, progress, channel, message)
+        if epoch > mine:
+            # Recorded before the message counts; it is in flight for none of these.
+            self.record(endpoint, epoch)
 
-    def record(self, endpoint: Endpoint, upto: int) -> None:
-        """``endpoint`` records every snapshot in progress up to ``upto`` it has not recorded."""
+    def record(
+        self, endpoint: Endpoint, upto: int, taking: tuple[Channel, Message] | None = None
+    ) -> None:
+        """``endpoint`` records every snapshot in progress up to ``upto`` it has not recorded.
+
+        ``taking`` is a message the process takes off a channel right after recording: it
+        is in flight on that channel for the snapshots recorded now, if the channel is open.
+        A process inside a handler records as *Recording inside a handler* says, or as soon
+        as the handler returns.
+        """
+        self._to_record.append((endpoint, upto, taking))
+        if self._recording:
+            return  # the loop below gets to it
+        self._recording = True
+        try:
+            todo = self._to_record
+            while todo:
+                self._record(*todo.pop(0))
+        finally:
+            self._recording = False
+            self._to_record.clear()
+
+    def _record(
+        self, endpoint: Endpoint, upto: int, taking: tuple[Channel, Message] | None
+    ) -> None:
         if upto <= endpoint.epoch:
             return
+        name = endpoint.name
+        before: tuple[StateBlob, dict[str, int]] | None = None
+        held: Sequence[Message] = ()
+        if endpoint.busy:
+            handling = self.handling(endpoint) if self.handling is not None else None
+            if handling is not None:
+                before = self._state_before(endpoint, handling)
+            if handling is None or before is None:
+                wanted = self.wanted
+                wanted[name] = max(wanted.get(name, 0), upto)
+                return
+            taking = (handling.channel, handling.message)
+            held = handling.held
         if self.wanted:
-            self.wanted.pop(endpoint.name, None)
+            self.wanted.pop(name, None)
         due = [seq for seq in self.active if endpoint.epoch < seq <= upto]
         endpoint.epoch = upto
         if not due:
             return
-        cut = self._cut(endpoint, due)
+        cut = self._cut(endpoint, due, before, held)
         for seq in due:
             progress = self.active.get(seq)
             if progress is None or cut is None:
                 continue
-            progress.cuts[endpoint.name] = cut
-            progress.unrecorded.discard(endpoint.name)
+            if taking is not None and taking[0].closed < seq:
+                self._record_in_flight(seq, progress, *taking)
+                if seq not in self.active:
+                    continue
+            progress.cuts[name] = cut
+            progress.unrecorded.discard(name)
             if self.observer is not None:
-                self.observer.snapshot_recorded(progress.handle.id, endpoint.name)
+                self.observer.snapshot_recorded(progress.handle.id, name)
             if not progress.unrecorded:
                 self._all_recorded(seq, progress)
+        endpoints = self.bus.endpoints
+        for channel in endpoint.incoming.values():
+            if channel.closed < upto and endpoints[channel.src].epoch > channel.closed:
+                self._close_queued(channel)  # the sender's marker is on it already
         for channel in endpoint.outgoing.values():
             self.bus.post_marker(channel, upto)
+            receiver = channel.receiver
+            if receiver.epoch > channel.closed:
+                self._close_queued(channel)
+            elif receiver.busy:
+                self._to_record.append((receiver, upto, None))
 
-    def _cut(self, endpoint: Endpoint, due: list[int]) -> AgentCut | None:
+    def _state_before(
+        self, endpoint: Endpoint, handling: Handling
+    ) -> tuple[StateBlob, dict[str, int]] | None:
+        """The state ``endpoint``'s agent had before its running handler, if known."""
         name = endpoint.name
+        received = {src: ch.delivered for src, ch in endpoint.incoming.items()}
+        received[handling.channel.src] -= 1  # the message being handled does not count
+        before = self._before.get(name)
+        if before is not None and before[1] == received:
+            return before
+        last = self._recorded.get(name)
+        if last is not None and last[1] == received and name not in self.changed:
+            # Nothing was delivered to it or marked since its last recording.
+            return last
+        return None
+
+    def _close_queued(self, channel: Channel) -> None:
+        """Close ``channel`` up to what its receiver recorded, as far as its markers allow.
+
+        Both ends have recorded, so the channel's state for a snapshot is what lies ahead of
+        that snapshot's marker (or of the first message sent after the sender's recording):
+        it is recorded now, and the receiver takes the messages later as usual.
+        """
+        closed = start = channel.closed
+        mine = channel.receiver.epoch
+        ahead: list[Message] = []
+        for item in channel:
+            marker = type(item) is Marker
+            stop = item.snapshot if marker else item.epoch  # type: ignore[union-attr]
+            if stop > closed:
+                upto = min(stop, mine)
+                for seq, progress in list(self.active.items()):
+                    if closed < seq <= upto:
+                        if marker and seq == stop and self.observer is not None:
+                            handle = progress.handle
+                            self.observer.snapshot_marker(handle.id, channel.src, channel.dst)
+                        for message in ahead:
+                            self._record_in_flight(seq, progress, channel, message)
+                closed = upto
+                if closed >= mine:
+                    break
+            if not marker:
+                ahead.append(item)  # type: ignore[arg-type]
+        if closed > start:
+            self._close(channel, closed)
+
+    def _cut(
+        self,
+        endpoint: Endpoint,
+        due: list[int],
+        before: tuple[StateBlob, dict[str, int]] | None = None,
+        held: Sequence[Message] = (),
+    ) -> AgentCut | None:
+        name = endpoint.name
+        sent = {dst: ch.sent for dst, ch in endpoint.outgoing.items()}
+        for message in held:
+            sent[message.dst] -= 1  # numbered, but nobody can see it yet
+        if before is not None:
+            # Inside a handler: the state, and what it had received, before that handler.
+            blob, received = before
+            self._recorded[name] = before
+            return AgentCut(
+                state_json=blob.json, state_hash=blob.hash, sent=sent, received=received
+            )
         received = {src: ch.delivered for src, ch in endpoint.incoming.items()}
         last = self._recorded.get(name)
         if name == ENVIRONMENT:
@@ -355,25 +550,33 @@ class SnapshotCoordinator:
             # Nothing delivered, restored or marked since its last recording: unchanged.
             blob = last[0]
         else:
-            state = self._agents[name].state
-            try:
-                blob = encode_state(name, state)
-                if self._verified.get(name) != blob.hash:
-                    # Only a state that changed since it was last verified pays for the check.
-                    check_round_trip(name, state, blob)
-                    self._verified[name] = blob.hash
-            except StateNotSerializable as exc:
+            encoded = self._encode(name)
+            if encoded is None:
+                reason = self._unencodable.pop(name, f"the state of {name!r} is not JSON")
                 for seq in due:
-                    self.fail(seq, str(exc))
+                    self.fail(seq, reason)
                 return None
+            blob = encoded
             self._recorded[name] = (blob, received)
             self.changed.discard(name)
-        return AgentCut(
-            state_json=blob.json,
-            state_hash=blob.hash,
-            sent={dst: ch.sent for dst, ch in endpoint.outgoing.items()},
-            received=received,
-        )
+        return AgentCut(state_json=blob.json, state_hash=blob.hash, sent=sent, received=received)
+
+    def _encode(self, name: str) -> StateBlob | None:
+        """The agent's state encoded now, or ``None`` (the reason kept) when it is not JSON.
+
+        Shown to survive a JSON round trip once per change.
+        """
+        state = self._agents[name].state
+        try:
+            blob = encode_state(name, state)
+            if self._verified.get(name) != blob.hash:
+                # Only a state that changed since it was last verified pays for the check.
+                check_round_trip(name, state, blob)
+                self._verified[name] = blob.hash
+        except StateNotSerializable as exc:
+            self._unencodable[name] = str(exc)
+            return None
+        return blob
 
     def _record_in_flight(
         self, seq: int, progress: _Progress, channel: Channel, message: Message
@@ -562,7 +765,7 @@ class SnapshotCoordinator:
 
     def restored(self, snapshot: Snapshot) -> None:
         """The run went back to ``snapshot``: snapshots taken after it are another future."""
-        self.wanted.clear()
+        self.forget_handlers()
         for seq in [seq for seq in self._targets if seq > snapshot.seq]:
             del self._targets[seq]
         self.written(snapshot)

@@ -82,6 +82,9 @@ class SequentialScheduler:
     def reset(self) -> None:  # noqa: D102
         self._ready.clear()
 
+    def interrupt(self, endpoint: Endpoint) -> bool:  # noqa: D102
+        return False  # the caller awaits each delivery: a rollback waits for it
+
     def deliverable(self) -> list[Channel]:
         """Channels whose next item can be delivered now, in a stable order."""
         if self._paused:

@@ -50,7 +50,7 @@ import functools
 import inspect
 import logging
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
@@ -306,7 +306,9 @@ class Tool(Generic[R]):
                     if replay is not None and replay.pending():
                         # What this call depends on is durable before it can have an effect.
                         await replay.flush()
-                    outcome = await self._once(ledger, info, values, args_json, printed)
+                    outcome = await self._uninterrupted(
+                        self._once(ledger, info, values, args_json, printed)
+                    )
                 else:
                     outcome = await self._run(values, info, 1)
                 traced.deduplicated(outcome.replayed)
@@ -406,6 +408,29 @@ class Tool(Generic[R]):
             wait=self.wait,
             rerun_if_unknown=self.rerun_if_unknown,
         )
+
+    async def _uninterrupted(self, call: Coroutine[Any, Any, Outcome]) -> Outcome:
+        """Run a handler's call through the ledger; a cancellation waits for its outcome.
+
+        A rollback that throws the handler's work away (or the run closing) cancels the
+        handler; the call finishes first and its outcome is recorded, for up to the tool's
+        ``lease`` seconds, then the cancellation reaches the handler. The effect happened
+        once and the ledger says so: the handler's replay gets the recorded outcome. A call
+        still running after its lease is cancelled as well, and its claim rules: its outcome
+        is unknown, so a later call under its key raises ``ToolOutcomeUnknown`` unless the
+        tool has ``rerun_if_unknown=True``.
+        """
+        work = asyncio.ensure_future(call)
+        work.add_done_callback(_retrieve)
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not work.done():
+                await asyncio.wait({work}, timeout=self.lease)
+            if not work.done():
+                work.cancel()
+                await asyncio.wait({work})  # the claim is marked unknown first
+            raise
 
     async def _run(self, values: dict[str, Any], info: ToolCall, first_attempt: int) -> Outcome:
         """Run the function, retrying declared transient errors; wrap failures in ToolFailed."""
@@ -573,6 +598,12 @@ def _signature(
     returns = hints.get("return")
     adapter = None if returns is None or returns is Any else TypeAdapter(returns)
     return wants_call, model, names, adapter
+
+
+def _retrieve(work: asyncio.Future[Any]) -> None:
+    """Take a shielded call's exception, raised to nobody when its caller was cancelled."""
+    if not work.cancelled():
+        work.exception()
 
 
 def _summary(result: JsonValue) -> JsonValue:

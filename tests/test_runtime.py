@@ -372,23 +372,50 @@ async def test_snapshots_under_seeded_interleavings_are_consistent(seed: int) ->
 
 
 class SnapInHandler(Agent[LogState]):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, send_first: bool = False) -> None:
         super().__init__(name)
         self.handles: list[SnapshotHandle] = []
+        self.send_first = send_first
 
     async def handle(self, message: Message, ctx: Context[LogState]) -> None:
         self.state.count += 1
         if message.kind == "snap":
+            if self.send_first:
+                ctx.send("peer", {"sent": "before the call"})
             self.handles.append(ctx.snapshot())
-            # Still part of this handler: the snapshot must include it.
             self.state.count += 100
             self.state.log.append("after the snapshot call")
             ctx.send("peer", {"sent": "after the call"})
 
 
-async def test_ctx_snapshot_records_the_state_at_the_end_of_the_handler() -> None:
+async def test_ctx_snapshot_records_the_state_from_before_the_handler() -> None:
     async with Runtime() as runtime:
         agent = SnapInHandler("agent")
+        runtime.add(agent)
+        runtime.add(Logger("peer"))
+        snap = runtime.send("agent", kind="snap")
+        later = runtime.send("agent", kind="later")
+        async with asyncio.timeout(5):
+            await runtime.run_until_idle()
+            snapshot = await within(agent.handles[0])
+
+    assert snapshot.initiator == "agent"
+    cut = snapshot.agents["agent"]
+    # Recorded at once, inside the handler, with the state it had before the handler: the
+    # message being handled is in flight, and what the handler sends comes after the cut.
+    assert cut.state["count"] == 0
+    assert cut.state["log"] == []
+    assert cut.sent == {}
+    assert cut.received == {"$env": 0}
+    assert [m.id for m in snapshot.in_flight("$env", "agent")] == [snap.id, later.id]
+    assert snapshot.agents["peer"].received.get("agent", 0) == 0
+    assert_consistent(snapshot)
+    assert agent.state.count == 102
+
+
+async def test_ctx_snapshot_after_a_send_records_the_state_at_the_end_of_the_handler() -> None:
+    async with Runtime() as runtime:
+        agent = SnapInHandler("agent", send_first=True)
         runtime.add(agent)
         runtime.add(Logger("peer"))
         runtime.send("agent", kind="snap")
@@ -397,14 +424,12 @@ async def test_ctx_snapshot_records_the_state_at_the_end_of_the_handler() -> Non
             await runtime.run_until_idle()
             snapshot = await within(agent.handles[0])
 
-    assert snapshot.initiator == "agent"
     cut = snapshot.agents["agent"]
+    # The handler had made a message visible: the agent recorded as it returned.
     assert cut.state["count"] == 101
     assert cut.state["log"] == ["after the snapshot call"]
-    assert cut.sent == {"peer": 1}
+    assert cut.sent == {"peer": 2}
     assert cut.received == {"$env": 1}
-    # The environment recorded when the snapshot started, after sending both messages, so
-    # the message the agent had not yet taken was in flight.
     assert [m.id for m in snapshot.in_flight("$env", "agent")] == [later.id]
     assert_consistent(snapshot)
     assert agent.state.count == 102

@@ -96,10 +96,12 @@ async def test_message_in_flight_across_the_cut_is_in_the_channel_state() -> Non
         assert item.seq == 1
         assert item.epoch == 0
         assert runtime.agents["B"].state.balance == 110
-        assert runtime.snapshots_in_progress == 1  # A>B and $env>A are still open
-        await scheduler.deliver("A", "B")  # A's marker closes A>B
-        await scheduler.deliver(ENV, "A")  # $env's marker closes $env>A
+        # Both ends of every channel had recorded when B did, with the markers on them: the
+        # channels closed then, m recorded in flight on A>B, without waiting for the markers
+        # to be taken.
         assert runtime.snapshots_in_progress == 0
+        await scheduler.deliver("A", "B")  # A's marker: A>B is closed already
+        await scheduler.deliver(ENV, "A")  # $env's marker: $env>A too
         snapshot = await handle
 
     assert snapshot.status is SnapshotStatus.COMPLETE
@@ -230,9 +232,9 @@ async def test_message_from_a_recorded_sender_acts_as_the_marker() -> None:
         await scheduler.deliver("A", "B")  # B records *before* handling m
         assert runtime.agents["B"].state.balance == 110
         assert runtime.bus.endpoints["B"].epoch == 1
-        assert runtime.snapshots_in_progress == 1  # $env>B still carries its marker
-        await scheduler.deliver(ENV, "B")
+        # $env>B carries $env's marker and both its ends have recorded: closed at once.
         assert runtime.snapshots_in_progress == 0
+        await scheduler.deliver(ENV, "B")
         snapshot = await handle
 
     assert cut_problems(snapshot) == []
@@ -263,23 +265,26 @@ async def test_concurrent_snapshots_do_not_interfere() -> None:
         assert (first.seq, second.seq) == (1, 2)
         assert runtime.bus.endpoints["C"].epoch == 2
         assert kinds(scheduler.queued("C", "B")) == ["marker:2"]
+        # Every process has recorded 1, and every channel's marker 1 (or C's marker 2, which
+        # stands for both) is on it: snapshot 1 is complete before any is taken. $env>C is
+        # closed for 2 as well, with pay 7 (between its markers 1 and 2) in flight for 2.
+        assert runtime.snapshots_in_progress == 1
         await scheduler.deliver("A", "B")  # a1: in flight for 1 only (B recorded 1, not 2)
         await scheduler.deliver(ENV, "C")  # marker 1
-        await scheduler.deliver(ENV, "C")  # pay 7: in flight on $env>C for 2 only
+        await scheduler.deliver(ENV, "C")  # pay 7
         assert runtime.agents["C"].state.balance == 88
-        await scheduler.deliver("A", "B")  # marker 1 closes A>B for 1
+        await scheduler.deliver("A", "B")  # marker 1
         await scheduler.deliver("C", "B")  # marker 2: B records 2 with balance 115
         await scheduler.deliver("C", "B")  # c2 (7), sent after C's cuts
         assert runtime.agents["B"].state.balance == 122
-        assert runtime.snapshots_in_progress == 2
-        await scheduler.deliver(ENV, "A")  # marker 1 closes $env>A: snapshot 1 complete
+        assert runtime.snapshots_in_progress == 1  # A has not recorded 2
+        await scheduler.deliver(ENV, "A")  # marker 1
         assert runtime.snapshots_in_progress == 1
-        await scheduler.deliver(ENV, "A")  # marker 2: A records 2
+        await scheduler.deliver(ENV, "A")  # marker 2: A records 2, closing A>B behind it
+        assert runtime.snapshots_in_progress == 0
         await scheduler.deliver(ENV, "B")  # marker 2
         await scheduler.deliver("A", "B")  # marker 2
-        assert runtime.snapshots_in_progress == 1  # $env>C still carries marker 2
-        await scheduler.deliver(ENV, "C")
-        assert runtime.snapshots_in_progress == 0
+        await scheduler.deliver(ENV, "C")  # marker 2
         assert not any(runtime.bus.channels.values())
         one, two = await first, await second
 
