@@ -393,7 +393,7 @@ def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
     "--output",
     required=True,
     type=click.Path(dir_okay=False),
-    help="The file to write: .svg, or .html for a page with details on hover.",
+    help="The file to write: .svg, or .html for a page that zooms, pans and shows details.",
 )
 def timeline(run_id: str, db: str, output: str) -> None:
     """Draw run RUN_ID as a space-time diagram: agents, messages, cuts and rollbacks."""
