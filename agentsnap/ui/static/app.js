@@ -467,9 +467,10 @@ const STATUS_COLOURS = {
   failed: "#c33",
   error: "#c33",
   unknown: "#e08a00",
-  pending: "#888",
-  started: "#888",
-  running: "#888",
+  in_progress: "#888",
+  retryable: "#c80",
+  abandoned: "#999",
+  compensating: "#a6a",
 };
 
 function niceStep(rough) {
@@ -1715,7 +1716,7 @@ async function toolsPanel(panel, run, params, signal) {
     el(
       "select",
       { name: "status", "aria-label": "Status" },
-      ["", "succeeded", "failed", "started", "pending", "unknown"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
+      ["", "succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
     ),
     el("button", { type: "submit", text: "Filter" }),
   );
@@ -1789,9 +1790,10 @@ function changeList(diff) {
   const rows = [];
   for (const part of ["memory", "tool_calls", "fields"]) {
     const m = diff[part] || {};
-    for (const [key, value] of Object.entries(m.added || {})) rows.push(["added", `${part}.${key}`, undefined, value]);
-    for (const [key, value] of Object.entries(m.removed || {})) rows.push(["removed", `${part}.${key}`, value, undefined]);
-    for (const [key, value] of Object.entries(m.changed || {})) rows.push(["changed", `${part}.${key}`, value.old, value.new]);
+    const where = (key) => (part === "fields" ? key : `${part}.${key}`);
+    for (const [key, value] of Object.entries(m.added || {})) rows.push(["added", where(key), undefined, value]);
+    for (const [key, value] of Object.entries(m.removed || {})) rows.push(["removed", where(key), value, undefined]);
+    for (const [key, value] of Object.entries(m.changed || {})) rows.push(["changed", where(key), value.old, value.new]);
   }
   for (const step of diff.plan || []) rows.push([step.change, `plan[${step.index}]`, step.old ?? undefined, step.new ?? undefined]);
   return el(
