@@ -121,8 +121,10 @@ def runs(runs_db: tuple[str, Runs]) -> Runs:
     return runs_db[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[Browser]:
+    # Module-scoped: while Playwright's sync API is open, an event loop runs in this thread
+    # and the asyncio tests of other modules could not start theirs.
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
