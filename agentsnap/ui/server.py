@@ -239,20 +239,32 @@ class BisectRequest(BaseModel):
 # --- The app ------------------------------------------------------------------------------
 
 
-def create_app(store: Store, *, allow_fork: bool = False, ledger: Ledger | None = None) -> FastAPI:
+def create_app(
+    store: Store,
+    *,
+    allow_fork: bool = False,
+    ledger: Ledger | None = None,
+    close_store: bool = False,
+) -> FastAPI:
     """The inspector's app over ``store``.
 
     Args:
-        store: Where the runs are. The app does not close it.
+        store: Where the runs are.
         allow_fork: Accept ``POST /api/runs/{run}/fork`` (refused with 403 otherwise).
         ledger: Where the runs' tool calls are; by default the ledger in the store's
             database (an ``SqlStore``'s), none for other stores.
+        close_store: Close ``store`` when the app shuts down (a server that opened the
+            store for the app); by default the caller closes it.
     """
     indexes = _Indexes(store)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
+        try:
+            yield
+        finally:
+            if close_store:
+                await store.close()
 
     app = FastAPI(
         title="agentsnap inspector",
