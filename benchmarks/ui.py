@@ -99,6 +99,33 @@ def get(url: str) -> tuple[float, Any]:
     return (time.perf_counter() - start) * 1000, body
 
 
+def window_of(base: str, run_id: str, wanted: int) -> tuple[int, int]:
+    """A wall-clock window in the middle of the run that about ``wanted`` messages touch.
+
+    The run's density (sends per bin, per channel) places it; it is narrowed until the
+    server answers with the messages themselves.
+    """
+    _, density = get(f"{base}/api/runs/{run_id}/messages?axis=wall&limit=1")
+    bins = density["bins"]
+    width = (density["to"] - density["from"]) / bins
+    per_bin = [sum(c["counts"][i] for c in density["channels"]) for i in range(bins)]
+    first = bins // 2 - 1
+    total, last = 0, first
+    while last < bins and total + per_bin[last] <= wanted:
+        total += per_bin[last]
+        last += 1
+    lo = int(density["from"] + first * width)
+    hi = int(density["from"] + last * width)
+    for _ in range(20):
+        _, body = get(
+            f"{base}/api/runs/{run_id}/messages?axis=wall&from={lo}&to={hi}&limit={wanted}"
+        )
+        if body["mode"] == "exact":
+            break
+        hi = lo + int((hi - lo) * 0.9)
+    return lo, hi
+
+
 def memory_mb(pid: int) -> dict[str, float]:
     found: dict[str, float] = {}
     with open(f"/proc/{pid}/status", encoding="ascii") as status:
@@ -171,14 +198,9 @@ def main() -> int:
                         raise
                     time.sleep(0.2)
             first_ms, detail = get(f"{base}/api/runs/{run['run_id']}")
-            span = detail["end_us"] - detail["start_us"]
-            # About 10,000 of the run's messages: the same share of its span.
-            share = 10_000 / max(detail["messages"], 1)
-            lo = detail["start_us"] + int(span * 0.45)
-            hi = lo + int(span * share)
+            lo, hi = window_of(base, run["run_id"], 10_000)
             url = (
-                f"{base}/api/runs/{run['run_id']}/messages?axis=wall&from={lo}&to={hi}"
-                "&limit=10000"
+                f"{base}/api/runs/{run['run_id']}/messages?axis=wall&from={lo}&to={hi}&limit=10000"
             )
             timings = []
             for _ in range(5):

@@ -77,9 +77,9 @@ class Served:
 
     def __init__(self, url: str, *, allow_fork: bool) -> None:
         import uvicorn
-        from agentsnap.ui.server import create_app
 
         from agentsnap.store.sql import SqlStore
+        from agentsnap.ui.server import create_app
 
         self.store = SqlStore(url, create=False)
         app = create_app(self.store, allow_fork=allow_fork)
