@@ -29,7 +29,7 @@ from agentsnap.store.faults import StoreRetry
 if TYPE_CHECKING:
     from agentsnap.demo import DemoResult
     from agentsnap.ledger import Ledger
-    from agentsnap.records import RunInfo
+    from agentsnap.records import RunInfo, Snapshot
     from agentsnap.store.retention import DeleteReport
     from agentsnap.store.spool import ReplayReport, Spool
     from agentsnap.store.sql import SqlStore
@@ -393,7 +393,7 @@ def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
     "--output",
     required=True,
     type=click.Path(dir_okay=False),
-    help="The file to write: .svg, or .html for a page with details on hover.",
+    help="The file to write: .svg, or .html for a page that zooms, pans and shows details.",
 )
 def timeline(run_id: str, db: str, output: str) -> None:
     """Draw run RUN_ID as a space-time diagram: agents, messages, cuts and rollbacks."""
@@ -1253,30 +1253,312 @@ def _short(checkpoint_id: str | None) -> str | None:
     return None if checkpoint_id is None else checkpoint_id[:18]
 
 
+def _edits(edits: tuple[str, ...]) -> dict[str, Any]:
+    """``AGENT=FILE`` options as ``{agent: the JSON in FILE}`` (``-``: standard input)."""
+    states: dict[str, Any] = {}
+    for edit in edits:
+        agent, sep, path = edit.partition("=")
+        if not sep or not agent or not path:
+            raise click.BadParameter(
+                f"{edit!r} is not AGENT=FILE (a state as JSON in FILE, - for standard input)",
+                param_hint="--edit",
+            )
+        if agent in states:
+            raise click.BadParameter(f"agent {agent!r} is edited twice", param_hint="--edit")
+        try:
+            if path == "-":
+                text = sys.stdin.read()
+            else:
+                with open(path, encoding="utf-8") as file:
+                    text = file.read()
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot read {path}: {exc.strerror or exc}", param_hint="--edit"
+            ) from exc
+        try:
+            states[agent] = json.loads(text)
+        except ValueError as exc:
+            raise click.BadParameter(
+                f"{path} does not hold JSON ({exc}); give the agent's state as a JSON object",
+                param_hint="--edit",
+            ) from exc
+    return states
+
+
 @main.command()
-@click.argument("snapshot_id")
+@click.argument("target", metavar="RUN")
+@click.option(
+    "--snapshot",
+    "snapshot_id",
+    default=None,
+    help="The snapshot of RUN to start from (an id or a unique prefix).",
+)
+@click.option(
+    "--edit",
+    "edits",
+    multiple=True,
+    metavar="AGENT=FILE",
+    help="Give AGENT the state in FILE (a JSON object; - for standard input). Repeatable.",
+)
+@click.option("--name", default=None, help="The new run's name.")
 @_DB
 @_JSON
-def fork(snapshot_id: str, db: str, as_json: bool) -> None:
-    """Add a run that starts from snapshot SNAPSHOT_ID, and print its id.
+def fork(  # noqa: PLR0917
+    target: str,
+    snapshot_id: str | None,
+    edits: tuple[str, ...],
+    name: str | None,
+    db: str,
+    as_json: bool,
+) -> None:
+    """Add a run that starts from snapshot --snapshot of RUN, and print its id.
 
     The new run records its parent run and snapshot and gets a copy of the snapshot as its
-    snapshot 1. Nothing runs: continue it from a program that registers the same agents,
-    with `Runtime(store=..., run_id=NEW_RUN).resume()`.
-    """
-    from agentsnap.inspect import fork_run  # noqa: PLC0415
+    snapshot 1, with the states given by --edit in place of the recorded ones (each checked
+    against the agent's state schema stored with the run). Nothing runs: continue it from a
+    program that registers the same agents, with `Runtime(store=..., run_id=NEW_RUN).resume()`.
 
-    run = _read(db, lambda store: fork_run(store, snapshot_id))
+    `agentsnap fork SNAPSHOT` (without --snapshot) forks from that snapshot, whatever its run.
+    """
+    from agentsnap.exceptions import StateInvalid  # noqa: PLC0415
+    from agentsnap.inspect import fork_run, resolve_run, resolve_snapshot  # noqa: PLC0415
+
+    states = _edits(edits)
+
+    async def go(store: SqlStore) -> RunInfo:
+        chosen = target
+        if snapshot_id is not None:
+            run = await resolve_run(store, target)
+            snapshot = await resolve_snapshot(store, snapshot_id)
+            if snapshot.run_id != run.id:
+                raise click.ClickException(
+                    f"snapshot {snapshot.id} belongs to run {snapshot.run_id}, not to {run.id}"
+                )
+            chosen = snapshot.id
+        return await fork_run(store, chosen, states=states or None, name=name)
+
+    try:
+        run = _read(db, go)
+    except click.ClickException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, StateInvalid):
+            lines = [f"  {p['agent']} at {p['path']}: {p['message']}" for p in cause.problems]
+            raise click.ClickException(
+                "the edited states do not match the agents' state schemas:\n" + "\n".join(lines)
+            ) from cause
+        raise
     if as_json:
         _print_json(
             {
                 "id": run.id,
+                "name": run.name,
                 "parent_run_id": run.parent_run_id,
                 "parent_snapshot_id": run.parent_snapshot_id,
             }
         )
         return
     click.echo(run.id)
+
+
+def _load_predicate(spec: str) -> Callable[[dict[str, Any]], bool]:
+    """The function ``module:function`` names, imported from the current directory too."""
+    import importlib  # noqa: PLC0415
+
+    module_name, sep, function = spec.partition(":")
+    if not sep or not module_name or not function:
+        raise click.BadParameter(
+            f"{spec!r} is not MODULE:FUNCTION (as in checks:still_good)",
+            param_hint="--predicate",
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {exc}", param_hint="--predicate"
+        ) from exc
+    found: object = module
+    for part in function.split("."):
+        found = getattr(found, part, None)
+    if not callable(found):
+        raise click.BadParameter(
+            f"{module_name} has no function {function!r}", param_hint="--predicate"
+        )
+    return found
+
+
+@main.command()
+@click.argument("run_id")
+@click.option(
+    "--predicate",
+    required=True,
+    metavar="MODULE:FUNCTION",
+    help="A function of {agent: state} that is true while the run is good.",
+)
+@_DB
+@_JSON
+def bisect(run_id: str, predicate: str, db: str, as_json: bool) -> None:
+    """Find the first complete snapshot of RUN where --predicate is false.
+
+    The predicate is given every agent's state (a dict of JSON objects, by agent name) and
+    returns whether the run is still good there. The search assumes it holds at the first
+    snapshot and, once false, stays false; it checks the first snapshot and says so when
+    the predicate is false already there. Prints the first bad snapshot, the last good one,
+    what changed between them, and the command that forks a run from the last good cut.
+    """
+    from agentsnap.inspect import bisect_run  # noqa: PLC0415
+
+    check = _load_predicate(predicate)
+    result = _read(db, lambda store: bisect_run(store, run_id, check))
+    first_bad, last_good = result.first_bad, result.last_good
+    either = first_bad or last_good
+    run = either.run_id if either is not None else run_id
+    command = None
+    if last_good is not None and first_bad is not None:
+        command = f"agentsnap fork {run} --snapshot {last_good.id} --db {db}"
+
+    def described(snapshot: Snapshot | None) -> dict[str, Any] | None:
+        if snapshot is None:
+            return None
+        completed = snapshot.completed_at
+        return {
+            "id": snapshot.id,
+            "seq": snapshot.seq,
+            "completed_at": None if completed is None else completed.isoformat(),
+        }
+
+    if as_json:
+        _print_json(
+            {
+                "run_id": run,
+                "first_bad": described(first_bad),
+                "last_good": described(last_good),
+                "holds_at_first": result.holds_at_first,
+                "checked": result.checked,
+                "snapshots": result.snapshots,
+                "diff": result.diff,
+                "fork_command": command,
+            }
+        )
+        return
+    if result.snapshots == 0:
+        click.echo(f"run {run} has no complete snapshot: nothing to search")
+        return
+    if not result.holds_at_first:
+        assert first_bad is not None
+        click.echo(
+            f"the predicate is false already at the first snapshot ({first_bad.seq}, "
+            f"{first_bad.id}): nothing to search; bisect needs it true at the start"
+        )
+        return
+    if first_bad is None:
+        assert last_good is not None
+        click.echo(
+            f"the predicate holds at every snapshot, the last being {last_good.seq} "
+            f"({last_good.id}); checked {result.checked} of {result.snapshots}"
+        )
+        return
+    assert last_good is not None
+    assert result.diff is not None
+    click.echo(f"first bad:  snapshot {first_bad.seq}  {first_bad.id}")
+    click.echo(f"last good:  snapshot {last_good.seq}  {last_good.id}")
+    click.echo(f"checked {result.checked} of {result.snapshots} snapshots")
+    click.echo("what changed from the last good to the first bad:")
+    changed = [a for a in result.diff["agents"] if a["change"] != "unchanged"]
+    for agent in changed:
+        click.echo(f"  {agent['agent']} ({agent['change']})")
+        for line in _diff_lines(agent):
+            click.echo(f"    {line}")
+    if not changed:
+        click.echo("  no agent's state changed (only messages in flight)")
+    click.echo("fork a run from the last good cut:")
+    click.echo(f"  {command}")
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+@main.command()
+@_DB
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="Port to listen on (0: any free port).",
+)
+@click.option(
+    "--open/--no-open",
+    "open_browser",
+    default=None,
+    help="Open the page in a browser (by default when standard output is a terminal).",
+)
+@click.option(
+    "--allow-fork",
+    is_flag=True,
+    help="Let the page fork runs (with edited states); read-only otherwise.",
+)
+def ui(db: str, host: str, port: int, open_browser: bool | None, allow_fork: bool) -> None:
+    """Serve the web inspector for the runs in the database, until Ctrl-C.
+
+    It listens on this machine only (127.0.0.1) unless --host says otherwise; anyone who
+    can reach the address can read the runs (and fork them with --allow-fork). The API is
+    described at /docs. Needs the ui extra: pip install 'agentsnap[ui]'.
+    """
+    import socket  # noqa: PLC0415
+
+    from agentsnap import ui as inspector  # noqa: PLC0415
+
+    _guard(inspector.require)
+    import uvicorn  # noqa: PLC0415
+
+    from agentsnap.store.sql import SqlStore  # noqa: PLC0415
+    from agentsnap.ui.server import create_app  # noqa: PLC0415
+
+    _read(db, lambda store: store.list_runs(limit=1))  # a clear error without a schema
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host!r}: {exc}; check --host") from exc
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise click.ClickException(
+            f"cannot listen on {host} port {port} ({exc.strerror or exc}): it is taken or not "
+            "yours; pick another with --port (0 for any free one)"
+        ) from exc
+    listener.listen(2048)  # requests wait from now on, while the server starts
+    bound = listener.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{bound}/"
+    if host not in _LOOPBACK:
+        click.echo(
+            f"warning: listening on {host}, not only on this machine: anyone who can reach it "
+            "can read these runs" + (" and fork them" if allow_fork else ""),
+            err=True,
+        )
+    store = SqlStore(db, create=False, retry=_RETRY)
+    app = create_app(store, allow_fork=allow_fork, close_store=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    if open_browser is None:
+        open_browser = sys.stdout is not None and sys.stdout.isatty()
+    try:
+        click.echo(f"agentsnap inspector at {url} (Ctrl-C to stop)")
+        if open_browser:
+            import threading  # noqa: PLC0415
+            import webbrowser  # noqa: PLC0415
+
+            threading.Timer(0.5, webbrowser.open, [url]).start()
+        server.run(sockets=[listener])
+    except KeyboardInterrupt:  # before the server took over Ctrl-C, or a second one
+        pass
+    finally:
+        listener.close()
 
 
 def _progress_stream() -> IO[str] | None:

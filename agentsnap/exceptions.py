@@ -69,6 +69,7 @@ __all__ = [
     "SchemaOutOfDate",
     "SnapshotDamaged",
     "SnapshotFailed",
+    "StateInvalid",
     "StateNotSerializable",
     "StoreError",
     "ToolArgumentsInvalid",
@@ -89,6 +90,26 @@ class ConfigurationError(AgentsnapError):
 
 class InvalidAgentName(ConfigurationError):
     """An agent name is empty, too long, or uses characters outside ``[A-Za-z0-9_.-]``."""
+
+
+class StateInvalid(ConfigurationError):
+    """Edited agent states, given to fork a run, are not what the agents' state models accept.
+
+    Each problem names the agent, the place in its state as a JSONPath-style path (``$`` is
+    the whole state, ``$.memory.notes[0]`` a part of it) and what is wrong there.
+
+    Attributes:
+        problems: ``{"agent": name, "path": path, "message": text}``, one per problem.
+    """
+
+    def __init__(self, problems: list[dict[str, str]]) -> None:
+        self.problems = problems
+        shown = "; ".join(f"{p['agent']} at {p['path']}: {p['message']}" for p in problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        super().__init__(
+            f"the edited state{'s are' if len(problems) > 1 else ' is'} not valid: {shown}{more}; "
+            "fix the state so that it matches the agent's state model"
+        )
 
 
 class DuplicateAgentError(ConfigurationError):

@@ -28,10 +28,11 @@ Example:
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import TYPE_CHECKING
 
-from agentsnap.exceptions import ConfigurationError, SnapshotDamaged
+from agentsnap.exceptions import ConfigurationError, SnapshotDamaged, StateInvalid
 from agentsnap.limits import check_run_id, check_run_labels
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RunInfo, RunStatus, Snapshot, SnapshotStatus, utcnow
@@ -40,10 +41,79 @@ from agentsnap.state import StateBlob, canonical_json
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from agentsnap.messages import JsonInput
+    from agentsnap.messages import JsonInput, JsonValue
     from agentsnap.store import Store
 
-__all__ = ["check_forkable", "fork_snapshot", "forked_cut"]
+__all__ = ["check_forkable", "check_states", "fork_snapshot", "forked_cut"]
+
+
+def _where(path: object) -> str:
+    """A place in a state as a JSONPath-style path: ``$``, ``$.memory.notes[0]``."""
+    text = "$"
+    for step in path:  # type: ignore[attr-defined]
+        if isinstance(step, int):
+            text += f"[{step}]"
+        elif isinstance(step, str) and step.isidentifier():
+            text += f".{step}"
+        else:
+            text += f"[{json.dumps(step, ensure_ascii=False)}]"
+    return text
+
+
+def check_states(
+    states: Mapping[str, JsonInput],
+    schemas: Mapping[str, Mapping[str, JsonValue]],
+) -> list[dict[str, str]]:
+    """What is wrong with edited agent states, checked against the agents' state schemas.
+
+    Each state given for an agent that has a schema is validated against it (JSON Schema,
+    as pydantic's ``model_json_schema`` writes them); agents without a schema are not
+    checked here. Nothing runs: no user code is imported.
+
+    Returns:
+        One ``{"agent", "path", "message"}`` per problem, ``path`` JSONPath-style from
+        ``$`` (the whole state); empty when every state is valid.
+
+    Raises:
+        ConfigurationError: A schema is there to check against, but ``jsonschema`` is not
+            installed.
+    """
+    wanted = [name for name in states if name in schemas]
+    if not wanted:
+        return []
+    try:
+        import jsonschema  # noqa: PLC0415 (optional: the ui extra)
+    except ImportError as exc:
+        raise ConfigurationError(
+            "checking edited states against their schemas needs jsonschema: "
+            "pip install 'agentsnap[ui]'"
+        ) from exc
+    problems: list[dict[str, str]] = []
+    for name in wanted:
+        schema = dict(schemas[name])
+        validator_class = jsonschema.validators.validator_for(
+            schema, default=jsonschema.Draft202012Validator
+        )
+        try:
+            validator_class.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            problems.append(
+                {
+                    "agent": name,
+                    "path": "$",
+                    "message": f"its stored schema is unusable: {exc.message}",
+                }
+            )
+            continue
+        validator = validator_class(schema)
+        errors = sorted(
+            validator.iter_errors(states[name]), key=lambda e: list(map(str, e.absolute_path))
+        )
+        problems.extend(
+            {"agent": name, "path": _where(error.absolute_path), "message": error.message}
+            for error in errors
+        )
+    return problems
 
 
 def check_forkable(snapshot: Snapshot) -> None:
@@ -77,32 +147,51 @@ def forked_cut(
 
     Raises:
         SnapshotDamaged: The snapshot is damaged in the store.
-        ConfigurationError: The snapshot is not complete; or ``states`` names an agent the
-            cut does not hold, or gives a state that is not a JSON object.
+        ConfigurationError: The snapshot is not complete.
+        StateInvalid: ``states`` names an agent the cut does not hold, or gives a state
+            that is not a JSON object (every problem is listed).
     """
     check_forkable(snapshot)
     agents = dict(snapshot.agents)
+    problems: list[dict[str, str]] = []
     for name, state in (states or {}).items():
         if name == ENVIRONMENT or name not in agents:
             known = ", ".join(repr(a) for a in sorted(agents) if a != ENVIRONMENT) or "none"
-            raise ConfigurationError(
-                f"states= names {name!r}, which is not an agent of snapshot {snapshot.id} "
-                f"(its agents: {known})"
+            problems.append(
+                {
+                    "agent": name,
+                    "path": "$",
+                    "message": f"states= names {name!r}, which is not an agent of snapshot "
+                    f"{snapshot.id} (its agents: {known})",
+                }
             )
+            continue
         if not isinstance(state, dict):
-            raise ConfigurationError(
-                f"states= gives agent {name!r} a {type(state).__name__}; an agent's state is "
-                "a JSON object"
+            problems.append(
+                {
+                    "agent": name,
+                    "path": "$",
+                    "message": f"states= gives agent {name!r} a {type(state).__name__}; an "
+                    "agent's state is a JSON object",
+                }
             )
+            continue
         try:
             blob = StateBlob(canonical_json(state))
         except (TypeError, ValueError) as exc:
-            raise ConfigurationError(
-                f"states= gives agent {name!r} a state that is not JSON: {exc}"
-            ) from exc
+            problems.append(
+                {
+                    "agent": name,
+                    "path": "$",
+                    "message": f"states= gives agent {name!r} a state that is not JSON: {exc}",
+                }
+            )
+            continue
         agents[name] = agents[name].model_copy(
             update={"state_json": blob.json, "state_hash": blob.hash}
         )
+    if problems:
+        raise StateInvalid(problems)
     now = utcnow()
     return snapshot.model_copy(
         update={
@@ -141,7 +230,9 @@ async def fork_snapshot(
         name: The new run's name.
         tags: The new run's tags.
         states: New states of some agents, by name, replacing the recorded ones in the
-            fork's snapshot 1 (see [`forked_cut`][agentsnap.fork.forked_cut]).
+            fork's snapshot 1 (see [`forked_cut`][agentsnap.fork.forked_cut]); each is
+            checked against the agent's state schema stored with the parent run, when
+            there is one (see [`check_states`][agentsnap.fork.check_states]).
         recorded: The store already holds run ``run_id``, with no snapshot yet (a runtime
             that started it): only its parent and its snapshot 1 are recorded, and
             ``metadata``, ``name`` and ``tags`` are not used.
@@ -152,7 +243,9 @@ async def fork_snapshot(
     Raises:
         SnapshotDamaged: The snapshot is damaged in the store.
         ConfigurationError: The snapshot is not complete; ``run_id`` is taken or longer than
-            64 characters; ``name`` or ``tags`` cannot be stored; or ``states`` is wrong.
+            64 characters; or ``name`` or ``tags`` cannot be stored.
+        StateInvalid: An edited state is not valid (not an object, not an agent of the cut,
+            or against its schema); every problem is listed.
     """
     if run_id is not None:
         check_run_id(run_id)
@@ -169,11 +262,20 @@ async def fork_snapshot(
         status=RunStatus.CREATED,
     )
     first = forked_cut(snapshot, run.id, states)
+    schemas = await store.load_state_schemas(snapshot.run_id)
+    if states:
+        problems = check_states(states, schemas)
+        if problems:
+            raise StateInvalid(problems)
     if recorded:
         await store.set_parent(run.id, snapshot.run_id, snapshot.id)
     else:
         if run_id is not None and await store.find_ids("run", run_id, limit=1) == [run_id]:
             raise ConfigurationError(f"there is already a run with id {run_id}")
         await store.create_run(run)
+    if schemas:
+        # A runtime forking into its own run has stored its agents' schemas: they win.
+        own = await store.load_state_schemas(run.id) if recorded else {}
+        await store.save_state_schemas(run.id, {**schemas, **own})
     await store.save_snapshot(first)
     return await store.get_run(run.id)

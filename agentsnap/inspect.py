@@ -1,7 +1,8 @@
 """Read-only views of what runs left in a store, shared by Python code and the CLI.
 
 One function writes: ``fork_run`` adds a run that starts from a
-snapshot of another (``agentsnap fork``).
+snapshot of another (``agentsnap fork``). ``bisect_run`` finds the first snapshot of a run
+where a condition on the agents' states stopped holding (``agentsnap bisect``).
 
 Example:
     ```python
@@ -36,6 +37,7 @@ from agentsnap.fork import fork_snapshot
 from agentsnap.journal import JournalReader, read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
 from agentsnap.limits import check_run_id
+from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
 from agentsnap.store.graph import GraphCheckpointIndex
 from agentsnap.store.ledger import ledger_for
@@ -51,7 +53,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPORT_FORMAT",
+    "BisectResult",
     "agent_history_table",
+    "bisect_run",
     "diff_snapshots",
     "diff_states",
     "export_run",
@@ -703,6 +707,7 @@ async def fork_run(
     run_id: str | None = None,
     metadata: Mapping[str, JsonInput] | None = None,
     states: Mapping[str, JsonInput] | None = None,
+    name: str | None = None,
 ) -> RunInfo:
     """Add a run that starts from a complete snapshot (id or unique prefix) of another run.
 
@@ -720,6 +725,7 @@ async def fork_run(
         metadata: JSON recorded with the new run.
         states: New states of some agents, by agent name, replacing their recorded states
             in the new run's snapshot 1 (each a JSON object the agent's state model loads).
+        name: The new run's name.
 
     Returns:
         The new run.
@@ -734,7 +740,9 @@ async def fork_run(
     if run_id is not None:
         check_run_id(run_id)
     snapshot = await resolve_snapshot(store, snapshot_prefix)
-    return await fork_snapshot(store, snapshot, run_id=run_id, metadata=metadata, states=states)
+    return await fork_snapshot(
+        store, snapshot, run_id=run_id, metadata=metadata, states=states, name=name
+    )
 
 
 _STATE_PARTS = ("memory", "plan", "tool_calls")
@@ -811,3 +819,89 @@ def _by_key(calls: list[Any]) -> dict[str, Any]:
         key = call.get("key") if isinstance(call, dict) else None
         keyed[key if isinstance(key, str) and key not in keyed else f"#{index}"] = call
     return keyed
+
+
+# --- Bisecting: where a run went wrong ---
+
+
+@dataclasses.dataclass
+class BisectResult:
+    """What [`bisect_run`][agentsnap.inspect.bisect_run] found.
+
+    Attributes:
+        first_bad: The first complete snapshot where the predicate is false (``None`` when
+            it holds at every one).
+        last_good: The last complete snapshot before it where the predicate holds (``None``
+            when it is false already at the first snapshot, or the run has none).
+        diff: ``diff_snapshots`` from ``last_good`` to ``first_bad`` (``None`` without both).
+        checked: How many snapshots the predicate was evaluated on.
+        holds_at_first: Whether the predicate holds at the first complete snapshot: when it
+            does not, the search assumption is broken and ``first_bad`` is that first one.
+        snapshots: How many complete snapshots the run has.
+    """
+
+    first_bad: Snapshot | None
+    last_good: Snapshot | None
+    diff: dict[str, Any] | None
+    checked: int
+    holds_at_first: bool
+    snapshots: int
+
+
+async def bisect_run(
+    store: Store, run_prefix: str, predicate: Callable[[dict[str, Any]], bool]
+) -> BisectResult:
+    """Find, by binary search, the first complete snapshot of a run where ``predicate`` is false.
+
+    ``predicate`` is given ``{agent: state}`` (each state as the JSON object stored; the
+    environment ``$env`` left out) and says whether the run is still good there. The search
+    assumes the predicate holds at the first complete snapshot and, once false, stays false
+    at every later one, as ``git bisect`` does; it evaluates it on about log2(n) of the n
+    snapshots. The first snapshot is always checked: when the predicate is false there, the
+    result says so (``holds_at_first`` is ``False``, ``first_bad`` is that snapshot and
+    nothing is searched). When the predicate holds at the last snapshot, nothing went bad:
+    ``first_bad`` is ``None`` and ``last_good`` the last snapshot. If the predicate flips
+    back and forth, the snapshot found is one where it is false right after one where it
+    holds, not necessarily the first such.
+
+    Args:
+        store: The store holding the run.
+        run_prefix: The run (id or unique prefix).
+        predicate: True where the states are good.
+
+    Raises:
+        NotFoundError: No such run, or the prefix is ambiguous.
+    """
+    run = await resolve_run(store, run_prefix)
+    ids = [
+        s.id
+        for s in await store.list_snapshot_summaries(run.id)
+        if s.status is SnapshotStatus.COMPLETE
+    ]
+    checked = 0
+    loaded: dict[str, Snapshot] = {}
+
+    async def good(position: int) -> bool:
+        nonlocal checked
+        snapshot = loaded[ids[position]] = await store.load_snapshot(ids[position])
+        checked += 1
+        states = {name: cut.state for name, cut in snapshot.agents.items() if name != ENVIRONMENT}
+        return bool(predicate(states))
+
+    if not ids:
+        return BisectResult(None, None, None, 0, True, 0)
+    if not await good(0):
+        return BisectResult(loaded[ids[0]], None, None, checked, False, len(ids))
+    last = len(ids) - 1
+    if last == 0 or await good(last):
+        return BisectResult(None, loaded[ids[last]], None, checked, True, len(ids))
+    low, high = 0, last  # good at low, bad at high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if await good(middle):
+            low = middle
+        else:
+            high = middle
+    last_good, first_bad = loaded[ids[low]], loaded[ids[high]]
+    diff = await diff_snapshots(store, last_good.id, first_bad.id)
+    return BisectResult(first_bad, last_good, diff, checked, True, len(ids))

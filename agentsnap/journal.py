@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from agentsnap.messages import Message
     from agentsnap.store import Store
 
-__all__ = ["Journal", "JournalReader", "read_journal"]
+__all__ = ["Journal", "JournalReader", "SegmentColumns", "decode_segment", "read_journal"]
 
 logger = logging.getLogger("agentsnap.journal")
 
@@ -299,8 +299,13 @@ def _column(columns: dict[str, Any], name: str, count: int) -> list[Any]:
     return [value] * count
 
 
-class _Decoded(NamedTuple):
-    """A segment's columns, one value per event."""
+class SegmentColumns(NamedTuple):
+    """A journal segment's columns, one value per event (see ``decode_segment``).
+
+    ``at`` holds microseconds since the Unix epoch; a delivery segment's ``kinds``,
+    ``payloads`` and ``epochs`` are empty, and ``headers`` maps an event's index (as text)
+    to its headers, for the events that have any.
+    """
 
     seqs: list[Any]
     at: list[Any]
@@ -310,12 +315,13 @@ class _Decoded(NamedTuple):
     headers: dict[str, Any]
 
 
-def _decode(segment: JournalSegment) -> _Decoded:
-    """The columns of a segment (a delivery segment's kinds, payloads and epochs are empty).
+def decode_segment(segment: JournalSegment) -> SegmentColumns:
+    """The columns of a journal segment as written: what a reader indexing a long journal
+    reads without building a message per event.
 
     Raises:
         ValueError: The segment is not in the journal's format.
-    """
+    """  # noqa: D205
     where = f"journal segment {segment.event} {segment.src}>{segment.dst}"
     try:
         columns = json.loads(segment.entries)
@@ -323,7 +329,7 @@ def _decode(segment: JournalSegment) -> _Decoded:
         count = len(at)
         seqs = _column(columns, "seq", count)
         if segment.event == "send":
-            return _Decoded(
+            return SegmentColumns(
                 seqs,
                 at,
                 _column(columns, "kind", count),
@@ -333,7 +339,7 @@ def _decode(segment: JournalSegment) -> _Decoded:
             )
         if segment.event != "deliver":
             raise ValueError(f"unknown event {segment.event!r}")
-        return _Decoded(seqs, at, [], [], [], {})
+        return SegmentColumns(seqs, at, [], [], [], {})
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{where} is damaged: {exc}") from exc
 
@@ -354,7 +360,7 @@ def read_journal(segments: Iterable[JournalSegment]) -> list[JournalMessage]:
     messages: list[dict[str, Any]] = []
     sends: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for segment in segments:
-        seqs, at, kinds, payloads, epochs, headers = _decode(segment)
+        seqs, at, kinds, payloads, epochs, headers = decode_segment(segment)
         if segment.event == "send":
             for i in range(len(at)):
                 message = _sent(segment, i, seqs, at, kinds, payloads, epochs, headers)
@@ -448,7 +454,7 @@ class JournalReader:
         async for segments in self._pages():
             self.segments += len(segments)
             for segment in segments:
-                seqs, at, _, _, _, _ = _decode(segment)
+                seqs, at, _, _, _, _ = decode_segment(segment)
                 src, dst = segment.src, segment.dst
                 if segment.event == "send":
                     for seq, when in zip(seqs, at, strict=True):
@@ -486,7 +492,7 @@ class JournalReader:
             for segment in segments:
                 if segment.event != "send":
                     continue
-                seqs, at, kinds, payloads, epochs, headers = _decode(segment)
+                seqs, at, kinds, payloads, epochs, headers = decode_segment(segment)
                 for i in range(len(at)):
                     if ordinal >= count:
                         break

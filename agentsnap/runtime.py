@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import json
 import logging
 import time
 import uuid
@@ -59,7 +60,7 @@ from agentsnap.handles import SnapshotHandle
 from agentsnap.journal import Journal
 from agentsnap.ledger import Ledger, ToolCallStatus, mark_orphaned, owner_id
 from agentsnap.limits import check_run_id, check_run_labels
-from agentsnap.messages import ENVIRONMENT, Marker, Message
+from agentsnap.messages import ENVIRONMENT, JsonValue, Marker, Message
 from agentsnap.once import KnownTools, reconcile, recorded, unrecorded
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import (
@@ -112,6 +113,18 @@ _WRITES_BEHIND = 16  # snapshot writes in flight at which policy snapshots are s
 _PROBE_FIRST = 0.1  # seconds between probes of a database that does not answer, at first
 _PROBE_MAX = 5.0
 _PROBE_KEY = "agentsnap:probe"  # a ledger key read to see whether the ledger answers
+
+
+@functools.cache
+def _state_schema(model: type[BaseModel]) -> dict[str, JsonValue] | None:
+    """The JSON schema of a state model, or ``None`` when pydantic cannot write one."""
+    try:
+        schema: dict[str, JsonValue] = model.model_json_schema()
+        json.dumps(schema, allow_nan=False)
+    except Exception as exc:  # a field type without a JSON schema: edits go unchecked
+        logger.debug("no JSON schema for state model %s: %s", model.__name__, exc)
+        return None
+    return schema
 
 
 def interrupted_message(run_id: str, db: str | None) -> str:
@@ -334,6 +347,7 @@ class Runtime:
         self._phase = _Phase.NEW  # changed by _enter() only
         # The store holds the run (this runtime created it, or found it).
         self._run_created = False
+        self._schemas_saved: set[str] = set()  # agents whose state schema the store has
         # The store held this run before this runtime started: it must be resumed, not
         # written to as if new (its snapshot numbers would collide).
         self._stored_before = False
@@ -699,6 +713,10 @@ class Runtime:
             if self._owns_ledger:
                 await self.ledger.close()
         if owner:
+            try:  # agents registered after the run started
+                await self._save_schemas()
+            except Exception as exc:  # only the inspector's checks of edits miss them
+                logger.warning("run %s: state schemas not recorded: %s", self.run_id, exc)
             status, reason = self._outcome(failed, cancelled, unreconciled)
             for info in self._unsaved_rollbacks:
                 await closing.write(
@@ -1644,6 +1662,25 @@ class Runtime:
             self._run_created = True
             if not self._stored_before:
                 await self._own(wait=0.0)  # a new run: nobody else can hold it
+        await self._save_schemas()
+
+    async def _save_schemas(self) -> None:
+        """Record the state schemas of the agents registered since the last time.
+
+        An inspector checks edited states against them without importing this program.
+        """
+        new = [name for name in self._agents if name not in self._schemas_saved]
+        if not new:
+            return
+        schemas: dict[str, dict[str, JsonValue]] = {}
+        for name in new:
+            model: type[BaseModel] = type(self._agents[name].state)
+            schema = _state_schema(model)
+            if schema is not None:
+                schemas[name] = schema
+        if schemas:
+            await self.store.save_state_schemas(self.run_id, schemas)
+        self._schemas_saved.update(new)
 
     async def _own(self, *, wait: float) -> None:
         """Take the run's lease, fence every write with its token, and keep it renewed."""

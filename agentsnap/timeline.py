@@ -27,29 +27,36 @@ Example:
     asyncio.run(main())
     ```
 
-The command line writes the same diagram with ``agentsnap timeline RUN -o run.svg`` (or
-``run.html``, a self-contained page showing details on hover).
+The command line writes the same diagram with ``agentsnap timeline RUN -o run.svg``, or
+``run.html``: one self-contained page with the inspector's space-time view (``agentsnap ui``)
+and the run's data inline, to zoom into, pan, and switch to Lamport time. Past a thousand
+messages the SVG draws each channel's density, the messages it carried in each slice of
+time; the page does the same for any window holding too many, and draws arrows when zoomed
+in.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from html import escape
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from agentsnap.exceptions import ConfigurationError
-from agentsnap.inspect import resolve_run
+from agentsnap.inspect import ledger_calls, resolve_run
 from agentsnap.journal import read_journal
 from agentsnap.records import SnapshotStatus
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from agentsnap.ledger import LedgerEntry
     from agentsnap.records import JournalMessage, RollbackInfo, RunInfo, Snapshot
     from agentsnap.store import Store
 
@@ -58,6 +65,7 @@ __all__ = [
     "JournalIndex",
     "Timeline",
     "load_timeline",
+    "page_data",
     "recording_times",
     "render",
     "render_html",
@@ -75,7 +83,7 @@ _TOP = 70  # room for the snapshots' labels
 _LANE = 36
 _PLOT_WIDTH = 1200
 _PAYLOAD_EXCERPT = 160
-_AGGREGATED_ARROWS = 300  # about this many arrows for a run past max_messages
+_DENSITY_BINS = 120  # slices of the time axis per channel for a run past max_messages
 # Characters XML 1.0 does not allow, even escaped.
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -89,12 +97,15 @@ class Timeline:
         snapshots: Its snapshots, in the order they were started.
         rollbacks: Its rollbacks, oldest first.
         messages: Its journal, in send order; ``None`` when the run kept no journal.
+        tool_calls: Its side-effecting tool calls from the ledger (an ``SqlStore``'s), oldest
+            first.
     """
 
     run: RunInfo
     snapshots: list[Snapshot] = field(default_factory=list)
     rollbacks: list[RollbackInfo] = field(default_factory=list)
     messages: list[JournalMessage] | None = None
+    tool_calls: list[LedgerEntry] = field(default_factory=list)
 
 
 async def load_timeline(store: Store, run_id: str) -> Timeline:
@@ -108,7 +119,8 @@ async def load_timeline(store: Store, run_id: str) -> Timeline:
     rollbacks = await store.list_rollbacks(run.id)
     segments = await store.load_journal(run.id)
     messages = read_journal(segments) if segments else None
-    return Timeline(run, snapshots, rollbacks, messages)
+    tool_calls = await ledger_calls(store, run.id)
+    return Timeline(run, snapshots, rollbacks, messages, tool_calls)
 
 
 def render(timeline: Timeline, suffix: str, *, max_messages: int = 1000) -> str:
@@ -302,62 +314,94 @@ def _times(timeline: Timeline) -> list[datetime]:
 
 
 @dataclass
-class _Arrow:
+class _Band:
+    """Messages of one channel sent within one slice of the time axis."""
+
     src: str
     dst: str
-    sent_at: datetime
-    delivered_at: datetime | None
-    tip: str
-    count: int = 1
+    start: datetime
+    end: datetime
+    count: int
+    undelivered: int
 
 
-def _arrows(messages: list[JournalMessage], max_messages: int) -> tuple[list[_Arrow], bool]:
-    """One arrow per message, or, past ``max_messages``, one per channel per time bucket."""
-    if len(messages) <= max_messages:
-        return [
-            _Arrow(
-                m.src,
-                m.dst,
-                m.sent_at,
-                m.delivered_at,
-                f"{m.src} → {m.dst} #{m.seq}\nkind: {m.kind}\nepoch: {m.epoch}\n"
-                f"sent: {_stamp(m.sent_at)}\ndelivered: {_stamp(m.delivered_at)}\n"
-                f"payload: {_excerpt(m.payload)}",
-            )
-            for m in messages
-        ], False
-    channels = {(m.src, m.dst) for m in messages}
-    buckets = max(1, min(40, _AGGREGATED_ARROWS // max(1, len(channels))))
-    first = min(m.sent_at for m in messages)
-    span = max((max(m.sent_at for m in messages) - first).total_seconds(), 1e-6)
-    groups: dict[tuple[str, str, int], list[JournalMessage]] = defaultdict(list)
+def _bands(messages: list[JournalMessage], scale: _Scale, bins: int) -> list[_Band]:
+    """Per channel, the number of messages sent in each of ``bins`` equal slices of the axis.
+
+    One pass over the messages: each adds one to its channel's slice, so every message
+    counts where it was really sent (nothing is averaged).
+    """
+    step = scale.span / bins
+    counts: dict[tuple[str, str], list[int]] = {}
+    undelivered: dict[tuple[str, str], list[int]] = {}
     for m in messages:
-        bucket = min(buckets - 1, int((m.sent_at - first).total_seconds() / span * buckets))
-        groups[m.src, m.dst, bucket].append(m)
-    arrows: list[_Arrow] = []
-    for (src, dst, _), group in sorted(groups.items()):
-        delivered = [m for m in group if m.delivered_at is not None]
-        drawn = delivered or group
-        sent_at = _mean([m.sent_at for m in drawn]) or group[0].sent_at
-        delivered_at = _mean([m.delivered_at for m in delivered if m.delivered_at is not None])
-        kinds = sorted({m.kind for m in group})
-        seqs = [m.seq for m in group]
-        tip = (
-            f"{src} → {dst}: {len(group)} message(s), #{min(seqs)} to #{max(seqs)}\n"
-            f"kinds: {', '.join(kinds[:8])}{' …' if len(kinds) > 8 else ''}\n"
-            f"sent: {_stamp(group[0].sent_at)} … {_stamp(group[-1].sent_at)}\n"
-            f"undelivered: {len(group) - len(delivered)}\n"
-            f"first payload: {_excerpt(group[0].payload)}"
-        )
-        arrows.append(_Arrow(src, dst, sent_at, delivered_at, tip, len(group)))
-    return arrows, True
+        index = int((m.sent_at - scale.first).total_seconds() / step)
+        index = min(max(index, 0), bins - 1)
+        channel = (m.src, m.dst)
+        if channel not in counts:
+            counts[channel] = [0] * bins
+            undelivered[channel] = [0] * bins
+        counts[channel][index] += 1
+        if m.delivered_at is None:
+            undelivered[channel][index] += 1
+    bands: list[_Band] = []
+    for (src, dst), row in sorted(counts.items()):
+        for index, count in enumerate(row):
+            if count:
+                bands.append(
+                    _Band(
+                        src,
+                        dst,
+                        scale.first + timedelta(seconds=step * index),
+                        scale.first + timedelta(seconds=step * (index + 1)),
+                        count,
+                        undelivered[src, dst][index],
+                    )
+                )
+    return bands
 
 
-def _mean(times: list[datetime]) -> datetime | None:
-    if not times:
-        return None
-    base = times[0]
-    return base + sum((t - base for t in times), timedelta()) / len(times)
+def _svg_arrow(m: JournalMessage, scale: _Scale, lane: dict[str, int], right: int) -> str:
+    """One message: an arrow from its send to its delivery, or a dashed stub if undelivered."""
+    tip = (
+        f"{m.src} → {m.dst} #{m.seq}\nkind: {m.kind}\nepoch: {m.epoch}\n"
+        f"sent: {_stamp(m.sent_at)}\ndelivered: {_stamp(m.delivered_at)}\n"
+        f"payload: {_excerpt(m.payload)}"
+    )
+    x1, y1 = scale.x(m.sent_at), lane[m.src]
+    y2 = lane[m.dst]
+    out = [f'<g class="msg"><title>{_text(tip)}</title>']
+    if m.delivered_at is not None:
+        x2 = scale.x(m.delivered_at)
+        out.append(f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" marker-end="url(#head)"/>')
+    else:
+        # Never delivered: a short arrow leaving the sender, ending in a dashed stub.
+        mx, my = min(x1 + 18, right), y1 + (y2 - y1) * 0.25
+        ex, ey = min(x1 + 45, right), y1 + (y2 - y1) * 0.6
+        out.append(f'<line x1="{x1}" y1="{y1}" x2="{mx}" y2="{my}"/>')
+        out.append(f'<line class="stub" x1="{mx}" y1="{my}" x2="{ex}" y2="{ey}"/>')
+    out.append("</g>")
+    return "".join(out)
+
+
+def _svg_band(band: _Band, scale: _Scale, lane: dict[str, int], peak: int) -> str:
+    """A channel's messages of one time slice, as a band between the two lanes.
+
+    The band runs from the sender's lane to the receiver's, as wide as the slice and as dark
+    as the number of messages it holds.
+    """
+    x1, x2 = scale.x(band.start), max(scale.x(band.end), scale.x(band.start) + 1)
+    y1, y2 = lane[band.src], lane[band.dst]
+    opacity = 0.08 + 0.72 * math.sqrt(band.count / peak)
+    tip = (
+        f"{band.src} → {band.dst}: {band.count} message(s) sent\n"
+        f"from {_stamp(band.start)}\nto {_stamp(band.end)}\nundelivered: {band.undelivered}"
+    )
+    return (
+        f'<g class="band" data-count="{band.count}"><title>{_text(tip)}</title>'
+        f'<polygon points="{x1},{y1} {x2},{y1} {x2},{y2} {x1},{y2}" '
+        f'fill-opacity="{opacity:.3f}"/></g>'
+    )
 
 
 def render_svg(
@@ -369,8 +413,8 @@ def render_svg(
 
     Args:
         timeline: What to draw.
-        max_messages: Past this many messages, one arrow is drawn per channel per time
-            bucket, thicker and labelled with the number of messages it stands for.
+        max_messages: Past this many messages, each channel is drawn as its density: a
+            band per slice of the time axis, as dark as the number of messages sent in it.
         plot_width: Width of the time axis, in pixels; the agents' names and the margins
             add 170. A narrower diagram of a short run reads better in a page's column.
     """
@@ -406,42 +450,21 @@ def render_svg(
             "This run kept no journal: drawn from its snapshots alone; recording points are "
             "approximated by the snapshots' times."
         )
+    elif len(timeline.messages) <= max_messages:
+        for m in timeline.messages:
+            if m.src in lane and m.dst in lane:
+                add(_svg_arrow(m, scale, lane, right))
     else:
-        arrows, aggregated = _arrows(timeline.messages, max_messages)
-        if aggregated:
-            notes.append(
-                f"{len(timeline.messages)} messages aggregated into {len(arrows)} arrows: one "
-                "per channel per time bucket, labelled with its count."
-            )
-        for arrow in arrows:
-            if arrow.src not in lane or arrow.dst not in lane:
-                continue
-            x1, y1 = scale.x(arrow.sent_at), lane[arrow.src]
-            y2 = lane[arrow.dst]
-            width = 1 if arrow.count == 1 else min(6, 1 + arrow.count.bit_length())
-            add(f'<g class="msg"><title>{_text(arrow.tip)}</title>')
-            if arrow.delivered_at is not None:
-                x2 = scale.x(arrow.delivered_at)
-                add(
-                    f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke-width="{width}" '
-                    'marker-end="url(#head)"/>'
-                )
-            else:
-                # Never delivered: a short arrow leaving the sender, ending in a dashed stub.
-                mx, my = min(x1 + 18, right), y1 + (y2 - y1) * 0.25
-                ex, ey = min(x1 + 45, right), y1 + (y2 - y1) * 0.6
-                add(f'<line x1="{x1}" y1="{y1}" x2="{mx}" y2="{my}" stroke-width="{width}"/>')
-                add(
-                    f'<line class="stub" x1="{mx}" y1="{my}" x2="{ex}" y2="{ey}" '
-                    f'stroke-width="{width}"/>'
-                )
-                x2, y2 = ex, int(ey)
-            if arrow.count > 1:
-                add(
-                    f'<text class="count" x="{(x1 + x2) / 2:.1f}" y="{(y1 + y2) / 2 - 3:.1f}">'
-                    f"x{arrow.count}</text>"
-                )
-            add("</g>")
+        bands = _bands(timeline.messages, scale, _DENSITY_BINS)
+        notes.append(
+            f"{len(timeline.messages)} messages, more than {max_messages}: each channel is "
+            f"drawn as its density, the messages sent in each of {_DENSITY_BINS} slices of "
+            "the time axis (darker is more). The HTML page zooms in to the arrows."
+        )
+        peak = max((band.count for band in bands), default=1)
+        for band in bands:
+            if band.src in lane and band.dst in lane:
+                add(_svg_band(band, scale, lane, peak))
     add("</g>")
 
     # Cuts.
@@ -541,7 +564,7 @@ _SVG_STYLE = """
 .tick{stroke:#eee}.ticklabel{fill:#888;text-anchor:middle;font-size:10px}
 .lane line{stroke:#444;stroke-width:1.5}.agent{text-anchor:end;font-weight:bold;fill:#222}
 .msg line{stroke:#36c;opacity:.75}.msg .stub{stroke-dasharray:3 3}
-.count{fill:#36c;font-size:9px;text-anchor:middle}
+.band polygon{fill:#36c}
 .cut polyline{fill:none;stroke:#e80;stroke-width:2}.cut circle{fill:#e80}
 .cut circle.approx{fill:#fff;stroke:#e80}
 .cut.failed{opacity:.3}.cut.failed polyline{stroke-dasharray:5 4}
@@ -555,55 +578,255 @@ _HTML = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
 <style>
-body{{font-family:sans-serif;margin:16px;color:#222}}
-#tip{{position:fixed;display:none;pointer-events:none;background:#fffbe6;border:1px solid #cc9;
-padding:6px 8px;font:12px monospace;white-space:pre-wrap;max-width:520px;
-box-shadow:0 2px 6px rgba(0,0,0,.2)}}
-.hover line,.hover polyline{{stroke-width:3}}
+{css}
 </style>
 </head>
 <body>
-<h1 style="font-size:16px">{title}</h1>
-<p style="font-size:12px;color:#666">Hover over a message, a cut or a rollback for details.</p>
-{svg}
-<div id="tip"></div>
-<script>
-(function () {{
-  var tip = document.getElementById("tip");
-  var items = document.querySelectorAll("svg .msg, svg .cut, svg .rollback, svg .lane");
-  items.forEach(function (el) {{
-    var title = el.querySelector("title");
-    if (!title) return;
-    el.dataset.tip = title.textContent;
-    title.remove();
-    el.addEventListener("mouseenter", function () {{
-      tip.textContent = el.dataset.tip;
-      tip.style.display = "block";
-      el.classList.add("hover");
-    }});
-    el.addEventListener("mousemove", function (ev) {{
-      tip.style.left = (ev.clientX + 14) + "px";
-      tip.style.top = (ev.clientY + 14) + "px";
-    }});
-    el.addEventListener("mouseleave", function () {{
-      tip.style.display = "none";
-      el.classList.remove("hover");
-    }});
-  }});
-}})();
+<header class="top"><span class="brand">agentsnap timeline</span>
+<span id="status" class="status"></span></header>
+<main id="view"></main>
+<script type="application/json" id="agentsnap-data">{data}</script>
+<script type="module">
+{js}
 </script>
 </body>
 </html>
 """
 
+_STATIC = Path(__file__).resolve().parent / "ui" / "static"
+
+
+def _asset(name: str) -> str:
+    text = (_STATIC / name).read_text(encoding="utf-8")
+    if "</script" in text.lower() or "</style" in text.lower():
+        raise ConfigurationError(f"{name} cannot be inlined: it holds a closing tag")
+    return text
+
 
 def render_html(timeline: Timeline, *, max_messages: int = 1000) -> str:
-    """The diagram as one self-contained HTML page (inline SVG, CSS and script, no network).
+    """The run as one self-contained HTML page, with no server and no network.
 
-    Hovering over a message, a cut or a rollback shows its details.
+    The page is the inspector's space-time view (the same drawing code as ``agentsnap ui``)
+    with the run's data inline.
+
+    The page zooms (wheel, ``+``/``-``), pans (drag, arrows) and switches between wall-clock
+    and Lamport time; it draws every message as an arrow when the window holds at most a few
+    thousand, else each channel's density. Hovering over an arrow, a cut or a rollback shows
+    its details.
+
+    Args:
+        timeline: What to draw.
+        max_messages: Unused: kept for callers of the SVG-era signature; the page decides
+            between arrows and density bands for each window as it is zoomed.
     """
-    svg = render_svg(timeline, max_messages=max_messages)
+    del max_messages
+    data = json.dumps(page_data(timeline), ensure_ascii=False, separators=(",", ":"))
+    # Inside <script>, "</script>" or "<!--" would end or confuse the element: no "<" at all.
+    data = data.replace("<", "\\u003c")
     title = _text(f"agentsnap timeline: run {timeline.run.id}")
-    return _HTML.format(title=title, svg=svg)
+    return _HTML.format(title=title, css=_asset("app.css"), js=_asset("app.js"), data=data)
+
+
+def _us(when: datetime) -> int:
+    """Microseconds since the Unix epoch."""
+    return int((when - _EPOCH) // timedelta(microseconds=1))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class _Lamport:
+    """Lamport clocks of a journal.
+
+    A send ticks the sender's clock; a delivery sets the receiver's to one more than the
+    larger of its own and the message's.
+    """
+
+    def __init__(self, messages: list[JournalMessage]) -> None:
+        events: list[tuple[datetime, int, int]] = []
+        for index, m in enumerate(messages):
+            events.append((m.sent_at, 0, index))
+            if m.delivered_at is not None:
+                events.append((m.delivered_at, 1, index))
+        events.sort()
+        clock: dict[str, int] = defaultdict(int)
+        self.sent = [0] * len(messages)
+        self.delivered: list[int | None] = [None] * len(messages)
+        # Per agent, when its clock moved and to what: for the clock of a cut or an event.
+        self.times: dict[str, list[datetime]] = defaultdict(list)
+        self.values: dict[str, list[int]] = defaultdict(list)
+        self.max = 0
+        for when, kind, index in events:
+            m = messages[index]
+            if kind == 0:
+                clock[m.src] += 1
+                self.sent[index] = value = clock[m.src]
+                agent = m.src
+            else:
+                value = max(clock[m.dst], self.sent[index] or clock[m.src]) + 1
+                clock[m.dst] = self.delivered[index] = value
+                agent = m.dst
+            self.times[agent].append(when)
+            self.values[agent].append(value)
+            self.max = max(self.max, value)
+
+    def at(self, agent: str | None, when: datetime) -> int:
+        """The clock of ``agent`` (of the whole run, when ``None``) at ``when``."""
+        if agent is None:
+            return max((self.at(name, when) for name in self.times), default=0)
+        times = self.times.get(agent)
+        if not times:
+            return 0
+        index = bisect.bisect_right(times, when)
+        return self.values[agent][index - 1] if index else 0
+
+
+def page_data(timeline: Timeline) -> dict[str, Any]:
+    """The run as the HTML page embeds it: the inspector API's shapes, messages as rows.
+
+    Linear in the snapshots, messages, rollbacks and tool calls: every message is kept (with a
+    payload excerpt), none is averaged. Times are microseconds since the Unix epoch.
+    """
+    run = timeline.run
+    messages = timeline.messages or []
+    clocks = _Lamport(messages)
+    names = _agents(timeline)
+    for m in messages:  # _agents lists them all; this keeps the index total.
+        for name in (m.src, m.dst):
+            if name not in names:
+                names.append(name)
+    number = {name: i for i, name in enumerate(names)}
+    kinds: dict[str, int] = {}
+    discarded = _discarded(timeline)
+    rows = []
+    for i, m in enumerate(messages):
+        rows.append(
+            [
+                number[m.src],
+                number[m.dst],
+                m.seq,
+                kinds.setdefault(m.kind, len(kinds)),
+                m.epoch,
+                _us(m.sent_at),
+                None if m.delivered_at is None else _us(m.delivered_at),
+                clocks.sent[i],
+                clocks.delivered[i],
+                1 if i in discarded else 0,
+            ]
+        )
+    journal = JournalIndex(messages) if timeline.messages is not None else None
+    snapshots = []
+    in_flight_total = 0
+    for snapshot in timeline.snapshots:
+        points = recording_times(snapshot, timeline.messages, index=journal)
+        in_flight = sum(len(channel.messages) for channel in snapshot.channels)
+        in_flight_total += in_flight
+        snapshots.append(
+            {
+                "id": snapshot.id,
+                "seq": snapshot.seq,
+                "status": snapshot.status.value,
+                "started_at_us": _us(snapshot.started_at),
+                "completed_at_us": None
+                if snapshot.completed_at is None
+                else _us(snapshot.completed_at),
+                "initiator": snapshot.initiator,
+                "in_flight": in_flight,
+                "error": snapshot.error,
+                "recorded": {
+                    name: {"at_us": _us(when), "lc": clocks.at(name, when)}
+                    for name, (when, _) in points.items()
+                },
+            }
+        )
+    times = _times(timeline) + [call.created_at for call in timeline.tool_calls]
+    note = None
+    if timeline.messages is None:
+        note = (
+            "This run kept no journal: drawn from its snapshots alone; recording points are "
+            "approximated by the snapshots' times."
+        )
+    return {
+        "run": {
+            "id": run.id,
+            "name": run.name,
+            "status": run.status.value,
+            "reason": run.status_reason,
+            "tags": [f"{key}={value}" if value else key for key, value in run.tags.items()],
+            "created_at_us": _us(run.created_at),
+            "agents": names,
+            "start_us": _us(min(times)),
+            "end_us": _us(max(times)),
+            "lamport_max": clocks.max,
+            "messages": len(messages),
+        },
+        "names": names,
+        "note": note,
+        "messages": {
+            "kinds": list(kinds),
+            "rows": rows,
+            "payloads": [_excerpt(m.payload, 120) for m in messages],
+        },
+        "snapshots": snapshots,
+        "events": {
+            "rollbacks": [
+                {
+                    "id": r.id,
+                    "at_us": _us(r.at),
+                    "lc": clocks.at(r.agent, r.at),
+                    "agent": r.agent,
+                    "reason": r.reason,
+                    "source": r.source,
+                    "snapshot_id": r.snapshot_id,
+                }
+                for r in timeline.rollbacks
+            ],
+            "tool_calls": [
+                {
+                    "key": call.key,
+                    "tool": call.tool,
+                    "agent": call.agent,
+                    "status": call.status.value,
+                    "at_us": _us(call.created_at),
+                    "lc": clocks.at(call.agent, call.created_at),
+                }
+                for call in timeline.tool_calls
+            ],
+        },
+    }
+
+
+def _discarded(timeline: Timeline) -> set[int]:
+    """The messages (by index in the journal) a rollback threw away.
+
+    Those sent after their sender recorded in the cut rolled back to and before the rollback,
+    and those still undelivered when a rollback emptied the channels.
+    """
+    messages = timeline.messages or []
+    if not messages or not timeline.rollbacks:
+        return set()
+    by_id = {snapshot.id: snapshot for snapshot in timeline.snapshots}
+    journal = JournalIndex(messages)
+    sent = [m.sent_at for m in messages]  # the journal is in send order
+    last = max(r.at for r in timeline.rollbacks)
+    found: set[int] = set()
+    for rollback in timeline.rollbacks:
+        target = by_id.get(rollback.snapshot_id)
+        if target is None:
+            continue
+        recorded = recording_times(target, messages, index=journal)
+        start = min((when for when, _ in recorded.values()), default=rollback.at)
+        first = bisect.bisect_right(sent, start)
+        end = bisect.bisect_right(sent, rollback.at)
+        for index in range(first, end):
+            m = messages[index]
+            when = recorded.get(m.src)
+            if when is not None and when[0] < m.sent_at:
+                found.add(index)
+    for index, m in enumerate(messages):
+        if m.delivered_at is None and m.sent_at <= last:
+            found.add(index)
+    return found

@@ -77,6 +77,7 @@ EXPECTED_ALL = [
     "SnapshotHandle",
     "SnapshotPolicy",
     "SnapshotStatus",
+    "StateInvalid",
     "StateNotSerializable",
     "Store",
     "StoreError",

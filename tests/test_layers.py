@@ -15,7 +15,8 @@ function, under ``TYPE_CHECKING``). The layers, from the bottom::
     journal      a bus observer writing to the store
     tools        side-effecting tools on the ledger
     runtime      wires everything; above it only the public face: the package itself,
-                 inspect, timeline, cli, demo, testing, integrations, which nothing below imports
+                 inspect, timeline, ui, cli, demo, testing, integrations, which nothing below
+                 imports
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ PUBLIC_FACE = {
     "agentsnap.integrations",
     "agentsnap.testing",
     "agentsnap.timeline",
+    "agentsnap.ui",
 }
 """Built on the public API; only each other, ``__main__`` and the package's ``__init__`` may
 import them."""

@@ -113,7 +113,7 @@ def test_the_demos_hints_run_when_pasted(on_path: bool, tmp_path: Path) -> None:
     done = _paste(timeline, tmp_path, env)
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "timeline.html").read_text(encoding="utf-8")
-    assert "<svg" in page
+    assert 'id="agentsnap-data"' in page, "the page carries the run's data"
     assert "researcher" in page
 
     done = _paste(export, tmp_path, env)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import html
+import json
 import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -31,6 +32,7 @@ from agentsnap.store.sql import SqlStore
 from agentsnap.timeline import (
     Timeline,
     load_timeline,
+    page_data,
     recording_times,
     render,
     render_html,
@@ -78,27 +80,67 @@ async def test_the_demo_as_svg() -> None:
         assert message.delivered_at is None or message.delivered_at >= message.sent_at
 
 
+def embedded(page: str) -> dict[str, Any]:
+    """The run data an HTML page carries in its ``agentsnap-data`` script element."""
+    start = page.index('<script type="application/json" id="agentsnap-data">')
+    start = page.index(">", start) + 1
+    end = page.index("</script>", start)
+    data: dict[str, Any] = json.loads(page[start:end])
+    return data
+
+
 async def test_the_demo_as_html() -> None:
     store = MemoryStore()
     run_id = await demo_run(store, journal=True)
     timeline = await load_timeline(store, run_id)
+    assert timeline.messages is not None
     page = render_html(timeline)
     assert page.startswith("<!DOCTYPE html>")
-    assert "<script>" in page
+    assert '<script type="module">' in page
     assert "<style>" in page
+    assert "class SpaceTime" in page, "the inspector's drawing code is inline"
     assert not EXTERNAL.search(page)
     assert "<script src" not in page
     assert "<link" not in page
+    data = embedded(page)
+    assert data["run"]["id"] == run_id
     for name in ["$env", "planner", "researcher", "writer", "critic"]:
-        assert name in page
-    for snapshot in timeline.snapshots:
-        assert f"S{snapshot.seq}" in page
-        assert snapshot.id in page  # in the hover details
-    for rollback in timeline.rollbacks:
-        assert html.escape(rollback.reason) in page
-    # The SVG inside is the same well-formed document.
-    svg = page[page.index("<svg") : page.index("</svg>") + len("</svg>")]
-    ET.fromstring(svg)
+        assert name in data["names"]
+    # Every message is there, none averaged: its own channel, number and times.
+    rows = data["messages"]["rows"]
+    assert len(rows) == len(timeline.messages)
+    for row, message in zip(rows, timeline.messages, strict=True):
+        assert data["names"][row[0]] == message.src
+        assert data["names"][row[1]] == message.dst
+        assert row[2] == message.seq
+        assert row[5] == int(message.sent_at.timestamp() * 1_000_000)
+    assert [s["id"] for s in data["snapshots"]] == [s.id for s in timeline.snapshots]
+    for snapshot in data["snapshots"]:
+        assert set(snapshot["recorded"]) == set(
+            next(s for s in timeline.snapshots if s.id == snapshot["id"]).agents
+        )
+    assert [r["reason"] for r in data["events"]["rollbacks"]] == [
+        r.reason for r in timeline.rollbacks
+    ]
+    # The critic's rejection threw the draft it rejected away.
+    assert any(row[9] for row in rows), "a message of the discarded timeline is marked"
+
+
+async def test_the_page_has_lamport_times() -> None:
+    store = MemoryStore()
+    run_id = await demo_run(store, journal=True)
+    data = page_data(await load_timeline(store, run_id))
+    rows = data["messages"]["rows"]
+    for row in rows:
+        sent_lc, delivered_lc = row[7], row[8]
+        assert sent_lc >= 1
+        assert delivered_lc is None or delivered_lc > sent_lc
+    # A sender's clock only moves forward from one send to the next.
+    last: dict[int, int] = {}
+    for row in sorted(rows, key=lambda r: r[5]):
+        assert row[7] > last.get(row[0], 0)
+        last[row[0]] = row[7]
+    assert data["run"]["lamport_max"] == max(max(r[7], r[8] or 0) for r in rows)
 
 
 async def test_a_run_without_a_journal_is_drawn_from_its_snapshots() -> None:
@@ -113,8 +155,10 @@ async def test_a_run_without_a_journal_is_drawn_from_its_snapshots() -> None:
         assert f"S{snapshot.seq}" in text
     for snapshot in timeline.snapshots:
         assert not any(derived for _, derived in recording_times(snapshot, None).values())
-    page = render_html(timeline)
-    ET.fromstring(page[page.index("<svg") : page.index("</svg>") + len("</svg>")])
+    data = embedded(render_html(timeline))
+    assert data["messages"]["rows"] == []
+    assert "no journal" in data["note"]
+    assert len(data["snapshots"]) == len(timeline.snapshots)
 
 
 def test_an_empty_run_renders() -> None:
@@ -138,6 +182,12 @@ def test_text_is_escaped() -> None:
     svg = render_svg(timeline)
     assert "<script>" not in svg
     assert nasty.replace("\x00", "\ufffd") in texts(svg)
+    page = render_html(timeline)
+    assert page.count("<script") == 2, "only the page's own two script elements"
+    assert "<b>" not in page
+    data = embedded(page)
+    assert nasty in data["names"]
+    assert data["messages"]["kinds"] == ["</text><script>"]
 
 
 def test_the_recording_point_lies_between_the_deliveries() -> None:
@@ -211,20 +261,35 @@ def big_timeline(agents: int = 20, count: int = 2000) -> Timeline:
     return Timeline(run, snapshots, [], messages)
 
 
-def test_a_large_run_is_aggregated() -> None:
+def test_a_large_run_is_drawn_as_density_not_averaged() -> None:
     timeline = big_timeline()
+    assert timeline.messages is not None
     svg = render_svg(timeline)
     root = ET.fromstring(svg)
-    arrows = root.findall(f".//{SVG}g[@class='msg']")
-    assert 0 < len(arrows) <= 1000
+    assert not root.findall(f".//{SVG}g[@class='msg']"), "past max_messages: no arrow at all"
+    bands = root.findall(f".//{SVG}g[@class='band']")
+    assert bands
+    # Every message is counted once, in its own channel's band.
+    assert sum(int(band.attrib["data-count"]) for band in bands) == len(timeline.messages)
+    channels = {(m.src, m.dst) for m in timeline.messages}
+    assert len(bands) >= len(channels)
     text = texts(svg)
-    assert "aggregated" in text
-    assert re.search(r">x\d+<", svg), "aggregated arrows carry their count"
+    assert "density" in text
+    assert "aggregated" not in text
     for n in range(1, 10):
         assert f"S{n}" in text
+    # The page keeps every message; the browser decides on arrows or bands per window.
     page = render_html(timeline)
+    assert len(embedded(page)["messages"]["rows"]) == len(timeline.messages)
     assert len(page) < 1_500_000
     assert not EXTERNAL.search(page)
+
+
+def test_a_small_run_has_one_arrow_per_message() -> None:
+    timeline = big_timeline(count=200)
+    root = ET.fromstring(render_svg(timeline))
+    assert len(root.findall(f".//{SVG}g[@class='msg']")) == 200
+    assert not root.findall(f".//{SVG}g[@class='band']")
 
 
 def test_render_chooses_by_suffix() -> None:
@@ -255,7 +320,10 @@ def test_cli_writes_the_diagram(suffix: str, tmp_path: Path) -> None:
     assert done.exit_code == 0, done.output
     document = out.read_text(encoding="utf-8")
     assert "researcher" in document
-    assert "S1" in document
+    if suffix == ".svg":
+        assert "S1" in document
+    else:
+        assert embedded(document)["run"]["id"] == run_id
 
 
 def test_cli_unknown_run(tmp_path: Path) -> None:

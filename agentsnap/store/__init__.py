@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
+from agentsnap.messages import JsonValue
 from agentsnap.records import (
     AgentVersion,
     JournalSegment,
@@ -229,6 +230,26 @@ class Store(Protocol):
             NotFoundError: The store holds no such run.
             ConfigurationError: ``limit`` is less than 1.
         """  # noqa: D205
+
+    async def save_state_schemas(
+        self, run_id: str, schemas: Mapping[str, Mapping[str, JsonValue]]
+    ) -> None:
+        """Record the JSON schema of some agents' state models for a run, by agent name.
+
+        An agent's schema already recorded for the run is replaced; others are kept. The
+        inspector checks edited states against them without importing the program's code.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+            OwnershipLost: The run is fenced and its lease has passed to another owner.
+        """
+
+    async def load_state_schemas(self, run_id: str) -> dict[str, dict[str, JsonValue]]:
+        """The state schemas recorded for a run's agents, by agent name (maybe none).
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
 
     async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:
         """Append a segment to a run's replay log, durably, after the ones already there.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Literal
@@ -9,6 +10,7 @@ from typing import Literal
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.integrity import agent_versions
 from agentsnap.liveness import lost, owner_gone, owner_is_live
+from agentsnap.messages import JsonValue
 from agentsnap.records import (
     AgentCut,
     AgentVersion,
@@ -48,6 +50,7 @@ class MemoryStore:
         self._replays: dict[str, list[ReplaySegment]] = {}
         self._leases: dict[str, RunLease] = {}
         self._fences: dict[str, int] = {}
+        self._schemas: dict[str, dict[str, str]] = {}
 
     @property
     def blob_count(self) -> int:
@@ -220,6 +223,21 @@ class MemoryStore:
         start = max(after, 0)
         segments = self._journals.get(run_id, [])[start : start + limit]
         return [(start + i, segment) for i, segment in enumerate(segments, 1)]
+
+    async def save_state_schemas(  # noqa: D102
+        self, run_id: str, schemas: Mapping[str, Mapping[str, JsonValue]]
+    ) -> None:
+        self._run(run_id)
+        self._check_fence(run_id)
+        # Kept as JSON text, as an SQL store keeps them: what is read back is a fresh copy.
+        encoded = {name: json.dumps(schema, allow_nan=False) for name, schema in schemas.items()}
+        self._schemas.setdefault(run_id, {}).update(encoded)
+
+    async def load_state_schemas(self, run_id: str) -> dict[str, dict[str, JsonValue]]:  # noqa: D102
+        self._run(run_id)
+        return {
+            name: json.loads(text) for name, text in sorted(self._schemas.get(run_id, {}).items())
+        }
 
     async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:  # noqa: D102
         if run_id not in self._runs:

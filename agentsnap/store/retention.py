@@ -93,6 +93,7 @@ from agentsnap.store.tables import (
     SnapshotMessageRow,
     SnapshotRow,
     StateBlobRow,
+    StateSchemaRow,
     ToolCallRow,
 )
 
@@ -119,6 +120,7 @@ _table = {
         ReplayRow,
         ToolCallRow,
         StateBlobRow,
+        StateSchemaRow,
     )
 }
 _runs: Table = _table[RunRow]  # type: ignore[assignment]
@@ -130,7 +132,7 @@ _rollbacks: Table = _table[RollbackRow]  # type: ignore[assignment]
 _blobs: Table = _table[StateBlobRow]  # type: ignore[assignment]
 _BY_RUN: tuple[Table, ...] = tuple(
     _table[row]  # type: ignore[misc]
-    for row in (JournalRow, ReplayRow, RunLeaseRow, RunTagRow, ToolCallRow)
+    for row in (JournalRow, ReplayRow, RunLeaseRow, RunTagRow, StateSchemaRow, ToolCallRow)
 )
 """Tables whose rows belong to the run named in their ``run_id``."""
 
@@ -478,6 +480,7 @@ _REPORTED = (
     _rollbacks.name,
     JournalRow.__tablename__,
     ReplayRow.__tablename__,
+    StateSchemaRow.__tablename__,
     ToolCallRow.__tablename__,
     LANGGRAPH_ROWS,
     _STATES,

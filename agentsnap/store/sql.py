@@ -39,7 +39,18 @@ from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, ParamSpec, TypeVar
 
-from sqlalchemy import Insert, Table, Text, Update, event, func, literal, select, type_coerce
+from sqlalchemy import (
+    Insert,
+    Table,
+    Text,
+    Update,
+    delete,
+    event,
+    func,
+    literal,
+    select,
+    type_coerce,
+)
 from sqlalchemy.engine import Row, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -47,6 +58,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.integrity import SnapshotReader, agent_versions
 from agentsnap.liveness import lost, owner_gone, owner_is_live
+from agentsnap.messages import JsonValue
 from agentsnap.records import (
     AgentVersion,
     GraphCheckpoint,
@@ -81,6 +93,7 @@ from agentsnap.store.tables import (
     SnapshotMessageRow,
     SnapshotRow,
     StateBlobRow,
+    StateSchemaRow,
 )
 
 __all__ = ["DEFAULT_URL", "SqlStore", "async_url", "database_name"]
@@ -120,6 +133,7 @@ _rollbacks: Table = RollbackRow.__table__  # type: ignore[assignment]
 _lg_checkpoints: Table = LangGraphCheckpointRow.__table__  # type: ignore[assignment]
 _leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
 _replay: Table = ReplayRow.__table__  # type: ignore[assignment]
+_schemas: Table = StateSchemaRow.__table__  # type: ignore[assignment]
 _RUN_AND_LEASE = select(
     _runs,
     _leases.c.owner.label("lease_owner"),
@@ -487,6 +501,39 @@ class SqlStore:
                 ],
             )
             await self._check_fence(conn, run_id)
+
+    @_retried("record the state schemas of a run")
+    async def save_state_schemas(  # noqa: D102
+        self, run_id: str, schemas: Mapping[str, Mapping[str, JsonValue]]
+    ) -> None:
+        await self._gate.wait()
+        async with self._begin() as conn:
+            await self._require_run(conn, run_id)
+            if schemas:
+                names = list(schemas)
+                await conn.execute(
+                    delete(_schemas).where(_schemas.c.run_id == run_id, _schemas.c.agent.in_(names))
+                )
+                await conn.execute(
+                    _schemas.insert(),
+                    [
+                        {"run_id": run_id, "agent": name, "json_schema": dict(schema)}
+                        for name, schema in schemas.items()
+                    ],
+                )
+            await self._check_fence(conn, run_id)
+
+    @_retried("read the state schemas of a run")
+    async def load_state_schemas(self, run_id: str) -> dict[str, dict[str, JsonValue]]:  # noqa: D102
+        await self._gate.wait()
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows = await conn.execute(
+                select(_schemas.c.agent, _schemas.c.json_schema)
+                .where(_schemas.c.run_id == run_id)
+                .order_by(_schemas.c.agent)
+            )
+            return {row.agent: row.json_schema for row in rows}
 
     async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:  # noqa: D102
         await self.retry.call(

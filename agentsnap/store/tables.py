@@ -45,6 +45,7 @@ __all__ = [
     "SnapshotRow",
     "StateBlobRow",
     "StateChunkRow",
+    "StateSchemaRow",
     "ToolCallRow",
 ]
 
@@ -261,6 +262,22 @@ class RollbackRow(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     discarded: Mapped[int] = mapped_column(Integer)
     at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class StateSchemaRow(Base):
+    """The JSON schema of an agent's state model in a run, recorded when the run starts.
+
+    Edited states are checked against it (when a run is forked with new states) without the
+    program's code.
+    """
+
+    __tablename__ = "agentsnap_state_schemas"
+
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    agent: Mapped[str] = mapped_column(String(128), primary_key=True)
+    json_schema: Mapped[Any] = mapped_column(Json(), nullable=False)
 
 
 class RunLeaseRow(Base):

@@ -1,0 +1,2083 @@
+// agentsnap inspector: a single page over the inspector's JSON API, and the drawing code of
+// the space-time view that `agentsnap timeline RUN -o run.html` embeds with a run's data.
+//
+// Plain ES module, no build step. Every piece of text that comes from a run (agent names,
+// run names, payloads, reasons) is inserted with textContent, createTextNode or canvas
+// fillText: never as HTML.
+
+"use strict";
+
+// --- DOM helpers ----------------------------------------------------------------------------
+
+/** An element; `attrs` are properties or attributes, children are nodes or text. */
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  if (attrs) {
+    for (const [key, value] of Object.entries(attrs)) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "class") node.className = value;
+      else if (key === "text") node.textContent = String(value);
+      else if (key === "dataset") Object.assign(node.dataset, value);
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else if (key === "value" || key === "checked" || key === "disabled" || key === "selected")
+        node[key] = value;
+      else node.setAttribute(key, value === true ? "" : String(value));
+    }
+  }
+  append(node, children);
+  return node;
+}
+
+function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+/** Append children (nodes or text; null, undefined and false are skipped) to `node`. */
+function put(node, ...children) {
+  return append(node, children);
+}
+
+function clear(node) {
+  while (node.firstChild) node.removeChild(node.firstChild);
+  return node;
+}
+
+function link(href, text, cls) {
+  return el("a", { href, class: cls, text });
+}
+
+const enc = encodeURIComponent;
+
+function shortId(id) {
+  return id ? String(id).slice(0, 8) : "-";
+}
+
+function fmtTime(us) {
+  if (us === null || us === undefined) return "-";
+  const d = new Date(us / 1000);
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  return (
+    `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.` +
+    `${pad(d.getMilliseconds(), 3)}`
+  );
+}
+
+function fmtSpan(us) {
+  const a = Math.abs(us);
+  if (a >= 60e6) return `${(us / 60e6).toPrecision(3)} min`;
+  if (a >= 1e6) return `${(us / 1e6).toPrecision(3)} s`;
+  if (a >= 1e3) return `${(us / 1e3).toPrecision(3)} ms`;
+  return `${Math.round(us)} µs`;
+}
+
+function excerpt(value, limit = 160) {
+  let text;
+  try {
+    text = typeof value === "string" ? value : JSON.stringify(value);
+  } catch {
+    text = String(value);
+  }
+  if (text === undefined) text = "undefined";
+  return text.length <= limit ? text : text.slice(0, limit - 1) + "…";
+}
+
+function setStatus(text, isError) {
+  const node = document.getElementById("status");
+  if (!node) return;
+  node.textContent = text || "";
+  node.classList.toggle("error", Boolean(isError));
+}
+
+// --- The API --------------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.error) || `the server answered ${status}`);
+    this.status = status;
+    this.body = body || {};
+  }
+}
+
+async function api(path, options = {}) {
+  const init = { signal: options.signal, method: options.method || "GET", headers: {} };
+  if (options.body !== undefined) {
+    init.body = JSON.stringify(options.body);
+    init.headers["content-type"] = "application/json";
+  }
+  const response = await fetch(path, init);
+  let body = null;
+  const text = await response.text();
+  if (text) {
+    try {
+      body = JSON.parse(text);
+    } catch {
+      body = { error: text.slice(0, 300) };
+    }
+  }
+  if (!response.ok) throw new ApiError(response.status, body);
+  return body;
+}
+
+function query(params) {
+  const parts = [];
+  for (const [key, value] of Object.entries(params)) {
+    if (value === undefined || value === null || value === "") continue;
+    parts.push(`${enc(key)}=${enc(value)}`);
+  }
+  return parts.length ? `?${parts.join("&")}` : "";
+}
+
+function runPath(runId) {
+  return `/api/runs/${enc(runId)}`;
+}
+
+// --- JSON as a collapsible tree -------------------------------------------------------------
+
+function typeName(value) {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "array";
+  return typeof value;
+}
+
+/**
+ * A collapsible tree of `value`. `marks` maps a path (keys joined by "\u0000") to a class
+ * name ("added", "removed", "changed") that highlights that node.
+ */
+function jsonTree(value, options = {}) {
+  const open = options.open ?? 2;
+  const marks = options.marks || new Map();
+  const root = el("div", { class: "json" });
+  root.appendChild(jsonNode(null, value, [], 0, open, marks));
+  return root;
+}
+
+function jsonNode(key, value, path, depth, open, marks) {
+  const mark = marks.get(path.join("\u0000"));
+  const kind = typeName(value);
+  const label = key === null ? null : el("span", { class: "key", text: key });
+  if (kind === "object" || kind === "array") {
+    const entries = kind === "array" ? value.map((v, i) => [i, v]) : Object.entries(value);
+    const size = kind === "array" ? `[${entries.length}]` : `{${entries.length}}`;
+    const details = el("details", { class: `node ${mark || ""}`.trim() });
+    if (depth < open || mark || hasMarkBelow(path, marks)) details.open = true;
+    details.appendChild(
+      el("summary", null, label, label ? ": " : null, el("span", { class: "size", text: size })),
+    );
+    const list = el("div", { class: "children" });
+    for (const [k, v] of entries) {
+      list.appendChild(jsonNode(String(k), v, [...path, String(k)], depth + 1, open, marks));
+    }
+    if (!entries.length) list.appendChild(el("span", { class: "muted", text: "empty" }));
+    details.appendChild(list);
+    return details;
+  }
+  const text = kind === "string" ? JSON.stringify(value) : String(value);
+  return el(
+    "div",
+    { class: `leaf ${mark || ""}`.trim() },
+    label,
+    label ? ": " : null,
+    el("span", { class: `v-${kind}`, text }),
+  );
+}
+
+function hasMarkBelow(path, marks) {
+  const prefix = path.join("\u0000");
+  for (const key of marks.keys()) {
+    if (key.length > prefix.length && (prefix === "" || key.startsWith(prefix + "\u0000")))
+      return true;
+  }
+  return false;
+}
+
+// --- A JSON-schema validator for what pydantic emits ---------------------------------------
+
+/** Problems of `value` against `schema`: [{path, message}], empty when it validates. */
+function validateSchema(schema, value) {
+  const problems = [];
+  checkSchema(schema, value, "$", schema, problems, 0);
+  return problems;
+}
+
+function resolveRef(ref, root) {
+  if (!ref.startsWith("#/")) return undefined;
+  let node = root;
+  for (const part of ref.slice(2).split("/")) {
+    const key = part.replace(/~1/g, "/").replace(/~0/g, "~");
+    if (node === null || typeof node !== "object" || !(key in node)) return undefined;
+    node = node[key];
+  }
+  return node;
+}
+
+function jsonType(value) {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "array";
+  if (typeof value === "number") return Number.isInteger(value) ? "integer" : "number";
+  return typeof value;
+}
+
+function deepEqual(a, b) {
+  return JSON.stringify(canonical(a)) === JSON.stringify(canonical(b));
+}
+
+function canonical(value) {
+  if (Array.isArray(value)) return value.map(canonical);
+  if (value && typeof value === "object") {
+    const out = {};
+    for (const key of Object.keys(value).sort()) out[key] = canonical(value[key]);
+    return out;
+  }
+  return value;
+}
+
+function childPath(path, key) {
+  return typeof key === "number"
+    ? `${path}[${key}]`
+    : /^[A-Za-z_][A-Za-z0-9_]*$/.test(key)
+      ? `${path}.${key}`
+      : `${path}[${JSON.stringify(key)}]`;
+}
+
+function checkSchema(schema, value, path, root, problems, depth) {
+  if (schema === true || schema === undefined || schema === null) return;
+  if (schema === false) {
+    problems.push({ path, message: "no value is allowed here" });
+    return;
+  }
+  if (depth > 64) return;
+  if (schema.$ref) {
+    const target = resolveRef(schema.$ref, root);
+    if (target === undefined) problems.push({ path, message: `unknown $ref ${schema.$ref}` });
+    else checkSchema(target, value, path, root, problems, depth + 1);
+  }
+  for (const sub of schema.allOf || []) checkSchema(sub, value, path, root, problems, depth + 1);
+  for (const [word, need] of [["anyOf", "any"], ["oneOf", "one"]]) {
+    const options = schema[word];
+    if (!options) continue;
+    const results = options.map((sub) => {
+      const found = [];
+      checkSchema(sub, value, path, root, found, depth + 1);
+      return found;
+    });
+    const passing = results.filter((r) => r.length === 0).length;
+    if (need === "any" && passing === 0) {
+      const best = results.reduce((a, b) => (b.length < a.length ? b : a));
+      problems.push(...(options.length === 1 ? best : [{ path, message: describeOptions(options, root, best) }]));
+    } else if (need === "one" && passing !== 1) {
+      problems.push({ path, message: `must match exactly one of ${options.length} schemas (matches ${passing})` });
+    }
+  }
+  if ("const" in schema && !deepEqual(schema.const, value))
+    problems.push({ path, message: `must be ${JSON.stringify(schema.const)}` });
+  if (schema.enum && !schema.enum.some((option) => deepEqual(option, value)))
+    problems.push({ path, message: `must be one of ${schema.enum.map((v) => JSON.stringify(v)).join(", ")}` });
+  const actual = jsonType(value);
+  if (schema.type) {
+    const types = Array.isArray(schema.type) ? schema.type : [schema.type];
+    const ok = types.some((t) => t === actual || (t === "number" && actual === "integer"));
+    if (!ok) {
+      problems.push({ path, message: `must be ${types.join(" or ")}, not ${actual}` });
+      return;
+    }
+  }
+  if (actual === "object") {
+    const properties = schema.properties || {};
+    for (const name of schema.required || []) {
+      if (!(name in value)) problems.push({ path, message: `${JSON.stringify(name)} is required` });
+    }
+    for (const [name, item] of Object.entries(value)) {
+      if (name in properties) {
+        checkSchema(properties[name], item, childPath(path, name), root, problems, depth + 1);
+      } else if (schema.additionalProperties === false) {
+        problems.push({ path: childPath(path, name), message: "is not an allowed field" });
+      } else if (schema.additionalProperties && typeof schema.additionalProperties === "object") {
+        checkSchema(schema.additionalProperties, item, childPath(path, name), root, problems, depth + 1);
+      }
+    }
+  } else if (actual === "array") {
+    const prefix = schema.prefixItems || [];
+    value.forEach((item, i) => {
+      const sub = i < prefix.length ? prefix[i] : schema.items;
+      if (sub !== undefined) checkSchema(sub, item, childPath(path, i), root, problems, depth + 1);
+    });
+    if (schema.minItems !== undefined && value.length < schema.minItems)
+      problems.push({ path, message: `must have at least ${schema.minItems} item(s)` });
+    if (schema.maxItems !== undefined && value.length > schema.maxItems)
+      problems.push({ path, message: `must have at most ${schema.maxItems} item(s)` });
+  } else if (actual === "string") {
+    const length = [...value].length;
+    if (schema.minLength !== undefined && length < schema.minLength)
+      problems.push({ path, message: `must be at least ${schema.minLength} character(s) long` });
+    if (schema.maxLength !== undefined && length > schema.maxLength)
+      problems.push({ path, message: `must be at most ${schema.maxLength} character(s) long` });
+    if (schema.pattern !== undefined) {
+      let re = null;
+      try {
+        re = new RegExp(schema.pattern, "u");
+      } catch {
+        re = null;
+      }
+      if (re && !re.test(value)) problems.push({ path, message: `must match ${schema.pattern}` });
+    }
+  } else if (actual === "number" || actual === "integer") {
+    if (schema.minimum !== undefined && value < schema.minimum)
+      problems.push({ path, message: `must be at least ${schema.minimum}` });
+    if (schema.maximum !== undefined && value > schema.maximum)
+      problems.push({ path, message: `must be at most ${schema.maximum}` });
+    if (schema.exclusiveMinimum !== undefined && value <= schema.exclusiveMinimum)
+      problems.push({ path, message: `must be more than ${schema.exclusiveMinimum}` });
+    if (schema.exclusiveMaximum !== undefined && value >= schema.exclusiveMaximum)
+      problems.push({ path, message: `must be less than ${schema.exclusiveMaximum}` });
+    if (schema.multipleOf && Math.abs(value / schema.multipleOf - Math.round(value / schema.multipleOf)) > 1e-9)
+      problems.push({ path, message: `must be a multiple of ${schema.multipleOf}` });
+  }
+}
+
+function describeOptions(options, root, best) {
+  const names = options.map((option) => {
+    const target = option.$ref ? resolveRef(option.$ref, root) : option;
+    return (target && (target.title || target.type)) || "schema";
+  });
+  const hint = best.length ? ` (closest: ${best[0].path} ${best[0].message})` : "";
+  return `must be one of: ${names.join(", ")}${hint}`;
+}
+
+// --- Data for the space-time view ------------------------------------------------------------
+
+const EXACT_LIMIT = 5000;
+const DENSITY_BINS = 240;
+
+/** Window data from the server: debounced by the view, stale requests aborted, tiles cached. */
+class ServerSource {
+  constructor(runId) {
+    this.runId = runId;
+    this.cache = new Map();
+  }
+
+  async window(axis, from, to, signal) {
+    const key = `${axis}|${from}|${to}`;
+    if (this.cache.has(key)) {
+      const hit = this.cache.get(key);
+      this.cache.delete(key);
+      this.cache.set(key, hit);
+      return hit;
+    }
+    const base = runPath(this.runId);
+    const range = { axis, from: Math.floor(from), to: Math.ceil(to) };
+    const [messages, events] = await Promise.all([
+      api(`${base}/messages${query({ ...range, limit: EXACT_LIMIT })}`, { signal }),
+      api(`${base}/events${query(range)}`, { signal }),
+    ]);
+    const data = { axis, from, to, messages, events };
+    this.cache.set(key, data);
+    while (this.cache.size > 48) this.cache.delete(this.cache.keys().next().value);
+    return data;
+  }
+
+  async message(src, dst, seq) {
+    return api(`${runPath(this.runId)}/messages/${enc(src)}/${enc(dst)}/${enc(seq)}`);
+  }
+}
+
+/**
+ * Window data from a run embedded in the page (the static export). The same answers as the
+ * server: exact messages when few enough touch the window, else per-channel counts per bin.
+ */
+class EmbeddedSource {
+  constructor(data) {
+    this.data = data;
+    const names = data.names;
+    const rows = data.messages.rows;
+    const excerpts = data.messages.payloads || [];
+    this.messages = rows.map((r, i) => ({
+      src: names[r[0]],
+      dst: names[r[1]],
+      seq: r[2],
+      kind: data.messages.kinds[r[3]],
+      epoch: r[4],
+      sent_us: r[5],
+      delivered_us: r[6],
+      sent_lc: r[7],
+      delivered_lc: r[8],
+      discarded: Boolean(r[9]),
+      payload_excerpt: excerpts[i],
+    }));
+  }
+
+  async window(axis, from, to) {
+    const lamport = axis === "lamport";
+    const touching = [];
+    for (const m of this.messages) {
+      const start = lamport ? m.sent_lc : m.sent_us;
+      const endRaw = lamport ? m.delivered_lc : m.delivered_us;
+      const end = endRaw === null || endRaw === undefined ? start : endRaw;
+      if (end >= from && start <= to) touching.push(m);
+    }
+    let messages;
+    if (touching.length <= EXACT_LIMIT) {
+      messages = { mode: "exact", messages: touching };
+    } else {
+      const channels = new Map();
+      const width = (to - from) / DENSITY_BINS || 1;
+      for (const m of touching) {
+        const start = lamport ? m.sent_lc : m.sent_us;
+        if (start < from || start > to) continue;
+        const key = `${m.src}\u0000${m.dst}`;
+        let channel = channels.get(key);
+        if (!channel) {
+          channel = { src: m.src, dst: m.dst, counts: new Array(DENSITY_BINS).fill(0) };
+          channels.set(key, channel);
+        }
+        channel.counts[Math.min(DENSITY_BINS - 1, Math.floor((start - from) / width))] += 1;
+      }
+      messages = { mode: "density", from, to, bins: DENSITY_BINS, channels: [...channels.values()] };
+    }
+    const at = (event) => (lamport ? event.lc : event.at_us);
+    const events = {
+      rollbacks: this.data.events.rollbacks.filter((e) => at(e) >= from && at(e) <= to),
+      tool_calls: this.data.events.tool_calls.filter((e) => at(e) >= from && at(e) <= to),
+    };
+    return { axis, from, to, messages, events };
+  }
+
+  async message(src, dst, seq) {
+    const found = this.messages.find((m) => m.src === src && m.dst === dst && m.seq === Number(seq));
+    return found ? { ...found, payload: found.payload_excerpt } : null;
+  }
+}
+
+// --- The space-time view --------------------------------------------------------------------
+
+const LANE = 30;
+const TOP = 46; // room for the cuts' labels
+const BOTTOM = 30; // room for the time axis
+const PAD = 16;
+const STATUS_COLOURS = {
+  succeeded: "#2a8a3e",
+  ok: "#2a8a3e",
+  done: "#2a8a3e",
+  completed: "#2a8a3e",
+  replayed: "#5a9",
+  failed: "#c33",
+  error: "#c33",
+  unknown: "#e08a00",
+  in_progress: "#888",
+  retryable: "#c80",
+  abandoned: "#999",
+  compensating: "#a6a",
+};
+
+function niceStep(rough) {
+  const power = 10 ** Math.floor(Math.log10(rough));
+  for (const m of [1, 2, 5, 10]) if (m * power >= rough) return m * power;
+  return 10 * power;
+}
+
+function groupOf(name) {
+  const match = /^(.+?)[._:/-]/.exec(name);
+  return match ? match[1] : null;
+}
+
+/**
+ * One lane per agent, messages as arrows from (sender, send time) to (receiver, delivery
+ * time), cuts as polylines, rollbacks and tool calls as marks; zoom, pan, wall or Lamport axis.
+ */
+class SpaceTime {
+  constructor(options) {
+    this.run = options.run;
+    this.source = options.source;
+    this.snapshots = options.snapshots || [];
+    this.onCut = options.onCut || (() => {});
+    this.onAgent = options.onAgent || (() => {});
+    this.onMessage = options.onMessage || (() => {});
+    this.axis = "wall";
+    this.sort = "name";
+    this.grouped = false;
+    this.collapsed = new Set();
+    this.agents = [...(this.run.agents || [])];
+    this.activity = new Map();
+    this.data = null; // the window data drawn
+    this.pending = null;
+    this.timer = 0;
+    this.frame = 0;
+    this.hover = null;
+    this.stats = { draws: 0, lastDrawMs: 0, firstDataDrawAt: null, fetches: 0 };
+    this.frameWaiters = [];
+    this.build();
+    this.reset(false);
+  }
+
+  // The full extent of the run on the current axis.
+  extent() {
+    if (this.axis === "lamport") return [0, Math.max(1, this.run.lamport_max || 1)];
+    const start = this.run.start_us ?? this.run.created_at_us ?? 0;
+    const end = Math.max(this.run.end_us ?? start, start + 1000);
+    return [start, end];
+  }
+
+  build() {
+    const axisButtons = ["wall", "lamport"].map((axis) =>
+      el("button", {
+        type: "button",
+        class: "axis-btn",
+        dataset: { axis },
+        text: axis === "wall" ? "Wall clock" : "Lamport",
+        onclick: () => this.setAxis(axis),
+      }),
+    );
+    this.axisButtons = axisButtons;
+    this.sortSelect = el(
+      "select",
+      { "aria-label": "Sort lanes", onchange: () => { this.sort = this.sortSelect.value; this.layout(); } },
+      el("option", { value: "name", text: "sort: name" }),
+      el("option", { value: "activity", text: "sort: activity" }),
+      el("option", { value: "name-desc", text: "sort: name, reversed" }),
+    );
+    this.groupBox = el("input", {
+      type: "checkbox",
+      onchange: () => { this.grouped = this.groupBox.checked; this.layout(); },
+    });
+    this.info = el("span", { class: "st-info" });
+    const toolbar = el(
+      "div",
+      { class: "st-toolbar" },
+      axisButtons,
+      this.sortSelect,
+      el("label", { class: "inline" }, this.groupBox, " group by name prefix"),
+      el("button", { type: "button", text: "−", title: "Zoom out (-)", onclick: () => this.zoomBy(1.6) }),
+      el("button", { type: "button", text: "+", title: "Zoom in (+)", onclick: () => this.zoomBy(1 / 1.6) }),
+      el("button", { type: "button", text: "Reset", title: "Whole run (0)", onclick: () => this.reset() }),
+      this.info,
+    );
+    this.labels = el("div", { class: "st-labels" });
+    this.canvas = el("canvas", {
+      class: "st-canvas",
+      tabindex: "0",
+      "aria-label": "Space-time diagram: wheel or +/- to zoom, drag or arrows to pan, 0 to reset",
+    });
+    this.tip = el("div", { class: "st-tip", hidden: true });
+    this.plot = el("div", { class: "st-plot" }, this.canvas, this.tip);
+    this.legend = el(
+      "div",
+      { class: "st-legend" },
+      el("span", { class: "lg msg" }, "message"),
+      el("span", { class: "lg discarded" }, "discarded by a rollback"),
+      el("span", { class: "lg cut" }, "snapshot cut"),
+      el("span", { class: "lg rollback" }, "rollback"),
+      el("span", { class: "lg tool" }, "tool call (colour: status)"),
+    );
+    this.root = el(
+      "div",
+      { class: "spacetime" },
+      toolbar,
+      el("div", { class: "st-body" }, this.labels, this.plot),
+      this.legend,
+    );
+    this.bindInput();
+    if (typeof ResizeObserver !== "undefined") {
+      this.resizer = new ResizeObserver(() => this.invalidate());
+      this.resizer.observe(this.plot);
+    }
+    this.layout();
+  }
+
+  // --- lanes ---
+
+  rowsFor() {
+    const agents = [...this.agents];
+    const count = (name) => this.activity.get(name) || 0;
+    if (this.sort === "activity") agents.sort((a, b) => count(b) - count(a) || (a < b ? -1 : 1));
+    else agents.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+    if (this.sort === "name-desc") agents.reverse();
+    if (!this.grouped) return agents.map((name) => ({ kind: "agent", name, members: [name] }));
+    const groups = new Map();
+    for (const name of agents) {
+      const prefix = groupOf(name);
+      const key = prefix === null ? `\u0000${name}` : prefix;
+      if (!groups.has(key)) groups.set(key, []);
+      groups.get(key).push(name);
+    }
+    const rows = [];
+    for (const [key, members] of groups) {
+      if (key.startsWith("\u0000") || members.length < 2) {
+        for (const name of members) rows.push({ kind: "agent", name, members: [name] });
+      } else if (this.collapsed.has(key)) {
+        rows.push({ kind: "group", name: key, members, collapsed: true });
+      } else {
+        rows.push({ kind: "group", name: key, members, collapsed: false, header: true });
+        for (const name of members) rows.push({ kind: "agent", name, members: [name], inGroup: key });
+      }
+    }
+    return rows;
+  }
+
+  layout() {
+    this.rows = this.rowsFor();
+    this.laneOf = new Map();
+    this.rows.forEach((row, i) => {
+      if (row.kind === "group" && !row.collapsed) return;
+      for (const name of row.members) this.laneOf.set(name, i);
+    });
+    clear(this.labels);
+    this.labels.style.paddingTop = `${TOP - LANE / 2}px`;
+    for (const row of this.rows) {
+      let node;
+      if (row.kind === "group") {
+        node = el(
+          "button",
+          {
+            type: "button",
+            class: "lane-label group",
+            title: `${row.collapsed ? "Expand" : "Collapse"} ${row.members.length} agents`,
+            dataset: { group: row.name },
+            onclick: () => {
+              if (this.collapsed.has(row.name)) this.collapsed.delete(row.name);
+              else this.collapsed.add(row.name);
+              this.layout();
+            },
+          },
+          `${row.collapsed ? "▸" : "▾"} ${row.name}* (${row.members.length})`,
+        );
+      } else {
+        node = el("button", {
+          type: "button",
+          class: `lane-label${row.inGroup ? " in-group" : ""}`,
+          title: `${row.name}: history across snapshots`,
+          dataset: { agent: row.name },
+          text: row.name,
+          onclick: () => this.onAgent(row.name),
+        });
+      }
+      node.style.height = `${LANE}px`;
+      this.labels.appendChild(node);
+    }
+    this.invalidate();
+  }
+
+  ensureAgents(names) {
+    let added = false;
+    for (const name of names) {
+      if (!this.agents.includes(name)) {
+        this.agents.push(name);
+        added = true;
+      }
+    }
+    if (added) this.layout();
+  }
+
+  laneY(name) {
+    const index = this.laneOf.get(name);
+    return index === undefined ? null : TOP + index * LANE;
+  }
+
+  // --- view ---
+
+  get width() {
+    return Math.max(200, this.plot.clientWidth || 800);
+  }
+
+  get height() {
+    return TOP + Math.max(1, this.rows.length) * LANE + BOTTOM - LANE / 2;
+  }
+
+  x(t) {
+    return PAD + ((t - this.view.from) / (this.view.to - this.view.from)) * (this.width - 2 * PAD);
+  }
+
+  t(x) {
+    return this.view.from + ((x - PAD) / (this.width - 2 * PAD)) * (this.view.to - this.view.from);
+  }
+
+  reset(fetchNow = true) {
+    const [start, end] = this.extent();
+    const margin = (end - start) * 0.02;
+    this.view = { from: start - margin, to: end + margin };
+    this.changed(fetchNow);
+  }
+
+  setAxis(axis) {
+    if (axis === this.axis) return;
+    // Keep roughly the same part of the run in view: map the window's ends proportionally.
+    const [oldStart, oldEnd] = this.extent();
+    const f0 = (this.view.from - oldStart) / (oldEnd - oldStart);
+    const f1 = (this.view.to - oldStart) / (oldEnd - oldStart);
+    this.axis = axis;
+    const [start, end] = this.extent();
+    this.view = { from: start + f0 * (end - start), to: start + f1 * (end - start) };
+    this.data = null;
+    this.changed(true);
+  }
+
+  minSpan() {
+    return this.axis === "lamport" ? 4 : 20;
+  }
+
+  zoomBy(factor, anchorX) {
+    const anchor = anchorX === undefined ? (this.view.from + this.view.to) / 2 : this.t(anchorX);
+    const [start, end] = this.extent();
+    const maxSpan = (end - start) * 4;
+    let span = (this.view.to - this.view.from) * factor;
+    span = Math.min(Math.max(span, this.minSpan()), maxSpan);
+    const ratio = (anchor - this.view.from) / (this.view.to - this.view.from);
+    this.view = { from: anchor - ratio * span, to: anchor - ratio * span + span };
+    this.changed(true);
+  }
+
+  panBy(fraction) {
+    const shift = (this.view.to - this.view.from) * fraction;
+    this.view = { from: this.view.from + shift, to: this.view.to + shift };
+    this.changed(true);
+  }
+
+  changed(fetchNow) {
+    this.canvas.dataset.axis = this.axis;
+    this.canvas.dataset.from = String(Math.round(this.view.from));
+    this.canvas.dataset.to = String(Math.round(this.view.to));
+    for (const button of this.axisButtons)
+      button.classList.toggle("active", button.dataset.axis === this.axis);
+    this.invalidate();
+    if (fetchNow) this.scheduleFetch();
+  }
+
+  // --- data ---
+
+  // The window to ask for: the view widened to whole tiles of a power-of-two size, so that
+  // small pans and zooms hit the cache and exact data keeps serving a smaller view.
+  tile() {
+    const span = this.view.to - this.view.from;
+    const size = 2 ** Math.floor(Math.log2(Math.max(span / 2, 1)));
+    const from = (Math.floor(this.view.from / size) - 1) * size;
+    const to = (Math.ceil(this.view.to / size) + 1) * size;
+    return { from, to, size };
+  }
+
+  needsFetch() {
+    const data = this.data;
+    if (!data || data.axis !== this.axis) return true;
+    const covers = data.from <= this.view.from && data.to >= this.view.to;
+    if (!covers) return true;
+    if (data.messages.mode === "exact") return false;
+    const span = this.view.to - this.view.from;
+    return (data.to - data.from) / span > 6; // density bins too coarse for this zoom
+  }
+
+  scheduleFetch() {
+    clearTimeout(this.timer);
+    if (!this.needsFetch()) return;
+    const delay = this.data ? 120 : 0;
+    this.timer = setTimeout(() => this.fetchWindow(), delay);
+  }
+
+  async fetchWindow() {
+    if (!this.needsFetch()) return;
+    const { from, to } = this.tile();
+    if (this.pending) this.pending.abort();
+    const controller = new AbortController();
+    this.pending = controller;
+    this.canvas.dataset.loading = "true";
+    this.stats.fetches += 1;
+    try {
+      const data = await this.source.window(this.axis, from, to, controller.signal);
+      if (controller.signal.aborted) return;
+      this.accept(data);
+    } catch (error) {
+      if (error && error.name === "AbortError") return;
+      this.info.textContent = `could not load this window: ${error.message}`;
+      this.info.classList.add("error");
+    } finally {
+      if (this.pending === controller) {
+        this.pending = null;
+        delete this.canvas.dataset.loading;
+      }
+    }
+  }
+
+  accept(data) {
+    if (data.axis !== this.axis) return;
+    this.data = data;
+    this.info.classList.remove("error");
+    const names = new Set();
+    this.activity = new Map();
+    const bump = (name, n) => this.activity.set(name, (this.activity.get(name) || 0) + n);
+    if (data.messages.mode === "exact") {
+      for (const m of data.messages.messages) {
+        names.add(m.src);
+        names.add(m.dst);
+        bump(m.src, 1);
+        bump(m.dst, 1);
+      }
+    } else {
+      for (const c of data.messages.channels) {
+        names.add(c.src);
+        names.add(c.dst);
+        const total = c.counts.reduce((a, b) => a + b, 0);
+        bump(c.src, total);
+        bump(c.dst, total);
+      }
+    }
+    for (const call of data.events.tool_calls || []) if (call.agent) names.add(call.agent);
+    for (const r of data.events.rollbacks || []) if (r.agent) names.add(r.agent);
+    this.ensureAgents(names);
+    if (this.sort === "activity") this.layout();
+    this.canvas.dataset.mode = data.messages.mode;
+    this.invalidate();
+    if (this.needsFetch()) this.scheduleFetch();
+  }
+
+  // --- drawing ---
+
+  invalidate() {
+    if (this.frame) return;
+    this.frame = requestAnimationFrame(() => {
+      this.frame = 0;
+      this.draw();
+    });
+  }
+
+  /** A promise resolved after the next frame is drawn (used by tests and the benchmark). */
+  nextFrame() {
+    return new Promise((resolve) => {
+      this.frameWaiters.push(resolve);
+      this.invalidate();
+    });
+  }
+
+  draw() {
+    const begun = performance.now();
+    const width = this.width;
+    const height = this.height;
+    const ratio = window.devicePixelRatio || 1;
+    const canvas = this.canvas;
+    if (canvas.width !== Math.round(width * ratio) || canvas.height !== Math.round(height * ratio)) {
+      canvas.width = Math.round(width * ratio);
+      canvas.height = Math.round(height * ratio);
+      canvas.style.width = `${width}px`;
+      canvas.style.height = `${height}px`;
+    }
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    ctx.font = "11px system-ui, sans-serif";
+    this.hits = { messages: [], cuts: [], rollbacks: [], tools: [] };
+    this.drawAxis(ctx, width, height);
+    this.drawLanes(ctx, width);
+    let drawn = 0;
+    if (this.data && this.data.axis === this.axis) {
+      drawn = this.data.messages.mode === "exact" ? this.drawExact(ctx) : this.drawDensity(ctx);
+      this.drawEvents(ctx, height);
+    }
+    this.drawCuts(ctx, height);
+    this.drawHover(ctx);
+    canvas.dataset.drawn = String(drawn);
+    this.updateInfo(drawn);
+    this.stats.draws += 1;
+    this.stats.lastDrawMs = performance.now() - begun;
+    if (this.data && this.stats.firstDataDrawAt === null) {
+      this.stats.firstDataDrawAt = performance.now();
+      canvas.dataset.firstRender = String(Math.round(this.stats.firstDataDrawAt));
+    }
+    const waiters = this.frameWaiters;
+    this.frameWaiters = [];
+    for (const resolve of waiters) resolve();
+  }
+
+  updateInfo(drawn) {
+    if (this.info.classList.contains("error")) return;
+    const span = this.view.to - this.view.from;
+    const shown = this.axis === "lamport" ? `${Math.round(span)} ticks` : fmtSpan(span);
+    let what = "loading…";
+    if (this.data && this.data.axis === this.axis) {
+      what =
+        this.data.messages.mode === "exact"
+          ? `${drawn} message(s), exact`
+          : `density of ${drawn} message(s) per channel (zoom in for arrows)`;
+    }
+    this.info.textContent = `${shown} in view · ${what}`;
+  }
+
+  drawAxis(ctx, width, height) {
+    const span = this.view.to - this.view.from;
+    const step = niceStep(span / Math.max(2, Math.floor(width / 110)));
+    const [start] = this.extent();
+    ctx.strokeStyle = "#eee";
+    ctx.fillStyle = "#888";
+    ctx.textAlign = "center";
+    ctx.beginPath();
+    const first = Math.ceil((this.view.from - start) / step);
+    const last = Math.floor((this.view.to - start) / step);
+    for (let i = first; i <= last && i - first < 200; i++) {
+      const x = Math.round(this.x(start + i * step)) + 0.5;
+      ctx.moveTo(x, TOP - 24);
+      ctx.lineTo(x, height - BOTTOM + 4);
+      const label = this.axis === "lamport" ? String(i * step) : `+${fmtSpan(i * step)}`;
+      ctx.fillText(label, x, height - BOTTOM + 18);
+    }
+    ctx.stroke();
+  }
+
+  drawLanes(ctx, width) {
+    ctx.strokeStyle = "#555";
+    ctx.lineWidth = 1.2;
+    ctx.beginPath();
+    this.rows.forEach((row, i) => {
+      if (row.kind === "group" && !row.collapsed) return;
+      const y = TOP + i * LANE + 0.5;
+      ctx.moveTo(0, y);
+      ctx.lineTo(width, y);
+    });
+    ctx.stroke();
+    ctx.lineWidth = 1;
+  }
+
+  drawExact(ctx) {
+    const lamport = this.axis === "lamport";
+    const width = this.width;
+    const normal = new Path2D();
+    const heads = new Path2D();
+    const discarded = new Path2D();
+    const stubs = new Path2D();
+    let drawn = 0;
+    const messages = this.data.messages.messages;
+    const headLimit = messages.length <= 3000;
+    for (const m of messages) {
+      const y1 = this.laneY(m.src);
+      const y2 = this.laneY(m.dst);
+      if (y1 === null || y2 === null) continue;
+      const sent = lamport ? m.sent_lc : m.sent_us;
+      const deliveredRaw = lamport ? m.delivered_lc : m.delivered_us;
+      const x1 = this.x(sent);
+      const delivered = deliveredRaw !== null && deliveredRaw !== undefined;
+      let x2;
+      let yEnd;
+      if (delivered) {
+        x2 = this.x(deliveredRaw);
+        yEnd = y2;
+      } else {
+        x2 = x1 + 40;
+        yEnd = y1 + (y2 - y1) * 0.6;
+      }
+      if (Math.max(x1, x2) < -20 || Math.min(x1, x2) > width + 20) continue;
+      drawn += 1;
+      const path = m.discarded ? discarded : delivered ? normal : stubs;
+      path.moveTo(x1, y1);
+      path.lineTo(x2, yEnd);
+      if (delivered && headLimit && y1 !== y2) {
+        const angle = Math.atan2(yEnd - y1, x2 - x1);
+        const target = m.discarded ? discarded : heads;
+        target.moveTo(x2, yEnd);
+        target.lineTo(x2 - 7 * Math.cos(angle - 0.4), yEnd - 7 * Math.sin(angle - 0.4));
+        if (!m.discarded) {
+          target.lineTo(x2 - 7 * Math.cos(angle + 0.4), yEnd - 7 * Math.sin(angle + 0.4));
+          target.closePath();
+        } else {
+          target.moveTo(x2, yEnd);
+          target.lineTo(x2 - 7 * Math.cos(angle + 0.4), yEnd - 7 * Math.sin(angle + 0.4));
+        }
+      }
+      this.hits.messages.push([x1, y1, x2, yEnd, m]);
+    }
+    ctx.strokeStyle = "rgba(40, 90, 200, 0.75)";
+    ctx.stroke(normal);
+    ctx.fillStyle = "rgba(40, 90, 200, 0.9)";
+    ctx.fill(heads);
+    ctx.setLineDash([4, 3]);
+    ctx.stroke(stubs);
+    ctx.strokeStyle = "#999";
+    ctx.stroke(discarded);
+    ctx.setLineDash([]);
+    return drawn;
+  }
+
+  drawDensity(ctx) {
+    const density = this.data.messages;
+    const bins = density.bins;
+    const binWidth = (density.to - density.from) / bins;
+    let max = 1;
+    let total = 0;
+    for (const c of density.channels) for (const n of c.counts) if (n > max) max = n;
+    const levels = 8;
+    const paths = Array.from({ length: levels }, () => new Path2D());
+    const heat = Array.from({ length: levels }, () => new Path2D());
+    for (const channel of density.channels) {
+      const y1 = this.laneY(channel.src);
+      const y2 = this.laneY(channel.dst);
+      if (y1 === null || y2 === null) continue;
+      channel.counts.forEach((count, i) => {
+        if (!count) return;
+        total += count;
+        const a = this.x(density.from + i * binWidth);
+        const b = Math.max(a + 1, this.x(density.from + (i + 1) * binWidth));
+        if (b < 0 || a > this.width) return;
+        const level = Math.min(levels - 1, Math.floor((Math.sqrt(count / max) * levels)));
+        // A band from the sender's lane to the receiver's, as wide as the bin.
+        const path = paths[level];
+        path.moveTo(a, y1);
+        path.lineTo(b, y1);
+        path.lineTo(b, y2);
+        path.lineTo(a, y2);
+        path.closePath();
+        heat[level].rect(a, y1 - 5, b - a, 10);
+      });
+    }
+    for (let level = 0; level < levels; level++) {
+      const alpha = 0.04 + (0.3 * (level + 1)) / levels;
+      ctx.fillStyle = `rgba(40, 90, 200, ${alpha.toFixed(3)})`;
+      ctx.fill(paths[level]);
+      ctx.fillStyle = `rgba(20, 60, 160, ${(0.15 + (0.8 * (level + 1)) / levels).toFixed(3)})`;
+      ctx.fill(heat[level]);
+    }
+    return total;
+  }
+
+  drawEvents(ctx, height) {
+    const lamport = this.axis === "lamport";
+    const events = this.data.events;
+    // Rollbacks: a red line across the lanes and a red cross on the agent that asked.
+    const lines = new Path2D();
+    const crosses = new Path2D();
+    ctx.fillStyle = "#c33";
+    ctx.textAlign = "left";
+    for (const r of events.rollbacks || []) {
+      const x = this.x(lamport ? r.lc : r.at_us);
+      if (x < -10 || x > this.width + 10) continue;
+      lines.moveTo(x, TOP - 18);
+      lines.lineTo(x, height - BOTTOM);
+      const y = r.agent ? this.laneY(r.agent) : null;
+      if (y !== null) {
+        crosses.moveTo(x - 5, y - 5);
+        crosses.lineTo(x + 5, y + 5);
+        crosses.moveTo(x + 5, y - 5);
+        crosses.lineTo(x - 5, y + 5);
+      }
+      ctx.fillText("↺ rollback", x + 3, TOP - 20);
+      this.hits.rollbacks.push([x, r]);
+    }
+    ctx.strokeStyle = "rgba(204, 51, 51, 0.8)";
+    ctx.lineWidth = 2;
+    ctx.stroke(lines);
+    ctx.stroke(crosses);
+    ctx.lineWidth = 1;
+    // Tool calls: a small square on their agent's lane, coloured by status.
+    const byColour = new Map();
+    for (const call of events.tool_calls || []) {
+      const y = call.agent ? this.laneY(call.agent) : null;
+      if (y === null) continue;
+      const x = this.x(lamport ? call.lc : call.at_us);
+      if (x < -5 || x > this.width + 5) continue;
+      const colour = STATUS_COLOURS[call.status] || "#7a5";
+      if (!byColour.has(colour)) byColour.set(colour, new Path2D());
+      byColour.get(colour).rect(x - 3.5, y - 11, 7, 7);
+      this.hits.tools.push([x, y - 7.5, call]);
+    }
+    for (const [colour, path] of byColour) {
+      ctx.fillStyle = colour;
+      ctx.fill(path);
+    }
+  }
+
+  cutPoints(snapshot) {
+    const lamport = this.axis === "lamport";
+    const points = [];
+    for (const [agent, where] of Object.entries(snapshot.recorded || {})) {
+      const y = this.laneY(agent);
+      if (y === null) continue;
+      points.push([this.x(lamport ? where.lc : where.at_us), y]);
+    }
+    points.sort((a, b) => a[1] - b[1]);
+    if (!points.length) {
+      const x = this.x(lamport ? 0 : snapshot.started_at_us);
+      points.push([x, TOP], [x, this.height - BOTTOM]);
+    }
+    return points;
+  }
+
+  drawCuts(ctx, height) {
+    ctx.textAlign = "center";
+    ctx.font = "bold 11px system-ui, sans-serif";
+    for (const snapshot of this.snapshots) {
+      const points = this.cutPoints(snapshot);
+      const xs = points.map((p) => p[0]);
+      if (Math.max(...xs) < -10 || Math.min(...xs) > this.width + 10) continue;
+      const complete = snapshot.status === "complete";
+      const selected = this.selectedCut === snapshot.id;
+      ctx.strokeStyle = complete ? (selected ? "#b35a00" : "#e80") : "rgba(200, 120, 0, 0.45)";
+      ctx.lineWidth = selected ? 3.5 : 2;
+      ctx.setLineDash(complete ? [] : [5, 4]);
+      ctx.beginPath();
+      ctx.moveTo(points[0][0], TOP - 14);
+      for (const [x, y] of points) ctx.lineTo(x, y);
+      ctx.lineTo(points[points.length - 1][0], height - BOTTOM);
+      ctx.stroke();
+      ctx.setLineDash([]);
+      ctx.fillStyle = complete ? "#e80" : "#fff";
+      ctx.beginPath();
+      for (const [x, y] of points) {
+        ctx.moveTo(x + 3.5, y);
+        ctx.arc(x, y, 3.5, 0, 2 * Math.PI);
+      }
+      ctx.fill();
+      if (!complete) ctx.stroke();
+      ctx.fillStyle = complete ? "#a50" : "#b88";
+      const label = `S${snapshot.seq}${complete ? "" : ` (${snapshot.status})`}`;
+      ctx.fillText(label, points[0][0], TOP - 28);
+      this.hits.cuts.push([[[points[0][0], TOP - 30], [points[0][0], TOP - 14], ...points], snapshot]);
+    }
+    ctx.lineWidth = 1;
+    ctx.font = "11px system-ui, sans-serif";
+  }
+
+  drawHover(ctx) {
+    const hover = this.hover;
+    if (!hover || hover.kind !== "message") return;
+    const [x1, y1, x2, y2] = hover.hit;
+    ctx.strokeStyle = "#f50";
+    ctx.lineWidth = 3;
+    ctx.beginPath();
+    ctx.moveTo(x1, y1);
+    ctx.lineTo(x2, y2);
+    ctx.stroke();
+    ctx.lineWidth = 1;
+  }
+
+  // --- hit testing ---
+
+  find(x, y) {
+    const near = (px, py, ax, ay, bx, by) => {
+      const dx = bx - ax;
+      const dy = by - ay;
+      const length = dx * dx + dy * dy;
+      const u = length ? Math.max(0, Math.min(1, ((px - ax) * dx + (py - ay) * dy) / length)) : 0;
+      const cx = ax + u * dx - px;
+      const cy = ay + u * dy - py;
+      return Math.sqrt(cx * cx + cy * cy);
+    };
+    if (!this.hits) return null;
+    for (const [px, py, call] of this.hits.tools) {
+      if (Math.abs(px - x) <= 5 && Math.abs(py - y) <= 5) return { kind: "tool", item: call };
+    }
+    let best = null;
+    for (const [points, snapshot] of this.hits.cuts) {
+      for (let i = 1; i < points.length; i++) {
+        const d = near(x, y, ...points[i - 1], ...points[i]);
+        if (d <= 5 && (!best || d < best.d)) best = { kind: "cut", item: snapshot, d };
+      }
+    }
+    if (best) return best;
+    for (const hit of this.hits.messages) {
+      const d = near(x, y, hit[0], hit[1], hit[2], hit[3]);
+      if (d <= 4 && (!best || d < best.d)) best = { kind: "message", item: hit[4], hit, d };
+    }
+    if (best) return best;
+    for (const [px, r] of this.hits.rollbacks) {
+      if (Math.abs(px - x) <= 4) return { kind: "rollback", item: r };
+    }
+    return null;
+  }
+
+  /** Where, in page coordinates, the cut of snapshot `seq` crosses `agent`'s lane. */
+  cutPoint(seq, agent) {
+    const snapshot = this.snapshots.find((s) => s.seq === seq);
+    if (!snapshot) return null;
+    const rect = this.canvas.getBoundingClientRect();
+    const points = this.cutPoints(snapshot);
+    let point = points[0];
+    if (agent !== undefined) {
+      const y = this.laneY(agent);
+      point = points.find((p) => p[1] === y) || point;
+    }
+    return { x: rect.left + point[0], y: rect.top + point[1] };
+  }
+
+  describe(found) {
+    const item = found.item;
+    if (found.kind === "message") {
+      const lines = [
+        `${item.src} → ${item.dst} #${item.seq}`,
+        `kind: ${item.kind}  epoch: ${item.epoch}`,
+        `sent: ${fmtTime(item.sent_us)} (lc ${item.sent_lc})`,
+        `delivered: ${item.delivered_us === null ? "never" : `${fmtTime(item.delivered_us)} (lc ${item.delivered_lc})`}`,
+      ];
+      if (item.discarded) lines.push("discarded by a rollback");
+      if (item.payload_excerpt !== undefined) lines.push(`payload: ${item.payload_excerpt}`);
+      return lines.join("\n");
+    }
+    if (found.kind === "cut") {
+      const agents = Object.keys(item.recorded || {}).length;
+      return [
+        `snapshot S${item.seq} (${item.status})`,
+        `id: ${item.id}`,
+        `initiator: ${item.initiator ?? "-"}`,
+        `started: ${fmtTime(item.started_at_us)}`,
+        `completed: ${fmtTime(item.completed_at_us)}`,
+        `${agents} agent(s), ${item.in_flight} message(s) in flight`,
+        item.error ? `error: ${item.error}` : null,
+      ]
+        .filter(Boolean)
+        .join("\n");
+    }
+    if (found.kind === "rollback") {
+      const target = this.snapshots.find((s) => s.id === item.snapshot_id);
+      return [
+        `rollback to ${target ? `S${target.seq}` : shortId(item.snapshot_id)}`,
+        `reason: ${item.reason}`,
+        `agent: ${item.agent ?? "-"}  source: ${item.source}`,
+        `at: ${fmtTime(item.at_us)}`,
+      ].join("\n");
+    }
+    return `${item.tool} (${item.status})\nkey: ${item.key}\nagent: ${item.agent ?? "-"}\nat: ${fmtTime(item.at_us)}`;
+  }
+
+  bindInput() {
+    const canvas = this.canvas;
+    const local = (event) => {
+      const rect = canvas.getBoundingClientRect();
+      return [event.clientX - rect.left, event.clientY - rect.top];
+    };
+    canvas.addEventListener(
+      "wheel",
+      (event) => {
+        event.preventDefault();
+        const [x] = local(event);
+        if (event.shiftKey) this.panBy(event.deltaY / 1000);
+        else this.zoomBy(Math.exp(Math.max(-1, Math.min(1, event.deltaY * 0.0015))), x);
+      },
+      { passive: false },
+    );
+    let drag = null;
+    canvas.addEventListener("pointerdown", (event) => {
+      canvas.focus();
+      drag = { x: event.clientX, from: this.view.from, to: this.view.to, moved: false };
+      canvas.setPointerCapture(event.pointerId);
+    });
+    canvas.addEventListener("pointermove", (event) => {
+      if (drag) {
+        const dx = event.clientX - drag.x;
+        if (Math.abs(dx) > 3) drag.moved = true;
+        if (drag.moved) {
+          const shift = (-dx / (this.width - 2 * PAD)) * (drag.to - drag.from);
+          this.view = { from: drag.from + shift, to: drag.to + shift };
+          this.changed(true);
+        }
+        return;
+      }
+      const [x, y] = local(event);
+      const found = this.find(x, y);
+      const was = this.hover;
+      this.hover = found;
+      if (found) {
+        this.tip.textContent = this.describe(found);
+        this.tip.hidden = false;
+        this.tip.style.left = `${Math.min(x + 14, this.width - 280)}px`;
+        this.tip.style.top = `${y + 14}px`;
+        canvas.style.cursor = "pointer";
+      } else {
+        this.tip.hidden = true;
+        canvas.style.cursor = "grab";
+      }
+      if ((was && was.kind === "message") || (found && found.kind === "message")) this.invalidate();
+    });
+    canvas.addEventListener("pointerleave", () => {
+      this.tip.hidden = true;
+      this.hover = null;
+    });
+    canvas.addEventListener("pointerup", (event) => {
+      const wasDrag = drag && drag.moved;
+      drag = null;
+      if (wasDrag) return;
+      const [x, y] = local(event);
+      const found = this.find(x, y);
+      if (!found) return;
+      if (found.kind === "cut") {
+        this.selectedCut = found.item.id;
+        this.invalidate();
+        this.onCut(found.item);
+      } else if (found.kind === "message") {
+        this.onMessage(found.item);
+      } else if (found.kind === "tool" && found.item.agent) {
+        this.onAgent(found.item.agent);
+      }
+    });
+    canvas.addEventListener("keydown", (event) => {
+      if (this.key(event.key)) event.preventDefault();
+    });
+  }
+
+  key(key) {
+    if (key === "+" || key === "=") this.zoomBy(1 / 1.5);
+    else if (key === "-" || key === "_") this.zoomBy(1.5);
+    else if (key === "ArrowLeft") this.panBy(-0.15);
+    else if (key === "ArrowRight") this.panBy(0.15);
+    else if (key === "0") this.reset();
+    else return false;
+    return true;
+  }
+
+  select(snapshotId) {
+    this.selectedCut = snapshotId;
+    this.invalidate();
+  }
+}
+
+// --- Views ----------------------------------------------------------------------------------
+
+const view = () => document.getElementById("view");
+const state = { run: null, timeline: null, timelineRun: null, route: null, controller: null };
+
+function statusBadge(status) {
+  return el("span", { class: `badge s-${String(status).replace(/[^a-z_]/gi, "")}`, text: status });
+}
+
+function tags(list) {
+  return el("span", { class: "tags" }, (list || []).map((tag) => el("span", { class: "tag", text: tag })));
+}
+
+function errorBox(error) {
+  return el("p", { class: "error-box", role: "alert", text: error.message || String(error) });
+}
+
+function parseHash() {
+  const raw = location.hash.replace(/^#/, "") || "/runs";
+  const [pathPart, queryPart] = raw.split("?");
+  const parts = pathPart.split("/").filter(Boolean).map((p) => decodeURIComponent(p));
+  const params = new URLSearchParams(queryPart || "");
+  return { parts, params };
+}
+
+async function route() {
+  if (state.controller) state.controller.abort();
+  const controller = new AbortController();
+  state.controller = controller;
+  const { parts, params } = parseHash();
+  const main = view();
+  main.dataset.loaded = "false";
+  setStatus("");
+  try {
+    if (parts[0] !== "runs" || parts.length === 1) {
+      await runsView(main, params, controller.signal);
+    } else {
+      await runView(main, parts.slice(1), params, controller.signal);
+    }
+    if (!controller.signal.aborted) main.dataset.loaded = "true";
+  } catch (error) {
+    if (error && error.name === "AbortError") return;
+    clear(main).appendChild(errorBox(error));
+    main.dataset.loaded = "error";
+  }
+}
+
+// Runs list.
+
+async function runsView(main, params, signal) {
+  const q = params.get("q") || "";
+  const status = params.get("status") || "";
+  const tag = params.get("tag") || "";
+  const offset = Number(params.get("offset") || 0);
+  const body = await api(`/api/runs${query({ q, status, tag, limit: 100, offset })}`, { signal });
+  const form = el(
+    "form",
+    {
+      class: "filters",
+      onsubmit: (event) => {
+        event.preventDefault();
+        const data = new FormData(form);
+        location.hash = `#/runs${query({ q: data.get("q"), status: data.get("status"), tag: data.get("tag") })}`;
+      },
+    },
+    el("input", { name: "q", type: "search", placeholder: "id prefix or name", value: q, "aria-label": "Search runs" }),
+    el(
+      "select",
+      { name: "status", "aria-label": "Status" },
+      ["", "running", "completed", "succeeded", "failed", "interrupted", "abandoned"].map((s) =>
+        el("option", { value: s, text: s || "any status", selected: s === status }),
+      ),
+    ),
+    el("input", { name: "tag", placeholder: "tag (key or key=value)", value: tag, "aria-label": "Tag" }),
+    el("button", { type: "submit", text: "Filter" }),
+  );
+  const rows = body.runs.map((run) =>
+    el(
+      "tr",
+      { dataset: { run: run.id } },
+      el("td", null, link(`#/runs/${enc(run.id)}`, run.name || shortId(run.id), "run-link")),
+      el("td", { class: "mono", text: shortId(run.id) }),
+      el("td", null, tags(run.tags)),
+      el("td", null, statusBadge(run.status), run.reason ? el("div", { class: "reason", text: run.reason }) : null),
+      el("td", { text: fmtTime(run.created_at_us) }),
+      el("td", { text: fmtTime(run.updated_at_us) }),
+      el("td", { class: "num", text: run.snapshots }),
+      el("td", { class: "num", text: run.rollbacks }),
+      el(
+        "td",
+        null,
+        run.parent_run_id ? link(`#/runs/${enc(run.parent_run_id)}`, `fork of ${shortId(run.parent_run_id)}`) : null,
+      ),
+    ),
+  );
+  const table = el(
+    "table",
+    { class: "runs" },
+    el(
+      "thead",
+      null,
+      el("tr", null, ["Run", "Id", "Tags", "Status", "Created", "Updated", "Snapshots", "Rollbacks", "Lineage"].map((h) => el("th", { text: h }))),
+    ),
+    el("tbody", null, rows),
+  );
+  const pager = el("p", { class: "muted" }, `${body.runs.length} of ${body.total} run(s)`);
+  if (offset + body.runs.length < body.total) {
+    put(pager, " · ", link(`#/runs${query({ q, status, tag, offset: offset + 100 })}`, "next page"));
+  }
+  if (signal.aborted) return;
+  put(clear(main), el("h1", { text: "Runs" }), form, body.runs.length ? table : el("p", { class: "muted", text: "No run matches." }), pager);
+  state.timeline = null;
+  state.timelineRun = null;
+}
+
+// One run.
+
+async function loadRun(runId, signal) {
+  if (state.run && (state.run.detail.id === runId || state.run.key === runId)) return state.run;
+  const [detail, snaps] = await Promise.all([
+    api(runPath(runId), { signal }),
+    api(`${runPath(runId)}/snapshots`, { signal }),
+  ]);
+  state.run = { key: runId, detail, snapshots: snaps.snapshots };
+  return state.run;
+}
+
+function runHeader(run) {
+  const d = run.detail;
+  const id = enc(d.id);
+  const lineage = el("div", { class: "lineage" });
+  if (d.parent_run_id) {
+    put(lineage, 
+      "forked from ",
+      link(`#/runs/${enc(d.parent_run_id)}`, shortId(d.parent_run_id)),
+      d.parent_snapshot_id ? [" at ", link(`#/runs/${enc(d.parent_run_id)}/snapshots/${enc(d.parent_snapshot_id)}`, `snapshot ${shortId(d.parent_snapshot_id)}`)] : null,
+    );
+  }
+  if (d.forks && d.forks.length) {
+    put(lineage, 
+      d.parent_run_id ? " · " : "",
+      "forks: ",
+      d.forks.map((f, i) => [i ? ", " : "", link(`#/runs/${enc(f.run_id)}`, shortId(f.run_id))]),
+    );
+  }
+  const tabs = [
+    ["", "Timeline"],
+    ["snapshots", "Snapshots"],
+    ["tools", "Tools"],
+    ["diff", "Diff"],
+    ["bisect", "Bisect"],
+  ];
+  return el(
+    "div",
+    { class: "run-header" },
+    el("h1", null, el("span", { class: "run-name", text: d.name || `run ${shortId(d.id)}` }), " ", statusBadge(d.status)),
+    d.reason ? el("p", { class: "reason", text: d.reason }) : null,
+    el(
+      "p",
+      { class: "facts" },
+      el("span", { class: "mono", text: d.id }),
+      ` · ${d.agents.length} agent(s) · ${d.messages} message(s) · ${run.snapshots.length} snapshot(s) · ${d.rollbacks} rollback(s) · ${d.tool_calls} tool call(s) · `,
+      `created ${fmtTime(d.created_at_us)}`,
+      " ",
+      tags(d.tags),
+    ),
+    lineage,
+    el("nav", { class: "tabs" }, tabs.map(([path, label]) => link(`#/runs/${id}${path ? `/${path}` : ""}`, label, "tab"))),
+  );
+}
+
+async function runView(main, parts, params, signal) {
+  const runId = parts[0];
+  const run = await loadRun(runId, signal);
+  if (signal.aborted) return;
+  const section = parts[1] || "";
+  const header = runHeader(run);
+  const tabKey = section === "agents" || section === "messages" ? "" : section === "fork" ? "snapshots" : section;
+  for (const tab of header.querySelectorAll("a.tab")) {
+    const target = tab.getAttribute("href").split("/")[3] || "";
+    if (target === tabKey || (target === "" && section === "snapshots" && parts[2])) tab.classList.add("active");
+  }
+  const panel = el("section", { class: "panel", id: "panel" });
+  const content = [header];
+  const showTimeline = section === "" || section === "agents" || section === "messages" || (section === "snapshots" && parts[2]);
+  if (showTimeline) content.push(timelineFor(run).root);
+  content.push(panel);
+  put(clear(main), ...content);
+  if (showTimeline) state.timeline.invalidate();
+  if (section === "") {
+    put(panel, el("p", { class: "muted", text: "Click a snapshot's cut for every agent's state at it, an agent's name for its history, an arrow for its message. Wheel or +/- zoom, drag or arrows pan, 0 resets." }));
+  } else if (section === "snapshots" && parts[2]) {
+    state.timeline.select(parts[2]);
+    await cutPanel(panel, run, parts[2], signal);
+  } else if (section === "snapshots") {
+    snapshotsPanel(panel, run);
+  } else if (section === "agents" && parts[2]) {
+    await agentPanel(panel, run, parts[2], signal);
+  } else if (section === "messages" && parts.length >= 5) {
+    await messagePanel(panel, run, parts[2], parts[3], parts[4], signal);
+  } else if (section === "tools") {
+    await toolsPanel(panel, run, params, signal);
+  } else if (section === "diff") {
+    await diffPanel(panel, run, params, signal);
+  } else if (section === "fork" && parts[2]) {
+    await forkPanel(panel, run, parts[2], signal);
+  } else if (section === "bisect") {
+    bisectPanel(panel, run, params);
+  } else {
+    put(panel, errorBox(new Error(`nothing here: #${location.hash.slice(1)}; go back to the run`)));
+  }
+}
+
+function timelineFor(run) {
+  if (state.timeline && state.timelineRun === run.detail.id) return state.timeline;
+  const id = enc(run.detail.id);
+  const timeline = new SpaceTime({
+    run: run.detail,
+    snapshots: run.snapshots,
+    source: new ServerSource(run.detail.id),
+    onCut: (s) => (location.hash = `#/runs/${id}/snapshots/${enc(s.id)}`),
+    onAgent: (name) => (location.hash = `#/runs/${id}/agents/${enc(name)}`),
+    onMessage: (m) => (location.hash = `#/runs/${id}/messages/${enc(m.src)}/${enc(m.dst)}/${m.seq}`),
+  });
+  state.timeline = timeline;
+  state.timelineRun = run.detail.id;
+  window.agentsnap.timeline = timeline;
+  timeline.scheduleFetch();
+  return timeline;
+}
+
+function snapshotLabel(s) {
+  return `S${s.seq} (${s.status}) · ${fmtTime(s.started_at_us)}`;
+}
+
+function snapshotsPanel(panel, run) {
+  const id = enc(run.detail.id);
+  const rows = run.snapshots.map((s) =>
+    el(
+      "tr",
+      { dataset: { snapshot: s.id } },
+      el("td", null, link(`#/runs/${id}/snapshots/${enc(s.id)}`, `S${s.seq}`)),
+      el("td", null, statusBadge(s.status)),
+      el("td", { text: fmtTime(s.started_at_us) }),
+      el("td", { text: fmtTime(s.completed_at_us) }),
+      el("td", { text: s.initiator ?? "-" }),
+      el("td", { class: "num", text: Object.keys(s.recorded || {}).length }),
+      el("td", { class: "num", text: s.in_flight }),
+      el("td", null, run.detail.allow_fork === false ? null : link(`#/runs/${id}/fork/${enc(s.id)}`, "fork…")),
+    ),
+  );
+  put(panel, 
+    el("h2", { text: "Snapshots" }),
+    el(
+      "table",
+      { class: "snapshots" },
+      el("thead", null, el("tr", null, ["Cut", "Status", "Started", "Completed", "Initiator", "Agents", "In flight", ""].map((h) => el("th", { text: h })))),
+      el("tbody", null, rows),
+    ),
+  );
+}
+
+const snapshotCache = new Map();
+
+async function loadSnapshot(runId, sid, signal) {
+  const key = `${runId}|${sid}`;
+  if (!snapshotCache.has(key)) {
+    const promise = api(`${runPath(runId)}/snapshots/${enc(sid)}`, { signal });
+    snapshotCache.set(key, promise);
+    promise.catch(() => snapshotCache.delete(key));
+  }
+  return snapshotCache.get(key);
+}
+
+async function cutPanel(panel, run, sid, signal) {
+  const snap = await loadSnapshot(run.detail.id, sid, signal);
+  if (signal.aborted) return;
+  const id = enc(run.detail.id);
+  const others = run.snapshots.filter((s) => s.id !== snap.id);
+  const pick = el(
+    "select",
+    { "aria-label": "Compare with" },
+    others.map((s) => el("option", { value: s.id, text: snapshotLabel(s) })),
+  );
+  const actions = el(
+    "div",
+    { class: "actions" },
+    others.length
+      ? [
+          pick,
+          el("button", {
+            type: "button",
+            text: "Diff with this cut",
+            onclick: () => (location.hash = `#/runs/${id}/diff${query({ a: pick.value, b: snap.id })}`),
+          }),
+        ]
+      : null,
+    run.detail.allow_fork === false
+      ? null
+      : el("button", { type: "button", class: "fork-btn", text: "Fork with edited state…", onclick: () => (location.hash = `#/runs/${id}/fork/${enc(snap.id)}`) }),
+  );
+  const agents = Object.entries(snap.agents).map(([name, agent]) =>
+    el(
+      "details",
+      { class: "agent-state", open: true, dataset: { agent: name } },
+      el("summary", null, el("strong", { text: name }), el("span", { class: "muted mono", text: ` ${String(agent.state_hash).slice(0, 12)}` }), " ", link(`#/runs/${id}/agents/${enc(name)}`, "history")),
+      jsonTree(agent.state, { open: 1 }),
+      agent.counters && Object.keys(agent.counters).length ? el("div", { class: "counters" }, el("span", { class: "muted", text: "counters " }), jsonTree(agent.counters, { open: 0 })) : null,
+    ),
+  );
+  const channels = (snap.channels || []).map((c) =>
+    el(
+      "div",
+      { class: "channel", dataset: { channel: `${c.src}>${c.dst}` } },
+      el("h4", null, el("span", { text: c.src }), " → ", el("span", { text: c.dst }), ` · ${c.in_flight.length} in flight`),
+      c.in_flight.map((m) => el("div", { class: "in-flight" }, el("span", { class: "mono", text: `#${m.seq} ${m.kind}` }), jsonTree(m.payload, { open: 0 }))),
+    ),
+  );
+  put(clear(panel), 
+    el("h2", null, `Cut S${snap.seq} `, statusBadge(snap.status)),
+    el("p", { class: "facts" }, `started ${fmtTime(snap.started_at_us)} · completed ${fmtTime(snap.completed_at_us)} · `, el("span", { class: "mono", text: snap.id })),
+    snap.error ? el("p", { class: "error-box", text: snap.error }) : null,
+    actions,
+    el("div", { class: "cut-grid" }, el("div", null, el("h3", { text: "Agents" }), agents), el("div", null, el("h3", { text: "Channels (messages in flight)" }), channels.length ? channels : el("p", { class: "muted", text: "No message was in flight." }))),
+  );
+}
+
+async function agentPanel(panel, run, agent, signal) {
+  const body = await api(`${runPath(run.detail.id)}/agents/${enc(agent)}/history`, { signal });
+  if (signal.aborted) return;
+  const id = enc(run.detail.id);
+  let previous = null;
+  const items = body.snapshots.map((s) => {
+    const prev = previous;
+    previous = s;
+    return el(
+      "details",
+      { class: `history-item${s.changed ? " changed" : ""}`, open: s.changed, dataset: { snapshot: s.id } },
+      el(
+        "summary",
+        null,
+        el("strong", { text: `S${s.seq}` }),
+        " ",
+        statusBadge(s.status),
+        el("span", { class: "mono muted", text: ` ${String(s.state_hash || "").slice(0, 12)} ` }),
+        s.changed ? el("span", { class: "badge changed", text: "changed" }) : el("span", { class: "muted", text: "unchanged" }),
+        prev ? [" ", link(`#/runs/${id}/diff${query({ a: prev.id, b: s.id, agent })}`, `diff with S${prev.seq}`)] : null,
+      ),
+      jsonTree(s.state, { open: 1 }),
+    );
+  });
+  put(clear(panel), el("h2", null, "History of ", el("span", { class: "agent-name", text: body.agent })), items.length ? items : el("p", { class: "muted", text: "No snapshot records this agent." }));
+}
+
+async function messagePanel(panel, run, src, dst, seq, signal) {
+  const m = await api(`${runPath(run.detail.id)}/messages/${enc(src)}/${enc(dst)}/${enc(seq)}`, { signal });
+  if (signal.aborted) return;
+  put(clear(panel), 
+    el("h2", null, "Message ", el("span", { text: m.src }), " → ", el("span", { text: m.dst }), ` #${m.seq}`),
+    el("p", { class: "facts", text: `kind ${m.kind} · epoch ${m.epoch} · sent ${fmtTime(m.sent_us)} · delivered ${fmtTime(m.delivered_us)}${m.discarded ? " · discarded by a rollback" : ""}` }),
+    el("h3", { text: "Payload" }),
+    jsonTree(m.payload, { open: 2 }),
+    el("h3", { text: "Headers" }),
+    jsonTree(m.headers || {}, { open: 1 }),
+  );
+}
+
+// Tools.
+
+async function toolsPanel(panel, run, params, signal) {
+  const id = enc(run.detail.id);
+  const status = params.get("status") || "";
+  const tool = params.get("tool") || "";
+  const q = params.get("q") || "";
+  const offset = Number(params.get("offset") || 0);
+  const body = await api(`${runPath(run.detail.id)}/tools${query({ status, tool, q, limit: 200, offset })}`, { signal });
+  if (signal.aborted) return;
+  const form = el(
+    "form",
+    {
+      class: "filters",
+      onsubmit: (event) => {
+        event.preventDefault();
+        const data = new FormData(form);
+        location.hash = `#/runs/${id}/tools${query({ status: data.get("status"), tool: data.get("tool"), q: data.get("q") })}`;
+      },
+    },
+    el("input", { name: "q", type: "search", placeholder: "key, tool or agent", value: q, "aria-label": "Search tool calls" }),
+    el("input", { name: "tool", placeholder: "tool", value: tool, "aria-label": "Tool" }),
+    el(
+      "select",
+      { name: "status", "aria-label": "Status" },
+      ["", "succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
+    ),
+    el("button", { type: "submit", text: "Filter" }),
+  );
+  const rows = body.calls.map((c) =>
+    el(
+      "tr",
+      { class: c.unknown ? "unknown" : "", dataset: { key: c.key } },
+      el("td", { class: "mono", text: c.key }),
+      el("td", { text: c.tool }),
+      el("td", { text: c.agent ?? "-" }),
+      el("td", null, statusBadge(c.status), c.unknown ? el("span", { class: "badge unknown", text: "outcome unknown" }) : null),
+      el("td", { class: "num", text: c.attempts }),
+      el("td", null, c.error ? el("div", { class: "error-text", text: c.error }) : null, c.outcome === null || c.outcome === undefined ? el("span", { class: "muted", text: "-" }) : jsonTree(c.outcome, { open: 0 })),
+      el("td", { text: fmtTime(c.started_at_us) }),
+      el("td", { text: fmtTime(c.finished_at_us) }),
+    ),
+  );
+  const unknown = body.calls.filter((c) => c.unknown).length;
+  put(clear(panel), 
+    el("h2", { text: "Tool calls" }),
+    form,
+    unknown ? el("p", { class: "warn", role: "alert", text: `${unknown} call(s) on this page have an unknown outcome: the tool may or may not have acted.` }) : null,
+    el(
+      "table",
+      { class: "tools" },
+      el("thead", null, el("tr", null, ["Key", "Tool", "Agent", "Status", "Attempts", "Outcome", "Started", "Finished"].map((h) => el("th", { text: h })))),
+      el("tbody", null, rows),
+    ),
+    el("p", { class: "muted" }, `${body.calls.length} of ${body.total} call(s)`, offset + body.calls.length < body.total ? [" · ", link(`#/runs/${id}/tools${query({ status, tool, q, offset: offset + 200 })}`, "next page")] : null),
+  );
+}
+
+// Diffs.
+
+function diffMarks(diff) {
+  // The paths a diff_states result names, for highlighting: memory.K, plan[i], fields K.
+  const a = new Map();
+  const b = new Map();
+  const mark = (map, path, cls) => map.set(path.join("\u0000"), cls);
+  for (const [part, prefix] of [["memory", ["memory"]], ["fields", []]]) {
+    const m = diff[part];
+    if (!m) continue;
+    for (const key of Object.keys(m.added || {})) mark(b, [...prefix, key], "added");
+    for (const key of Object.keys(m.removed || {})) mark(a, [...prefix, key], "removed");
+    for (const key of Object.keys(m.changed || {})) {
+      mark(a, [...prefix, key], "changed");
+      mark(b, [...prefix, key], "changed");
+    }
+  }
+  for (const step of diff.plan || []) {
+    if (step.change !== "added") mark(a, ["plan", String(step.index)], step.change === "removed" ? "removed" : "changed");
+    if (step.change !== "removed") mark(b, ["plan", String(step.index)], step.change === "added" ? "added" : "changed");
+  }
+  return [a, b];
+}
+
+function markToolCalls(state, diff, marks, side) {
+  const calls = Array.isArray(state && state.tool_calls) ? state.tool_calls : [];
+  const m = diff.tool_calls || {};
+  calls.forEach((call, i) => {
+    const key = call && call.key ? call.key : `#${i}`;
+    let cls = null;
+    if (key in (m.changed || {})) cls = "changed";
+    else if (side === "a" && key in (m.removed || {})) cls = "removed";
+    else if (side === "b" && key in (m.added || {})) cls = "added";
+    if (cls) marks.set(["tool_calls", String(i)].join("\u0000"), cls);
+  });
+}
+
+function changeList(diff) {
+  const rows = [];
+  for (const part of ["memory", "tool_calls", "fields"]) {
+    const m = diff[part] || {};
+    const where = (key) => (part === "fields" ? key : `${part}.${key}`);
+    for (const [key, value] of Object.entries(m.added || {})) rows.push(["added", where(key), undefined, value]);
+    for (const [key, value] of Object.entries(m.removed || {})) rows.push(["removed", where(key), value, undefined]);
+    for (const [key, value] of Object.entries(m.changed || {})) rows.push(["changed", where(key), value.old, value.new]);
+  }
+  for (const step of diff.plan || []) rows.push([step.change, `plan[${step.index}]`, step.old ?? undefined, step.new ?? undefined]);
+  return el(
+    "table",
+    { class: "changes" },
+    el("thead", null, el("tr", null, ["Change", "Where", "Before", "After"].map((h) => el("th", { text: h })))),
+    el(
+      "tbody",
+      null,
+      rows.map(([change, where, before, after]) =>
+        el("tr", { class: change }, el("td", { text: change }), el("td", { class: "mono", text: where }), el("td", { class: "mono", text: before === undefined ? "" : excerpt(before, 200) }), el("td", { class: "mono", text: after === undefined ? "" : excerpt(after, 200) })),
+      ),
+    ),
+  );
+}
+
+async function diffPanel(panel, run, params, signal) {
+  const id = enc(run.detail.id);
+  const snaps = run.snapshots;
+  const a = params.get("a") || (snaps.length > 1 ? snaps[snaps.length - 2].id : "");
+  const b = params.get("b") || (snaps.length ? snaps[snaps.length - 1].id : "");
+  const agent = params.get("agent") || "";
+  const pick = (name, value) =>
+    el("select", { name, "aria-label": name === "a" ? "Snapshot A" : "Snapshot B" }, snaps.map((s) => el("option", { value: s.id, text: snapshotLabel(s), selected: s.id === value })));
+  const form = el(
+    "form",
+    {
+      class: "filters",
+      onsubmit: (event) => {
+        event.preventDefault();
+        const data = new FormData(form);
+        location.hash = `#/runs/${id}/diff${query({ a: data.get("a"), b: data.get("b"), agent: data.get("agent") })}`;
+      },
+    },
+    pick("a", a),
+    " → ",
+    pick("b", b),
+    el(
+      "select",
+      { name: "agent", "aria-label": "Agent" },
+      el("option", { value: "", text: "every agent" }),
+      run.detail.agents.map((name) => el("option", { value: name, text: name, selected: name === agent })),
+    ),
+    el("button", { type: "submit", text: "Compare" }),
+  );
+  put(clear(panel), el("h2", { text: "Diff" }), form);
+  if (!a || !b) {
+    put(panel, el("p", { class: "muted", text: "This run has fewer than two snapshots." }));
+    return;
+  }
+  const [diff, snapA, snapB] = await Promise.all([
+    api(`${runPath(run.detail.id)}/diff${query({ a, b, agent })}`, { signal }),
+    loadSnapshot(run.detail.id, a, signal),
+    loadSnapshot(run.detail.id, b, signal),
+  ]);
+  if (signal.aborted) return;
+  const sections = Object.entries(diff.agents || {}).map(([name, d]) => {
+    const stateA = snapA.agents[name] ? snapA.agents[name].state : null;
+    const stateB = snapB.agents[name] ? snapB.agents[name].state : null;
+    const [marksA, marksB] = diffMarks(d);
+    markToolCalls(stateA, d, marksA, "a");
+    markToolCalls(stateB, d, marksB, "b");
+    return el(
+      "section",
+      { class: "agent-diff", dataset: { agent: name } },
+      el("h3", { text: name }),
+      changeList(d),
+      el(
+        "div",
+        { class: "side-by-side" },
+        el("div", null, el("h4", { text: `S${snapA.seq}` }), stateA === null ? el("p", { class: "muted", text: "not in this cut" }) : jsonTree(stateA, { open: 1, marks: marksA })),
+        el("div", null, el("h4", { text: `S${snapB.seq}` }), stateB === null ? el("p", { class: "muted", text: "not in this cut" }) : jsonTree(stateB, { open: 1, marks: marksB })),
+      ),
+    );
+  });
+  put(panel, 
+    sections.length ? sections : el("p", { class: "muted", text: "No agent's state differs between these cuts." }),
+    diff.channels && Object.keys(diff.channels).length ? [el("h3", { text: "Channels" }), jsonTree(diff.channels, { open: 1 })] : null,
+  );
+}
+
+// Fork with an edited state.
+
+async function forkPanel(panel, run, sid, signal) {
+  const snap = await loadSnapshot(run.detail.id, sid, signal);
+  if (signal.aborted) return;
+  const schemas = run.detail.schemas || {};
+  const editors = new Map();
+  const submit = el("button", { type: "submit", class: "primary", text: "Create fork" });
+  const result = el("div", { class: "fork-result", role: "status" });
+  const nameInput = el("input", { name: "name", placeholder: "name of the fork (optional)", "aria-label": "Fork name" });
+
+  const check = () => {
+    let ok = true;
+    for (const editor of editors.values()) ok = editor.validate() && ok;
+    submit.disabled = !ok;
+    return ok;
+  };
+
+  const blocks = Object.entries(snap.agents).map(([name, agent]) => {
+    const original = JSON.stringify(agent.state, null, 2);
+    const area = el("textarea", { class: "json-edit", spellcheck: "false", rows: Math.min(24, original.split("\n").length + 1), "aria-label": `State of ${name}`, dataset: { agent: name } });
+    area.value = original;
+    const problems = el("ul", { class: "problems" });
+    const badge = el("span", { class: "badge" });
+    const editor = {
+      area,
+      original,
+      value: undefined,
+      validate() {
+        clear(problems);
+        let value;
+        try {
+          value = JSON.parse(area.value);
+        } catch (error) {
+          put(problems, el("li", { text: `not JSON: ${error.message}` }));
+          return this.fail();
+        }
+        this.value = value;
+        if (value === null || typeof value !== "object" || Array.isArray(value)) {
+          put(problems, el("li", { text: "a state must be a JSON object" }));
+          return this.fail();
+        }
+        const found = schemas[name] ? validateSchema(schemas[name], value) : [];
+        for (const p of found) put(problems, el("li", null, el("code", { text: p.path }), " ", p.message));
+        if (found.length) return this.fail();
+        badge.textContent = area.value === original ? "unchanged" : schemas[name] ? "edited, valid" : "edited (no stored schema)";
+        badge.className = "badge ok";
+        area.classList.remove("invalid");
+        return true;
+      },
+      fail() {
+        badge.textContent = "invalid";
+        badge.className = "badge invalid";
+        area.classList.add("invalid");
+        return false;
+      },
+      serverProblems(list) {
+        for (const p of list) put(problems, el("li", { class: "server" }, "server: ", el("code", { text: p.path || "$" }), " ", p.message));
+        this.fail();
+      },
+    };
+    editors.set(name, editor);
+    area.addEventListener("input", () => check());
+    return el("div", { class: "fork-agent", dataset: { agent: name } }, el("h3", null, el("span", { text: name }), " ", badge, schemas[name] ? null : el("span", { class: "muted", text: " (no stored schema: checked by the server)" })), area, problems);
+  });
+
+  const form = el(
+    "form",
+    {
+      class: "fork-form",
+      onsubmit: async (event) => {
+        event.preventDefault();
+        if (!check()) return;
+        const states = {};
+        for (const [name, editor] of editors) if (editor.area.value !== editor.original) states[name] = editor.value;
+        submit.disabled = true;
+        clear(result);
+        try {
+          const body = await api(`${runPath(run.detail.id)}/fork`, { method: "POST", body: { snapshot: snap.id, states, name: nameInput.value || null } });
+          const fork = body.run;
+          state.run = null;
+          put(result, 
+            el("p", { class: "ok-box" }, "Created run ", link(`#/runs/${enc(fork.id)}`, fork.name || shortId(fork.id), "fork-link"), ` from S${snap.seq} of run `, link(`#/runs/${enc(run.detail.id)}`, run.detail.name || shortId(run.detail.id)), "."),
+            el("p", { class: "lineage", text: `lineage: ${shortId(fork.parent_run_id)} @ S${snap.seq} → ${shortId(fork.id)}` }),
+          );
+        } catch (error) {
+          if (error.status === 403) {
+            put(result, el("p", { class: "error-box", text: "This server does not allow forks: start it with `agentsnap ui --allow-fork`." }));
+          } else if (error.status === 422) {
+            put(result, el("p", { class: "error-box", text: error.message }));
+            for (const p of error.body.problems || []) {
+              const editor = editors.get(p.agent);
+              if (editor) editor.serverProblems([p]);
+              else put(result, el("p", { class: "error-box", text: `${p.agent ?? ""} ${p.path ?? ""} ${p.message}` }));
+            }
+          } else {
+            put(result, errorBox(error));
+          }
+        } finally {
+          submit.disabled = false;
+        }
+      },
+    },
+    el("p", { class: "muted", text: "Edit the states to start the fork from (JSON; checked against each agent's schema as you type). Unchanged agents keep their recorded state." }),
+    blocks,
+    el("div", { class: "actions" }, nameInput, submit),
+    result,
+  );
+  put(clear(panel), el("h2", { text: `Fork from S${snap.seq}` }), run.detail.allow_fork === false ? el("p", { class: "error-box", text: "This server does not allow forks: start it with `agentsnap ui --allow-fork`." }) : form);
+  check();
+}
+
+// Bisect.
+
+function bisectPanel(panel, run, params) {
+  const id = enc(run.detail.id);
+  const ops = ["==", "!=", "<", "<=", ">", ">=", "exists", "len==", "len<", "len<=", "len>", "len>="];
+  const path = el("input", { name: "path", placeholder: "$.writer.memory", value: params.get("path") || "", required: true, "aria-label": "Path" });
+  const op = el("select", { name: "op", "aria-label": "Operator" }, ops.map((o) => el("option", { value: o, text: o, selected: o === (params.get("op") || "==") })));
+  const value = el("input", { name: "value", placeholder: "value (JSON, or text)", value: params.get("value") || "", "aria-label": "Value" });
+  const out = el("div", { class: "bisect-result" });
+  const form = el(
+    "form",
+    {
+      class: "filters",
+      onsubmit: async (event) => {
+        event.preventDefault();
+        let parsed = value.value;
+        try {
+          parsed = JSON.parse(value.value);
+        } catch {
+          parsed = value.value;
+        }
+        put(clear(out), el("p", { class: "muted", text: "bisecting…" }));
+        try {
+          const body = await api(`${runPath(run.detail.id)}/bisect`, { method: "POST", body: { path: path.value, op: op.value, value: op.value === "exists" ? null : parsed } });
+          const summary = (label, s) =>
+            el("p", { class: `bisect-${label.replace(/\s/g, "-")}` }, el("strong", { text: `${label}: ` }), s ? link(`#/runs/${id}/snapshots/${enc(s.id)}`, `S${s.seq}`) : "none", s ? ` (${s.status}, ${fmtTime(s.started_at_us)})` : "");
+          put(clear(out), 
+            summary("first bad", body.first_bad),
+            summary("last good", body.last_good),
+            el("p", { class: "muted", text: `${body.checked} snapshot(s) checked` }),
+            body.diff ? [el("h3", { text: "What changed between them" }), body.diff.agents ? Object.entries(body.diff.agents).map(([name, d]) => el("section", { class: "agent-diff" }, el("h4", { text: name }), changeList(d))) : jsonTree(body.diff, { open: 2 })] : null,
+          );
+        } catch (error) {
+          put(clear(out), errorBox(error));
+        }
+      },
+    },
+    path,
+    op,
+    value,
+    el("button", { type: "submit", text: "Bisect" }),
+  );
+  put(clear(panel), el("h2", { text: "Bisect" }), el("p", { class: "muted", text: "Find the first snapshot where a condition over the agents' states stops holding: the path is JSONPath-style over {agent: state}." }), form, out);
+}
+
+// --- The static page (agentsnap timeline RUN -o run.html) ----------------------------------
+
+function staticPage(data) {
+  const main = view();
+  const run = data.run;
+  const source = new EmbeddedSource(data);
+  const detail = el("pre", { class: "st-detail", text: "Click a cut or an arrow for its details." });
+  const timeline = new SpaceTime({
+    run,
+    snapshots: data.snapshots,
+    source,
+    onCut: (s) => (detail.textContent = timeline.describe({ kind: "cut", item: s })),
+    onMessage: (m) => (detail.textContent = timeline.describe({ kind: "message", item: m })),
+    onAgent: (name) => (detail.textContent = `agent ${name}`),
+  });
+  window.agentsnap.timeline = timeline;
+  put(clear(main), 
+    el("h1", null, el("span", { class: "run-name", text: run.name || `run ${run.id}` }), " ", statusBadge(run.status)),
+    el("p", { class: "facts", text: `${run.id} · ${run.agents.length} agent(s) · ${run.messages} message(s) · ${data.snapshots.length} snapshot(s) · ${data.events.rollbacks.length} rollback(s)` }),
+    data.note ? el("p", { class: "muted", text: data.note }) : null,
+    timeline.root,
+    detail,
+  );
+  timeline.scheduleFetch();
+  main.dataset.loaded = "true";
+}
+
+// --- Start ------------------------------------------------------------------------------------
+
+window.agentsnap = { SpaceTime, EmbeddedSource, ServerSource, validateSchema, jsonTree, timeline: null, route };
+
+function start() {
+  const embedded = document.getElementById("agentsnap-data");
+  if (embedded) {
+    staticPage(JSON.parse(embedded.textContent));
+    return;
+  }
+  window.addEventListener("hashchange", route);
+  document.addEventListener("keydown", (event) => {
+    const target = event.target;
+    if (target !== document.body || !state.timeline || !state.timeline.root.isConnected) return;
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    if (state.timeline.key(event.key)) event.preventDefault();
+  });
+  route();
+}
+
+if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+else start();
