@@ -88,8 +88,9 @@ class Agent(abc.ABC, Generic[S]):
 
     Attributes:
         name: The agent's name.
-        state: The agent's current state. Update it in the handler; snapshots record it
-            between two handler calls, never half-way through one. A snapshot encodes it
+        state: The agent's current state. Update it in the handler; snapshots never record
+            it half-way through a handler (inside a long one, they record the state from
+            before it, with its message in flight). A snapshot encodes it
             again only if it may have changed since the last one: after a message was
             delivered to the agent, ``on_rollback``, or an assignment to ``agent.state``.
             Code that changes it in place anywhere else must say so with

@@ -11,7 +11,9 @@ and a critic agent can reject another agent's output with
 [`ctx.reject`][agentsnap.Context.reject]. Each raises
 [`OutputRejected`][agentsnap.OutputRejected], and the runtime then:
 
-1. pauses the bus and waits until no handler is half-way;
+1. pauses the bus and cancels the handlers under way, whose work the rollback throws away
+   (one inside a side-effecting tool call first lets the call finish and its outcome be
+   recorded), and waits until none runs;
 2. fails the snapshots still in progress and waits for the completed ones to be written;
 3. picks the last complete snapshot whose cut comes before the rejected output;
 4. checks the retry policy: when this agent's output has failed this way too often, the run

@@ -1280,32 +1280,25 @@ class Runtime:
                 else:
                     self._handler_failed(endpoint.name, message, exc)
         finally:
+            endpoint.busy = False
+            ctx.message = None
             # A rejection the handler caught (even with ``except BaseException``) counts.
-            discarded = generation != self._generation
-            if discarded:
-                # A rollback threw this handler's work away (and may have cancelled it).
-                ctx.rejected = None
-                if guard is not None:
-                    guard.outputs.clear()
-            elif lost_to is not None:
-                if guard is not None:
-                    guard.outputs.clear()  # held back, and sent when the handler is redone
-            elif rejected is None and ctx.rejected is None:
+            if rejected is None and lost_to is None and ctx.rejected is None:
                 if guard is not None and guard.outputs:
-                    ctx.post_held()
+                    self._handled(ctx, guard, generation)
+                if snapshots.wanted and generation == self._generation:
+                    wanted = snapshots.wanted.get(endpoint.name)
+                    if wanted:
+                        snapshots.record(endpoint, wanted)
             else:
                 rejected = rejected or ctx.rejected
                 ctx.rejected = None
                 if guard is not None:
-                    guard.outputs.clear()  # held back, and now never sent
-            endpoint.busy = False
-            ctx.message = None
-            if snapshots.wanted and rejected is None and lost_to is None and not discarded:
-                wanted = snapshots.wanted.get(endpoint.name)
-                if wanted:
-                    snapshots.record(endpoint, wanted)
-        if discarded:
-            return
+                    # Held back, and now never sent (or sent when the handler is redone,
+                    # after a database fault).
+                    guard.outputs.clear()
+        if generation != self._generation:
+            return  # a rollback threw this handler's work away (and may have cancelled it)
         if rejected is not None:
             await self._rejected(rejected, generation, message)
             return
@@ -1321,6 +1314,13 @@ class Runtime:
             if not self._countdown:
                 self._countdown = self._policy.every_deliveries or 0
                 self._policy_snapshot()
+
+    def _handled(self, ctx: Context[Any], guard: Guard, generation: int) -> None:
+        """Release what a handler held back for self-evaluation, unless it was discarded."""
+        if generation == self._generation:
+            ctx.post_held()
+        else:
+            guard.outputs.clear()  # a rollback threw this handler's work away
 
     def _handling(self, endpoint: Endpoint) -> Handling | None:
         """What the running handler of ``endpoint`` did so far, for a recording inside it.
@@ -1632,7 +1632,7 @@ class Runtime:
                 return None  # nothing happened since: that snapshot is where the run stands
         return self._snapshots.capture()
 
-    def _policy_snapshot(self) -> None:
+    def _policy_snapshot(self) -> SnapshotHandle | None:
         snapshots = self._snapshots
         if (
             snapshots.suspended is None
@@ -1641,12 +1641,21 @@ class Runtime:
             # than queued: the next one records everything it would have.
             and snapshots.writing < _WRITES_BEHIND
         ):
-            self._snapshots.begin(None)
+            return self._snapshots.begin(None)
+        return None
 
     async def _tick(self, seconds: float) -> None:
+        # Snapshots by time: the next one waits until the store has taken the ones before
+        # (up to max_in_progress of them), so that a slow store cannot make them pile up.
+        outstanding: list[SnapshotHandle] = []
+        limit = self._policy.max_in_progress
         while True:
             await asyncio.sleep(seconds)
-            self._policy_snapshot()
+            outstanding = [handle for handle in outstanding if not handle.done()]
+            if len(outstanding) < limit:
+                handle = self._policy_snapshot()
+                if handle is not None:
+                    outstanding.append(handle)
 
     async def _ensure_run(self) -> None:
         if not self._run_created:

@@ -102,7 +102,8 @@ class SnapshotPolicy:
             handler is half-way (a cancelled run keeps its newest cut), after a handler
             failed (resuming the failed run redoes that handler from the cut before it), or
             after the run stopped.
-        max_in_progress: Skip a policy snapshot while this many are already in progress,
+        max_in_progress: Skip a policy snapshot while this many are already in progress
+            (and, for ``every_seconds``, while this many of its own are still being written),
             so that a slow store cannot make snapshots pile up.
     """
 

@@ -418,8 +418,15 @@ EXPECTED_PIPELINE = {
 }
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
-async def test_nothing_sent_after_the_cut_is_delivered_after_the_rollback(seed: int) -> None:
+async def test_nothing_sent_after_the_cut_is_delivered_after_the_rollback() -> None:
+    # Every schedule must keep the guarantee; most must also have delivered, before the
+    # rollback, messages sent after the cut (else the guarantee is not tested by it).
+    exercised = [seed for seed in range(1, 13) if await _pipeline_rolls_back(seed)]
+    assert len(exercised) >= 6, exercised
+
+
+async def _pipeline_rolls_back(seed: int) -> bool:
+    """Run the pipeline under ``seed``, check the rollback; whether it had work to undo."""
     store = MemoryStore()
     runtime = Runtime(
         store=store,
@@ -445,9 +452,8 @@ async def test_nothing_sent_after_the_cut_is_delivered_after_the_rollback(seed: 
 
     before = [m for phase, m in tracker.deliveries if not phase]
     after = [m for phase, m in tracker.deliveries if phase]
-    # Agents did receive messages sent after the cut before the rollback ...
-    assert any(sent_after_cut(m) and m.src != ENVIRONMENT for m in before)
-    # ... and none of them after it (the nonce tells a resent id from the old message).
+    # Agents may have received messages sent after the cut before the rollback, but none of
+    # them after it (the nonce tells a resent id from the old message).
     old = [m for m in after if not tracker.sends[get(m.payload, "nonce", int)][0]]
     assert [m.id for m in old if sent_after_cut(m) and m.src != ENVIRONMENT] == []
     # Every message of the old timeline delivered after the rollback was in flight at the
@@ -470,6 +476,7 @@ async def test_nothing_sent_after_the_cut_is_delivered_after_the_rollback(seed: 
     assert len(nonces) == len(set(nonces))
     assert result == EXPECTED_PIPELINE
     assert (await store.get_run(runtime.run_id)).status is RunStatus.SUCCEEDED
+    return any(sent_after_cut(m) and m.src != ENVIRONMENT for m in before)
 
 
 # -- 3. rollbacks while other snapshots are in progress -----------------------------------------
