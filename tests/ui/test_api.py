@@ -539,3 +539,24 @@ async def test_each_rollback_discards_its_own_timeline(store: Store) -> None:
         )
         assert first["payload"] == {"good": False, "try": 0}
         assert first["discarded"] is True
+
+
+async def test_a_run_without_a_journal_has_snapshots_and_no_messages(store: Store) -> None:
+    demo = await run_demo(store, demo_model(delay=0.01), journal=False)
+    transport = httpx.ASGITransport(app=create_app(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://inspector") as client:
+        run = await get(client, f"/api/runs/{demo.run.id}")
+        assert (run["messages"], run["lamport_max"], run["journal"]) == (0, 0, False)
+        assert run["agents"] == ["critic", "planner", "researcher", "writer"]
+        for axis in ("wall", "lamport"):
+            window = await get(client, f"/api/runs/{demo.run.id}/messages", axis=axis)
+            assert window == {
+                "mode": "exact",
+                "from": window["from"],
+                "to": window["to"],
+                "messages": [],
+            }
+        snapshots = (await get(client, f"/api/runs/{demo.run.id}/snapshots"))["snapshots"]
+        for snapshot in snapshots:
+            for place in snapshot["recorded"].values():
+                assert place == {"at_us": snapshot["started_at_us"], "lc": 0}
