@@ -111,9 +111,6 @@ class RunIndex:
         # Per process, its events in the order they were given clocks: times and clocks.
         self.agent_times: list[array[int]] = []
         self.agent_clocks: list[array[int]] = []
-        # Every event in that order: its time and the largest clock given so far.
-        self.event_times = array("q")
-        self.event_clocks = array("q")
         self.lamport_max = 0
 
     def __len__(self) -> int:
@@ -160,8 +157,6 @@ class RunIndex:
         channel = self.channel
         waiting: set[int] = set()
         highest = 0
-        times = self.event_times
-        highs = self.event_clocks
         agent_times = self.agent_times
         agent_clocks = self.agent_clocks
 
@@ -174,8 +169,6 @@ class RunIndex:
             highest = max(highest, clock)
             agent_times[agent].append(when)
             agent_clocks[agent].append(clock)
-            times.append(when)
-            highs.append(highest)
 
         s = d = 0
         while s < count or d < len(deliveries):
@@ -196,8 +189,6 @@ class RunIndex:
             when = sent[i]
             agent_times[agent].append(when)
             agent_clocks[agent].append(clock)
-            times.append(when)
-            highs.append(highest)
             if i in waiting:
                 waiting.discard(i)
                 deliver(i, max(when, delivered[i]))
@@ -240,12 +231,11 @@ class RunIndex:
     def clock_at(self, agent: str | None, when_us: int) -> int:
         """A process's Lamport clock at a wall time (the largest of all, for ``None``)."""
         if agent is None:
-            times, clocks = self.event_times, self.event_clocks
-        else:
-            number = self.agent_ids.get(agent)
-            if number is None:
-                return 0
-            times, clocks = self.agent_times[number], self.agent_clocks[number]
+            return max((self.clock_at(name, when_us) for name in self.agents), default=0)
+        number = self.agent_ids.get(agent)
+        if number is None:
+            return 0
+        times, clocks = self.agent_times[number], self.agent_clocks[number]
         at = bisect.bisect_right(times, when_us) - 1
         return clocks[at] if at >= 0 else 0
 
