@@ -307,3 +307,14 @@ def test_bisect_says_what_is_wrong_with_the_predicate(
     result = invoke("bisect", run_id, "--predicate", spec, "--db", url)
     assert result.exit_code == 2
     assert words in result.output
+
+
+def test_the_server_module_names_the_extra_when_fastapi_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)
+    monkeypatch.delitem(sys.modules, "agentsnap.ui.server", raising=False)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'agentsnap\[ui\]'"):
+        importlib.import_module("agentsnap.ui.server")
