@@ -112,6 +112,7 @@ class RunIndex:
         self.agent_times: list[array[int]] = []
         self.agent_clocks: list[array[int]] = []
         self.lamport_max = 0
+        self._span: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -195,7 +196,11 @@ class RunIndex:
         self.lamport_max = highest
 
     def _keys(self) -> None:
-        """Each channel's sorted search keys, from the columns."""
+        """Each channel's sorted search keys, from the columns; the journal's span."""
+        if self.seq:
+            last_sent = max(self.sent_us)
+            last_delivered = max(self.delivered_us)
+            self._span = (min(self.sent_us), max(last_sent, last_delivered))
         for channel in self.channels:
             reach_us = reach_lc = NO_TIME
             for i in channel.members:
@@ -241,11 +246,7 @@ class RunIndex:
 
     def span_us(self) -> tuple[int, int] | None:
         """The earliest send and the latest send or delivery, if any message was sent."""
-        if not self.seq:
-            return None
-        first = min(self.sent_us)
-        last = max(*self.sent_us, *self.delivered_us)
-        return first, last
+        return self._span
 
     def selected(self, agents: set[str] | None) -> list[_Channel]:
         """The channels with an end among ``agents`` (all without a set)."""
