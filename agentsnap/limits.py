@@ -79,6 +79,8 @@ COLUMNS: Final[Mapping[str, int]] = {
     "agentsnap_rollbacks.source": MAX_CHECK_NAME,
     "agentsnap_run_leases.run_id": MAX_RUN_ID,
     "agentsnap_replay.run_id": MAX_RUN_ID,
+    "agentsnap_state_schemas.run_id": MAX_RUN_ID,
+    "agentsnap_state_schemas.agent": MAX_AGENT_NAME,
     "agentsnap_tool_calls.key": MAX_IDEMPOTENCY_KEY,
     "agentsnap_tool_calls.run_id": MAX_RUN_ID,
     "agentsnap_tool_calls.agent": MAX_AGENT_NAME,

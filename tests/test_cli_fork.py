@@ -126,7 +126,7 @@ def test_fork_json_and_errors(db: str) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert (doc["parent_run_id"], doc["parent_snapshot_id"]) == (first.run_id, first.id)
-    assert set(doc) == {"id", "parent_run_id", "parent_snapshot_id"}
+    assert set(doc) == {"id", "name", "parent_run_id", "parent_snapshot_id"}
 
     missing = CliRunner().invoke(main, ["fork", "ffff", "--db", db])
     assert missing.exit_code == 1

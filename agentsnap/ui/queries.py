@@ -111,10 +111,8 @@ class RunIndex:
         # Per process, its events in the order they were given clocks: times and clocks.
         self.agent_times: list[array[int]] = []
         self.agent_clocks: list[array[int]] = []
-        # Every event in that order: its time and the largest clock given so far.
-        self.event_times = array("q")
-        self.event_clocks = array("q")
         self.lamport_max = 0
+        self._span: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -160,8 +158,6 @@ class RunIndex:
         channel = self.channel
         waiting: set[int] = set()
         highest = 0
-        times = self.event_times
-        highs = self.event_clocks
         agent_times = self.agent_times
         agent_clocks = self.agent_clocks
 
@@ -174,8 +170,6 @@ class RunIndex:
             highest = max(highest, clock)
             agent_times[agent].append(when)
             agent_clocks[agent].append(clock)
-            times.append(when)
-            highs.append(highest)
 
         s = d = 0
         while s < count or d < len(deliveries):
@@ -196,15 +190,17 @@ class RunIndex:
             when = sent[i]
             agent_times[agent].append(when)
             agent_clocks[agent].append(clock)
-            times.append(when)
-            highs.append(highest)
             if i in waiting:
                 waiting.discard(i)
                 deliver(i, max(when, delivered[i]))
         self.lamport_max = highest
 
     def _keys(self) -> None:
-        """Each channel's sorted search keys, from the columns."""
+        """Each channel's sorted search keys, from the columns; the journal's span."""
+        if self.seq:
+            last_sent = max(self.sent_us)
+            last_delivered = max(self.delivered_us)
+            self._span = (min(self.sent_us), max(last_sent, last_delivered))
         for channel in self.channels:
             reach_us = reach_lc = NO_TIME
             for i in channel.members:
@@ -240,22 +236,17 @@ class RunIndex:
     def clock_at(self, agent: str | None, when_us: int) -> int:
         """A process's Lamport clock at a wall time (the largest of all, for ``None``)."""
         if agent is None:
-            times, clocks = self.event_times, self.event_clocks
-        else:
-            number = self.agent_ids.get(agent)
-            if number is None:
-                return 0
-            times, clocks = self.agent_times[number], self.agent_clocks[number]
+            return max((self.clock_at(name, when_us) for name in self.agents), default=0)
+        number = self.agent_ids.get(agent)
+        if number is None:
+            return 0
+        times, clocks = self.agent_times[number], self.agent_clocks[number]
         at = bisect.bisect_right(times, when_us) - 1
         return clocks[at] if at >= 0 else 0
 
     def span_us(self) -> tuple[int, int] | None:
         """The earliest send and the latest send or delivery, if any message was sent."""
-        if not self.seq:
-            return None
-        first = min(self.sent_us)
-        last = max(*self.sent_us, *self.delivered_us)
-        return first, last
+        return self._span
 
     def selected(self, agents: set[str] | None) -> list[_Channel]:
         """The channels with an end among ``agents`` (all without a set)."""

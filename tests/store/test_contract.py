@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from owners import dead_owner
 from payloads import get
+from pydantic import Field
 
 import agentsnap
 from agentsnap import (
@@ -1002,3 +1003,64 @@ async def test_bank_ring_snapshots_are_stored_as_taken(store: Store, seed: int) 
     assert {name: cut.state for name, cut in end.agents.items() if name != "$env"} == {
         teller.name: teller.state.model_dump(mode="json") for teller in added
     }
+
+
+# -- state schemas ---------------------------------------------------------------------------
+
+
+WRITER_SCHEMA: dict[str, JsonValue] = {
+    "type": "object",
+    "properties": {"drafts": {"type": "array", "items": {"type": "string"}}, "ratio": 3.0},
+    "title": "naïve — 日本語",
+}
+
+
+async def test_state_schemas_read_back_equal_and_are_replaced_per_agent(store: Store) -> None:
+    await store.create_run(RunInfo(id="run-1", created_at=T0))
+    await store.create_run(RunInfo(id="run-2", created_at=T0))
+    assert await store.load_state_schemas("run-1") == {}
+    await store.save_state_schemas("run-1", {"writer": WRITER_SCHEMA, "critic": {"type": "object"}})
+    await store.save_state_schemas("run-2", {"writer": {"type": "object"}})
+    found = await store.load_state_schemas("run-1")
+    assert found == {"critic": {"type": "object"}, "writer": WRITER_SCHEMA}
+    assert list(found) == ["critic", "writer"]
+    assert isinstance(get(get(found["writer"], "properties", dict), "ratio", float), float)
+    # Saving again replaces the agents named and keeps the others.
+    await store.save_state_schemas("run-1", {"critic": {"type": "object", "title": "v2"}})
+    again = await store.load_state_schemas("run-1")
+    assert again["critic"] == {"type": "object", "title": "v2"}
+    assert again["writer"] == WRITER_SCHEMA
+    assert await store.load_state_schemas("run-2") == {"writer": {"type": "object"}}
+    # What is read is a copy: changing it changes nothing stored.
+    again["writer"]["title"] = "changed"
+    assert (await store.load_state_schemas("run-1"))["writer"] == WRITER_SCHEMA
+
+
+async def test_state_schemas_of_an_unknown_run_are_not_found(store: Store) -> None:
+    with pytest.raises(NotFoundError):
+        await store.load_state_schemas("nope")
+    with pytest.raises(NotFoundError):
+        await store.save_state_schemas("nope", {"a": {"type": "object"}})
+
+
+class DraftState(AgentState):
+    drafts: list[str] = Field(default_factory=list)
+
+
+class Drafter(Agent[DraftState]):
+    async def handle(self, message: Message, ctx: Context[DraftState]) -> None:
+        ctx.state.drafts.append(str(message.payload))
+
+
+async def test_a_runtime_records_its_agents_state_schemas(store: Store) -> None:
+    async with Runtime(store=store) as runtime:
+        runtime.add(Drafter("early"))
+        await runtime.start()
+        runtime.add(Drafter("late"))  # registered after the run was written
+        runtime.send("early", "x")
+        await runtime.run_until_idle()
+    schemas = await store.load_state_schemas(runtime.run_id)
+    assert set(schemas) == {"early", "late"}
+    assert schemas["early"] == DraftState.model_json_schema()
+    drafts = get(get(schemas["late"], "properties", dict), "drafts", dict)
+    assert drafts["type"] == "array"

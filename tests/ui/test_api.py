@@ -469,3 +469,94 @@ async def test_the_page_and_the_api_description(client: httpx.AsyncClient) -> No
     assert missing.status_code == 404
     assert "error" in missing.json()
     assert (await client.get("/api/nowhere")).status_code == 404
+
+
+async def test_a_run_that_goes_on_is_read_again(store: Store) -> None:
+    app = create_app(store)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        httpx.AsyncClient(transport=transport, base_url="http://inspector") as client,
+        Runtime(store=store, journal=True) as runtime,
+    ):
+        runtime.add(Shipper("shipper"))
+        runtime.send("shipper", "p1")
+        await runtime.run_until_idle()
+        url = f"/api/runs/{runtime.run_id}/messages"
+        assert len((await get(client, url))["messages"]) == 1
+        assert (await get(client, url))["messages"][0]["src"] == "$env"
+        runtime.send("shipper", "p2")
+        runtime.send("shipper", "p3")
+        await runtime.run_until_idle()
+        assert [m["seq"] for m in (await get(client, url))["messages"]] == [1, 2, 3]
+
+
+class Maker(Agent[AgentState]):
+    """Sends a draft per message; the draft is good once it has had two rejections."""
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        ctx.state.memory["seen"] = message.payload
+        good = len(ctx.feedback) >= 2
+        ctx.send("judge", {"good": good, "try": len(ctx.feedback)}, kind="draft")
+
+
+class Judge(Agent[AgentState]):
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        payload = message.payload
+        assert isinstance(payload, dict)
+        if not payload["good"]:
+            ctx.reject("maker", f"try {payload['try']} is not good enough")
+        ctx.state.memory["accepted"] = payload["try"]
+
+
+async def test_each_rollback_discards_its_own_timeline(store: Store) -> None:
+    async with Runtime(store=store, journal=True) as runtime:
+        runtime.add(Maker("maker"))
+        runtime.add(Judge("judge"))
+        await runtime.snapshot()
+        runtime.send("maker", "go")
+        await runtime.run_until_idle()
+    app = create_app(store)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://inspector") as client:
+        run = runtime.run_id
+        rollbacks = (await get(client, f"/api/runs/{run}/events"))["rollbacks"]
+        assert len(rollbacks) == 2
+        drafts = [
+            m
+            for m in (await get(client, f"/api/runs/{run}/messages"))["messages"]
+            if m["kind"] == "draft"
+        ]
+        # Three drafts, all numbered 1 (each rollback took the number back): the two
+        # rejected ones were thrown away, the accepted one is the run's history.
+        assert [m["seq"] for m in drafts] == [1, 1, 1]
+        assert [m["discarded"] for m in drafts] == [True, True, False]
+        assert drafts[0]["sent_us"] <= rollbacks[0]["at_us"] <= drafts[1]["sent_us"]
+        assert drafts[1]["sent_us"] <= rollbacks[1]["at_us"] <= drafts[2]["sent_us"]
+        found = await get(client, f"/api/runs/{run}/messages/maker/judge/1")
+        assert found["payload"] == {"good": True, "try": 2}  # the latest send of the number
+        first = await get(
+            client, f"/api/runs/{run}/messages/maker/judge/1", sent_us=drafts[0]["sent_us"]
+        )
+        assert first["payload"] == {"good": False, "try": 0}
+        assert first["discarded"] is True
+
+
+async def test_a_run_without_a_journal_has_snapshots_and_no_messages(store: Store) -> None:
+    demo = await run_demo(store, demo_model(delay=0.01), journal=False)
+    transport = httpx.ASGITransport(app=create_app(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://inspector") as client:
+        run = await get(client, f"/api/runs/{demo.run.id}")
+        assert (run["messages"], run["lamport_max"], run["journal"]) == (0, 0, False)
+        assert run["agents"] == ["critic", "planner", "researcher", "writer"]
+        for axis in ("wall", "lamport"):
+            window = await get(client, f"/api/runs/{demo.run.id}/messages", axis=axis)
+            assert window == {
+                "mode": "exact",
+                "from": window["from"],
+                "to": window["to"],
+                "messages": [],
+            }
+        snapshots = (await get(client, f"/api/runs/{demo.run.id}/snapshots"))["snapshots"]
+        for snapshot in snapshots:
+            for place in snapshot["recorded"].values():
+                assert place == {"at_us": snapshot["started_at_us"], "lc": 0}

@@ -42,7 +42,7 @@ def demo_db(tmp_path: Path) -> tuple[str, str, list[Snapshot]]:
     return url, run_id, snapshots
 
 
-def invoke(*args: str, input: str | None = None) -> Any:  # noqa: A002
+def invoke(*args: str, input: str | None = None) -> Any:
     return CliRunner().invoke(main, list(args), input=input)
 
 
@@ -87,10 +87,10 @@ def test_ui_serves_the_runs_until_ctrl_c(demo_db: tuple[str, str, list[Snapshot]
         first = server.stdout.readline()
         assert first.startswith("agentsnap inspector at http://127.0.0.1:"), first
         address = first.split()[3]
-        with urllib.request.urlopen(f"{address}api/runs", timeout=STOP) as response:  # noqa: S310
+        with urllib.request.urlopen(f"{address}api/runs", timeout=STOP) as response:
             listed = json.load(response)
         assert [r["id"] for r in listed["runs"]] == [run_id]
-        with urllib.request.urlopen(address, timeout=STOP) as response:  # noqa: S310
+        with urllib.request.urlopen(address, timeout=STOP) as response:
             assert response.headers["content-type"].startswith("text/html")
         server.send_signal(signal.SIGINT)
         _, errors = server.communicate(timeout=STOP)
@@ -133,7 +133,7 @@ def test_ui_warns_when_it_listens_beyond_this_machine(
     demo_db: tuple[str, str, list[Snapshot]],
 ) -> None:
     url, _, _ = demo_db
-    server = serve("--db", url, "--port", "0", "--host", "0.0.0.0")  # noqa: S104
+    server = serve("--db", url, "--port", "0", "--host", "0.0.0.0")
     try:
         assert server.stdout is not None
         assert server.stdout.readline().startswith("agentsnap inspector at http://0.0.0.0:")
@@ -307,3 +307,14 @@ def test_bisect_says_what_is_wrong_with_the_predicate(
     result = invoke("bisect", run_id, "--predicate", spec, "--db", url)
     assert result.exit_code == 2
     assert words in result.output
+
+
+def test_the_server_module_names_the_extra_when_fastapi_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)
+    monkeypatch.delitem(sys.modules, "agentsnap.ui.server", raising=False)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'agentsnap\[ui\]'"):
+        importlib.import_module("agentsnap.ui.server")
