@@ -98,7 +98,9 @@ def test_zoom_and_pan_move_the_window(
     page.keyboard.press("ArrowRight")
     panned = window(page)
     assert panned[0] > zoomed[0]
-    assert panned[1] - panned[0] == pytest.approx(zoomed[1] - zoomed[0], rel=1e-6)
+    assert panned[1] - panned[0] == pytest.approx(
+        zoomed[1] - zoomed[0], abs=2
+    )  # whole microseconds
     # The wheel zooms around the pointer; dragging pans.
     box = canvas.bounding_box()
     assert box is not None
