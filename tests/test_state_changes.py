@@ -91,6 +91,24 @@ def test_the_standard_library_takes_over_where_orjson_differs(value: Any) -> Non
     assert plain_canonical_json(value) == stdlib_canonical(value)
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"note": None, "ratio": float("nan")},  # None beside a NaN: both would be null
+        [None, float("inf")],
+        {"deep": [{"key": None}, {"x": -float("inf")}]},
+    ],
+)
+def test_a_non_finite_float_beside_none_is_refused(value: Any) -> None:
+    with pytest.raises(ValueError, match="JSON compliant"):
+        plain_canonical_json(value)
+
+
+def test_none_is_written_as_null() -> None:
+    value: Any = {"note": None, "steps": [{"key": None, "n": 1.5}], "text": "null"}
+    assert plain_canonical_json(value) == stdlib_canonical(value)
+
+
 def test_what_neither_writes_is_still_refused() -> None:
     not_json: Any = {"x": object()}
     mixed_keys: Any = {1: "a", "b": 2}  # cannot be sorted
