@@ -245,9 +245,13 @@ class SnapshotCoordinator:
         # Per agent, the state as last encoded, and how many messages the agent had received
         # from each sender then: reused while nothing was delivered to it and nothing marked it.
         self._recorded: dict[str, tuple[StateBlob, dict[str, int]]] = {}
+        # Per agent, its part of the last cut it recorded: reused as it is by a recording
+        # with the same state and counters (cuts are immutable), so that an agent nothing
+        # happened to costs no new cut, and stores can recognise it.
+        self._cuts: dict[str, AgentCut] = {}
         # Complete, written snapshots of the current timeline (rollback targets), by number,
-        # with each process's sent counters; and the newest of them in full.
-        self._targets: dict[int, tuple[str, dict[str, dict[str, int]]]] = {}
+        # with each process's part (for its sent counters); and the newest of them in full.
+        self._targets: dict[int, tuple[str, Mapping[str, AgentCut]]] = {}
         self.latest: Snapshot | None = None
         """The newest complete snapshot written to the store, in this timeline."""
         self.newest: Snapshot | None = None
@@ -539,9 +543,7 @@ class SnapshotCoordinator:
             # Inside a handler: the state, and what it had received, before that handler.
             blob, received = before
             self._recorded[name] = before
-            return AgentCut(
-                state_json=blob.json, state_hash=blob.hash, sent=sent, received=received
-            )
+            return self._agent_cut(name, blob, sent, received)
         received = {src: ch.delivered for src, ch in endpoint.incoming.items()}
         last = self._recorded.get(name)
         if name == ENVIRONMENT:
@@ -559,7 +561,27 @@ class SnapshotCoordinator:
             blob = encoded
             self._recorded[name] = (blob, received)
             self.changed.discard(name)
-        return AgentCut(state_json=blob.json, state_hash=blob.hash, sent=sent, received=received)
+        return self._agent_cut(name, blob, sent, received)
+
+    def _agent_cut(
+        self, name: str, blob: StateBlob, sent: dict[str, int], received: dict[str, int]
+    ) -> AgentCut:
+        """``name``'s part of a cut: its last one when nothing in it changed, else a new one."""
+        last = self._cuts.get(name)
+        if (
+            last is not None
+            and last.state_hash == blob.hash
+            and last.sent == sent
+            and last.received == received
+        ):
+            return last
+        # Built from values made here, of the model's types: validating them again would
+        # only copy them.
+        cut = AgentCut.model_construct(
+            state_json=blob.json, state_hash=blob.hash, sent=sent, received=received
+        )
+        self._cuts[name] = cut
+        return cut
 
     def _encode(self, name: str) -> StateBlob | None:
         """The agent's state encoded now, or ``None`` (the reason kept) when it is not JSON.
@@ -727,10 +749,7 @@ class SnapshotCoordinator:
 
     def written(self, snapshot: Snapshot) -> None:
         """``snapshot`` is complete and in the store: a cut the run can go back to."""
-        self._targets[snapshot.seq] = (
-            snapshot.id,
-            {name: cut.sent for name, cut in snapshot.agents.items()},
-        )
+        self._targets[snapshot.seq] = (snapshot.id, snapshot.agents)
         while len(self._targets) > self.max_targets:
             del self._targets[min(self._targets)]
         if self.latest is None or snapshot.seq > self.latest.seq:
@@ -741,13 +760,17 @@ class SnapshotCoordinator:
         if not self._targets:
             return None
         seq = min(self._targets)
-        return seq, self._targets[seq][1].get(ENVIRONMENT, {})
+        environment = self._targets[seq][1].get(ENVIRONMENT)
+        return seq, environment.sent if environment is not None else {}
 
     def target_before(self, output: Message | None) -> str | None:
         """Id of the newest rollback target whose cut precedes ``output`` (or the newest)."""
         for seq in sorted(self._targets, reverse=True):
-            snapshot_id, sent = self._targets[seq]
-            if output is None or sent.get(output.src, {}).get(output.dst, 0) < output.seq:
+            snapshot_id, cuts = self._targets[seq]
+            if output is None:
+                return snapshot_id
+            sender = cuts.get(output.src)
+            if (sender.sent.get(output.dst, 0) if sender is not None else 0) < output.seq:
                 return snapshot_id
         return None
 
@@ -758,8 +781,9 @@ class SnapshotCoordinator:
         rejects the agent's work without naming a message; ``None`` when there is none.
         """
         for seq in sorted(self._targets, reverse=True):
-            snapshot_id, counters = self._targets[seq]
-            if sum(counters.get(agent, {}).values()) < sent:
+            snapshot_id, cuts = self._targets[seq]
+            cut = cuts.get(agent)
+            if (sum(cut.sent.values()) if cut is not None else 0) < sent:
                 return snapshot_id
         return None
 

@@ -48,6 +48,7 @@ from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.integrity import SnapshotReader, agent_versions
 from agentsnap.liveness import lost, owner_gone, owner_is_live
 from agentsnap.records import (
+    AgentCut,
     AgentVersion,
     GraphCheckpoint,
     JournalSegment,
@@ -212,6 +213,8 @@ class SqlStore:
         # sent again.
         self._known_blobs: set[str] = set()
         self._known_chunks: set[str] = set()
+        # Per process name, its part of the snapshot written last and its counters as JSON.
+        self._counter_texts: dict[str, tuple[AgentCut, str, str]] = {}
         self._split_memo = SplitMemo()
         self._mark = "?" if self._engine.dialect.paramstyle == "qmark" else "%s"
         self._statements = _statements(self._mark, self._dialect)
@@ -368,10 +371,7 @@ class SqlStore:
                 snapshot.error,
             ),
             blobs=[(state_hash, *chunks.add(text)) for state_hash, text in new.items()],
-            agents=[
-                (snapshot.id, name, cut.state_hash, _counters(cut.sent), _counters(cut.received))
-                for name, cut in snapshot.agents.items()
-            ],
+            agents=self._agent_rows(snapshot),
             messages=[
                 (
                     snapshot.id,
@@ -401,6 +401,25 @@ class SqlStore:
         known.update(new)
         if chunks:
             chunks.committed(_KNOWN_CHUNKS_MAX)
+
+    def _agent_rows(self, snapshot: Snapshot) -> list[tuple[str, str, str, str, str]]:
+        """The snapshot's ``agentsnap_snapshot_agents`` rows.
+
+        A process's part that is the same object as in the snapshot written before (the
+        coordinator reuses the part of a process nothing happened to) reuses its counters'
+        JSON.
+        """
+        texts = self._counter_texts
+        if len(texts) > _KNOWN_BLOBS_MAX:
+            texts.clear()
+        rows = []
+        snapshot_id = snapshot.id
+        for name, cut in snapshot.agents.items():
+            held = texts.get(name)
+            if held is None or held[0] is not cut:
+                held = texts[name] = (cut, _counters(cut.sent), _counters(cut.received))
+            rows.append((snapshot_id, name, cut.state_hash, held[1], held[2]))
+        return rows
 
     async def _write_rows(self, rows: SnapshotRows) -> None:
         # The rows go straight to the driver, prepared: per-row work in SQLAlchemy would cost
