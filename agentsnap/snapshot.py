@@ -69,8 +69,7 @@ from agentsnap.state import (
     HasState,
     StateBlob,
     canonical_json,
-    check_round_trip,
-    encode_state,
+    encode_checked,
 )
 
 if TYPE_CHECKING:
@@ -590,11 +589,9 @@ class SnapshotCoordinator:
         """
         state = self._agents[name].state
         try:
-            blob = encode_state(name, state)
-            if self._verified.get(name) != blob.hash:
-                # Only a state that changed since it was last verified pays for the check.
-                check_round_trip(name, state, blob)
-                self._verified[name] = blob.hash
+            # Only a state that changed since it was last verified pays for the check.
+            blob = encode_checked(name, state, self._verified.get(name))
+            self._verified[name] = blob.hash
         except StateNotSerializable as exc:
             self._unencodable[name] = str(exc)
             return None
