@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import re
 import sqlite3
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -93,17 +92,10 @@ _dumps = compact_json
 _KNOWN_BLOBS_MAX = 100_000
 _KNOWN_CHUNKS_MAX = 100_000
 _PAGE = 500  # snapshots whose parts are read in one query
-_plain_name = re.compile(r"[\w.$-]*").fullmatch
 
 
 def _counters(counts: dict[str, int]) -> str:
-    """Channel counters as JSON, written by hand when no name needs escaping.
-
-    Agent names never do, and this is several times faster than the encoder on such small
-    objects.
-    """
-    if all(_plain_name(name) for name in counts):
-        return "{" + ",".join([f'"{name}":{count:d}' for name, count in counts.items()]) + "}"
+    """Channel counters as JSON (orjson writes a hundred of them in microseconds)."""
     return _dumps(counts)
 
 
