@@ -249,8 +249,8 @@ class SnapshotCoordinator:
         # happened to costs no new cut, and stores can recognise it.
         self._cuts: dict[str, AgentCut] = {}
         # Complete, written snapshots of the current timeline (rollback targets), by number,
-        # with each process's part (for its sent counters); and the newest of them in full.
-        self._targets: dict[int, tuple[str, Mapping[str, AgentCut]]] = {}
+        # with each process's sent counters; and the newest of them in full.
+        self._targets: dict[int, tuple[str, dict[str, dict[str, int]]]] = {}
         self.latest: Snapshot | None = None
         """The newest complete snapshot written to the store, in this timeline."""
         self.newest: Snapshot | None = None
@@ -746,7 +746,10 @@ class SnapshotCoordinator:
 
     def written(self, snapshot: Snapshot) -> None:
         """``snapshot`` is complete and in the store: a cut the run can go back to."""
-        self._targets[snapshot.seq] = (snapshot.id, snapshot.agents)
+        self._targets[snapshot.seq] = (
+            snapshot.id,
+            {name: cut.sent for name, cut in snapshot.agents.items()},
+        )
         while len(self._targets) > self.max_targets:
             del self._targets[min(self._targets)]
         if self.latest is None or snapshot.seq > self.latest.seq:
@@ -757,17 +760,13 @@ class SnapshotCoordinator:
         if not self._targets:
             return None
         seq = min(self._targets)
-        environment = self._targets[seq][1].get(ENVIRONMENT)
-        return seq, environment.sent if environment is not None else {}
+        return seq, self._targets[seq][1].get(ENVIRONMENT, {})
 
     def target_before(self, output: Message | None) -> str | None:
         """Id of the newest rollback target whose cut precedes ``output`` (or the newest)."""
         for seq in sorted(self._targets, reverse=True):
-            snapshot_id, cuts = self._targets[seq]
-            if output is None:
-                return snapshot_id
-            sender = cuts.get(output.src)
-            if (sender.sent.get(output.dst, 0) if sender is not None else 0) < output.seq:
+            snapshot_id, sent = self._targets[seq]
+            if output is None or sent.get(output.src, {}).get(output.dst, 0) < output.seq:
                 return snapshot_id
         return None
 
@@ -778,9 +777,8 @@ class SnapshotCoordinator:
         rejects the agent's work without naming a message; ``None`` when there is none.
         """
         for seq in sorted(self._targets, reverse=True):
-            snapshot_id, cuts = self._targets[seq]
-            cut = cuts.get(agent)
-            if (sum(cut.sent.values()) if cut is not None else 0) < sent:
+            snapshot_id, counters = self._targets[seq]
+            if sum(counters.get(agent, {}).values()) < sent:
                 return snapshot_id
         return None
 
