@@ -511,14 +511,15 @@ class SnapshotCoordinator:
             marker = type(item) is Marker
             stop = item.snapshot if marker else item.epoch  # type: ignore[union-attr]
             if stop > closed:
-                upto = min(stop, mine)
-                for seq, progress in list(self.active.items()):
-                    if closed < seq <= upto:
-                        if marker and seq == stop and self.observer is not None:
-                            handle = progress.handle
-                            self.observer.snapshot_marker(handle.id, channel.src, channel.dst)
-                        for message in ahead:
-                            self._record_in_flight(seq, progress, channel, message)
+                upto = stop if stop < mine else mine
+                if ahead or self.observer is not None:  # else nothing to record or report
+                    for seq, progress in list(self.active.items()):
+                        if closed < seq <= upto:
+                            if marker and seq == stop and self.observer is not None:
+                                handle = progress.handle
+                                self.observer.snapshot_marker(handle.id, channel.src, channel.dst)
+                            for message in ahead:
+                                self._record_in_flight(seq, progress, channel, message)
                 closed = upto
                 if closed >= mine:
                     break
