@@ -56,7 +56,7 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agentsnap.messages import ENVIRONMENT
@@ -397,31 +397,67 @@ def cut_problems(snapshot: Snapshot) -> list[str]:
     """
     if snapshot.status is not SnapshotStatus.COMPLETE:
         return [f"snapshot {snapshot.seq} is {snapshot.status}, not complete"]
-    problems: list[str] = []
     agents = snapshot.agents
     in_flight = {(ch.src, ch.dst): ch.messages for ch in snapshot.channels}
-    pairs: set[tuple[str, str]] = set(in_flight)
-    for name, cut in agents.items():
-        pairs.update((name, dst) for dst in cut.sent)
-        pairs.update((src, name) for src in cut.received)
-    for src, dst in sorted(pairs):
-        if src not in agents or dst not in agents:
-            problems.append(f"channel {src}>{dst} names a process missing from the cut")
-            continue
-        sent = agents[src].sent.get(dst, 0)
-        received = agents[dst].received.get(src, 0)
-        messages = in_flight.get((src, dst), ())
-        if received > sent:
-            problems.append(
-                f"channel {src}>{dst}: {dst} received {received} but {src} had sent only {sent}"
-            )
-        if len(messages) != sent - received or any(
-            m.seq != received + i for i, m in enumerate(messages, 1)
+    found: list[tuple[tuple[str, str], str]] = []
+    # Every channel is checked once: those a sender's counters name, then those only a
+    # receiver's counters name, then those only the messages in flight name.
+    for src, cut in agents.items():
+        for dst, sent in cut.sent.items():
+            receiver = agents.get(dst)
+            if (
+                receiver is not None
+                and receiver.received.get(src, 0) == sent
+                and (src, dst) not in in_flight
+            ):
+                continue  # nothing in flight, all received: the common case, quickly
+            _check_channel(agents, in_flight, src, dst, sent, found)
+    for dst, cut in agents.items():
+        for src in cut.received:
+            sender = agents.get(src)
+            if sender is None or dst not in sender.sent:
+                _check_channel(agents, in_flight, src, dst, 0, found)
+    for src, dst in in_flight:
+        sender, receiver = agents.get(src), agents.get(dst)
+        if (sender is None or dst not in sender.sent) and (
+            receiver is None or src not in receiver.received
         ):
-            seqs = [m.seq for m in messages]
-            expected = list(range(received + 1, sent + 1))
-            problems.append(
-                f"channel {src}>{dst}: in flight {seqs}, expected {expected} "
-                f"(sent {sent}, received {received})"
+            _check_channel(agents, in_flight, src, dst, 0, found)
+    found.sort(key=lambda item: item[0])  # by channel; stable: a channel's own order kept
+    return [problem for _, problem in found]
+
+
+def _check_channel(  # noqa: PLR0917
+    agents: Mapping[str, AgentCut],
+    in_flight: Mapping[tuple[str, str], Sequence[RecordedMessage]],
+    src: str,
+    dst: str,
+    sent: int,
+    found: list[tuple[tuple[str, str], str]],
+) -> None:
+    """Check the channel ``src > dst`` of a cut (``sent`` by the sender's counters)."""
+    receiver = agents.get(dst)
+    if receiver is None or src not in agents:
+        found.append(((src, dst), f"channel {src}>{dst} names a process missing from the cut"))
+        return
+    received = receiver.received.get(src, 0)
+    messages = in_flight.get((src, dst), ())
+    if received > sent:
+        found.append(
+            (
+                (src, dst),
+                f"channel {src}>{dst}: {dst} received {received} but {src} had sent only {sent}",
             )
-    return problems
+        )
+    if len(messages) != sent - received or any(
+        m.seq != received + i for i, m in enumerate(messages, 1)
+    ):
+        seqs = [m.seq for m in messages]
+        expected = list(range(received + 1, sent + 1))
+        found.append(
+            (
+                (src, dst),
+                f"channel {src}>{dst}: in flight {seqs}, expected {expected} "
+                f"(sent {sent}, received {received})",
+            )
+        )

@@ -69,8 +69,7 @@ from agentsnap.state import (
     HasState,
     StateBlob,
     canonical_json,
-    check_round_trip,
-    encode_state,
+    encode_checked,
 )
 
 if TYPE_CHECKING:
@@ -246,6 +245,10 @@ class SnapshotCoordinator:
         # Per agent, the state as last encoded, and how many messages the agent had received
         # from each sender then: reused while nothing was delivered to it and nothing marked it.
         self._recorded: dict[str, tuple[StateBlob, dict[str, int]]] = {}
+        # Per agent, its part of the last cut it recorded: reused as it is by a recording
+        # with the same state and counters (cuts are immutable), so that an agent nothing
+        # happened to costs no new cut, and stores can recognise it.
+        self._cuts: dict[str, AgentCut] = {}
         # Complete, written snapshots of the current timeline (rollback targets), by number,
         # with each process's sent counters; and the newest of them in full.
         self._targets: dict[int, tuple[str, dict[str, dict[str, int]]]] = {}
@@ -509,14 +512,15 @@ class SnapshotCoordinator:
             marker = type(item) is Marker
             stop = item.snapshot if marker else item.epoch  # type: ignore[union-attr]
             if stop > closed:
-                upto = min(stop, mine)
-                for seq, progress in list(self.active.items()):
-                    if closed < seq <= upto:
-                        if marker and seq == stop and self.observer is not None:
-                            handle = progress.handle
-                            self.observer.snapshot_marker(handle.id, channel.src, channel.dst)
-                        for message in ahead:
-                            self._record_in_flight(seq, progress, channel, message)
+                upto = stop if stop < mine else mine
+                if ahead or self.observer is not None:  # else nothing to record or report
+                    for seq, progress in list(self.active.items()):
+                        if closed < seq <= upto:
+                            if marker and seq == stop and self.observer is not None:
+                                handle = progress.handle
+                                self.observer.snapshot_marker(handle.id, channel.src, channel.dst)
+                            for message in ahead:
+                                self._record_in_flight(seq, progress, channel, message)
                 closed = upto
                 if closed >= mine:
                     break
@@ -540,9 +544,7 @@ class SnapshotCoordinator:
             # Inside a handler: the state, and what it had received, before that handler.
             blob, received = before
             self._recorded[name] = before
-            return AgentCut(
-                state_json=blob.json, state_hash=blob.hash, sent=sent, received=received
-            )
+            return self._agent_cut(name, blob, sent, received)
         received = {src: ch.delivered for src, ch in endpoint.incoming.items()}
         last = self._recorded.get(name)
         if name == ENVIRONMENT:
@@ -560,7 +562,27 @@ class SnapshotCoordinator:
             blob = encoded
             self._recorded[name] = (blob, received)
             self.changed.discard(name)
-        return AgentCut(state_json=blob.json, state_hash=blob.hash, sent=sent, received=received)
+        return self._agent_cut(name, blob, sent, received)
+
+    def _agent_cut(
+        self, name: str, blob: StateBlob, sent: dict[str, int], received: dict[str, int]
+    ) -> AgentCut:
+        """``name``'s part of a cut: its last one when nothing in it changed, else a new one."""
+        last = self._cuts.get(name)
+        if (
+            last is not None
+            and last.state_hash == blob.hash
+            and last.sent == sent
+            and last.received == received
+        ):
+            return last
+        # Built from values made here, of the model's types: validating them again would
+        # only copy them.
+        cut = AgentCut.model_construct(
+            state_json=blob.json, state_hash=blob.hash, sent=sent, received=received
+        )
+        self._cuts[name] = cut
+        return cut
 
     def _encode(self, name: str) -> StateBlob | None:
         """The agent's state encoded now, or ``None`` (the reason kept) when it is not JSON.
@@ -569,11 +591,9 @@ class SnapshotCoordinator:
         """
         state = self._agents[name].state
         try:
-            blob = encode_state(name, state)
-            if self._verified.get(name) != blob.hash:
-                # Only a state that changed since it was last verified pays for the check.
-                check_round_trip(name, state, blob)
-                self._verified[name] = blob.hash
+            # Only a state that changed since it was last verified pays for the check.
+            blob = encode_checked(name, state, self._verified.get(name))
+            self._verified[name] = blob.hash
         except StateNotSerializable as exc:
             self._unencodable[name] = str(exc)
             return None

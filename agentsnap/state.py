@@ -31,6 +31,7 @@ __all__ = [
     "check_round_trip",
     "compact_json",
     "content_hash",
+    "encode_checked",
     "encode_state",
     "plain_canonical_json",
 ]
@@ -164,8 +165,11 @@ def plain_canonical_json(value: JsonInput) -> str:
     not strings, strings that are not valid Unicode (lone surrogates), and floats below 1e-4
     in magnitude.
 
-    orjson writes non-finite floats as ``null``, so any output holding ``null`` is written
-    again by the standard library, which refuses them: a NaN is never recorded as ``None``.
+    orjson writes non-finite floats as ``null``, so an output holding ``null`` is read back
+    and compared with ``value``: where they differ (a NaN or an infinity became ``null``), the
+    standard library writes it again and refuses them, so a NaN is never recorded as
+    ``None``. Reading back costs a fraction of the standard library's encoding, which states
+    with ``None`` fields (a plan step's note, a tool call's key) would otherwise pay.
     Unlike ``canonical_json``, it does not refuse enum members, UUIDs and dates (orjson
     writes them by value); ``model_dump(mode="json")`` never returns them.
 
@@ -173,13 +177,24 @@ def plain_canonical_json(value: JsonInput) -> str:
         TypeError: ``value`` holds something neither orjson nor the standard library writes.
         ValueError: the standard library took over and found a non-finite float.
     """
+    data = _orjson_canonical(value)
+    if data is None or (b"null" in data and orjson.loads(data) != value):
+        return canonical_json(value)  # a non-finite float was written as null
+    return data.decode()
+
+
+def _orjson_canonical(value: JsonInput) -> bytes | None:
+    """Orjson's canonical JSON of ``value``, or ``None`` where the standard library's differs.
+
+    A non-finite float in it is written as ``null``: the caller rules that out.
+    """
     try:
         data = orjson.dumps(value, option=_SORTED)
     except TypeError:
-        return canonical_json(value)
-    if _FLOAT_MARKS[0] in data or _FLOAT_MARKS[1] in data or b"null" in data:
-        return canonical_json(value)
-    return data.decode()
+        return None
+    if _FLOAT_MARKS[0] in data or _FLOAT_MARKS[1] in data:
+        return None
+    return data
 
 
 _stdlib_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -218,6 +233,37 @@ def encode_state(agent: str, state: BaseModel) -> StateBlob:
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         field = _failing_field(state)
         raise StateNotSerializable(agent, field, _short(exc)) from exc
+
+
+def encode_checked(agent: str, state: BaseModel, verified: str | None = None) -> StateBlob:
+    """Freeze ``state`` as canonical JSON, shown to survive a JSON round trip.
+
+    What ``check_round_trip(agent, state)`` does, for less: the round trip is skipped when
+    the text's hash is ``verified`` (a text shown to survive it before), and otherwise it is
+    what rules out a non-finite float written by orjson as ``null`` (such a state never
+    comes back equal), so the text is not read back for that as ``plain_canonical_json``
+    does. A text that is the verified one is read back when it holds ``null``.
+
+    Args:
+        agent: Name of the agent (for the error message).
+        state: The state to encode.
+        verified: Hash of a text of this agent's state shown to survive a round trip.
+
+    Raises:
+        StateNotSerializable: The state is not JSON, or a field does not survive the trip.
+    """
+    try:
+        value = state.model_dump(mode="json")
+        data = _orjson_canonical(value)
+        text = canonical_json(value) if data is None else data.decode()
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        raise StateNotSerializable(agent, _failing_field(state), _short(exc)) from exc
+    blob = StateBlob(text)
+    if blob.hash != verified:
+        return check_round_trip(agent, state, blob)
+    if data is not None and b"null" in data and orjson.loads(data) != value:
+        return encode_state(agent, state)  # a non-finite float: refused there
+    return blob
 
 
 def check_round_trip(agent: str, state: BaseModel, blob: StateBlob | None = None) -> StateBlob:

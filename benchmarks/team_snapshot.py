@@ -15,6 +15,14 @@ round); a ratio is the median of the per-round ratios, reported with the lowest 
 * ``later_vs_first_10000``: 10,000 agents with states of about 2 KB; the first snapshot of a
   fresh runtime (every state encoded and written) against a later one with 1 % changed.
   Reported as later / first. Target ``<= 0.3``.
+* ``mesh_vs_ring_100``: 100 agents with the states of ``vs_naive_all_100``, connected as a
+  full mesh (every agent has sent one message to every other: 9,900 channels between
+  agents) against the same agents connected as a ring (each has sent one message to the
+  next: 100 channels). One snapshot each, after the connecting messages were delivered
+  (they leave the states as they were, but every agent received something, so every state
+  is encoded again), timed from ``runtime.snapshot()`` until its handle resolves. Reported
+  as mesh / ring. Target ``<= 1.5``: a snapshot's cost grows with the agents and what
+  changed, not with the channels.
 
 Every round builds a new runtime on a new SQLite file; the messages that change the states
 are delivered (``run_until_idle``) before the clock starts, and garbage is collected. The
@@ -43,7 +51,12 @@ from pydantic import Field
 from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotPolicy
 from agentsnap.store.sql import SqlStore
 
-TARGETS = {"vs_naive_1pct_1000": 0.7, "vs_naive_all_100": 1.5, "later_vs_first_10000": 0.3}
+TARGETS = {
+    "vs_naive_1pct_1000": 0.7,
+    "vs_naive_all_100": 1.5,
+    "later_vs_first_10000": 0.3,
+    "mesh_vs_ring_100": 1.5,
+}
 SEED = 20_261_201
 
 # name: rounds of each comparison
@@ -61,6 +74,19 @@ class Worker(Agent[WorkerState]):
     async def handle(self, message: Message, ctx: Context[WorkerState]) -> None:
         self.state.handled += 1
         self.state.notes.append(f"handled {message.id}")
+
+
+class Peer(Agent[WorkerState]):
+    """Sends one message to each agent a message names; its state never changes."""
+
+    async def handle(self, message: Message, ctx: Context[WorkerState]) -> None:
+        payload = message.payload
+        assert isinstance(payload, dict)
+        peers = payload.get("to", [])
+        assert isinstance(peers, list)
+        for peer in peers:
+            assert isinstance(peer, str)
+            ctx.send(peer, {"hello": 1})
 
 
 def _sentence(rng: random.Random, words: int) -> str:
@@ -145,6 +171,47 @@ async def one_round(
     return first, later, naive
 
 
+async def connected_snapshot(directory: Path, states: list[WorkerState], mesh: bool) -> float:
+    """Seconds of one snapshot of agents connected as a full mesh, or as a ring."""
+    path = workloads.fresh_db(directory, "mesh" if mesh else "ring")
+    store = SqlStore(f"sqlite:///{path}")
+    policy = SnapshotPolicy(at_start=False, at_end=False)
+    try:
+        async with Runtime(store=store, snapshot_policy=policy, journal=False) as runtime:
+            names = [f"p{i:03d}" for i in range(len(states))]
+            for name, state in zip(names, states, strict=True):
+                runtime.add(Peer(name, state.model_copy(deep=True)))
+            await runtime.snapshot()  # the run row, SQL statements compiled: not timed
+            for i, name in enumerate(names):
+                peers = [p for p in names if p != name] if mesh else [names[(i + 1) % len(names)]]
+                runtime.send(name, {"to": peers})
+            await runtime.run_until_idle()
+            return await timed_snapshot(runtime)
+    finally:
+        await store.close()
+        workloads.remove_db(path)
+
+
+async def mesh_vs_ring(directory: Path, agents: int, size: int, rounds: int) -> dict[str, Any]:
+    states = [make_state(i, size) for i in range(agents)]
+    meshes: list[float] = []
+    rings: list[float] = []
+    for r in range(rounds):
+        for mesh in (r % 2 == 0, r % 2 != 0):
+            (meshes if mesh else rings).append(await connected_snapshot(directory, states, mesh))
+    ratios = [mesh / ring for mesh, ring in zip(meshes, rings, strict=True)]
+    return {
+        "agents": agents,
+        "state_bytes": size,
+        "mesh_ms": workloads.ms(meshes),
+        "ring_ms": workloads.ms(rings),
+        "mesh_vs_ring": round(statistics.median(ratios), 3),
+        "mesh_vs_ring_spread": _spread(ratios),
+        "samples_mesh_ms": workloads.samples_ms(meshes),
+        "samples_ring_ms": workloads.samples_ms(rings),
+    }
+
+
 def _spread(values: list[float]) -> list[float]:
     return [round(min(values), 3), round(max(values), 3)]
 
@@ -188,6 +255,7 @@ async def measure(profile: str, parent: Path | None) -> dict[str, Any]:
         one_pct = await compare(directory, 1_000, 10_000, 0.01, rounds)
         everyone = await compare(directory, 100, 10_000, 1.0, rounds)
         big = await compare(directory, 10_000, 2_000, 0.01, rounds)
+        connected = await mesh_vs_ring(directory, 100, 10_000, rounds)
     results.update(
         {
             "vs_naive_1pct_1000": one_pct["vs_naive"],
@@ -196,8 +264,11 @@ async def measure(profile: str, parent: Path | None) -> dict[str, Any]:
             "vs_naive_all_100_spread": everyone["vs_naive_spread"],
             "later_vs_first_10000": big["later_vs_first"],
             "later_vs_first_10000_spread": big["later_vs_first_spread"],
+            "mesh_vs_ring_100": connected["mesh_vs_ring"],
+            "mesh_vs_ring_100_spread": connected["mesh_vs_ring_spread"],
             "rounds": rounds,
             "by_case": {"1pct_1000": one_pct, "all_100": everyone, "1pct_10000": big},
+            "mesh_and_ring_100": connected,
         }
     )
     results["targets"] = {
@@ -219,6 +290,11 @@ def _table(r: dict[str, Any]) -> str:
             f"{name:<28}{case['first_ms']:>10,.2f}{case['later_ms']:>10,.2f}"
             f"{case['naive_ms']:>10,.2f}"
         )
+    connected = r["mesh_and_ring_100"]
+    lines.append(
+        f"one snapshot of 100 agents: as a mesh {connected['mesh_ms']:,.2f} ms, "
+        f"as a ring {connected['ring_ms']:,.2f} ms"
+    )
     lines.append("")
     t = r["targets"]
     for name in TARGETS:

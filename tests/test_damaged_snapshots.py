@@ -37,6 +37,10 @@ from agentsnap.inspect import (
     show_snapshot,
     snapshots_table,
 )
+from agentsnap.integrity import cut_problems
+from agentsnap.messages import ENVIRONMENT
+from agentsnap.records import AgentCut, ChannelRecord, RecordedMessage, Snapshot, utcnow
+from agentsnap.state import content_hash
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.sql import SqlStore
 from agentsnap.testing import ScriptedScheduler
@@ -433,3 +437,43 @@ async def test_no_run_is_forked_from_a_damaged_snapshot(run: Run) -> None:
     assert refused.exit_code == 1
     (line,) = refused.output.strip().splitlines()
     assert line.startswith(f"Error: snapshot {run.second} is damaged in the store")
+
+
+def _cut(sent: dict[str, int], received: dict[str, int]) -> AgentCut:
+    return AgentCut(state_json="{}", state_hash=content_hash("{}"), sent=sent, received=received)
+
+
+def test_the_consistency_check_finds_every_channel_however_it_is_named() -> None:
+    # Channels named only by a sender, only by a receiver, only by messages in flight, and
+    # by a process missing from the cut: each reported once, in the channels' order.
+    now = utcnow()
+    stray = RecordedMessage(id="carol>alice#1", seq=1, kind="message")
+    snapshot = Snapshot(
+        id="s",
+        run_id="r",
+        seq=2,
+        initiator=ENVIRONMENT,
+        status=SnapshotStatus.COMPLETE,
+        started_at=now,
+        completed_at=now,
+        agents={
+            ENVIRONMENT: _cut({"alice": 1}, {}),
+            "alice": _cut({"dave": 1}, {ENVIRONMENT: 1, "bob": 2}),
+            "bob": _cut({}, {}),
+            "carol": _cut({}, {}),
+        },
+        channels=[ChannelRecord(src="carol", dst="alice", messages=[stray])],
+    )
+    assert cut_problems(snapshot) == [
+        "channel alice>dave names a process missing from the cut",
+        "channel bob>alice: alice received 2 but bob had sent only 0",
+        "channel bob>alice: in flight [], expected [] (sent 0, received 2)",
+        "channel carol>alice: in flight [1], expected [] (sent 0, received 0)",
+    ]
+    consistent = snapshot.model_copy(
+        update={
+            "agents": {**snapshot.agents, "alice": _cut({}, {ENVIRONMENT: 1})},
+            "channels": [],
+        }
+    )
+    assert cut_problems(consistent) == []
