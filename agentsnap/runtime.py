@@ -1681,15 +1681,20 @@ class Runtime:
         new = [name for name in self._agents if name not in self._schemas_saved]
         if not new:
             return
-        schemas: dict[str, dict[str, JsonValue]] = {}
-        for name in new:
-            model: type[BaseModel] = type(self._agents[name].state)
-            schema = _state_schema(model)
-            if schema is not None:
-                schemas[name] = schema
-        if schemas:
-            await self.store.save_state_schemas(self.run_id, schemas)
+        # Claimed before the write: the writes of concurrent snapshots must not repeat it.
         self._schemas_saved.update(new)
+        try:
+            schemas: dict[str, dict[str, JsonValue]] = {}
+            for name in new:
+                model: type[BaseModel] = type(self._agents[name].state)
+                schema = _state_schema(model)
+                if schema is not None:
+                    schemas[name] = schema
+            if schemas:
+                await self.store.save_state_schemas(self.run_id, schemas)
+        except BaseException:
+            self._schemas_saved.difference_update(new)  # written by a later call
+            raise
 
     async def _own(self, *, wait: float) -> None:
         """Take the run's lease, fence every write with its token, and keep it renewed."""

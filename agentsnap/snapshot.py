@@ -53,6 +53,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+import orjson
+
 from agentsnap.exceptions import ConfigurationError, SnapshotFailed, StateNotSerializable
 from agentsnap.handles import SnapshotHandle
 from agentsnap.integrity import cut_problems
@@ -84,6 +86,7 @@ __all__ = ["Handling", "SnapshotCoordinator", "SnapshotObserver", "SnapshotPolic
 logger = logging.getLogger("agentsnap.snapshot")
 
 _EMPTY_STATE = StateBlob("{}")
+_IMMUTABLE = frozenset({str, int, float, bool})
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,9 +405,14 @@ class SnapshotCoordinator:
             self._close(channel, epoch)
         closed = channel.closed
         mine = endpoint.epoch
-        for seq, progress in self.active.items():
+        recorded: RecordedMessage | None = None
+        for seq, progress in list(self.active.items()):
             if closed < seq <= mine:
-                self._record_in_flight(seq, progress, channel, message)
+                if recorded is None:
+                    recorded = self._frozen(seq, message)
+                    if recorded is None:
+                        continue
+                self._record_in_flight(seq, progress, channel, message, recorded)
         if epoch > mine:
             # Recorded before the message counts; it is in flight for none of these.
             self.record(endpoint, epoch)
@@ -508,6 +516,7 @@ class SnapshotCoordinator:
         closed = start = channel.closed
         mine = channel.receiver.epoch
         ahead: list[Message] = []
+        frozen: list[RecordedMessage] = []
         for item in channel:
             marker = type(item) is Marker
             stop = item.snapshot if marker else item.epoch  # type: ignore[union-attr]
@@ -519,8 +528,12 @@ class SnapshotCoordinator:
                             if marker and seq == stop and self.observer is not None:
                                 handle = progress.handle
                                 self.observer.snapshot_marker(handle.id, channel.src, channel.dst)
-                            for message in ahead:
-                                self._record_in_flight(seq, progress, channel, message)
+                            while len(frozen) < len(ahead):  # each message copied once
+                                copy = self._frozen(seq, ahead[len(frozen)])
+                                if copy is None:
+                                    return
+                                frozen.append(copy)
+                            progress.inflight.setdefault(channel, []).extend(frozen)
                 closed = upto
                 if closed >= mine:
                     break
@@ -600,15 +613,37 @@ class SnapshotCoordinator:
         return blob
 
     def _record_in_flight(
-        self, seq: int, progress: _Progress, channel: Channel, message: Message
+        self,
+        seq: int,
+        progress: _Progress,
+        channel: Channel,
+        message: Message,
+        recorded: RecordedMessage | None = None,
     ) -> None:
-        try:
-            # A copy frozen now: the receiver may change the payload while handling it.
-            payload = json.loads(canonical_json(message.payload))
-        except (TypeError, ValueError) as exc:
-            self.fail(seq, f"message {message.id} in flight is not JSON: {exc}")
-            return
-        recorded = RecordedMessage(
+        if recorded is None:
+            recorded = self._frozen(seq, message)
+            if recorded is None:
+                return
+        progress.inflight.setdefault(channel, []).append(recorded)
+
+    def _frozen(self, seq: int, message: Message) -> RecordedMessage | None:
+        """``message`` as a snapshot records it, or ``None`` (snapshot ``seq`` fails).
+
+        Its payload is a copy frozen now: the receiver may change the payload while handling
+        it. ``None`` when the payload is not JSON.
+        """
+        payload = message.payload
+        if payload is not None and type(payload) not in _IMMUTABLE:
+            try:
+                payload = orjson.loads(orjson.dumps(payload))
+            except TypeError:  # beyond what orjson writes (integers over 64 bits)
+                try:
+                    payload = json.loads(canonical_json(message.payload))
+                except (TypeError, ValueError) as exc:
+                    self.fail(seq, f"message {message.id} in flight is not JSON: {exc}")
+                    return None
+        # Sent through the bus, so the fields are valid already.
+        return RecordedMessage.model_construct(
             id=message.id,
             seq=message.seq,
             kind=message.kind,
@@ -616,7 +651,6 @@ class SnapshotCoordinator:
             headers=dict(message.headers),
             epoch=message.epoch,
         )
-        progress.inflight.setdefault(channel, []).append(recorded)
 
     def _all_recorded(self, seq: int, progress: _Progress) -> None:
         progress.unclosed = {ch for ch in self.bus.channels.values() if ch.closed < seq}
