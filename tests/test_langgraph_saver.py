@@ -352,6 +352,16 @@ async def test_the_async_methods_run_on_postgresqls_asyncio_driver(
         raise AssertionError("a native asynchronous method hopped to a thread")
 
     monkeypatch.setattr("agentsnap.integrations.langgraph._saver.asyncio.to_thread", no_thread)
+    import psycopg
+
+    opened: list[Any] = []
+    connect = psycopg.AsyncConnection.connect
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        opened.append(await connect(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", counted)
     try:
         config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
         version = saver.get_next_version(None, None)
@@ -389,6 +399,9 @@ async def test_the_async_methods_run_on_postgresqls_asyncio_driver(
         assert loop == ["2"]
         # The synchronous methods see what the asynchronous ones wrote.
         assert saver.get_tuple(saved) == first
+        # psycopg's own async connection, one for all those calls made one after another.
+        assert len(opened) == 1
+        assert isinstance(opened[0], psycopg.AsyncConnection)
     finally:
         monkeypatch.undo()
         await saver.aclose()

@@ -17,7 +17,6 @@ from typing import Any, cast
 from sqlalchemy import Connection, Engine, Select, Table, create_engine, delete, event, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.store._graph_history import (
@@ -27,7 +26,6 @@ from agentsnap.store._graph_history import (
     prune_threads,
 )
 from agentsnap.store.dialect import (
-    async_url,
     connect_sqlite,
     dialect_of,
     sqlite_file,
@@ -120,6 +118,18 @@ _PG_GET_WRITES = (
     _SQLITE_GET_WRITES.replace("?", "%s") + " FOR UPDATE"  # the names hold no "?"
 )
 _PG_SET_WRITES = _SQLITE_SET_WRITES.replace("?", "%s")
+
+# The PostgreSQL asyncio reads, on psycopg's async connection.
+_PG_CHECKPOINT_COLUMNS = ", ".join(column.name for column in _checkpoints.columns)
+_PG_SELECT_CHECKPOINTS = f"SELECT {_PG_CHECKPOINT_COLUMNS} FROM {_checkpoints.name}"  # noqa: S608
+_PG_SELECT_VALUES = (
+    f"SELECT channel, version, value_type, value FROM {_blobs.name} "  # noqa: S608
+    "WHERE thread_id = %s AND checkpoint_ns = %s AND channel = ANY(%s) AND version = ANY(%s)"
+)
+_PG_SELECT_TASK_WRITES = (
+    f"SELECT task_id, task_path, writes FROM {_writes.name} "  # noqa: S608
+    "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
+)
 
 
 def _checkpoint_query(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Select[Any]:
@@ -229,17 +239,26 @@ class _Reader:
 
 
 class _AsyncReader:
-    """An ``AsyncGraphReader`` on one SQLAlchemy asyncio connection."""
+    """An ``AsyncGraphReader`` on one of psycopg's async connections (PostgreSQL)."""
 
-    def __init__(self, connection: AsyncConnection) -> None:
+    def __init__(self, connection: Any) -> None:
         self._connection = connection
+
+    async def _rows(self, sql: str, parameters: Sequence[Any]) -> list[Any]:
+        async with self._connection.cursor(binary=True) as cursor:
+            await cursor.execute(sql, parameters)
+            return cast(list[Any], await cursor.fetchall())
 
     async def checkpoint(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
     ) -> StoredCheckpoint | None:
-        query = _checkpoint_query(thread_id, checkpoint_ns, checkpoint_id)
-        row = (await self._connection.execute(query)).first()
-        return None if row is None else StoredCheckpoint(*row)
+        rows = await self.checkpoints(
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint_id,
+            limit=1,
+        )
+        return rows[0] if rows else None
 
     async def checkpoints(
         self,
@@ -250,22 +269,133 @@ class _AsyncReader:
         before: str | None = None,
         limit: int | None = None,
     ) -> list[StoredCheckpoint]:
-        query = _checkpoints_query(thread_id, checkpoint_ns, checkpoint_id, before, limit)
-        return [StoredCheckpoint(*row) for row in await self._connection.execute(query)]
+        conditions: list[str] = []
+        parameters: list[Any] = []
+        for condition, value in (
+            ("thread_id = %s", thread_id),
+            ("checkpoint_ns = %s", checkpoint_ns),
+            ("checkpoint_id = %s", checkpoint_id or None),
+            ("checkpoint_id < %s", before or None),
+        ):
+            if value is not None:
+                conditions.append(condition)
+                parameters.append(value)
+        sql = _PG_SELECT_CHECKPOINTS
+        if conditions:
+            sql += " WHERE " + " AND ".join(conditions)
+        sql += " ORDER BY checkpoint_id DESC, thread_id, checkpoint_ns"
+        if limit is not None:
+            sql += " LIMIT %s"
+            parameters.append(max(limit, 0))
+        return [StoredCheckpoint(*row) for row in await self._rows(sql, parameters)]
 
     async def values(
         self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
     ) -> list[tuple[str, str, bytes]]:
         if not versions:
             return []
-        query = _values_query(thread_id, checkpoint_ns, versions)
-        return _wanted_values(await self._connection.execute(query), versions)
+        rows = await self._rows(
+            _PG_SELECT_VALUES,
+            (thread_id, checkpoint_ns, list(versions), sorted(set(versions.values()))),
+        )
+        return _wanted_values(rows, versions)
 
     async def task_writes(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
     ) -> list[TaskWrites]:
-        query = _task_writes_query(thread_id, checkpoint_ns, checkpoint_id)
-        return [TaskWrites(*row) for row in await self._connection.execute(query)]
+        rows = await self._rows(_PG_SELECT_TASK_WRITES, (thread_id, checkpoint_ns, checkpoint_id))
+        return [TaskWrites(*row) for row in rows]
+
+
+class _PgConnections:
+    """The store's own psycopg connections (PostgreSQL), in autocommit mode, kept between uses.
+
+    Sync and asyncio connections are kept apart; an asyncio connection serves the event
+    loop that opened it only (one left by another loop is closed when next seen). At most
+    ``keep`` idle connections of each kind are kept open.
+    """
+
+    def __init__(self, conninfo: str, keep: int = 4) -> None:
+        self._conninfo = conninfo
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._idle: list[Any] = []
+        self._aidle: list[tuple[asyncio.AbstractEventLoop, Any]] = []
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """An idle connection, or a new one; kept again after the block if still usable."""
+        import psycopg  # noqa: PLC0415 (PostgreSQL's driver is optional)
+
+        with self._lock:
+            connection = self._idle.pop() if self._idle else None
+        if connection is None or connection.closed:
+            connection = psycopg.Connection.connect(self._conninfo, autocommit=True)
+        try:
+            yield connection
+        finally:
+            if self._reusable(connection):
+                with self._lock:
+                    if len(self._idle) < self._keep:
+                        self._idle.append(connection)
+                        connection = None
+            if connection is not None:
+                connection.close()
+
+    @asynccontextmanager
+    async def aconnection(self) -> AsyncIterator[Any]:
+        """``connection`` for asyncio: one of psycopg's async connections."""
+        import psycopg  # noqa: PLC0415 (PostgreSQL's driver is optional)
+
+        loop = asyncio.get_running_loop()
+        connection = None
+        with self._lock:
+            while self._aidle and connection is None:
+                owner, found = self._aidle.pop()
+                if owner is loop and not found.closed:
+                    connection = found
+                else:
+                    found.pgconn.finish()  # its loop's coroutines cannot close it here
+        if connection is None:
+            connection = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        try:
+            yield connection
+        finally:
+            if self._reusable(connection):
+                with self._lock:
+                    if len(self._aidle) < self._keep:
+                        self._aidle.append((loop, connection))
+                        connection = None
+            if connection is not None:
+                await connection.close()
+
+    @staticmethod
+    def _reusable(connection: Any) -> bool:
+        from psycopg.pq import TransactionStatus  # noqa: PLC0415 (optional driver)
+
+        return (
+            not connection.closed and connection.info.transaction_status == TransactionStatus.IDLE
+        )
+
+    def close(self) -> None:
+        """Close the idle connections (one in use is kept when given back after this)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            aidle, self._aidle = self._aidle, []
+        for connection in idle:
+            connection.close()
+        for _, connection in aidle:
+            connection.pgconn.finish()
+
+    async def aclose(self) -> None:
+        """``close``, closing this loop's asyncio connections with their own coroutine."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            mine = [connection for owner, connection in self._aidle if owner is loop]
+            self._aidle = [(owner, c) for owner, c in self._aidle if owner is not loop]
+        for connection in mine:
+            await connection.close()
+        self.close()
 
 
 class SqlGraphStore:
@@ -275,11 +405,11 @@ class SqlGraphStore:
     On SQLite, writes take turns in the process (one writer at a time) and go through one
     plain ``sqlite3`` connection in autocommit mode with the statements' text ready, so that
     a write of one statement is one step of SQLite; SQLAlchemy would cost more than the
-    writes themselves. On PostgreSQL, a write is one transaction whose statements psycopg
-    sends together (pipeline mode) on a connection of SQLAlchemy's pool. Reads go through
-    SQLAlchemy. On PostgreSQL the store also has native asyncio methods
-    (``aput_checkpoint``, ``aput_task_writes``, ``areading``) on an asyncio engine (psycopg's
-    async connections), opened on first use.
+    writes themselves. On PostgreSQL, writes go through psycopg connections of the store's
+    own, in autocommit mode: a checkpoint's statements are sent together (pipeline mode)
+    and run as one implicit transaction, in one round trip. Reads go through SQLAlchemy. On
+    PostgreSQL the store also has native asyncio methods (``aput_checkpoint``,
+    ``aput_task_writes``, ``areading``) on psycopg's async connections, opened on first use.
 
     Args:
         url: Database URL, as for [`SqlStore`][agentsnap.store.sql.SqlStore].
@@ -309,7 +439,7 @@ class SqlGraphStore:
         )
         if self._sqlite:
             event.listen(self._engine, "connect", sqlite_setup(timeout=_SQLITE_TIMEOUT))
-        self._async_engine: AsyncEngine | None = None
+        self._pg = None if self._sqlite else _PgConnections(_conninfo(url))
         self._lock = threading.Lock()
         self._ready = False
         self._raw: sqlite3.Connection | None = None
@@ -323,14 +453,9 @@ class SqlGraphStore:
         return not self._sqlite
 
     def close(self) -> None:
-        """Close the store's database connections, the asyncio engine's included."""
-        engine, self._async_engine = self._async_engine, None
-        if engine is not None:
-            # Its connections are closed by a coroutine: on a loop of its own, in a thread of
-            # its own when this thread runs one already.
-            closer = threading.Thread(target=asyncio.run, args=(engine.dispose(),))
-            closer.start()
-            closer.join()
+        """Close the store's database connections, its asyncio connections included."""
+        if self._pg is not None:
+            self._pg.close()
         with self._lock:
             if self._raw is not None:
                 self._raw.close()
@@ -338,10 +463,9 @@ class SqlGraphStore:
         self._engine.dispose()
 
     async def aclose(self) -> None:
-        """Close the store's database connections, the asyncio engine's included."""
-        engine, self._async_engine = self._async_engine, None
-        if engine is not None:
-            await engine.dispose()
+        """Close the store's database connections, its asyncio connections included."""
+        if self._pg is not None:
+            await self._pg.aclose()
         self.close()
 
     def _ensure_schema(self) -> None:
@@ -373,7 +497,12 @@ class SqlGraphStore:
                     raw.executemany(_SQLITE_PUT_BLOB, values)
                     raw.execute(_SQLITE_PUT_CHECKPOINT, checkpoint)
             return
-        with self._pg_transaction() as cursor:
+        # Autocommit: the statements up to the pipeline's end run as one implicit transaction.
+        with (
+            self._pg_connection() as connection,
+            connection.pipeline(),
+            connection.cursor() as cursor,
+        ):
             if values:
                 cursor.executemany(_PG_PUT_BLOB, values)
             cursor.execute(_PG_PUT_CHECKPOINT, checkpoint)
@@ -404,30 +533,35 @@ class SqlGraphStore:
                     else:
                         raw.execute(_SQLITE_SET_WRITES, (*merge(*found), *key))
             return
-        with self._pg_transaction() as cursor:
-            cursor.execute(_PG_ADD_WRITES, row)
+        with self._pg_connection() as connection, connection.cursor() as cursor:
+            cursor.execute(_PG_ADD_WRITES, row)  # a transaction of its own
             if cursor.fetchone() is None:
                 # The task has writes already: merge the new ones into them.
-                cursor.execute(_PG_GET_WRITES, key)
-                found = cursor.fetchone()
-                if found is None:  # deleted in between
-                    cursor.execute(_PG_ADD_WRITES, row)
-                else:
-                    cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
+                with connection.transaction():
+                    cursor.execute(_PG_GET_WRITES, key)
+                    found = cursor.fetchone()
+                    if found is None:  # deleted in between
+                        cursor.execute(_PG_ADD_WRITES, row)
+                    else:
+                        cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
 
     # Native asyncio (PostgreSQL).
 
     @asynccontextmanager
     async def areading(self) -> AsyncIterator[AsyncGraphReader]:
         """A reader on one asyncio connection, for the block's duration (PostgreSQL)."""
-        async with self._async_connect() as connection:
+        async with self._apg_connection() as connection:
             yield _AsyncReader(connection)
 
     async def aput_checkpoint(
         self, checkpoint: StoredCheckpoint, values: Sequence[StoredValue]
     ) -> None:
         """``put_checkpoint`` on the asyncio driver (PostgreSQL)."""
-        async with self._apg_transaction() as cursor:
+        async with (
+            self._apg_connection() as connection,
+            connection.pipeline(),
+            connection.cursor() as cursor,
+        ):
             if values:
                 await cursor.executemany(_PG_PUT_BLOB, values)
             await cursor.execute(_PG_PUT_CHECKPOINT, checkpoint)
@@ -441,15 +575,16 @@ class SqlGraphStore:
     ) -> None:
         """``put_task_writes`` on the asyncio driver (PostgreSQL)."""
         row = (*key, task_path, writes)
-        async with self._apg_transaction() as cursor:
-            await cursor.execute(_PG_ADD_WRITES, row)
+        async with self._apg_connection() as connection, connection.cursor() as cursor:
+            await cursor.execute(_PG_ADD_WRITES, row)  # a transaction of its own
             if await cursor.fetchone() is None:
-                await cursor.execute(_PG_GET_WRITES, key)
-                found = await cursor.fetchone()
-                if found is None:  # deleted in between
-                    await cursor.execute(_PG_ADD_WRITES, row)
-                else:
-                    await cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
+                async with connection.transaction():
+                    await cursor.execute(_PG_GET_WRITES, key)
+                    found = await cursor.fetchone()
+                    if found is None:  # deleted in between
+                        await cursor.execute(_PG_ADD_WRITES, row)
+                    else:
+                        await cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread."""
@@ -541,44 +676,22 @@ class SqlGraphStore:
                 yield raw
 
     @contextmanager
-    def _pg_transaction(self) -> Iterator[Any]:
-        """A psycopg cursor in one transaction, pipelined, on a pooled connection."""
+    def _pg_connection(self) -> Iterator[Any]:
+        """One of the store's psycopg connections (PostgreSQL), in autocommit mode."""
+        assert self._pg is not None, "PostgreSQL only"
         self._ensure_schema()
-        pooled = self._engine.raw_connection()
-        try:
-            driver: Any = pooled.driver_connection
-            with driver.pipeline(), driver.transaction(), driver.cursor() as cursor:
-                yield cursor
-        finally:
-            pooled.close()
-
-    def _async(self) -> AsyncEngine:
-        if self._sqlite:
-            raise ConfigurationError("the graph store's asyncio methods need PostgreSQL")
-        if self._async_engine is None:
-            self._async_engine = create_async_engine(async_url(self.url))
-        return self._async_engine
-
-    @asynccontextmanager
-    async def _async_connect(self) -> AsyncIterator[AsyncConnection]:
-        engine = self._async()
-        if not self._ready:
-            await asyncio.to_thread(self._ensure_schema)
-        async with engine.connect() as connection:
+        with self._pg.connection() as connection:
             yield connection
 
     @asynccontextmanager
-    async def _apg_transaction(self) -> AsyncIterator[Any]:
-        """A psycopg async cursor in one transaction, pipelined, on a pooled connection."""
-        async with self._async_connect() as connection:
-            pooled = await connection.get_raw_connection()
-            driver: Any = pooled.driver_connection
-            async with driver.pipeline(), driver.transaction():
-                cursor = driver.cursor()
-                try:
-                    yield cursor
-                finally:
-                    await cursor.close()
+    async def _apg_connection(self) -> AsyncIterator[Any]:
+        """One of the store's psycopg async connections, in autocommit mode."""
+        if self._pg is None:
+            raise ConfigurationError("the graph store's asyncio methods need PostgreSQL")
+        if not self._ready:
+            await asyncio.to_thread(self._ensure_schema)
+        async with self._pg.aconnection() as connection:
+            yield connection
 
     @contextmanager
     def _writing(self) -> Iterator[Connection]:
@@ -621,3 +734,10 @@ class SqlGraphStore:
                         "concurrent writes to the same threads; run it again when no graph "
                         "is writing them"
                     ) from exc
+
+
+def _conninfo(url: str) -> str:
+    """The libpq connection string for a PostgreSQL URL (its driver name left out)."""
+    return (
+        make_url(sync_url(url)).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
