@@ -342,9 +342,12 @@ class RollbackManager:
         scheduler.pause()
         reason = "the run rolled back before the snapshot completed"
         self._coordinator.abort_all(reason)
-        for endpoint in self._bus.endpoints.values():
-            if endpoint.busy:
-                scheduler.interrupt(endpoint)
+        # A scheduler written before ``interrupt`` existed lets the handlers finish.
+        interrupt = getattr(scheduler, "interrupt", None)
+        if interrupt is not None:
+            for endpoint in self._bus.endpoints.values():
+                if endpoint.busy:
+                    interrupt(endpoint)
         delay = 0.0
         while any(endpoint.busy for endpoint in self._bus.endpoints.values()):
             await asyncio.sleep(delay)
