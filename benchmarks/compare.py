@@ -69,8 +69,11 @@ def main() -> None:
     parser.add_argument("benchmark", help="a file of benchmarks/, without .py (e.g. bus)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--scripts", help="run this revision's benchmark scripts on both sides")
-    parser.add_argument("args", nargs="*", help="passed to the benchmark (after --)")
-    options = parser.parse_args()
+    argv = sys.argv[1:]
+    # What follows "--" goes to the benchmark as it is (argparse would take it for its own).
+    passed = argv[argv.index("--") + 1 :] if "--" in argv else []
+    options = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    options.args = passed
     if options.rounds < 1:
         parser.error("--rounds must be at least 1")
     with tempfile.TemporaryDirectory(prefix="agentsnap-compare-") as tmp:

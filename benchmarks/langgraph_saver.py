@@ -34,13 +34,19 @@ to ``synchronous=NORMAL`` before. On PostgreSQL both commit each write as the se
 configured (``synchronous_commit`` unchanged). The official PostgreSQL savers run on one
 connection in autocommit mode with ``dict_row``, as their documentation sets them up.
 
-Rounds: each round runs every variant of both graphs once, in an order that rotates from
-round to round, after a warm-up round that is not timed. Garbage is collected before each
-run. Reported times are medians over the rounds of the time of ``invoke`` divided by the
-number of super-steps (``ms_per_step_*``). A ratio compares the checkpointing overhead of
-two savers on one graph, ``(agentsnap - none) / (official - none)``, per round (both sides
-ran seconds apart on the same, shared and noisy, machine); the figure is the median of the
-per-round ratios, with their min and max:
+Rounds: each round runs every variant of both graphs once, and the graph without a
+checkpointer twice (at two places in the round's order), in an order that rotates from round
+to round, after a warm-up round that is not timed. Garbage is collected before each run.
+Reported times are medians over the rounds of the time of ``invoke`` divided by the number
+of super-steps (``ms_per_step_*``). A ratio compares the checkpointing overhead of two savers
+on one graph, ``(agentsnap - none) / (official - none)``, per round (both sides ran seconds
+apart on the same, shared and noisy, machine), with ``none`` the mean of the round's two runs
+without a checkpointer. A round whose two baseline runs differ by as much as either saver's
+overhead is rejected: its baseline is noisier than the quantity measured, so the noise would
+decide its ratio. The figure is the median of the ratios of the rounds kept, with their min
+and max, how many rounds were kept and rejected, and, for every round, its ratio and its
+baseline's spread over the smaller overhead (``baseline_noise``; above 1 is rejected). When
+every round is rejected the figures are those of all rounds, flagged ``all_rejected``:
 
 * ``overhead_ratio_same_durability_changing`` and ``…_static``: against ``SqliteSaver``;
 * with ``--postgres``: ``overhead_ratio_vs_postgres`` (against ``PostgresSaver``, sync) and
@@ -98,10 +104,18 @@ NOTE_WORDS = 12
 SEED = 20_261_122
 DURABILITY: Final = "sync"  # LangGraph's default is "async": see the docstring
 
-PROFILES = {"full": (1000, 5), "quick": (200, 2)}  # super-steps, timed rounds
+PROFILES = {"full": (1000, 5), "quick": (200, 3)}  # super-steps, timed rounds
 GRAPHS = ("changing", "static")
-SQLITE_VARIANTS = ("none", "nullsaver", "sqlitesaver", "agentsnap")
-POSTGRES_VARIANTS = ("anone", "postgressaver", "agentsnap_pg", "apostgressaver", "aagentsnap_pg")
+# "none#2" and "anone#2" run the graph without a checkpointer a second time in each round.
+SQLITE_VARIANTS = ("none", "nullsaver", "sqlitesaver", "none#2", "agentsnap")
+POSTGRES_VARIANTS = (
+    "anone",
+    "postgressaver",
+    "agentsnap_pg",
+    "anone#2",
+    "apostgressaver",
+    "aagentsnap_pg",
+)
 ASYNC_VARIANTS = {"anone", "apostgressaver", "aagentsnap_pg"}
 OFFICIAL_PG_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
 AGENTSNAP_PG_TABLES = ("agentsnap_lg_checkpoints", "agentsnap_lg_blobs", "agentsnap_lg_task_writes")
@@ -376,13 +390,33 @@ async def _run_async_postgres(
     return Run(seconds, None)
 
 
-def spread(ratios: list[float]) -> dict[str, Any]:
-    """A ratio's median over the rounds, with its min, max and every round's value."""
+@dataclass
+class Ratios:
+    """A ratio's per-round values, and those of the rounds kept."""
+
+    all: list[float]
+    kept: list[float]
+    noise: list[float]
+    """Per round: the baseline's spread over the smaller of the two overheads."""
+
+
+def spread(ratios: Ratios) -> dict[str, Any]:
+    """A ratio's median over the rounds kept, with their min and max, how many rounds were
+    kept and rejected, and every round's value and baseline noise.
+
+    When every round was rejected, the figures are those of all the rounds, and
+    ``all_rejected`` says so.
+    """
+    chosen = ratios.kept or ratios.all
     return {
-        "median": round(statistics.median(ratios), 4),
-        "min": round(min(ratios), 4),
-        "max": round(max(ratios), 4),
-        "rounds": [round(r, 4) for r in ratios],
+        "median": round(statistics.median(chosen), 4),
+        "min": round(min(chosen), 4),
+        "max": round(max(chosen), 4),
+        "kept": len(ratios.kept),
+        "rejected": len(ratios.all) - len(ratios.kept),
+        "all_rejected": not ratios.kept,
+        "rounds": [round(r, 4) for r in ratios.all],
+        "baseline_noise": [round(n, 4) for n in ratios.noise],
     }
 
 
@@ -400,6 +434,7 @@ def measure(profile: str, directory: Path, postgres_url: str | None) -> dict[str
         variants += [(graph, v) for graph in GRAPHS for v in POSTGRES_VARIANTS]
 
     def run(graph: str, variant: str, loop: LoopState) -> Run:
+        variant = variant.split("#", maxsplit=1)[0]
         if variant in SQLITE_VARIANTS:
             return run_sqlite(variant, builders[graph], loop, directory)
         assert postgres is not None
@@ -421,16 +456,26 @@ def measure(profile: str, directory: Path, postgres_url: str | None) -> dict[str
     def per_step(graph: str, variant: str) -> list[float]:
         return [r.seconds / steps for r in runs[graph, variant]]
 
-    def ratios(graph: str, subject: str, reference: str, none: str) -> list[float]:
-        return [
-            (sub - base) / (ref - base)
-            for base, ref, sub in zip(
-                per_step(graph, none),
-                per_step(graph, reference),
-                per_step(graph, subject),
-                strict=True,
-            )
-        ]
+    def ratios(graph: str, subject: str, reference: str, none: str) -> Ratios:
+        """Per round: the baseline is the mean of the round's two runs without a
+        checkpointer, and the round is kept only if those two differ by less than either
+        saver's overhead (a baseline noisier than the effect would decide the ratio)."""
+        found = Ratios([], [], [])
+        for base_a, base_b, ref, sub in zip(
+            per_step(graph, none),
+            per_step(graph, f"{none}#2"),
+            per_step(graph, reference),
+            per_step(graph, subject),
+            strict=True,
+        ):
+            base = (base_a + base_b) / 2
+            ratio = (sub - base) / (ref - base)
+            noise = abs(base_a - base_b)
+            found.all.append(ratio)
+            found.noise.append(noise / min(abs(sub - base), abs(ref - base)))
+            if noise < min(sub - base, ref - base):
+                found.kept.append(ratio)
+        return found
 
     result: dict[str, Any] = {
         **workloads.environment("AgentsnapSaver vs LangGraph's savers", profile, "sqlite"),
@@ -504,8 +549,8 @@ def _table(r: dict[str, Any]) -> str:
         target = r["targets"].get(f"{key}_met")
         verdict = "" if target is None else f"  target <= {TARGET_RATIO}: {workloads.met(target)}"
         lines.append(
-            f"{key} = {found['median']:.3f} (min {found['min']:.3f}, max {found['max']:.3f})"
-            f"{verdict}"
+            f"{key} = {found['median']:.3f} (min {found['min']:.3f}, max {found['max']:.3f}; "
+            f"rounds kept {found['kept']}, rejected {found['rejected']}){verdict}"
         )
     lines.extend(
         f"{key} = {r[key]:.3f} (the higher graph)  target <= {TARGET_RATIO}: "
@@ -518,9 +563,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = workloads.argument_parser(
-        __doc__, "200 super-steps and 2 rounds (< 1 minute)", directory=True
-    )
+    parser = workloads.argument_parser(__doc__, "200 super-steps and 3 rounds", directory=True)
     parser.add_argument(
         "--postgres",
         metavar="URL",

@@ -6,14 +6,19 @@ each ratio is the median of the per-repetition ratios, so that both sides of a r
 seconds apart on the same (shared, noisy) machine:
 
 * persist: one snapshot of 100 agents, each with a distinct state of about 10 KB of canonical
-  JSON, plus the ``$env`` process and a few in-flight messages, written by
-  ``SqlStore.save_snapshot`` to a fresh SQLite file (schema migrated and run created before
-  the clock starts), against the stdlib ``sqlite3`` module inserting the same texts and rows
-  into the same table layout in one transaction, on a fresh file with the same pragmas (WAL,
-  ``synchronous=NORMAL``, foreign keys on). Reported as
-  ``persist_ratio_vs_raw_sqlite = SqlStore time / sqlite3 time``. For context, a third
-  snapshot with 100 new states is then written by the same store, whose SQL statements are
-  compiled by now: ``warm_persist_ratio_vs_raw_sqlite``.
+  JSON, plus the ``$env`` process and a few in-flight messages, encoded and written to a
+  fresh SQLite file (schema migrated and run created before the clock starts). The clock
+  starts before the states are encoded, on both sides. agentsnap encodes each state as the
+  runtime does when it records one it has not seen (``encode_checked``: canonical JSON, its
+  hash, the round-trip check), builds the ``Snapshot`` and saves it with
+  ``SqlStore.save_snapshot``; the stdlib ``sqlite3`` side encodes each state with pydantic's
+  ``model_dump_json`` and its SHA-256, the counters and payloads with ``json.dumps``, and
+  inserts the rows into the same table layout in one transaction, on a fresh file with the
+  same pragmas (WAL, ``synchronous=NORMAL``, foreign keys on). Reported as
+  ``persist_ratio_vs_raw_sqlite = agentsnap time / sqlite3 time``. For context, a third
+  snapshot with 100 new states is then encoded and written by the same store, whose SQL
+  statements are compiled by now: ``warm_persist_ratio_vs_raw_sqlite``; the second one
+  (below) is timed from the encoding of its one new state too.
 * incremental bytes: a second snapshot of the same run in which 1 % of the agents (1 of 100)
   has a new state. Bytes written are the growth of the database file (checkpointed with
   ``PRAGMA wal_checkpoint(TRUNCATE)`` from a separate connection) across each snapshot.
@@ -50,6 +55,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
+import json
 import random
 import sqlite3
 import statistics
@@ -82,7 +89,7 @@ from agentsnap import (
 )
 from agentsnap.journal import read_journal
 from agentsnap.records import utcnow
-from agentsnap.state import StateBlob, canonical_json, encode_state
+from agentsnap.state import StateBlob, canonical_json, encode_checked, encode_state
 from agentsnap.store.sql import SqlStore
 
 TARGET_PERSIST_RATIO = 1.5
@@ -112,7 +119,7 @@ def _sentence(rng: random.Random, words: int) -> str:
     return " ".join(workloads.word(rng) for _ in range(words)).capitalize() + "."
 
 
-def make_state(index: int, version: int) -> StateBlob:
+def make_state(index: int, version: int) -> AgentState:
     """A distinct state of about ``STATE_BYTES`` of canonical JSON, as the runtime encodes it."""
     rng = random.Random(f"{SEED}/{index}/{version}")
     plan, calls = workloads.plan_and_calls(rng, _sentence, f"{index}-{version}")
@@ -122,7 +129,7 @@ def make_state(index: int, version: int) -> StateBlob:
         blob = encode_state(f"agent-{index}", state)
         missing = STATE_BYTES - len(blob.json)
         if missing <= 0:
-            return blob
+            return state
         workloads.add_notes(rng, _sentence, memory["notes"], memory["facts"], missing)
 
 
@@ -190,6 +197,26 @@ def make_snapshot(
 
 
 @dataclass(frozen=True)
+class Cut:
+    """What one snapshot is made of before anything is encoded: the agents' states."""
+
+    seq: int
+    delivered: int
+    started_at: datetime
+    states: list[AgentState | StateBlob]
+    """Each agent's state: a new one to encode, or the blob of one encoded before."""
+
+    def build(self, run_id: str) -> Snapshot:
+        """The snapshot, its new states encoded as the runtime encodes them when it records
+        them (canonical JSON, hash, and the round-trip check of a state not seen before)."""
+        blobs = [
+            state if isinstance(state, StateBlob) else encode_checked(name, state)
+            for name, state in zip(_names(), self.states, strict=True)
+        ]
+        return make_snapshot(run_id, self.seq, blobs, self.delivered, self.started_at)
+
+
+@dataclass(frozen=True)
 class Fixture:
     """The run and the snapshots every repetition writes."""
 
@@ -200,20 +227,31 @@ class Fixture:
     """``CHANGED_AGENTS`` new states, the others as in ``first``."""
     third: Snapshot
     """``AGENTS`` new states again, written by the same (warm) store after ``second``."""
+    cuts: tuple[Cut, Cut, Cut]
+    """The three snapshots before encoding: what the timed writes start from."""
+    first_states: list[AgentState]
+    """The states of ``first``, for the sqlite3 side to encode."""
 
 
 def make_fixture() -> Fixture:
     """Build the run and its three snapshots (300 states of about ``STATE_BYTES`` each)."""
     run = RunInfo(id=random.Random(SEED).randbytes(16).hex(), metadata={"benchmark": True})
+    names = _names()
     states = [make_state(i, 0) for i in range(AGENTS)]
-    changed = [round((k + 0.5) * AGENTS / CHANGED_AGENTS) for k in range(CHANGED_AGENTS)]
-    later = [make_state(i, 1) if i in changed else blob for i, blob in enumerate(states)]
-    started = utcnow()
-    first = make_snapshot(run.id, 1, states, 1_000, started)
-    second = make_snapshot(run.id, 2, later, 1_500, started + timedelta(seconds=1))
+    blobs = [encode_state(name, state) for name, state in zip(names, states, strict=True)]
+    changed = {round((k + 0.5) * AGENTS / CHANGED_AGENTS) for k in range(CHANGED_AGENTS)}
+    later: list[AgentState | StateBlob] = [
+        make_state(i, 1) if i in changed else blob for i, blob in enumerate(blobs)
+    ]
     fresh = [make_state(i, 2) for i in range(AGENTS)]
-    third = make_snapshot(run.id, 3, fresh, 2_000, started + timedelta(seconds=2))
-    return Fixture(run, first, second, third)
+    started = utcnow()
+    cuts = (
+        Cut(1, 1_000, started, list(states)),
+        Cut(2, 1_500, started + timedelta(seconds=1), later),
+        Cut(3, 2_000, started + timedelta(seconds=2), list(fresh)),
+    )
+    first, second, third = (cut.build(run.id) for cut in cuts)
+    return Fixture(run, first, second, third, cuts, states)
 
 
 def logical_bytes(snapshot: Snapshot, stored: set[str]) -> int:
@@ -312,18 +350,20 @@ def _sqlite_time(value: datetime | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class RawRows:
-    """One snapshot as ready-made parameter tuples for sqlite3 (built before any timing)."""
+class RawInput:
+    """One snapshot for sqlite3, as data not yet encoded (built before any timing)."""
 
     snapshot: tuple[Any, ...]
-    blobs: list[tuple[str, str]]
-    agents: list[tuple[str, str, str, str, str]]
+    states: list[tuple[str, AgentState]]
+    counters: list[tuple[str, dict[str, int], dict[str, int]]]
     messages: list[tuple[Any, ...]]
+    """Each message's key, kind and epoch, its payload and headers as data."""
 
 
-def raw_rows(snapshot: Snapshot) -> RawRows:
-    """The same texts and rows that SqlStore writes for ``snapshot``."""
-    return RawRows(
+def raw_input(snapshot: Snapshot, states: list[AgentState]) -> RawInput:
+    """The rows SqlStore writes for ``snapshot``, with ``states`` (its agents' states, in
+    order, ``$env`` left out) still to be encoded, and counters and payloads as data."""
+    return RawInput(
         snapshot=(
             snapshot.id,
             snapshot.run_id,
@@ -334,16 +374,9 @@ def raw_rows(snapshot: Snapshot) -> RawRows:
             _sqlite_time(snapshot.completed_at),
             snapshot.error,
         ),
-        blobs=list({cut.state_hash: cut.state_json for cut in snapshot.agents.values()}.items()),
-        agents=[
-            (
-                snapshot.id,
-                name,
-                cut.state_hash,
-                canonical_json(cut.sent),
-                canonical_json(cut.received),
-            )
-            for name, cut in snapshot.agents.items()
+        states=list(zip(_names(), states, strict=True)),
+        counters=[
+            (name, dict(cut.sent), dict(cut.received)) for name, cut in snapshot.agents.items()
         ],
         messages=[
             (
@@ -352,8 +385,8 @@ def raw_rows(snapshot: Snapshot) -> RawRows:
                 channel.dst,
                 m.seq,
                 m.kind,
-                canonical_json(m.payload),
-                canonical_json(dict(m.headers)),
+                m.payload,
+                dict(m.headers),
                 m.epoch,
             )
             for channel in snapshot.channels
@@ -362,8 +395,16 @@ def raw_rows(snapshot: Snapshot) -> RawRows:
     )
 
 
-def raw_save(path: Path, run: RunInfo, rows: RawRows) -> float:
-    """Seconds for sqlite3 to write ``rows`` in one transaction on a fresh file at ``path``."""
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def raw_save(path: Path, run: RunInfo, rows: RawInput) -> float:
+    """Seconds for sqlite3 to encode and write ``rows`` in one transaction on a fresh file.
+
+    The clock starts before the states are encoded: each with pydantic's
+    ``model_dump_json`` and its SHA-256, counters and payloads with ``json.dumps``.
+    """
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
@@ -377,17 +418,30 @@ def raw_save(path: Path, run: RunInfo, rows: RawRows) -> float:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # as on the SqlStore side
         gc.collect()
         start = time.perf_counter()
+        env = "{}"
+        hashes = {ENVIRONMENT: hashlib.sha256(env.encode()).hexdigest()}
+        blobs = [(hashes[ENVIRONMENT], env)]
+        for name, state in rows.states:
+            text = state.model_dump_json()
+            hashes[name] = hashlib.sha256(text.encode()).hexdigest()
+            blobs.append((hashes[name], text))
+        agents = [
+            (rows.snapshot[0], name, hashes[name], _dumps(sent), _dumps(received))
+            for name, sent, received in rows.counters
+        ]
+        messages = [
+            (*key, kind, _dumps(payload), _dumps(headers), epoch)
+            for *key, kind, payload, headers, epoch in rows.messages
+        ]
         conn.execute("BEGIN")
         conn.execute("INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows.snapshot)
-        conn.executemany("INSERT OR IGNORE INTO state_blobs VALUES (?, ?)", rows.blobs)
-        conn.executemany("INSERT INTO snapshot_agents VALUES (?, ?, ?, ?, ?)", rows.agents)
-        conn.executemany(
-            "INSERT INTO snapshot_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows.messages
-        )
+        conn.executemany("INSERT OR IGNORE INTO state_blobs VALUES (?, ?)", blobs)
+        conn.executemany("INSERT INTO snapshot_agents VALUES (?, ?, ?, ?, ?)", agents)
+        conn.executemany("INSERT INTO snapshot_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?)", messages)
         conn.execute("COMMIT")
         elapsed = time.perf_counter() - start
-        (agents,) = conn.execute("SELECT count(*) FROM snapshot_agents").fetchone()
-        assert agents == len(rows.agents), (agents, len(rows.agents))
+        (count,) = conn.execute("SELECT count(*) FROM snapshot_agents").fetchone()
+        assert count == len(rows.counters), (count, len(rows.counters))
     finally:
         conn.close()
     return elapsed
@@ -406,11 +460,12 @@ class StoreSample:
     second_wal_bytes: int
 
 
-async def _timed_save(store: SqlStore, snapshot: Snapshot) -> float:
-    """Seconds for ``store`` to save ``snapshot``, the garbage collected first."""
+async def _timed_save(store: SqlStore, run_id: str, cut: Cut) -> float:
+    """Seconds for ``store`` to save the snapshot of ``cut``, from before its new states are
+    encoded; the garbage collected first."""
     gc.collect()
     start = time.perf_counter()
-    await store.save_snapshot(snapshot)
+    await store.save_snapshot(cut.build(run_id))
     return time.perf_counter() - start
 
 
@@ -420,13 +475,13 @@ async def store_save(path: Path, fixture: Fixture, check: bool) -> StoreSample:
     try:
         await store.create_run(fixture.run)  # migrates the empty database first
         base = checkpointed_size(path)
-        first_s = await _timed_save(store, fixture.first)
+        first_s = await _timed_save(store, fixture.run.id, fixture.cuts[0])
         first_wal = wal_size(path)
         after_first = checkpointed_size(path)
-        second_s = await _timed_save(store, fixture.second)
+        second_s = await _timed_save(store, fixture.run.id, fixture.cuts[1])
         second_wal = wal_size(path)
         after_second = checkpointed_size(path)
-        third_s = await _timed_save(store, fixture.third)
+        third_s = await _timed_save(store, fixture.run.id, fixture.cuts[2])
         if check:
             for snapshot in (fixture.first, fixture.second, fixture.third):
                 loaded = await store.load_snapshot(snapshot.id)
@@ -556,7 +611,7 @@ async def measure(profile: str, directory: Path) -> dict[str, Any]:
     began = time.perf_counter()
 
     fixture = make_fixture()
-    first_rows = raw_rows(fixture.first)
+    first_rows = raw_input(fixture.first, fixture.first_states)
     samples: list[StoreSample] = []
 
     async def raw() -> float:

@@ -51,8 +51,8 @@ class RingState(AgentState):
 class RingNode(Agent[RingState]):
     """Forwards each token to the next node until the token has made ``hops`` hops."""
 
-    def __init__(self, name: str, nxt: str, hops: int) -> None:
-        super().__init__(name)
+    def __init__(self, name: str, nxt: str, hops: int, state: RingState | None = None) -> None:
+        super().__init__(name, state)
         self.next = nxt
         self.hops = hops
 
@@ -67,10 +67,22 @@ class RingNode(Agent[RingState]):
             ctx.send(self.next, {"t": payload["t"], "h": h + 1})
 
 
-def add_ring(runtime: Runtime, hops: int) -> list[RingNode]:
-    """Add the ``RING_AGENTS`` nodes of a ring whose tokens make ``hops`` hops; return them."""
+def add_ring(runtime: Runtime, hops: int, state_bytes: int = 0) -> list[RingNode]:
+    """Add the ``RING_AGENTS`` nodes of a ring whose tokens make ``hops`` hops; return them.
+
+    With ``state_bytes``, each node starts with a distinct state of at least that many bytes
+    of JSON (memory, plan and tool calls, as ``ring_state`` makes it) instead of an empty one.
+    """
     names = [f"node-{i}" for i in range(RING_AGENTS)]
-    nodes = [RingNode(name, names[(i + 1) % RING_AGENTS], hops) for i, name in enumerate(names)]
+    nodes = [
+        RingNode(
+            name,
+            names[(i + 1) % RING_AGENTS],
+            hops,
+            ring_state(i, state_bytes) if state_bytes else None,
+        )
+        for i, name in enumerate(names)
+    ]
     for node in nodes:
         runtime.add(node)
     return nodes
@@ -143,6 +155,21 @@ def add_notes(
         notes.append(note)
         facts[f"fact-{len(facts)}"] = rng.randint(0, 1_000_000)
         missing -= len(note) + 12
+
+
+def _sentence(rng: random.Random, words: int) -> str:
+    return " ".join(word(rng) for _ in range(words)).capitalize() + "."
+
+
+def ring_state(index: int, state_bytes: int) -> RingState:
+    """A distinct state for ring node ``index``: at least ``state_bytes`` bytes of JSON."""
+    rng = random.Random(f"ring/{index}")
+    plan, calls = plan_and_calls(rng, _sentence, f"ring-{index}")
+    notes: list[agentsnap.JsonValue] = []
+    facts: dict[str, agentsnap.JsonValue] = {}
+    state = RingState(memory={"notes": notes, "facts": facts}, plan=plan, tool_calls=calls)
+    add_notes(rng, _sentence, notes, facts, state_bytes - len(state.model_dump_json()))
+    return RingState.model_validate(state.model_dump())
 
 
 # -- SQLite files --------------------------------------------------------------------------------
