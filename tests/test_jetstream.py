@@ -40,6 +40,7 @@ from agentsnap.jetstream.codec import (
     decode_token,
     encode,
     encode_token,
+    item_id,
     stream_name,
 )
 from agentsnap.messages import ENVIRONMENT, JsonValue, Marker, Message
@@ -215,7 +216,13 @@ JSON = st.recursive(
     headers=st.dictionaries(TEXT, TEXT, max_size=4),
     epoch=st.integers(0, 2**31),
     generation=st.integers(0, 2**31),
-    prev=st.none() | TEXT,
+    prev=st.none()
+    | st.builds(
+        lambda run, src, seq: item_id(run, Message(src, "x", seq, "", None, {}, 0), 0, 0),
+        TEXT,
+        NAMES,
+        st.integers(1, 9),
+    ),
 )
 def test_a_message_comes_back_from_the_wire_exactly(
     run: str,
