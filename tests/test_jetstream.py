@@ -510,6 +510,31 @@ async def test_items_sent_before_a_rollback_are_dropped_by_a_receiver_that_appli
     await b.close()
 
 
+async def test_items_sent_before_the_stream_exists_are_published_again_until_stored(
+    links: Links,
+) -> None:
+    """The server answers that nothing stores the subject; the link retries, in order."""
+    run = new_run()
+    links.runs.append(run)
+    everyone = ["a", "b"]
+    a = Node(await links.connect(), run, {ENVIRONMENT, "a"}, everyone)
+    b = Node(await links.connect(), run, {"b"}, everyone)
+    a.scheduler.start()  # the transport is not started: the run has no stream yet
+    for i in range(50):
+        a.send("a", "b", i)
+    outgoing = a.bus.channels["a", "b"]
+    assert isinstance(outgoing, OutgoingChannel)
+    await asyncio.sleep(0.3)
+    assert outgoing.published.pending == 50, "stored with no stream to store it"
+    await b.start()  # creates the stream
+    await a.transport.flush()
+    await eventually(lambda: b.count() == 50, "every item arriving")
+    assert shape(b.received["a", "b"]) == [("m", i) for i in range(50)]
+    assert await a.transport.link.last_sequence(run) == 50
+    await a.close()
+    await b.close()
+
+
 # -- offsets and replay ---------------------------------------------------------------------
 
 
@@ -572,6 +597,11 @@ async def test_purging_below_a_sequence_keeps_what_a_snapshot_needs(
     await channel.replay_from(1)
     await eventually(lambda: len(channel) == 5, "the items kept")
     assert shape(channel) == [("m", i) for i in range(5, 10)]
+    await link.keep_last(run, 2, channel=("a", "b"))
+    b.scheduler.reset()
+    await channel.replay_from(1)
+    await eventually(lambda: len(channel) == 2, "the two items kept")
+    assert shape(channel) == [("m", 8), ("m", 9)]
     b.scheduler.resume()
     await a.close()
     await b.close()
