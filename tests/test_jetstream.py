@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from nats_server import SHARED_URL, OwnServer, free_port, reachable, server_binary, unavailable
 
 from agentsnap.bus import AsyncioScheduler, Bus, Channel, Item
-from agentsnap.exceptions import ConfigurationError, TransportError
+from agentsnap.exceptions import ConfigurationError, PayloadNotSerializable, TransportError
 from agentsnap.jetstream import (
     ChannelOffset,
     IncomingChannel,
@@ -531,6 +531,21 @@ async def test_items_sent_before_the_stream_exists_are_published_again_until_sto
     await eventually(lambda: b.count() == 50, "every item arriving")
     assert shape(b.received["a", "b"]) == [("m", i) for i in range(50)]
     assert await a.transport.link.last_sequence(run) == 50
+    await a.close()
+    await b.close()
+
+
+async def test_a_message_larger_than_the_server_takes_is_refused_at_the_send(
+    links: Links,
+) -> None:
+    _run, a, b = await pair(links, ["a"], ["b"])
+    a.send("a", "b", "small")
+    limit = a.transport.link.max_payload
+    with pytest.raises(PayloadNotSerializable, match="max_payload"):
+        a.send("a", "b", "x" * limit)
+    assert a.send("a", "b", "next").seq == 2
+    await eventually(lambda: b.count() == 2, "the two messages arriving")
+    assert shape(b.received["a", "b"]) == [("m", "small"), ("m", "next")]
     await a.close()
     await b.close()
 
