@@ -36,6 +36,7 @@ from agentsnap.exceptions import (
     ToolFailed,
     ToolInProgress,
     ToolOutcomeUnknown,
+    TransportError,
     UnknownAgentError,
 )
 from agentsnap.handles import SnapshotHandle
@@ -142,6 +143,7 @@ __all__ = [
     "ToolInProgress",
     "ToolOutcomeUnknown",
     "ToolRetry",
+    "TransportError",
     "UnknownAgentError",
     "Verdict",
     "__version__",
