@@ -115,7 +115,12 @@ class SnapshotPolicy:
 
     Attributes:
         every_deliveries: Start a snapshot after every this many delivered messages.
-        every_seconds: Start a snapshot every this many seconds of wall-clock time.
+        every_seconds: Start a snapshot every this many seconds of wall-clock time, or
+            less often when snapshots take long: the next one starts no sooner than five
+            times the time the latest one took from its start until it was written, so that
+            recording and writing them never takes more than about a fifth of the run's
+            time (a snapshot of a big team during a round that keeps every agent busy
+            completes only when the round does).
         at_start: Take a snapshot when the run gets its first input (the first message sent
             from the environment), so that a rollback always has a cut to go back to.
         at_end: Take a snapshot when the run goes idle (``run_until_idle`` returns) and when
@@ -507,15 +512,22 @@ class SnapshotCoordinator:
         # running at the receiver may have a message of the old epoch in hand, which it
         # records as in flight if it records inside that handler.
         wakes = name == ENVIRONMENT
+        # While no snapshot waits for its channels to close, closing one is only raising
+        # its number.
+        waiting = any(progress.unclosed is not None for progress in self.active.values())
         for channel in endpoint.outgoing.values():
             receiver = channel.receiver
-            if (receiver.epoch >= upto or not (wakes or receiver.busy)) and not _holds_message(
-                channel
+            if (receiver.epoch >= upto or not (wakes or receiver.busy)) and (
+                # Every message sent was taken (and counted), or only markers are queued.
+                channel.sent == channel.delivered or not _holds_message(channel)
             ):
                 # Nothing sent before this recording is on the channel or in hand: its state
                 # is empty for every snapshot up to ``upto``, and whatever comes through it
                 # from now on carries the new epoch, which makes the receiver record first.
-                self._close(channel, upto)
+                if waiting:
+                    self._close(channel, upto)
+                else:
+                    channel.closed = upto
                 continue
             self.bus.post_marker(channel, upto)
             if receiver.epoch > channel.closed:
