@@ -436,7 +436,7 @@ def test_a_plain_state_is_not_validated_again(monkeypatch: pytest.MonkeyPatch) -
     validated: list[str] = []
     real = BaseModel.model_validate_json.__func__  # type: ignore[attr-defined]
 
-    def counting(cls: type[BaseModel], data: str | bytes, **options: Any) -> BaseModel:
+    def counting(cls: type[BaseModel], /, data: str | bytes, **options: Any) -> BaseModel:
         validated.append(cls.__name__)
         result: BaseModel = real(cls, data, **options)
         return result
@@ -483,7 +483,7 @@ def _with(change: Callable[[Plain], None]) -> Plain:
         (lambda s: setattr(s, "mood", "angry"), "mood"),  # not one of the literal's values
         (lambda s: setattr(s.plan[0], "status", "lost"), "plan"),
         (lambda s: setattr(s, "count", "three"), "count"),  # not an int
-        (lambda s: s.tags.append(3), "tags"),  # type: ignore[arg-type]
+        (lambda s: s.tags.append(3), "tags"),
         (lambda s: s.plan.append(StepWithOwner(description="y")), "plan"),  # comes back a PlanStep
     ],
 )
