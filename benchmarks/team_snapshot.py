@@ -30,10 +30,10 @@ round); a ratio is the median of the per-round ratios, reported with the lowest 
   (the coordinator's protocol calls, which record and encode states, check and assemble the
   cut, plus persisting it: the store's work on the event loop and its writer thread's time
   in the transaction), measured by timing those calls, divided by the wall time of the round
-  (from the first send until ``run_until_idle`` returns), over several rounds one after the
-  other in one runtime (a snapshot started in one round may complete in the next); the
-  spread is that of the single rounds. Target ``< 0.25``: snapshots by time never starve the
-  run.
+  (from the first send until ``run_until_idle`` returns), over rounds one after the other in
+  one runtime for 4 s (``--quick``) or 10 s of rounds (a snapshot started in one round may
+  complete in the next); the spread is that of the single rounds. Target ``< 0.25``:
+  snapshots by time never starve the run.
 
 Every round builds a new runtime on a new SQLite file; the messages that change the states
 are delivered (``run_until_idle``) before the clock starts, and garbage is collected. For the
@@ -77,8 +77,8 @@ SEED = 20_261_201
 
 # name: rounds of each comparison
 PROFILES: dict[str, int] = {"full": 7, "quick": 3}
-# name: fan-out rounds to 10,000 agents, one after the other, under a timed snapshot policy
-FAN_OUT_ROUNDS: dict[str, int] = {"full": 10, "quick": 5}
+# name: seconds of fan-out rounds to 10,000 agents, one after the other, under a timed policy
+FAN_OUT_SECONDS: dict[str, float] = {"full": 10.0, "quick": 4.0}
 
 
 class WorkerState(AgentState):
@@ -308,9 +308,9 @@ class SnapshotWork:
 
 
 async def fan_out_rounds(
-    directory: Path, states: list[WorkerState], rounds: int
+    directory: Path, states: list[WorkerState], seconds: float
 ) -> list[tuple[float, float, int]]:
-    """Fan-out rounds one after the other under ``every_seconds=0.1``.
+    """Fan-out rounds one after the other under ``every_seconds=0.1``, for ``seconds``.
 
     Per round: (seconds of snapshot work, wall seconds, snapshots written during it).
     """
@@ -329,7 +329,7 @@ async def fan_out_rounds(
             await runtime.run_until_idle()
             work = SnapshotWork(runtime, store)
             measured: list[tuple[float, float, int]] = []
-            for r in range(rounds):
+            while sum(wall for _, wall, _ in measured) < seconds:
                 gc.collect()
                 before, written = work.seconds, work.snapshots
                 start = time.perf_counter()
@@ -337,7 +337,7 @@ async def fan_out_rounds(
                     runtime.send(agent.name, {"work": 1})
                 await runtime.run_until_idle()
                 wall = time.perf_counter() - start
-                handled = r + 1
+                handled = len(measured) + 1
                 assert all(a.state.handled >= handled for a in agents), "a round did not finish"
                 measured.append((work.seconds - before, wall, work.snapshots - written))
             return measured
@@ -346,8 +346,8 @@ async def fan_out_rounds(
         workloads.remove_db(path)
 
 
-async def time_share(directory: Path, agents: int, size: int, rounds: int) -> dict[str, Any]:
-    measured = await fan_out_rounds(directory, team_states(agents, size), rounds)
+async def time_share(directory: Path, agents: int, size: int, seconds: float) -> dict[str, Any]:
+    measured = await fan_out_rounds(directory, team_states(agents, size), seconds)
     works = [work for work, _, _ in measured]
     walls = [wall for _, wall, _ in measured]
     shares = [work / wall for work, wall, _ in measured]
@@ -355,7 +355,7 @@ async def time_share(directory: Path, agents: int, size: int, rounds: int) -> di
         "agents": agents,
         "state_bytes": size,
         "every_seconds": 0.1,
-        "rounds": rounds,
+        "rounds": len(measured),
         "round_ms": workloads.ms(walls),
         "snapshot_work_ms": workloads.ms(works),
         "snapshots_written": [taken for _, _, taken in measured],
@@ -411,7 +411,7 @@ async def measure(profile: str, parent: Path | None) -> dict[str, Any]:
         everyone = await compare(directory, 100, 10_000, 1.0, rounds)
         big = await compare(directory, 10_000, 2_000, 0.01, rounds)
         connected = await mesh_vs_ring(directory, 100, 10_000, rounds)
-        fan_out = await time_share(directory, 10_000, 2_000, FAN_OUT_ROUNDS[profile])
+        fan_out = await time_share(directory, 10_000, 2_000, FAN_OUT_SECONDS[profile])
     results.update(
         {
             "vs_naive_1pct_1000": one_pct["vs_naive"],
