@@ -110,6 +110,7 @@ _SEAL_INPUTS_EVERY = 256
 _REPLAY_HOLDS = 4096  # deliveries (or inputs) the replay log holds before it writes them
 _REPLAY_WATCH_SECONDS = 0.25
 _WRITES_BEHIND = 16  # snapshot writes in flight at which policy snapshots are skipped
+_STRETCH = 5  # timed snapshots start at most once per this many times the latest one took
 _PROBE_FIRST = 0.1  # seconds between probes of a database that does not answer, at first
 _PROBE_MAX = 5.0
 _PROBE_KEY = "agentsnap:probe"  # a ledger key read to see whether the ledger answers
@@ -1646,16 +1647,35 @@ class Runtime:
 
     async def _tick(self, seconds: float) -> None:
         # Snapshots by time: the next one waits until the store has taken the ones before
-        # (up to max_in_progress of them), so that a slow store cannot make them pile up.
+        # (up to max_in_progress of them), so that a slow store cannot make them pile up;
+        # and the period stretches to _STRETCH times the time the latest one took from its
+        # start until it was written, so that snapshots whose recording or writing takes
+        # long (a big team, a round that keeps every agent busy) never take more than a
+        # fifth of the run's time, however short ``every_seconds`` is.
+        loop = asyncio.get_running_loop()
         outstanding: list[SnapshotHandle] = []
         limit = self._policy.max_in_progress
+        period = seconds
+        started = loop.time()
+
+        def settled(begun: float) -> Callable[[asyncio.Future[None]], None]:
+            def took(_: asyncio.Future[None]) -> None:
+                nonlocal period
+                period = max(seconds, _STRETCH * (loop.time() - begun))
+
+            return took
+
         while True:
-            await asyncio.sleep(seconds)
+            await asyncio.sleep(max(0.0, started + period - loop.time()))
             outstanding = [handle for handle in outstanding if not handle.done()]
-            if len(outstanding) < limit:
-                handle = self._policy_snapshot()
-                if handle is not None:
-                    outstanding.append(handle)
+            if len(outstanding) >= limit:
+                await asyncio.sleep(seconds)  # then look again
+                continue
+            started = loop.time()
+            handle = self._policy_snapshot()
+            if handle is not None:
+                outstanding.append(handle)
+                asyncio.ensure_future(handle.settled()).add_done_callback(settled(started))
 
     async def _ensure_run(self) -> None:
         if not self._run_created:

@@ -13,7 +13,7 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
    every snapshot up to ``k`` still in progress at the same point, which keeps each
    process's recordings in order and lets a single integer stand for "which snapshots had
    the sender recorded". After recording, the process sends marker ``k`` on each outgoing
-   channel.
+   channel that needs one (see 3.).
 3. **Channel state.** A channel is *closed* for ``k`` once a marker or a message with epoch
    ``>= k`` has come through it. A message the receiver takes after recording ``k`` from a
    channel not yet closed for ``k`` was in flight across the cut and is recorded with it.
@@ -21,6 +21,19 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
    recorded, so the channel is closed then, with those messages recorded, without waiting
    for the receiver to take them. A channel created after its sender recorded ``k`` starts
    closed, so channels that appear during a snapshot stay correct.
+
+   **Channels closed without a marker.** In one process the coordinator sees what a
+   channel holds, so it puts a marker only where one is needed: where messages sent before
+   the recording are still queued (the marker says where they end), where a handler running
+   at a receiver that has not recorded may have taken one of them (it may record inside
+   that handler, with that message in flight), and on the environment's channels to agents
+   that have not recorded (those markers are what tells every agent to record). Any other
+   channel holds nothing of the sender's old epoch, so its state is empty for ``k`` whether
+   or not its receiver has recorded: it is closed at once. Everything that comes through it
+   later was sent after the sender's recording and carries epoch ``>= k``, so a receiver
+   that has not recorded yet records before it counts, as it does at a marker. A team
+   whose channels are idle therefore costs one marker per agent, however many channels
+   connect them.
 4. **Completion.** When every process has recorded ``k`` and every channel is closed for
    ``k``, the snapshot is a consistent cut and is handed to the store; the handle resolves once
    it is written. Several snapshots may be in progress at once; the bus never pauses.
@@ -89,13 +102,25 @@ _EMPTY_STATE = StateBlob("{}")
 _IMMUTABLE = frozenset({str, int, float, bool})
 
 
+def _holds_message(channel: Channel) -> bool:
+    """Whether a message (not a marker) is queued on ``channel``."""
+    if not channel:
+        return False
+    return any(type(item) is not Marker for item in channel)
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotPolicy:
     """When the runtime takes snapshots on its own (besides on demand).
 
     Attributes:
         every_deliveries: Start a snapshot after every this many delivered messages.
-        every_seconds: Start a snapshot every this many seconds of wall-clock time.
+        every_seconds: Start a snapshot every this many seconds of wall-clock time, or
+            less often when snapshots take long: the next one starts no sooner than five
+            times the time the latest one took from its start until it was written, so that
+            recording and writing them never takes more than about a fifth of the run's
+            time (a snapshot of a big team during a round that keeps every agent busy
+            completes only when the round does).
         at_start: Take a snapshot when the run gets its first input (the first message sent
             from the environment), so that a rollback always has a cut to go back to.
         at_end: Take a snapshot when the run goes idle (``run_until_idle`` returns) and when
@@ -482,9 +507,29 @@ class SnapshotCoordinator:
         for channel in endpoint.incoming.values():
             if channel.closed < upto and endpoints[channel.src].epoch > channel.closed:
                 self._close_queued(channel)  # the sender's marker is on it already
+        # A marker is needed where it tells a process to record (the environment's reach
+        # every agent) or where it ends the messages sent before this recording; a handler
+        # running at the receiver may have a message of the old epoch in hand, which it
+        # records as in flight if it records inside that handler.
+        wakes = name == ENVIRONMENT
+        # While no snapshot waits for its channels to close, closing one is only raising
+        # its number.
+        waiting = any(progress.unclosed is not None for progress in self.active.values())
         for channel in endpoint.outgoing.values():
-            self.bus.post_marker(channel, upto)
             receiver = channel.receiver
+            if (receiver.epoch >= upto or not (wakes or receiver.busy)) and (
+                # Every message sent was taken (and counted), or only markers are queued.
+                channel.sent == channel.delivered or not _holds_message(channel)
+            ):
+                # Nothing sent before this recording is on the channel or in hand: its state
+                # is empty for every snapshot up to ``upto``, and whatever comes through it
+                # from now on carries the new epoch, which makes the receiver record first.
+                if waiting:
+                    self._close(channel, upto)
+                else:
+                    channel.closed = upto
+                continue
+            self.bus.post_marker(channel, upto)
             if receiver.epoch > channel.closed:
                 self._close_queued(channel)
             elif receiver.busy:
@@ -660,12 +705,16 @@ class SnapshotCoordinator:
     def _close(self, channel: Channel, upto: int) -> None:
         before = channel.closed
         channel.closed = upto
-        for seq in [s for s in self.active if before < s <= upto]:
-            unclosed = self.active[seq].unclosed
-            if unclosed is not None:
-                unclosed.discard(channel)
-                if not unclosed:
-                    self._complete(seq)
+        complete: list[int] = []
+        for seq, progress in self.active.items():
+            if before < seq <= upto:
+                unclosed = progress.unclosed
+                if unclosed is not None:
+                    unclosed.discard(channel)
+                    if not unclosed:
+                        complete.append(seq)
+        for seq in complete:
+            self._complete(seq)
 
     # -- completion -----------------------------------------------------------------------
 

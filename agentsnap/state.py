@@ -1,6 +1,12 @@
 """Agent state: the pydantic base users subclass, and its canonical JSON form.
 
 Every agent's state is a pydantic model deriving from [`AgentState`][agentsnap.AgentState].
+A recorded state must restore: its JSON, validated again, must give a state equal to it. For
+a class made only of what JSON carries exactly (no validators, serializers, aliases or
+constraints; see [`round_trip_is_identity`][agentsnap.state.round_trip_is_identity]) that is
+shown once from the class's schema, and each encoding only checks, at little cost, that the
+values are of their declared types; states of other classes are validated again from their
+JSON at each change.
 Snapshots store it as canonical JSON (sorted keys, no whitespace) with a SHA-256 content hash,
 so an unchanged state is recognised and stored once. States are encoded with orjson, which
 writes the same bytes as the standard library's canonical form (see
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -34,6 +41,7 @@ __all__ = [
     "encode_checked",
     "encode_state",
     "plain_canonical_json",
+    "round_trip_is_identity",
 ]
 
 
@@ -123,10 +131,11 @@ class StateBlob:
 
     __slots__ = ("hash", "json")
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, data: bytes | None = None) -> None:
+        """Freeze ``text``; ``data`` is its UTF-8 bytes, when at hand (spares encoding it)."""
         self.json = text
         """Canonical JSON text."""
-        self.hash = content_hash(text)
+        self.hash = hashlib.sha256(text.encode() if data is None else data).hexdigest()
         """SHA-256 of the text, hex."""
 
     def value(self) -> dict[str, JsonValue]:
@@ -238,11 +247,22 @@ def encode_state(agent: str, state: BaseModel) -> StateBlob:
 def encode_checked(agent: str, state: BaseModel, verified: str | None = None) -> StateBlob:
     """Freeze ``state`` as canonical JSON, shown to survive a JSON round trip.
 
-    What ``check_round_trip(agent, state)`` does, for less: the round trip is skipped when
-    the text's hash is ``verified`` (a text shown to survive it before), and otherwise it is
-    what rules out a non-finite float written by orjson as ``null`` (such a state never
-    comes back equal), so the text is not read back for that as ``plain_canonical_json``
-    does. A text that is the verified one is read back when it holds ``null``.
+    What ``check_round_trip(agent, state)`` does, for less. For a class whose round trip
+    is the identity by its schema (see
+    [`round_trip_is_identity`][agentsnap.state.round_trip_is_identity]) the state is dumped
+    once, in Python mode, with the serializer refusing any value not of its field's type;
+    orjson writes it, refusing subclasses, dates and dataclasses; and the text is read back
+    and compared, as loaded, with the state's own values only where one could still come
+    back different: free-form JSON (a tuple, a set, a model or a NaN in it), floats (a NaN
+    or an infinity written as ``null``), literals (a value not among them) and nested models
+    (an instance of a subclass). A state that passes comes back equal, so it is not
+    validated again; one that does not is checked in full, as any state of another class.
+
+    That full check is skipped when the text's hash is ``verified`` (a text shown to survive
+    it before), and otherwise it is what rules out a non-finite float written by orjson as
+    ``null`` (such a state never comes back equal), so the text is not read back for that as
+    ``plain_canonical_json`` does. A text that is the verified one is read back when it
+    holds ``null``.
 
     Args:
         agent: Name of the agent (for the error message).
@@ -252,6 +272,11 @@ def encode_checked(agent: str, state: BaseModel, verified: str | None = None) ->
     Raises:
         StateNotSerializable: The state is not JSON, or a field does not survive the trip.
     """
+    plan = _plan(type(state))
+    if plan.plain:
+        blob = _encode_plain(state, plan.check)
+        if blob is not None:
+            return blob
     try:
         value = state.model_dump(mode="json")
         data = _orjson_canonical(value)
@@ -264,6 +289,259 @@ def encode_checked(agent: str, state: BaseModel, verified: str | None = None) ->
     if data is not None and b"null" in data and orjson.loads(data) != value:
         return encode_state(agent, state)  # a non-finite float: refused there
     return blob
+
+
+# -- states whose JSON round trip is the identity by their schema -------------------------------
+
+_Check = Callable[[Any, Any], bool]
+"""``check(loaded, live)``: whether ``loaded`` (parsed back from the JSON text) validates to a
+value equal to ``live`` (the state's own value at the same place)."""
+
+# Core-schema keys that change nothing about what a value validates or serializes to.
+_INERT_KEYS = frozenset({"type", "metadata", "ref"})
+_MODEL_KEYS = frozenset(
+    {"type", "cls", "schema", "config", "custom_init", "root_model", "metadata", "ref", "post_init"}
+)
+_CONFIG_KEYS = frozenset(
+    {
+        "title",
+        "extra_fields_behavior",
+        "validate_assignment",
+        "revalidate_instances",
+        "frozen",
+        "ser_json_inf_nan",
+    }
+)
+_FIELD_KEYS = frozenset({"type", "schema", "metadata", "frozen"})
+_FIELDS_KEYS = frozenset(
+    {"type", "fields", "computed_fields", "model_name", "metadata", "extra_behavior", "ref"}
+)
+_LITERALS = (str, int, bool, type(None))
+
+
+class _NotPlain(Exception):
+    """The schema has a part whose JSON round trip is not known to be the identity."""
+
+
+class _Plan:
+    """Per state class: whether its round trip is the identity, and the checks that remain."""
+
+    __slots__ = ("check", "plain")
+
+    def __init__(self, plain: bool, check: _Check | None) -> None:
+        self.plain = plain
+        self.check = check
+
+
+_plans: dict[type[BaseModel], _Plan] = {}
+
+
+def round_trip_is_identity(model: type[BaseModel]) -> bool:
+    """Whether every state of ``model`` that encodes cleanly comes back equal from its JSON.
+
+    Decided once per class from its pydantic core schema. True when the class (and every
+    model it holds) is made only of fields that JSON carries exactly: ``str``, ``int``,
+    ``float``, ``bool``, ``None``, literals of those, lists, dicts with string keys, nested
+    models of the same kind and free-form JSON (``Any``, ``JsonValue``); with no validator,
+    serializer, alias, constraint (lengths, bounds, patterns), computed or excluded field,
+    private attribute, custom ``__init__`` or ``model_post_init``, and no ``extra="allow"``.
+    Validating the JSON of such a state rebuilds the same values, provided each value is of
+    its declared type, which the encoding checks on every snapshot at little cost (see
+    [`encode_checked`][agentsnap.state.encode_checked]). Other classes have their round trip
+    checked in full.
+    """
+    return _plan(model).plain
+
+
+def _plan(model: type[BaseModel]) -> _Plan:
+    plan = _plans.get(model)
+    if plan is None:
+        try:
+            check = _SchemaWalk().node(model.__pydantic_core_schema__)
+        except (_NotPlain, KeyError, TypeError, AttributeError):
+            plan = _Plan(False, None)
+        else:
+            plan = _Plan(True, check)
+        _plans[model] = plan
+    return plan
+
+
+class _SchemaWalk:
+    """Compiles a core schema into the per-snapshot check of a state, or refuses it."""
+
+    def __init__(self) -> None:
+        self.definitions: dict[str, Any] = {}
+        # Per reference being compiled: a cell the finished check goes into (recursion).
+        self.compiled: dict[str, list[_Check | None]] = {}
+
+    def node(self, schema: Mapping[str, Any]) -> _Check | None:
+        kind = schema["type"]
+        if "serialization" in schema:
+            raise _NotPlain
+        if kind == "definitions":
+            for definition in schema["definitions"]:
+                self.definitions[definition["ref"]] = definition
+            return self.node(schema["schema"])
+        if kind == "definition-ref":
+            return self._reference(schema["schema_ref"])
+        if kind == "model":
+            return self._model(schema)
+        if kind in {"str", "int", "bool", "none"}:
+            _only(schema, _INERT_KEYS)
+            return None  # of its type (checked by the serializer): JSON carries it exactly
+        if kind == "float":
+            _only(schema, _INERT_KEYS | {"allow_inf_nan"})
+            return _equal  # a NaN or an infinity would come back as None
+        if kind == "any":
+            _only(schema, _INERT_KEYS)
+            return _equal  # a tuple, a set, a model... would not come back the same
+        if kind == "literal":
+            _only(schema, _INERT_KEYS | {"expected"})
+            expected = schema["expected"]
+            if not all(type(value) in _LITERALS for value in expected):
+                raise _NotPlain
+            allowed = frozenset((type(value), value) for value in expected)
+            return lambda loaded, live: (type(live), live) in allowed
+        if kind == "nullable":
+            _only(schema, _INERT_KEYS | {"schema"})
+            inner = self.node(schema["schema"])
+            if inner is None or inner is _equal:
+                return inner
+            return lambda loaded, live: live is None or inner(loaded, live)
+        if kind == "default":
+            _only(
+                schema,
+                _INERT_KEYS
+                | {"schema", "default", "default_factory", "default_factory_takes_data"},
+            )
+            return self.node(schema["schema"])
+        if kind == "list":
+            _only(schema, _INERT_KEYS | {"items_schema"})
+            items = self.node(schema.get("items_schema", {"type": "any"}))
+            if items is None or items is _equal:
+                return items  # a list compares its items as they are
+            return lambda loaded, live: len(loaded) == len(live) and all(map(items, loaded, live))
+        if kind == "dict":
+            _only(schema, _INERT_KEYS | {"keys_schema", "values_schema"})
+            keys = schema.get("keys_schema", {"type": "any"})
+            if keys["type"] != "str" or self.node(keys) is not None:
+                raise _NotPlain
+            values = self.node(schema.get("values_schema", {"type": "any"}))
+            if values is None or values is _equal:
+                return values
+            return lambda loaded, live: (
+                len(loaded) == len(live)
+                and all(values(loaded[key], value) for key, value in live.items())
+            )
+        raise _NotPlain
+
+    def _reference(self, ref: str) -> _Check | None:
+        known = self.compiled.get(ref)
+        if known is not None:  # compiled, or being compiled (recursion): look it up when used
+            return lambda loaded, live: _deferred(known, loaded, live)
+        cell: list[_Check | None] = [None]
+        self.compiled[ref] = cell
+        check = self.node(self.definitions[ref])
+        cell[0] = check
+        return check
+
+    def _model(self, schema: Mapping[str, Any]) -> _Check:
+        _only(schema, _MODEL_KEYS)
+        cls: type[BaseModel] = schema["cls"]
+        config = schema.get("config", {})
+        _only(config, _CONFIG_KEYS)
+        if (
+            schema.get("custom_init")
+            or schema.get("root_model")
+            or schema.get("post_init")
+            or config.get("extra_fields_behavior") == "allow"
+            or cls.__private_attributes__
+        ):
+            raise _NotPlain
+        ref = schema.get("ref")
+        cell: list[_Check | None] | None = None
+        if ref is not None:
+            cell = self.compiled.setdefault(ref, [None])
+        fields = schema["schema"]
+        if fields["type"] != "model-fields" or fields.get("computed_fields"):
+            raise _NotPlain
+        _only(fields, _FIELDS_KEYS)
+        equal: list[str] = []  # compared as they are: the common case, kept in one loop
+        checks: list[tuple[str, _Check]] = []
+        for name, field in fields["fields"].items():
+            if field["type"] != "model-field":
+                raise _NotPlain
+            _only(field, _FIELD_KEYS)
+            check = self.node(field["schema"])
+            if check is _equal:
+                equal.append(name)
+            elif check is not None:
+                checks.append((name, check))
+
+        def model(loaded: Any, live: Any) -> bool:
+            # A subclass, or another model, would come back as this class.
+            if type(live) is not cls:
+                return False
+            attributes = live.__dict__
+            for name in equal:
+                if loaded[name] != attributes[name]:
+                    return False
+            for name, check in checks:  # noqa: SIM110 (no generator made per model)
+                if not check(loaded[name], attributes[name]):
+                    return False
+            return True
+
+        if cell is not None:
+            cell[0] = model
+        return model
+
+
+def _only(schema: Mapping[str, Any], keys: frozenset[str]) -> None:
+    if not keys.issuperset(schema):
+        raise _NotPlain
+
+
+def _deferred(cell: list[_Check | None], loaded: Any, live: Any) -> bool:
+    check = cell[0]
+    return check is None or check(loaded, live)
+
+
+def _equal(loaded: Any, live: Any) -> bool:
+    return bool(loaded == live)
+
+
+# Subclasses of str, int, dict and list, dates, times and dataclasses are refused rather than
+# written by value: they would not come back as they are.
+_PLAIN_ONLY = (
+    orjson.OPT_SORT_KEYS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+)
+
+
+def _encode_plain(state: BaseModel, check: _Check | None) -> StateBlob | None:
+    """``state`` encoded without a round trip, or ``None`` where that cannot be shown safe.
+
+    For a class whose round trip is the identity: the serializer refuses (with
+    ``warnings="error"``) a value that is not of its field's type, orjson refuses what is
+    not plain JSON, and ``check`` compares the text read back with the state where a value
+    could still come back different (free-form JSON, floats, literals).
+    """
+    try:
+        value = state.model_dump(warnings="error")
+        data = orjson.dumps(value, option=_PLAIN_ONLY)
+    except (PydanticSerializationError, TypeError, ValueError):
+        return None
+    if _FLOAT_MARKS[0] in data or _FLOAT_MARKS[1] in data:
+        return None
+    if check is not None:
+        try:
+            if not check(orjson.loads(data), state):
+                return None
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return None
+    return StateBlob(data.decode(), data)
 
 
 def check_round_trip(agent: str, state: BaseModel, blob: StateBlob | None = None) -> StateBlob:

@@ -134,11 +134,13 @@ async def test_message_sent_after_the_senders_cut_is_not_in_the_channel_state() 
         assert runtime.agents["A"].state.balance == 70
         (m2,) = [m for m in scheduler.queued("A", "B") if isinstance(m, Message)]
         assert (m2.seq, m2.epoch) == (2, 1)
-        assert kinds(scheduler.queued("A", "B")) == ["marker:1", "transfer"]
+        # A>B held nothing when A recorded: it closed then, with no marker put on it, and m2
+        # (epoch 1) tells B to record before it counts.
+        assert kinds(scheduler.queued("A", "B")) == ["transfer"]
+        assert runtime.bus.channels["A", "B"].closed == 1
 
         await scheduler.deliver(ENV, "B")  # B records: balance 110, received {A: 1}
-        await scheduler.deliver("A", "B")  # marker: A>B closed, the snapshot completes
-        assert runtime.snapshots_in_progress == 0
+        assert runtime.snapshots_in_progress == 0  # every channel closed: complete
         await scheduler.deliver("A", "B")  # m2 arrives after the cut on both sides
         assert runtime.agents["B"].state.balance == 130
         assert runtime.bus.channels["A", "B"].sent == 2
@@ -198,9 +200,11 @@ async def test_no_message_is_counted_both_in_a_state_and_in_a_channel() -> None:
         await scheduler.deliver("A", "B")  # m2: sent before A records, after B did
         assert runtime.agents["B"].state.balance == 130
         await scheduler.deliver(ENV, "A")  # A records: balance 70, sent {B: 2}
-        await scheduler.deliver("A", "B")  # A's marker closes A>B
-        await scheduler.deliver(ENV, "B")  # $env's marker closes $env>B
+        # B took m2 already and has recorded: A>B holds nothing of A's old epoch, so it
+        # closes at once, with no marker, and the snapshot is complete.
+        assert kinds(scheduler.queued("A", "B")) == []
         assert runtime.snapshots_in_progress == 0
+        await scheduler.deliver(ENV, "B")  # $env's marker: $env>B was closed already
         snapshot = await handle
 
     assert cut_problems(snapshot) == []
@@ -264,26 +268,27 @@ async def test_concurrent_snapshots_do_not_interfere() -> None:
         second = runtime.snapshot(initiator="C")  # C records 1 and 2 at once: balance 95
         assert (first.seq, second.seq) == (1, 2)
         assert runtime.bus.endpoints["C"].epoch == 2
-        assert kinds(scheduler.queued("C", "B")) == ["marker:2"]
-        # Every process has recorded 1, and every channel's marker 1 (or C's marker 2, which
-        # stands for both) is on it: snapshot 1 is complete before any is taken. $env>C is
-        # closed for 2 as well, with pay 7 (between its markers 1 and 2) in flight for 2.
+        # B took c1 already: C>B holds nothing of C's old epoch, so it closes for 1 and 2 at
+        # once, with no marker put on it.
+        assert kinds(scheduler.queued("C", "B")) == []
+        assert runtime.bus.channels["C", "B"].closed == 2
+        # Every process has recorded 1, and every channel is closed for 1 or has marker 1 on
+        # it: snapshot 1 is complete before any is taken. $env>C is closed for 2 as well,
+        # with pay 7 (between its markers 1 and 2) in flight for 2.
         assert runtime.snapshots_in_progress == 1
         await scheduler.deliver("A", "B")  # a1: in flight for 1 only (B recorded 1, not 2)
         await scheduler.deliver(ENV, "C")  # marker 1
         await scheduler.deliver(ENV, "C")  # pay 7
         assert runtime.agents["C"].state.balance == 88
         await scheduler.deliver("A", "B")  # marker 1
-        await scheduler.deliver("C", "B")  # marker 2: B records 2 with balance 115
-        await scheduler.deliver("C", "B")  # c2 (7), sent after C's cuts
+        await scheduler.deliver("C", "B")  # c2 (7), epoch 2: B records 2 first, with 115
         assert runtime.agents["B"].state.balance == 122
         assert runtime.snapshots_in_progress == 1  # A has not recorded 2
         await scheduler.deliver(ENV, "A")  # marker 1
         assert runtime.snapshots_in_progress == 1
-        await scheduler.deliver(ENV, "A")  # marker 2: A records 2, closing A>B behind it
+        await scheduler.deliver(ENV, "A")  # marker 2: A records 2; A>B is empty, closed at once
         assert runtime.snapshots_in_progress == 0
         await scheduler.deliver(ENV, "B")  # marker 2
-        await scheduler.deliver("A", "B")  # marker 2
         await scheduler.deliver(ENV, "C")  # marker 2
         assert not any(runtime.bus.channels.values())
         one, two = await first, await second
@@ -347,6 +352,37 @@ async def test_snapshot_completes_when_agents_never_talked() -> None:
             assert snapshot.agents[name].sent == {}
             assert snapshot.agents[name].received == {ENV: 0}
         assert snapshot.channels == []
+
+
+async def test_channels_with_nothing_queued_close_without_markers() -> None:
+    # A, B and C have paid each other in a circle, and every transfer was taken: the channels
+    # between them are empty. Only $env's markers are needed, to have each agent record.
+    scheduler = ScriptedScheduler()
+    async with scripted_runtime(scheduler) as runtime:
+        for name in ("A", "B", "C"):
+            runtime.add(Account(name))
+        for src, dst in (("A", "B"), ("B", "C"), ("C", "A")):
+            pay(runtime, src, dst, 10)
+            await scheduler.deliver(ENV, src)
+            await scheduler.deliver(src, dst)
+
+        handle = runtime.snapshot()
+        await scheduler.deliver(ENV, "A")  # A records; B and C have not
+        # A>B held nothing of A's old epoch: closed for 1 at once, with nothing put on it.
+        assert kinds(scheduler.queued("A", "B")) == []
+        assert runtime.bus.channels["A", "B"].closed == 1
+        pay(runtime, "C", "B", 5)  # after $env's cut: epoch 1, behind its marker to C
+        await scheduler.deliver(ENV, "B")
+        await scheduler.deliver(ENV, "C")  # the last to record: the snapshot completes
+        assert runtime.snapshots_in_progress == 0
+        assert not any(type(item) is Marker for ch in runtime.bus.channels.values() for item in ch)
+        snapshot = await handle
+        await runtime.run_until_idle()
+
+    assert cut_problems(snapshot) == []
+    assert balances(snapshot) == {"A": 100, "B": 100, "C": 100}
+    assert snapshot.channels == []
+    assert snapshot.agents["B"].received == {ENV: 1, "A": 1}
 
 
 async def test_snapshot_with_no_agents_completes_at_once() -> None:

@@ -8,12 +8,20 @@ where orjson cannot represent a value or would write it differently.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, Field
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    computed_field,
+    field_serializer,
+    field_validator,
+)
 
 import agentsnap.snapshot
 from agentsnap import (
@@ -30,6 +38,7 @@ from agentsnap import (
 )
 from agentsnap.exceptions import StateNotSerializable
 from agentsnap.state import (
+    PlanStep,
     StateBlob,
     ToolCallRecord,
     canonical_json,
@@ -37,6 +46,7 @@ from agentsnap.state import (
     encode_checked,
     encode_state,
     plain_canonical_json,
+    round_trip_is_identity,
 )
 
 # -- canonical JSON: orjson and the standard library agree -----------------------------------
@@ -351,3 +361,138 @@ def test_encode_checked_writes_what_encode_state_writes_and_checks_the_round_tri
     assert encode_checked("c", state, blob.hash).hash == blob.hash
     with pytest.raises(StateNotSerializable, match="bag"):
         encode_checked("l", Loose(bag={1, 2}))  # a set comes back a list
+
+
+# -- the round trip, checked per class where the schema does not already show it -------------
+
+
+class Plain(AgentState):
+    count: int = 0
+    ratio: float = 0.0
+    mood: Literal["calm", "busy"] = "calm"
+    tags: list[str] = Field(default_factory=list)
+    scores: dict[str, float] = Field(default_factory=dict)
+    note: str | None = None
+
+
+class Doubled(AgentState):
+    """Writes ``count`` doubled: a serializer whose JSON does not come back the same."""
+
+    count: int = 1
+
+    @field_serializer("count")
+    def _double(self, value: int) -> int:
+        return value * 2
+
+
+class Trimmed(AgentState):
+    """Changes ``name`` as it reads it back: a validator the round trip does not survive."""
+
+    name: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _trim(cls, value: str) -> str:
+        return value.strip()
+
+
+class Aliased(AgentState):
+    name: str = Field(default="", alias="title")
+
+
+class Bounded(AgentState):
+    count: int = Field(default=0, ge=0)
+
+
+class Private(AgentState):
+    _cache: dict[str, int] = PrivateAttr(default_factory=dict)
+
+
+class Computed(AgentState):
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def size(self) -> int:
+        return len(self.memory)
+
+
+class StepWithOwner(PlanStep):
+    owner: str = "me"
+
+
+def test_a_plain_state_class_is_known_to_survive_json_by_its_schema() -> None:
+    assert round_trip_is_identity(AgentState)
+    assert round_trip_is_identity(Plain)
+    assert round_trip_is_identity(Counter("c").state.__class__)
+
+
+@pytest.mark.parametrize("model", [Doubled, Trimmed, Aliased, Bounded, Private, Computed])
+def test_a_class_with_validators_serializers_or_constraints_is_checked_in_full(
+    model: type[BaseModel],
+) -> None:
+    assert not round_trip_is_identity(model)
+
+
+def test_a_plain_state_is_not_validated_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    validated: list[str] = []
+    real = BaseModel.model_validate_json.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[BaseModel], /, data: str | bytes, **options: Any) -> BaseModel:
+        validated.append(cls.__name__)
+        result: BaseModel = real(cls, data, **options)
+        return result
+
+    monkeypatch.setattr(BaseModel, "model_validate_json", classmethod(counting))
+    state = Plain(count=3, ratio=0.5, tags=["a"], scores={"x": 1.5}, note="n")
+    state.memory["facts"] = {"list": [1, 2.5, "three", None, True]}
+    state.plan.append(PlanStep(description="step", status="done"))
+    state.tool_calls.append(ToolCallRecord(tool="search", arguments={"q": "x"}, result=[1]))
+    blob = encode_checked("p", state)
+    assert validated == []
+    assert blob.json == encode_state("p", state).json  # the same text, so the same hash
+    assert Plain.model_validate_json(blob.json) == state
+    validated.clear()
+
+    encode_checked("t", Trimmed(name="x"))
+    assert validated == ["Trimmed"]
+
+
+def test_a_serializer_that_does_not_survive_json_is_still_caught() -> None:
+    with pytest.raises(StateNotSerializable, match="round trip"):
+        encode_checked("d", Doubled(count=2))
+    trimmed = Trimmed()
+    trimmed.name = " padded "  # assigned without validation: reads back trimmed
+    with pytest.raises(StateNotSerializable, match="name"):
+        encode_checked("t", trimmed)
+
+
+def _with(change: Callable[[Plain], None]) -> Plain:
+    state = Plain()
+    state.plan.append(PlanStep(description="step"))
+    change(state)
+    return state
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda s: s.memory.update(pair=(1, 2)), "memory"),  # a tuple comes back a list
+        (lambda s: s.memory.update(step=PlanStep(description="x")), "memory"),  # a dict
+        (lambda s: s.memory.update(value=float("nan")), "memory"),  # written as null
+        (lambda s: setattr(s, "ratio", float("inf")), "ratio"),
+        (lambda s: s.scores.update(x=float("nan")), "scores"),
+        (lambda s: setattr(s, "mood", "angry"), "mood"),  # not one of the literal's values
+        (lambda s: setattr(s.plan[0], "status", "lost"), "plan"),
+        (lambda s: setattr(s, "count", "three"), "count"),  # not an int
+        (lambda s: s.tags.append(3), "tags"),
+        (lambda s: s.plan.append(StepWithOwner(description="y")), "plan"),  # comes back a PlanStep
+    ],
+)
+# The full check that takes over writes what pydantic warns about first, as it always did.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")
+def test_a_plain_class_changed_in_place_to_what_json_cannot_carry_is_refused(
+    change: Callable[[Plain], None], field: str
+) -> None:
+    state = _with(change)
+    with pytest.raises(StateNotSerializable) as info:
+        encode_checked("p", state)
+    assert info.value.field in {field, None}
