@@ -291,9 +291,15 @@ class Endpoint:
         replay: While a resumed run re-executes what it did before a crash: the messages
             this process must take next, as ``(src, seq)``, in the order it took them then.
             Schedulers deliver nothing else to it until the plan is done (markers excepted).
+        mailbox: What the scheduler keeps for this process (set by its ``added``), or
+            ``None``. The bus never reads it: the slot lets the scheduler reach its own
+            state from a channel's receiver without a lookup on every message.
+        context: What the process's handlers are given (the runtime's handler context), or
+            ``None`` for the environment. The bus never reads it either: it is the
+            runtime's, reached from a channel's receiver on every delivery.
     """
 
-    __slots__ = ("busy", "epoch", "incoming", "name", "outgoing", "replay")
+    __slots__ = ("busy", "context", "epoch", "incoming", "mailbox", "name", "outgoing", "replay")
 
     def __init__(self, name: str, epoch: int = 0) -> None:
         self.name = name
@@ -302,6 +308,9 @@ class Endpoint:
         self.incoming: dict[str, Channel] = {}
         self.busy = False
         self.replay: deque[tuple[str, int]] | None = None
+        # Opaque to the bus: each belongs to the layer that fills it.
+        self.mailbox: Any = None
+        self.context: Any = None
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.name} epoch={self.epoch}>"
@@ -392,6 +401,8 @@ class Bus:
         # The observers' hooks, each one callable or None: a hot path checks a single None.
         self._on_send: Callable[[Channel, Message], Message] | None = None
         self._on_enqueue: Callable[[Channel, Message], None] | None = None
+        # Whether either of the two above is set: the send path checks this one flag.
+        self._watched = False
         self.on_deliver: Callable[[Channel, Message], None] | None = None
         """The observers' ``on_deliver`` hooks as one callable, or ``None``: whoever hands a
         message to its receiver calls it (see [`delivered`][agentsnap.bus.Bus.delivered])."""
@@ -413,6 +424,7 @@ class Bus:
     def _hooks(self) -> None:
         self._on_send = _send_hook(self._observers)
         self._on_enqueue = _event_hook(self._observers, "on_enqueue")
+        self._watched = self._on_send is not None or self._on_enqueue is not None
         self.on_deliver = _event_hook(self._observers, "on_deliver")
 
     def replaying(self) -> bool:
@@ -483,31 +495,37 @@ class Bus:
         channel = sender.outgoing.get(dst)
         if channel is None:
             channel = self.channel(sender, dst)
-        if type(payload) is not dict and isinstance(payload, BaseModel):
-            try:
-                payload = payload.model_dump(mode="json")
-            except PydanticSerializationError as exc:
-                raise PayloadNotSerializable(sender.name, dst, str(exc)) from exc
-        if not is_json(payload):
-            problem = json_problem(payload)
-            if problem is not None:
-                raise PayloadNotSerializable(sender.name, dst, problem)
+        # Scalars need no check, a plain dict one walk; the rest takes the long way.
+        shape = type(payload)
+        if shape is dict:
+            if not is_json(payload):
+                _refuse(sender.name, dst, payload)
+        elif shape not in _SCALAR_TYPES:
+            payload = _json_payload(sender.name, dst, payload)
         headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
         channel.sent = seq = channel.sent + 1
         message: Message = _new_message(
             Message, (sender.name, dst, seq, kind, payload, headers, sender.epoch)
         )
+        if self._watched:
+            return self._send_watched(channel, message, post)
+        if post:
+            # What post() does, written out: this is the hot path of every send.
+            channel.append(message)
+            self._notify(channel)
+        return message
+
+    def _send_watched(self, channel: Channel, message: Message, post: bool) -> Message:
+        """The end of ``send`` when an observer watches sends or enqueues."""
         on_send = self._on_send
         if on_send is not None:
             message = on_send(channel, message)
-        if not post:
-            return message
-        # What post() does, written out: this is the hot path of every send.
-        channel.append(message)
-        on_enqueue = self._on_enqueue
-        if on_enqueue is not None:
-            on_enqueue(channel, message)
-        self._notify(channel)
+        if post:
+            channel.append(message)
+            on_enqueue = self._on_enqueue
+            if on_enqueue is not None:
+                on_enqueue(channel, message)
+            self._notify(channel)
         return message
 
     def _new_kind(self, kind: object) -> None:
@@ -612,6 +630,35 @@ class Bus:
         return len(dropped)
 
 
+_SCALAR_TYPES = frozenset((str, int, bool, type(None)))
+"""Payload types that are JSON as they are: a send checks them with one set lookup."""
+
+
+def _json_payload(src: str, dst: str, payload: object) -> JsonInput:
+    """``payload`` as JSON, when it is neither a plain dict nor a scalar; or raise.
+
+    A pydantic model becomes its JSON form; anything else must be a JSON value already.
+    """
+    if isinstance(payload, BaseModel):
+        try:
+            payload = payload.model_dump(mode="json")
+        except PydanticSerializationError as exc:
+            raise PayloadNotSerializable(src, dst, str(exc)) from exc
+    if not is_json(payload):
+        _refuse(src, dst, payload)
+    return payload  # type: ignore[return-value]
+
+
+def _refuse(src: str, dst: str, payload: object) -> None:
+    """Raise ``PayloadNotSerializable`` unless ``payload`` is JSON after all.
+
+    ``is_json`` refused it; ``json_problem`` also accepts subclasses of the JSON types.
+    """
+    problem = json_problem(payload)
+    if problem is not None:
+        raise PayloadNotSerializable(src, dst, problem)
+
+
 def _freeze_headers(src: str, dst: str, headers: Mapping[str, str]) -> Mapping[str, str]:
     for key, value in headers.items():
         if not isinstance(key, str) or not isinstance(value, str):
@@ -647,7 +694,8 @@ class AsyncioScheduler:
         self._idle: asyncio.Future[None] | None = None
         self._started = False
         self._endpoints: list[Endpoint] = []
-        # Per process: the channels with an item waiting, and the serve task's wake-up.
+        # Per process: the channels with an item waiting, and the serve task's wake-up. Each
+        # is in the process's ``mailbox`` slot too, where notify() and _serve() find it.
         self._boxes: dict[Endpoint, _Mailbox] = {}
         self._error: BaseException | None = None
         self._bus: Bus | None = None
@@ -659,7 +707,7 @@ class AsyncioScheduler:
         self._deliver = deliver
 
     def notify(self, channel: Channel) -> None:  # noqa: D102
-        box = self._boxes[channel.receiver]
+        box: _Mailbox = channel.receiver.mailbox
         box.inbox.append(channel)
         self._pending += 1
         waiter = box.waiter
@@ -670,7 +718,7 @@ class AsyncioScheduler:
 
     def added(self, endpoint: Endpoint) -> None:  # noqa: D102
         self._endpoints.append(endpoint)
-        self._boxes[endpoint] = _Mailbox()
+        self._boxes[endpoint] = endpoint.mailbox = _Mailbox()
         if self._started:
             self._spawn(endpoint)
 

@@ -326,7 +326,8 @@ class Runtime:
             journal = isinstance(getattr(self.store, "url", None), str)
         self._journal = Journal(self._bus, self.store, self.run_id) if journal else None
         self._agents: dict[str, Agent[Any]] = {}
-        # Each agent's handler context, by name.
+        # Each agent's handler context, by name; also in its endpoint's context slot, where a
+        # delivery finds it.
         self._contexts: dict[str, Context[Any]] = {}
         self._bus.replay_stalled = self._replay_stalled
         self._snapshots = SnapshotCoordinator(self._bus, self._agents, self.run_id, self._persist)
@@ -455,7 +456,7 @@ class Runtime:
         self._agents[agent.name] = agent
         self._initial[agent.name] = blob.json
         endpoint = self._bus.add(agent.name, epoch)
-        ctx = self._contexts[agent.name] = Context(
+        ctx = self._contexts[agent.name] = endpoint.context = Context(
             agent, endpoint, self._bus, coordinator, self.run_id
         )
         ctx.ledger = self.ledger
@@ -1241,7 +1242,7 @@ class Runtime:
         message: Message = item  # type: ignore[assignment]
         if snapshots.active:
             snapshots.on_message(endpoint, channel, message)
-        ctx = self._contexts[endpoint.name]
+        ctx: Context[Any] = endpoint.context
         if ctx.keep_before:
             snapshots.keep_before(endpoint, channel, message)
         # What bus.delivered() does, written out: this is the hot path of every delivery.
