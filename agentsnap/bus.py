@@ -41,6 +41,7 @@ from agentsnap.limits import MAX_AGENT_NAME, MAX_MESSAGE_KIND, check_text
 from agentsnap.messages import (
     EMPTY_HEADERS,
     ENVIRONMENT,
+    JSON_SCALAR_TYPES,
     Marker,
     Message,
     is_json,
@@ -500,7 +501,7 @@ class Bus:
         if shape is dict:
             if not is_json(payload):
                 _refuse(sender.name, dst, payload)
-        elif shape not in _SCALAR_TYPES:
+        elif shape not in JSON_SCALAR_TYPES:
             payload = _json_payload(sender.name, dst, payload)
         headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
         channel.sent = seq = channel.sent + 1
@@ -630,10 +631,6 @@ class Bus:
         return len(dropped)
 
 
-_SCALAR_TYPES = frozenset((str, int, bool, type(None)))
-"""Payload types that are JSON as they are: a send checks them with one set lookup."""
-
-
 def _json_payload(src: str, dst: str, payload: object) -> JsonInput:
     """``payload`` as JSON, when it is neither a plain dict nor a scalar; or raise.
 
@@ -687,9 +684,10 @@ class AsyncioScheduler:
         self._fairness = fairness
         self._deliver: Deliver | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        # Items waiting in inboxes, and deliveries under way: idle when both are zero.
-        self._pending = 0
-        self._active = 0
+        # Items waiting in inboxes plus deliveries under way: idle at zero. One counter, so
+        # that a delivery updates one number; the deliveries under way are this less the
+        # items in the inboxes, counted only when a replay plan may be stuck.
+        self._work = 0
         self._paused = False
         self._idle: asyncio.Future[None] | None = None
         self._started = False
@@ -709,7 +707,7 @@ class AsyncioScheduler:
     def notify(self, channel: Channel) -> None:  # noqa: D102
         box: _Mailbox = channel.receiver.mailbox
         box.inbox.append(channel)
-        self._pending += 1
+        self._work += 1
         waiter = box.waiter
         if waiter is not None:
             box.waiter = None
@@ -753,25 +751,22 @@ class AsyncioScheduler:
                             continue
                     else:
                         channel = inbox.popleft()
-                    self._pending -= 1
-                    self._active += 1
                     try:
                         await deliver(channel)
                     except asyncio.CancelledError:
                         if not box.interrupted:
                             raise  # the scheduler is closing
                     finally:
-                        self._active -= 1
+                        self._work -= 1
                     if box.interrupted:  # cancelled by interrupt(), or the handler ignored it
                         box.interrupted = False
                         me = asyncio.current_task()
                         if me is not None:
                             me.uncancel()
-                    if not self._active:
-                        if not self._pending:
-                            self._wake_idle()
-                        elif self._blocked:
-                            self._check_stalled()
+                    if not self._work:
+                        self._wake_idle()
+                    elif self._blocked:
+                        self._check_stalled()
                     streak += 1
                     if streak >= fairness:
                         streak = 0
@@ -800,8 +795,7 @@ class AsyncioScheduler:
     async def _wait_blocked(self, endpoint: Endpoint) -> None:
         self._blocked += 1
         try:
-            if not self._active:
-                self._check_stalled()
+            self._check_stalled()
             if endpoint.replay and self._planned_empty(endpoint):
                 box = self._boxes[endpoint]
                 box.waiter = waiter = asyncio.get_running_loop().create_future()
@@ -822,6 +816,8 @@ class AsyncioScheduler:
         """
         if self._paused or self._bus is None:
             return
+        if self._work > sum(len(box.inbox) for box in self._boxes.values()):
+            return  # a delivery is under way: its handler may send what a plan waits for
         for endpoint, box in self._boxes.items():
             if box.inbox and not (endpoint.replay and self._planned_empty(endpoint)):
                 return
@@ -845,7 +841,7 @@ class AsyncioScheduler:
 
     async def run_until_idle(self) -> None:  # noqa: D102
         self.start()
-        while (self._pending or self._active) and self._error is None:
+        while self._work and self._error is None:
             if self._idle is None:
                 self._idle = asyncio.get_running_loop().create_future()
             await self._idle
@@ -858,13 +854,13 @@ class AsyncioScheduler:
     def resume(self) -> None:  # noqa: D102
         self._paused = False
         self._wake_all()
-        if not self._pending and not self._active:
+        if not self._work:
             self._wake_idle()
 
     def reset(self) -> None:  # noqa: D102
         for box in self._boxes.values():
+            self._work -= len(box.inbox)
             box.inbox.clear()
-        self._pending = 0
 
     def interrupt(self, endpoint: Endpoint) -> bool:  # noqa: D102
         task = self._tasks.get(endpoint.name)
