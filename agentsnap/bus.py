@@ -44,6 +44,7 @@ from agentsnap.messages import (
     JSON_SCALAR_TYPES,
     Marker,
     Message,
+    dumps_json,
     is_json,
     json_problem,
 )
@@ -634,10 +635,19 @@ class Bus:
 def _json_payload(src: str, dst: str, payload: object) -> JsonInput:
     """``payload`` as JSON, when it is neither a plain dict nor a scalar; or raise.
 
-    A pydantic model becomes its JSON form; anything else must be a JSON value already.
+    A pydantic model becomes its JSON form, checked only when its class does not rule out
+    what pydantic's JSON mode lets through (see ``dumps_json``); anything else must be a JSON
+    value already.
     """
     if isinstance(payload, BaseModel):
         try:
+            if dumps_json(type(payload)):
+                try:
+                    # A value that does not fit its field is an error here, not a warning:
+                    # only then is the dump not known to be JSON.
+                    return payload.model_dump(mode="json", warnings="error")
+                except PydanticSerializationError:
+                    pass  # dumped again below, with pydantic's warning, and checked
             payload = payload.model_dump(mode="json")
         except PydanticSerializationError as exc:
             raise PayloadNotSerializable(src, dst, str(exc)) from exc

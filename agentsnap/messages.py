@@ -302,3 +302,60 @@ def json_problem(value: object, path: str = "payload") -> str | None:
             return json_problem(float(value), path)
         return None
     return f"{path} is a {kind.__name__}"
+
+
+# Core schema types whose JSON form is a string, an integer, a boolean, null, or a container
+# of values of the schemas inside them: what a model built of them dumps needs no check.
+_EXACT_SCHEMAS = frozenset({
+    "bool", "bytes", "chain", "complex", "computed-field", "custom-error", "dataclass",
+    "dataclass-args", "dataclass-field", "date", "datetime", "decimal", "default",
+    "definition-ref", "definitions", "dict", "frozenset", "function-after", "function-before",
+    "int", "json-or-python", "lax-or-strict", "list", "literal", "model", "model-field",
+    "model-fields", "multi-host-url", "none", "nullable", "set", "str", "tagged-union", "time",
+    "timedelta", "tuple", "typed-dict", "typed-dict-field", "union", "url", "uuid",
+})  # fmt: skip
+# Keys of a core schema that hold values or functions, not schemas.
+_NOT_SCHEMAS = frozenset({"default", "expected", "function", "metadata", "serialization_exclude"})
+_DUMPS_JSON_MAX = 4096
+_dumps_json: dict[type[BaseModel], bool] = {}
+
+
+def dumps_json(model: type[BaseModel]) -> bool:
+    """Whether what ``model.model_dump(mode="json")`` returns is always a JSON value.
+
+    Pydantic's JSON mode turns every value into a string, a number, a boolean, null, a list
+    or a dict with string keys, except a float that is not finite: a NaN stays a NaN. So the
+    dump of a model none of whose fields can hold a float (nor an untyped value, an extra
+    field, or a value a function of the model's serializes) needs no check, provided every
+    value fits its field (pydantic warns when one does not). Decided once per model class,
+    from its core schema; ``False`` whenever in doubt.
+    """
+    known = _dumps_json.get(model)
+    if known is None:
+        try:
+            schema = model.__pydantic_core_schema__
+            known = model.model_dump is BaseModel.model_dump and _exact(schema)
+        except Exception:  # a model pydantic cannot build yet: no promise
+            known = False
+        if len(_dumps_json) < _DUMPS_JSON_MAX:
+            _dumps_json[model] = known
+    return known
+
+
+def _exact(schema: object) -> bool:
+    """Whether the core schema ``schema`` (or part of one) dumps exact JSON, as above."""
+    if isinstance(schema, list | tuple):
+        return all(_exact(part) for part in schema)
+    if not isinstance(schema, Mapping):
+        return True  # a class, a name, a flag: not a schema
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        if kind == "enum":
+            members = schema.get("members", ())
+            if not all(type(member.value) in JSON_SCALAR_TYPES for member in members):
+                return False
+        elif kind not in _EXACT_SCHEMAS:
+            return False
+    if "allow" in (schema.get("extra_behavior"), schema.get("extra_fields_behavior")):
+        return False  # extra fields are dumped as they are
+    return all(_exact(part) for key, part in schema.items() if key not in _NOT_SCHEMAS)
