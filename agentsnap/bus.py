@@ -494,8 +494,9 @@ class Bus:
             known = False
         if not known:
             self._new_kind(kind)
-        channel = sender.outgoing.get(dst)
-        if channel is None:
+        try:  # a subscript costs less than a call of .get()
+            channel = sender.outgoing[dst]
+        except KeyError:
             channel = self.channel(sender, dst)
         # Scalars need no check, a plain dict one walk; the rest takes the long way.
         shape = type(payload)

@@ -322,6 +322,7 @@ class Runtime:
         self._name, self._tags = check_run_labels(name, tags)
         self._scheduler: Scheduler = scheduler if scheduler is not None else AsyncioScheduler()
         self._bus = Bus(self._scheduler, transport)
+        self._environment = self._bus.environment
         if journal is None:  # a store kept in a database keeps the journal too
             journal = isinstance(getattr(self.store, "url", None), str)
         self._journal = Journal(self._bus, self.store, self.run_id) if journal else None
@@ -875,7 +876,7 @@ class Runtime:
         """
         if not self._taking_input:
             self._before_input()
-        message = self._bus.send(self._bus.environment, to, payload, kind, headers)
+        message = self._bus.send(self._environment, to, payload, kind, headers)
         buffer = self._input_buffer
         buffer.append(message)
         if len(buffer) >= _SEAL_INPUTS_EVERY:
