@@ -10,7 +10,8 @@ difference of N is the cost of one message, send and delivery, free of start-up:
     PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/tmp/f15.out \
         python benchmarks/fanout.py 15000
 
-Instruction counts do not depend on the load of the machine, unlike timings.
+Instruction counts do not depend on the load of the machine, unlike timings. ``--journal``
+runs the same with ``journal=True``.
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ class Sink(Agent[SinkState]):
         self.state.count += 1
 
 
-async def main(n: int) -> None:
+async def main(n: int, journal: bool = False) -> None:
     """Have ``src`` send ``n`` messages to ``sink`` and wait until every one was handled."""
     policy = SnapshotPolicy(at_start=False, at_end=False)
-    async with Runtime(snapshot_policy=policy, journal=False) as runtime:
+    async with Runtime(snapshot_policy=policy, journal=journal) as runtime:
         sink = Sink("sink")
         runtime.add(Src("src", n))
         runtime.add(sink)
@@ -59,4 +60,4 @@ async def main(n: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1])))
+    asyncio.run(main(int(sys.argv[1]), journal="--journal" in sys.argv[2:]))
