@@ -41,8 +41,10 @@ from agentsnap.limits import MAX_AGENT_NAME, MAX_MESSAGE_KIND, check_text
 from agentsnap.messages import (
     EMPTY_HEADERS,
     ENVIRONMENT,
+    JSON_SCALAR_TYPES,
     Marker,
     Message,
+    dumps_json,
     is_json,
     json_problem,
 )
@@ -298,9 +300,15 @@ class Endpoint:
         replay: While a resumed run re-executes what it did before a crash: the messages
             this process must take next, as ``(src, seq)``, in the order it took them then.
             Schedulers deliver nothing else to it until the plan is done (markers excepted).
+        mailbox: What the scheduler keeps for this process (set by its ``added``), or
+            ``None``. The bus never reads it: the slot lets the scheduler reach its own
+            state from a channel's receiver without a lookup on every message.
+        context: What the process's handlers are given (the runtime's handler context), or
+            ``None`` for the environment. The bus never reads it either: it is the
+            runtime's, reached from a channel's receiver on every delivery.
     """
 
-    __slots__ = ("busy", "epoch", "incoming", "name", "outgoing", "replay")
+    __slots__ = ("busy", "context", "epoch", "incoming", "mailbox", "name", "outgoing", "replay")
 
     def __init__(self, name: str, epoch: int = 0) -> None:
         self.name = name
@@ -309,6 +317,9 @@ class Endpoint:
         self.incoming: dict[str, Channel] = {}
         self.busy = False
         self.replay: deque[tuple[str, int]] | None = None
+        # Opaque to the bus: each belongs to the layer that fills it.
+        self.mailbox: Any = None
+        self.context: Any = None
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.name} epoch={self.epoch}>"
@@ -399,6 +410,8 @@ class Bus:
         # The observers' hooks, each one callable or None: a hot path checks a single None.
         self._on_send: Callable[[Channel, Message], Message] | None = None
         self._on_enqueue: Callable[[Channel, Message], None] | None = None
+        # Whether either of the two above is set: the send path checks this one flag.
+        self._watched = False
         self.on_deliver: Callable[[Channel, Message], None] | None = None
         """The observers' ``on_deliver`` hooks as one callable, or ``None``: whoever hands a
         message to its receiver calls it (see [`delivered`][agentsnap.bus.Bus.delivered])."""
@@ -425,6 +438,7 @@ class Bus:
     def _hooks(self) -> None:
         self._on_send = _send_hook(self._observers)
         self._on_enqueue = _event_hook(self._observers, "on_enqueue")
+        self._watched = self._on_send is not None or self._on_enqueue is not None
         self.on_deliver = _event_hook(self._observers, "on_deliver")
 
     def replaying(self) -> bool:
@@ -492,34 +506,37 @@ class Bus:
             known = False
         if not known:
             self._new_kind(kind)
-        channel = sender.outgoing.get(dst)
-        if channel is None:
+        try:  # a subscript costs less than a call of .get()
+            channel = sender.outgoing[dst]
+        except KeyError:
             channel = self.channel(sender, dst)
-        if type(payload) is not dict and isinstance(payload, BaseModel):
-            try:
-                payload = payload.model_dump(mode="json")
-            except PydanticSerializationError as exc:
-                raise PayloadNotSerializable(sender.name, dst, str(exc)) from exc
-        if not is_json(payload):
-            problem = json_problem(payload)
-            if problem is not None:
-                raise PayloadNotSerializable(sender.name, dst, problem)
+        # Scalars need no check, a plain dict one walk; the rest takes the long way.
+        shape = type(payload)
+        if shape is dict:
+            if not is_json(payload):
+                _refuse(sender.name, dst, payload)
+        elif shape not in JSON_SCALAR_TYPES:
+            payload = _json_payload(sender.name, dst, payload)
         headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
         channel.sent = seq = channel.sent + 1
         message: Message = _new_message(
             Message, (sender.name, dst, seq, kind, payload, headers, sender.epoch)
         )
-        on_send = self._on_send
-        if on_send is not None:
-            message = on_send(channel, message)
-        if not post:
-            return message
-        # What post() does, written out: this is the hot path of every send.
-        channel.append(message)
-        on_enqueue = self._on_enqueue
-        if on_enqueue is not None:
-            on_enqueue(channel, message)
-        self._notify(channel)
+        # What post() does, written out: this is the hot path of every send. Unwatched, it
+        # pays one check for both observer hooks; watched, no call more than the hooks'.
+        if self._watched:
+            on_send = self._on_send
+            if on_send is not None:
+                message = on_send(channel, message)
+            if post:
+                channel.append(message)
+                on_enqueue = self._on_enqueue
+                if on_enqueue is not None:
+                    on_enqueue(channel, message)
+                self._notify(channel)
+        elif post:
+            channel.append(message)
+            self._notify(channel)
         return message
 
     def _new_kind(self, kind: object) -> None:
@@ -624,6 +641,40 @@ class Bus:
         return len(dropped)
 
 
+def _json_payload(src: str, dst: str, payload: object) -> JsonInput:
+    """``payload`` as JSON, when it is neither a plain dict nor a scalar; or raise.
+
+    A pydantic model becomes its JSON form, checked only when its class does not rule out
+    what pydantic's JSON mode lets through (see ``dumps_json``); anything else must be a JSON
+    value already.
+    """
+    if isinstance(payload, BaseModel):
+        try:
+            if dumps_json(type(payload)):
+                try:
+                    # A value that does not fit its field is an error here, not a warning:
+                    # only then is the dump not known to be JSON.
+                    return payload.model_dump(mode="json", warnings="error")
+                except PydanticSerializationError:
+                    pass  # dumped again below, with pydantic's warning, and checked
+            payload = payload.model_dump(mode="json")
+        except PydanticSerializationError as exc:
+            raise PayloadNotSerializable(src, dst, str(exc)) from exc
+    if not is_json(payload):
+        _refuse(src, dst, payload)
+    return payload  # type: ignore[return-value]
+
+
+def _refuse(src: str, dst: str, payload: object) -> None:
+    """Raise ``PayloadNotSerializable`` unless ``payload`` is JSON after all.
+
+    ``is_json`` refused it; ``json_problem`` also accepts subclasses of the JSON types.
+    """
+    problem = json_problem(payload)
+    if problem is not None:
+        raise PayloadNotSerializable(src, dst, problem)
+
+
 def _freeze_headers(src: str, dst: str, headers: Mapping[str, str]) -> Mapping[str, str]:
     for key, value in headers.items():
         if not isinstance(key, str) or not isinstance(value, str):
@@ -652,14 +703,16 @@ class AsyncioScheduler:
         self._fairness = fairness
         self._deliver: Deliver | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        # Items waiting in inboxes, and deliveries under way: idle when both are zero.
-        self._pending = 0
-        self._active = 0
+        # Items waiting in inboxes plus deliveries under way: idle at zero. One counter, so
+        # that a delivery updates one number; the deliveries under way are this less the
+        # items in the inboxes, counted only when a replay plan may be stuck.
+        self._work = 0
         self._paused = False
         self._idle: asyncio.Future[None] | None = None
         self._started = False
         self._endpoints: list[Endpoint] = []
-        # Per process: the channels with an item waiting, and the serve task's wake-up.
+        # Per process: the channels with an item waiting, and the serve task's wake-up. Each
+        # is in the process's ``mailbox`` slot too, where notify() and _serve() find it.
         self._boxes: dict[Endpoint, _Mailbox] = {}
         self._error: BaseException | None = None
         self._bus: Bus | None = None
@@ -671,9 +724,9 @@ class AsyncioScheduler:
         self._deliver = deliver
 
     def notify(self, channel: Channel) -> None:  # noqa: D102
-        box = self._boxes[channel.receiver]
+        box: _Mailbox = channel.receiver.mailbox
         box.inbox.append(channel)
-        self._pending += 1
+        self._work += 1
         waiter = box.waiter
         if waiter is not None:
             box.waiter = None
@@ -682,7 +735,7 @@ class AsyncioScheduler:
 
     def added(self, endpoint: Endpoint) -> None:  # noqa: D102
         self._endpoints.append(endpoint)
-        self._boxes[endpoint] = _Mailbox()
+        self._boxes[endpoint] = endpoint.mailbox = _Mailbox()
         if self._started:
             self._spawn(endpoint)
 
@@ -717,25 +770,22 @@ class AsyncioScheduler:
                             continue
                     else:
                         channel = inbox.popleft()
-                    self._pending -= 1
-                    self._active += 1
                     try:
                         await deliver(channel)
                     except asyncio.CancelledError:
                         if not box.interrupted:
                             raise  # the scheduler is closing
                     finally:
-                        self._active -= 1
+                        self._work -= 1
                     if box.interrupted:  # cancelled by interrupt(), or the handler ignored it
                         box.interrupted = False
                         me = asyncio.current_task()
                         if me is not None:
                             me.uncancel()
-                    if not self._active:
-                        if not self._pending:
-                            self._wake_idle()
-                        elif self._blocked:
-                            self._check_stalled()
+                    if not self._work:
+                        self._wake_idle()
+                    elif self._blocked:
+                        self._check_stalled()
                     streak += 1
                     if streak >= fairness:
                         streak = 0
@@ -764,8 +814,7 @@ class AsyncioScheduler:
     async def _wait_blocked(self, endpoint: Endpoint) -> None:
         self._blocked += 1
         try:
-            if not self._active:
-                self._check_stalled()
+            self._check_stalled()
             if endpoint.replay and self._planned_empty(endpoint):
                 box = self._boxes[endpoint]
                 box.waiter = waiter = asyncio.get_running_loop().create_future()
@@ -786,6 +835,8 @@ class AsyncioScheduler:
         """
         if self._paused or self._bus is None:
             return
+        if self._work > sum(len(box.inbox) for box in self._boxes.values()):
+            return  # a delivery is under way: its handler may send what a plan waits for
         for endpoint, box in self._boxes.items():
             if box.inbox and not (endpoint.replay and self._planned_empty(endpoint)):
                 return
@@ -809,7 +860,7 @@ class AsyncioScheduler:
 
     async def run_until_idle(self) -> None:  # noqa: D102
         self.start()
-        while (self._pending or self._active) and self._error is None:
+        while self._work and self._error is None:
             if self._idle is None:
                 self._idle = asyncio.get_running_loop().create_future()
             await self._idle
@@ -822,13 +873,13 @@ class AsyncioScheduler:
     def resume(self) -> None:  # noqa: D102
         self._paused = False
         self._wake_all()
-        if not self._pending and not self._active:
+        if not self._work:
             self._wake_idle()
 
     def reset(self) -> None:  # noqa: D102
         for box in self._boxes.values():
+            self._work -= len(box.inbox)
             box.inbox.clear()
-        self._pending = 0
 
     def interrupt(self, endpoint: Endpoint) -> bool:  # noqa: D102
         task = self._tasks.get(endpoint.name)

@@ -157,7 +157,8 @@ class Journal(BusObserver):
         """
         sends, self._sends = self._sends, []
         self._pending.extend(
-            _send_segment(channel.src, channel.dst, log) for channel, log in _by_channel(sends)
+            _send_segment(channel.src, channel.dst, messages, at)
+            for channel, messages, at in _by_channel(sends)
         )
 
     def take(self) -> list[JournalSegment]:
@@ -165,11 +166,12 @@ class Journal(BusObserver):
         sends, self._sends = self._sends, []
         deliveries, self._deliveries = self._deliveries, []
         segments = [
-            _send_segment(channel.src, channel.dst, log) for channel, log in _by_channel(sends)
+            _send_segment(channel.src, channel.dst, messages, at)
+            for channel, messages, at in _by_channel(sends)
         ]
         segments.extend(
-            _deliver_segment(channel.src, channel.dst, log)
-            for channel, log in _by_channel(deliveries)
+            _deliver_segment(channel.src, channel.dst, seqs, at)
+            for channel, seqs, at in _by_channel(deliveries)
         )
         return segments
 
@@ -238,11 +240,20 @@ def _sent(  # noqa: PLR0917
     }
 
 
-def _by_channel(log: list[Any]) -> Iterable[tuple[Channel, list[Any]]]:
-    """Split a flat log of ``channel, a, b`` triples into ``a, b`` pairs per channel.
+def _by_channel(log: list[Any]) -> list[tuple[Channel, list[Any], list[Any]]]:
+    """Split a flat log of ``channel, a, b`` triples into the ``a`` and ``b`` of each channel.
 
-    Each channel's pairs keep their order; the channels come in the order they first appear.
+    Each channel's entries keep their order; the channels come in the order they first
+    appear.
     """
+    channels = log[0::3]
+    if not channels:
+        return []
+    first = channels[0]
+    if channels.count(first) == len(channels):
+        # All on one channel (a busy sender's log, often): sliced without a line of Python
+        # per entry.
+        return [(first, log[1::3], log[2::3])]
     pairs: dict[Channel, list[Any]] = {}
     for i in range(0, len(log), 3):
         channel = log[i]
@@ -251,27 +262,25 @@ def _by_channel(log: list[Any]) -> Iterable[tuple[Channel, list[Any]]]:
             found = pairs[channel] = []
         found.append(log[i + 1])
         found.append(log[i + 2])
-    return pairs.items()
+    return [(channel, found[0::2], found[1::2]) for channel, found in pairs.items()]
 
 
-def _send_segment(src: str, dst: str, log: list[Any]) -> JournalSegment:
-    messages: tuple[Message, ...] = tuple(log[0::2])
+def _send_segment(src: str, dst: str, messages: list[Message], at: list[int]) -> JournalSegment:
     _, _, seqs, kinds, payloads, headers, epochs = zip(*messages, strict=True)
     columns: dict[str, Any] = {
         "seq": _sequence(seqs),
         "kind": _constant(kinds),
         "payload": payloads,
         "epoch": _constant(epochs),
-        "at": log[1::2],
+        "at": at,
     }
     if any(headers):
         columns["headers"] = {str(i): dict(h) for i, h in enumerate(headers) if h}
     return JournalSegment(src, dst, "send", seqs[0], seqs[-1], _encode(columns))
 
 
-def _deliver_segment(src: str, dst: str, log: list[int]) -> JournalSegment:
-    seqs = log[0::2]
-    columns = {"seq": _sequence(seqs), "at": log[1::2]}
+def _deliver_segment(src: str, dst: str, seqs: list[int], at: list[int]) -> JournalSegment:
+    columns = {"seq": _sequence(seqs), "at": at}
     return JournalSegment(src, dst, "deliver", seqs[0], seqs[-1], _encode(columns))
 
 

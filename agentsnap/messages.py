@@ -230,6 +230,8 @@ class Marker(NamedTuple):
 
 
 _SCALARS = (str, int, bool, type(None))
+JSON_SCALAR_TYPES = frozenset(_SCALARS)
+"""The types of the JSON scalars, as a set: checking a value's type is one lookup."""
 
 
 def is_json(value: object) -> bool:
@@ -239,30 +241,25 @@ def is_json(value: object) -> bool:
     what is wrong, and accepts subclasses (an ``IntEnum``, an ``OrderedDict``) too.
     """
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
-        return True
-    if kind is float:
-        return math.isfinite(value)  # type: ignore[arg-type]
-    # Plain loops: faster than all() over a generator on this hot path; scalar items are
-    # checked in place, without a call each.
+    # A payload is most often a dict: it is tested first. Plain loops are faster than all()
+    # over a generator on this hot path; scalar items are checked in place, one set lookup
+    # each, without a call.
     if kind is dict:
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
                 return False
-            kind = type(item)
-            if kind is str or kind is int or kind is bool or item is None:
-                continue
-            if not is_json(item):
+            if type(item) not in JSON_SCALAR_TYPES and not is_json(item):
                 return False
+        return True
+    if kind in JSON_SCALAR_TYPES:
         return True
     if kind is list:
         for item in value:  # type: ignore[attr-defined]
-            kind = type(item)
-            if kind is str or kind is int or kind is bool or item is None:
-                continue
-            if not is_json(item):
+            if type(item) not in JSON_SCALAR_TYPES and not is_json(item):
                 return False
         return True
+    if kind is float:
+        return math.isfinite(value)  # type: ignore[arg-type]
     return False
 
 
@@ -305,3 +302,60 @@ def json_problem(value: object, path: str = "payload") -> str | None:
             return json_problem(float(value), path)
         return None
     return f"{path} is a {kind.__name__}"
+
+
+# Core schema types whose JSON form is a string, an integer, a boolean, null, or a container
+# of values of the schemas inside them: what a model built of them dumps needs no check.
+_EXACT_SCHEMAS = frozenset({
+    "bool", "bytes", "chain", "complex", "computed-field", "custom-error", "dataclass",
+    "dataclass-args", "dataclass-field", "date", "datetime", "decimal", "default",
+    "definition-ref", "definitions", "dict", "frozenset", "function-after", "function-before",
+    "int", "json-or-python", "lax-or-strict", "list", "literal", "model", "model-field",
+    "model-fields", "multi-host-url", "none", "nullable", "set", "str", "tagged-union", "time",
+    "timedelta", "tuple", "typed-dict", "typed-dict-field", "union", "url", "uuid",
+})  # fmt: skip
+# Keys of a core schema that hold values or functions, not schemas.
+_NOT_SCHEMAS = frozenset({"default", "expected", "function", "metadata", "serialization_exclude"})
+_DUMPS_JSON_MAX = 4096
+_dumps_json: dict[type[BaseModel], bool] = {}
+
+
+def dumps_json(model: type[BaseModel]) -> bool:
+    """Whether what ``model.model_dump(mode="json")`` returns is always a JSON value.
+
+    Pydantic's JSON mode turns every value into a string, a number, a boolean, null, a list
+    or a dict with string keys, except a float that is not finite: a NaN stays a NaN. So the
+    dump of a model none of whose fields can hold a float (nor an untyped value, an extra
+    field, or a value a function of the model's serializes) needs no check, provided every
+    value fits its field (pydantic warns when one does not). Decided once per model class,
+    from its core schema; ``False`` whenever in doubt.
+    """
+    known = _dumps_json.get(model)
+    if known is None:
+        try:
+            schema = model.__pydantic_core_schema__
+            known = model.model_dump is BaseModel.model_dump and _exact(schema)
+        except Exception:  # a model pydantic cannot build yet: no promise
+            known = False
+        if len(_dumps_json) < _DUMPS_JSON_MAX:
+            _dumps_json[model] = known
+    return known
+
+
+def _exact(schema: object) -> bool:
+    """Whether the core schema ``schema`` (or part of one) dumps exact JSON, as above."""
+    if isinstance(schema, list | tuple):
+        return all(_exact(part) for part in schema)
+    if not isinstance(schema, Mapping):
+        return True  # a class, a name, a flag: not a schema
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        if kind == "enum":
+            members = schema.get("members", ())
+            if not all(type(member.value) in JSON_SCALAR_TYPES for member in members):
+                return False
+        elif kind not in _EXACT_SCHEMAS:
+            return False
+    if "allow" in (schema.get("extra_behavior"), schema.get("extra_fields_behavior")):
+        return False  # extra fields are dumped as they are
+    return all(_exact(part) for key, part in schema.items() if key not in _NOT_SCHEMAS)

@@ -30,7 +30,7 @@ import json
 import logging
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from itertools import groupby
+from itertools import groupby, repeat
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,7 @@ from agentsnap.state import compact_json
 
 if TYPE_CHECKING:
     from agentsnap.bus import Channel
+    from agentsnap.messages import JsonInput
 
 __all__ = ["InputLog", "ReplayLog", "ReplayPlan", "plan_replay"]
 
@@ -79,10 +80,15 @@ class InputLog:
         """Turn the buffered messages into JSON text."""
         buffer = self.buffer
         if buffer:
-            rows = [
-                (m.dst, m.seq, m.kind, m.payload, dict(m.headers) if m.headers else None, m.epoch)
-                for m in buffer
-            ]
+            _, dsts, seqs, kinds, payloads, headers, epochs = zip(*buffer, strict=True)
+            rows: list[tuple[JsonInput, ...]]
+            if any(headers):
+                rows = [
+                    (m.dst, m.seq, m.kind, m.payload, dict(m.headers) or None, m.epoch)
+                    for m in buffer
+                ]
+            else:  # the common case, built without a line of Python per message
+                rows = list(zip(dsts, seqs, kinds, payloads, repeat(None), epochs))
             text = compact_json(rows)
             self._sealed.append((len(rows), text))
             buffer.clear()

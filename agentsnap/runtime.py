@@ -323,11 +323,13 @@ class Runtime:
         self._name, self._tags = check_run_labels(name, tags)
         self._scheduler: Scheduler = scheduler if scheduler is not None else AsyncioScheduler()
         self._bus = Bus(self._scheduler, transport)
+        self._environment = self._bus.environment
         if journal is None:  # a store kept in a database keeps the journal too
             journal = isinstance(getattr(self.store, "url", None), str)
         self._journal = Journal(self._bus, self.store, self.run_id) if journal else None
         self._agents: dict[str, Agent[Any]] = {}
-        # Each agent's handler context, by name.
+        # Each agent's handler context, by name; also in its endpoint's context slot, where a
+        # delivery finds it.
         self._contexts: dict[str, Context[Any]] = {}
         self._bus.replay_stalled = self._replay_stalled
         self._snapshots = SnapshotCoordinator(self._bus, self._agents, self.run_id, self._persist)
@@ -456,7 +458,7 @@ class Runtime:
         self._agents[agent.name] = agent
         self._initial[agent.name] = blob.json
         endpoint = self._bus.add(agent.name, epoch)
-        ctx = self._contexts[agent.name] = Context(
+        ctx = self._contexts[agent.name] = endpoint.context = Context(
             agent, endpoint, self._bus, coordinator, self.run_id
         )
         ctx.ledger = self.ledger
@@ -875,7 +877,7 @@ class Runtime:
         """
         if not self._taking_input:
             self._before_input()
-        message = self._bus.send(self._bus.environment, to, payload, kind, headers)
+        message = self._bus.send(self._environment, to, payload, kind, headers)
         buffer = self._input_buffer
         buffer.append(message)
         if len(buffer) >= _SEAL_INPUTS_EVERY:
@@ -1242,7 +1244,7 @@ class Runtime:
         message: Message = item  # type: ignore[assignment]
         if snapshots.active:
             snapshots.on_message(endpoint, channel, message)
-        ctx = self._contexts[endpoint.name]
+        ctx: Context[Any] = endpoint.context
         if ctx.keep_before:
             snapshots.keep_before(endpoint, channel, message)
         # What bus.delivered() does, written out: this is the hot path of every delivery.

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import warnings
 from collections.abc import Awaitable
+from enum import Enum
 from typing import Any, TypeVar
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer
 
 from agentsnap import (
     Agent,
@@ -31,6 +33,7 @@ from agentsnap import (
     StateNotSerializable,
     UnknownAgentError,
 )
+from agentsnap.messages import dumps_json, json_problem
 from agentsnap.testing import ScriptedScheduler, assert_consistent
 
 T = TypeVar("T")
@@ -531,6 +534,106 @@ async def test_pydantic_payload_that_is_not_json_is_rejected(
         assert "'alice'" in str(info.value)
         assert problem in str(info.value)
         assert runtime.bus.channels["$env", "alice"].sent == 0
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    item: str = "tea"
+
+
+class Scored(BaseModel):
+    item: str = "tea"
+    score: int = 0
+
+    @field_serializer("score")
+    def _score(self, score: int) -> Any:
+        return math.nan if score < 0 else score
+
+
+class Rated(BaseModel):
+    rating: int = 0
+
+    @field_serializer("rating")
+    def _rating(self, rating: int) -> float:
+        return math.nan if rating < 0 else rating
+
+
+class Tally(BaseModel):
+    count: int = 0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def mean(self) -> int:
+        return math.nan if self.count < 0 else self.count  # type: ignore[return-value]
+
+
+class Counted(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+    count: int = 0
+
+
+class Colour(Enum):
+    RED = "red"
+
+
+class Swatch(BaseModel):
+    colour: Colour = Colour.RED
+    names: dict[int, list[str]] = {}
+
+
+def test_a_model_without_floats_or_untyped_values_is_known_to_dump_json() -> None:
+    # Those are sent as their dump, unchecked; the others are checked after the dump.
+    exact: list[type[BaseModel]] = [Order, Swatch, Tally, Counted]
+    checked: list[type[BaseModel]] = [Measurement, Anything, Loose, Scored, Rated]
+    assert [model for model in exact if dumps_json(model)] == exact
+    assert [model for model in checked if dumps_json(model)] == []
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        Order.model_construct(item="tea", quantity=math.nan),  # type: ignore[arg-type]
+        Loose(item="tea", weight=math.nan),
+        Scored(score=-1),
+        Rated(rating=-1),
+        Tally(count=-1),
+        Counted.model_construct(count=math.nan),  # type: ignore[arg-type]
+    ],
+    ids=[
+        "unvalidated-field",
+        "extra-field",
+        "any-serializer",
+        "float-serializer",
+        "computed",
+        "unvalidated-field-nan-kept",
+    ],
+)
+async def test_a_nan_anywhere_in_a_model_never_travels(payload: BaseModel) -> None:
+    # Pydantic's JSON mode writes a NaN as null where it infers a value's type (unless the
+    # model says otherwise), and leaves it as it is where a float is declared: those are
+    # refused.
+    async with Runtime() as runtime:
+        runtime.add(Counter("alice"))
+        with warnings.catch_warnings():
+            # Pydantic warns of a value that does not fit its field, as it dumps it.
+            warnings.simplefilter("ignore", UserWarning)
+            if isinstance(payload, Rated | Counted):
+                with pytest.raises(PayloadNotSerializable, match="nan"):
+                    runtime.send("alice", payload)
+                assert runtime.bus.channels["$env", "alice"].sent == 0
+            else:
+                message = runtime.send("alice", payload)
+                assert json_problem(message.payload) is None, message.payload
+
+
+async def test_a_model_is_sent_as_its_json_form_whichever_way_it_is_checked() -> None:
+    async with Runtime() as runtime:
+        runtime.add(Counter("alice"))
+        swatch = runtime.send("alice", Swatch(names={1: ["rouge"]}))
+        tally = runtime.send("alice", Tally(count=3))
+        await runtime.run_until_idle()
+    assert swatch.payload == {"colour": "red", "names": {"1": ["rouge"]}}
+    assert tally.payload == {"count": 3, "mean": 3}
 
 
 # -- handlers that raise ----------------------------------------------------------------------

@@ -97,6 +97,38 @@ async def test_every_send_and_delivery_is_journaled_in_order() -> None:
         assert before <= message.sent_at <= message.delivered_at <= datetime.now(UTC)
 
 
+class Burst(Agent[HopState]):
+    """Sends ``count`` messages to ``to`` in one handler, one of them with a header."""
+
+    def __init__(self, name: str, to: str, count: int) -> None:
+        super().__init__(name, HopState())
+        self.to = to
+        self.count = count
+
+    async def handle(self, message: Message, ctx: Context[HopState]) -> None:
+        for i in range(self.count):
+            ctx.send(self.to, {"i": i}, headers={"n": "7"} if i == 7 else None)
+
+
+async def test_a_burst_on_one_channel_is_journaled_whole_and_in_order() -> None:
+    # Hundreds of sends in a row on one channel: the journal encodes them several times as
+    # they come, each time with nothing logged on any other channel.
+    store = MemoryStore()
+    async with Runtime(store=store, journal=True) as runtime:
+        runtime.add(Burst("burst", "sink", 1000))
+        runtime.add(Burst("sink", "burst", 0))
+        runtime.send("burst", None)
+        await runtime.run_until_idle()
+
+    messages = read_journal(await store.load_journal(runtime.run_id))
+
+    burst = [m for m in messages if m.src == "burst"]
+    assert [m.seq for m in burst] == list(range(1, 1001))
+    assert [get(m.payload, "i", int) for m in burst] == list(range(1000))
+    assert [m.headers for m in burst[6:9]] == [{}, {"n": "7"}, {}]
+    assert all(m.delivered_at is not None for m in messages)
+
+
 async def test_journal_is_off_by_default() -> None:
     store = MemoryStore()
     async with Runtime(store=store) as runtime:

@@ -8,11 +8,12 @@ the snapshot protocol, rollbacks and the journal unchanged, on the default sched
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime
-from agentsnap.bus import BusObserver, Channel, Endpoint
+from agentsnap.bus import AsyncioScheduler, Bus, BusObserver, Channel, Endpoint
 from agentsnap.exceptions import SnapshotFailed
 from agentsnap.journal import read_journal
 from agentsnap.messages import Marker
@@ -255,3 +256,57 @@ async def test_the_bus_calls_only_the_hooks_an_observer_overrides() -> None:
         ("deliver", "$env>a#1"),
         ("deliver", "a>b#1"),
     ]
+
+
+async def _replay_plan_run(b_sends: bool) -> tuple[list[str], int]:
+    """Agent ``a`` must first take ``b``'s message #1; ``$env`` sends to ``a`` and ``b``.
+
+    ``b``'s handler awaits a moment, then sends that message if ``b_sends``. Returns the
+    messages ``a`` took, in order, and how many times the bus declared the plan stuck.
+    """
+    bus = Bus(AsyncioScheduler())
+    b = bus.add("b", 0)  # b's handler starts first, and awaits while a looks at its plan
+    a = bus.add("a", 0)
+    taken: list[str] = []
+    stalls: list[None] = []
+
+    def stalled() -> None:
+        stalls.append(None)
+        bus.abandon_replay()
+
+    async def deliver(channel: Channel) -> None:
+        message = channel.take()
+        assert type(message) is Message
+        bus.delivered(channel, message)
+        receiver = channel.receiver
+        plan = receiver.replay
+        if plan and plan[0] == (message.src, message.seq):
+            plan.popleft()
+        if receiver is a:
+            taken.append(f"{message.src}#{message.seq}")
+        elif b_sends:
+            await asyncio.sleep(0.01)
+            bus.send(b, "a", "planned", "message", None)
+
+    bus.replay_stalled = stalled
+    bus.scheduler.bind(bus, deliver)
+    a.replay = deque([("b", 1)])
+    bus.send(bus.environment, "a", "input", "message", None)
+    bus.send(bus.environment, "b", "input", "message", None)
+    try:
+        await bus.scheduler.run_until_idle()
+    finally:
+        await bus.scheduler.close()
+    return taken, len(stalls)
+
+
+async def test_a_replay_plan_waits_for_its_message_while_a_handler_may_still_send_it() -> None:
+    taken, stalls = await _replay_plan_run(b_sends=True)
+    assert taken == ["b#1", "$env#1"], "the planned message first, though the input was there"
+    assert stalls == 0
+
+
+async def test_a_replay_plan_no_message_can_fulfil_is_given_up_once_nothing_runs() -> None:
+    taken, stalls = await _replay_plan_run(b_sends=False)
+    assert taken == ["$env#1"], "the process takes its messages in any order again"
+    assert stalls == 1
