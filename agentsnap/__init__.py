@@ -36,6 +36,7 @@ from agentsnap.exceptions import (
     ToolFailed,
     ToolInProgress,
     ToolOutcomeUnknown,
+    TransportError,
     UnknownAgentError,
 )
 from agentsnap.handles import SnapshotHandle
@@ -141,6 +142,7 @@ __all__ = [
     "ToolFailed",
     "ToolInProgress",
     "ToolOutcomeUnknown",
+    "TransportError",
     "ToolRetry",
     "UnknownAgentError",
     "Verdict",

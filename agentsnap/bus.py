@@ -202,7 +202,14 @@ class LocalChannel:
 
 
 class Transport(Protocol):
-    """Makes the channels of a bus: where their items are kept and how they travel."""
+    """Makes the channels of a bus: where their items are kept and how they travel.
+
+    A transport whose channels are fed from elsewhere (another process) may also define
+    ``bind(bus) -> Callable[[Channel], None] | None``. The bus calls it once, as it is
+    created, so that the transport can create the channels whose items arrive and tell the
+    scheduler of them; a callable it returns replaces the scheduler's ``notify`` on the
+    send path (to keep the channels whose receiver is elsewhere from the scheduler).
+    """
 
     def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:
         """A new, empty channel from ``src`` to ``dst``, closed up to snapshot ``closed``."""
@@ -398,6 +405,11 @@ class Bus:
         self.replay_stalled: Callable[[], None] = self.abandon_replay
         # Message kinds already checked (check_kind): a send pays one set lookup.
         self._kinds: set[str] = {"message"}
+        bind = getattr(self.transport, "bind", None)
+        if bind is not None:
+            notify = bind(self)
+            if notify is not None:
+                self._notify = notify
 
     def observe(self, observer: BusObserver) -> None:
         """Have ``observer`` see every message sent and delivered from now on."""

@@ -29,6 +29,7 @@ AgentsnapError
     ├── ToolFailed
     ├── ToolInProgress
     ├── ToolOutcomeUnknown
+    ├── TransportError
     └── RuntimeClosedError
 
 Signal (a BaseException)       control flow, not an error: the runtime handles it
@@ -76,6 +77,7 @@ __all__ = [
     "ToolFailed",
     "ToolInProgress",
     "ToolOutcomeUnknown",
+    "TransportError",
     "UnknownAgentError",
 ]
 
@@ -403,6 +405,14 @@ class OutputRejected(Signal):
         self.source = source
         self.output = output
         super().__init__(f"output of agent {agent!r} rejected by {source}: {reason}")
+
+
+class TransportError(RunError):
+    """A transport cannot carry the channels: its server is unreachable or refused a message.
+
+    Raised by [`agentsnap.jetstream`][agentsnap.jetstream] when the NATS server cannot be
+    reached or has no JetStream, and when it refuses a publish for good (a full stream).
+    """
 
 
 class RuntimeClosedError(RunError):

@@ -91,6 +91,7 @@ EXPECTED_ALL = [
     "ToolInProgress",
     "ToolOutcomeUnknown",
     "ToolRetry",
+    "TransportError",
     "UnknownAgentError",
     "Verdict",
     "__version__",

@@ -7,7 +7,8 @@ function, under ``TYPE_CHECKING``). The layers, from the bottom::
                  semconv: data types and rules; they import nothing but each other
     store        store/, ledger, once, ownership, fork: persistence, the exactly-once
                  machine, forks of stored cuts
-    bus          channels, the transport and observer protocols, schedulers
+    bus          channels, the transport and observer protocols, schedulers; jetstream, the
+                 transport carrying channels between processes on NATS (bus-level only)
     checks       verdicts, checks, the guard          telemetry, replay: see the bus only
     agents       Agent, Context (a snapshot Initiator protocol, not the coordinator)
     snapshot     the Chandy-Lamport coordinator, its observer protocol
@@ -59,6 +60,7 @@ CONTRACTS: dict[str, set[str]] = {
     **dict.fromkeys(FOUNDATION, FOUNDATION),
     **dict.fromkeys(STORE, FOUNDATION | STORE),
     "agentsnap.bus": FOUNDATION,
+    "agentsnap.jetstream": BUS | {"agentsnap.jetstream"},
     "agentsnap.checks": BUS,
     "agentsnap.telemetry": BUS,
     "agentsnap.replay": BUS,

@@ -1,0 +1,669 @@
+"""The JetStream transport: the bus's channels carried between processes on NATS JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, NamedTuple
+
+import nats.errors
+import nats.js.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from agentsnap.bus import Bus, Channel, Endpoint, Item, LocalChannel, check_agent_name
+from agentsnap.exceptions import ConfigurationError, PayloadNotSerializable
+from agentsnap.jetstream.codec import Envelope, decode, decode_token, encode, inbox_subject
+from agentsnap.jetstream.link import JetStreamLink, Published
+from agentsnap.limits import check_run_id
+from agentsnap.messages import ENVIRONMENT, Message
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
+
+__all__ = ["ChannelOffset", "IncomingChannel", "JetStreamTransport", "OutgoingChannel"]
+
+log = logging.getLogger("agentsnap.jetstream")
+
+_HOLDBACK_MAX = 65536
+"""Items a channel holds back waiting for the one before them, at most."""
+
+
+class ChannelOffset(NamedTuple):
+    """Where a channel's items start in the stream: what a snapshot records per channel.
+
+    Attributes:
+        stream_seq: The stream sequence to consume from.
+        after: The id of the item that came before, on the channel, the first item to take
+            from there; ``None`` to take whatever comes first.
+    """
+
+    stream_seq: int
+    after: str | None = None
+
+
+class OutgoingChannel:
+    """A channel whose receiver is in another process: what is appended goes to the stream.
+
+    ``append`` encodes the item at once (with the transport's current generation) and queues
+    it on the link's publisher; nothing stays here, so the channel is always empty to this
+    process (its items in flight are in the stream, and the receiver's to record).
+
+    Attributes:
+        subject: The channel's subject.
+        published: How far publishing got: items unconfirmed, newest stream sequence stored.
+    """
+
+    __slots__ = (
+        "_last_seq",
+        "_prev",
+        "_transport",
+        "closed",
+        "delivered",
+        "dst",
+        "published",
+        "receiver",
+        "sent",
+        "src",
+        "subject",
+    )
+
+    def __init__(
+        self, transport: JetStreamTransport, src: str, dst: str, receiver: Endpoint, closed: int
+    ) -> None:
+        self.src = src
+        self.dst = dst
+        self.receiver = receiver
+        self.sent = 0
+        self.delivered = 0
+        self.closed = closed
+        self.published = Published()
+        self._transport = transport
+        self._prev: str | None = None
+        self._last_seq = 0
+        self.subject = ""
+
+    def append(self, item: Item, /) -> None:
+        """Publish ``item`` after everything appended before it.
+
+        Raises:
+            PayloadNotSerializable: The item is larger than the server takes.
+            TransportError: The link failed for good, or is closed.
+        """
+        transport = self._transport
+        if type(item) is Message:
+            self._last_seq = item.seq
+        subject, headers, body, msg_id = encode(
+            transport.run, item, transport.generation, self._last_seq, self._prev
+        )
+        link = transport.link
+        size = len(body) + sum(len(k) + len(v) + 4 for k, v in headers.items())
+        if size > link.max_payload:
+            raise PayloadNotSerializable(
+                self.src,
+                self.dst,
+                f"it is {size} bytes on the wire, more than the {link.max_payload} the NATS "
+                "server takes (its max_payload): send a reference to the data instead",
+            )
+        self.subject = subject
+        link.publish(subject, headers, body, self.published)
+        self._prev = msg_id
+
+    def take(self) -> Item:
+        """Nothing is taken here: the receiver is in another process."""
+        raise IndexError(f"{self.src}>{self.dst} is received in another process")
+
+    def clear(self) -> None:
+        """Forget the last sequence sent: a restore numbers the channel again."""
+        self._last_seq = 0
+
+    async def flush(self) -> None:
+        """Wait until the server has stored everything appended so far (on the whole link)."""
+        await self._transport.link.flush()
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(())
+
+    def __getitem__(self, index: int, /) -> Item:
+        raise IndexError(index)
+
+    def __repr__(self) -> str:
+        return (
+            f"<OutgoingChannel {self.src}>{self.dst} sent={self.sent} "
+            f"pending={self.published.pending} acked={self.published.acked}>"
+        )
+
+
+class IncomingChannel:
+    """A channel whose sender is in another process, fed from the stream.
+
+    Items are appended as they arrive, each with its stream sequence beside it, and the
+    scheduler hears of each. The channel takes each item once and in the sender's order,
+    whatever the stream holds:
+
+    - an item at or below the highest stream sequence it has seen is a redelivery (or
+      comes again after its consumer was rewound): dropped;
+    - an item names the one its sender published before it (``prev``); one that arrives
+      before its predecessor (a publish retried after a later one was stored) is held back
+      until the predecessor arrives;
+    - an item whose key (generation, sequence) is not above the last one taken in is a
+      second copy (published again after the duplicate window): dropped;
+    - an item from a generation before the channel's is from before a rollback: dropped.
+
+    Attributes:
+        taken: Stream sequence of the newest item the receiver took off the channel (0 for
+            none): how far the receiver has acknowledged.
+        received: Stream sequence of the newest item that arrived (0 for none).
+        generation: Items sent in an earlier generation are dropped.
+        duplicates: Items dropped as copies.
+        stale: Items dropped as sent before a rollback (an earlier generation).
+    """
+
+    __slots__ = (
+        "_chain",
+        "_holdback",
+        "_items",
+        "_key",
+        "_marks",
+        "_notify",
+        "_transport",
+        "closed",
+        "delivered",
+        "dst",
+        "duplicates",
+        "generation",
+        "received",
+        "receiver",
+        "sent",
+        "src",
+        "stale",
+        "taken",
+    )
+
+    def __init__(  # noqa: PLR0917 - a channel's fields, as LocalChannel takes them
+        self,
+        transport: JetStreamTransport,
+        src: str,
+        dst: str,
+        receiver: Endpoint,
+        closed: int,
+        generation: int,
+    ) -> None:
+        self.src = src
+        self.dst = dst
+        self.receiver = receiver
+        self.sent = 0
+        self.delivered = 0
+        self.closed = closed
+        self.generation = generation
+        self.taken = 0
+        self.received = 0
+        self.duplicates = 0
+        self.stale = 0
+        self._transport = transport
+        self._items: deque[Item] = deque()
+        # Per item: its stream sequence (0 when put back by a restore) and the id of the
+        # item before it on the channel.
+        self._marks: deque[tuple[int, str | None]] = deque()
+        self._holdback: dict[str, tuple[Envelope, int]] = {}
+        self._chain: str | None = None
+        self._key: tuple[int, int, int] | None = None
+        self._notify: Callable[[Channel], None] | None = None
+
+    # -- the Channel protocol ---------------------------------------------------------------
+
+    def append(self, item: Item, /) -> None:
+        """Put ``item`` at the end (a restore putting back what a cut recorded)."""
+        self._items.append(item)
+        self._marks.append((0, None))
+
+    def take(self) -> Item:
+        """Remove and return the oldest item."""
+        item = self._items.popleft()
+        seq = self._marks.popleft()[0]
+        if seq:
+            self.taken = seq
+        return item
+
+    def clear(self) -> None:
+        """Drop every item held (what arrives later is still taken in)."""
+        self._items.clear()
+        self._marks.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self._items)
+
+    def __getitem__(self, index: int, /) -> Item:
+        return self._items[index]
+
+    def __repr__(self) -> str:
+        return (
+            f"<IncomingChannel {self.src}>{self.dst} delivered={self.delivered} "
+            f"queued={len(self._items)} taken={self.taken} received={self.received}>"
+        )
+
+    # -- stream positions -------------------------------------------------------------------
+
+    def stream_seqs(self) -> list[int]:
+        """The stream sequence of each item held, oldest first (0 for an item put back)."""
+        return [seq for seq, _ in self._marks]
+
+    def in_flight(self) -> tuple[int, int] | None:
+        """The lowest and highest stream sequences of the items held, or ``None``."""
+        seqs = [seq for seq, _ in self._marks if seq]
+        return (min(seqs), max(seqs)) if seqs else None
+
+    @property
+    def offset(self) -> ChannelOffset:
+        """Where to consume from to hold again exactly what the channel holds now, and after.
+
+        A snapshot records it per channel;
+        [`replay_from`][agentsnap.jetstream.IncomingChannel.replay_from] puts the channel
+        back on it.
+        """
+        held = [seq for _, seq in self._holdback.values()]
+        for seq, after in self._marks:
+            if seq:
+                return ChannelOffset(min([seq, *held]), after)
+        return ChannelOffset(min([self.received + 1, *held]), self._chain)
+
+    async def replay_from(self, offset: ChannelOffset | int) -> None:
+        """Drop every item held and take the channel's items in again from ``offset``.
+
+        Used by a restore, a rollback or a recovery: with a recorded
+        [`offset`][agentsnap.jetstream.IncomingChannel.offset], the channel afterwards holds
+        exactly the items it held then, and what came after them. As with
+        [`Bus.restore`][agentsnap.bus.Bus.restore], call the scheduler's ``reset`` first
+        (the items dropped were announced to it) and set the counters yourself.
+
+        Args:
+            offset: A recorded offset, or a stream sequence to take every item from.
+        """
+        if isinstance(offset, int):
+            offset = ChannelOffset(offset)
+        await self._transport.rewind(self, offset)
+
+    def _reposition(self, offset: ChannelOffset) -> None:
+        self._items.clear()
+        self._marks.clear()
+        self._holdback.clear()
+        self.received = offset.stream_seq - 1
+        self._chain = offset.after
+        self._key = None
+
+    # -- arrivals ---------------------------------------------------------------------------
+
+    def _arrive(self, envelope: Envelope, seq: int) -> None:
+        if seq <= self.received:
+            return  # redelivered, or read again after a rewind of the shared consumer
+        self.received = seq
+        prev = envelope.prev
+        if prev is not None and self._chain is not None and prev != self._chain:
+            if len(self._holdback) >= _HOLDBACK_MAX:
+                log.error(
+                    "%s>%s: %d items wait for one that never came; dropping the oldest",
+                    self.src,
+                    self.dst,
+                    len(self._holdback),
+                )
+                self._holdback.pop(next(iter(self._holdback)))
+            self._holdback[prev] = (envelope, seq)
+            return
+        self._link(envelope, seq)
+        holdback = self._holdback
+        while holdback:
+            waiting = holdback.pop(envelope.id, None)
+            if waiting is None:
+                break
+            envelope, seq = waiting
+            self._link(envelope, seq)
+
+    def _link(self, envelope: Envelope, seq: int) -> None:
+        after = self._chain
+        self._chain = envelope.id
+        if envelope.generation < self.generation:
+            self.stale += 1
+            return
+        key = self._key
+        if key is not None and envelope.key <= key:
+            self.duplicates += 1
+            return
+        self._key = envelope.key
+        self._items.append(envelope.item)
+        self._marks.append((seq, after))
+        notify = self._notify
+        if notify is not None:
+            notify(self)
+
+
+class _Inbox:
+    """The consumer of everything one local agent receives, in stream order.
+
+    A pull consumer with explicit (cumulative) acknowledgement, created at the stream
+    sequence the inbox has reached. A delivery out of the consumer's order (a gap after a
+    disconnect, a redelivery of something not acknowledged) makes the inbox drop the consumer
+    and create a new one where it stopped, as does a reconnection; its channels drop anything
+    they have seen.
+    """
+
+    def __init__(self, transport: JetStreamTransport, dst: str, start: int) -> None:
+        self.transport = transport
+        self.dst = dst
+        self.subject = inbox_subject(transport.run, dst)
+        self.next = max(1, start)
+        self.task: asyncio.Task[None] | None = None
+        self.consumers = 0
+        self.ack = True
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"agentsnap:jetstream-inbox:{self.dst}"
+        )
+
+    async def stop(self) -> None:
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                await self._consume()
+                backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure: a new consumer, after a pause
+                log.debug("inbox of %s: %r; consuming again from %d", self.dst, exc, self.next)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _consume(self) -> None:
+        transport = self.transport
+        link = transport.link
+        js: JetStreamContext = link.js
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=self.next,
+            ack_policy=AckPolicy.ALL,
+            ack_wait=transport.ack_wait,
+            max_ack_pending=-1,
+            filter_subject=self.subject,
+            inactive_threshold=transport.inactive_threshold,
+        )
+        info = await js.add_consumer(transport.stream, config)
+        self.consumers += 1
+        sub = await js.pull_subscribe_bind(consumer=info.name, stream=transport.stream)
+        reconnects = link.reconnects
+        expected = 1
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(transport.batch, timeout=transport.fetch_timeout)
+                except nats.errors.TimeoutError:
+                    if link.reconnects != reconnects:
+                        return  # the consumer may be gone with the server: make a new one
+                    continue
+                last: Msg | None = None
+                for msg in msgs:
+                    meta = msg.metadata
+                    seq = meta.sequence.stream
+                    if seq < self.next:
+                        continue  # redelivered: already taken in
+                    if meta.sequence.consumer != expected:
+                        return  # something before it was lost on the way: start again
+                    expected += 1
+                    self.next = seq + 1
+                    transport.arrive(self.dst, msg, seq)
+                    last = msg
+                if last is not None and self.ack:
+                    await last.ack()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await js.delete_consumer(transport.stream, info.name)
+
+
+class JetStreamTransport:
+    """A [`Transport`][agentsnap.bus.Transport] carrying channels between processes on NATS.
+
+    Every process of a run makes one, on its
+    [`JetStreamLink`][agentsnap.jetstream.JetStreamLink], naming the processes it hosts
+    (``local``); every process's bus knows every process of the run. A channel between two
+    local processes is a plain [`LocalChannel`][agentsnap.bus.LocalChannel]. One to a
+    process elsewhere is an [`OutgoingChannel`][agentsnap.jetstream.OutgoingChannel]. One
+    from elsewhere to a local process is an
+    [`IncomingChannel`][agentsnap.jetstream.IncomingChannel], created as its first item
+    arrives if the bus had not made it yet.
+
+    The environment (``$env``) is a process like the others: name it in the ``local`` set of
+    exactly one process.
+
+    Args:
+        link: The connection.
+        run: The run (its stream is ``agentsnap.<run>.>``).
+        local: The processes hosted here.
+        batch: Items fetched at once by a consumer.
+        ack_wait: Seconds before the server delivers again what a consumer did not
+            acknowledge.
+
+    Attributes:
+        link: The connection.
+        run: The run.
+        local: The processes hosted here.
+        stream: The run's stream.
+        unroutable: Items dropped because their sender is not a process of this bus.
+    """
+
+    def __init__(
+        self,
+        link: JetStreamLink,
+        run: str,
+        local: Collection[str],
+        *,
+        batch: int = 256,
+        ack_wait: float = 30.0,
+    ) -> None:
+        from agentsnap.jetstream.codec import stream_name  # noqa: PLC0415
+
+        self.link = link
+        self.run = check_run_id(run)
+        self.local = frozenset(
+            name if name == ENVIRONMENT else check_agent_name(name) for name in local
+        )
+        if not self.local:
+            raise ConfigurationError(
+                "JetStreamTransport(local=...) names no process: name the agents this process "
+                "hosts (and $env in exactly one process)"
+            )
+        if batch < 1 or ack_wait <= 0:
+            raise ConfigurationError(
+                f"JetStreamTransport needs batch >= 1 and ack_wait > 0 (got {batch}, {ack_wait})"
+            )
+        self.stream = stream_name(self.run)
+        self.batch = batch
+        self.ack_wait = ack_wait
+        self.fetch_timeout = 1.0
+        self.inactive_threshold = 60.0
+        self.unroutable = 0
+        self._generation = 0
+        self._bus: Bus | None = None
+        self._scheduler_notify: Callable[[Channel], None] | None = None
+        self._incoming: dict[tuple[str, str], IncomingChannel] = {}
+        self._outgoing: dict[tuple[str, str], OutgoingChannel] = {}
+        self._inboxes: dict[str, _Inbox] = {}
+        self._started = False
+        link.on_close(self.close)
+
+    # -- the Transport protocol -------------------------------------------------------------
+
+    def bind(self, bus: Bus) -> Callable[[Channel], None]:
+        """Called by the bus as it is created: returns its notify, which skips outgoing channels."""
+        if self._bus is not None and self._bus is not bus:
+            raise ConfigurationError("a JetStreamTransport serves one bus: make one per bus")
+        self._bus = bus
+        scheduler_notify = bus.scheduler.notify
+        self._scheduler_notify = scheduler_notify
+        for channel in self._incoming.values():
+            channel._notify = scheduler_notify
+
+        def notify(channel: Channel) -> None:
+            # An outgoing channel's items are delivered in another process.
+            if type(channel) is not OutgoingChannel:
+                scheduler_notify(channel)
+
+        return notify
+
+    def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:
+        """A new channel: local, outgoing or incoming, by where ``src`` and ``dst`` run."""
+        local = self.local
+        if dst in local:
+            if src in local:
+                return LocalChannel(src, dst, receiver, closed)
+            incoming = IncomingChannel(self, src, dst, receiver, closed, self._generation)
+            incoming._notify = self._scheduler_notify
+            self._incoming[src, dst] = incoming
+            return incoming
+        if src not in local:
+            # Between two processes hosted elsewhere (the bus makes the environment's channel
+            # to every process): nothing is ever sent on it from here.
+            return LocalChannel(src, dst, receiver, closed)
+        outgoing = OutgoingChannel(self, src, dst, receiver, closed)
+        self._outgoing[src, dst] = outgoing
+        return outgoing
+
+    # -- generations ------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """The rollback generation: stamped on every item sent, and the oldest taken in.
+
+        Raise it (on every process) before a rollback puts the channels back: what was sent
+        before is then dropped by the receivers, and what is sent again has new ids, which
+        the server does not mistake for copies of the old.
+        """
+        return self._generation
+
+    @generation.setter
+    def generation(self, value: int) -> None:
+        if value < self._generation:
+            raise ConfigurationError(
+                f"the generation goes up only (it is {self._generation}, not {value})"
+            )
+        self._generation = value
+        for channel in self._incoming.values():
+            channel.generation = value
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(
+        self, positions: Mapping[str, int] | None = None, **stream_limits: float | int
+    ) -> None:
+        """Create the run's stream if needed and start consuming for every local agent.
+
+        Args:
+            positions: Per local agent, the stream sequence to consume from (by default 1,
+                the start of the stream: a run that begins).
+            **stream_limits: Passed to
+                [`ensure_stream`][agentsnap.jetstream.JetStreamLink.ensure_stream].
+        """
+        if self._started:
+            return
+        await self.link.ensure_stream(self.run, **stream_limits)  # type: ignore[arg-type]
+        positions = positions or {}
+        for name in sorted(self.local):
+            if name == ENVIRONMENT:
+                continue  # nothing is ever sent to the environment
+            inbox = _Inbox(self, name, positions.get(name, 1))
+            self._inboxes[name] = inbox
+            inbox.start()
+        self._started = True
+
+    async def flush(self) -> None:
+        """Wait until the server has stored everything sent so far."""
+        await self.link.flush()
+
+    async def close(self) -> None:
+        """Stop consuming and delete this transport's consumers (the stream stays)."""
+        inboxes = list(self._inboxes.values())
+        self._inboxes.clear()
+        await asyncio.gather(*(inbox.stop() for inbox in inboxes))
+        self._started = False
+
+    async def __aenter__(self) -> JetStreamTransport:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- channels ---------------------------------------------------------------------------
+
+    @property
+    def incoming(self) -> Mapping[tuple[str, str], IncomingChannel]:
+        """The incoming channels, by ``(src, dst)``."""
+        return self._incoming
+
+    @property
+    def outgoing(self) -> Mapping[tuple[str, str], OutgoingChannel]:
+        """The outgoing channels, by ``(src, dst)``."""
+        return self._outgoing
+
+    def inbox_position(self, dst: str) -> int:
+        """The next stream sequence the consumer of local agent ``dst`` reads."""
+        return self._inboxes[dst].next
+
+    async def rewind(self, channel: IncomingChannel, offset: ChannelOffset) -> None:
+        """Put ``channel`` on ``offset``, and its agent's consumer back far enough to refill it."""
+        inbox = self._inboxes.get(channel.dst)
+        if inbox is None:
+            channel._reposition(offset)
+            return
+        await inbox.stop()
+        channel._reposition(offset)
+        inbox.next = max(1, min(inbox.next, offset.stream_seq))
+        inbox.start()
+
+    def arrive(self, dst: str, msg: Msg, seq: int) -> None:
+        """Place an item the consumer of ``dst`` read at stream sequence ``seq``."""
+        try:
+            envelope = decode(msg.headers or {}, msg.data)
+        except ValueError as exc:
+            log.error("dropped stream item %d on %s: %s", seq, msg.subject, exc)
+            return
+        src = envelope.item.src
+        channel = self._incoming.get((src, dst))
+        if channel is None:
+            channel = self._discover(src, dst, msg.subject)
+            if channel is None:
+                return
+        channel._arrive(envelope, seq)
+
+    def _discover(self, src: str, dst: str, subject: str) -> IncomingChannel | None:
+        bus = self._bus
+        sender = bus.endpoints.get(src) if bus is not None else None
+        if bus is None or sender is None or src in self.local:
+            self.unroutable += 1
+            log.error(
+                "dropped an item from %r to %r (subject %s): the sender is not a remote "
+                "process this bus knows; add every process of the run to every bus",
+                src,
+                dst,
+                decode_token(subject.rsplit(".", 1)[-1]),
+            )
+            return None
+        channel = bus.channel(sender, dst)
+        assert isinstance(channel, IncomingChannel)
+        return channel
