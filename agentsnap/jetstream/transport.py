@@ -168,7 +168,7 @@ class IncomingChannel:
     __slots__ = (
         "_chain",
         "_holdback",
-        "_items",
+        "_held",
         "_key",
         "_marks",
         "_notify",
@@ -207,7 +207,7 @@ class IncomingChannel:
         self.duplicates = 0
         self.stale = 0
         self._transport = transport
-        self._items: deque[Item] = deque()
+        self._held: deque[Item] = deque()
         # Per item: its stream sequence (0 when put back by a restore) and the id of the
         # item before it on the channel.
         self._marks: deque[tuple[int, str | None]] = deque()
@@ -220,12 +220,12 @@ class IncomingChannel:
 
     def append(self, item: Item, /) -> None:
         """Put ``item`` at the end (a restore putting back what a cut recorded)."""
-        self._items.append(item)
+        self._held.append(item)
         self._marks.append((0, None))
 
     def take(self) -> Item:
         """Remove and return the oldest item."""
-        item = self._items.popleft()
+        item = self._held.popleft()
         seq = self._marks.popleft()[0]
         if seq:
             self.taken = seq
@@ -233,22 +233,22 @@ class IncomingChannel:
 
     def clear(self) -> None:
         """Drop every item held (what arrives later is still taken in)."""
-        self._items.clear()
+        self._held.clear()
         self._marks.clear()
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._held)
 
     def __iter__(self) -> Iterator[Item]:
-        return iter(self._items)
+        return iter(self._held)
 
     def __getitem__(self, index: int, /) -> Item:
-        return self._items[index]
+        return self._held[index]
 
     def __repr__(self) -> str:
         return (
             f"<IncomingChannel {self.src}>{self.dst} delivered={self.delivered} "
-            f"queued={len(self._items)} taken={self.taken} received={self.received}>"
+            f"queued={len(self._held)} taken={self.taken} received={self.received}>"
         )
 
     # -- stream positions -------------------------------------------------------------------
@@ -293,7 +293,7 @@ class IncomingChannel:
         await self._transport.rewind(self, offset)
 
     def _reposition(self, offset: ChannelOffset) -> None:
-        self._items.clear()
+        self._held.clear()
         self._marks.clear()
         self._holdback.clear()
         self.received = offset.stream_seq - 1
@@ -338,7 +338,7 @@ class IncomingChannel:
             self.duplicates += 1
             return
         self._key = envelope.key
-        self._items.append(envelope.item)
+        self._held.append(envelope.item)
         self._marks.append((seq, after))
         notify = self._notify
         if notify is not None:
