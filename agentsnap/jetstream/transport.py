@@ -167,8 +167,8 @@ class IncomingChannel:
 
     __slots__ = (
         "_chain",
-        "_holdback",
         "_held",
+        "_holdback",
         "_key",
         "_marks",
         "_notify",
