@@ -172,7 +172,9 @@ class JetStreamLink:
                 servers=servers,
                 connect_timeout=connect_timeout,
                 allow_reconnect=True,
-                max_reconnect_attempts=-1,
+                # Give up on a server that never answered after a second try; once
+                # connected, reconnect for as long as the link is open (set below).
+                max_reconnect_attempts=1,
                 reconnect_time_wait=0.25,
                 reconnected_cb=reconnected,
                 error_cb=quiet,
@@ -183,6 +185,7 @@ class JetStreamLink:
                 f"cannot reach a NATS server at {shown} ({type(exc).__name__}: {exc}): start "
                 "one with JetStream (`nats-server -js`) or pass the URL of a running one"
             ) from exc
+        nc.options["max_reconnect_attempts"] = -1
         try:
             await nc.jetstream().account_info()
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:

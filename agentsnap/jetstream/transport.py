@@ -362,6 +362,7 @@ class _Inbox:
         self.next = max(1, start)
         self.task: asyncio.Task[None] | None = None
         self.consumers = 0
+        self.redelivered = 0
         self.ack = True
 
     def start(self) -> None:
@@ -420,7 +421,8 @@ class _Inbox:
                     meta = msg.metadata
                     seq = meta.sequence.stream
                     if seq < self.next:
-                        continue  # redelivered: already taken in
+                        self.redelivered += 1
+                        continue  # delivered again: already taken in
                     if meta.sequence.consumer != expected:
                         return  # something before it was lost on the way: start again
                     expected += 1
