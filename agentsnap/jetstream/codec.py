@@ -25,8 +25,8 @@ headers (text that may hold anything, a kind or a header, is percent-encoded):
 | ``Agentsnap-H-<key>`` | a message header, key and value percent-encoded |
 | ``Agentsnap-Json: std`` | the body holds an integer beyond 64 bits (read it with ``json``) |
 
-**Ids.** An item's id is ``<run>/<src>>[dst]#<seq>@<generation>`` for a message and
-``<run>/<src>>[dst]#<after>!<snapshot>@<generation>`` for a marker (names as tokens): the same
+**Ids.** An item's id is ``<run>/<src>><dst>#<seq>@<generation>`` for a message and
+``<run>/<src>><dst>#<after>!<snapshot>@<generation>`` for a marker (names as tokens): the same
 item published again, after a reconnect or by a process resumed after a crash, has the same
 id, and the server keeps one copy within the stream's duplicate window.
 """
