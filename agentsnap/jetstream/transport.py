@@ -9,8 +9,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-import nats.errors
-import nats.js.errors
+import orjson
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from agentsnap.bus import Bus, Channel, Endpoint, Item, LocalChannel, check_agent_name
@@ -21,7 +21,6 @@ from agentsnap.limits import check_run_id
 from agentsnap.messages import ENVIRONMENT, Message
 
 if TYPE_CHECKING:
-    from nats.aio.msg import Msg
     from nats.js import JetStreamContext
 
 __all__ = ["ChannelOffset", "IncomingChannel", "JetStreamTransport", "OutgoingChannel"]
@@ -391,9 +390,18 @@ class _Inbox:
                 backoff = min(backoff * 2, 2.0)
 
     async def _consume(self) -> None:
+        """Consume until something is out of order or the server was lost; then return.
+
+        Pull requests for ``batch`` items are kept outstanding (another is sent once half
+        of them arrived), so items flow without a round trip each; the consumer's heartbeats
+        show the server is there while nothing is sent.
+        """
         transport = self.transport
         link = transport.link
+        nc = link.nc
         js: JetStreamContext = link.js
+        loop = asyncio.get_running_loop()
+        heartbeat = transport.heartbeat
         config = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=self.next,
@@ -405,37 +413,88 @@ class _Inbox:
         )
         info = await js.add_consumer(transport.stream, config)
         self.consumers += 1
-        sub = await js.pull_subscribe_bind(consumer=info.name, stream=transport.stream)
+        next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{transport.stream}.{info.name}"
+        deliver = nc.new_inbox()
+        batch = transport.batch
+        request = orjson.dumps(
+            {
+                "batch": batch,
+                "expires": int(transport.pull_expires * 1e9),
+                "idle_heartbeat": int(heartbeat * 1e9),
+            }
+        )
+        state = _Pull(loop.time())
+        stop: asyncio.Future[None] = loop.create_future()
+
+        async def pull() -> None:
+            state.outstanding += batch
+            await nc.publish(next_subject, request, reply=deliver)
+
+        async def on_msg(msg: Msg) -> None:
+            if stop.done():
+                return
+            state.seen = loop.time()
+            headers = msg.headers
+            status = headers.get("Status") if headers and not msg.data else None
+            if status is not None:
+                if status in {"404", "408"}:  # a request expired with items still owed
+                    state.outstanding -= int(headers.get("Nats-Pending-Messages", 0))  # type: ignore[union-attr]
+                elif status != "100":  # 409: the consumer is gone, or the server changed
+                    stop.set_result(None)
+                    return
+                if state.outstanding <= batch // 2:
+                    await pull()
+                return
+            state.outstanding -= 1
+            meta = msg.metadata
+            seq = meta.sequence.stream
+            if seq < self.next:
+                self.redelivered += 1  # delivered again: already taken in
+            elif meta.sequence.consumer != state.expected:
+                stop.set_result(None)  # something before it was lost on the way
+                return
+            else:
+                state.expected += 1
+                self.next = seq + 1
+                transport.arrive(self.dst, msg, seq)
+                state.unacked = msg
+                if self.ack and (sub.pending_msgs == 0 or state.expected % batch == 0):
+                    state.unacked = None
+                    await msg.ack()
+            if state.outstanding <= batch // 2:
+                await pull()
+
+        sub = await nc.subscribe(deliver, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
         reconnects = link.reconnects
-        expected = 1
         try:
-            while True:
-                try:
-                    msgs = await sub.fetch(transport.batch, timeout=transport.fetch_timeout)
-                except nats.errors.TimeoutError:
-                    if link.reconnects != reconnects:
-                        return  # the consumer may be gone with the server: make a new one
-                    continue
-                last: Msg | None = None
-                for msg in msgs:
-                    meta = msg.metadata
-                    seq = meta.sequence.stream
-                    if seq < self.next:
-                        self.redelivered += 1
-                        continue  # delivered again: already taken in
-                    if meta.sequence.consumer != expected:
-                        return  # something before it was lost on the way: start again
-                    expected += 1
-                    self.next = seq + 1
-                    transport.arrive(self.dst, msg, seq)
-                    last = msg
-                if last is not None and self.ack:
-                    await last.ack()
+            await pull()
+            while not stop.done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(stop), heartbeat)
+                if link.reconnects != reconnects or loop.time() - state.seen > 3 * heartbeat:
+                    return  # the server was lost: the consumer may be gone with it
+                unacked = state.unacked
+                if unacked is not None and self.ack:
+                    state.unacked = None
+                    await unacked.ack()
         finally:
+            stop.cancel()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             with contextlib.suppress(Exception):
                 await js.delete_consumer(transport.stream, info.name)
+
+
+class _Pull:
+    """The state of one consumer's pull requests."""
+
+    __slots__ = ("expected", "outstanding", "seen", "unacked")
+
+    def __init__(self, now: float) -> None:
+        self.outstanding = 0
+        self.expected = 1
+        self.seen = now
+        self.unacked: Msg | None = None
 
 
 class JetStreamTransport:
@@ -457,7 +516,7 @@ class JetStreamTransport:
         link: The connection.
         run: The run (its stream is ``agentsnap.<run>.>``).
         local: The processes hosted here.
-        batch: Items fetched at once by a consumer.
+        batch: Items a consumer asks the server for at once.
         ack_wait: Seconds before the server delivers again what a consumer did not
             acknowledge.
 
@@ -475,7 +534,7 @@ class JetStreamTransport:
         run: str,
         local: Collection[str],
         *,
-        batch: int = 256,
+        batch: int = 512,
         ack_wait: float = 30.0,
     ) -> None:
         from agentsnap.jetstream.codec import stream_name  # noqa: PLC0415
@@ -497,7 +556,8 @@ class JetStreamTransport:
         self.stream = stream_name(self.run)
         self.batch = batch
         self.ack_wait = ack_wait
-        self.fetch_timeout = 1.0
+        self.heartbeat = 1.0
+        self.pull_expires = 30.0
         self.inactive_threshold = 60.0
         self.unroutable = 0
         self._generation = 0
