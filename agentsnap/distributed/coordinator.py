@@ -173,6 +173,7 @@ class DistributedRun:
         self._subscription: Subscription | None = None
         self._ownership = RunOwnership(store, self.run_id)
         self._requests = 0
+        self._closing = False
 
     @property
     def bus(self) -> Any:
@@ -257,9 +258,10 @@ class DistributedRun:
     # -- completion -------------------------------------------------------------------------
 
     async def _watch(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll)
+                async with asyncio.timeout(self._poll):
+                    await self._wake.wait()
             self._wake.clear()
             for seq in sorted(self._pending):
                 try:
@@ -332,8 +334,9 @@ class DistributedRun:
         await self.settle()
         for seq in sorted(self._pending):
             await self._fail(seq, "the run's coordinator closed before every part came")
-        for task in self._tasks[:1]:
-            task.cancel()
+        # The watch stops at its next turn: a cancellation that met its wake-up could be lost.
+        self._closing = True
+        self._wake.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         if self._subscription is not None:
