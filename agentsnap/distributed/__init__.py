@@ -44,13 +44,17 @@ from agentsnap.distributed.host import Host, control_subject
 from agentsnap.distributed.placement import group_of, parse_group, place
 from agentsnap.distributed.recording import PartCoordinator
 from agentsnap.distributed.worker import AgentsHeld, Worker
+from agentsnap.records import AgentLease, ChannelOffsets, SnapshotPart
 
 __all__ = [
+    "AgentLease",
     "AgentsHeld",
     "App",
+    "ChannelOffsets",
     "DistributedRun",
     "Host",
     "PartCoordinator",
+    "SnapshotPart",
     "Worker",
     "control_subject",
     "group_of",

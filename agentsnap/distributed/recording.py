@@ -17,7 +17,7 @@ the run it hosts (``local``). It runs the protocol for them only:
   whose two ends run here, since a remote sender's recording is not seen here. Its messages
   in flight are recorded as their receiver takes them, as for any channel, together with
   their **stream-sequence range**: from the first of them to the item that closed the channel
-  ([`ChannelOffsets`][agentsnap.records.ChannelOffsets]);
+  ([`ChannelOffsets`][agentsnap.distributed.ChannelOffsets]);
 - once every local process has recorded ``k`` and every channel into them is closed for
   ``k``, the part (cuts, channels in flight, offsets) is handed to ``write`` (the store, in
   one transaction); a part that cannot be recorded (a state that is not JSON) is written with
