@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from nats_server import SHARED_URL, OwnServer, free_port, reachable, server_binary, unavailable
 
 from agentsnap.bus import AsyncioScheduler, Bus, Channel, Item
-from agentsnap.exceptions import ConfigurationError, TransportError
+from agentsnap.exceptions import ConfigurationError, PayloadNotSerializable, TransportError
 from agentsnap.jetstream import (
     ChannelOffset,
     IncomingChannel,
@@ -40,6 +40,7 @@ from agentsnap.jetstream.codec import (
     decode_token,
     encode,
     encode_token,
+    item_id,
     stream_name,
 )
 from agentsnap.messages import ENVIRONMENT, JsonValue, Marker, Message
@@ -215,7 +216,13 @@ JSON = st.recursive(
     headers=st.dictionaries(TEXT, TEXT, max_size=4),
     epoch=st.integers(0, 2**31),
     generation=st.integers(0, 2**31),
-    prev=st.none() | TEXT,
+    prev=st.none()
+    | st.builds(
+        lambda run, src, seq: item_id(run, Message(src, "x", seq, "", None, {}, 0), 0, 0),
+        TEXT,
+        NAMES,
+        st.integers(1, 9),
+    ),
 )
 def test_a_message_comes_back_from_the_wire_exactly(
     run: str,
@@ -503,6 +510,46 @@ async def test_items_sent_before_a_rollback_are_dropped_by_a_receiver_that_appli
     await b.close()
 
 
+async def test_items_sent_before_the_stream_exists_are_published_again_until_stored(
+    links: Links,
+) -> None:
+    """The server answers that nothing stores the subject; the link retries, in order."""
+    run = new_run()
+    links.runs.append(run)
+    everyone = ["a", "b"]
+    a = Node(await links.connect(), run, {ENVIRONMENT, "a"}, everyone)
+    b = Node(await links.connect(), run, {"b"}, everyone)
+    a.scheduler.start()  # the transport is not started: the run has no stream yet
+    for i in range(50):
+        a.send("a", "b", i)
+    outgoing = a.bus.channels["a", "b"]
+    assert isinstance(outgoing, OutgoingChannel)
+    await asyncio.sleep(0.3)
+    assert outgoing.published.pending == 50, "stored with no stream to store it"
+    await b.start()  # creates the stream
+    await a.transport.flush()
+    await eventually(lambda: b.count() == 50, "every item arriving")
+    assert shape(b.received["a", "b"]) == [("m", i) for i in range(50)]
+    assert await a.transport.link.last_sequence(run) == 50
+    await a.close()
+    await b.close()
+
+
+async def test_a_message_larger_than_the_server_takes_is_refused_at_the_send(
+    links: Links,
+) -> None:
+    _run, a, b = await pair(links, ["a"], ["b"])
+    a.send("a", "b", "small")
+    limit = a.transport.link.max_payload
+    with pytest.raises(PayloadNotSerializable, match="max_payload"):
+        a.send("a", "b", "x" * limit)
+    assert a.send("a", "b", "next").seq == 2
+    await eventually(lambda: b.count() == 2, "the two messages arriving")
+    assert shape(b.received["a", "b"]) == [("m", "small"), ("m", "next")]
+    await a.close()
+    await b.close()
+
+
 # -- offsets and replay ---------------------------------------------------------------------
 
 
@@ -565,6 +612,11 @@ async def test_purging_below_a_sequence_keeps_what_a_snapshot_needs(
     await channel.replay_from(1)
     await eventually(lambda: len(channel) == 5, "the items kept")
     assert shape(channel) == [("m", i) for i in range(5, 10)]
+    await link.keep_last(run, 2, channel=("a", "b"))
+    b.scheduler.reset()
+    await channel.replay_from(1)
+    await eventually(lambda: len(channel) == 2, "the two items kept")
+    assert shape(channel) == [("m", 8), ("m", 9)]
     b.scheduler.resume()
     await a.close()
     await b.close()

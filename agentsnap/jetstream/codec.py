@@ -12,18 +12,26 @@ by keeping ``A-Z a-z 0-9 _ -`` and writing every other character as ``%XX`` per 
 ([`decode_token`][agentsnap.jetstream.codec.decode_token]).
 
 **Items.** A message's JSON payload is the NATS message's body; everything else travels in
-headers (text that may hold anything, a kind or a header, is percent-encoded):
+two headers, as few as the server and the client need to read (the client parses headers in
+Python, character by character: each further header costs every message):
 
 | header | value |
 |---|---|
 | ``Nats-Msg-Id`` | the item's id (below): the server drops a second publish of it |
-| ``Agentsnap-Src``, ``Agentsnap-Dst`` | the channel |
-| ``Agentsnap-Seq``, ``-Kind``, ``-Epoch`` | a message's sequence number, kind, epoch |
-| ``Agentsnap-Snapshot``, ``-After`` | a marker's snapshot; the last sequence before it |
-| ``Agentsnap-Generation`` | the rollback generation the sender was in |
-| ``Agentsnap-Prev`` | the id of the item the sender published before on this channel |
-| ``Agentsnap-H-<key>`` | a message header, key and value percent-encoded |
-| ``Agentsnap-Json: std`` | the body holds an integer beyond 64 bits (read it with ``json``) |
+| ``Agentsnap`` | the item's place, fields separated by spaces (below) |
+| ``Agentsnap-H-<key>`` | a message header, key and value percent-encoded (only when set) |
+
+The ``Agentsnap`` header of a message is ``m <generation> <seq> <epoch> <json> <src> <dst>
+<prev> <kind>``; of a marker, ``k <generation> <after> <snapshot> <src> <dst> <prev>``:
+
+- ``generation``: the rollback generation the sender was in;
+- ``seq``, ``epoch``: the message's sequence number and epoch; ``after``, ``snapshot``: the
+  sequence number of the last message sent before the marker, and its snapshot;
+- ``json``: ``o``, or ``s`` when the body holds an integer beyond 64 bits (read it with
+  ``json``, not ``orjson``);
+- ``src``, ``dst``: the channel (agent names, which hold no space);
+- ``prev``: the id of the item the sender published before on the channel, or ``-``;
+- ``kind``: the message's kind, percent-encoded (last, left out when empty).
 
 **Ids.** An item's id is ``<run>/<src>><dst>#<seq>@<generation>`` for a message and
 ``<run>/<src>><dst>#<after>!<snapshot>@<generation>`` for a marker (names as tokens): the same
@@ -65,17 +73,9 @@ ROOT = "agentsnap"
 """First token of every subject agentsnap publishes to."""
 
 H_ID = "Nats-Msg-Id"
-H_SRC = "Agentsnap-Src"
-H_DST = "Agentsnap-Dst"
-H_SEQ = "Agentsnap-Seq"
-H_KIND = "Agentsnap-Kind"
-H_EPOCH = "Agentsnap-Epoch"
-H_SNAPSHOT = "Agentsnap-Snapshot"
-H_AFTER = "Agentsnap-After"
-H_GENERATION = "Agentsnap-Generation"
-H_PREV = "Agentsnap-Prev"
-H_JSON = "Agentsnap-Json"
+H_ITEM = "Agentsnap"
 H_USER = "Agentsnap-H-"
+_NONE = "-"
 
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 _STREAM_RUN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -179,32 +179,27 @@ def encode(
             (a lone surrogate).
     """
     msg_id = item_id(run, item, generation, after)
-    headers = {
-        H_ID: msg_id,
-        H_SRC: item.src,
-        H_DST: item.dst,
-        H_GENERATION: str(generation),
-    }
-    if prev is not None:
-        headers[H_PREV] = prev
+    link = prev if prev is not None else _NONE
     try:
         if type(item) is Marker:
-            headers[H_SNAPSHOT] = str(item.snapshot)
-            headers[H_AFTER] = str(after)
+            place = f"k {generation} {after} {item.snapshot} {item.src} {item.dst} {link}"
+            headers = {H_ID: msg_id, H_ITEM: place}
             body = b""
         else:
             assert type(item) is Message
-            headers[H_SEQ] = str(item.seq)
-            headers[H_KIND] = quote(item.kind, safe="")
-            headers[H_EPOCH] = str(item.epoch)
-            for key, value in item.headers.items():
-                headers[H_USER + quote(key, safe="")] = quote(value, safe="")
             try:
                 body = orjson.dumps(item.payload)
+                reader = "o"
             except TypeError:
                 # orjson writes integers of at most 64 bits; the standard library any.
                 body = json.dumps(item.payload, separators=(",", ":")).encode()
-                headers[H_JSON] = "std"
+                reader = "s"
+            place = f"m {generation} {item.seq} {item.epoch} {reader} {item.src} {item.dst} {link}"
+            if item.kind:
+                place += " " + quote(item.kind, safe="")
+            headers = {H_ID: msg_id, H_ITEM: place}
+            for key, value in item.headers.items():
+                headers[H_USER + quote(key, safe="")] = quote(value, safe="")
     except (UnicodeEncodeError, ValueError, TypeError) as exc:
         raise PayloadNotSerializable(item.src, item.dst, f"it cannot be sent: {exc}") from exc
     return channel_subject(run, item.src, item.dst), headers, body, msg_id
@@ -218,37 +213,42 @@ def decode(headers: Mapping[str, str], body: bytes) -> Envelope:
             malformed).
     """
     try:
-        src = headers[H_SRC]
-        dst = headers[H_DST]
-        generation = int(headers[H_GENERATION])
         msg_id = headers[H_ID]
-        snapshot = headers.get(H_SNAPSHOT)
-        if snapshot is not None:
-            after = int(headers[H_AFTER])
-            marker = Marker(src, dst, int(snapshot))
+        fields = headers[H_ITEM].split(" ")
+        generation = int(fields[1])
+        if fields[0] == "k":
+            after, snapshot = int(fields[2]), int(fields[3])
+            prev = fields[6]
             return Envelope(
-                marker,
+                Marker(fields[4], fields[5], snapshot),
                 generation,
                 msg_id,
-                headers.get(H_PREV),
-                (generation, after, marker.snapshot),
+                None if prev == _NONE else prev,
+                (generation, after, snapshot),
             )
-        seq = int(headers[H_SEQ])
-        user = {
-            unquote(key[len(H_USER) :], errors="strict"): unquote(value, errors="strict")
-            for key, value in headers.items()
-            if key.startswith(H_USER)
-        }
-        payload = json.loads(body) if headers.get(H_JSON) == "std" else orjson.loads(body)
+        seq = int(fields[2])
+        prev = fields[7]
+        user = (
+            {
+                unquote(key[len(H_USER) :], errors="strict"): unquote(value, errors="strict")
+                for key, value in headers.items()
+                if key.startswith(H_USER)
+            }
+            if len(headers) > 2
+            else None
+        )
+        payload = json.loads(body) if fields[4] == "s" else orjson.loads(body)
         message = Message(
-            src,
-            dst,
+            fields[5],
+            fields[6],
             seq,
-            unquote(headers[H_KIND], errors="strict"),
+            unquote(fields[8], errors="strict") if len(fields) > 8 else "",
             payload,
             MappingProxyType(user) if user else EMPTY_HEADERS,
-            int(headers[H_EPOCH]),
+            int(fields[3]),
         )
-    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+    except (KeyError, IndexError, ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"not an agentsnap channel item: {exc!r}") from exc
-    return Envelope(message, generation, msg_id, headers.get(H_PREV), (generation, seq, 0))
+    return Envelope(
+        message, generation, msg_id, None if prev == _NONE else prev, (generation, seq, 0)
+    )

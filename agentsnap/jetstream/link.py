@@ -111,6 +111,9 @@ class JetStreamLink:
         self._idle: list[asyncio.Future[None]] = []
         self._failed: TransportError | None = None
         self._closing = False
+        # Retrying: no publish before _resume_at; the next retry waits _backoff seconds.
+        self._resume_at = 0.0
+        self._backoff = 0.0
         self._reply_prefix = nc.new_inbox() + "."
         self._replies: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
@@ -275,6 +278,20 @@ class JetStreamLink:
         subject = channel_subject(run, *channel) if channel is not None else None
         await self._jsm.purge_stream(stream_name(run), seq=seq, subject=subject)
 
+    async def keep_last(self, run: str, count: int, *, channel: tuple[str, str]) -> None:
+        """Drop all but the newest ``count`` items of one channel of ``run``.
+
+        Args:
+            run: The run.
+            count: Items to keep (at least 1).
+            channel: ``(src, dst)``: whose subject to trim.
+        """
+        if count < 1:
+            raise ConfigurationError(f"keep_last keeps at least 1 item, not {count}")
+        await self._jsm.purge_stream(
+            stream_name(run), subject=channel_subject(run, *channel), keep=count
+        )
+
     async def delete_stream(self, run: str) -> bool:
         """Delete ``run``'s stream and everything in it; ``False`` when there was none."""
         try:
@@ -337,7 +354,12 @@ class JetStreamLink:
         loop = asyncio.get_running_loop()
         queue, in_flight, nc = self._queue, self._in_flight, self._nc
         while not self._closing:
-            while queue and len(in_flight) < self._window and nc.is_connected:
+            while (
+                queue
+                and len(in_flight) < self._window
+                and nc.is_connected
+                and loop.time() >= self._resume_at
+            ):
                 entry = queue.popleft()
                 self._token += 1
                 token = str(self._token)
@@ -355,33 +377,39 @@ class JetStreamLink:
                     self._retry_all()
                     break
             self._wake.clear()
+            now = loop.time()
             if in_flight:
-                oldest = min(entry.sent_at for entry in in_flight.values())
-                wait = max(0.0, oldest + self._ack_timeout - loop.time())
+                # In the order published: the first is the oldest still unconfirmed.
+                oldest = next(iter(in_flight.values())).sent_at
+                wait: float | None = max(0.0, oldest + self._ack_timeout - now)
             elif queue:
-                wait = 0.05  # disconnected: look again shortly
+                wait = max(0.05 if not nc.is_connected else 0.0, self._resume_at - now)
             else:
                 wait = None
             try:
                 await asyncio.wait_for(self._wake.wait(), wait)
             except TimeoutError:
-                overdue = loop.time() - self._ack_timeout
-                if in_flight and min(entry.sent_at for entry in in_flight.values()) <= overdue:
-                    log.debug("publishes unconfirmed for %ss: publishing again", self._ack_timeout)
-                    self._retry_all()
+                if in_flight:
+                    oldest = next(iter(in_flight.values())).sent_at
+                    if oldest + self._ack_timeout <= loop.time():
+                        log.debug("publishes unconfirmed for %ss: again", self._ack_timeout)
+                        self._retry_all()
 
     def _retry_all(self) -> None:
         """Queue every unconfirmed publish again, in the order first queued, ahead of the rest.
 
         Replies still on their way for the old attempts are ignored; the new attempts of what
         the server had stored are recognised as duplicates and confirmed with the first copy's
-        sequence.
+        sequence. Retries without a confirmation in between wait longer each time (up to a
+        second), so a server that answers at once that it cannot store yet is not flooded.
         """
         if not self._in_flight:
             return
         retry = sorted(self._in_flight.values(), key=lambda entry: entry.order)
         self._in_flight.clear()
         self._queue.extendleft(reversed(retry))
+        self._resume_at = asyncio.get_running_loop().time() + self._backoff
+        self._backoff = min(max(self._backoff * 2, 0.02), 1.0)
         self._wake.set()
 
     def _reconnected(self) -> None:
@@ -417,6 +445,7 @@ class JetStreamLink:
             )
             return
         del self._in_flight[token]
+        self._backoff = 0.0
         progress = entry.progress
         progress.pending -= 1
         seq = reply.get("seq", 0)

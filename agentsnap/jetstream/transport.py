@@ -101,6 +101,8 @@ class OutgoingChannel:
         link = transport.link
         size = len(body) + sum(len(k) + len(v) + 4 for k, v in headers.items())
         if size > link.max_payload:
+            if type(item) is Message and item.seq == self.sent:
+                self.sent -= 1  # not sent: the next message takes its number
             raise PayloadNotSerializable(
                 self.src,
                 self.dst,
