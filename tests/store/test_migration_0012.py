@@ -28,6 +28,7 @@ async def test_runs_stored_before_0012_gain_parts_and_agent_leases(url: str) -> 
 
     migrate.upgrade(url, "0012")
     assert tables(url) >= NEW_TABLES
+    migrate.upgrade(url)  # the store needs the newest schema
     store = SqlStore(url)
     try:
         assert await store.load_snapshot_parts(RUN, 1) == []
