@@ -251,3 +251,30 @@ async def test_a_snapshot_whose_worker_never_comes_fails_and_the_run_goes_on(
 
 def _later() -> datetime:
     return utcnow() + timedelta(seconds=30)
+
+
+async def test_a_worker_asks_the_coordinator_for_a_snapshot_and_cannot_begin_one(
+    nats_url: str,
+) -> None:
+    store = MemoryStore()
+    links = [await JetStreamLink.connect(nats_url) for _ in range(2)]
+    run = DistributedRun(links[0], store, bank(2))
+    worker = Worker(links[1], store, run.run_id, bank(2), ["teller-0", "teller-1"], name="w")
+    try:
+        await run.start()
+        await worker.start()
+        with pytest.raises(ConfigurationError, match="request_snapshot"):
+            worker.host.coordinator.begin(None)
+        await worker.request_snapshot()
+        for _ in range(int(PATIENCE / 0.05)):
+            if run.complete:
+                break
+            await asyncio.sleep(0.05)
+        assert [s.seq for s in run.complete] == [1]
+        assert set(run.complete[0].agents) == {ENVIRONMENT, "teller-0", "teller-1"}
+    finally:
+        await worker.close()
+        await run.close()
+        await links[0].delete_stream(run.run_id)
+        for link in links:
+            await link.close()

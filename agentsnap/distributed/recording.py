@@ -34,6 +34,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from agentsnap.exceptions import ConfigurationError
 from agentsnap.handles import SnapshotHandle
 from agentsnap.jetstream import IncomingChannel
 from agentsnap.jetstream.codec import channel_subject
@@ -119,9 +120,15 @@ class PartCoordinator(SnapshotCoordinator):
         super().on_message(endpoint, channel, message)
 
     def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
-        """Begin a snapshot here: only the process hosting the environment numbers them."""
+        """Begin a snapshot here: only the process hosting the environment numbers them.
+
+        Raises:
+            ConfigurationError: This process does not host the environment (an agent's
+                ``ctx.snapshot()`` in a worker): ask the coordinator with
+                [`Worker.request_snapshot`][agentsnap.distributed.Worker.request_snapshot].
+        """
         if ENVIRONMENT not in self.local:
-            raise RuntimeError(
+            raise ConfigurationError(
                 "a worker does not begin snapshots: the run's coordinator numbers them "
                 "(ask it with Worker.request_snapshot())"
             )
