@@ -1595,6 +1595,98 @@ class _Steps:
             self._stream.flush()
 
 
+@main.command()
+@click.option(
+    "--nats", "nats_url", required=True, metavar="URL", help="The NATS server (JetStream on)."
+)
+@_DB
+@click.option(
+    "--app",
+    "app_spec",
+    required=True,
+    metavar="MODULE:FACTORY",
+    help="The run's app: a factory returning an agentsnap.distributed.App (the current "
+    "directory is importable).",
+)
+@click.option("--run", "run_id", required=True, help="The run (its coordinator created it).")
+@click.option("--agents", "agent_names", metavar="A,B", help="Host these agents.")
+@click.option(
+    "--group", metavar="N/M", help="Host the agents whose name hashes to group N of M (0 <= N < M)."
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=1.0),
+    default=10.0,
+    show_default=True,
+    help="Seconds the claim on the agents holds without renewal.",
+)
+def worker(  # noqa: PLR0917 - click passes the options positionally
+    nats_url: str,
+    db: str,
+    app_spec: str,
+    run_id: str,
+    agent_names: str | None,
+    group: str | None,
+    lease: float,
+) -> None:
+    """Host some agents of a run spread over processes, until SIGTERM or Ctrl-C.
+
+    Every worker of the run builds the same app and hosts the agents placed on it; the
+    others are reached over NATS JetStream. It writes its part of every snapshot the run's
+    coordinator begins to the database (see agentsnap.distributed). Needs the nats extra:
+    pip install 'agentsnap[nats]'.
+    """
+    from agentsnap.distributed import load_app, place  # noqa: PLC0415
+    from agentsnap.exceptions import ConfigurationError  # noqa: PLC0415
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # an app next to where the worker is started
+    try:
+        app = load_app(app_spec)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--app") from exc
+    try:
+        names = None if agent_names is None else [n.strip() for n in agent_names.split(",")]
+        hosted = place(app.names, agents=names, group=group)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    _guard(lambda: asyncio.run(_serve_worker(nats_url, db, app, run_id, hosted, lease)))
+
+
+async def _serve_worker(  # noqa: PLR0917
+    nats_url: str, db: str, app: Any, run_id: str, hosted: list[str], lease: float
+) -> None:
+    """Check the run and NATS (writing nothing), then serve until a signal says stop."""
+    import signal  # noqa: PLC0415
+
+    from agentsnap.distributed import Worker  # noqa: PLC0415
+    from agentsnap.jetstream import JetStreamLink  # noqa: PLC0415
+    from agentsnap.store.sql import SqlStore  # noqa: PLC0415
+
+    store = SqlStore(db, create=False, retry=_RETRY)
+    try:
+        await store.get_run(run_id)
+        link = await JetStreamLink.connect(nats_url)
+        try:
+            serving = Worker(link, store, run_id, app, hosted, lease=lease)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, serving.stop)
+            await serving.start()
+            click.echo(
+                f"worker {serving.name} hosts {', '.join(serving.agents)} of run {run_id}",
+                err=True,
+            )
+            try:
+                await serving.stopped.wait()
+            finally:
+                await serving.close()
+        finally:
+            await link.close()
+    finally:
+        await store.close()
+
+
 def _print_json(value: object) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 

@@ -19,7 +19,9 @@ from agentsnap.state import compact_json
 
 __all__ = [
     "AgentCut",
+    "AgentLease",
     "AgentVersion",
+    "ChannelOffsets",
     "ChannelRecord",
     "GraphCheckpoint",
     "JournalMessage",
@@ -33,6 +35,7 @@ __all__ = [
     "RunLease",
     "RunStatus",
     "Snapshot",
+    "SnapshotPart",
     "SnapshotStatus",
     "SnapshotSummary",
     "utcnow",
@@ -201,6 +204,76 @@ class Snapshot(BaseModel):
             if channel.src == src and channel.dst == dst:
                 return list(channel.messages)
         return []
+
+
+class ChannelOffsets(BaseModel):
+    """Where the messages in flight on a channel between processes lie in the run's stream.
+
+    A channel whose sender and receiver run in different processes carries its items on a
+    NATS JetStream subject; the items in flight across a cut on it are those of its subject
+    from ``first_seq`` up to, not including, ``end_seq`` (see the concepts page *Channel
+    state as offsets*).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    src: str
+    """Sending process."""
+    dst: str
+    """Receiving process."""
+    subject: str
+    """The channel's subject in the run's stream."""
+    first_seq: int
+    """Stream sequence of the first message in flight (``end_seq`` when none was)."""
+    end_seq: int
+    """Stream sequence of the item that closed the channel for the cut: its marker, or the
+    first message its sender sent after recording."""
+    count: int = 0
+    """How many messages were in flight: the channel's messages in the range, copies and
+    items of an earlier generation left out."""
+
+
+class SnapshotPart(BaseModel):
+    """One worker's part of a snapshot of a run spread over processes.
+
+    A worker writes its part once every process it hosts has recorded the snapshot and
+    every channel into them is closed for it; the run's coordinator joins the parts into
+    one [`Snapshot`][agentsnap.Snapshot] when every process of the run has its part.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    """The run."""
+    seq: int
+    """Number of the snapshot within its run."""
+    worker: str
+    """The worker that wrote it (unique within the run)."""
+    agents: dict[str, AgentCut] = Field(default_factory=dict)
+    """The cuts of the processes the worker hosts."""
+    channels: list[ChannelRecord] = Field(default_factory=list)
+    """Messages in flight on the channels into those processes, ordered by ``(src, dst)``."""
+    offsets: list[ChannelOffsets] = Field(default_factory=list)
+    """For each channel into those processes from another process: its range in flight."""
+    error: str | None = None
+    """Why the worker could not record its part (the snapshot fails), or ``None``."""
+    written_at: datetime = Field(default_factory=utcnow)
+    """When the part was written."""
+
+
+class AgentLease(BaseModel):
+    """Which worker hosts an agent of a run spread over processes, and until when."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    """The run."""
+    agent: str
+    """The agent."""
+    owner: str
+    """The worker holding it (``host:pid:token``)."""
+    expires_at: datetime
+    """Until when the lease holds without renewal."""
 
 
 class SnapshotSummary(BaseModel):

@@ -295,7 +295,7 @@ class SnapshotCoordinator:
         self.last_seq = seq = self.last_seq + 1
         name = initiator.name if initiator is not None else ENVIRONMENT
         handle = SnapshotHandle(uuid.uuid4().hex, seq, name)
-        self.active[seq] = _Progress(handle, list(self.bus.endpoints))
+        self.active[seq] = _Progress(handle, self.recording_processes())
         if self.observer is not None:
             self.observer.snapshot_started(handle, self.run_id)
         if self.suspended is not None:
@@ -306,6 +306,13 @@ class SnapshotCoordinator:
         if initiator is not None and seq in self.active:
             self.request(initiator, seq)
         return handle
+
+    def recording_processes(self) -> list[str]:
+        """The processes that must record a snapshot begun here: every process on the bus.
+
+        A coordinator of a run spread over processes records only the processes it hosts.
+        """
+        return list(self.bus.endpoints)
 
     def capture(self) -> SnapshotHandle | None:
         """Take a whole snapshot at once, when no handler runs and no snapshot is in progress.

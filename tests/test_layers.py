@@ -69,6 +69,8 @@ CONTRACTS: dict[str, set[str]] = {
     "agentsnap.rollback": ROLLBACK,
     "agentsnap.journal": BUS | STORE,
     "agentsnap.tools": AGENTS | {"agentsnap.agents"},
+    "agentsnap.distributed": AGENTS
+    | {"agentsnap.agents", "agentsnap.snapshot", "agentsnap.jetstream", "agentsnap.distributed"},
 }
 """For a module (or a package, with everything in it): the only agentsnap modules it may
 import (a package allows its modules too). Modules not named here are above the runtime."""
@@ -171,6 +173,17 @@ def test_the_runtime_is_imported_by_the_public_face_only() -> None:
 
 def _within(name: str, scopes: set[str]) -> bool:
     return any(name == scope or name.startswith(scope + ".") for scope in scopes)
+
+
+def test_agents_across_processes_are_imported_by_the_public_face_only() -> None:
+    users = sorted(
+        module
+        for module, path in MODULES.items()
+        if any(_within(name, {"agentsnap.distributed"}) for name in imports(path))
+        and not _within(module, {"agentsnap.distributed"} | PUBLIC_FACE)
+        and module != "agentsnap"
+    )
+    assert not users, f"{users} import agentsnap.distributed; only the public face may"
 
 
 def test_the_contracts_name_modules_that_exist() -> None:

@@ -373,10 +373,15 @@ class _Inbox:
 
     async def stop(self) -> None:
         task, self.task = self.task, None
-        if task is not None:
+        if task is None:
+            return
+        # Cancelled again until it ends: on Python 3.11 a cancellation that arrives as an
+        # awaited request completes (asyncio.wait_for inside the NATS client) can be lost.
+        while not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait([task], timeout=0.5)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def _run(self) -> None:
         backoff = 0.05

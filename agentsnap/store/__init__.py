@@ -9,6 +9,10 @@ A store also keeps who owns each run (a lease with a fencing token, see
 fenced the store for a run, the store refuses that owner's writes to the run as soon as
 another owner has taken the lease over.
 
+A run spread over processes (see [`agentsnap.distributed`][agentsnap.distributed]) also
+keeps, per snapshot in progress, each worker's part (written in one transaction each), and
+which worker hosts each agent (a lease per agent).
+
 A store may also list the LangGraph checkpoints of its runs' graph agents: that optional
 protocol, [`GraphCheckpointIndex`][agentsnap.store.graph.GraphCheckpointIndex], lives in
 [`agentsnap.store.graph`][agentsnap.store.graph] with the storage of LangGraph checkpoints.
@@ -22,6 +26,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from agentsnap.messages import JsonValue
 from agentsnap.records import (
+    AgentLease,
     AgentVersion,
     JournalSegment,
     ReplaySegment,
@@ -30,6 +35,7 @@ from agentsnap.records import (
     RunLease,
     RunStatus,
     Snapshot,
+    SnapshotPart,
     SnapshotSummary,
 )
 from agentsnap.store.memory import MemoryStore
@@ -267,6 +273,42 @@ class Store(Protocol):
         Raises:
             NotFoundError: The store holds no such run.
         """
+
+    async def save_snapshot_part(self, part: SnapshotPart) -> None:
+        """Write one worker's part of a snapshot, atomically.
+
+        A second write of the same ``(run_id, seq, worker)`` replaces the first (a write
+        retried after its answer was lost).
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
+    async def load_snapshot_parts(self, run_id: str, seq: int) -> list[SnapshotPart]:
+        """The parts written for snapshot ``seq`` of a run, ordered by worker (maybe none).
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
+    async def claim_agents(
+        self, run_id: str, owner: str, agents: Collection[str], expires_at: datetime
+    ) -> list[AgentLease]:
+        """Take or renew the leases of ``agents`` for ``owner``: all of them, or none.
+
+        An agent's lease is free when it never had one, when it expired, or when ``owner``
+        holds it. Atomic across processes: of two owners claiming one agent, one wins.
+
+        Returns:
+            The live leases of other owners that kept the claim from succeeding (empty: every
+            agent is now ``owner``'s until ``expires_at``).
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
+    async def release_agents(self, run_id: str, owner: str) -> None:
+        """End now every lease ``owner`` holds on the run's agents (nothing when none)."""
 
     async def get_lease(self, run_id: str) -> RunLease | None:
         """The run's lease as it stands (expired or not), or ``None`` if it never had one.

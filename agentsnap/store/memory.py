@@ -13,6 +13,7 @@ from agentsnap.liveness import lost, owner_gone, owner_is_live
 from agentsnap.messages import JsonValue
 from agentsnap.records import (
     AgentCut,
+    AgentLease,
     AgentVersion,
     GraphCheckpoint,
     JournalSegment,
@@ -22,6 +23,7 @@ from agentsnap.records import (
     RunLease,
     RunStatus,
     Snapshot,
+    SnapshotPart,
     SnapshotSummary,
     utcnow,
 )
@@ -51,6 +53,8 @@ class MemoryStore:
         self._leases: dict[str, RunLease] = {}
         self._fences: dict[str, int] = {}
         self._schemas: dict[str, dict[str, str]] = {}
+        self._parts: dict[tuple[str, int], dict[str, SnapshotPart]] = {}
+        self._agent_leases: dict[tuple[str, str], AgentLease] = {}
 
     @property
     def blob_count(self) -> int:
@@ -251,6 +255,44 @@ class MemoryStore:
         return list(self._replays.get(run_id, ()))
 
     # -- ownership ------------------------------------------------------------------------
+
+    async def save_snapshot_part(self, part: SnapshotPart) -> None:  # noqa: D102
+        self._run(part.run_id)
+        # A copy, as a database would keep it: the caller's object is not shared.
+        self._parts.setdefault((part.run_id, part.seq), {})[part.worker] = part.model_copy(
+            deep=True
+        )
+
+    async def load_snapshot_parts(self, run_id: str, seq: int) -> list[SnapshotPart]:  # noqa: D102
+        self._run(run_id)
+        parts = self._parts.get((run_id, seq), {})
+        return [parts[worker] for worker in sorted(parts)]
+
+    async def claim_agents(  # noqa: D102
+        self, run_id: str, owner: str, agents: Collection[str], expires_at: datetime
+    ) -> list[AgentLease]:
+        self._run(run_id)
+        now = utcnow()
+        held = [
+            lease
+            for agent in sorted(set(agents))
+            if (lease := self._agent_leases.get((run_id, agent))) is not None
+            and lease.owner != owner
+            and lease.expires_at > now
+        ]
+        if held:
+            return held
+        for agent in agents:
+            self._agent_leases[run_id, agent] = AgentLease(
+                run_id=run_id, agent=agent, owner=owner, expires_at=expires_at
+            )
+        return []
+
+    async def release_agents(self, run_id: str, owner: str) -> None:  # noqa: D102
+        now = utcnow()
+        for key, lease in list(self._agent_leases.items()):
+            if key[0] == run_id and lease.owner == owner and lease.expires_at > now:
+                self._agent_leases[key] = lease.model_copy(update={"expires_at": now})
 
     async def get_lease(self, run_id: str) -> RunLease | None:  # noqa: D102
         return self._leases.get(run_id)

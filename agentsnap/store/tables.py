@@ -30,6 +30,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = [
     "VERSION_TABLE",
+    "AgentLeaseRow",
     "Base",
     "JournalRow",
     "LangGraphBlobRow",
@@ -42,6 +43,7 @@ __all__ = [
     "RunTagRow",
     "SnapshotAgentRow",
     "SnapshotMessageRow",
+    "SnapshotPartRow",
     "SnapshotRow",
     "StateBlobRow",
     "StateChunkRow",
@@ -297,6 +299,39 @@ class RunLeaseRow(Base):
     token: Mapped[int] = mapped_column(Integer)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime())
     renewed_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class SnapshotPartRow(Base):
+    """One worker's part of a snapshot of a run spread over processes, written at once.
+
+    ``body`` holds the part's cuts, channels in flight and stream offsets as JSON. The run's
+    coordinator joins the parts into an ordinary snapshot once every process has its part;
+    the parts stay, with the offsets a replay across processes starts from.
+    """
+
+    __tablename__ = "agentsnap_snapshot_parts"
+
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    worker: Mapped[str] = mapped_column(String(255), primary_key=True)
+    body: Mapped[Any] = mapped_column(Json(), nullable=False)
+    error: Mapped[str | None] = mapped_column(Text())
+    written_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class AgentLeaseRow(Base):
+    """Which worker hosts each agent of a run spread over processes, until when."""
+
+    __tablename__ = "agentsnap_agent_leases"
+
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    agent: Mapped[str] = mapped_column(String(128), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255))
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
 class ReplayRow(Base):

@@ -1,0 +1,65 @@
+"""Agents across processes: workers on NATS JetStream, consistent cuts into a shared store.
+
+The same agents, unchanged, run spread over processes. Each ``agentsnap worker`` process
+hosts some agents of one run (placed by name, or by a stable hash of the name:
+[`place`][agentsnap.distributed.place]); every process builds the same
+[`App`][agentsnap.distributed.App] and keeps only its own agents local, the others being
+remote endpoints of its bus whose channels the
+[`JetStreamTransport`][agentsnap.jetstream.JetStreamTransport] carries over NATS. The program
+that created the run is its coordinator ([`DistributedRun`][agentsnap.distributed.DistributedRun]):
+it hosts the environment, sends the input and numbers every snapshot.
+
+Snapshots stay consistent cuts. Each worker runs the Chandy-Lamport protocol for the
+processes it hosts ([`PartCoordinator`][agentsnap.distributed.PartCoordinator]), and writes
+its **part** of snapshot ``k`` (its agents' cuts; the messages in flight on the channels into
+them, with the stream-sequence range of those from other processes) in one transaction once
+its agents have recorded ``k`` and every channel into them is closed for ``k``. The
+coordinator joins the parts into an ordinary [`Snapshot`][agentsnap.Snapshot] once every
+process has its part, checks it, and stores it complete; a part missing after a timeout fails
+that snapshot, not the run. See the concepts page *Channel state as offsets*.
+
+```python
+from agentsnap.distributed import App, DistributedRun
+from agentsnap.jetstream import JetStreamLink
+from agentsnap.store.sql import SqlStore
+
+link = await JetStreamLink.connect("nats://127.0.0.1:4222")
+store = SqlStore("postgresql://127.0.0.1/agentsnap")
+async with DistributedRun(link, store, make_app(), run_id="bank-1") as run:
+    ...  # start `agentsnap worker ... --run bank-1 --group N/3` for N in 0, 1, 2
+    run.send("teller-0", {"amount": 10})
+    snapshot = await run.snapshot()
+```
+
+It needs the ``nats`` extra: ``pip install 'agentsnap[nats]'``. Rollback across processes and
+recovery of a crashed worker are not part of it yet: a snapshot a worker did not complete
+fails, and the worker is started again by hand.
+"""
+
+from __future__ import annotations
+
+from agentsnap.distributed.app import App, load_app
+from agentsnap.distributed.coordinator import DistributedRun, join_parts
+from agentsnap.distributed.host import Host, control_subject
+from agentsnap.distributed.placement import group_of, parse_group, place
+from agentsnap.distributed.recording import PartCoordinator
+from agentsnap.distributed.worker import AgentsHeld, Worker
+from agentsnap.records import AgentLease, ChannelOffsets, SnapshotPart
+
+__all__ = [
+    "AgentLease",
+    "AgentsHeld",
+    "App",
+    "ChannelOffsets",
+    "DistributedRun",
+    "Host",
+    "PartCoordinator",
+    "SnapshotPart",
+    "Worker",
+    "control_subject",
+    "group_of",
+    "join_parts",
+    "load_app",
+    "parse_group",
+    "place",
+]

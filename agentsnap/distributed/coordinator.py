@@ -1,0 +1,347 @@
+"""The run's coordinator: the environment process, which numbers and completes snapshots.
+
+The program that creates a run spread over processes is its coordinator
+([`DistributedRun`][agentsnap.distributed.DistributedRun]). It hosts the environment
+(``$env``): it sends the run's input, and begins every snapshot (by its
+[`SnapshotPolicy`][agentsnap.snapshot.SnapshotPolicy]'s ``every_seconds``, on
+[`snapshot()`][agentsnap.distributed.DistributedRun.snapshot], or when a worker asks on the
+run's control subject), so that snapshot numbers are one total order. Beginning snapshot
+``k`` records the environment and sends marker ``k`` to every agent; each worker then writes
+its part. The coordinator watches the parts (a worker's notice on the control subject, and a
+look at the store a few times a second): once every process of the run has its part, it joins
+them into one [`Snapshot`][agentsnap.Snapshot], checks it with
+[`cut_problems`][agentsnap.integrity.cut_problems] (and each channel's stream range against
+the messages recorded on it), and stores it as complete, in one transaction. Until then
+nothing of it is visible to ``agentsnap runs/show/export``. A part with an error, an
+inconsistent cut, or a part missing after ``part_timeout`` seconds (its worker died) stores
+the snapshot as failed, with the reason; the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from agentsnap.distributed.app import App
+from agentsnap.distributed.host import Host, control_subject
+from agentsnap.exceptions import SnapshotFailed
+from agentsnap.integrity import cut_problems
+from agentsnap.messages import ENVIRONMENT
+from agentsnap.ownership import RunOwnership
+from agentsnap.records import (
+    AgentCut,
+    ChannelRecord,
+    RunInfo,
+    RunStatus,
+    Snapshot,
+    SnapshotPart,
+    SnapshotStatus,
+    utcnow,
+)
+from agentsnap.snapshot import SnapshotPolicy
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+
+    from agentsnap.handles import SnapshotHandle
+    from agentsnap.jetstream import JetStreamLink
+    from agentsnap.messages import JsonInput, Message
+    from agentsnap.store import Store
+
+__all__ = ["DistributedRun", "join_parts"]
+
+logger = logging.getLogger("agentsnap.distributed")
+
+COORDINATOR = "coordinator"
+"""The name the coordinator's own part (the environment's) is stored under."""
+
+
+@dataclass
+class _Pending:
+    handle: SnapshotHandle
+    started_at: datetime
+    deadline: float
+
+
+def join_parts(  # noqa: PLR0917 - a snapshot's fields
+    snapshot_id: str,
+    run_id: str,
+    seq: int,
+    parts: list[SnapshotPart],
+    started_at: datetime,
+    initiator: str = ENVIRONMENT,
+) -> tuple[Snapshot, list[str]]:
+    """The whole snapshot made of its parts, and what is wrong with it (empty when nothing).
+
+    Besides [`cut_problems`][agentsnap.integrity.cut_problems], each channel between
+    processes must hold as many messages as its stream range says were in flight.
+    """
+    agents: dict[str, AgentCut] = {}
+    channels: list[ChannelRecord] = []
+    problems: list[str] = []
+    for part in parts:
+        problems.extend(
+            f"{name} is in two parts (worker {part.worker} and another)"
+            for name in part.agents
+            if name in agents
+        )
+        agents.update(part.agents)
+        channels.extend(part.channels)
+        held = {(ch.src, ch.dst): len(ch.messages) for ch in part.channels}
+        for offsets in part.offsets:
+            count = held.get((offsets.src, offsets.dst), 0)
+            if offsets.count != count or not offsets.first_seq <= offsets.end_seq:
+                problems.append(
+                    f"{offsets.src}>{offsets.dst}: stream range {offsets.first_seq}.."
+                    f"{offsets.end_seq} of {offsets.count} messages, {count} recorded"
+                )
+    snapshot = Snapshot(
+        id=snapshot_id,
+        run_id=run_id,
+        seq=seq,
+        initiator=initiator,
+        status=SnapshotStatus.COMPLETE,
+        started_at=started_at,
+        completed_at=utcnow(),
+        agents=dict(sorted(agents.items())),
+        channels=sorted(channels, key=lambda ch: (ch.src, ch.dst)),
+    )
+    return snapshot, problems + cut_problems(snapshot)
+
+
+class DistributedRun:
+    """Creates a run spread over processes, feeds it, and numbers and completes its snapshots.
+
+    Use it as an async context manager, or call ``start`` and ``close``.
+
+    Args:
+        link: The connection to NATS.
+        store: The run's store (PostgreSQL, shared with the workers).
+        app: The run's agents (only their names are used here).
+        run_id: The run's id (32 hex digits are generated when omitted).
+        policy: ``every_seconds`` begins snapshots by time; ``max_in_progress`` skips one
+            while that many are in progress. Other fields do not apply here.
+        part_timeout: Seconds a snapshot waits for its parts before it fails.
+        name: A name for people, stored with the run.
+
+    Attributes:
+        run_id: The run.
+        complete: The snapshots stored as complete, in order.
+        failed: The snapshots stored as failed, in order.
+    """
+
+    def __init__(
+        self,
+        link: JetStreamLink,
+        store: Store,
+        app: App,
+        *,
+        run_id: str | None = None,
+        policy: SnapshotPolicy | None = None,
+        part_timeout: float = 30.0,
+        name: str | None = None,
+        poll: float = 0.25,
+    ) -> None:
+        self.run_id = run_id or uuid.uuid4().hex
+        self.store = store
+        self.names = app.names
+        self.processes = frozenset([ENVIRONMENT, *self.names])
+        self.policy = policy or SnapshotPolicy(at_start=False, at_end=False)
+        self.part_timeout = part_timeout
+        self.complete: list[Snapshot] = []
+        self.failed: list[Snapshot] = []
+        self._link = link
+        self._app = app
+        self._name = name
+        self._poll = poll
+        self._host = Host(
+            link, store, self.run_id, self.names, {}, worker=COORDINATOR, environment=True
+        )
+        self._pending: dict[int, _Pending] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._subscription: Subscription | None = None
+        self._ownership = RunOwnership(store, self.run_id)
+        self._requests = 0
+        self._closing = False
+
+    @property
+    def bus(self) -> Any:
+        """The coordinator's bus (the environment local, every agent remote)."""
+        return self._host.bus
+
+    async def start(self) -> None:
+        """Record the run, own it, and start listening to its workers."""
+        await self.store.create_run(
+            RunInfo(
+                id=self.run_id,
+                name=self._name,
+                metadata={**self._app.metadata, "processes": sorted(self.processes)},
+            )
+        )
+        await self._ownership.acquire(refuse_live=True)
+        self._ownership.start_heartbeat(lambda lost: logger.error("%s", lost))
+        await self._host.start()
+        self._subscription = await self._link.nc.subscribe(
+            control_subject(self.run_id), cb=self._on_control
+        )
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._watch(), name="agentsnap:parts-watch"))
+        if self.policy.every_seconds is not None:
+            self._tasks.append(
+                loop.create_task(self._tick(self.policy.every_seconds), name="agentsnap:tick")
+            )
+
+    async def __aenter__(self) -> DistributedRun:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close(RunStatus.FAILED if exc[1] is not None else RunStatus.SUCCEEDED)
+
+    # -- input and snapshots ----------------------------------------------------------------
+
+    def send(
+        self,
+        to: str,
+        payload: JsonInput = None,
+        *,
+        kind: str = "message",
+        headers: Mapping[str, str] | None = None,
+    ) -> Message:
+        """Send agent ``to`` a message from the environment (on NATS, wherever it runs)."""
+        bus = self._host.bus
+        return bus.send(bus.environment, to, payload, kind, headers)
+
+    def snapshot(self) -> SnapshotHandle:
+        """Begin a snapshot now; await the handle for the complete snapshot."""
+        handle = self._host.coordinator.begin(None)
+        loop = asyncio.get_running_loop()
+        self._pending[handle.seq] = _Pending(handle, utcnow(), loop.time() + self.part_timeout)
+        logger.debug("run %s: snapshot %d begun", self.run_id, handle.seq)
+        return handle
+
+    @property
+    def in_progress(self) -> int:
+        """Snapshots begun and neither complete nor failed yet."""
+        return len(self._pending)
+
+    async def _tick(self, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            if len(self._pending) < self.policy.max_in_progress:
+                self.snapshot()
+
+    async def _on_control(self, msg: Msg) -> None:
+        try:
+            request = orjson.loads(msg.data)
+        except orjson.JSONDecodeError:
+            logger.warning("run %s: a control message that is not JSON was ignored", self.run_id)
+            return
+        if not isinstance(request, dict):
+            return
+        if "snapshot" in request:
+            self._requests += 1
+            self.snapshot()
+        self._wake.set()
+
+    # -- completion -------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._poll):
+                    await self._wake.wait()
+            self._wake.clear()
+            for seq in sorted(self._pending):
+                try:
+                    await self._check(seq)
+                except Exception:  # the store is away: look again later
+                    logger.exception("run %s: snapshot %d not checked", self.run_id, seq)
+
+    async def _check(self, seq: int) -> None:
+        pending = self._pending[seq]
+        parts = await self.store.load_snapshot_parts(self.run_id, seq)
+        errors = [f"{part.worker}: {part.error}" for part in parts if part.error]
+        if errors:
+            await self._fail(seq, "a worker could not record its part: " + "; ".join(errors))
+            return
+        covered = set().union(*(part.agents for part in parts))
+        missing = sorted(self.processes - covered)
+        if not missing:
+            handle = pending.handle
+            snapshot, problems = join_parts(
+                handle.id, self.run_id, seq, parts, pending.started_at, handle.initiator
+            )
+            if problems:
+                await self._fail(
+                    seq, "the joined cut is not consistent: " + "; ".join(problems[:5])
+                )
+                return
+            await self.store.save_snapshot(snapshot)
+            del self._pending[seq]
+            self.complete.append(snapshot)
+            handle.resolve(snapshot, None)
+            logger.debug("run %s: snapshot %d complete", self.run_id, seq)
+        elif asyncio.get_running_loop().time() > pending.deadline:
+            await self._fail(
+                seq,
+                f"no part from {', '.join(missing)} within {self.part_timeout:g} s "
+                "(their worker stopped or is stuck)",
+            )
+
+    async def _fail(self, seq: int, reason: str) -> None:
+        pending = self._pending.pop(seq)
+        handle = pending.handle
+        logger.warning("run %s: snapshot %d failed: %s", self.run_id, seq, reason)
+        snapshot = Snapshot(
+            id=handle.id,
+            run_id=self.run_id,
+            seq=seq,
+            initiator=handle.initiator,
+            status=SnapshotStatus.FAILED,
+            started_at=pending.started_at,
+            error=reason,
+        )
+        try:
+            await self.store.save_snapshot(snapshot)
+        finally:
+            self.failed.append(snapshot)
+            handle.resolve(None, SnapshotFailed(handle.id, reason))
+
+    async def settle(self) -> None:
+        """Wait until every snapshot begun so far is complete or failed (or timed out)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.part_timeout + 5
+        while self._pending and loop.time() < deadline:
+            self._wake.set()
+            await asyncio.sleep(self._poll / 2)
+
+    async def close(self, status: RunStatus = RunStatus.SUCCEEDED) -> None:
+        """Stop beginning snapshots, let those in progress settle, and record the run's end."""
+        for task in self._tasks[1:]:
+            task.cancel()
+        await self.settle()
+        for seq in sorted(self._pending):
+            await self._fail(seq, "the run's coordinator closed before every part came")
+        # The watch stops at its next turn: a cancellation that met its wake-up could be lost.
+        self._closing = True
+        self._wake.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._subscription is not None:
+            with contextlib.suppress(Exception):
+                await self._subscription.unsubscribe()
+        await self._host.close()
+        await self.store.finish_run(self.run_id, status, utcnow(), None)
+        await self._ownership.release()

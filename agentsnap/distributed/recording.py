@@ -1,0 +1,229 @@
+"""Recording one worker's part of each snapshot: Chandy-Lamport for the processes hosted here.
+
+A [`PartCoordinator`][agentsnap.distributed.PartCoordinator] is a
+[`SnapshotCoordinator`][agentsnap.snapshot.SnapshotCoordinator] that knows which processes of
+the run it hosts (``local``). It runs the protocol for them only:
+
+- it learns of snapshot ``k`` from the first marker ``k`` (or message of epoch ``>= k``) that
+  reaches one of its processes, as any process of the protocol does; snapshots are numbered
+  by the run's coordinator alone, so every worker agrees on the numbers;
+- a local process records at that first marker, and sends markers on every outgoing channel,
+  whether its receiver is local or in another process (an
+  [`OutgoingChannel`][agentsnap.jetstream.OutgoingChannel] publishes the marker in band);
+- a channel into a local process from another process
+  ([`IncomingChannel`][agentsnap.jetstream.IncomingChannel]) is closed for ``k`` only when its
+  marker ``k`` (or a message sent after its sender recorded ``k``) is taken off it: the
+  in-process shortcut that closes a channel when both ends recorded applies to channels
+  whose two ends run here, since a remote sender's recording is not seen here. Its messages
+  in flight are recorded as their receiver takes them, as for any channel, together with
+  their **stream-sequence range**: from the first of them to the item that closed the channel
+  ([`ChannelOffsets`][agentsnap.distributed.ChannelOffsets]);
+- once every local process has recorded ``k`` and every channel into them is closed for
+  ``k``, the part (cuts, channels in flight, offsets) is handed to ``write`` (the store, in
+  one transaction); a part that cannot be recorded (a state that is not JSON) is written with
+  its error, which fails the snapshot.
+
+Every channel between a local process and another process exists from the start (the worker
+makes them), so that a marker goes on every channel a message could take: a channel made
+only at its first message would be unknown to the receiver's recording before it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
+from agentsnap.exceptions import ConfigurationError
+from agentsnap.handles import SnapshotHandle
+from agentsnap.jetstream import IncomingChannel
+from agentsnap.jetstream.codec import channel_subject
+from agentsnap.messages import ENVIRONMENT
+from agentsnap.records import ChannelOffsets, ChannelRecord, SnapshotPart
+from agentsnap.snapshot import SnapshotCoordinator, _Progress
+
+if TYPE_CHECKING:
+    from agentsnap.bus import Bus, Channel, Endpoint
+    from agentsnap.messages import Message
+    from agentsnap.records import RecordedMessage
+    from agentsnap.state import HasState
+
+__all__ = ["PartCoordinator", "WritePart"]
+
+logger = logging.getLogger("agentsnap.distributed")
+
+WritePart = Callable[[SnapshotPart], Awaitable[None]]
+"""Writes a part (to the store), in one transaction."""
+
+
+class PartCoordinator(SnapshotCoordinator):
+    """Runs the snapshot protocol for the processes one worker hosts, and writes its parts.
+
+    Args:
+        bus: The worker's bus (every process of the run on it, most of them remote).
+        agents: The agents hosted here, by name.
+        run_id: The run.
+        worker: The worker's name, unique within the run: its parts are stored under it.
+        local: The processes hosted here (the agents, and ``$env`` in the coordinator).
+        write: Writes a part; a part that fails to be written is logged, and the run's
+            coordinator fails the snapshot when the part does not come.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        agents: Mapping[str, HasState],
+        run_id: str,
+        *,
+        worker: str,
+        local: Collection[str],
+        write: WritePart,
+    ) -> None:
+        super().__init__(bus, agents, run_id, self._unused)
+        self.worker = worker
+        self.local = frozenset(local)
+        self.parts_written = 0
+        """How many parts this worker has written."""
+        self._write_part = write
+        # Per snapshot in progress: per channel from another process, its first stream
+        # sequence in flight, the sequence of the item that closed it (0: not yet), and how
+        # many messages were in flight.
+        self._ranges: dict[int, dict[IncomingChannel, list[int]]] = {}
+
+    @staticmethod
+    async def _unused(_snapshot: Any) -> None:  # pragma: no cover - parts are written instead
+        raise AssertionError("a worker writes parts, never whole snapshots")
+
+    def recording_processes(self) -> list[str]:
+        """The processes hosted here: they alone record here."""
+        return [name for name in self.bus.endpoints if name in self.local]
+
+    # -- learning of snapshots --------------------------------------------------------------
+
+    def learn(self, upto: int) -> None:
+        """Snapshots up to ``upto`` were begun by the run's coordinator: record them here."""
+        processes = self.recording_processes()
+        while self.last_seq < upto:
+            self.last_seq = seq = self.last_seq + 1
+            handle = SnapshotHandle("", seq, ENVIRONMENT)
+            self.active[seq] = _Progress(handle, processes)
+            self._ranges[seq] = {}
+
+    def on_marker(self, endpoint: Endpoint, channel: Channel, seq: int) -> None:  # noqa: D102
+        if seq > self.last_seq:
+            self.learn(seq)
+        super().on_marker(endpoint, channel, seq)
+
+    def on_message(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:  # noqa: D102
+        if message.epoch > self.last_seq:
+            self.learn(message.epoch)
+        super().on_message(endpoint, channel, message)
+
+    def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
+        """Begin a snapshot here: only the process hosting the environment numbers them.
+
+        Raises:
+            ConfigurationError: This process does not host the environment (an agent's
+                ``ctx.snapshot()`` in a worker): ask the coordinator with
+                [`Worker.request_snapshot`][agentsnap.distributed.Worker.request_snapshot].
+        """
+        if ENVIRONMENT not in self.local:
+            raise ConfigurationError(
+                "a worker does not begin snapshots: the run's coordinator numbers them "
+                "(ask it with Worker.request_snapshot())"
+            )
+        handle = super().begin(initiator)
+        self._ranges.setdefault(handle.seq, {})
+        return handle
+
+    # -- channels from other processes ------------------------------------------------------
+
+    def _record_in_flight(
+        self,
+        seq: int,
+        progress: _Progress,
+        channel: Channel,
+        message: Message,
+        recorded: RecordedMessage | None = None,
+    ) -> None:
+        if type(channel) is IncomingChannel:
+            ranges = self._ranges.setdefault(seq, {})
+            found = ranges.get(channel)
+            if found is None:
+                # The message was just taken off the channel: its sequence is the newest taken.
+                ranges[channel] = [channel.taken, 0, 1]
+            else:
+                found[2] += 1
+        super()._record_in_flight(seq, progress, channel, message, recorded)
+
+    def _close(self, channel: Channel, upto: int) -> None:
+        if type(channel) is IncomingChannel:
+            end = channel.taken  # the item closing it was just taken off it
+            for seq, ranges in self._ranges.items():
+                if channel.closed < seq <= upto and seq in self.active:
+                    found = ranges.get(channel)
+                    if found is None:
+                        ranges[channel] = [end, end, 0]
+                    elif not found[1]:
+                        found[1] = end
+        super()._close(channel, upto)
+
+    def _all_recorded(self, seq: int, progress: _Progress) -> None:
+        local = self.local
+        progress.unclosed = {
+            ch for ch in self.bus.channels.values() if ch.dst in local and ch.closed < seq
+        }
+        if not progress.unclosed:
+            self._complete(seq)
+
+    # -- parts ------------------------------------------------------------------------------
+
+    def _complete(self, seq: int) -> None:
+        progress = self.active.pop(seq)
+        ranges = self._ranges.pop(seq, {})
+        channels = [
+            ChannelRecord(src=ch.src, dst=ch.dst, messages=messages)
+            for ch, messages in sorted(
+                progress.inflight.items(), key=lambda item: (item[0].src, item[0].dst)
+            )
+        ]
+        offsets = [
+            ChannelOffsets(
+                src=ch.src,
+                dst=ch.dst,
+                subject=channel_subject(self.run_id, ch.src, ch.dst),
+                first_seq=first,
+                end_seq=end,
+                count=count,
+            )
+            for ch, (first, end, count) in sorted(
+                ranges.items(), key=lambda item: (item[0].src, item[0].dst)
+            )
+        ]
+        part = SnapshotPart(
+            run_id=self.run_id,
+            seq=seq,
+            worker=self.worker,
+            agents=dict(sorted(progress.cuts.items())),
+            channels=channels,
+            offsets=offsets,
+        )
+        logger.debug("%s: part of snapshot %d recorded", self.worker, seq)
+        self._spawn(self._write_part_now(part))
+
+    def _finish(self, seq: int, progress: _Progress, **outcome: Any) -> None:
+        # A snapshot failed here (a state that is not JSON, or the worker is closing): say so
+        # in the part, so that the run's coordinator fails it at once.
+        self._ranges.pop(seq, None)
+        part = SnapshotPart(
+            run_id=self.run_id, seq=seq, worker=self.worker, error=outcome.get("error")
+        )
+        self._spawn(self._write_part_now(part))
+
+    async def _write_part_now(self, part: SnapshotPart) -> None:
+        try:
+            await self._write_part(part)
+        except Exception:
+            logger.exception("%s: part of snapshot %d was not written", self.worker, part.seq)
+            return
+        self.parts_written += 1

@@ -1,0 +1,280 @@
+"""Agents across processes: placement, apps, and recording parts with channels on NATS.
+
+Several hosts in one process, each with its own connection, bus and scheduler, stand for the
+processes of a run here; ``test_distributed_processes.py`` runs real worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from distributed_bank import Teller, finished, money_in
+from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
+
+from agentsnap import ConfigurationError, MemoryStore, Snapshot, SnapshotFailed
+from agentsnap.distributed import (
+    AgentsHeld,
+    App,
+    DistributedRun,
+    Worker,
+    group_of,
+    load_app,
+    parse_group,
+    place,
+)
+from agentsnap.integrity import cut_problems
+from agentsnap.jetstream import JetStreamLink
+from agentsnap.messages import ENVIRONMENT
+from agentsnap.records import utcnow
+from agentsnap.snapshot import SnapshotPolicy
+
+HERE = Path(__file__).resolve().parent
+PATIENCE = 120.0
+"""Seconds a run may take to finish its work before the test reports it stuck."""
+
+
+# -- placement ------------------------------------------------------------------------------
+
+NAMES = [f"teller-{i}" for i in range(9)]
+
+
+def test_groups_place_every_agent_exactly_once() -> None:
+    for m in (1, 2, 3, 5):
+        placed = [name for n in range(m) if _holds(n, m) for name in place(NAMES, group=f"{n}/{m}")]
+        assert sorted(placed) == sorted(NAMES)
+
+
+def _holds(n: int, m: int) -> bool:
+    return any(group_of(name, m) == n for name in NAMES)
+
+
+def test_a_group_is_the_same_in_another_process_whatever_its_hash_seed() -> None:
+    code = (
+        "from agentsnap.distributed import group_of; "
+        "print([group_of(f'teller-{i}', 7) for i in range(9)])"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == str([group_of(f"teller-{i}", 7) for i in range(9)])
+
+
+@pytest.mark.parametrize("text", ["", "3", "3/3", "-1/3", "a/b", "1/0", "0/3/1"])
+def test_a_malformed_group_is_refused(text: str) -> None:
+    with pytest.raises(ConfigurationError, match="N/M"):
+        parse_group(text)
+
+
+def test_explicit_agents_keep_the_apps_order_and_unknown_ones_are_named() -> None:
+    assert place(NAMES, agents={"teller-3", "teller-1"}) == ["teller-1", "teller-3"]
+    with pytest.raises(ConfigurationError, match="'clerk'"):
+        place(NAMES, agents={"teller-1", "clerk"})
+    with pytest.raises(ConfigurationError, match="one of them"):
+        place(NAMES)
+    with pytest.raises(ConfigurationError, match="one of them"):
+        place(NAMES, agents={"teller-1"}, group="0/2")
+
+
+def test_an_empty_group_says_to_use_fewer() -> None:
+    with pytest.raises(ConfigurationError, match="fewer groups"):
+        place(["only"], group=f"{1 - group_of('only', 2)}/2")
+
+
+# -- apps -----------------------------------------------------------------------------------
+
+
+def test_an_app_is_loaded_from_module_and_factory() -> None:
+    app = load_app("distributed_bank:make_app")
+    assert app.names == [f"teller-{i}" for i in range(len(app.names))]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("distributed_bank", "module:factory"),
+        ("no_such_module_here:make", "cannot import"),
+        ("distributed_bank:nothing", "no factory 'nothing'"),
+        ("distributed_bank:names", "returned a list: .* not str"),
+        ("distributed_bank:Transfer", "raised ValidationError"),
+    ],
+)
+def test_a_bad_app_is_a_clear_error(spec: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        load_app(spec)
+
+
+def test_an_app_refuses_two_agents_of_one_name() -> None:
+    with pytest.raises(ConfigurationError, match="twice"):
+        App(agents=[Teller("a", ["b"]), Teller("a", ["b"])])
+
+
+# -- recording across hosts -----------------------------------------------------------------
+
+
+@pytest.fixture
+async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
+    """The shared server's URL, or one of this test's own when there is none."""
+    if reachable(SHARED_URL):
+        yield SHARED_URL
+        return
+    binary = server_binary()
+    if binary is None:
+        unavailable(f"no NATS server at {SHARED_URL} and no nats-server binary")
+        return
+    server = OwnServer(binary, tmp_path / "jetstream")
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def bank(tellers: int) -> App:
+    names = [f"teller-{i}" for i in range(tellers)]
+    return App(agents=[Teller(name, [n for n in names if n != name]) for name in names])
+
+
+async def until_finished(run: DistributedRun) -> Snapshot:
+    """Take snapshots until one shows the run has nothing left to do; return it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PATIENCE
+    while loop.time() < deadline:
+        try:
+            snapshot = await run.snapshot()
+        except Exception:  # a failed snapshot: the next one decides
+            continue
+        if finished(snapshot):
+            return snapshot
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the run did not finish within {PATIENCE} s")
+
+
+def in_flight_between_hosts(snapshot: Snapshot, hosts: list[set[str]]) -> int:
+    where = {name: i for i, names in enumerate(hosts) for name in names}
+    return sum(
+        len(ch.messages)
+        for ch in snapshot.channels
+        if ch.src != ENVIRONMENT and where[ch.src] != where[ch.dst]
+    )
+
+
+async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url: str) -> None:
+    store = MemoryStore()
+    app = bank(6)
+    hosts = [{"teller-0", "teller-1", "teller-2"}, {"teller-3", "teller-4", "teller-5"}]
+    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    run = DistributedRun(
+        links[0], store, app, policy=SnapshotPolicy(every_seconds=0.05), part_timeout=30
+    )
+    workers = [
+        Worker(link, store, run.run_id, bank(6), agents, name=f"w{i}")
+        for i, (link, agents) in enumerate(zip(links[1:], hosts, strict=True))
+    ]
+    try:
+        await run.start()
+        for worker in workers:
+            await worker.start()
+        for i in range(40):
+            run.send(f"teller-{i % 6}", {"hops": 30}, kind="go")
+        last = await until_finished(run)
+        await run.close()
+        assert last.seq == max(s.seq for s in run.complete)
+        assert run.complete, "no snapshot completed"
+        for snapshot in run.complete:
+            assert cut_problems(snapshot) == []
+            assert money_in(snapshot) == 6_000
+            assert await store.load_snapshot(snapshot.id) == snapshot
+        crossing = [s for s in run.complete if in_flight_between_hosts(s, hosts)]
+        assert crossing, "no snapshot caught a transfer between hosts"
+        # The offsets of the channels between hosts say as much as the messages recorded.
+        for snapshot in crossing:
+            parts = await store.load_snapshot_parts(run.run_id, snapshot.seq)
+            offsets = [o for part in parts for o in part.offsets if o.count]
+            assert offsets
+            for o in offsets:
+                assert o.first_seq < o.end_seq
+                assert len(snapshot.in_flight(o.src, o.dst)) == o.count
+    finally:
+        for worker in workers:
+            await worker.close()
+        await links[0].delete_stream(run.run_id)
+        for link in links:
+            await link.close()
+
+
+async def test_a_second_worker_for_an_agent_is_refused(nats_url: str) -> None:
+    store = MemoryStore()
+    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    run = DistributedRun(links[0], store, bank(2))
+    first = Worker(links[1], store, run.run_id, bank(2), ["teller-0"], name="first")
+    second = Worker(links[2], store, run.run_id, bank(2), ["teller-0", "teller-1"], name="second")
+    try:
+        await run.start()
+        await first.start()
+        with pytest.raises(AgentsHeld, match="teller-0 by first"):
+            await second.start()
+        # Nothing was claimed by the refused worker: teller-1 is free.
+        assert await store.claim_agents(run.run_id, "third", ["teller-1"], _later()) == []
+    finally:
+        await first.close()
+        await run.close()
+        await links[0].delete_stream(run.run_id)
+        for link in links:
+            await link.close()
+
+
+async def test_a_snapshot_whose_worker_never_comes_fails_and_the_run_goes_on(
+    nats_url: str,
+) -> None:
+    store = MemoryStore()
+    link = await JetStreamLink.connect(nats_url)
+    run = DistributedRun(link, store, bank(2), part_timeout=0.5)
+    try:
+        await run.start()
+        with pytest.raises(SnapshotFailed, match=r"no part from teller-0, teller-1 within 0\.5 s"):
+            await run.snapshot()
+        stored = await store.list_snapshots(run.run_id)
+        assert [s.status for s in stored] == ["failed"]
+    finally:
+        await run.close()
+        await link.delete_stream(run.run_id)
+        await link.close()
+
+
+def _later() -> datetime:
+    return utcnow() + timedelta(seconds=30)
+
+
+async def test_a_worker_asks_the_coordinator_for_a_snapshot_and_cannot_begin_one(
+    nats_url: str,
+) -> None:
+    store = MemoryStore()
+    links = [await JetStreamLink.connect(nats_url) for _ in range(2)]
+    run = DistributedRun(links[0], store, bank(2))
+    worker = Worker(links[1], store, run.run_id, bank(2), ["teller-0", "teller-1"], name="w")
+    try:
+        await run.start()
+        await worker.start()
+        with pytest.raises(ConfigurationError, match="request_snapshot"):
+            worker.host.coordinator.begin(None)
+        await worker.request_snapshot()
+        for _ in range(int(PATIENCE / 0.05)):
+            if run.complete:
+                break
+            await asyncio.sleep(0.05)
+        assert [s.seq for s in run.complete] == [1]
+        assert set(run.complete[0].agents) == {ENVIRONMENT, "teller-0", "teller-1"}
+    finally:
+        await worker.close()
+        await run.close()
+        await links[0].delete_stream(run.run_id)
+        for link in links:
+            await link.close()

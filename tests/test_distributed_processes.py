@@ -1,0 +1,217 @@
+"""Agents across OS processes: three ``agentsnap worker`` processes, NATS and PostgreSQL.
+
+The test process is the run's coordinator: it creates the run, sends the input and begins a
+snapshot every tenth of a second; three worker processes host nine tellers (placed by
+``--group N/3``) that move money among themselves at random, with short random pauses in
+their handlers. Every complete snapshot stored must be a consistent cut that holds the bank's
+money, and several must have caught transfers in flight between processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from distributed_bank import BALANCE, finished, make_app, money_in
+from nats_server import SHARED_URL, free_port, reachable, unavailable
+
+from agentsnap import RunInfo, Snapshot, SnapshotFailed
+from agentsnap.distributed import DistributedRun, group_of
+from agentsnap.integrity import cut_problems
+from agentsnap.jetstream import JetStreamLink
+from agentsnap.messages import ENVIRONMENT
+from agentsnap.records import SnapshotStatus, utcnow
+from agentsnap.snapshot import SnapshotPolicy
+from agentsnap.store.sql import SqlStore
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PATIENCE = 120.0
+"""Seconds the run may take (never reached when green)."""
+TELLERS = 9
+GROUPS = 3
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def nats_url() -> str:
+    if not reachable(SHARED_URL):
+        unavailable(f"no NATS server at {SHARED_URL}")
+    return SHARED_URL
+
+
+def worker_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agentsnap", "worker", *args]
+
+
+def worker_env() -> dict[str, str]:
+    path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "BANK_TELLERS": str(TELLERS)}
+
+
+@pytest.fixture
+async def store(postgres_url: str) -> AsyncIterator[SqlStore]:
+    made = SqlStore(postgres_url)
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+async def until_up(logs: list[Path]) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PATIENCE
+    while not all(" hosts " in log.read_text() for log in logs):
+        assert loop.time() < deadline, [log.read_text() for log in logs]
+        await asyncio.sleep(0.05)
+
+
+async def until_finished(run: DistributedRun) -> Snapshot:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PATIENCE
+    while loop.time() < deadline:
+        try:
+            snapshot = await run.snapshot()
+        except SnapshotFailed:
+            continue
+        if finished(snapshot):
+            return snapshot
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the run did not finish within {PATIENCE} s")
+
+
+async def test_three_worker_processes_store_consistent_cuts_of_one_bank(
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
+) -> None:
+    link = await JetStreamLink.connect(nats_url)
+    run = DistributedRun(
+        link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.1), part_timeout=60
+    )
+    workers: list[asyncio.subprocess.Process] = []
+    logs = [tmp_path / f"worker-{n}.log" for n in range(GROUPS)]
+    try:
+        await run.start()
+        for n, log in enumerate(logs):
+            args = ["--nats", nats_url, "--db", postgres_url, "--app", "distributed_bank:make_app"]
+            args += ["--run", run.run_id, "--group", f"{n}/{GROUPS}"]
+            with log.open("wb") as out:
+                workers.append(
+                    await asyncio.create_subprocess_exec(
+                        *worker_command(*args), env=worker_env(), stdout=out, stderr=out
+                    )
+                )
+        await until_up(logs)
+        for i in range(90):
+            run.send(f"teller-{i % TELLERS}", {"hops": 40}, kind="go")
+            await asyncio.sleep(0.01)
+        await until_finished(run)
+        await run.close()
+        for process in workers:
+            process.send_signal(signal.SIGTERM)
+        for process, log in zip(workers, logs, strict=True):
+            assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, log.read_text()
+    finally:
+        for process in workers:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        await link.delete_stream(run.run_id)
+        await link.close()
+
+    stored = await store.list_snapshots(run.run_id)
+    complete = [s for s in stored if s.status is SnapshotStatus.COMPLETE]
+    assert len(complete) >= 5, [(s.seq, s.status, s.error) for s in stored]
+    group = {name: group_of(name, GROUPS) for name in make_app().names}
+    crossing = 0
+    for snapshot in complete:
+        assert cut_problems(snapshot) == [], snapshot.seq
+        assert money_in(snapshot) == TELLERS * BALANCE, snapshot.seq
+        assert set(snapshot.agents) == {ENVIRONMENT, *group}
+        crossing += any(
+            ch.messages
+            for ch in snapshot.channels
+            if ch.src != ENVIRONMENT and group[ch.src] != group[ch.dst]
+        )
+    assert crossing >= 3, f"{crossing} of {len(complete)} cuts caught money between processes"
+    # The workers' parts stay, with the stream ranges of what was in flight between them.
+    parts = await store.load_snapshot_parts(run.run_id, complete[-1].seq)
+    assert "coordinator" in {p.worker for p in parts}
+    assert len(parts) == GROUPS + 1
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+def run_worker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        worker_command(*args),
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE,
+        check=False,
+    )
+
+
+async def nothing_claimed(store: SqlStore, run_id: str) -> bool:
+    """Whether another owner can claim every teller at once (no worker holds one)."""
+    later = utcnow() + timedelta(seconds=1)
+    return await store.claim_agents(run_id, "test", make_app().names, later) == []
+
+
+@pytest.mark.parametrize(
+    ("app", "placement", "says", "status"),
+    [
+        ("no_such_module_here:make", ["--group", "0/3"], "cannot import", 2),
+        ("distributed_bank:nothing", ["--group", "0/3"], "no factory 'nothing'", 2),
+        ("distributed_bank:make_app", ["--group", "3/3"], "N/M", 2),
+        ("distributed_bank:make_app", ["--agents", "clerk"], "no agent 'clerk'", 2),
+    ],
+)
+async def test_a_bad_app_or_placement_is_refused_before_anything_is_written(
+    postgres_url: str, store: SqlStore, app: str, placement: list[str], says: str, status: int
+) -> None:
+    await store.create_run(RunInfo(id="bank"))
+    done = run_worker(
+        "--nats", SHARED_URL, "--db", postgres_url, "--app", app, "--run", "bank", *placement
+    )
+    assert done.returncode == status
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
+    assert await nothing_claimed(store, "bank")
+
+
+async def test_a_run_not_in_the_database_is_a_clear_error(
+    postgres_url: str, store: SqlStore
+) -> None:
+    await store.create_run(RunInfo(id="other"))
+    done = run_worker(
+        "--nats", SHARED_URL, "--db", postgres_url, "--app", "distributed_bank:make_app",
+        "--run", "bank", "--group", "0/3",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "no run with id 'bank'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+async def test_an_unreachable_nats_server_is_a_clear_error(
+    postgres_url: str, store: SqlStore
+) -> None:
+    await store.create_run(RunInfo(id="bank"))
+    url = f"nats://127.0.0.1:{free_port()}"
+    done = run_worker(
+        "--nats", url, "--db", postgres_url, "--app", "distributed_bank:make_app",
+        "--run", "bank", "--group", "0/3",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert url in done.stderr
+    assert "Traceback" not in done.stderr
+    assert await nothing_claimed(store, "bank")
