@@ -33,7 +33,9 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
    later was sent after the sender's recording and carries epoch ``>= k``, so a receiver
    that has not recorded yet records before it counts, as it does at a marker. A team
    whose channels are idle therefore costs one marker per agent, however many channels
-   connect them.
+   connect them. This holds for channels kept in this process
+   ([`LocalChannel`][agentsnap.bus.LocalChannel]); a channel whose receiver runs in another
+   process always takes its marker, since its sender cannot see what it holds.
 4. **Completion.** When every process has recorded ``k`` and every channel is closed for
    ``k``, the snapshot is a consistent cut and is handed to the store; the handle resolves once
    it is written. Several snapshots may be in progress at once; the bus never pauses.
@@ -68,6 +70,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import orjson
 
+from agentsnap.bus import LocalChannel
 from agentsnap.exceptions import ConfigurationError, SnapshotFailed, StateNotSerializable
 from agentsnap.handles import SnapshotHandle
 from agentsnap.integrity import cut_problems
@@ -524,9 +527,15 @@ class SnapshotCoordinator:
         waiting = any(progress.unclosed is not None for progress in self.active.values())
         for channel in endpoint.outgoing.values():
             receiver = channel.receiver
-            if (receiver.epoch >= upto or not (wakes or receiver.busy)) and (
-                # Every message sent was taken (and counted), or only markers are queued.
-                channel.sent == channel.delivered or not _holds_message(channel)
+            if (
+                # Only a channel kept in this process shows all it holds to its sender; one
+                # whose receiver is elsewhere always takes its marker.
+                type(channel) is LocalChannel
+                and (receiver.epoch >= upto or not (wakes or receiver.busy))
+                and (
+                    # Every message sent was taken (and counted), or only markers are queued.
+                    channel.sent == channel.delivered or not _holds_message(channel)
+                )
             ):
                 # Nothing sent before this recording is on the channel or in hand: its state
                 # is empty for every snapshot up to ``upto``, and whatever comes through it
