@@ -373,10 +373,15 @@ class LangGraphCheckpointRow(Base):
 class LangGraphBlobRow(Base):
     """One LangGraph channel value, stored once per version of its channel.
 
-    ``value_type`` is ``"empty"`` for a channel that had no value at that version.
+    ``value_type`` is ``"empty"`` for a channel that had no value at that version. A value
+    that a task wrote refers to the write instead of holding a copy: ``value`` is ``NULL``
+    and ``write_checkpoint_id``, ``write_task_id`` and ``write_idx`` name the entry of the
+    ``agentsnap_lg_task_writes`` row (same thread and namespace) that holds it. On SQLite the
+    table has no rowid: the primary key is its only b-tree.
     """
 
     __tablename__ = "agentsnap_lg_blobs"
+    __table_args__ = {"sqlite_with_rowid": False}  # noqa: RUF012 (SQLAlchemy's declaration)
 
     thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
     checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -384,6 +389,9 @@ class LangGraphBlobRow(Base):
     version: Mapped[str] = mapped_column(Text, primary_key=True)
     value_type: Mapped[str] = mapped_column(String(32))
     value: Mapped[bytes | None] = mapped_column(LargeBinary)
+    write_checkpoint_id: Mapped[str | None] = mapped_column(Text)
+    write_task_id: Mapped[str | None] = mapped_column(Text)
+    write_idx: Mapped[int | None] = mapped_column(Integer, autoincrement=False)
 
 
 class LangGraphTaskWritesRow(Base):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import random
+import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, cast
 
@@ -64,7 +66,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     checkpoint). A checkpoint that leaves a channel
     unchanged refers to the value already stored for its version instead of storing it again;
     small scalars (``None``, booleans, numbers, strings up to 256 characters) are kept in the
-    checkpoint's own row instead, which costs less than a row of their own.
+    checkpoint's own row instead, which costs less than a row of their own. A new value that
+    a task of the parent checkpoint wrote, exactly as the checkpoint holds it (the usual
+    case: a node wrote the channel), refers to that pending write, which the saver put
+    earlier in the same process, rather than storing the value a second time.
 
     Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
     only, with the pickle fallback off and msgpack extension types limited to LangGraph's
@@ -118,6 +123,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         )
         self.url = url
         self._storage: GraphCheckpointStore = SqlGraphStore(url, create=create, echo=echo)
+        self._written = _Written()
 
     def __repr__(self) -> str:
         return f"AgentsnapSaver({redacted_url(self.url)!r})"
@@ -291,7 +297,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         Returns:
             The config naming the saved checkpoint.
         """
-        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        written = self._written.take(_parent_of(config))
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
         self._storage.put_checkpoint(row, blobs)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
@@ -301,13 +308,16 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        written: dict[str, builtins.list[_Write]],
     ) -> tuple[StoredCheckpoint, builtins.list[StoredValue]]:
         configurable = config["configurable"]
         thread_id: str = configurable["thread_id"]
         checkpoint_ns: str = configurable.get("checkpoint_ns", "")
+        parent_id: str | None = configurable.get("checkpoint_id")
         values = checkpoint["channel_values"]
         # Small scalars ride in the checkpoint row (cheaper than a row of their own each);
-        # every other value is stored once per version of its channel.
+        # every other value is stored once per version of its channel, and a value that the
+        # parent's tasks wrote as it is refers to the stored write.
         small = {channel: value for channel, value in values.items() if inline(value)}
         stored: dict[str, Any] = {**checkpoint, "channel_values": small}
         dumps_typed = self.serde.dumps_typed
@@ -315,12 +325,33 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         for channel, version in new_versions.items():
             if channel in small:
                 continue
-            if channel in values:
-                value_type, value = dumps_typed(values[channel])
-            else:
-                value_type, value = EMPTY, None
+            if channel not in values:
+                blobs.append(
+                    StoredValue(thread_id, checkpoint_ns, channel, str(version), EMPTY, None)
+                )
+                continue
+            value_type, value = dumps_typed(values[channel])
+            same = next(
+                (
+                    (task_id, idx)
+                    for task_id, idx, written_type, written_value in written.get(channel, ())
+                    if written_type == value_type and written_value == value
+                ),
+                None,
+            )
             blobs.append(
                 StoredValue(thread_id, checkpoint_ns, channel, str(version), value_type, value)
+                if same is None
+                else StoredValue(
+                    thread_id,
+                    checkpoint_ns,
+                    channel,
+                    str(version),
+                    value_type,
+                    None,
+                    parent_id,
+                    *same,
+                )
             )
         checkpoint_type, encoded = dumps_typed(stored)
         full_metadata = get_checkpoint_metadata(config, metadata)
@@ -359,7 +390,14 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             task_path: The task's path in the graph.
         """
         if writes:
-            self._storage.put_task_writes(*self._writes_args(config, writes, task_id, task_path))
+            args, entries = self._writes_args(config, writes, task_id, task_path)
+            pending = threading.Event()
+            self._written.begin(args[0], pending)
+            stored = False
+            try:
+                stored = self._storage.put_task_writes(*args)
+            finally:
+                self._written.end(args[0], pending, entries if stored else ())
 
     def _writes_args(
         self,
@@ -367,7 +405,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         writes: Sequence[tuple[str, Any]],
         task_id: str,
         task_path: str,
-    ) -> tuple[tuple[str, str, str, str], str, bytes, Merge]:
+    ) -> tuple[tuple[tuple[str, str, str, str], str, bytes, Merge], builtins.list[WriteEntry]]:
         configurable = config["configurable"]
         key = (
             configurable["thread_id"],
@@ -390,7 +428,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             task_path,
             pack_writes(entries),
             lambda path, stored: _merged(path, stored, entries, task_path),
-        )
+        ), entries
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread.
@@ -530,7 +568,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         native = self._native()
         if native is None:
             return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        written = await self._written.atake(_parent_of(config))
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
         await native.aput_checkpoint(row, blobs)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
@@ -546,7 +585,14 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         if native is None:
             await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
         elif writes:
-            await native.aput_task_writes(*self._writes_args(config, writes, task_id, task_path))
+            args, entries = self._writes_args(config, writes, task_id, task_path)
+            pending = (asyncio.get_running_loop(), asyncio.Event())
+            self._written.begin(args[0], pending)
+            stored = False
+            try:
+                stored = await native.aput_task_writes(*args)
+            finally:
+                self._written.end(args[0], pending, entries if stored else ())
 
     def _native(self) -> SqlGraphStore | None:
         """The storage when it has native asyncio methods (PostgreSQL), else ``None``."""
@@ -592,6 +638,103 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         else:
             number = int(str(current).split(".")[0])
         return f"{number + 1:016}.{random.getrandbits(32):08x}"
+
+
+class _Written:
+    """The regular writes stored lately, by the checkpoint they were written against.
+
+    A task's writes are noted once their row is committed, and taken when the checkpoint
+    that follows is put, so that a value equal to one of them refers to it. LangGraph puts
+    a step's writes and the next checkpoint from its background threads (or tasks) at the
+    same time: taking the writes of a checkpoint first waits for those still being stored
+    (on the caller's kind of concurrency: threads, or the running event loop's tasks).
+    At most ``keep`` checkpoints' writes are kept (the oldest go first), for the graphs
+    that never put a checkpoint after them.
+    """
+
+    def __init__(self, keep: int = 256) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._by_checkpoint: dict[tuple[str, str, str], dict[str, builtins.list[_Write]]] = {}
+        self._pending: dict[tuple[str, str, str], builtins.list[_Pending]] = {}
+
+    def begin(self, key: tuple[str, str, str, str], pending: _Pending) -> None:
+        """Note that a task's writes are being stored under ``key`` (until ``end``)."""
+        with self._lock:
+            self._pending.setdefault(key[:3], []).append(pending)
+
+    def end(
+        self, key: tuple[str, str, str, str], pending: _Pending, stored: Iterable[WriteEntry]
+    ) -> None:
+        """Note that a task's writes are stored (``stored``: the entries stored as given)."""
+        checkpoint = key[:3]
+        # A special channel's write (negative index) may be replaced later: never referred to.
+        entries = [entry for entry in stored if entry[0] >= 0]
+        with self._lock:
+            waiting = self._pending.get(checkpoint, [])
+            if pending in waiting:
+                waiting.remove(pending)
+            if not waiting:
+                self._pending.pop(checkpoint, None)
+            if entries:
+                found = self._by_checkpoint.setdefault(checkpoint, {})
+                for idx, channel, value_type, value in entries:
+                    found.setdefault(channel, []).append((key[3], idx, value_type, value))
+                while len(self._by_checkpoint) > self._keep:
+                    del self._by_checkpoint[next(iter(self._by_checkpoint))]
+        if isinstance(pending, threading.Event):
+            pending.set()
+        else:
+            pending[1].set()
+
+    def take(self, checkpoint: tuple[str, str, str]) -> dict[str, builtins.list[_Write]]:
+        """The writes stored against a checkpoint, by channel, forgotten here.
+
+        Waits (a while at most) for the writes that other threads are storing.
+        """
+        with self._lock:
+            waiting = [
+                p for p in self._pending.get(checkpoint, ()) if isinstance(p, threading.Event)
+            ]
+        for pending in waiting:
+            pending.wait(_WAIT_FOR_WRITES)
+        with self._lock:
+            return self._by_checkpoint.pop(checkpoint, {})
+
+    async def atake(self, checkpoint: tuple[str, str, str]) -> dict[str, builtins.list[_Write]]:
+        """``take``, waiting for the writes that the running loop's tasks are storing."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            waiting = [
+                p[1]
+                for p in self._pending.get(checkpoint, ())
+                if not isinstance(p, threading.Event) and p[0] is loop
+            ]
+        for pending in waiting:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pending.wait(), _WAIT_FOR_WRITES)
+        with self._lock:
+            return self._by_checkpoint.pop(checkpoint, {})
+
+
+_Write = tuple[str, int, str, bytes]
+"""A write noted by ``_Written``: task id, index, type tag and value."""
+
+_Pending = threading.Event | tuple[asyncio.AbstractEventLoop, asyncio.Event]
+"""Writes being stored: by a thread, or by a task of an event loop."""
+
+_WAIT_FOR_WRITES = 10.0
+"""Seconds a checkpoint waits for its parent's writes; after that its values are copies."""
+
+
+def _parent_of(config: RunnableConfig) -> tuple[str, str, str]:
+    """The thread, namespace and id of the checkpoint a new one follows (``""`` for none)."""
+    configurable = config["configurable"]
+    return (
+        configurable["thread_id"],
+        configurable.get("checkpoint_ns", ""),
+        configurable.get("checkpoint_id") or "",
+    )
 
 
 def _list_where(
