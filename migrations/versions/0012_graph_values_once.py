@@ -2,10 +2,12 @@
 
 ``agentsnap_lg_blobs`` gains ``write_checkpoint_id``, ``write_task_id`` and ``write_idx``
 (``NULL`` for a value stored in its own row, as every value stored before is): a value equal
-to a task's pending write is then stored once, in ``agentsnap_lg_task_writes``. On SQLite the
-table is rebuilt without a rowid, its primary key being its only b-tree. The downgrade copies
-each referred value back into its row (which needs ``ormsgpack``, installed with LangGraph,
-only when there are such values) and drops the columns.
+to a task's pending write is then stored once, in ``agentsnap_lg_task_writes``. The index on
+``agentsnap_lg_checkpoints.run_id`` keeps only the checkpoints that have a run id (the only
+ones it is searched for). On SQLite both tables are rebuilt without a rowid, their primary
+key being their only b-tree. The downgrade copies each referred value back into its row
+(which needs ``ormsgpack``, installed with LangGraph, only when there are such values), drops
+the columns and indexes every checkpoint's run id again.
 
 Revision ID: 0012
 Revises: 0011
@@ -52,27 +54,57 @@ def _columns(with_reference: bool) -> list[sa.Column[Any]]:
     return columns
 
 
-def _rebuild_sqlite(with_reference: bool) -> None:
-    """Rebuild the SQLite table with or without the reference (and with or without rowid)."""
-    names = [*KEY, *VALUE_COLUMNS]
+CHECKPOINTS = "agentsnap_lg_checkpoints"
+CHECKPOINT_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
+RUN_INDEX = "ix_agentsnap_lg_checkpoints_run_id"
+HAS_RUN = "run_id IS NOT NULL"
+
+
+def _checkpoint_columns() -> list[sa.Column[Any]]:
+    return [
+        *(sa.Column(name, sa.Text(), nullable=False) for name in CHECKPOINT_KEY),
+        sa.Column("parent_checkpoint_id", sa.Text(), nullable=True),
+        sa.Column("checkpoint_type", sa.String(length=32), nullable=False),
+        sa.Column("checkpoint", sa.LargeBinary(), nullable=False),
+        sa.Column("meta_type", sa.String(length=32), nullable=False),
+        sa.Column("meta", sa.LargeBinary(), nullable=False),
+        sa.Column("run_id", sa.Text(), nullable=True),
+    ]
+
+
+def _rebuild_sqlite(
+    name: str, key: Sequence[str], columns: list[sa.Column[Any]], *, rowid: bool
+) -> None:
+    """Rebuild an SQLite table with ``columns`` (those it shares with the old one copied)."""
     op.create_table(
-        f"_new_{TABLE}",
-        *_columns(with_reference),
-        sa.PrimaryKeyConstraint(*KEY, name=op.f(f"pk_{TABLE}")),
-        sqlite_with_rowid=not with_reference,
+        f"_new_{name}",
+        *columns,
+        sa.PrimaryKeyConstraint(*key, name=op.f(f"pk_{name}")),
+        sqlite_with_rowid=rowid,
     )
-    listed = ", ".join(names)
-    op.execute(f"INSERT INTO _new_{TABLE} ({listed}) SELECT {listed} FROM {TABLE}")  # noqa: S608
-    op.drop_table(TABLE)
-    op.rename_table(f"_new_{TABLE}", TABLE)
+    found = {column["name"] for column in sa.inspect(op.get_bind()).get_columns(name)}
+    listed = ", ".join(column.name for column in columns if column.name in found)
+    op.execute(f"INSERT INTO _new_{name} ({listed}) SELECT {listed} FROM {name}")  # noqa: S608
+    op.drop_table(name)
+    op.rename_table(f"_new_{name}", name)
+
+
+def _index_runs(*, only_with_run: bool) -> None:
+    where = sa.text(HAS_RUN) if only_with_run else None
+    op.create_index(
+        op.f(RUN_INDEX), CHECKPOINTS, ["run_id"], sqlite_where=where, postgresql_where=where
+    )
 
 
 def upgrade() -> None:
     if op.get_bind().dialect.name == "sqlite":
-        _rebuild_sqlite(with_reference=True)
-        return
-    for column in _columns(with_reference=True)[len(KEY) + len(VALUE_COLUMNS) :]:
-        op.add_column(TABLE, column)
+        _rebuild_sqlite(TABLE, KEY, _columns(with_reference=True), rowid=False)
+        _rebuild_sqlite(CHECKPOINTS, CHECKPOINT_KEY, _checkpoint_columns(), rowid=False)
+    else:
+        for column in _columns(with_reference=True)[len(KEY) + len(VALUE_COLUMNS) :]:
+            op.add_column(TABLE, column)
+        op.drop_index(op.f(RUN_INDEX), table_name=CHECKPOINTS)
+    _index_runs(only_with_run=True)
 
 
 def _copy_values_back() -> None:
@@ -124,7 +156,10 @@ def _copy_values_back() -> None:
 def downgrade() -> None:
     _copy_values_back()
     if op.get_bind().dialect.name == "sqlite":
-        _rebuild_sqlite(with_reference=False)
-        return
-    for name in reversed(REFERENCE):
-        op.drop_column(TABLE, name)
+        _rebuild_sqlite(TABLE, KEY, _columns(with_reference=False), rowid=True)
+        _rebuild_sqlite(CHECKPOINTS, CHECKPOINT_KEY, _checkpoint_columns(), rowid=True)
+    else:
+        for name in reversed(REFERENCE):
+            op.drop_column(TABLE, name)
+        op.drop_index(op.f(RUN_INDEX), table_name=CHECKPOINTS)
+    _index_runs(only_with_run=False)
