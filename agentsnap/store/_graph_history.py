@@ -53,6 +53,7 @@ __all__ = [
     "copy_thread",
     "delete_runs",
     "prune_threads",
+    "stored_values",
 ]
 
 _checkpoints = cast(Table, LangGraphCheckpointRow.__table__)
@@ -220,7 +221,7 @@ def _collect_values(
             _checkpoints.c.thread_id == thread_id, _checkpoints.c.checkpoint_ns == checkpoint_ns
         )
     ):
-        referenced |= _stored_values(load(checkpoint_type, encoded))
+        referenced |= stored_values(load(checkpoint_type, encoded))
     stale = [
         (thread_id, checkpoint_ns, channel, version)
         for channel, version in transaction.rows(
@@ -288,7 +289,7 @@ def _copy_out_written(
     transaction.run(delete(_blobs).where(*_key_is(_blobs, _BLOB_KEY)), _key_rows(_BLOB_KEY, lost))
 
 
-def _stored_values(checkpoint: Mapping[str, Any]) -> set[tuple[str, str]]:
+def stored_values(checkpoint: Mapping[str, Any]) -> set[tuple[str, str]]:
     """The ``(channel, version)`` of the values a stored checkpoint keeps as rows of their own."""
     inline = checkpoint.get("channel_values") or {}
     versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}

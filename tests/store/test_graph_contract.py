@@ -1,7 +1,7 @@
 """The LangGraph storage contract: what a ``GraphCheckpointStore`` does, on each database.
 
 ``AgentsnapSaver`` encodes checkpoints and hands the rows to its storage; these tests hold the
-storage alone to what the saver relies on, on SQLite and PostgreSQL.
+storage alone to what the saver relies on, in memory, on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -22,13 +22,17 @@ from agentsnap.store.graph import (
     StoredValue,
     pack_writes,
 )
+from agentsnap.store.memory_graph import MemoryGraphStore
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.sql_graph import SqlGraphStore
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def graphs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphCheckpointStore]:
-    """A graph checkpoint store on each database, empty."""
+    """A graph checkpoint store in memory and on each database, empty."""
+    if request.param == "memory":
+        yield MemoryGraphStore()
+        return
     url = (
         f"sqlite:///{tmp_path / 'graphs.db'}"
         if request.param == "sqlite"
