@@ -582,6 +582,24 @@ def test_a_value_equal_to_a_write_of_its_parent_refers_to_it(
     assert copied.checkpoint["channel_values"]["lines"] == ["written", "and more"]
 
 
+def test_a_checkpoint_put_after_its_thread_was_deleted_holds_its_values(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    first = saver.put(_thread("t"), empty_checkpoint(), {"step": -1}, {})
+    saver.put_writes(first, [("lines", ["a" * 300])], task_id="task")
+    saver.delete_thread("t")  # the write goes: nothing may refer to it any more
+    checkpoint: Any = {
+        **empty_checkpoint(),
+        "channel_values": {"lines": ["a" * 300]},
+        "channel_versions": {"lines": "1"},
+    }
+    saver.put(first, checkpoint, {"step": 0}, {"lines": "1"})
+    assert _referring(url, "t") == 0
+    found = saver.get_tuple(_thread("t"))
+    assert found is not None
+    assert found.checkpoint["channel_values"]["lines"] == ["a" * 300]
+
+
 async def test_a_value_put_through_the_asyncio_methods_refers_to_its_write(
     saver: AgentsnapSaver, url: str
 ) -> None:

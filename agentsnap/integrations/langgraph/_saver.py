@@ -437,6 +437,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             thread_id: The thread.
         """
         self._storage.delete_thread(thread_id)
+        self._written.forget([thread_id])
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy a thread's whole history onto another thread.
@@ -482,6 +483,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         """
         _not_one_string("delete_for_runs", "run ids", run_ids)
         self._storage.delete_for_runs(list(run_ids), self._load_value)
+        self._written.forget(None)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Delete older checkpoints of threads, or all of them.
@@ -509,6 +511,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         """
         _not_one_string("prune", "thread ids", thread_ids)
         self._storage.prune(list(thread_ids), strategy, self._load_value, self._load_metadata)
+        self._written.forget(thread_ids)
 
     # Asynchronous versions: on PostgreSQL, on the asyncio driver; otherwise the same code
     # in a worker thread.
@@ -686,6 +689,16 @@ class _Written:
             pending.set()
         else:
             pending[1].set()
+
+    def forget(self, thread_ids: Iterable[str] | None) -> None:
+        """Forget the writes noted on these threads (all of them for ``None``): deleted."""
+        with self._lock:
+            if thread_ids is None:
+                self._by_checkpoint.clear()
+                return
+            threads = set(thread_ids)
+            for key in [key for key in self._by_checkpoint if key[0] in threads]:
+                del self._by_checkpoint[key]
 
     def take(self, checkpoint: tuple[str, str, str]) -> dict[str, builtins.list[_Write]]:
         """The writes stored against a checkpoint, by channel, forgotten here.
