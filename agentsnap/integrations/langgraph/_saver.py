@@ -7,7 +7,7 @@ import builtins
 import contextlib
 import random
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import orjson
@@ -69,7 +69,11 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     checkpoint's own row instead, which costs less than a row of their own. A new value that
     a task of the parent checkpoint wrote, exactly as the checkpoint holds it (the usual
     case: a node wrote the channel), refers to that pending write, which the saver put
-    earlier in the same process, rather than storing the value a second time.
+    earlier in the same process, rather than storing the value a second time. LangGraph
+    puts a step's writes and the next checkpoint at once: on SQLite, whose writes take turns
+    anyway, the checkpoint waits for the writes still being stored; on PostgreSQL, where
+    both commit at once on connections of their own, it refers only to writes already
+    committed (waiting would add a commit to each step).
 
     Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
     only, with the pickle fallback off and msgpack extension types limited to LangGraph's
@@ -123,7 +127,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         )
         self.url = url
         self._storage: GraphCheckpointStore = SqlGraphStore(url, create=create, echo=echo)
-        self._written = _Written()
+        # On PostgreSQL a task's writes and the next checkpoint commit at once, on connections
+        # of their own; waiting for the writes would put a commit's wait on the step's path.
+        self._written = _Written(wait=self._native() is None)
 
     def __repr__(self) -> str:
         return f"AgentsnapSaver({redacted_url(self.url)!r})"
@@ -297,7 +303,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         Returns:
             The config naming the saved checkpoint.
         """
-        written = self._written.take(_parent_of(config))
+        written = self._written.take(_parent_of(config), _stored_channels(checkpoint, new_versions))
         row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
         self._storage.put_checkpoint(row, blobs)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
@@ -392,7 +398,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         if writes:
             args, entries = self._writes_args(config, writes, task_id, task_path)
             pending = threading.Event()
-            self._written.begin(args[0], pending)
+            self._written.begin(args[0], pending, entries)
             stored = False
             try:
                 stored = self._storage.put_task_writes(*args)
@@ -571,7 +577,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         native = self._native()
         if native is None:
             return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-        written = await self._written.atake(_parent_of(config))
+        written = await self._written.atake(
+            _parent_of(config), _stored_channels(checkpoint, new_versions)
+        )
         row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
         await native.aput_checkpoint(row, blobs)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
@@ -590,7 +598,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         elif writes:
             args, entries = self._writes_args(config, writes, task_id, task_path)
             pending = (asyncio.get_running_loop(), asyncio.Event())
-            self._written.begin(args[0], pending)
+            self._written.begin(args[0], pending, entries)
             stored = False
             try:
                 stored = await native.aput_task_writes(*args)
@@ -649,22 +657,29 @@ class _Written:
     A task's writes are noted once their row is committed, and taken when the checkpoint
     that follows is put, so that a value equal to one of them refers to it. LangGraph puts
     a step's writes and the next checkpoint from its background threads (or tasks) at the
-    same time: taking the writes of a checkpoint first waits for those still being stored
-    (on the caller's kind of concurrency: threads, or the running event loop's tasks).
-    At most ``keep`` checkpoints' writes are kept (the oldest go first), for the graphs
-    that never put a checkpoint after them.
+    same time: with ``wait``, taking the writes of a checkpoint first waits for those still
+    being stored to the channels it stores values of (on the caller's kind of concurrency:
+    threads, or the running event loop's tasks); on SQLite, whose writes take turns anyway,
+    that costs no commit. At most ``keep`` checkpoints' writes are kept (the oldest go
+    first), for the graphs that never put a checkpoint after them.
     """
 
-    def __init__(self, keep: int = 256) -> None:
+    def __init__(self, *, wait: bool, keep: int = 256) -> None:
+        self._wait = wait
         self._keep = keep
         self._lock = threading.Lock()
         self._by_checkpoint: dict[tuple[str, str, str], dict[str, builtins.list[_Write]]] = {}
-        self._pending: dict[tuple[str, str, str], builtins.list[_Pending]] = {}
+        self._pending: dict[
+            tuple[str, str, str], builtins.list[tuple[_Pending, frozenset[str]]]
+        ] = {}
 
-    def begin(self, key: tuple[str, str, str, str], pending: _Pending) -> None:
-        """Note that a task's writes are being stored under ``key`` (until ``end``)."""
+    def begin(
+        self, key: tuple[str, str, str, str], pending: _Pending, entries: Iterable[WriteEntry]
+    ) -> None:
+        """Note that a task's writes (``entries``) are being stored under ``key``."""
+        channels = frozenset(entry[1] for entry in entries if entry[0] >= 0)
         with self._lock:
-            self._pending.setdefault(key[:3], []).append(pending)
+            self._pending.setdefault(key[:3], []).append((pending, channels))
 
     def end(
         self, key: tuple[str, str, str, str], pending: _Pending, stored: Iterable[WriteEntry]
@@ -675,8 +690,7 @@ class _Written:
         entries = [entry for entry in stored if entry[0] >= 0]
         with self._lock:
             waiting = self._pending.get(checkpoint, [])
-            if pending in waiting:
-                waiting.remove(pending)
+            waiting[:] = [found for found in waiting if found[0] is not pending]
             if not waiting:
                 self._pending.pop(checkpoint, None)
             if entries:
@@ -700,29 +714,43 @@ class _Written:
             for key in [key for key in self._by_checkpoint if key[0] in threads]:
                 del self._by_checkpoint[key]
 
-    def take(self, checkpoint: tuple[str, str, str]) -> dict[str, builtins.list[_Write]]:
+    def _waiting(
+        self, checkpoint: tuple[str, str, str], channels: Collection[str]
+    ) -> builtins.list[_Pending]:
+        """The writes being stored against ``checkpoint`` to some of ``channels``."""
+        if not self._wait or not channels:
+            return []
+        with self._lock:
+            return [
+                pending
+                for pending, written in self._pending.get(checkpoint, ())
+                if not written.isdisjoint(channels)
+            ]
+
+    def take(
+        self, checkpoint: tuple[str, str, str], channels: Collection[str]
+    ) -> dict[str, builtins.list[_Write]]:
         """The writes stored against a checkpoint, by channel, forgotten here.
 
-        Waits (a while at most) for the writes that other threads are storing.
+        With ``wait``, waits (a while at most) for the writes to ``channels`` that other
+        threads are storing.
         """
-        with self._lock:
-            waiting = [
-                p for p in self._pending.get(checkpoint, ()) if isinstance(p, threading.Event)
-            ]
+        waiting = [p for p in self._waiting(checkpoint, channels) if isinstance(p, threading.Event)]
         for pending in waiting:
             pending.wait(_WAIT_FOR_WRITES)
         with self._lock:
             return self._by_checkpoint.pop(checkpoint, {})
 
-    async def atake(self, checkpoint: tuple[str, str, str]) -> dict[str, builtins.list[_Write]]:
+    async def atake(
+        self, checkpoint: tuple[str, str, str], channels: Collection[str]
+    ) -> dict[str, builtins.list[_Write]]:
         """``take``, waiting for the writes that the running loop's tasks are storing."""
         loop = asyncio.get_running_loop()
-        with self._lock:
-            waiting = [
-                p[1]
-                for p in self._pending.get(checkpoint, ())
-                if not isinstance(p, threading.Event) and p[0] is loop
-            ]
+        waiting = [
+            p[1]
+            for p in self._waiting(checkpoint, channels)
+            if not isinstance(p, threading.Event) and p[0] is loop
+        ]
         for pending in waiting:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pending.wait(), _WAIT_FOR_WRITES)
@@ -738,6 +766,14 @@ _Pending = threading.Event | tuple[asyncio.AbstractEventLoop, asyncio.Event]
 
 _WAIT_FOR_WRITES = 10.0
 """Seconds a checkpoint waits for its parent's writes; after that its values are copies."""
+
+
+def _stored_channels(checkpoint: Checkpoint, new_versions: ChannelVersions) -> builtins.list[str]:
+    """The channels whose new value a checkpoint stores as a value of its own (not inline)."""
+    values = checkpoint["channel_values"]
+    return [
+        channel for channel in new_versions if channel in values and not inline(values[channel])
+    ]
 
 
 def _parent_of(config: RunnableConfig) -> tuple[str, str, str]:
