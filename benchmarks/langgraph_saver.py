@@ -62,6 +62,15 @@ spends on checkpointing, which no saver can save. After each run every saver mus
 the final state and hold one checkpoint per super-step (plus the input's); otherwise the
 program stops with an error (status 1).
 
+What each saver writes per super-step is measured once, off the clock, after the timed
+rounds (``storage_per_step``): on SQLite, ``wal_pages_per_step`` (the pages its commits write
+to the WAL, counted as WAL frames while a reader's open snapshot keeps the WAL from being
+reset) and ``bytes_per_step`` (the growth of the database file once checkpointed); on
+PostgreSQL, ``commits_per_step`` and ``rows_written_per_step`` (``pg_stat_database``'s
+committed transactions and inserted or updated rows in the benchmark's database, read once
+the saver's connections are closed) and ``bytes_per_step`` (the growth of the saver's tables
+with their indexes and TOAST).
+
 ``--json`` prints a single JSON object on stdout; ``--quick`` runs fewer steps and rounds.
 Run it from the repository root with:
 
@@ -69,7 +78,8 @@ Run it from the repository root with:
 
 The PostgreSQL database is the benchmark's: the official savers' tables (``checkpoints``,
 ``checkpoint_blobs``, ``checkpoint_writes``, ``checkpoint_migrations``) and agentsnap's are
-created in it and emptied before each run.
+created in it and emptied before each run; agentsnap's are dropped and created anew by the
+agentsnap that runs, so that two revisions compared on one database each have their schema.
 """
 
 from __future__ import annotations
@@ -296,6 +306,15 @@ class Postgres:
             self.dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
         )
         PostgresSaver(self.connection).setup()
+        # agentsnap's tables are made anew by this agentsnap, at its schema's revision (two
+        # revisions compared on one database each find their own).
+        found = self.connection.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+            "AND tablename LIKE 'agentsnap%%'"
+        ).fetchall()
+        if found:
+            names = ", ".join(row["tablename"] for row in found)
+            self.connection.execute(f"DROP TABLE {names} CASCADE")
         setup = AgentsnapSaver(url)
         setup.get_tuple({"configurable": {"thread_id": "none"}})  # creates the schema
         setup.close()
@@ -390,6 +409,109 @@ async def _run_async_postgres(
     return Run(seconds, None)
 
 
+def sqlite_storage(
+    variant: str, builder: StateGraph[LoopState], inputs: LoopState, directory: Path
+) -> dict[str, float]:
+    """What a saver writes per super-step on SQLite, off the clock: WAL pages and bytes kept.
+
+    A reader holds a snapshot from before the run to its end, so that no checkpoint can
+    reset the WAL: every page the run commits is a frame of its own in the WAL file.
+    """
+    steps = inputs["steps"]
+    config: Any = {"configurable": {"thread_id": "loop"}, "recursion_limit": steps + 10}
+    path = workloads.fresh_db(directory, f"storage-{variant}")
+    connection = sqlite3.connect(path, check_same_thread=False)
+    saver: BaseCheckpointSaver[Any]
+    if variant == "sqlitesaver":
+        connection.execute("PRAGMA synchronous=NORMAL")
+        saver = SqliteSaver(connection)
+        saver.setup()
+    else:
+        saver = AgentsnapSaver(f"sqlite:///{path}")
+        saver.get_tuple(config)  # creates the schema
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        reader.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        before = path.stat().st_size
+        (page_size,) = reader.execute("PRAGMA page_size").fetchone()
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        wal = Path(f"{path}-wal")
+        wal_before = wal.stat().st_size if wal.exists() else 0
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke(inputs, config, durability=DURABILITY)
+        frames = (wal.stat().st_size - max(wal_before, 32)) / (page_size + 24)
+        reader.execute("COMMIT")
+    finally:
+        reader.close()
+        if isinstance(saver, AgentsnapSaver):
+            saver.close()
+        connection.close()
+    stored = db_bytes(path) - before
+    workloads.remove_db(path)
+    return {
+        "wal_pages_per_step": round(frames / steps, 2),
+        "bytes_per_step": round(stored / steps),
+    }
+
+
+def postgres_storage(
+    variant: str, builder: StateGraph[LoopState], inputs: LoopState, postgres: Postgres
+) -> dict[str, float]:
+    """What a saver writes per super-step on PostgreSQL, off the clock.
+
+    Transactions committed and rows inserted or updated in the benchmark's database (from
+    ``pg_stat_database``, read once the saver's connections are closed, which reports their
+    counts), and the growth of the saver's tables, indexes and TOAST.
+    """
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+
+    steps = inputs["steps"]
+    config: Any = {"configurable": {"thread_id": "loop"}, "recursion_limit": steps + 10}
+    tables = OFFICIAL_PG_TABLES if variant == "postgressaver" else AGENTSNAP_PG_TABLES
+    postgres.empty()
+
+    def counters() -> tuple[int, int, int]:
+        # A connection of its own, closed before the next read, which then counts it.
+        time.sleep(0.5)  # a closed backend's counts reach the statistics as it exits
+        with psycopg.Connection.connect(postgres.dsn, autocommit=True) as stats:
+            row = stats.execute(
+                "SELECT xact_commit, tup_inserted + tup_updated, "
+                + " + ".join(f"pg_total_relation_size('{name}')" for name in tables)
+                + " FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    connection: Any = None
+    saver: BaseCheckpointSaver[Any]
+    if variant == "postgressaver":
+        connection = psycopg.Connection.connect(
+            postgres.dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
+        saver = PostgresSaver(connection)
+    else:
+        saver = AgentsnapSaver(postgres.url)
+    saver.get_tuple(config)
+    graph = builder.compile(checkpointer=saver)
+    first = counters()
+    graph.invoke(inputs, config, durability=DURABILITY)
+    if isinstance(saver, AgentsnapSaver):
+        saver.close()
+    if connection is not None:
+        connection.close()
+    last = counters()
+    reading = counters()  # what a read of the counters adds to them, to subtract
+    commits, written = (last[i] - first[i] - (reading[i] - last[i]) for i in (0, 1))
+    return {
+        "commits_per_step": round(commits / steps, 2),
+        "rows_written_per_step": round(written / steps, 2),
+        "bytes_per_step": round((last[2] - first[2]) / steps),
+    }
+
+
 @dataclass
 class Ratios:
     """A ratio's per-round values, and those of the rounds kept."""
@@ -449,6 +571,18 @@ def measure(profile: str, directory: Path, postgres_url: str | None) -> dict[str
             shift = index % len(variants)
             for graph, variant in variants[shift:] + variants[:shift]:
                 runs[graph, variant].append(run(graph, variant, inputs))
+        # What each saver writes, measured once, off the clock.
+        storage: dict[str, dict[str, float]] = {}
+        for graph in GRAPHS:
+            for variant in ("sqlitesaver", "agentsnap"):
+                storage[f"{graph}/{variant}"] = sqlite_storage(
+                    variant, builders[graph], inputs, directory
+                )
+            if postgres is not None:
+                for variant in ("postgressaver", "agentsnap_pg"):
+                    storage[f"{graph}/{variant}"] = postgres_storage(
+                        variant, builders[graph], inputs, postgres
+                    )
     finally:
         if postgres is not None:
             postgres.close()
@@ -504,6 +638,7 @@ def measure(profile: str, directory: Path, postgres_url: str | None) -> dict[str
             for (graph, variant), found in runs.items()
             if variant in ("sqlitesaver", "agentsnap")
         },
+        "storage_per_step": storage,
     }
     targets: dict[str, Any] = {"ratio_max": TARGET_RATIO}
     spreads: dict[str, Any] = {}
@@ -544,6 +679,10 @@ def _table(r: dict[str, Any]) -> str:
     for name, value in r["ms_per_step"].items():
         size = r["db_bytes"].get(name)
         lines.append(f"{name:<28}{value:>10.3f}{'' if size is None else f'{size:,}':>14}")
+    lines.append("")
+    lines.append("written per super-step (off the clock):")
+    for name, figures in r["storage_per_step"].items():
+        lines.append(f"  {name:<26}" + ", ".join(f"{k} {v:,}" for k, v in figures.items()))
     lines.append("")
     for key, found in r["spread"].items():
         target = r["targets"].get(f"{key}_met")

@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 import sqlalchemy
 from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 from langgraph_graphs import notes_graph
 from postgres_db import postgres_url_or_skip
@@ -500,3 +501,218 @@ def test_upgrading_fills_the_run_id_of_stored_checkpoints(url: str) -> None:
         saver.close()
     migrate.downgrade(url, "0009")
     assert len(_query(url, "SELECT * FROM agentsnap_lg_checkpoints")[0]) == 8
+
+
+# Values stored once: a value a node wrote refers to the stored write.
+
+
+class _Draft(TypedDict):
+    lines: list[str]
+    step: int
+
+
+def _drafting_graph(saver: AgentsnapSaver, steps: int = 4) -> Any:
+    """A node that replaces a list of lines at each of ``steps`` super-steps."""
+
+    def write(state: _Draft) -> dict[str, Any]:
+        step = state["step"] + 1
+        return {"lines": [*state["lines"], f"line {step} " * 40], "step": step}
+
+    builder = StateGraph(_Draft)
+    builder.add_node("write", write)
+    builder.add_edge(START, "write")
+    builder.add_conditional_edges(
+        "write", lambda state: "write" if state["step"] < steps else END, ["write", END]
+    )
+    return builder.compile(checkpointer=saver)
+
+
+def _put_by_hand(saver: AgentsnapSaver, thread_id: str, values: list[Any]) -> Any:
+    """A checkpoint, then for each value a task's write of it and the checkpoint holding it."""
+    config = saver.put(_thread(thread_id), empty_checkpoint(), {"step": -1}, {})
+    version = None
+    for step, value in enumerate(values):
+        saver.put_writes(config, [("lines", value), ("step", step)], task_id=f"task-{step}")
+        version = saver.get_next_version(version, None)
+        checkpoint: Any = {
+            **empty_checkpoint(),
+            "channel_values": {"lines": value, "step": step},
+            "channel_versions": {"lines": version, "step": version},
+        }
+        config = saver.put(config, checkpoint, {"step": step}, {"lines": version, "step": version})
+    return values[-1]
+
+
+async def _aput_by_hand(saver: AgentsnapSaver, thread_id: str, values: list[Any]) -> Any:
+    """``_put_by_hand`` through the asyncio methods."""
+    config = await saver.aput(_thread(thread_id), empty_checkpoint(), {"step": -1}, {})
+    version = None
+    for step, value in enumerate(values):
+        await saver.aput_writes(config, [("lines", value)], task_id=f"task-{step}")
+        version = saver.get_next_version(version, None)
+        checkpoint: Any = {
+            **empty_checkpoint(),
+            "channel_values": {"lines": value},
+            "channel_versions": {"lines": version},
+        }
+        config = await saver.aput(config, checkpoint, {"step": step}, {"lines": version})
+    return values[-1]
+
+
+def test_a_value_equal_to_a_write_of_its_parent_refers_to_it(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    values = [["a" * 300], {"text": "b" * 300}, ["a" * 300]]
+    _put_by_hand(saver, "t", values)
+    assert _referring(url, "t") == 3
+    assert [entry[2]["lines"] for entry in _history_of(saver, "t")[:-1]] == values[::-1]
+    # A value that is not what the parent's tasks wrote is a copy.
+    newest = saver.get_tuple(_thread("t"))
+    assert newest is not None
+    saver.put_writes(newest.config, [("lines", ["written"])], task_id="task")
+    checkpoint: Any = {
+        **empty_checkpoint(),
+        "channel_values": {"lines": ["written", "and more"]},
+        "channel_versions": {"lines": "9"},
+    }
+    saver.put(newest.config, checkpoint, {"step": 9}, {"lines": "9"})
+    assert _referring(url, "t") == 3
+    copied = saver.get_tuple(_thread("t"))
+    assert copied is not None
+    assert copied.checkpoint["channel_values"]["lines"] == ["written", "and more"]
+
+
+def test_a_checkpoint_put_after_its_thread_was_deleted_holds_its_values(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    first = saver.put(_thread("t"), empty_checkpoint(), {"step": -1}, {})
+    saver.put_writes(first, [("lines", ["a" * 300])], task_id="task")
+    saver.delete_thread("t")  # the write goes: nothing may refer to it any more
+    checkpoint: Any = {
+        **empty_checkpoint(),
+        "channel_values": {"lines": ["a" * 300]},
+        "channel_versions": {"lines": "1"},
+    }
+    saver.put(first, checkpoint, {"step": 0}, {"lines": "1"})
+    assert _referring(url, "t") == 0
+    found = saver.get_tuple(_thread("t"))
+    assert found is not None
+    assert found.checkpoint["channel_values"]["lines"] == ["a" * 300]
+
+
+async def test_a_value_put_through_the_asyncio_methods_refers_to_its_write(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    values = [["a" * 300], ["b" * 300]]
+    await _aput_by_hand(saver, "t", values)
+    assert _referring(url, "t") == 2
+    newest = await saver.aget_tuple(_thread("t"))
+    assert newest is not None
+    assert newest.checkpoint["channel_values"]["lines"] == values[-1]
+    await saver.aclose()
+
+
+def _waits_for_writes(url: str) -> bool:
+    """Whether the saver's checkpoints wait for the writes their parent's tasks are storing.
+
+    On SQLite, where writes take turns anyway, they do, so a value a node wrote refers to
+    the write (unless LangGraph's threads put the checkpoint before the write had begun). On
+    PostgreSQL the two commit at once, and a value refers to a write committed before it.
+    """
+    return url.startswith("sqlite")
+
+
+def _referring(url: str, thread_id: str) -> int:
+    """How many of a thread's values refer to a task's write instead of holding a copy."""
+    return int(
+        _query(
+            url,
+            "SELECT count(*) FROM agentsnap_lg_blobs WHERE thread_id = :t "
+            "AND value IS NULL AND write_idx IS NOT NULL",
+            t=thread_id,
+        )[0][0]
+    )
+
+
+def test_a_value_a_node_wrote_is_stored_once_and_outlives_its_write(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    graph = _drafting_graph(saver)
+    final = graph.invoke({"lines": ["start"], "step": 0}, _thread("t"), durability="sync")
+    if _waits_for_writes(url):
+        assert _referring(url, "t") > 0
+    history = _history_of(saver, "t")
+    assert history[0][2] == {"lines": final["lines"], "step": 4}
+
+    saver.copy_thread("t", "copy")
+    assert _history_of(saver, "copy") == history
+    saver.prune(["t"])
+    assert _history_of(saver, "t") == history[:1]
+    assert _referring(url, "t") == 0  # the kept value was copied out of its pruned write
+    saver.delete_thread("t")
+    assert _history_of(saver, "copy") == history
+    graph.invoke(None, {**_thread("copy"), "recursion_limit": 50}, durability="sync")
+    assert graph.get_state(_thread("copy")).values["lines"] == final["lines"]
+
+
+async def test_values_written_through_the_asyncio_methods_read_back(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    graph = _drafting_graph(saver)
+    final = await graph.ainvoke({"lines": ["start"], "step": 0}, _thread("a"), durability="sync")
+    if _waits_for_writes(url):
+        assert _referring(url, "a") > 0
+    newest = await saver.aget_tuple(_thread("a"))
+    assert newest is not None
+    assert newest.checkpoint["channel_values"]["lines"] == final["lines"]
+    await saver.adelete_for_runs([])
+    await saver.aclose()
+
+
+def test_deleting_the_run_that_wrote_a_value_keeps_the_next_run_s_checkpoint_whole(
+    saver: AgentsnapSaver, url: str
+) -> None:
+    graph = _drafting_graph(saver, steps=2)
+    config = {**_thread("t"), "metadata": {"run_id": "run-1"}}
+    graph.invoke({"lines": ["start"], "step": 0}, config, durability="sync")
+    # The second run's first checkpoint holds a value the first run's last task wrote.
+    state = graph.get_state(_thread("t"))
+    graph.update_state(state.config, {"step": 0})
+    graph.invoke(None, {**_thread("t"), "metadata": {"run_id": "run-2"}}, durability="sync")
+    kept = [entry for entry in _history_of(saver, "t") if entry[3].get("run_id") != "run-1"]
+    if _waits_for_writes(url):
+        assert _referring(url, "t") > 0
+
+    saver.delete_for_runs(["run-1"])
+
+    assert [entry[:5] for entry in _history_of(saver, "t")] == [entry[:5] for entry in kept]
+    assert _orphan_values(url, saver) == set()
+
+
+# The migration that stores a written value once.
+
+
+def test_downgrading_copies_referred_values_back_and_upgrading_reads_them(url: str) -> None:
+    saver = AgentsnapSaver(url)
+    try:
+        final = _put_by_hand(saver, "t", ["one " * 80, "two " * 80])
+        history = _history_of(saver, "t")
+    finally:
+        saver.close()
+    assert _referring(url, "t") == 2
+
+    migrate.downgrade(url, "0011")
+    columns = _query(url, "SELECT * FROM agentsnap_lg_blobs")[0]
+    assert len(columns) == 6  # the reference's columns are gone
+    assert _query(
+        url, "SELECT count(*) FROM agentsnap_lg_blobs WHERE value IS NULL AND value_type <> 'empty'"
+    ) == [(0,)]
+
+    migrate.upgrade(url)
+    assert _referring(url, "t") == 0  # copies now
+    saver = AgentsnapSaver(url)
+    try:
+        assert _history_of(saver, "t") == history
+        assert history[0][2]["lines"] == final
+    finally:
+        saver.close()

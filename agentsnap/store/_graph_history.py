@@ -8,7 +8,9 @@ A channel value (a row of ``agentsnap_lg_blobs``) is shared by every checkpoint 
 thread and namespace that has its channel at its version. When checkpoints are deleted, the
 values that no remaining checkpoint refers to are deleted too: which ones that is comes from
 the remaining checkpoints' channel versions, decoded by the saver's serializer (never
-unpickled).
+unpickled). A value that refers to a task's write (see
+[`StoredValue`][agentsnap.store.graph.StoredValue]) is copied into its own row before that
+write is deleted, so a remaining checkpoint keeps it.
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ from sqlalchemy import (
     Executable,
     Table,
     Text,
+    and_,
     bindparam,
     delete,
     func,
     literal,
     select,
+    update,
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
 from agentsnap.store.dialect import Dialect, dialect_of
-from agentsnap.store.graph import EMPTY, PRUNE_STRATEGIES, Load
+from agentsnap.store.graph import EMPTY, PRUNE_STRATEGIES, Load, written_value
 from agentsnap.store.tables import (
     LangGraphBlobRow,
     LangGraphCheckpointRow,
@@ -49,6 +53,7 @@ __all__ = [
     "copy_thread",
     "delete_runs",
     "prune_threads",
+    "stored_values",
 ]
 
 _checkpoints = cast(Table, LangGraphCheckpointRow.__table__)
@@ -193,10 +198,17 @@ def delete_runs(transaction: Transaction, run_ids: Sequence[str], load: Load) ->
     if not doomed:
         return
     rows = _key_rows(_CHECKPOINT_KEY, doomed)
-    for table in (_writes, _checkpoints):
-        transaction.run(delete(table).where(*_key_is(table, _CHECKPOINT_KEY)), rows)
-    for thread_id, checkpoint_ns in sorted({(key[0], key[1]) for key in doomed}):
+    transaction.run(delete(_checkpoints).where(*_key_is(_checkpoints, _CHECKPOINT_KEY)), rows)
+    namespaces: dict[tuple[str, str], list[str]] = {}
+    for thread_id, checkpoint_ns, checkpoint_id in doomed:
+        namespaces.setdefault((thread_id, checkpoint_ns), []).append(checkpoint_id)
+    for (thread_id, checkpoint_ns), checkpoint_ids in sorted(namespaces.items()):
         _collect_values(transaction, load, thread_id, checkpoint_ns)
+        for batch in _batches(sorted(checkpoint_ids)):
+            _copy_out_written(
+                transaction, thread_id, checkpoint_ns, _blobs.c.write_checkpoint_id.in_(batch)
+            )
+    transaction.run(delete(_writes).where(*_key_is(_writes, _CHECKPOINT_KEY)), rows)
 
 
 def _collect_values(
@@ -209,7 +221,7 @@ def _collect_values(
             _checkpoints.c.thread_id == thread_id, _checkpoints.c.checkpoint_ns == checkpoint_ns
         )
     ):
-        referenced |= _stored_values(load(checkpoint_type, encoded))
+        referenced |= stored_values(load(checkpoint_type, encoded))
     stale = [
         (thread_id, checkpoint_ns, channel, version)
         for channel, version in transaction.rows(
@@ -222,7 +234,62 @@ def _collect_values(
     transaction.run(delete(_blobs).where(*_key_is(_blobs, _BLOB_KEY)), _key_rows(_BLOB_KEY, stale))
 
 
-def _stored_values(checkpoint: Mapping[str, Any]) -> set[tuple[str, str]]:
+def _copy_out_written(
+    transaction: Transaction,
+    thread_id: str,
+    checkpoint_ns: str,
+    written_at: ColumnElement[bool],
+) -> None:
+    """Store in its own row each value of a namespace that refers to a write about to go.
+
+    ``written_at`` selects, on ``write_checkpoint_id``, the checkpoints whose task writes
+    are about to be deleted. A value whose write is gone already (which reading leaves out)
+    is deleted.
+    """
+    found = transaction.rows(
+        select(_blobs.c.channel, _blobs.c.version, _blobs.c.write_idx, _writes.c.writes)
+        .select_from(
+            _blobs.outerjoin(
+                _writes,
+                and_(
+                    _writes.c.thread_id == _blobs.c.thread_id,
+                    _writes.c.checkpoint_ns == _blobs.c.checkpoint_ns,
+                    _writes.c.checkpoint_id == _blobs.c.write_checkpoint_id,
+                    _writes.c.task_id == _blobs.c.write_task_id,
+                ),
+            )
+        )
+        .where(
+            _blobs.c.thread_id == thread_id,
+            _blobs.c.checkpoint_ns == checkpoint_ns,
+            _blobs.c.write_idx.is_not(None),
+            written_at,
+        )
+    )
+    copied: list[dict[str, Any]] = []
+    lost: list[tuple[str, str, str, str]] = []
+    for channel, version, write_idx, writes in found:
+        key = (thread_id, checkpoint_ns, channel, version)
+        value = None if writes is None else written_value(bytes(writes), write_idx)
+        if value is None:
+            lost.append(key)
+        else:
+            copied.append({**_key_rows(_BLOB_KEY, [key])[0], "copied_value": value})
+    transaction.run(
+        update(_blobs)
+        .where(*_key_is(_blobs, _BLOB_KEY))
+        .values(
+            value=bindparam("copied_value"),
+            write_checkpoint_id=None,
+            write_task_id=None,
+            write_idx=None,
+        ),
+        copied,
+    )
+    transaction.run(delete(_blobs).where(*_key_is(_blobs, _BLOB_KEY)), _key_rows(_BLOB_KEY, lost))
+
+
+def stored_values(checkpoint: Mapping[str, Any]) -> set[tuple[str, str]]:
     """The ``(channel, version)`` of the values a stored checkpoint keeps as rows of their own."""
     inline = checkpoint.get("channel_values") or {}
     versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
@@ -286,15 +353,26 @@ def _keep_only(
             )
         )
     for checkpoint_ns, checkpoint_ids in namespaces.items():
-        for table in (_writes, _checkpoints):
-            transaction.run(
-                delete(table).where(
-                    table.c.thread_id == thread_id,
-                    table.c.checkpoint_ns == checkpoint_ns,
-                    table.c.checkpoint_id.not_in(sorted(checkpoint_ids)),
-                )
+        kept = sorted(checkpoint_ids)
+        transaction.run(
+            delete(_checkpoints).where(
+                _checkpoints.c.thread_id == thread_id,
+                _checkpoints.c.checkpoint_ns == checkpoint_ns,
+                _checkpoints.c.checkpoint_id.not_in(kept),
             )
+        )
         _collect_values(transaction, load, thread_id, checkpoint_ns)
+        # The kept checkpoint's values usually refer to its parent's writes, deleted here.
+        _copy_out_written(
+            transaction, thread_id, checkpoint_ns, _blobs.c.write_checkpoint_id.not_in(kept)
+        )
+        transaction.run(
+            delete(_writes).where(
+                _writes.c.thread_id == thread_id,
+                _writes.c.checkpoint_ns == checkpoint_ns,
+                _writes.c.checkpoint_id.not_in(kept),
+            )
+        )
 
 
 def _needed_ancestors(

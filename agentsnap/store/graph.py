@@ -18,6 +18,13 @@ The tables are ``agentsnap_lg_checkpoints`` (a checkpoint without its channel va
 ``agentsnap_lg_task_writes`` (the pending writes of a task, one row per task and checkpoint),
 created by agentsnap's migrations.
 
+A channel value that a task wrote (the usual case: a node wrote the channel, and the next
+checkpoint holds the value) is stored once: its row in ``agentsnap_lg_blobs`` refers to the
+write, kept in ``agentsnap_lg_task_writes`` against the checkpoint the task ran from, instead
+of holding a second copy (see [`StoredValue`][agentsnap.store.graph.StoredValue]). Reads give
+the written value back as the channel's; before a write that a value refers to is deleted
+(pruning, deleting runs' checkpoints), the value is copied into its own row.
+
 Example:
     ```python
     import tempfile
@@ -40,6 +47,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from agentsnap.exceptions import StoreError
 from agentsnap.records import GraphCheckpoint
 
 __all__ = [
@@ -54,6 +62,10 @@ __all__ = [
     "StoredCheckpoint",
     "StoredValue",
     "TaskWrites",
+    "WriteEntry",
+    "pack_writes",
+    "unpack_writes",
+    "written_value",
 ]
 
 EMPTY = "empty"
@@ -90,7 +102,14 @@ class StoredCheckpoint(NamedTuple):
 
 
 class StoredValue(NamedTuple):
-    """A row of ``agentsnap_lg_blobs``: a channel's value at one version, encoded."""
+    """A row of ``agentsnap_lg_blobs``: a channel's value at one version, encoded.
+
+    A value that a task wrote may be stored as a reference to that write instead: ``value``
+    is then ``None`` and ``write_checkpoint_id``, ``write_task_id`` and ``write_idx`` name the
+    entry of a row of ``agentsnap_lg_task_writes`` of the same thread and namespace whose
+    value (with the same ``value_type``) is the channel's. Only a regular write (``idx`` 0 and
+    up) is referred to: it keeps the value it was first recorded with.
+    """
 
     thread_id: str
     """The thread."""
@@ -103,7 +122,13 @@ class StoredValue(NamedTuple):
     value_type: str
     """The serializer's type tag (``EMPTY`` when the channel had no value)."""
     value: bytes | None
-    """The value, encoded (``None`` when empty)."""
+    """The value, encoded (``None`` when empty, or when it refers to a write)."""
+    write_checkpoint_id: str | None = None
+    """The checkpoint whose task wrote the value, when the value refers to the write."""
+    write_task_id: str | None = None
+    """The task that wrote it."""
+    write_idx: int | None = None
+    """The write's index among the task's writes."""
 
 
 class TaskWrites(NamedTuple):
@@ -119,6 +144,63 @@ class TaskWrites(NamedTuple):
 
 Merge = Callable[[str, bytes], tuple[str, bytes]]
 """Given a task's stored path and packed writes, the path and writes to store instead."""
+
+WriteEntry = tuple[int, str, str, bytes]
+"""One pending write as stored: index, channel, and the value as the serializer typed it."""
+
+
+def pack_writes(entries: Sequence[WriteEntry]) -> bytes:
+    """A task's writes as one value: a msgpack array of ``[idx, channel, type, value]``."""
+    packed: bytes = _msgpack().packb([list(entry) for entry in entries])
+    return packed
+
+
+def unpack_writes(data: bytes) -> list[WriteEntry]:
+    """The writes [`pack_writes`][agentsnap.store.graph.pack_writes] packed.
+
+    Plain msgpack (no extension types), so reading it never builds an object of any class.
+
+    Raises:
+        StoreError: The value is not a list of writes (the row was changed by something
+            other than the saver).
+    """
+    try:
+        items = _msgpack().unpackb(data)
+        entries: list[WriteEntry] = []
+        for idx, channel, value_type, value in items:
+            if not (
+                type(idx) is int
+                and type(channel) is str
+                and type(value_type) is str
+                and type(value) is bytes
+            ):
+                raise TypeError(f"unexpected entry {[idx, channel, value_type]!r}")
+            entries.append((idx, channel, value_type, value))
+    except (TypeError, ValueError) as exc:  # msgpack's decode errors are ValueErrors
+        raise StoreError(
+            "a row of agentsnap_lg_task_writes does not hold a task's writes "
+            f"({exc}); was it changed outside agentsnap? Delete the row or restore the database"
+        ) from exc
+    return entries
+
+
+def written_value(writes: bytes, idx: int) -> bytes | None:
+    """The encoded value of the write at ``idx`` in a task's packed writes, if there is one."""
+    for entry in unpack_writes(writes):
+        if entry[0] == idx:
+            return entry[3]
+    return None
+
+
+def _msgpack() -> Any:
+    # ormsgpack comes with LangGraph; only the saver's rows (written with LangGraph) need it.
+    try:
+        import ormsgpack  # noqa: PLC0415
+    except ImportError as exc:  # pragma: no cover (installed with the langgraph extra)
+        raise StoreError(
+            "reading LangGraph's task writes needs ormsgpack: pip install 'agentsnap[langgraph]'"
+        ) from exc
+    return ormsgpack
 
 
 class GraphReader(Protocol):
@@ -152,6 +234,8 @@ class GraphReader(Protocol):
         self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
     ) -> list[tuple[str, str, bytes]]:
         """The stored values of these channels at these versions (empty ones left out).
+
+        A value stored as a reference to a task's write is read from the write.
 
         Returns:
             ``(channel, value_type, value)`` for each one found.
@@ -211,7 +295,7 @@ class GraphCheckpointStore(Protocol):
         task_path: str,
         writes: bytes,
         merge: Merge,
-    ) -> None:
+    ) -> bool:
         """Store a task's writes, or merge them into the ones stored for its key.
 
         Args:
@@ -219,6 +303,10 @@ class GraphCheckpointStore(Protocol):
             task_path: The task's path in the graph.
             writes: The task's writes, packed.
             merge: When the task has writes stored already, what to store instead.
+
+        Returns:
+            Whether ``writes`` went in as given (the task had none stored), so that a value
+            stored later may refer to them.
         """
 
     def delete_thread(self, thread_id: str) -> None:

@@ -14,7 +14,17 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Select, Table, create_engine, delete, event, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    Table,
+    and_,
+    create_engine,
+    delete,
+    event,
+    select,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
@@ -43,6 +53,7 @@ from agentsnap.store.graph import (
     StoredCheckpoint,
     StoredValue,
     TaskWrites,
+    written_value,
 )
 from agentsnap.store.migrate import ensure_schema
 from agentsnap.store.tables import LangGraphBlobRow, LangGraphCheckpointRow, LangGraphTaskWritesRow
@@ -123,8 +134,12 @@ _PG_SET_WRITES = _SQLITE_SET_WRITES.replace("?", "%s")
 _PG_CHECKPOINT_COLUMNS = ", ".join(column.name for column in _checkpoints.columns)
 _PG_SELECT_CHECKPOINTS = f"SELECT {_PG_CHECKPOINT_COLUMNS} FROM {_checkpoints.name}"  # noqa: S608
 _PG_SELECT_VALUES = (
-    f"SELECT channel, version, value_type, value FROM {_blobs.name} "  # noqa: S608
-    "WHERE thread_id = %s AND checkpoint_ns = %s AND channel = ANY(%s) AND version = ANY(%s)"
+    "SELECT b.channel, b.version, b.value_type, b.value, b.write_idx, w.writes "  # noqa: S608
+    f"FROM {_blobs.name} b LEFT JOIN {_writes.name} w "
+    "ON w.thread_id = b.thread_id AND w.checkpoint_ns = b.checkpoint_ns "
+    "AND w.checkpoint_id = b.write_checkpoint_id AND w.task_id = b.write_task_id "
+    "WHERE b.thread_id = %s AND b.checkpoint_ns = %s "
+    "AND b.channel = ANY(%s) AND b.version = ANY(%s)"
 )
 _PG_SELECT_TASK_WRITES = (
     f"SELECT task_id, task_path, writes FROM {_writes.name} "  # noqa: S608
@@ -169,24 +184,54 @@ def _checkpoints_query(
 
 def _values_query(thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]) -> Select[Any]:
     # Only the versions wanted (with other channels' at those versions, dropped by
-    # ``_wanted_values``), rather than every version the thread ever had.
-    return select(_blobs.c.channel, _blobs.c.version, _blobs.c.value_type, _blobs.c.value).where(
-        _blobs.c.thread_id == thread_id,
-        _blobs.c.checkpoint_ns == checkpoint_ns,
-        _blobs.c.channel.in_(list(versions)),
-        _blobs.c.version.in_(sorted(set(versions.values()))),
+    # ``_wanted_values``), rather than every version the thread ever had; a value that
+    # refers to a task's write comes with the task's writes.
+    return (
+        select(
+            _blobs.c.channel,
+            _blobs.c.version,
+            _blobs.c.value_type,
+            _blobs.c.value,
+            _blobs.c.write_idx,
+            _writes.c.writes,
+        )
+        .select_from(
+            _blobs.outerjoin(
+                _writes,
+                and_(
+                    _writes.c.thread_id == _blobs.c.thread_id,
+                    _writes.c.checkpoint_ns == _blobs.c.checkpoint_ns,
+                    _writes.c.checkpoint_id == _blobs.c.write_checkpoint_id,
+                    _writes.c.task_id == _blobs.c.write_task_id,
+                ),
+            )
+        )
+        .where(
+            _blobs.c.thread_id == thread_id,
+            _blobs.c.checkpoint_ns == checkpoint_ns,
+            _blobs.c.channel.in_(list(versions)),
+            _blobs.c.version.in_(sorted(set(versions.values()))),
+        )
     )
 
 
 def _wanted_values(
     rows: Iterable[Sequence[Any]], versions: Mapping[str, str]
 ) -> list[tuple[str, str, bytes]]:
+    """The values of ``versions`` among rows of ``_values_query``, references resolved."""
     wanted = set(versions.items())
-    return [
-        (channel, value_type, value)
-        for channel, version, value_type, value in rows
-        if (channel, version) in wanted and value_type != EMPTY
-    ]
+    found: list[tuple[str, str, bytes]] = []
+    for channel, version, value_type, stored, write_idx, writes in rows:
+        if (channel, version) not in wanted or value_type == EMPTY:
+            continue
+        value = stored
+        if write_idx is not None:
+            # A write that was deleted leaves the value missing, as a deleted value would.
+            value = None if writes is None else written_value(writes, write_idx)
+            if value is None:
+                continue
+        found.append((channel, value_type, value))
+    return found
 
 
 def _task_writes_query(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> Select[Any]:
@@ -513,7 +558,7 @@ class SqlGraphStore:
         task_path: str,
         writes: bytes,
         merge: Merge,
-    ) -> None:
+    ) -> bool:
         """Store a task's writes, or merge them into the ones stored for its key.
 
         Args:
@@ -521,29 +566,35 @@ class SqlGraphStore:
             task_path: The task's path in the graph.
             writes: The task's writes, packed.
             merge: When the task has writes stored already, what to store instead.
+
+        Returns:
+            Whether ``writes`` went in as given (the task had none stored).
         """
         row = (*key, task_path, writes)
         if self._sqlite:
-            if self._sqlite_write(_SQLITE_ADD_WRITES, row) == 0:
-                # The task has writes already: merge the new ones into them.
-                with self._sqlite_transaction() as raw:
-                    found = raw.execute(_SQLITE_GET_WRITES, key).fetchone()
-                    if found is None:  # deleted in between
-                        raw.execute(_SQLITE_ADD_WRITES, row)
-                    else:
-                        raw.execute(_SQLITE_SET_WRITES, (*merge(*found), *key))
-            return
+            if self._sqlite_write(_SQLITE_ADD_WRITES, row) == 1:
+                return True
+            # The task has writes already: merge the new ones into them.
+            with self._sqlite_transaction() as raw:
+                found = raw.execute(_SQLITE_GET_WRITES, key).fetchone()
+                if found is None:  # deleted in between
+                    raw.execute(_SQLITE_ADD_WRITES, row)
+                else:
+                    raw.execute(_SQLITE_SET_WRITES, (*merge(*found), *key))
+            return found is None
         with self._pg_connection() as connection, connection.cursor() as cursor:
             cursor.execute(_PG_ADD_WRITES, row)  # a transaction of its own
-            if cursor.fetchone() is None:
-                # The task has writes already: merge the new ones into them.
-                with connection.transaction():
-                    cursor.execute(_PG_GET_WRITES, key)
-                    found = cursor.fetchone()
-                    if found is None:  # deleted in between
-                        cursor.execute(_PG_ADD_WRITES, row)
-                    else:
-                        cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
+            if cursor.fetchone() is not None:
+                return True
+            # The task has writes already: merge the new ones into them.
+            with connection.transaction():
+                cursor.execute(_PG_GET_WRITES, key)
+                found = cursor.fetchone()
+                if found is None:  # deleted in between
+                    cursor.execute(_PG_ADD_WRITES, row)
+                else:
+                    cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
+            return found is None
 
     # Native asyncio (PostgreSQL).
 
@@ -572,19 +623,21 @@ class SqlGraphStore:
         task_path: str,
         writes: bytes,
         merge: Merge,
-    ) -> None:
+    ) -> bool:
         """``put_task_writes`` on the asyncio driver (PostgreSQL)."""
         row = (*key, task_path, writes)
         async with self._apg_connection() as connection, connection.cursor() as cursor:
             await cursor.execute(_PG_ADD_WRITES, row)  # a transaction of its own
-            if await cursor.fetchone() is None:
-                async with connection.transaction():
-                    await cursor.execute(_PG_GET_WRITES, key)
-                    found = await cursor.fetchone()
-                    if found is None:  # deleted in between
-                        await cursor.execute(_PG_ADD_WRITES, row)
-                    else:
-                        await cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
+            if await cursor.fetchone() is not None:
+                return True
+            async with connection.transaction():
+                await cursor.execute(_PG_GET_WRITES, key)
+                found = await cursor.fetchone()
+                if found is None:  # deleted in between
+                    await cursor.execute(_PG_ADD_WRITES, row)
+                else:
+                    await cursor.execute(_PG_SET_WRITES, (*merge(*found), *key))
+            return found is None
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread."""

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -389,10 +390,21 @@ class LangGraphCheckpointRow(Base):
     ``checkpoint`` and ``meta`` are the checkpoint and its metadata as encoded by the saver's
     serializer, whose type tag is in ``checkpoint_type`` and ``meta_type``. ``run_id`` is the
     metadata's ``run_id`` when it is a string (the LangGraph run that wrote the checkpoint),
-    kept apart and indexed so that a run's checkpoints are found without decoding metadata.
+    kept apart and indexed so that a run's checkpoints are found without decoding metadata
+    (the index holds only the checkpoints that have one). On SQLite the table has no rowid:
+    the primary key and that index are its only b-trees.
     """
 
     __tablename__ = "agentsnap_lg_checkpoints"
+    __table_args__ = (
+        Index(
+            "ix_agentsnap_lg_checkpoints_run_id",
+            "run_id",
+            sqlite_where=text("run_id IS NOT NULL"),
+            postgresql_where=text("run_id IS NOT NULL"),
+        ),
+        {"sqlite_with_rowid": False},
+    )
 
     thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
     checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -402,16 +414,21 @@ class LangGraphCheckpointRow(Base):
     checkpoint: Mapped[bytes] = mapped_column(LargeBinary)
     meta_type: Mapped[str] = mapped_column(String(32))
     meta: Mapped[bytes] = mapped_column(LargeBinary)
-    run_id: Mapped[str | None] = mapped_column(Text, index=True)
+    run_id: Mapped[str | None] = mapped_column(Text)
 
 
 class LangGraphBlobRow(Base):
     """One LangGraph channel value, stored once per version of its channel.
 
-    ``value_type`` is ``"empty"`` for a channel that had no value at that version.
+    ``value_type`` is ``"empty"`` for a channel that had no value at that version. A value
+    that a task wrote refers to the write instead of holding a copy: ``value`` is ``NULL``
+    and ``write_checkpoint_id``, ``write_task_id`` and ``write_idx`` name the entry of the
+    ``agentsnap_lg_task_writes`` row (same thread and namespace) that holds it. On SQLite the
+    table has no rowid: the primary key is its only b-tree.
     """
 
     __tablename__ = "agentsnap_lg_blobs"
+    __table_args__ = {"sqlite_with_rowid": False}  # noqa: RUF012 (SQLAlchemy's declaration)
 
     thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
     checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -419,6 +436,9 @@ class LangGraphBlobRow(Base):
     version: Mapped[str] = mapped_column(Text, primary_key=True)
     value_type: Mapped[str] = mapped_column(String(32))
     value: Mapped[bytes | None] = mapped_column(LargeBinary)
+    write_checkpoint_id: Mapped[str | None] = mapped_column(Text)
+    write_task_id: Mapped[str | None] = mapped_column(Text)
+    write_idx: Mapped[int | None] = mapped_column(Integer, autoincrement=False)
 
 
 class LangGraphTaskWritesRow(Base):

@@ -1,7 +1,7 @@
 """The LangGraph storage contract: what a ``GraphCheckpointStore`` does, on each database.
 
 ``AgentsnapSaver`` encodes checkpoints and hands the rows to its storage; these tests hold the
-storage alone to what the saver relies on, on SQLite and PostgreSQL.
+storage alone to what the saver relies on, in memory, on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -17,16 +17,22 @@ from agentsnap.store.graph import (
     EMPTY,
     GraphCheckpointIndex,
     GraphCheckpointStore,
+    Load,
     StoredCheckpoint,
     StoredValue,
+    pack_writes,
 )
+from agentsnap.store.memory_graph import MemoryGraphStore
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.sql_graph import SqlGraphStore
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def graphs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphCheckpointStore]:
-    """A graph checkpoint store on each database, empty."""
+    """A graph checkpoint store in memory and on each database, empty."""
+    if request.param == "memory":
+        yield MemoryGraphStore()
+        return
     url = (
         f"sqlite:///{tmp_path / 'graphs.db'}"
         if request.param == "sqlite"
@@ -147,3 +153,133 @@ def test_listing_graph_checkpoints_is_an_optional_part_of_a_store(tmp_path: Path
     assert not hasattr(Store, "list_graph_checkpoints")
     assert isinstance(MemoryStore(), GraphCheckpointIndex)
     assert isinstance(SqlStore(f"sqlite:///{tmp_path / 'runs.db'}"), GraphCheckpointIndex)
+
+
+# A channel value stored once: a reference to the task write that holds it.
+
+
+def _written(value: bytes, *, idx: int = 0, channel: str = "a") -> bytes:
+    return pack_writes([(-3, "__interrupt__", "bytes", b"special"), (idx, channel, "bytes", value)])
+
+
+def _reference(
+    channel: str, version: str, checkpoint_id: str, task_id: str, idx: int = 0
+) -> StoredValue:
+    return StoredValue("t", "", channel, version, "bytes", None, checkpoint_id, task_id, idx)
+
+
+def _load_versions(versions: dict[str, dict[str, str]]) -> Load:
+    def load(value_type: str, value: bytes) -> dict[str, object]:
+        return {"channel_values": {}, "channel_versions": versions[value.decode()]}
+
+    return load
+
+
+def _referring_history(graphs: GraphCheckpointStore, *, run: str | None = None) -> None:
+    """Checkpoint 1, a task's write of ``a`` against it, and checkpoint 2 whose ``a`` is it."""
+    graphs.put_checkpoint(_checkpoint("1"), [_value("a", "v1", b"one")])
+    assert graphs.put_task_writes(("t", "", "1", "task"), "", _written(b"two"), _no_merge)
+    graphs.put_checkpoint(
+        _checkpoint("2", "1")._replace(run_id=run), [_reference("a", "v2", "1", "task")]
+    )
+
+
+def _no_merge(path: str, stored: bytes) -> tuple[str, bytes]:
+    return path, stored
+
+
+def test_a_value_that_refers_to_a_write_reads_back_as_the_written_value(
+    graphs: GraphCheckpointStore,
+) -> None:
+    _referring_history(graphs)
+    with graphs.reading() as reader:
+        assert reader.values("t", "", {"a": "v2"}) == [("a", "bytes", b"two")]
+        assert reader.values("t", "", {"a": "v1"}) == [("a", "bytes", b"one")]
+        # The write is still the first checkpoint's pending write.
+        assert reader.task_writes("t", "", "1") == [("task", "", _written(b"two"))]
+
+
+def test_writes_merged_into_stored_ones_are_not_reported_as_stored_as_given(
+    graphs: GraphCheckpointStore,
+) -> None:
+    key = ("t", "", "1", "task")
+    assert graphs.put_task_writes(key, "", _written(b"two"), _no_merge) is True
+    assert graphs.put_task_writes(key, "", _written(b"other"), _no_merge) is False
+
+
+def test_a_referred_write_outlives_a_merge_of_the_task_s_writes(
+    graphs: GraphCheckpointStore,
+) -> None:
+    _referring_history(graphs)
+
+    def merge(path: str, stored: bytes) -> tuple[str, bytes]:
+        # What the saver does: a regular write keeps its first value; a special one is replaced.
+        return path, pack_writes(
+            [(-3, "__interrupt__", "bytes", b"new"), (0, "a", "bytes", b"two")]
+        )
+
+    graphs.put_task_writes(("t", "", "1", "task"), "", _written(b"ignored"), merge)
+    with graphs.reading() as reader:
+        assert reader.values("t", "", {"a": "v2"}) == [("a", "bytes", b"two")]
+
+
+def test_pruning_the_write_a_kept_value_refers_to_keeps_the_value(
+    graphs: GraphCheckpointStore,
+) -> None:
+    _referring_history(graphs)
+    load = _load_versions({"1": {"a": "v1"}, "2": {"a": "v2"}})
+    graphs.prune(["t"], "keep_latest", load, lambda meta_type, meta: {})
+    with graphs.reading() as reader:
+        assert [c.checkpoint_id for c in reader.checkpoints(thread_id="t")] == ["2"]
+        assert reader.task_writes("t", "", "1") == []  # the write went with its checkpoint
+        assert reader.values("t", "", {"a": "v2"}) == [("a", "bytes", b"two")]
+        assert reader.values("t", "", {"a": "v1"}) == []
+
+
+def test_deleting_the_run_of_a_referred_write_keeps_the_value(
+    graphs: GraphCheckpointStore,
+) -> None:
+    _referring_history(graphs, run="second")
+    graphs.put_checkpoint(_checkpoint("1")._replace(run_id="first"), [])
+    load = _load_versions({"1": {"a": "v1"}, "2": {"a": "v2"}})
+    graphs.delete_for_runs(["first"], load)
+    with graphs.reading() as reader:
+        assert [c.checkpoint_id for c in reader.checkpoints(thread_id="t")] == ["2"]
+        assert reader.task_writes("t", "", "1") == []
+        assert reader.values("t", "", {"a": "v2"}) == [("a", "bytes", b"two")]
+        assert reader.values("t", "", {"a": "v1"}) == []
+    # Deleting the run of the checkpoint that refers to it leaves nothing behind.
+    graphs.delete_for_runs(["second"], load)
+    with graphs.reading() as reader:
+        assert list(reader.checkpoints(thread_id="t")) == []
+        assert reader.values("t", "", {"a": "v2"}) == []
+
+
+def test_a_copied_thread_refers_to_its_own_copy_of_the_write(
+    graphs: GraphCheckpointStore,
+) -> None:
+    _referring_history(graphs)
+    graphs.copy_thread("t", "copy")
+    graphs.delete_thread("t")
+    with graphs.reading() as reader:
+        assert reader.values("t", "", {"a": "v2"}) == []
+        assert reader.task_writes("t", "", "1") == []
+        assert reader.values("copy", "", {"a": "v2"}) == [("a", "bytes", b"two")]
+        assert reader.task_writes("copy", "", "1") == [("task", "", _written(b"two"))]
+    load = _load_versions({"1": {"a": "v1"}, "2": {"a": "v2"}})
+    graphs.prune(["copy"], "keep_latest", load, lambda meta_type, meta: {})
+    with graphs.reading() as reader:
+        assert reader.values("copy", "", {"a": "v2"}) == [("a", "bytes", b"two")]
+
+
+def test_deleting_a_thread_deletes_values_and_the_writes_they_refer_to(
+    graphs: GraphCheckpointStore,
+) -> None:
+    _referring_history(graphs)
+    load = _load_versions({"1": {"a": "v1"}, "2": {"a": "v2"}})
+    graphs.prune(["t"], "delete", load, lambda meta_type, meta: {})
+    with graphs.reading() as reader:
+        assert list(reader.checkpoints(thread_id="t")) == []
+        assert reader.values("t", "", {"a": "v1"}) == []
+        assert reader.values("t", "", {"a": "v2"}) == []
+        assert reader.task_writes("t", "", "1") == []

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-import ormsgpack
 from langchain_core.runnables import RunnableConfig
 
-from agentsnap.exceptions import StoreError
-from agentsnap.store.graph import EMPTY
+from agentsnap.store.graph import EMPTY, WriteEntry, pack_writes, unpack_writes
 
 __all__ = [
     "EMPTY",
@@ -29,9 +27,6 @@ JSON = "json"
 
 INLINE_STR = 256
 """The longest string kept in the checkpoint row rather than as a value of its own."""
-
-WriteEntry = tuple[int, str, str, bytes]
-"""One pending write as stored: index, channel, and the value as the serializer typed it."""
 
 
 def inline(value: Any) -> bool:
@@ -81,40 +76,6 @@ def merge_writes(existing: Iterable[WriteEntry], new: Iterable[WriteEntry]) -> l
         if entry[0] < 0 or entry[0] not in merged:
             merged[entry[0]] = entry
     return list(merged.values())
-
-
-def pack_writes(entries: Sequence[WriteEntry]) -> bytes:
-    """A task's writes as one value: a msgpack array of ``[idx, channel, type, value]``."""
-    return ormsgpack.packb([list(entry) for entry in entries])
-
-
-def unpack_writes(data: bytes) -> list[WriteEntry]:
-    """The writes [`pack_writes`][agentsnap.integrations.langgraph._rows.pack_writes] packed.
-
-    Plain msgpack (no extension types), so reading it never builds an object of any class.
-
-    Raises:
-        StoreError: The value is not a list of writes (the row was changed by something
-            other than the saver).
-    """
-    try:
-        items = ormsgpack.unpackb(data)
-        entries: list[WriteEntry] = []
-        for idx, channel, value_type, value in items:
-            if not (
-                type(idx) is int
-                and type(channel) is str
-                and type(value_type) is str
-                and type(value) is bytes
-            ):
-                raise TypeError(f"unexpected entry {[idx, channel, value_type]!r}")
-            entries.append((idx, channel, value_type, value))
-    except (TypeError, ValueError) as exc:  # msgpack's decode errors are ValueErrors
-        raise StoreError(
-            "a row of agentsnap_lg_task_writes does not hold a task's writes "
-            f"({exc}); was it changed outside agentsnap? Delete the row or restore the database"
-        ) from exc
-    return entries
 
 
 def checkpoint_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import random
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import orjson
@@ -64,7 +66,14 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     checkpoint). A checkpoint that leaves a channel
     unchanged refers to the value already stored for its version instead of storing it again;
     small scalars (``None``, booleans, numbers, strings up to 256 characters) are kept in the
-    checkpoint's own row instead, which costs less than a row of their own.
+    checkpoint's own row instead, which costs less than a row of their own. A new value that
+    a task of the parent checkpoint wrote, exactly as the checkpoint holds it (the usual
+    case: a node wrote the channel), refers to that pending write, which the saver put
+    earlier in the same process, rather than storing the value a second time. LangGraph
+    puts a step's writes and the next checkpoint at once: on SQLite, whose writes take turns
+    anyway, the checkpoint waits for the writes still being stored; on PostgreSQL, where
+    both commit at once on connections of their own, it refers only to writes already
+    committed (waiting would add a commit to each step).
 
     Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
     only, with the pickle fallback off and msgpack extension types limited to LangGraph's
@@ -118,6 +127,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         )
         self.url = url
         self._storage: GraphCheckpointStore = SqlGraphStore(url, create=create, echo=echo)
+        # On PostgreSQL a task's writes and the next checkpoint commit at once, on connections
+        # of their own; waiting for the writes would put a commit's wait on the step's path.
+        self._written = _Written(wait=self._native() is None)
 
     def __repr__(self) -> str:
         return f"AgentsnapSaver({redacted_url(self.url)!r})"
@@ -291,7 +303,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         Returns:
             The config naming the saved checkpoint.
         """
-        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        written = self._written.take(_parent_of(config), _stored_channels(checkpoint, new_versions))
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
         self._storage.put_checkpoint(row, blobs)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
@@ -301,13 +314,16 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        written: dict[str, builtins.list[_Write]],
     ) -> tuple[StoredCheckpoint, builtins.list[StoredValue]]:
         configurable = config["configurable"]
         thread_id: str = configurable["thread_id"]
         checkpoint_ns: str = configurable.get("checkpoint_ns", "")
+        parent_id: str | None = configurable.get("checkpoint_id")
         values = checkpoint["channel_values"]
         # Small scalars ride in the checkpoint row (cheaper than a row of their own each);
-        # every other value is stored once per version of its channel.
+        # every other value is stored once per version of its channel, and a value that the
+        # parent's tasks wrote as it is refers to the stored write.
         small = {channel: value for channel, value in values.items() if inline(value)}
         stored: dict[str, Any] = {**checkpoint, "channel_values": small}
         dumps_typed = self.serde.dumps_typed
@@ -315,12 +331,33 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         for channel, version in new_versions.items():
             if channel in small:
                 continue
-            if channel in values:
-                value_type, value = dumps_typed(values[channel])
-            else:
-                value_type, value = EMPTY, None
+            if channel not in values:
+                blobs.append(
+                    StoredValue(thread_id, checkpoint_ns, channel, str(version), EMPTY, None)
+                )
+                continue
+            value_type, value = dumps_typed(values[channel])
+            same = next(
+                (
+                    (task_id, idx)
+                    for task_id, idx, written_type, written_value in written.get(channel, ())
+                    if written_type == value_type and written_value == value
+                ),
+                None,
+            )
             blobs.append(
                 StoredValue(thread_id, checkpoint_ns, channel, str(version), value_type, value)
+                if same is None
+                else StoredValue(
+                    thread_id,
+                    checkpoint_ns,
+                    channel,
+                    str(version),
+                    value_type,
+                    None,
+                    parent_id,
+                    *same,
+                )
             )
         checkpoint_type, encoded = dumps_typed(stored)
         full_metadata = get_checkpoint_metadata(config, metadata)
@@ -359,7 +396,14 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             task_path: The task's path in the graph.
         """
         if writes:
-            self._storage.put_task_writes(*self._writes_args(config, writes, task_id, task_path))
+            args, entries = self._writes_args(config, writes, task_id, task_path)
+            pending = threading.Event()
+            self._written.begin(args[0], pending, entries)
+            stored = False
+            try:
+                stored = self._storage.put_task_writes(*args)
+            finally:
+                self._written.end(args[0], pending, entries if stored else ())
 
     def _writes_args(
         self,
@@ -367,7 +411,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         writes: Sequence[tuple[str, Any]],
         task_id: str,
         task_path: str,
-    ) -> tuple[tuple[str, str, str, str], str, bytes, Merge]:
+    ) -> tuple[tuple[tuple[str, str, str, str], str, bytes, Merge], builtins.list[WriteEntry]]:
         configurable = config["configurable"]
         key = (
             configurable["thread_id"],
@@ -390,7 +434,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             task_path,
             pack_writes(entries),
             lambda path, stored: _merged(path, stored, entries, task_path),
-        )
+        ), entries
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread.
@@ -399,6 +443,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             thread_id: The thread.
         """
         self._storage.delete_thread(thread_id)
+        self._written.forget([thread_id])
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy a thread's whole history onto another thread.
@@ -444,6 +489,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         """
         _not_one_string("delete_for_runs", "run ids", run_ids)
         self._storage.delete_for_runs(list(run_ids), self._load_value)
+        self._written.forget(None)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Delete older checkpoints of threads, or all of them.
@@ -471,6 +517,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         """
         _not_one_string("prune", "thread ids", thread_ids)
         self._storage.prune(list(thread_ids), strategy, self._load_value, self._load_metadata)
+        self._written.forget(thread_ids)
 
     # Asynchronous versions: on PostgreSQL, on the asyncio driver; otherwise the same code
     # in a worker thread.
@@ -530,7 +577,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         native = self._native()
         if native is None:
             return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        written = await self._written.atake(
+            _parent_of(config), _stored_channels(checkpoint, new_versions)
+        )
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
         await native.aput_checkpoint(row, blobs)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
@@ -546,7 +596,14 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         if native is None:
             await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
         elif writes:
-            await native.aput_task_writes(*self._writes_args(config, writes, task_id, task_path))
+            args, entries = self._writes_args(config, writes, task_id, task_path)
+            pending = (asyncio.get_running_loop(), asyncio.Event())
+            self._written.begin(args[0], pending, entries)
+            stored = False
+            try:
+                stored = await native.aput_task_writes(*args)
+            finally:
+                self._written.end(args[0], pending, entries if stored else ())
 
     def _native(self) -> SqlGraphStore | None:
         """The storage when it has native asyncio methods (PostgreSQL), else ``None``."""
@@ -592,6 +649,141 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         else:
             number = int(str(current).split(".")[0])
         return f"{number + 1:016}.{random.getrandbits(32):08x}"
+
+
+class _Written:
+    """The regular writes stored lately, by the checkpoint they were written against.
+
+    A task's writes are noted once their row is committed, and taken when the checkpoint
+    that follows is put, so that a value equal to one of them refers to it. LangGraph puts
+    a step's writes and the next checkpoint from its background threads (or tasks) at the
+    same time: with ``wait``, taking the writes of a checkpoint first waits for those still
+    being stored to the channels it stores values of (on the caller's kind of concurrency:
+    threads, or the running event loop's tasks); on SQLite, whose writes take turns anyway,
+    that costs no commit. At most ``keep`` checkpoints' writes are kept (the oldest go
+    first), for the graphs that never put a checkpoint after them.
+    """
+
+    def __init__(self, *, wait: bool, keep: int = 256) -> None:
+        self._wait = wait
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._by_checkpoint: dict[tuple[str, str, str], dict[str, builtins.list[_Write]]] = {}
+        self._pending: dict[
+            tuple[str, str, str], builtins.list[tuple[_Pending, frozenset[str]]]
+        ] = {}
+
+    def begin(
+        self, key: tuple[str, str, str, str], pending: _Pending, entries: Iterable[WriteEntry]
+    ) -> None:
+        """Note that a task's writes (``entries``) are being stored under ``key``."""
+        channels = frozenset(entry[1] for entry in entries if entry[0] >= 0)
+        with self._lock:
+            self._pending.setdefault(key[:3], []).append((pending, channels))
+
+    def end(
+        self, key: tuple[str, str, str, str], pending: _Pending, stored: Iterable[WriteEntry]
+    ) -> None:
+        """Note that a task's writes are stored (``stored``: the entries stored as given)."""
+        checkpoint = key[:3]
+        # A special channel's write (negative index) may be replaced later: never referred to.
+        entries = [entry for entry in stored if entry[0] >= 0]
+        with self._lock:
+            waiting = self._pending.get(checkpoint, [])
+            waiting[:] = [found for found in waiting if found[0] is not pending]
+            if not waiting:
+                self._pending.pop(checkpoint, None)
+            if entries:
+                found = self._by_checkpoint.setdefault(checkpoint, {})
+                for idx, channel, value_type, value in entries:
+                    found.setdefault(channel, []).append((key[3], idx, value_type, value))
+                while len(self._by_checkpoint) > self._keep:
+                    del self._by_checkpoint[next(iter(self._by_checkpoint))]
+        if isinstance(pending, threading.Event):
+            pending.set()
+        else:
+            pending[1].set()
+
+    def forget(self, thread_ids: Iterable[str] | None) -> None:
+        """Forget the writes noted on these threads (all of them for ``None``): deleted."""
+        with self._lock:
+            if thread_ids is None:
+                self._by_checkpoint.clear()
+                return
+            threads = set(thread_ids)
+            for key in [key for key in self._by_checkpoint if key[0] in threads]:
+                del self._by_checkpoint[key]
+
+    def _waiting(
+        self, checkpoint: tuple[str, str, str], channels: Collection[str]
+    ) -> builtins.list[_Pending]:
+        """The writes being stored against ``checkpoint`` to some of ``channels``."""
+        if not self._wait or not channels:
+            return []
+        with self._lock:
+            return [
+                pending
+                for pending, written in self._pending.get(checkpoint, ())
+                if not written.isdisjoint(channels)
+            ]
+
+    def take(
+        self, checkpoint: tuple[str, str, str], channels: Collection[str]
+    ) -> dict[str, builtins.list[_Write]]:
+        """The writes stored against a checkpoint, by channel, forgotten here.
+
+        With ``wait``, waits (a while at most) for the writes to ``channels`` that other
+        threads are storing.
+        """
+        waiting = [p for p in self._waiting(checkpoint, channels) if isinstance(p, threading.Event)]
+        for pending in waiting:
+            pending.wait(_WAIT_FOR_WRITES)
+        with self._lock:
+            return self._by_checkpoint.pop(checkpoint, {})
+
+    async def atake(
+        self, checkpoint: tuple[str, str, str], channels: Collection[str]
+    ) -> dict[str, builtins.list[_Write]]:
+        """``take``, waiting for the writes that the running loop's tasks are storing."""
+        loop = asyncio.get_running_loop()
+        waiting = [
+            p[1]
+            for p in self._waiting(checkpoint, channels)
+            if not isinstance(p, threading.Event) and p[0] is loop
+        ]
+        for pending in waiting:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pending.wait(), _WAIT_FOR_WRITES)
+        with self._lock:
+            return self._by_checkpoint.pop(checkpoint, {})
+
+
+_Write = tuple[str, int, str, bytes]
+"""A write noted by ``_Written``: task id, index, type tag and value."""
+
+_Pending = threading.Event | tuple[asyncio.AbstractEventLoop, asyncio.Event]
+"""Writes being stored: by a thread, or by a task of an event loop."""
+
+_WAIT_FOR_WRITES = 10.0
+"""Seconds a checkpoint waits for its parent's writes; after that its values are copies."""
+
+
+def _stored_channels(checkpoint: Checkpoint, new_versions: ChannelVersions) -> builtins.list[str]:
+    """The channels whose new value a checkpoint stores as a value of its own (not inline)."""
+    values = checkpoint["channel_values"]
+    return [
+        channel for channel in new_versions if channel in values and not inline(values[channel])
+    ]
+
+
+def _parent_of(config: RunnableConfig) -> tuple[str, str, str]:
+    """The thread, namespace and id of the checkpoint a new one follows (``""`` for none)."""
+    configurable = config["configurable"]
+    return (
+        configurable["thread_id"],
+        configurable.get("checkpoint_ns", ""),
+        configurable.get("checkpoint_id") or "",
+    )
 
 
 def _list_where(

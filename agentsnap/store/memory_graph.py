@@ -1,0 +1,356 @@
+"""LangGraph checkpoint storage in memory, for tests and short-lived programs.
+
+[`MemoryGraphStore`][agentsnap.store.memory_graph.MemoryGraphStore] implements
+[`GraphCheckpointStore`][agentsnap.store.graph.GraphCheckpointStore] with the semantics of
+[`SqlGraphStore`][agentsnap.store.sql_graph.SqlGraphStore]: a channel value stored once per
+version, a value that refers to a task's write read from the write (and copied into its own
+entry before that write is deleted), and the same copying, pruning and deleting of threads.
+Nothing outlives the process.
+
+Example:
+    ```python
+    from agentsnap.store.graph import StoredCheckpoint
+    from agentsnap.store.memory_graph import MemoryGraphStore
+
+    graphs = MemoryGraphStore()
+    graphs.put_checkpoint(
+        StoredCheckpoint("t", "", "1", None, "json", b"{}", "json", b"{}", None), []
+    )
+    with graphs.reading() as reader:
+        print(reader.checkpoint("t", "", None).checkpoint_id)  # 1
+    ```
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from agentsnap.exceptions import ConfigurationError
+from agentsnap.store._graph_history import stored_values
+from agentsnap.store.graph import (
+    EMPTY,
+    PRUNE_STRATEGIES,
+    GraphReader,
+    Load,
+    Merge,
+    StoredCheckpoint,
+    StoredValue,
+    TaskWrites,
+    written_value,
+)
+
+__all__ = ["MemoryGraphStore"]
+
+_Key3 = tuple[str, str, str]
+_Key4 = tuple[str, str, str, str]
+
+
+class _Reader:
+    """A ``GraphReader`` on the store's dictionaries (each read under the store's lock)."""
+
+    def __init__(self, store: MemoryGraphStore) -> None:
+        self._store = store
+
+    def checkpoint(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> StoredCheckpoint | None:
+        found = list(
+            self.checkpoints(
+                thread_id=thread_id,
+                checkpoint_ns=checkpoint_ns,
+                checkpoint_id=checkpoint_id,
+                limit=1,
+            )
+        )
+        return found[0] if found else None
+
+    def checkpoints(
+        self,
+        *,
+        thread_id: str | None = None,
+        checkpoint_ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[StoredCheckpoint]:
+        with self._store.lock:
+            rows = [
+                row
+                for row in self._store.checkpoints.values()
+                if (thread_id is None or row.thread_id == thread_id)
+                and (checkpoint_ns is None or row.checkpoint_ns == checkpoint_ns)
+                and (not checkpoint_id or row.checkpoint_id == checkpoint_id)
+                and (not before or row.checkpoint_id < before)
+            ]
+        # Newest first, then by thread and namespace, as the SQL stores order them.
+        rows.sort(key=lambda row: (row.thread_id, row.checkpoint_ns))
+        rows.sort(key=lambda row: row.checkpoint_id, reverse=True)
+        yield from rows if limit is None else rows[: max(limit, 0)]
+
+    def values(
+        self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
+    ) -> list[tuple[str, str, bytes]]:
+        found: list[tuple[str, str, bytes]] = []
+        with self._store.lock:
+            for channel, version in versions.items():
+                stored = self._store.values.get((thread_id, checkpoint_ns, channel, version))
+                if stored is None or stored.value_type == EMPTY:
+                    continue
+                value = self._store.resolve(stored)
+                if value is not None:
+                    found.append((channel, stored.value_type, value))
+        return found
+
+    def task_writes(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> list[TaskWrites]:
+        with self._store.lock:
+            return [
+                TaskWrites(key[3], task_path, writes)
+                for key, (task_path, writes) in self._store.writes.items()
+                if key[:3] == (thread_id, checkpoint_ns, checkpoint_id)
+            ]
+
+
+class MemoryGraphStore:
+    """A [`GraphCheckpointStore`][agentsnap.store.graph.GraphCheckpointStore] in memory.
+
+    Safe to use from several threads; each write is atomic (one lock).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        """Held by every read and write."""
+        self.checkpoints: dict[_Key3, StoredCheckpoint] = {}
+        """The checkpoints, by thread, namespace and id."""
+        self.values: dict[_Key4, StoredValue] = {}
+        """The channel values, by thread, namespace, channel and version."""
+        self.writes: dict[_Key4, tuple[str, bytes]] = {}
+        """Each task's path and packed writes, by thread, namespace, checkpoint and task."""
+
+    def __repr__(self) -> str:
+        return f"MemoryGraphStore({len(self.checkpoints)} checkpoints)"
+
+    def resolve(self, stored: StoredValue) -> bytes | None:
+        """A stored value's bytes: its own, or those of the write it refers to (if kept)."""
+        if stored.write_idx is None:
+            return stored.value
+        found = self.writes.get(
+            (
+                stored.thread_id,
+                stored.checkpoint_ns,
+                stored.write_checkpoint_id or "",
+                stored.write_task_id or "",
+            )
+        )
+        return None if found is None else written_value(found[1], stored.write_idx)
+
+    @contextmanager
+    def reading(self) -> Iterator[GraphReader]:
+        """A reader, for the block's duration."""
+        yield _Reader(self)
+
+    def put_checkpoint(self, checkpoint: StoredCheckpoint, values: Sequence[StoredValue]) -> None:
+        """Store a checkpoint (replacing one with its key) and new values (kept if present)."""
+        with self.lock:
+            for value in values:
+                key = (value.thread_id, value.checkpoint_ns, value.channel, value.version)
+                self.values.setdefault(key, value)
+            self.checkpoints[
+                checkpoint.thread_id, checkpoint.checkpoint_ns, checkpoint.checkpoint_id
+            ] = checkpoint
+
+    def put_task_writes(
+        self,
+        key: tuple[str, str, str, str],
+        task_path: str,
+        writes: bytes,
+        merge: Merge,
+    ) -> bool:
+        """Store a task's writes, or merge them into the ones stored for its key.
+
+        Returns:
+            Whether ``writes`` went in as given (the task had none stored).
+        """
+        with self.lock:
+            found = self.writes.get(key)
+            self.writes[key] = (task_path, writes) if found is None else merge(*found)
+            return found is None
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, value and write of a thread."""
+        with self.lock:
+            for write_key in [key for key in self.writes if key[0] == thread_id]:
+                del self.writes[write_key]
+            for value_key in [key for key in self.values if key[0] == thread_id]:
+                del self.values[value_key]
+            for checkpoint_key in [key for key in self.checkpoints if key[0] == thread_id]:
+                del self.checkpoints[checkpoint_key]
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every row of a thread onto another (a value the target has is kept)."""
+        if source_thread_id == target_thread_id:
+            return
+        with self.lock:
+            for (thread_id, checkpoint_ns, channel, version), value in list(self.values.items()):
+                if thread_id == source_thread_id:
+                    self.values.setdefault(
+                        (target_thread_id, checkpoint_ns, channel, version),
+                        value._replace(thread_id=target_thread_id),
+                    )
+            for (thread_id, checkpoint_ns, checkpoint_id, task_id), row in list(
+                self.writes.items()
+            ):
+                if thread_id == source_thread_id:
+                    self.writes[target_thread_id, checkpoint_ns, checkpoint_id, task_id] = row
+            for (thread_id, checkpoint_ns, checkpoint_id), checkpoint in list(
+                self.checkpoints.items()
+            ):
+                if thread_id == source_thread_id:
+                    self.checkpoints[target_thread_id, checkpoint_ns, checkpoint_id] = (
+                        checkpoint._replace(thread_id=target_thread_id)
+                    )
+
+    def delete_for_runs(self, run_ids: Sequence[str], load: Load) -> None:
+        """Delete the checkpoints of LangGraph runs, their writes and the values only they used."""
+        wanted = set(run_ids)
+        with self.lock:
+            doomed = [key for key, row in self.checkpoints.items() if row.run_id in wanted]
+            for key in doomed:
+                del self.checkpoints[key]
+            for thread_id, checkpoint_ns in sorted({key[:2] for key in doomed}):
+                self._collect_values(load, thread_id, checkpoint_ns)
+            self._delete_writes(set(doomed))
+
+    def prune(
+        self, thread_ids: Sequence[str], strategy: str, load: Load, load_metadata: Load
+    ) -> None:
+        """Delete threads' history: all of it, or all but what each namespace's newest needs.
+
+        Raises:
+            ConfigurationError: ``strategy`` is not one of ``PRUNE_STRATEGIES``.
+        """
+        if strategy not in PRUNE_STRATEGIES:
+            raise ConfigurationError(
+                f"unknown prune strategy {strategy!r}: use 'keep_latest' (keep each "
+                "namespace's newest checkpoint) or 'delete' (delete the threads)"
+            )
+        with self.lock:
+            for thread_id in dict.fromkeys(thread_ids):
+                if strategy == "delete":
+                    self.delete_thread(thread_id)
+                    continue
+                newest: dict[str, str] = {}
+                for found_thread, checkpoint_ns, checkpoint_id in self.checkpoints:
+                    if found_thread == thread_id:
+                        newest[checkpoint_ns] = max(newest.get(checkpoint_ns, ""), checkpoint_id)
+                kept = {
+                    (thread_id, checkpoint_ns, kept_id)
+                    for checkpoint_ns, checkpoint_id in newest.items()
+                    for kept_id in self._needed_ancestors(
+                        thread_id, checkpoint_ns, checkpoint_id, load, load_metadata
+                    )
+                }
+                # The rows of namespaces that have no checkpoint at all.
+                for write_key in [
+                    k for k in self.writes if k[0] == thread_id and k[1] not in newest
+                ]:
+                    del self.writes[write_key]
+                for value_key in [
+                    k for k in self.values if k[0] == thread_id and k[1] not in newest
+                ]:
+                    del self.values[value_key]
+                for checkpoint_key in [
+                    k for k in self.checkpoints if k[0] == thread_id and k not in kept
+                ]:
+                    del self.checkpoints[checkpoint_key]
+                for checkpoint_ns in newest:
+                    self._collect_values(load, thread_id, checkpoint_ns)
+                self._delete_writes(
+                    {(k[0], k[1], k[2]) for k in self.writes if k[0] == thread_id} - kept
+                )
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    # The history's parts, under the lock.
+
+    def _collect_values(self, load: Load, thread_id: str, checkpoint_ns: str) -> None:
+        """Delete the values of a thread's namespace that no checkpoint refers to."""
+        referenced: set[tuple[str, str]] = set()
+        for key, row in self.checkpoints.items():
+            if key[:2] == (thread_id, checkpoint_ns):
+                referenced |= stored_values(load(row.checkpoint_type, row.checkpoint))
+        for value_key in list(self.values):
+            if value_key[:2] == (thread_id, checkpoint_ns) and (
+                (value_key[2], value_key[3]) not in referenced
+            ):
+                del self.values[value_key]
+
+    def _delete_writes(self, checkpoints: set[_Key3]) -> None:
+        """Delete the writes of ``checkpoints``, copying the values that refer to them first."""
+        for key, stored in list(self.values.items()):
+            if stored.write_idx is not None and (
+                (stored.thread_id, stored.checkpoint_ns, stored.write_checkpoint_id) in checkpoints
+            ):
+                value = self.resolve(stored)
+                if value is None:
+                    del self.values[key]
+                else:
+                    self.values[key] = stored._replace(
+                        value=value, write_checkpoint_id=None, write_task_id=None, write_idx=None
+                    )
+        for write_key in [k for k in self.writes if (k[0], k[1], k[2]) in checkpoints]:
+            del self.writes[write_key]
+
+    def _needed_ancestors(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        newest: str,
+        load: Load,
+        load_metadata: Load,
+    ) -> set[str]:
+        """``newest`` and the ancestors its delta channels are rebuilt from (as SQL's)."""
+        kept = {newest}
+        row = self.checkpoints.get((thread_id, checkpoint_ns, newest))
+        if row is None:
+            return kept
+        metadata = load_metadata(row.meta_type, row.meta)
+        counters = (
+            metadata.get("counters_since_delta_snapshot") if isinstance(metadata, dict) else None
+        )
+        if not isinstance(counters, dict) or not counters:
+            return kept
+        checkpoint = load(row.checkpoint_type, row.checkpoint)
+        versions = checkpoint.get("channel_versions") or {}
+        needed = {channel for channel in counters if channel in versions}
+        needed -= self._with_values(thread_id, checkpoint_ns, checkpoint, needed)
+        parent = row.parent_checkpoint_id
+        while needed and parent is not None and parent not in kept:
+            row = self.checkpoints.get((thread_id, checkpoint_ns, parent))
+            if row is None:
+                break
+            kept.add(parent)
+            ancestor = load(row.checkpoint_type, row.checkpoint)
+            needed -= self._with_values(thread_id, checkpoint_ns, ancestor, needed)
+            parent = row.parent_checkpoint_id
+        return kept
+
+    def _with_values(
+        self, thread_id: str, checkpoint_ns: str, checkpoint: Mapping[str, Any], channels: set[str]
+    ) -> set[str]:
+        inline = checkpoint.get("channel_values") or {}
+        versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
+        found = {channel for channel in channels if channel in inline}
+        for channel in channels - found:
+            if channel in versions:
+                stored = self.values.get(
+                    (thread_id, checkpoint_ns, channel, str(versions[channel]))
+                )
+                if stored is not None and stored.value_type != EMPTY:
+                    found.add(channel)
+        return found
