@@ -701,7 +701,7 @@ def test_downgrading_copies_referred_values_back_and_upgrading_reads_them(url: s
         saver.close()
     assert _referring(url, "t") == 2
 
-    migrate.downgrade(url, "0011")
+    migrate.downgrade(url, "0012")
     columns = _query(url, "SELECT * FROM agentsnap_lg_blobs")[0]
     assert len(columns) == 6  # the reference's columns are gone
     assert _query(

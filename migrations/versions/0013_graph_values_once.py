@@ -9,8 +9,8 @@ key being their only b-tree. The downgrade copies each referred value back into 
 (which needs ``ormsgpack``, installed with LangGraph, only when there are such values), drops
 the columns and indexes every checkpoint's run id again.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-11-27
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0012"
-down_revision: str | None = "0011"
+revision: str = "0013"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
