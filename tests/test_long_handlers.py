@@ -258,6 +258,43 @@ async def test_a_handler_inside_a_side_effecting_call_is_cancelled_after_its_out
     assert [(c.tool, c.status.value) for c in calls] == [("pay", "succeeded")]
 
 
+async def test_a_side_effecting_call_still_running_at_the_end_of_its_lease_is_cancelled() -> None:
+    attempts: list[int] = []
+    inside = asyncio.Event()
+
+    @tool(side_effect=True, lease=0.05, rerun_if_unknown=True)
+    async def pay(amount: int) -> dict[str, int]:
+        attempts.append(amount)
+        inside.set()
+        if len(attempts) == 1:
+            await asyncio.Event().wait()  # hangs: only the end of the lease stops it
+        return {"paid": amount}
+
+    class Payer(Agent[WorkState]):
+        def __init__(self, name: str) -> None:
+            super().__init__(name, WorkState())
+
+        async def handle(self, message: Message, ctx: Context[WorkState]) -> None:
+            receipt = await pay(ctx, amount=get(message.payload, "amount", int))
+            self.state.done.append(str(receipt["paid"]))
+
+    payer = Payer("payer")
+    async with Runtime() as runtime:
+        runtime.add(payer)
+        runtime.add(Writer("writer"))
+        runtime.add(Critic("critic", inside, []))
+        runtime.send("payer", {"amount": 5})
+        runtime.send("writer", "essay")
+        await runtime.run_until_idle()
+        calls = await runtime.ledger.list_calls(runtime.run_id)
+
+    # The first attempt was cancelled once its lease ended and its outcome marked unknown;
+    # the redone handler ran the call again under the same key, as the tool allows.
+    assert attempts == [5, 5]
+    assert payer.state.done == ["5"]
+    assert [(c.tool, c.status.value, c.attempts) for c in calls] == [("pay", "succeeded", 2)]
+
+
 # -- property: random sleeps, snapshots landing inside handlers -------------------------------
 
 
