@@ -33,6 +33,7 @@ __all__ = [
     "MAX_TAG_KEY",
     "MAX_TAG_VALUE",
     "MAX_TOOL_NAME",
+    "MAX_WORKER_NAME",
     "check_run_id",
     "check_run_labels",
     "check_text",
@@ -57,6 +58,8 @@ MAX_TAG_KEY: Final = 128
 """Longest tag key (``Runtime(tags=)``)."""
 MAX_TAG_VALUE: Final = 255
 """Longest tag value (``Runtime(tags=)``)."""
+MAX_WORKER_NAME: Final = 255
+"""Longest name of a worker of a run spread over processes (``Worker(name=)``)."""
 
 COLUMNS: Final[Mapping[str, int]] = {
     "agentsnap_runs.id": MAX_RUN_ID,
@@ -85,6 +88,11 @@ COLUMNS: Final[Mapping[str, int]] = {
     "agentsnap_tool_calls.run_id": MAX_RUN_ID,
     "agentsnap_tool_calls.agent": MAX_AGENT_NAME,
     "agentsnap_tool_calls.tool": MAX_TOOL_NAME,
+    "agentsnap_snapshot_parts.run_id": MAX_RUN_ID,
+    "agentsnap_snapshot_parts.worker": MAX_WORKER_NAME,
+    "agentsnap_agent_leases.run_id": MAX_RUN_ID,
+    "agentsnap_agent_leases.agent": MAX_AGENT_NAME,
+    "agentsnap_agent_leases.owner": MAX_WORKER_NAME,
 }
 """Each ``table.column`` that holds a name a program gives, and the limit that guards it.
 

@@ -42,7 +42,7 @@ from agentsnap import (
 from agentsnap.inspect import export_run, fork_run
 from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent
 from agentsnap.ledger import owner_id
-from agentsnap.records import utcnow
+from agentsnap.records import SnapshotPart, utcnow
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.retention import (
     LANGGRAPH_ROWS,
@@ -246,6 +246,10 @@ async def test_a_deleted_run_leaves_nothing_behind_and_its_fork_lives_on(
     assert exported["rollbacks"]
     assert exported["messages"]
     assert await store.list_graph_checkpoints(fork.id)
+
+    # What only a run spread over processes writes: a worker's part and its agent leases.
+    await store.save_snapshot_part(SnapshotPart(run_id=first.run_id, seq=1, worker="w1"))
+    await store.claim_agents(first.run_id, "w1", ["graph"], utcnow() + timedelta(seconds=60))
 
     before = all_rows(database.url)
     gone = {first.run_id}

@@ -26,6 +26,7 @@ import orjson
 from agentsnap.distributed.app import App
 from agentsnap.distributed.host import Host, control_subject
 from agentsnap.exceptions import ConfigurationError
+from agentsnap.limits import MAX_WORKER_NAME, check_text
 from agentsnap.liveness import owner_id
 from agentsnap.records import utcnow
 
@@ -69,7 +70,11 @@ class Worker:
         hosted = {agent.name: agent for agent in app.agents if agent.name in set(agents)}
         if not hosted:
             raise ConfigurationError("a worker hosts at least one of the app's agents")
-        self.name = name or owner_id()
+        self.name = (
+            owner_id()
+            if name is None
+            else check_text(name, "worker name", MAX_WORKER_NAME, "use a shorter name")
+        )
         self.run_id = run_id
         self.store = store
         self.agents = sorted(hosted)

@@ -82,6 +82,7 @@ from agentsnap.store.langgraph import delete_run_threads
 from agentsnap.store.migrate import SchemaGate
 from agentsnap.store.sql import SqlStore, engine_options
 from agentsnap.store.tables import (
+    AgentLeaseRow,
     Base,
     JournalRow,
     ReplayRow,
@@ -91,6 +92,7 @@ from agentsnap.store.tables import (
     RunTagRow,
     SnapshotAgentRow,
     SnapshotMessageRow,
+    SnapshotPartRow,
     SnapshotRow,
     StateBlobRow,
     StateSchemaRow,
@@ -121,6 +123,8 @@ _table = {
         ToolCallRow,
         StateBlobRow,
         StateSchemaRow,
+        SnapshotPartRow,
+        AgentLeaseRow,
     )
 }
 _runs: Table = _table[RunRow]  # type: ignore[assignment]
@@ -132,7 +136,16 @@ _rollbacks: Table = _table[RollbackRow]  # type: ignore[assignment]
 _blobs: Table = _table[StateBlobRow]  # type: ignore[assignment]
 _BY_RUN: tuple[Table, ...] = tuple(
     _table[row]  # type: ignore[misc]
-    for row in (JournalRow, ReplayRow, RunLeaseRow, RunTagRow, StateSchemaRow, ToolCallRow)
+    for row in (
+        JournalRow,
+        ReplayRow,
+        RunLeaseRow,
+        RunTagRow,
+        StateSchemaRow,
+        ToolCallRow,
+        SnapshotPartRow,
+        AgentLeaseRow,
+    )
 )
 """Tables whose rows belong to the run named in their ``run_id``."""
 
@@ -482,6 +495,8 @@ _REPORTED = (
     ReplayRow.__tablename__,
     StateSchemaRow.__tablename__,
     ToolCallRow.__tablename__,
+    SnapshotPartRow.__tablename__,
+    AgentLeaseRow.__tablename__,
     LANGGRAPH_ROWS,
     _STATES,
 )
