@@ -59,6 +59,16 @@ __all__ = [
 _checkpoints = cast(Table, LangGraphCheckpointRow.__table__)
 _blobs = cast(Table, LangGraphBlobRow.__table__)
 _writes = cast(Table, LangGraphTaskWritesRow.__table__)
+VALUES_WITH_WRITES = _blobs.outerjoin(
+    _writes,
+    and_(
+        _writes.c.thread_id == _blobs.c.thread_id,
+        _writes.c.checkpoint_ns == _blobs.c.checkpoint_ns,
+        _writes.c.checkpoint_id == _blobs.c.write_checkpoint_id,
+        _writes.c.task_id == _blobs.c.write_task_id,
+    ),
+)
+"""Channel values beside the task write a value refers to (``NULL`` for a value in its own row)."""
 
 _CHECKPOINT_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
 _BLOB_KEY = ("thread_id", "checkpoint_ns", "channel", "version")
@@ -248,17 +258,7 @@ def _copy_out_written(
     """
     found = transaction.rows(
         select(_blobs.c.channel, _blobs.c.version, _blobs.c.write_idx, _writes.c.writes)
-        .select_from(
-            _blobs.outerjoin(
-                _writes,
-                and_(
-                    _writes.c.thread_id == _blobs.c.thread_id,
-                    _writes.c.checkpoint_ns == _blobs.c.checkpoint_ns,
-                    _writes.c.checkpoint_id == _blobs.c.write_checkpoint_id,
-                    _writes.c.task_id == _blobs.c.write_task_id,
-                ),
-            )
-        )
+        .select_from(VALUES_WITH_WRITES)
         .where(
             _blobs.c.thread_id == thread_id,
             _blobs.c.checkpoint_ns == checkpoint_ns,

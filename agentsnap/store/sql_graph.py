@@ -19,7 +19,6 @@ from sqlalchemy import (
     Engine,
     Select,
     Table,
-    and_,
     create_engine,
     delete,
     event,
@@ -30,6 +29,7 @@ from sqlalchemy.exc import DBAPIError
 
 from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.store._graph_history import (
+    VALUES_WITH_WRITES,
     Transaction,
     copy_thread,
     delete_runs,
@@ -195,17 +195,7 @@ def _values_query(thread_id: str, checkpoint_ns: str, versions: Mapping[str, str
             _blobs.c.write_idx,
             _writes.c.writes,
         )
-        .select_from(
-            _blobs.outerjoin(
-                _writes,
-                and_(
-                    _writes.c.thread_id == _blobs.c.thread_id,
-                    _writes.c.checkpoint_ns == _blobs.c.checkpoint_ns,
-                    _writes.c.checkpoint_id == _blobs.c.write_checkpoint_id,
-                    _writes.c.task_id == _blobs.c.write_task_id,
-                ),
-            )
-        )
+        .select_from(VALUES_WITH_WRITES)
         .where(
             _blobs.c.thread_id == thread_id,
             _blobs.c.checkpoint_ns == checkpoint_ns,
