@@ -1620,6 +1620,13 @@ class _Steps:
     show_default=True,
     help="Seconds the claim on the agents holds without renewal.",
 )
+@click.option(
+    "--nats-patience",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for a lost NATS server to come back before giving up (exit status 1).",
+)
 def worker(  # noqa: PLR0917 - click passes the options positionally
     nats_url: str,
     db: str,
@@ -1628,6 +1635,7 @@ def worker(  # noqa: PLR0917 - click passes the options positionally
     agent_names: str | None,
     group: str | None,
     lease: float,
+    nats_patience: float,
 ) -> None:
     """Host some agents of a run spread over processes, until SIGTERM or Ctrl-C.
 
@@ -1650,11 +1658,19 @@ def worker(  # noqa: PLR0917 - click passes the options positionally
         hosted = place(app.names, agents=names, group=group)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
-    _guard(lambda: asyncio.run(_serve_worker(nats_url, db, app, run_id, hosted, lease)))
+    _guard(
+        lambda: asyncio.run(_serve_worker(nats_url, db, app, run_id, hosted, lease, nats_patience))
+    )
 
 
 async def _serve_worker(  # noqa: PLR0917
-    nats_url: str, db: str, app: Any, run_id: str, hosted: list[str], lease: float
+    nats_url: str,
+    db: str,
+    app: Any,
+    run_id: str,
+    hosted: list[str],
+    lease: float,
+    nats_patience: float,
 ) -> None:
     """Check the run and NATS (writing nothing), then serve until a signal says stop."""
     import signal  # noqa: PLC0415
@@ -1668,7 +1684,9 @@ async def _serve_worker(  # noqa: PLR0917
         await store.get_run(run_id)
         link = await JetStreamLink.connect(nats_url)
         try:
-            serving = Worker(link, store, run_id, app, hosted, lease=lease)
+            serving = Worker(
+                link, store, run_id, app, hosted, lease=lease, nats_patience=nats_patience
+            )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, serving.stop)
@@ -1681,8 +1699,10 @@ async def _serve_worker(  # noqa: PLR0917
                 await serving.stopped.wait()
             finally:
                 await serving.close()
+            if serving.error is not None:
+                raise serving.error
         finally:
-            await link.close()
+            await link.close(drain=0.0 if link.away_for() else 10.0)
     finally:
         await store.close()
 

@@ -71,6 +71,8 @@ class _Pending:
     handle: SnapshotHandle
     started_at: datetime
     deadline: float
+    error: str | None = None
+    """Why it fails at once (its markers could not be sent)."""
 
 
 def join_parts(  # noqa: PLR0917 - a snapshot's fields
@@ -224,10 +226,23 @@ class DistributedRun:
         return bus.send(bus.environment, to, payload, kind, headers)
 
     def snapshot(self) -> SnapshotHandle:
-        """Begin a snapshot now; await the handle for the complete snapshot."""
+        """Begin a snapshot now; await the handle for the complete snapshot.
+
+        A snapshot begun while the NATS server is unreachable fails at once (its markers
+        cannot reach the workers): awaiting its handle raises
+        [`SnapshotFailed`][agentsnap.SnapshotFailed], saying so.
+        """
         handle = self._host.coordinator.begin(None)
         loop = asyncio.get_running_loop()
-        self._pending[handle.seq] = _Pending(handle, utcnow(), loop.time() + self.part_timeout)
+        pending = _Pending(handle, utcnow(), loop.time() + self.part_timeout)
+        self._pending[handle.seq] = pending
+        away = self._link.away_for()
+        if away:
+            pending.error = (
+                f"the NATS server at {self._link.url} was unreachable when it began (for "
+                f"{away:.1f} s): its markers could not reach the workers"
+            )
+            self._wake.set()
         logger.debug("run %s: snapshot %d begun", self.run_id, handle.seq)
         return handle
 
@@ -239,7 +254,8 @@ class DistributedRun:
     async def _tick(self, seconds: float) -> None:
         while True:
             await asyncio.sleep(seconds)
-            if len(self._pending) < self.policy.max_in_progress:
+            # While the NATS server is away a snapshot could only fail: wait for it.
+            if len(self._pending) < self.policy.max_in_progress and not self._link.away_for():
                 self.snapshot()
 
     async def _on_control(self, msg: Msg) -> None:
@@ -271,6 +287,9 @@ class DistributedRun:
 
     async def _check(self, seq: int) -> None:
         pending = self._pending[seq]
+        if pending.error is not None:
+            await self._fail(seq, pending.error)
+            return
         parts = await self.store.load_snapshot_parts(self.run_id, seq)
         errors = [f"{part.worker}: {part.error}" for part in parts if part.error]
         if errors:

@@ -9,6 +9,7 @@ from the others over NATS.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
@@ -115,12 +116,18 @@ class Host:
         await self.transport.start()
         self.scheduler.start()
 
-    async def close(self) -> None:
-        """Stop delivering; the snapshots in progress fail here; wait for the part writes."""
+    async def close(self, drain: float = 10.0) -> None:
+        """Stop delivering; the snapshots in progress fail here; wait for the part writes.
+
+        Args:
+            drain: Seconds to wait at most for the server to confirm what is still queued
+                for it (a server that is away confirms nothing).
+        """
         await self.scheduler.close()
         self.coordinator.abort_all(f"worker {self.worker} stopped before recording its part")
         await self.coordinator.drain()
-        await self.transport.flush()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.transport.flush(), drain)
         await self.transport.close()
 
     async def _write_part(self, part: SnapshotPart) -> None:

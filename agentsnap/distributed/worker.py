@@ -10,6 +10,12 @@ to live: a second worker for one of them is refused), consumes what is sent to t
 run's stream, delivers it, and writes its part of every snapshot the run's coordinator
 begins. It stops cleanly on SIGTERM or SIGINT (``stop``): snapshots in progress fail (the
 part says why), its consumers and leases are let go.
+
+A NATS server that goes away and comes back (a restart) is waited for: the worker publishes
+what it queued meanwhile and consumes from where it stopped. One that stays away longer than
+``nats_patience`` seconds makes the worker give up: it stops as on ``stop()``, and
+[`run`][agentsnap.distributed.Worker.run] raises a
+[`TransportError`][agentsnap.exceptions.TransportError] saying so.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import orjson
 
 from agentsnap.distributed.app import App
 from agentsnap.distributed.host import Host, control_subject
-from agentsnap.exceptions import ConfigurationError
+from agentsnap.exceptions import ConfigurationError, TransportError
 from agentsnap.limits import MAX_WORKER_NAME, check_text
 from agentsnap.liveness import owner_id
 from agentsnap.records import utcnow
@@ -54,6 +60,8 @@ class Worker:
         agents: The names of those hosted here.
         name: The worker's name in the run; by default ``host:pid:token``.
         lease: Seconds a claim on the agents holds without renewal.
+        nats_patience: Seconds the worker waits for a lost NATS server to come back before
+            it gives up (and stops).
     """
 
     def __init__(
@@ -66,6 +74,7 @@ class Worker:
         *,
         name: str | None = None,
         lease: float = 10.0,
+        nats_patience: float = 60.0,
     ) -> None:
         hosted = {agent.name: agent for agent in app.agents if agent.name in set(agents)}
         if not hosted:
@@ -79,9 +88,17 @@ class Worker:
         self.store = store
         self.agents = sorted(hosted)
         self.lease = lease
+        if nats_patience <= 0:
+            raise ConfigurationError(
+                f"nats_patience is a number of seconds above 0, not {nats_patience}"
+            )
+        self.nats_patience = nats_patience
+        self.error: TransportError | None = None
+        """Why the worker stopped on its own (its NATS server stayed away), if it did."""
         self.host = Host(link, store, run_id, app.names, hosted, worker=self.name)
         self._link = link
         self._heartbeat: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
         """Set when the worker stops (asked to, or its claim on the agents was lost)."""
 
@@ -106,6 +123,9 @@ class Worker:
         self._heartbeat = asyncio.get_running_loop().create_task(
             self._renew(), name=f"agentsnap:worker-lease:{self.name}"
         )
+        self._watchdog = asyncio.get_running_loop().create_task(
+            self._watch_link(), name=f"agentsnap:worker-link:{self.name}"
+        )
         await self.host.start()
         logger.info("worker %s hosts %s of run %s", self.name, ", ".join(self.agents), self.run_id)
 
@@ -121,6 +141,21 @@ class Worker:
             except Exception as exc:  # the store is away: the claim holds a while yet
                 logger.warning("worker %s could not renew its claim: %r", self.name, exc)
 
+    async def _watch_link(self) -> None:
+        link = self._link
+        while not self.stopped.is_set():
+            await asyncio.sleep(min(1.0, self.nats_patience / 4))
+            away = link.away_for()
+            if away > self.nats_patience:
+                self.error = TransportError(
+                    f"worker {self.name} gave up: the NATS server at {link.url} has been "
+                    f"unreachable for {away:.0f} s (more than --nats-patience "
+                    f"{self.nats_patience:g}); start it again, then start the worker again"
+                )
+                logger.error("%s", self.error)
+                self.stopped.set()
+                return
+
     async def request_snapshot(self) -> None:
         """Ask the run's coordinator to begin a snapshot (it numbers every snapshot)."""
         body = orjson.dumps({"snapshot": self.name})
@@ -131,21 +166,29 @@ class Worker:
         self.stopped.set()
 
     async def run(self) -> None:
-        """Start, serve until ``stop()``, and close."""
+        """Start, serve until ``stop()``, and close.
+
+        Raises:
+            TransportError: The worker gave up on its NATS server.
+        """
         await self.start()
         try:
             await self.stopped.wait()
         finally:
             await self.close()
+        if self.error is not None:
+            raise self.error
 
     async def close(self) -> None:
         """Stop delivering, let the snapshots in progress fail here, release the agents."""
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
-            self._heartbeat = None
-        await self.host.close()
+        for task in (self._heartbeat, self._watchdog):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._heartbeat = self._watchdog = None
+        # A server that is away takes nothing: do not wait for it to confirm what is queued.
+        await self.host.close(drain=0.0 if self.error is not None else 10.0)
         try:
             await self.store.release_agents(self.run_id, self.name)
         except Exception as exc:  # they expire by themselves

@@ -90,6 +90,8 @@ class JetStreamLink:
     Attributes:
         url: The server's URL (password hidden).
         reconnects: How many times the connection was re-established.
+        disconnected_at: When (the event loop's clock) the connection was lost, or
+            ``None`` while connected.
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class JetStreamLink:
         self._window = window
         self.max_payload = max_payload
         self.reconnects = 0
+        self.disconnected_at: float | None = None
         self._queue: deque[_Entry] = deque()
         self._in_flight: dict[str, _Entry] = {}
         self._order = 0
@@ -167,6 +170,10 @@ class JetStreamLink:
             if holder:
                 holder[0]._reconnected()
 
+        async def disconnected() -> None:
+            if holder and holder[0].disconnected_at is None:
+                holder[0].disconnected_at = asyncio.get_running_loop().time()
+
         async def quiet(exc: Exception) -> None:
             log.debug("NATS connection to %s: %r", shown, exc)
 
@@ -180,6 +187,7 @@ class JetStreamLink:
                 max_reconnect_attempts=1,
                 reconnect_time_wait=0.25,
                 reconnected_cb=reconnected,
+                disconnected_cb=disconnected,
                 error_cb=quiet,
                 name=name,
             )
@@ -412,8 +420,15 @@ class JetStreamLink:
         self._backoff = min(max(self._backoff * 2, 0.02), 1.0)
         self._wake.set()
 
+    def away_for(self) -> float:
+        """Seconds since the connection was lost (0.0 while connected)."""
+        if self.disconnected_at is None:
+            return 0.0
+        return asyncio.get_running_loop().time() - self.disconnected_at
+
     def _reconnected(self) -> None:
         self.reconnects += 1
+        self.disconnected_at = None
         # What was in flight when the connection broke may never be answered: send again now.
         self._retry_all()
 
@@ -500,4 +515,6 @@ class JetStreamLink:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
                 await self._nc.drain()
             if not self._nc.is_closed:
-                await self._nc.close()
+                # A connection lost to a server that went away: closed all the same.
+                with contextlib.suppress(OSError):
+                    await self._nc.close()
