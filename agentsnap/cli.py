@@ -1675,13 +1675,13 @@ async def _serve_worker(  # noqa: PLR0917
     """Check the run and NATS (writing nothing), then serve until a signal says stop."""
     import signal  # noqa: PLC0415
 
-    from agentsnap.distributed import Worker  # noqa: PLC0415
+    from agentsnap.distributed import Worker, check_run  # noqa: PLC0415
     from agentsnap.jetstream import JetStreamLink  # noqa: PLC0415
     from agentsnap.store.sql import SqlStore  # noqa: PLC0415
 
     store = SqlStore(db, create=False, retry=_RETRY)
     try:
-        await store.get_run(run_id)
+        check_run(await store.get_run(run_id), app)
         link = await JetStreamLink.connect(nats_url)
         try:
             serving = Worker(

@@ -205,7 +205,8 @@ async def test_a_run_not_in_the_database_is_a_clear_error(
 async def test_an_unreachable_nats_server_is_a_clear_error(
     postgres_url: str, store: SqlStore
 ) -> None:
-    await store.create_run(RunInfo(id="bank"))
+    processes = sorted([ENVIRONMENT, *make_app().names])
+    await store.create_run(RunInfo(id="bank", metadata={"processes": processes}))
     url = f"nats://127.0.0.1:{free_port()}"
     done = run_worker(
         "--nats", url, "--db", postgres_url, "--app", "distributed_bank:make_app",

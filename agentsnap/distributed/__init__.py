@@ -38,7 +38,7 @@ fails, and the worker is started again by hand.
 
 from __future__ import annotations
 
-from agentsnap.distributed.app import App, load_app
+from agentsnap.distributed.app import App, check_run, load_app
 from agentsnap.distributed.coordinator import DistributedRun, join_parts
 from agentsnap.distributed.host import Host, control_subject
 from agentsnap.distributed.placement import group_of, parse_group, place
@@ -56,6 +56,7 @@ __all__ = [
     "PartCoordinator",
     "SnapshotPart",
     "Worker",
+    "check_run",
     "control_subject",
     "group_of",
     "join_parts",

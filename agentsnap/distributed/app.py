@@ -16,8 +16,14 @@ from typing import Any
 from agentsnap.agents import Agent
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.messages import ENVIRONMENT
+from agentsnap.records import RunInfo, RunStatus
 
-__all__ = ["App", "load_app"]
+__all__ = ["App", "check_run", "load_app"]
+
+PROCESSES = "processes"
+"""The key of a run's metadata under which its coordinator records the run's processes."""
+
+_ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
 
 
 @dataclass(frozen=True)
@@ -91,3 +97,38 @@ def load_app(spec: str) -> App:
         f"the app factory {spec} returned {type(made).__name__}: return an "
         "agentsnap.distributed.App (or a list of agents)"
     )
+
+
+def check_run(run: RunInfo, app: App) -> None:
+    """Refuse to serve ``run`` with ``app`` unless it is a run of that app, still going.
+
+    A worker serves a run that a [`DistributedRun`][agentsnap.distributed.DistributedRun]
+    created (it records the run's processes in the run's metadata) for the same agents as
+    ``app``'s, and that has not ended.
+
+    Raises:
+        ConfigurationError: The run was created otherwise (by a ``Runtime``, or another
+            deployment), for other agents, or it has ended; the message says what to do.
+    """
+    processes = run.metadata.get(PROCESSES)
+    if not isinstance(processes, list) or not all(isinstance(p, str) for p in processes):
+        raise ConfigurationError(
+            f"run {run.id} was not created by the coordinator of a run spread over processes "
+            "(agentsnap.distributed.DistributedRun), so no worker serves it: pass the id of "
+            "a run that a DistributedRun created (--run), or create one"
+        )
+    ran = {str(p) for p in processes}
+    expected = {ENVIRONMENT, *app.names}
+    if ran != expected:
+        only_run = ", ".join(sorted(ran - expected)) or "none"
+        only_app = ", ".join(sorted(expected - ran)) or "none"
+        raise ConfigurationError(
+            f"run {run.id} has other agents than the app (only in the run: {only_run}; "
+            f"only in the app: {only_app}): start the worker with the app and configuration "
+            "the run's coordinator used (--app), or pass the id of a run of this app (--run)"
+        )
+    if run.status in _ENDED:
+        raise ConfigurationError(
+            f"run {run.id} has ended ({run.status.value}): a worker serves a run that is "
+            "still going; create a new run for this work"
+        )

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from agentsnap.distributed.app import App
+from agentsnap.distributed.app import PROCESSES, App
 from agentsnap.distributed.host import Host, control_subject
-from agentsnap.exceptions import SnapshotFailed
+from agentsnap.exceptions import SnapshotFailed, TransportError
 from agentsnap.integrity import cut_problems
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.ownership import RunOwnership
@@ -183,12 +183,23 @@ class DistributedRun:
         return self._host.bus
 
     async def start(self) -> None:
-        """Record the run, own it, and start listening to its workers."""
+        """Make the run's stream, record the run, own it, and start listening to its workers.
+
+        Raises:
+            TransportError: The NATS server is unreachable (nothing is written to the store).
+        """
+        away = self._link.away_for()
+        if away:
+            raise TransportError(
+                f"the NATS server at {self._link.url} has been unreachable for {away:.1f} s: "
+                "start it again (or pass a link to a running one), then start the run"
+            )
+        await self._link.ensure_stream(self.run_id)
         await self.store.create_run(
             RunInfo(
                 id=self.run_id,
                 name=self._name,
-                metadata={**self._app.metadata, "processes": sorted(self.processes)},
+                metadata={**self._app.metadata, PROCESSES: sorted(self.processes)},
             )
         )
         await self._ownership.acquire(refuse_live=True)

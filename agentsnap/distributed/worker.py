@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from agentsnap.distributed.app import App
+from agentsnap.distributed.app import App, check_run
 from agentsnap.distributed.host import Host, control_subject
 from agentsnap.exceptions import ConfigurationError, TransportError
 from agentsnap.limits import MAX_WORKER_NAME, check_text
@@ -96,6 +96,7 @@ class Worker:
         self.error: TransportError | None = None
         """Why the worker stopped on its own (its NATS server stayed away), if it did."""
         self.host = Host(link, store, run_id, app.names, hosted, worker=self.name)
+        self._app = app
         self._link = link
         self._heartbeat: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -118,7 +119,10 @@ class Worker:
         Raises:
             AgentsHeld: Another live worker hosts some of the agents.
             NotFoundError: The store holds no such run.
+            ConfigurationError: The run is not one of this app's, or it has ended
+                ([`check_run`][agentsnap.distributed.check_run]).
         """
+        check_run(await self.store.get_run(self.run_id), self._app)
         await self._claim()
         self._heartbeat = asyncio.get_running_loop().create_task(
             self._renew(), name=f"agentsnap:worker-lease:{self.name}"

@@ -263,11 +263,17 @@ class JetStreamLink:
             max_age=max_age if max_age is not None else 0,
         )
         try:
-            await self._jsm.add_stream(config)
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code != 10058:  # stream name already in use with another configuration
-                raise TransportError(f"cannot create the stream {name}: {exc}") from exc
-            await self._jsm.update_stream(config)
+            try:
+                await self._jsm.add_stream(config)
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != 10058:  # name already in use with another configuration
+                    raise TransportError(f"cannot create the stream {name}: {exc}") from exc
+                await self._jsm.update_stream(config)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise TransportError(
+                f"the NATS server at {self.url} did not create the stream {name} "
+                f"({type(exc).__name__}: {exc}): check that it runs, with JetStream"
+            ) from exc
         return name
 
     async def purge_below(
