@@ -291,6 +291,16 @@ class Store(Protocol):
             NotFoundError: The store holds no such run.
         """
 
+    async def delete_snapshot_parts(self, run_id: str, below: int) -> int:
+        """Delete the parts of the run's snapshots numbered below ``below``; return how many.
+
+        The snapshots themselves stay; what goes is what only the parts held: the stream
+        ranges of their channels (a retention that purged the run's stream below them).
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
     async def claim_agents(
         self, run_id: str, owner: str, agents: Collection[str], expires_at: datetime
     ) -> list[AgentLease]:

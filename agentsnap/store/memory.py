@@ -268,6 +268,11 @@ class MemoryStore:
         parts = self._parts.get((run_id, seq), {})
         return [parts[worker] for worker in sorted(parts)]
 
+    async def delete_snapshot_parts(self, run_id: str, below: int) -> int:  # noqa: D102
+        self._run(run_id)
+        gone = [key for key in self._parts if key[0] == run_id and key[1] < below]
+        return sum(len(self._parts.pop(key)) for key in gone)
+
     async def claim_agents(  # noqa: D102
         self, run_id: str, owner: str, agents: Collection[str], expires_at: datetime
     ) -> list[AgentLease]:

@@ -639,6 +639,16 @@ class SqlStore:
                 )
             )
 
+    @_retried("delete the parts of old snapshots")
+    async def delete_snapshot_parts(self, run_id: str, below: int) -> int:  # noqa: D102
+        await self._gate.wait()
+        async with self._begin() as conn:
+            await self._require_run(conn, run_id)
+            result = await conn.execute(
+                delete(_parts).where(_parts.c.run_id == run_id, _parts.c.seq < below)
+            )
+            return int(result.rowcount)
+
     @_retried("read the parts of a snapshot")
     async def load_snapshot_parts(self, run_id: str, seq: int) -> list[SnapshotPart]:  # noqa: D102
         await self._gate.wait()

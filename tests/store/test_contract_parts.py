@@ -69,6 +69,24 @@ async def test_parts_of_an_unknown_run_are_refused(store: Store) -> None:
         await store.save_snapshot_part(part("w1"))
     with pytest.raises(NotFoundError):
         await store.load_snapshot_parts(RUN, 1)
+    with pytest.raises(NotFoundError):
+        await store.delete_snapshot_parts(RUN, 1)
+
+
+async def test_parts_below_a_snapshot_are_deleted_and_no_other(store: Store) -> None:
+    await store.create_run(RunInfo(id=RUN))
+    await store.create_run(RunInfo(id="other-run"))
+    for seq in (1, 2, 3):
+        await store.save_snapshot_part(part("w1", seq=seq))
+        await store.save_snapshot_part(part("w2", seq=seq))
+    kept = part("w1", seq=1, run_id="other-run")
+    await store.save_snapshot_part(kept)
+    assert await store.delete_snapshot_parts(RUN, 3) == 4
+    assert await store.load_snapshot_parts(RUN, 1) == []
+    assert await store.load_snapshot_parts(RUN, 2) == []
+    assert [p.worker for p in await store.load_snapshot_parts(RUN, 3)] == ["w1", "w2"]
+    assert await store.load_snapshot_parts("other-run", 1) == [kept]
+    assert await store.delete_snapshot_parts(RUN, 3) == 0
 
 
 async def test_agents_are_claimed_all_or_none(store: Store) -> None:
