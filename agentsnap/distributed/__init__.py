@@ -43,6 +43,7 @@ from agentsnap.distributed.coordinator import DistributedRun, join_parts
 from agentsnap.distributed.host import Host, control_subject
 from agentsnap.distributed.placement import group_of, parse_group, place
 from agentsnap.distributed.recording import PartCoordinator
+from agentsnap.distributed.retention import Retained, StreamRetention, retain
 from agentsnap.distributed.worker import AgentsHeld, Worker
 from agentsnap.records import AgentLease, ChannelOffsets, SnapshotPart
 
@@ -54,7 +55,9 @@ __all__ = [
     "DistributedRun",
     "Host",
     "PartCoordinator",
+    "Retained",
     "SnapshotPart",
+    "StreamRetention",
     "Worker",
     "check_run",
     "control_subject",
@@ -63,4 +66,5 @@ __all__ = [
     "load_app",
     "parse_group",
     "place",
+    "retain",
 ]

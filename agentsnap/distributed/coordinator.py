@@ -31,6 +31,7 @@ import orjson
 
 from agentsnap.distributed.app import PROCESSES, App
 from agentsnap.distributed.host import Host, control_subject
+from agentsnap.distributed.retention import Retainer, StreamRetention
 from agentsnap.exceptions import SnapshotFailed, TransportError
 from agentsnap.integrity import cut_problems
 from agentsnap.messages import ENVIRONMENT
@@ -134,6 +135,10 @@ class DistributedRun:
         policy: ``every_seconds`` begins snapshots by time; ``max_in_progress`` skips one
             while that many are in progress. Other fields do not apply here.
         part_timeout: Seconds a snapshot waits for its parts before it fails.
+        retention: Purge the run's stream, and delete old snapshot parts, below what the
+            newest complete snapshots need (see
+            [`StreamRetention`][agentsnap.distributed.StreamRetention]); by default both
+            are kept whole.
         name: A name for people, stored with the run.
 
     Attributes:
@@ -153,6 +158,7 @@ class DistributedRun:
         part_timeout: float = 30.0,
         name: str | None = None,
         poll: float = 0.25,
+        retention: StreamRetention | None = None,
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
         self.store = store
@@ -176,6 +182,8 @@ class DistributedRun:
         self._ownership = RunOwnership(store, self.run_id)
         self._requests = 0
         self._closing = False
+        self.retainer = None if retention is None else Retainer(link, store, self.run_id, retention)
+        """Applies ``retention`` as snapshots complete (``None`` without one)."""
 
     @property
     def bus(self) -> Any:
@@ -321,6 +329,8 @@ class DistributedRun:
             await self.store.save_snapshot(snapshot)
             del self._pending[seq]
             self.complete.append(snapshot)
+            if self.retainer is not None:
+                self.retainer.completed(seq)
             handle.resolve(snapshot, None)
             logger.debug("run %s: snapshot %d complete", self.run_id, seq)
         elif asyncio.get_running_loop().time() > pending.deadline:
@@ -372,6 +382,8 @@ class DistributedRun:
         if self._subscription is not None:
             with contextlib.suppress(Exception):
                 await self._subscription.unsubscribe()
+        if self.retainer is not None:
+            await self.retainer.close()
         await self._host.close()
         await self.store.finish_run(self.run_id, status, utcnow(), None)
         await self._ownership.release()

@@ -313,6 +313,26 @@ class JetStreamLink:
         except nats.js.errors.NotFoundError:
             return False
 
+    async def consumer_floor(self, run: str) -> int | None:
+        """The lowest stream sequence a consumer of ``run`` has not acknowledged yet.
+
+        That is one above the lowest acknowledgement floor among the stream's consumers;
+        ``None`` when the stream has no consumer.
+        """
+        name = stream_name(run)
+        floors: list[int] = []
+        offset = 0
+        while True:
+            infos = await self._jsm.consumers_info(name, offset=offset or None)
+            floors.extend(
+                info.ack_floor.stream_seq + 1
+                for info in infos
+                if info.ack_floor is not None and info.ack_floor.stream_seq is not None
+            )
+            offset += len(infos)
+            if len(infos) < 256:  # the server lists 256 consumers at a time
+                return min(floors) if floors else None
+
     async def last_sequence(self, run: str) -> int:
         """The stream sequence of the newest item of ``run`` (0 when none)."""
         info = await self._jsm.stream_info(stream_name(run))
