@@ -832,10 +832,59 @@ def _removal_options(command: Callable[..., None]) -> Callable[..., None]:
                 "VACUUM ANALYZE on PostgreSQL.",
             ),
             click.option("--json", "as_json", is_flag=True, help="Print what was deleted as JSON."),
+            click.option(
+                "--nats",
+                "nats_url",
+                metavar="URL",
+                default=None,
+                help="Also delete the runs' NATS JetStream streams (runs spread over "
+                "processes) on this server; it must answer before anything is deleted.",
+            ),
         ]
     ):
         command = option(command)
     return command
+
+
+async def _run_streams(nats_url: str, run_ids: list[str], *, delete: bool) -> list[str]:
+    """The runs' JetStream streams on the server at ``nats_url`` (deleted, with ``delete``)."""
+    from agentsnap.jetstream import JetStreamLink  # noqa: PLC0415
+    from agentsnap.jetstream.codec import stream_name  # noqa: PLC0415
+
+    link = await JetStreamLink.connect(nats_url)
+    try:
+        found: list[str] = []
+        for run_id in run_ids:
+            there = await link.delete_stream(run_id) if delete else await link.has_stream(run_id)
+            if there:
+                found.append(stream_name(run_id))
+        return found
+    finally:
+        await link.close()
+
+
+def _streams_of(nats_url: str | None, run_ids: list[str]) -> list[str] | None:
+    """The runs' streams (``None`` without ``--nats``): also a check that NATS answers."""
+    if nats_url is None:
+        return None
+    return _guard(lambda: asyncio.run(_run_streams(nats_url, run_ids, delete=False)))
+
+
+def _delete_streams(nats_url: str | None, run_ids: list[str]) -> list[str] | None:
+    """Delete the deleted runs' streams (``None`` without ``--nats``)."""
+    if nats_url is None or not run_ids:
+        return None if nats_url is None else []
+    try:
+        return asyncio.run(_run_streams(nats_url, run_ids, delete=True))
+    except Exception as exc:
+        from agentsnap.jetstream.codec import stream_name  # noqa: PLC0415
+
+        names = ", ".join(stream_name(run_id) for run_id in run_ids)
+        raise click.ClickException(
+            f"deleted {_many(len(run_ids), 'run')} from the database, but not their NATS "
+            f"streams ({type(exc).__name__}: {exc}): delete them once the server answers "
+            f"(nats stream rm NAME): {names}"
+        ) from exc
 
 
 @runs.command("delete", short_help="Delete runs and everything they hold.")
@@ -858,6 +907,7 @@ def delete_runs_command(
     dry_run: bool,
     vacuum: bool,
     as_json: bool,
+    nats_url: str | None,
 ) -> None:
     """Delete runs and everything they hold; RUN is an id or a unique prefix of one.
 
@@ -865,7 +915,7 @@ def delete_runs_command(
     LangGraph checkpoints, and the agent states no other run holds: nothing of them is left.
     Runs forked from them keep working. It asks first, showing what goes (unless --yes);
     --dry-run only shows it. A run that a live runtime owns is refused (--force deletes it
-    even so).
+    even so). With --nats, the NATS JetStream streams of runs spread over processes go too.
     """
     from agentsnap.inspect import resolve_run  # noqa: PLC0415
     from agentsnap.store.retention import delete_runs  # noqa: PLC0415
@@ -879,13 +929,14 @@ def delete_runs_command(
     chosen = _read(db, resolve)
     ids = [run.id for run in chosen]
     plan = _refusing(lambda: _read(db, lambda s: delete_runs(s, ids, force=force, dry_run=True)))
+    streams = _streams_of(nats_url, plan.run_ids)
     if dry_run:
-        _print_removal(plan, chosen, as_json)
+        _print_removal(plan, chosen, as_json, streams)
         return
     if not yes:
         _confirm(plan, chosen)
     report = _refusing(lambda: _read(db, lambda s: delete_runs(s, ids, force=force, vacuum=vacuum)))
-    _print_removal(report, chosen, as_json)
+    _print_removal(report, chosen, as_json, _delete_streams(nats_url, report.run_ids))
 
 
 @runs.command("prune", short_help="Delete old runs by a policy: --keep N, --older-than D.")
@@ -919,6 +970,7 @@ def prune_runs_command(
     dry_run: bool,
     vacuum: bool,
     as_json: bool,
+    nats_url: str | None,
 ) -> None:
     """Delete old runs: all but the newest N (--keep), or those older than a time, or both.
 
@@ -926,7 +978,7 @@ def prune_runs_command(
     --name and --tag narrow the runs looked at (`prune --keep 10 --status failed` keeps the
     ten newest failed runs, and deletes the other failed ones). Runs that a live runtime owns
     are never deleted. It asks first, showing what goes (unless --yes); --dry-run only shows
-    it.
+    it. With --nats, the NATS JetStream streams of runs spread over processes go too.
     """
     from dataclasses import replace  # noqa: PLC0415
 
@@ -948,15 +1000,21 @@ def prune_runs_command(
         ),
     )
     chosen = _read(db, lambda store: _runs_of(store, [*plan.run_ids, *plan.skipped]))
+    streams = _streams_of(nats_url, plan.run_ids)
     if dry_run or not plan.run_ids:
-        _print_removal(plan, chosen, as_json)
+        _print_removal(plan, chosen, as_json, streams)
         return
     if not yes:
         _confirm(plan, chosen)
     report = _read(
         db, lambda store: delete_runs(store, plan.run_ids, skip_refused=True, vacuum=vacuum)
     )
-    _print_removal(replace(report, skipped={**plan.skipped, **report.skipped}), chosen, as_json)
+    _print_removal(
+        replace(report, skipped={**plan.skipped, **report.skipped}),
+        chosen,
+        as_json,
+        _delete_streams(nats_url, report.run_ids),
+    )
 
 
 def _refusing(action: Callable[[], T]) -> T:
@@ -1012,19 +1070,22 @@ def _run_line(run: RunInfo) -> str:
     return f"{run.id}  {name}  {run.status.value}  created {_when(run.created_at.isoformat())}"
 
 
-def _print_removal(report: DeleteReport, runs: list[RunInfo], as_json: bool) -> None:
-    """What a delete or prune removed (or, dry, would remove)."""
+def _print_removal(
+    report: DeleteReport, runs: list[RunInfo], as_json: bool, streams: list[str] | None = None
+) -> None:
+    """What a delete or prune removed (or, dry, would remove); ``streams``: with ``--nats``."""
     if as_json:
-        _print_json(
-            {
-                "dry_run": report.dry_run,
-                "run_ids": report.run_ids,
-                "rows": report.rows,
-                "total_rows": report.total_rows,
-                "skipped": report.skipped,
-                "reclaimed_bytes": report.reclaimed_bytes,
-            }
-        )
+        document: dict[str, Any] = {
+            "dry_run": report.dry_run,
+            "run_ids": report.run_ids,
+            "rows": report.rows,
+            "total_rows": report.total_rows,
+            "skipped": report.skipped,
+            "reclaimed_bytes": report.reclaimed_bytes,
+        }
+        if streams is not None:
+            document["streams"] = streams
+        _print_json(document)
         return
     known = {run.id: run for run in runs}
     for run_id, why in report.skipped.items():
@@ -1044,6 +1105,9 @@ def _print_removal(report: DeleteReport, runs: list[RunInfo], as_json: bool) -> 
         click.echo(f"  {table.ljust(width)}  {count}")
     if report.reclaimed_bytes is not None:
         click.echo(f"the database file shrank by {_many(report.reclaimed_bytes, 'byte')}")
+    if streams is not None:
+        verb = "would delete" if report.dry_run else "deleted"
+        click.echo(f"{verb} {_many(len(streams), 'NATS stream')}: {', '.join(streams) or '-'}")
 
 
 @main.command()

@@ -3,25 +3,34 @@
 With a ``StreamRetention`` the coordinator purges the run's stream below what the oldest
 snapshot it keeps needs, and deletes the parts of the snapshots before it; the run goes on
 unharmed (nothing a worker had still to take is purged), and every kept snapshot's channels
-can still be read back from the stream at their recorded ranges.
+can still be read back from the stream at their recorded ranges. ``agentsnap runs delete`` and
+``runs prune`` given ``--nats URL`` delete the runs' streams too, and delete nothing at all
+when that server does not answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from distributed_bank import Teller, Transfer, finished, money_in
-from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
+from nats_server import SHARED_URL, OwnServer, free_port, reachable, server_binary, unavailable
 
-from agentsnap import ConfigurationError, MemoryStore, Snapshot, SnapshotFailed
+from agentsnap import ConfigurationError, MemoryStore, RunInfo, Snapshot, SnapshotFailed
 from agentsnap.distributed import App, DistributedRun, StreamRetention, Worker, retain
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
 from agentsnap.jetstream.codec import decode, stream_name
 from agentsnap.messages import Message
+from agentsnap.records import SnapshotPart
 from agentsnap.snapshot import SnapshotPolicy
+from agentsnap.store.sql import SqlStore
 
 PATIENCE = 120.0
 TELLERS = 6
@@ -180,3 +189,96 @@ async def test_a_kept_snapshots_channels_are_still_in_the_stream_at_their_ranges
             Transfer.model_validate(item.payload)
     finally:
         await link.delete_stream(run.run_id)
+
+
+# -- deleting runs deletes their streams ---------------------------------------------------
+
+
+def agentsnap(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentsnap", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+async def runs_with_streams(
+    tmp_path: Path, link: JetStreamLink
+) -> AsyncIterator[tuple[str, list[str]]]:
+    """An SQLite database with three runs, each with a stream on the server."""
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    ids = [f"del-{uuid.uuid4().hex[:12]}" for _ in range(3)]
+    store = SqlStore(url)
+    try:
+        for run_id in ids:
+            await store.create_run(RunInfo(id=run_id))
+            await store.save_snapshot_part(SnapshotPart(run_id=run_id, seq=1, worker="w"))
+            await link.ensure_stream(run_id)
+    finally:
+        await store.close()
+    try:
+        yield url, ids
+    finally:
+        for run_id in ids:
+            await link.delete_stream(run_id)
+
+
+async def test_deleting_runs_with_nats_deletes_their_streams(
+    runs_with_streams: tuple[str, list[str]], link: JetStreamLink, nats_url: str
+) -> None:
+    url, (first, second, third) = runs_with_streams
+    dry = await asyncio.to_thread(
+        agentsnap, "runs", "delete", first, "--db", url, "--nats", nats_url, "--dry-run", "--json"
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["streams"] == [stream_name(first)]
+    assert await link.has_stream(first)
+
+    done = await asyncio.to_thread(
+        agentsnap, "runs", "delete", first, "--db", url, "--nats", nats_url, "--yes"
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"deleted 1 NATS stream: {stream_name(first)}" in done.stdout
+    assert not await link.has_stream(first)
+    assert await link.has_stream(second)
+
+    # Without --nats the stream stays (the database alone is asked).
+    done = await asyncio.to_thread(agentsnap, "runs", "delete", second, "--db", url, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert await link.has_stream(second)
+
+    pruned = await asyncio.to_thread(
+        agentsnap, "runs", "prune", "--keep", "0", "--db", url, "--nats", nats_url, "--yes",
+        "--json",
+    )  # fmt: skip
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["streams"] == [stream_name(third)]
+    assert not await link.has_stream(third)
+    store = SqlStore(url, create=False)
+    try:
+        assert await store.list_runs() == []
+    finally:
+        await store.close()
+
+
+async def test_an_unreachable_nats_server_deletes_nothing(
+    runs_with_streams: tuple[str, list[str]], link: JetStreamLink
+) -> None:
+    url, (first, *_) = runs_with_streams
+    nowhere = f"nats://127.0.0.1:{free_port()}"
+    done = await asyncio.to_thread(
+        agentsnap, "runs", "delete", first, "--db", url, "--nats", nowhere, "--yes"
+    )
+    assert done.returncode == 1
+    assert nowhere in done.stderr
+    assert "Traceback" not in done.stderr
+    store = SqlStore(url, create=False)
+    try:
+        assert (await store.get_run(first)).id == first
+        assert await store.load_snapshot_parts(first, 1) != []
+    finally:
+        await store.close()
+    assert await link.has_stream(first)

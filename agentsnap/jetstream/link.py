@@ -333,6 +333,14 @@ class JetStreamLink:
             if len(infos) < 256:  # the server lists 256 consumers at a time
                 return min(floors) if floors else None
 
+    async def has_stream(self, run: str) -> bool:
+        """Whether ``run`` has a stream on the server."""
+        try:
+            await self._jsm.stream_info(stream_name(run))
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+
     async def last_sequence(self, run: str) -> int:
         """The stream sequence of the newest item of ``run`` (0 when none)."""
         info = await self._jsm.stream_info(stream_name(run))
