@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from ledger_entries import claim_of
 from terminal import run_on_terminal
 
-from agentsnap.cli import _STATUSES, _when, main
+from agentsnap.cli import _STATUSES, _commands, _when, main
 from agentsnap.demo import demo_model, run_demo
 from agentsnap.inspect import fork_run
 from agentsnap.ledger import ToolCallStatus
@@ -56,8 +56,14 @@ class Done:
         return self.err.strip()
 
 
+APPS = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+"""The environment a worker needs to import the test's app (``distributed_bank``)."""
+
+
 def agentsnap(*args: str, env: dict[str, str] | None = None) -> Done:
     """Run the console script with ``args``, its output piped."""
+    if args and args[0] == "worker":
+        env = {**APPS, **(env or {})}
     done = subprocess.run(
         [str(AGENTSNAP), *args],
         capture_output=True,
@@ -371,8 +377,16 @@ READ_ONLY = [
     ["tools", "resolve", "abc", "--error", "no"],
 ]
 
+WORKER = [
+    "worker", "--nats", "nats://127.0.0.1:4222", "--app", "distributed_bank:make_app",
+    "--run", "abc", "--group", "0/3",
+]  # fmt: skip
+"""A worker: it reads its run from the database before it connects to NATS."""
 
-@pytest.mark.parametrize("command", [c for c in READ_ONLY if c != ["db", "current"]], ids=" ".join)
+NEEDS_A_DATABASE = [*[c for c in READ_ONLY if c != ["db", "current"]], WORKER]
+
+
+@pytest.mark.parametrize("command", NEEDS_A_DATABASE, ids=" ".join)
 def test_a_missing_file_is_an_error_and_is_not_created(tmp_path: Path, command: list[str]) -> None:
     path = tmp_path / "typo.db"
     line = agentsnap(*command, "--db", f"sqlite:///{path}").one_line_error()
@@ -391,7 +405,7 @@ def test_db_current_says_there_is_no_database_and_creates_none(tmp_path: Path) -
     assert not path.exists()
 
 
-@pytest.mark.parametrize("command", [*READ_ONLY, ["db", "upgrade"]], ids=" ".join)
+@pytest.mark.parametrize("command", [*READ_ONLY, ["db", "upgrade"], WORKER], ids=" ".join)
 def test_a_directory_is_not_a_database(tmp_path: Path, command: list[str]) -> None:
     line = agentsnap(*command, "--db", f"sqlite:///{tmp_path}").one_line_error()
     assert f"{tmp_path} is a directory, not an SQLite database" in line
@@ -399,7 +413,7 @@ def test_a_directory_is_not_a_database(tmp_path: Path, command: list[str]) -> No
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("command", [*READ_ONLY, ["db", "upgrade"]], ids=" ".join)
+@pytest.mark.parametrize("command", [*READ_ONLY, ["db", "upgrade"], WORKER], ids=" ".join)
 def test_a_text_file_is_not_a_database(tmp_path: Path, command: list[str]) -> None:
     path = tmp_path / "notes.txt"
     path.write_text("not a database\n", encoding="utf-8")
@@ -410,7 +424,7 @@ def test_a_text_file_is_not_a_database(tmp_path: Path, command: list[str]) -> No
     assert path.read_text(encoding="utf-8") == "not a database\n"
 
 
-@pytest.mark.parametrize("command", [c for c in READ_ONLY if c != ["db", "current"]], ids=" ".join)
+@pytest.mark.parametrize("command", NEEDS_A_DATABASE, ids=" ".join)
 def test_another_sqlite_database_holds_no_runs(tmp_path: Path, command: list[str]) -> None:
 
     path = tmp_path / "other.db"
@@ -505,3 +519,87 @@ def test_the_help_shows_the_display_options() -> None:
     result = CliRunner().invoke(main, ["--help"])
     assert "--no-color" in result.output
     assert "--utc" in result.output
+
+
+# 9. Every command
+
+
+EVERY_COMMAND = {
+    "db upgrade",
+    "db current",
+    "db recover",
+    "export",
+    "timeline",
+    "demo",
+    "tools list",
+    "tools run",
+    "tools resolve",
+    "runs",
+    "runs delete",
+    "runs prune",
+    "snapshots",
+    "show",
+    "diff",
+    "history",
+    "rollbacks",
+    "checkpoints",
+    "fork",
+    "bisect",
+    "ui",
+    "worker",
+}
+"""Every command, so that a new one is looked at here on purpose."""
+
+
+def test_every_command_is_listed_here() -> None:
+    assert {path for path, _ in _commands(main)} == EVERY_COMMAND
+
+
+@pytest.mark.parametrize("path", sorted(EVERY_COMMAND))
+def test_every_command_has_help_and_the_display_options(path: str) -> None:
+    result = CliRunner().invoke(main, [*path.split(), "--help"])
+    assert result.exit_code == 0, result.output
+    assert result.exception is None
+    assert result.output.startswith(f"Usage: main {path}")
+    for option in ("--no-color", "--utc", "--db"):
+        if path != "demo" or option != "--db":
+            assert option in result.output, (path, option)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ["worker", "--app", "distributed_bank:make_app", "--run", "r", "--group", "0/3"],
+            "--nats",
+        ),
+        (WORKER[:-2], "--agents"),
+        ([*WORKER, "--nats-patience", "0"], "--nats-patience"),
+        ([*WORKER, "--lease", "soon"], "--lease"),
+    ],
+    ids=["no-nats", "no-placement", "patience", "lease"],
+)
+def test_a_worker_given_bad_options_is_a_usage_error(args: list[str], says: str) -> None:
+    done = agentsnap(*args, "--db", "sqlite:///nowhere.db")
+    assert done.code == 2, (done.out, done.err)
+    assert "Traceback" not in done.err
+    assert says in done.err
+    assert not Path("nowhere.db").exists()
+
+
+def test_a_worker_with_an_unreachable_nats_server_says_which(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    processes = sorted(["$env", *(f"teller-{i}" for i in range(9))])
+
+    async def make() -> None:
+        store = SqlStore(db)
+        try:
+            await store.create_run(RunInfo(id="abc", metadata={"processes": processes}))
+        finally:
+            await store.close()
+
+    asyncio.run(make())
+    nowhere = "nats://127.0.0.1:9"
+    args = [nowhere if arg == "nats://127.0.0.1:4222" else arg for arg in WORKER]
+    line = agentsnap(*args, "--db", db, env={"BANK_TELLERS": "9"}).one_line_error()
+    assert f"cannot reach a NATS server at {nowhere}" in line
