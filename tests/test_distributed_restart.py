@@ -172,7 +172,8 @@ async def test_a_run_goes_on_after_its_nats_server_restarts(
 async def test_a_worker_whose_nats_server_stays_away_gives_up(
     server: OwnServer, postgres_url: str, store: SqlStore, tmp_path: Path
 ) -> None:
-    await store.create_run(RunInfo(id="bank-away"))
+    processes = sorted([ENVIRONMENT, *make_app().names])
+    await store.create_run(RunInfo(id="bank-away", metadata={"processes": processes}))
     log = tmp_path / "worker.log"
     args = ["--nats", server.url, "--db", postgres_url, "--app", "distributed_bank:make_app"]
     args += ["--run", "bank-away", "--group", "0/3", "--nats-patience", "2"]
@@ -181,7 +182,8 @@ async def test_a_worker_whose_nats_server_stays_away_gives_up(
             *worker_command(*args), env=worker_env(), stdout=out, stderr=out
         )
     try:
-        await until(lambda: " hosts " in log.read_text(), "up")
+        await until(lambda: " hosts " in log.read_text() or process.returncode is not None, "up")
+        assert process.returncode is None, log.read_text()
         await asyncio.to_thread(server.stop)
         status = await asyncio.wait_for(process.wait(), PATIENCE)
     finally:
