@@ -31,6 +31,11 @@ async with DistributedRun(link, store, make_app(), run_id="bank-1") as run:
     snapshot = await run.snapshot()
 ```
 
+A restart of the NATS server is waited for (publishing and consuming go on where they
+stopped; a worker gives up after ``nats_patience`` seconds), and a
+[`StreamRetention`][agentsnap.distributed.StreamRetention] keeps the run's stream and parts
+from growing: see *Channel state as offsets*.
+
 It needs the ``nats`` extra: ``pip install 'agentsnap[nats]'``. Rollback across processes and
 recovery of a crashed worker are not part of it yet: a snapshot a worker did not complete
 fails, and the worker is started again by hand.
