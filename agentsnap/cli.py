@@ -1620,6 +1620,14 @@ class _Steps:
     show_default=True,
     help="Seconds the claim on the agents holds without renewal.",
 )
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Seconds to wait for agents another worker holds: to take over the agents of a "
+    "worker that stopped, once its leases expire.",
+)
 def worker(  # noqa: PLR0917 - click passes the options positionally
     nats_url: str,
     db: str,
@@ -1628,13 +1636,16 @@ def worker(  # noqa: PLR0917 - click passes the options positionally
     agent_names: str | None,
     group: str | None,
     lease: float,
+    wait: float,
 ) -> None:
     """Host some agents of a run spread over processes, until SIGTERM or Ctrl-C.
 
     Every worker of the run builds the same app and hosts the agents placed on it; the
     others are reached over NATS JetStream. It writes its part of every snapshot the run's
-    coordinator begins to the database (see agentsnap.distributed). Needs the nats extra:
-    pip install 'agentsnap[nats]'.
+    coordinator begins to the database (see agentsnap.distributed). A worker started again
+    after a crash (or given the agents of a worker that stopped, with --wait) restores them
+    from the run's last complete snapshot, the whole run rolling back to it. Needs the nats
+    extra: pip install 'agentsnap[nats]'.
     """
     from agentsnap.distributed import load_app, place  # noqa: PLC0415
     from agentsnap.exceptions import ConfigurationError  # noqa: PLC0415
@@ -1650,11 +1661,11 @@ def worker(  # noqa: PLR0917 - click passes the options positionally
         hosted = place(app.names, agents=names, group=group)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
-    _guard(lambda: asyncio.run(_serve_worker(nats_url, db, app, run_id, hosted, lease)))
+    _guard(lambda: asyncio.run(_serve_worker(nats_url, db, app, run_id, hosted, lease, wait)))
 
 
 async def _serve_worker(  # noqa: PLR0917
-    nats_url: str, db: str, app: Any, run_id: str, hosted: list[str], lease: float
+    nats_url: str, db: str, app: Any, run_id: str, hosted: list[str], lease: float, wait: float
 ) -> None:
     """Check the run and NATS (writing nothing), then serve until a signal says stop."""
     import signal  # noqa: PLC0415
@@ -1668,7 +1679,7 @@ async def _serve_worker(  # noqa: PLR0917
         await store.get_run(run_id)
         link = await JetStreamLink.connect(nats_url)
         try:
-            serving = Worker(link, store, run_id, app, hosted, lease=lease)
+            serving = Worker(link, store, run_id, app, hosted, lease=lease, wait=wait)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, serving.stop)

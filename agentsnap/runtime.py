@@ -1328,7 +1328,6 @@ class Runtime:
         guard = ctx.guard
         return Handling(message, channel, tuple(guard.outputs) if guard is not None else ())
 
-
     async def _rejected(
         self, rejected: OutputRejected, generation: int, handling: Message | None = None
     ) -> None:

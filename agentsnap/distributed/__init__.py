@@ -41,8 +41,10 @@ from __future__ import annotations
 from agentsnap.distributed.app import App, load_app
 from agentsnap.distributed.coordinator import DistributedRun, join_parts
 from agentsnap.distributed.host import Host, control_subject
+from agentsnap.distributed.orders import RollbackOrder, broadcast_subject
 from agentsnap.distributed.placement import group_of, parse_group, place
 from agentsnap.distributed.recording import PartCoordinator
+from agentsnap.distributed.recovery import RollbackAuthority
 from agentsnap.distributed.worker import AgentsHeld, Worker
 from agentsnap.records import AgentLease, ChannelOffsets, SnapshotPart
 
@@ -54,8 +56,11 @@ __all__ = [
     "DistributedRun",
     "Host",
     "PartCoordinator",
+    "RollbackAuthority",
+    "RollbackOrder",
     "SnapshotPart",
     "Worker",
+    "broadcast_subject",
     "control_subject",
     "group_of",
     "join_parts",
