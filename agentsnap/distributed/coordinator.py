@@ -325,7 +325,7 @@ class DistributedRun:
                 except Exception:  # the store is away: look again later
                     logger.exception("run %s: agent leases not read", self.run_id)
                 else:
-                    self.authority.leases(*self.authority.lease_owners(leases))
+                    self.authority.leases(*self.authority.lease_owners(leases), now)
             for seq in sorted(self._pending):
                 try:
                     await self._check(seq)

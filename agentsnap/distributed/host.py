@@ -255,7 +255,7 @@ class Host:
                 ctx.guard.outputs.clear()
         self._reported = None
         self.rollbacks.append(order)
-        logger.info(
+        logger.warning(
             "%s: rolled back to %s (generation %d): %s",
             self.worker,
             f"snapshot {snapshot.seq}" if snapshot is not None else "the start",

@@ -124,6 +124,9 @@ class RollbackAuthority:
         self._fail_pending = fail_pending
         self._hosted: set[str] = set()  # agents some worker has hosted
         self._owners: dict[str, str] = {}  # agent -> the worker that said hello for it
+        self._hello_at: dict[str, float] = {}  # agent -> loop time of that hello
+        self.restored_by: dict[str, list[str]] = {}
+        """Per rollback id, the workers that carried it out (the coordinator not named)."""
         self._left: list[tuple[int, int]] = []  # snapshot numbers of timelines left
         self._rolling: _Rolling | None = None
         self._deciding = False  # a rejection is being turned into a rollback
@@ -183,6 +186,8 @@ class RollbackAuthority:
         if not rolling.restored.issuperset(agents):
             rolling.restored.update(agents)
             rolling.discarded += discarded
+            workers = self.restored_by.setdefault(rolling.order.id, [])
+            workers.append(str(report.get("worker")))
         rolling.changed.set()
 
     def passed(self, report: dict[str, Any]) -> None:
@@ -199,9 +204,11 @@ class RollbackAuthority:
         agents = sorted(str(name) for name in report.get("agents", []))
         again = bool(self._hosted.intersection(agents)) or self._rolling is not None
         self._hosted.update(agents)
+        now = asyncio.get_running_loop().time()
         for name in agents:
             self.down.pop(name, None)
             self._owners[name] = worker
+            self._hello_at[name] = now
         answer = {
             "generation": self.generation,
             "epoch": self._host.coordinator.last_seq,
@@ -216,13 +223,22 @@ class RollbackAuthority:
             self._spawn(self._recover(reason))
         return answer
 
-    def leases(self, live: Collection[str], owners: dict[str, str]) -> None:
-        """The agents whose leases are live now (``owners``: the holder of every lease).
+    def leases(self, live: Collection[str], owners: dict[str, str], read_at: float) -> None:
+        """The agents whose leases were live at loop time ``read_at`` (``owners``: the
+        holder of every lease).
 
         An agent hosted before whose lease expired lost its worker: the snapshots in
         progress fail, as its part will never come.
-        """
-        gone = sorted(name for name in self._hosted if name not in live and name not in self.down)
+        """  # noqa: D205
+        for name in [name for name in self.down if name in live]:
+            if owners.get(name) == self.down[name]:
+                del self.down[name]  # renewed late, by the same worker: it did not stop
+        hello = self._hello_at
+        gone = sorted(
+            name
+            for name in self._hosted
+            if name not in live and name not in self.down and hello.get(name, 0.0) < read_at
+        )
         if not gone:
             return
         for name in gone:
