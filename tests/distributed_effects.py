@@ -20,7 +20,7 @@ import os
 import random
 
 import psycopg
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agentsnap import Agent, AgentState, Context, Message, RollbackInfo, Snapshot, tool
 from agentsnap.distributed import App
@@ -48,7 +48,7 @@ class Transfer(BaseModel):
 class TellerState(AgentState):
     balance: int
     handled: int = 0
-    lessons: list[str] = []
+    lessons: list[str] = Field(default_factory=list)
     rollbacks: int = 0
 
 
@@ -99,14 +99,15 @@ class Teller(Agent[TellerState]):
         transfer = message.payload_as(Transfer)
         self.state.balance += transfer.amount
         self.state.handled += 1
-        args = {"run": ctx.run_id, "chain": transfer.chain, "hops": transfer.hops}
-        key = f"{ctx.run_id}:{transfer.chain}:{transfer.hops}"
+        run, chain, hops = ctx.run_id, transfer.chain, transfer.hops
+        key = f"{run}:{chain}:{hops}"
         try:
-            await book(ctx, key=key, teller=self.name, **args)
+            await book(ctx, key=key, run=run, chain=chain, hops=hops, teller=self.name)
         except ToolOutcomeUnknown:
             # The worker that made the call was killed during it: the world knows.
-            if not await booked(**args):
-                await book(ctx, key=f"{key}:again", teller=self.name, **args)
+            if not await booked(run, chain, hops):
+                again = f"{key}:again"
+                await book(ctx, key=again, run=run, chain=chain, hops=hops, teller=self.name)
         await asyncio.sleep(self.rng.uniform(0, 0.003))
         if transfer.hops > 0:
             to, amount = route(self.name, self.peers, transfer.chain, transfer.hops)
@@ -134,7 +135,9 @@ def names(tellers: int = TELLERS) -> list[str]:
 
 
 def careful(message: Message) -> bool | str:
-    return not message.payload.get("careless") or "a careless transfer: check it first"
+    payload = message.payload
+    careless = isinstance(payload, dict) and payload.get("careless")
+    return not careless or "a careless transfer: check it first"
 
 
 def make_app() -> App:

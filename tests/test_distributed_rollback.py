@@ -201,7 +201,7 @@ async def check_the_run(
 async def test_a_rejected_output_rolls_every_worker_process_back_to_the_last_cut(
     nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
 ) -> None:
-    chains = {chain: 24 for chain in range(12)}
+    chains = dict.fromkeys(range(12), 24)
     poisoned = sender_of(0, 24, 12)
     link = await JetStreamLink.connect(nats_url)
     run = DistributedRun(
@@ -251,7 +251,7 @@ async def test_rejections_in_two_workers_at_once_become_one_rollback(
         c for c in range(1, TELLERS)
         if group_of(chain_start(c), GROUPS) != group_of(chain_start(first), GROUPS)
     )  # fmt: skip
-    chains = {first: 10, second: 10, **{c: 10 for c in range(10, 16)}}
+    chains = {first: 10, second: 10, **dict.fromkeys(range(10, 16), 10)}
     link = await JetStreamLink.connect(nats_url)
     run = DistributedRun(
         link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.1), part_timeout=60
@@ -263,7 +263,7 @@ async def test_rejections_in_two_workers_at_once_become_one_rollback(
     # so that they are concurrent whatever the timing of the processes.
     held: list[dict[str, object]] = []
     rejected = run.authority.rejected
-    run.authority.rejected = held.append  # type: ignore[method-assign]
+    run.authority.rejected = held.append  # type: ignore[method-assign,assignment]
     try:
         await run.start()
         logs = [await workers.start(group) for group in range(GROUPS)]
@@ -339,8 +339,8 @@ async def test_workers_killed_at_random_moments_lose_nothing_and_repeat_no_effec
     # Calls whose worker was killed during them are never run again under their key.
     ledger = ledger_for(store)
     assert ledger is not None
-    statuses = {
-        entry.status
-        for entry in await ledger.list(run_id=run.run_id)  # type: ignore[attr-defined]
-    }
-    assert statuses <= {ToolCallStatus.SUCCEEDED, ToolCallStatus.UNKNOWN}
+    try:
+        calls = await ledger.list_calls(run.run_id)
+    finally:
+        await ledger.close()
+    assert {entry.status for entry in calls} <= {ToolCallStatus.SUCCEEDED, ToolCallStatus.UNKNOWN}
