@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import sys
@@ -1674,6 +1675,11 @@ async def _serve_worker(  # noqa: PLR0917
     from agentsnap.jetstream import JetStreamLink  # noqa: PLC0415
     from agentsnap.store.sql import SqlStore  # noqa: PLC0415
 
+    # What the worker goes through (rollbacks, recoveries, a lost claim) is told on stderr.
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logging.getLogger("agentsnap").addHandler(handler)
     store = SqlStore(db, create=False, retry=_RETRY)
     try:
         await store.get_run(run_id)

@@ -58,11 +58,17 @@ async def _connect() -> psycopg.AsyncConnection[tuple[int]]:
     )
 
 
+_world: list[psycopg.AsyncConnection[tuple[int]]] = []  # this process's connection
+_lock = asyncio.Lock()
+
+
 @tool(side_effect=True)
 async def book(run: str, chain: int, hops: int, teller: str) -> int:
     """Record the transfer in the world: one row per call (nothing here deduplicates)."""
-    async with await _connect() as conn:
-        await conn.execute(
+    async with _lock:  # a call through the ledger is finished even when its handler is not
+        if not _world or _world[0].closed:
+            _world[:] = [await _connect()]
+        await _world[0].execute(
             f"INSERT INTO {EFFECTS} (run_id, chain, hops, teller, pid) VALUES (%s, %s, %s, %s, %s)",
             (run, chain, hops, teller, os.getpid()),
         )

@@ -308,26 +308,51 @@ async def test_workers_killed_at_random_moments_lose_nothing_and_repeat_no_effec
         link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.1), part_timeout=60
     )
     workers = Workers(run.run_id, nats_url, postgres_url, tmp_path, poison="")
+    # Per group, a worker started ahead, waiting to take over the group's agents.
+    spares: dict[int, tuple[asyncio.subprocess.Process, Path]] = {}
+
+    async def spare(group: int) -> None:
+        active = workers.processes[group]
+        log = await workers.start(group, lease=lease, wait=PATIENCE)
+        spares[group] = (workers.processes[group], log)
+        workers.processes[group] = active
+
+    def ready() -> list[int]:
+        return [group for group, (_, log) in spares.items() if "waits for" in log.read_text()]
+
     try:
         await run.start()
         logs = [await workers.start(group, lease=lease) for group in range(GROUPS)]
         await workers.until_up(logs)
+        for group in range(GROUPS):
+            await spare(group)
         await run.snapshot()
         for kill in range(kills):
-            for chain in range(len(chains), len(chains) + 3):
-                chains[chain] = 30
-                run.send(chain_start(chain), {"chain": chain, "hops": 30}, kind="go")
+            for chain in range(len(chains), len(chains) + 2):
+                chains[chain] = 20
+                run.send(chain_start(chain), {"chain": chain, "hops": 20}, kind="go")
             await asyncio.sleep(rng.uniform(0.05, 1.0))
-            group = rng.randrange(GROUPS)
-            workers.processes[group].kill()
-            await workers.processes[group].wait()
+            await until(ready, "a worker waiting to take over")
+            group = rng.choice(ready())
+            victim = workers.processes[group]
+            victim.kill()
+            await victim.wait()
+            workers.processes[group], taking_over = spares.pop(group)
             recovered = len(run.rollbacks) + 1
-            await workers.start(group, lease=lease, wait=PATIENCE)
             await until(lambda n=recovered: len(run.rollbacks) >= n, f"recovery {kill}")
+            assert " hosts " in taking_over.read_text()
+            await spare(group)
         last = await until_finished(run)
         await run.close()
+        for process, _ in spares.values():
+            process.kill()
+            await process.wait()
         await workers.stop()
     finally:
+        for process, _ in spares.values():
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
         await workers.kill_all()
         await link.delete_stream(run.run_id)
         await link.close()

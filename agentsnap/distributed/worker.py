@@ -136,13 +136,17 @@ class Worker:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait
+        waiting = False
         while True:
             try:
                 await self._claim()
                 break
-            except AgentsHeld:
-                if loop.time() >= deadline:
+            except AgentsHeld as exc:
+                if loop.time() >= deadline or self.stopped.is_set():
                     raise
+                if not waiting:
+                    waiting = True
+                    logger.warning("worker %s waits for its agents: %s", self.name, exc)
                 await asyncio.sleep(min(0.2, self.lease / 5))
         self._heartbeat = loop.create_task(
             self._renew(), name=f"agentsnap:worker-lease:{self.name}"
