@@ -70,7 +70,7 @@ from agentsnap.exceptions import (
     SnapshotDamaged,
 )
 from agentsnap.messages import ENVIRONMENT, Message
-from agentsnap.records import RollbackInfo, Snapshot, SnapshotStatus
+from agentsnap.records import ChannelRecord, RollbackInfo, Snapshot, SnapshotStatus
 from agentsnap.state import HasState
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ __all__ = [
     "RetryPolicy",
     "RollbackManager",
     "current_cut",
+    "recorded_messages",
     "restore_cut",
 ]
 
@@ -240,6 +241,22 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def recorded_messages(record: ChannelRecord) -> list[Message]:
+    """The messages a cut recorded in flight on a channel, as they were sent."""
+    return [
+        Message(
+            record.src,
+            record.dst,
+            kept.seq,
+            kept.kind,
+            kept.payload,
+            MappingProxyType(dict(kept.headers)),
+            kept.epoch,
+        )
+        for kept in record.messages
+    ]
+
+
 @_collector_paused()
 def restore_cut(
     bus: Bus,
@@ -276,18 +293,7 @@ def restore_cut(
         agent.state = agent.state_type.model_validate_json(text)
     environment = snapshot.agents.get(ENVIRONMENT)
     in_flight = [
-        [
-            Message(
-                record.src,
-                record.dst,
-                kept.seq,
-                kept.kind,
-                kept.payload,
-                MappingProxyType(dict(kept.headers)),
-                kept.epoch,
-            )
-            for kept in record.messages
-        ]
+        recorded_messages(record)
         for record in snapshot.channels
         if local is None or record.dst in local
     ]

@@ -26,13 +26,13 @@ from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
 from agentsnap.bus import AsyncioScheduler, Bus, Channel
 from agentsnap.distributed.recording import PartCoordinator
 from agentsnap.exceptions import OutputRejected
-from agentsnap.jetstream import JetStreamLink, JetStreamTransport
+from agentsnap.jetstream import ChannelOffset, JetStreamLink, JetStreamTransport
 from agentsnap.jetstream.codec import encode_token
 from agentsnap.messages import ENVIRONMENT, Marker, Message
 from agentsnap.once import KnownTools
 from agentsnap.records import Snapshot, SnapshotStatus, utcnow
 from agentsnap.replay import InputLog
-from agentsnap.rollback import restore_cut
+from agentsnap.rollback import recorded_messages, restore_cut
 from agentsnap.state import check_round_trip
 from agentsnap.store.ledger import MemoryLedger, ledger_for
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from agentsnap.checks import OutputCheck
     from agentsnap.distributed.orders import RollbackOrder
     from agentsnap.ledger import Ledger
-    from agentsnap.records import SnapshotPart
+    from agentsnap.records import ChannelOffsets, SnapshotPart
     from agentsnap.store import Store
 
 Report = Callable[[OutputRejected, Message | None, int], None]
@@ -124,6 +124,14 @@ class Host:
         # Counts quiescences: a handler that began before the latest one was thrown away.
         self._turn = 0
         self._initial: dict[str, str] = {}
+        self.replay_timeout = 10.0
+        """Seconds a rollback waits for a channel's range to come back from the stream
+        before it puts back the messages the cut recorded instead."""
+        self.replayed = 0
+        """Channels a rollback put back by replaying their range from the stream."""
+        self.put_back = 0
+        """Channels from other processes a rollback put back from the recorded bodies
+        because the stream did not give the range back."""
         self.transport = JetStreamTransport(link, run_id, local)
         self.scheduler = AsyncioScheduler()
         self.bus = Bus(self.scheduler, self.transport)
@@ -206,19 +214,29 @@ class Host:
         self.coordinator.abort_all(reason)  # one may have begun while a handler ended
         await self.coordinator.drain()
 
-    async def roll_back(self, order: RollbackOrder, snapshot: Snapshot | None) -> int:
+    async def roll_back(
+        self,
+        order: RollbackOrder,
+        snapshot: Snapshot | None,
+        offsets: Sequence[ChannelOffsets] = (),
+    ) -> int:
         """Phase 1 of a rollback: put the processes hosted here back on ``snapshot``'s cut.
 
         Stops delivering (see [`quiesce`][agentsnap.distributed.Host.quiesce]), moves to the
         order's generation (what was sent before is dropped from then on), restores the
         hosted agents' states and every channel's counters from the cut, and puts back the
-        messages the cut recorded in flight on the channels into the hosted processes. The
-        process hosting the environment also sends again the input sent after the cut.
-        Nothing is delivered until [`resume`][agentsnap.distributed.Host.resume].
+        messages the cut recorded in flight on the channels into the hosted processes: on a
+        channel from another process, by replaying its recorded stream range (``offsets``,
+        from the snapshot's parts), taking in the range's messages although they are of an
+        older generation; from the bodies the cut recorded when the stream no longer holds
+        the range (or it cannot be replayed). The process hosting the environment also sends
+        again the input sent after the cut. Nothing is delivered until
+        [`resume`][agentsnap.distributed.Host.resume].
 
         Args:
             order: The rollback.
             snapshot: The complete snapshot it goes back to; ``None`` for the run's start.
+            offsets: The stream ranges the snapshot's parts recorded.
 
         Returns:
             How many messages queued here were discarded.
@@ -239,6 +257,10 @@ class Host:
             status=SnapshotStatus.COMPLETE,
             started_at=utcnow(),
         )
+        replays = await self._replayable(cut, offsets)
+        if replays:
+            kept = [ch for ch in cut.channels if (ch.src, ch.dst) not in replays]
+            cut = cut.model_copy(update={"channels": kept})
         discarded = restore_cut(
             self.bus,
             self._agents,
@@ -248,6 +270,9 @@ class Host:
             replay=self.inputs if ENVIRONMENT in self.local else None,
             local=self.local,
         )
+        if replays:
+            assert snapshot is not None
+            await self._replay(snapshot, replays, epoch)
         coordinator.mark_changed(*self._agents)
         for ctx in self._contexts.values():
             ctx.rejected = None
@@ -263,6 +288,73 @@ class Host:
             order.reason,
         )
         return discarded
+
+    async def _replayable(
+        self, cut: Snapshot, offsets: Sequence[ChannelOffsets]
+    ) -> dict[tuple[str, str], ChannelOffsets]:
+        """The channels into hosted agents whose range in flight the stream can replay."""
+        incoming = self.transport.incoming
+        found = {
+            (o.src, o.dst): o
+            for o in offsets
+            if (o.src, o.dst) in incoming
+            and o.count
+            and len(o.seqs) == o.count
+            and all(o.seqs)
+            and len(cut.in_flight(o.src, o.dst)) == o.count
+        }
+        if not found:
+            return {}
+        try:
+            held = await self.link.first_sequence(self.run_id)
+        except Exception as exc:  # put the recorded bodies back instead
+            logger.warning("%s: the stream's range is unknown (%r)", self.worker, exc)
+            return {}
+        return {key: o for key, o in found.items() if min(o.seqs) >= held}
+
+    async def _replay(
+        self, snapshot: Snapshot, replays: dict[tuple[str, str], ChannelOffsets], epoch: int
+    ) -> None:
+        """Replay each range from the stream; put back the recorded bodies where it fails."""
+        incoming = self.transport.incoming
+        for key, offsets in sorted(replays.items()):
+            await incoming[key].replay_from(
+                ChannelOffset(min(offsets.seqs), offsets.after), offsets.seqs
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.replay_timeout
+        delay = 0.001
+        # The range arrives through the consumer, with nothing to await on here.
+        while loop.time() < deadline and any(
+            len(incoming[key]) < o.count for key, o in replays.items()
+        ):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        short = sorted(key for key, o in replays.items() if len(incoming[key]) != o.count)
+        self.replayed += len(replays) - len(short)
+        if not short:
+            return
+        # The stream did not give the range back (messages deleted from it): the bodies.
+        logger.warning(
+            "%s: %s not replayed from the stream; the messages the cut recorded are put back",
+            self.worker,
+            ", ".join(f"{src}>{dst}" for src, dst in short),
+        )
+        self.put_back += len(short)
+        self.scheduler.reset()
+        for key in short:
+            channel = incoming[key]
+            channel.stop_accepting()
+            channel.clear()
+            for message in recorded_messages(
+                next(ch for ch in snapshot.channels if (ch.src, ch.dst) == key)
+            ):
+                channel.append(message._replace(epoch=epoch) if message.epoch > epoch else message)
+        notify = self.scheduler.notify
+        for held in self.bus.channels.values():
+            if held.dst in self._agents:
+                for _ in range(len(held)):
+                    notify(held)
 
     async def resume(self, order: RollbackOrder, epoch: int = 0) -> None:
         """Phase 2 of a rollback: every process carried it out; deliver again.

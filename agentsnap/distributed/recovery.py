@@ -127,6 +127,9 @@ class RollbackAuthority:
         self._hello_at: dict[str, float] = {}  # agent -> loop time of that hello
         self.restored_by: dict[str, list[str]] = {}
         """Per rollback id, the workers that carried it out (the coordinator not named)."""
+        self.replays: dict[str, tuple[int, int]] = {}
+        """Per worker, as it last said: how many channels its rollbacks replayed from the
+        stream, and how many they put back from the recorded bodies instead."""
         self._left: list[tuple[int, int]] = []  # snapshot numbers of timelines left
         self._rolling: _Rolling | None = None
         self._deciding = False  # a rejection is being turned into a rollback
@@ -187,7 +190,9 @@ class RollbackAuthority:
             rolling.restored.update(agents)
             rolling.discarded += discarded
             workers = self.restored_by.setdefault(rolling.order.id, [])
-            workers.append(str(report.get("worker")))
+            worker = str(report.get("worker"))
+            workers.append(worker)
+            self.replays[worker] = (int(report.get("replayed", 0)), int(report.get("put_back", 0)))
         rolling.changed.set()
 
     def passed(self, report: dict[str, Any]) -> None:

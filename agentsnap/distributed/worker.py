@@ -251,9 +251,12 @@ class Worker:
         discarded = 0
         if order.generation > self._applied or self._order is None:
             snapshot = None
+            offsets = []
             if order.snapshot_id is not None:
                 snapshot = await self.store.load_snapshot(order.snapshot_id)
-            discarded = await self.host.roll_back(order, snapshot)
+                parts = await self.store.load_snapshot_parts(self.run_id, snapshot.seq)
+                offsets = [o for part in parts for o in part.offsets]
+            discarded = await self.host.roll_back(order, snapshot, offsets)
             self._applied = order.generation
             self._order = order
         self._send(
@@ -262,6 +265,8 @@ class Worker:
                 "worker": self.name,
                 "agents": self.agents,
                 "discarded": discarded,
+                "replayed": self.host.replayed,
+                "put_back": self.host.put_back,
             }
         )
 
