@@ -9,7 +9,8 @@ fixed peer, both functions of the chain and the hop: the same transfer is made a
 rollback or a crash. Money is only moved, so every consistent cut holds the initial total.
 
 ``BANK_POISON`` (``"c:h,c:h"``) names transfers whose sender makes them careless (the check
-``careful`` rejects them) until it learns better: until it got feedback, or saw a rollback.
+``careful`` rejects them) until it learns better: until it got feedback, or saw a rollback;
+with ``BANK_STUBBORN=1`` it never learns.
 ``AGENTSNAP_EFFECTS_URL`` is the PostgreSQL database of ``bank_effects``.
 """
 
@@ -31,6 +32,7 @@ from agentsnap.rollback import RetryPolicy
 TELLERS = int(os.environ.get("BANK_TELLERS", "9"))
 BALANCE = 1_000
 EFFECTS = "bank_effects"
+STUBBORN = os.environ.get("BANK_STUBBORN") == "1"
 
 
 def poisoned() -> set[tuple[int, int]]:
@@ -117,10 +119,8 @@ class Teller(Agent[TellerState]):
         await asyncio.sleep(self.rng.uniform(0, 0.003))
         if transfer.hops > 0:
             to, amount = route(self.name, self.peers, transfer.chain, transfer.hops)
-            careless = (
-                (transfer.chain, transfer.hops) in self.poison
-                and not self.state.lessons
-                and not self.state.rollbacks
+            careless = (transfer.chain, transfer.hops) in self.poison and (
+                STUBBORN or not (self.state.lessons or self.state.rollbacks)
             )
             self.state.balance -= amount
             ctx.send(

@@ -33,7 +33,7 @@ from distributed_effects import (
 )
 from nats_server import SHARED_URL, reachable, unavailable
 
-from agentsnap import Snapshot, SnapshotFailed
+from agentsnap import RollbackExhausted, Snapshot, SnapshotFailed
 from agentsnap.distributed import DistributedRun, group_of
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
@@ -83,6 +83,7 @@ class Workers:
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.logs: list[Path] = []
         self.started = 0
+        self.stubborn = False
 
     def env(self) -> dict[str, str]:
         path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
@@ -91,6 +92,7 @@ class Workers:
             "PYTHONPATH": path,
             "BANK_TELLERS": str(TELLERS),
             "BANK_POISON": self.poison,
+            "BANK_STUBBORN": "1" if self.stubborn else "0",
             "AGENTSNAP_EFFECTS_URL": self.postgres_url,
         }
 
@@ -291,6 +293,40 @@ async def test_rejections_in_two_workers_at_once_become_one_rollback(
     [rollback] = run.rollbacks
     assert await store.list_rollbacks(run.run_id) == [rollback]
     assert rollback.agent in {chain_start(first), chain_start(second)}
+
+
+async def test_an_output_rejected_past_the_retry_policy_stops_every_process(
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
+) -> None:
+    link = await JetStreamLink.connect(nats_url)
+    run = DistributedRun(link, store, make_app(), part_timeout=60)
+    workers = Workers(run.run_id, nats_url, postgres_url, tmp_path, poison="0:5")
+    workers.stubborn = True
+    try:
+        await run.start()
+        logs = [await workers.start(group) for group in range(GROUPS)]
+        await workers.until_up(logs)
+        await run.snapshot()
+        run.send(chain_start(0), {"chain": 0, "hops": 5}, kind="go")
+        await asyncio.wait_for(run.authority.stopped.wait(), PATIENCE)
+        # Every worker stops delivering and ends by itself.
+        for group, process in workers.processes.items():
+            assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, group
+        await run.close()
+    finally:
+        await workers.kill_all()
+        await link.delete_stream(run.run_id)
+        await link.close()
+
+    assert isinstance(run.exhausted, RollbackExhausted)
+    assert run.exhausted.attempts == 3
+    assert "a careless transfer" in str(run.exhausted)
+    assert len(run.rollbacks) == 2
+    assert await store.list_rollbacks(run.run_id) == run.rollbacks
+    stored = await store.get_run(run.run_id)
+    assert stored.status == "failed"
+    for log in logs:
+        assert "the run stopped" in log.read_text()
 
 
 # -- crash recovery -------------------------------------------------------------------------

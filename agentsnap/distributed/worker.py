@@ -17,7 +17,7 @@ that stopped: ``wait`` lets it wait for that worker's leases to expire), it deli
 until the coordinator has rolled the whole run back to the last complete snapshot, this
 worker restoring its agents from it. It reports its agents' rejected outputs to the
 coordinator and carries out the rollbacks the coordinator orders (see
-[`agentsnap.distributed.recovery`][agentsnap.distributed.recovery]).
+[`RollbackAuthority`][agentsnap.distributed.RollbackAuthority]).
 """
 
 from __future__ import annotations
