@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, Ty
 from pydantic import BaseModel
 
 from agentsnap.bus import check_agent_name
+from agentsnap.checks import Guard, failure_reason
 from agentsnap.exceptions import ConfigurationError, OutputRejected
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.state import AgentState
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Endpoint
-    from agentsnap.checks import CheckResult, Guard
+    from agentsnap.checks import CheckResult, OutputCheck
     from agentsnap.handles import SnapshotHandle
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonInput, Message
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from agentsnap.replay import ReplayLog
     from agentsnap.telemetry import Telemetry
 
-__all__ = ["Agent", "Context", "Feedback", "Initiator"]
+__all__ = ["Agent", "Context", "Feedback", "Initiator", "evaluate_outputs", "guard_for"]
 
 S = TypeVar("S", bound=AgentState)
 
@@ -382,3 +383,35 @@ class Context(Generic[S]):
     def add_feedback(self, reason: str, source: str) -> None:
         """Record feedback for this agent (the runtime does after a rollback)."""
         self._feedback.append(Feedback(reason=reason, source=source))
+
+
+def guard_for(agent: Agent[Any], checks: Sequence[OutputCheck]) -> Guard | None:
+    """The guard for ``agent``'s context: its declared checks, and whether it evaluates itself.
+
+    ``None`` when there is nothing to check (no check declared, ``evaluate`` not overridden).
+    """
+    evaluates = type(agent).evaluate is not Agent.evaluate
+    if not checks and not evaluates:
+        return None
+    guard = Guard(agent.name, evaluates)
+    for declared in checks:
+        guard.add(declared)
+    return guard
+
+
+async def evaluate_outputs(ctx: Context[Any]) -> None:
+    """Have the agent judge what its handler sent (self-evaluation), once the handler returned.
+
+    Raises:
+        OutputRejected: The agent's ``evaluate`` failed the outputs.
+    """
+    guard = ctx.guard
+    assert guard is not None
+    outputs = list(guard.outputs)
+    reason = failure_reason(
+        await ctx.agent.evaluate(outputs, ctx), f"self-evaluation of {ctx.agent.name!r}"
+    )
+    if reason is not None:
+        raise OutputRejected(
+            ctx.agent.name, reason, "self-evaluation", outputs[0] if outputs else None
+        )

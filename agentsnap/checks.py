@@ -29,6 +29,7 @@ __all__ = [
     "Guard",
     "OutputCheck",
     "Verdict",
+    "declare_check",
     "failure_reason",
 ]
 
@@ -132,6 +133,30 @@ class OutputCheck:
         if self.check is not None:
             return failure_reason(self.check(message), f"check {self.name!r}")
         return None
+
+
+def declare_check(
+    kind: str | None,
+    *,
+    schema: type[BaseModel] | None = None,
+    check: Check | None = None,
+    name: str | None = None,
+    where: str = "Runtime.check()",
+) -> OutputCheck:
+    """A check declared with a schema, a callable or both (``where`` names the caller).
+
+    Raises:
+        ConfigurationError: Neither ``schema`` nor ``check`` is given, ``schema`` is not a
+            pydantic model, or the name or kind cannot be stored.
+    """
+    if schema is None and check is None:
+        raise ConfigurationError(f"{where} needs a schema=, a check=, or both")
+    if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        raise ConfigurationError(
+            f"schema= takes a pydantic model class, got {schema!r}; for a function, use check="
+        )
+    label = name or ("schema" if check is None else str(getattr(check, "__name__", "check")))
+    return OutputCheck(kind=kind, name=label, schema=schema, check=check)
 
 
 class Guard:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import sys
@@ -1691,6 +1692,14 @@ class _Steps:
     show_default=True,
     help="Seconds to wait for a lost NATS server to come back before giving up (exit status 1).",
 )
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Seconds to wait for agents another worker holds: to take over the agents of a "
+    "worker that stopped, once its leases expire.",
+)
 def worker(  # noqa: PLR0917 - click passes the options positionally
     nats_url: str,
     db: str,
@@ -1700,13 +1709,16 @@ def worker(  # noqa: PLR0917 - click passes the options positionally
     group: str | None,
     lease: float,
     nats_patience: float,
+    wait: float,
 ) -> None:
     """Host some agents of a run spread over processes, until SIGTERM or Ctrl-C.
 
     Every worker of the run builds the same app and hosts the agents placed on it; the
     others are reached over NATS JetStream. It writes its part of every snapshot the run's
-    coordinator begins to the database (see agentsnap.distributed). Needs the nats extra:
-    pip install 'agentsnap[nats]'.
+    coordinator begins to the database (see agentsnap.distributed). A worker started again
+    after a crash (or given the agents of a worker that stopped, with --wait) restores them
+    from the run's last complete snapshot, the whole run rolling back to it. Needs the nats
+    extra: pip install 'agentsnap[nats]'.
     """
     from agentsnap.distributed import load_app, place  # noqa: PLC0415
     from agentsnap.exceptions import ConfigurationError  # noqa: PLC0415
@@ -1723,7 +1735,9 @@ def worker(  # noqa: PLR0917 - click passes the options positionally
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
     _guard(
-        lambda: asyncio.run(_serve_worker(nats_url, db, app, run_id, hosted, lease, nats_patience))
+        lambda: asyncio.run(
+            _serve_worker(nats_url, db, app, run_id, hosted, lease, nats_patience, wait)
+        )
     )
 
 
@@ -1735,6 +1749,7 @@ async def _serve_worker(  # noqa: PLR0917
     hosted: list[str],
     lease: float,
     nats_patience: float,
+    wait: float,
 ) -> None:
     """Check the run and NATS (writing nothing), then serve until a signal says stop."""
     import signal  # noqa: PLC0415
@@ -1743,13 +1758,25 @@ async def _serve_worker(  # noqa: PLR0917
     from agentsnap.jetstream import JetStreamLink  # noqa: PLC0415
     from agentsnap.store.sql import SqlStore  # noqa: PLC0415
 
+    # What the worker goes through (rollbacks, recoveries, a lost claim) is told on stderr.
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logging.getLogger("agentsnap").addHandler(handler)
     store = SqlStore(db, create=False, retry=_RETRY)
     try:
         check_run(await store.get_run(run_id), app)
         link = await JetStreamLink.connect(nats_url)
         try:
             serving = Worker(
-                link, store, run_id, app, hosted, lease=lease, nats_patience=nats_patience
+                link,
+                store,
+                run_id,
+                app,
+                hosted,
+                lease=lease,
+                nats_patience=nats_patience,
+                wait=wait,
             )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -231,6 +231,12 @@ class ChannelOffsets(BaseModel):
     count: int = 0
     """How many messages were in flight: the channel's messages in the range, copies and
     items of an earlier generation left out."""
+    after: str | None = None
+    """The id of the item before the first message in flight on the channel: where a replay
+    of the range starts the channel's chain."""
+    seqs: list[int] = Field(default_factory=list)
+    """The stream sequence of each message in flight, in the order taken; a ``0`` for one a
+    restore had put back from recorded bodies (the range cannot be replayed then)."""
 
 
 class SnapshotPart(BaseModel):

@@ -55,7 +55,7 @@ import gc
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -70,7 +70,7 @@ from agentsnap.exceptions import (
     SnapshotDamaged,
 )
 from agentsnap.messages import ENVIRONMENT, Message
-from agentsnap.records import RollbackInfo, Snapshot, SnapshotStatus
+from agentsnap.records import ChannelRecord, RollbackInfo, Snapshot, SnapshotStatus
 from agentsnap.state import HasState
 
 if TYPE_CHECKING:
@@ -79,9 +79,11 @@ if TYPE_CHECKING:
     from agentsnap.snapshot import SnapshotCoordinator
 
 __all__ = [
+    "RetryBudget",
     "RetryPolicy",
     "RollbackManager",
     "current_cut",
+    "recorded_messages",
     "restore_cut",
 ]
 
@@ -165,6 +167,64 @@ class _Site:
         return len(self.reasons)
 
 
+class RetryBudget:
+    """The retry policy's accounts: failures per rejected output (episode), rollbacks per run.
+
+    One authority keeps them: a runtime's [`RollbackManager`][agentsnap.rollback.RollbackManager],
+    or the coordinator of a run spread over processes.
+
+    Args:
+        policy: The retry policy.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self._episodes: dict[Episode, _Site] = {}
+        self.open: dict[tuple[str, str, int], list[Episode]] = {}
+        """The episodes under way, by the message whose handling ends them once it passes."""
+        self.rejections = 0
+        """Rollbacks spent on rejected outputs, for the per-run budget."""
+
+    def spend(
+        self, agent: str, source: str, reason: str, handled: tuple[str, str, int] | None
+    ) -> tuple[int, RollbackExhausted | None, float]:
+        """Count one more failure of an output.
+
+        Returns:
+            The attempt this failure was, the error that stops the run when the policy gives
+            up (``None``: roll back), and the seconds to wait before resuming.
+        """
+        episode: Episode = (agent, source, handled)
+        site = self._episodes.setdefault(episode, _Site())
+        attempt = site.failed(reason)
+        per_run = self.policy.per_run
+        gave_up = bool(self.policy.stop(site.state))
+        if gave_up or (per_run is not None and self.rejections >= per_run):
+            return (
+                attempt,
+                RollbackExhausted(
+                    agent, source, attempt, list(site.reasons),
+                    per_run=None if gave_up else per_run,
+                ),
+                0.0,
+            )  # fmt: skip
+        self.rejections += 1
+        if handled is not None:
+            waiting = self.open.setdefault(handled, [])
+            if episode not in waiting:
+                waiting.append(episode)
+        return attempt, None, float(self.policy.wait(site.state))
+
+    def passed(self, handled: tuple[str, str, int]) -> bool:
+        """The message ``handled`` (``src``, ``dst``, ``seq``) was handled without a rejection:
+        the episodes it was redoing end. Returns whether any did.
+        """  # noqa: D205
+        ended = self.open.pop(handled, ())
+        for episode in ended:
+            self._episodes.pop(episode, None)
+        return bool(ended)
+
+
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Keep the cycle collector out of the way.
@@ -181,6 +241,22 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def recorded_messages(record: ChannelRecord) -> list[Message]:
+    """The messages a cut recorded in flight on a channel, as they were sent."""
+    return [
+        Message(
+            record.src,
+            record.dst,
+            kept.seq,
+            kept.kind,
+            kept.payload,
+            MappingProxyType(dict(kept.headers)),
+            kept.epoch,
+        )
+        for kept in record.messages
+    ]
+
+
 @_collector_paused()
 def restore_cut(
     bus: Bus,
@@ -189,7 +265,8 @@ def restore_cut(
     *,
     initial_states: Mapping[str, str],
     epoch: int,
-    replay: InputLog,
+    replay: InputLog | None,
+    local: Collection[str] | None = None,
 ) -> int:
     """Put every agent and channel back on ``snapshot``'s cut; return the messages dropped.
 
@@ -197,11 +274,15 @@ def restore_cut(
     environment's messages sent after the cut (``replay``) are put back after the cut's
     in-flight messages, as a source is replayed after a restore.
 
+    In one process of a run spread over processes, ``local`` names the processes hosted
+    there: ``agents`` are those of them, only the channels into them get their messages in
+    flight back, and the cut may name processes hosted elsewhere.
+
     Raises:
         ConfigurationError: The snapshot names a process that is not registered.
     """
     for name in snapshot.agents:
-        if name != ENVIRONMENT and name not in agents:
+        if local is None and name != ENVIRONMENT and name not in agents:
             raise ConfigurationError(
                 f"snapshot {snapshot.id} holds agent {name!r}, which is not registered; "
                 "register the same agents as the run that took it"
@@ -212,24 +293,15 @@ def restore_cut(
         agent.state = agent.state_type.model_validate_json(text)
     environment = snapshot.agents.get(ENVIRONMENT)
     in_flight = [
-        [
-            Message(
-                record.src,
-                record.dst,
-                kept.seq,
-                kept.kind,
-                kept.payload,
-                MappingProxyType(dict(kept.headers)),
-                kept.epoch,
-            )
-            for kept in record.messages
-        ]
+        recorded_messages(record)
         for record in snapshot.channels
+        if local is None or record.dst in local
     ]
     # The environment's messages sent after the cut, as a source is replayed.
     inputs: dict[str, list[Message]] = {}
-    for sent in replay.after(environment.sent if environment is not None else {}):
-        inputs.setdefault(sent.dst, []).append(sent)
+    if replay is not None:
+        for sent in replay.after(environment.sent if environment is not None else {}):
+            inputs.setdefault(sent.dst, []).append(sent)
     in_flight.extend(inputs.values())
     return bus.restore(
         epoch, {name: (cut.sent, cut.received) for name, cut in snapshot.agents.items()}, in_flight
@@ -319,11 +391,10 @@ class RollbackManager:
         self._restore = restore
         self._load = load
         self._save = save
-        self._episodes: dict[Episode, _Site] = {}
-        self.open: dict[tuple[str, str, int], list[Episode]] = {}
+        self._budget = RetryBudget(policy)
+        self.open = self._budget.open
         """The episodes under way, by the message whose handling ends them once it passes
         (see [`passed`][agentsnap.rollback.RollbackManager.passed]); usually empty."""
-        self._rejections = 0  # rollbacks for rejected outputs, for the per-run budget
         self.history: list[RollbackInfo] = []
         """Every rollback of this runtime, oldest first."""
         self.exhausted: RunError | None = None
@@ -361,10 +432,7 @@ class RollbackManager:
 
         Returns whether any did.
         """
-        ended = self.open.pop((message.src, message.dst, message.seq), ())
-        for episode in ended:
-            self._episodes.pop(episode, None)
-        return bool(ended)
+        return self._budget.passed((message.src, message.dst, message.seq))
 
     async def reject(
         self, rejection: OutputRejected, handling: Message | None = None
@@ -379,27 +447,14 @@ class RollbackManager:
         """
         await self.quiesce()
         handled = None if handling is None else (handling.src, handling.dst, handling.seq)
-        episode: Episode = (rejection.agent, rejection.source, handled)
-        site = self._episodes.setdefault(episode, _Site())
-        attempt = site.failed(rejection.reason)
-        per_run = self._policy.per_run
-        if self._policy.stop(site.state) or (per_run is not None and self._rejections >= per_run):
-            spent = not self._policy.stop(site.state)
-            self.exhausted = RollbackExhausted(
-                rejection.agent,
-                rejection.source,
-                attempt,
-                list(site.reasons),
-                per_run=per_run if spent else None,
-            )
+        attempt, exhausted, pause = self._budget.spend(
+            rejection.agent, rejection.source, rejection.reason, handled
+        )
+        if exhausted is not None:
+            self.exhausted = exhausted
             logger.error("%s", self.exhausted)
             self._drop_everything()
             return None
-        self._rejections += 1
-        if handled is not None:
-            waiting = self.open.setdefault(handled, [])
-            if episode not in waiting:
-                waiting.append(episode)
         target = self._coordinator.target_before(rejection.output)
         endpoint = self._bus.endpoints.get(rejection.agent)
         if rejection.output is None and rejection.source != "self-evaluation" and endpoint:
@@ -428,7 +483,6 @@ class RollbackManager:
             logger.error("%s", self.exhausted)
             self._drop_everything()
             return None
-        pause = float(self._policy.wait(site.state))
         if pause > 0:
             await asyncio.sleep(pause)
         return await self._roll_back(

@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from pydantic import BaseModel
 
-from agentsnap.agents import Agent, Context
+from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
 from agentsnap.bus import AsyncioScheduler, Bus, Channel, Endpoint, Scheduler, Transport
-from agentsnap.checks import Check, Guard, OutputCheck, failure_reason
+from agentsnap.checks import Check, Guard, OutputCheck, declare_check
 from agentsnap.exceptions import (
     ConfigurationError,
     DuplicateAgentError,
@@ -518,18 +518,10 @@ class Runtime:
                 longest every store can hold; the name is recorded with each rollback).
             UnknownAgentError: ``agent`` is not registered and the run already took input.
         """
-        if schema is None and check is None:
-            raise ConfigurationError("Runtime.check() needs a schema=, a check=, or both")
-        if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):
-            raise ConfigurationError(
-                f"schema= takes a pydantic model class, got {schema!r}; for a function, use check="
-            )
-        label = name or ("schema" if check is None else str(getattr(check, "__name__", "check")))
+        declared = declare_check(kind, schema=schema, check=check, name=name)
         if agent not in self._agents and self._phase not in _WITHOUT_CUT:
             raise self._unknown_checked([agent])
-        self._checks.setdefault(agent, []).append(
-            OutputCheck(kind=kind, name=label, schema=schema, check=check)
-        )
+        self._checks.setdefault(agent, []).append(declared)
         if agent in self._agents:
             self._arm(agent)
 
@@ -552,17 +544,10 @@ class Runtime:
 
     def _arm(self, name: str) -> None:
         """Give ``name``'s context a guard when it has checks or evaluates itself."""
-        agent = self._agents[name]
-        evaluates = type(agent).evaluate is not Agent.evaluate
-        checks = self._checks.get(name, [])
-        ctx = self._contexts[name]
-        if not checks and not evaluates:
-            ctx.guard = None
-            return
-        guard = Guard(name, evaluates)
-        for declared in checks:
-            guard.add(declared)
-        ctx.guard = self._guards[name] = guard
+        guard = guard_for(self._agents[name], self._checks.get(name, []))
+        self._contexts[name].guard = guard
+        if guard is not None:
+            self._guards[name] = guard
 
     async def start(self) -> None:
         """Record the run in the store and start delivering messages."""
@@ -1268,12 +1253,12 @@ class Runtime:
             if tracing is None:
                 await ctx.agent.handle(message, ctx)
                 if guard is not None and guard.evaluates and ctx.rejected is None:
-                    await self._evaluate(ctx)
+                    await evaluate_outputs(ctx)
             else:
                 with tracing.handling(self.run_id, endpoint.name, message):
                     await ctx.agent.handle(message, ctx)
                     if guard is not None and guard.evaluates and ctx.rejected is None:
-                        await self._evaluate(ctx)
+                        await evaluate_outputs(ctx)
         except OutputRejected as exc:
             rejected = exc
         except Exception as exc:
@@ -1342,18 +1327,6 @@ class Runtime:
             return None
         guard = ctx.guard
         return Handling(message, channel, tuple(guard.outputs) if guard is not None else ())
-
-    async def _evaluate(self, ctx: Context[Any]) -> None:
-        guard = ctx.guard
-        assert guard is not None
-        outputs = list(guard.outputs)
-        reason = failure_reason(
-            await ctx.agent.evaluate(outputs, ctx), f"self-evaluation of {ctx.agent.name!r}"
-        )
-        if reason is not None:
-            raise OutputRejected(
-                ctx.agent.name, reason, "self-evaluation", outputs[0] if outputs else None
-            )
 
     async def _rejected(
         self, rejected: OutputRejected, generation: int, handling: Message | None = None

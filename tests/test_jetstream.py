@@ -596,6 +596,45 @@ async def test_a_channel_replayed_from_a_recorded_offset_holds_exactly_what_it_h
     await b.close()
 
 
+async def test_a_rollback_replays_a_recorded_range_of_an_older_generation_and_nothing_else(
+    links: Links,
+) -> None:
+    _run, a, b = await pair(links, ["a"], ["b"])
+    b.scheduler.pause()  # the receiver takes items by hand here
+    for i in range(6):
+        a.send("a", "b", i)
+    await eventually(lambda: len(b.transport.incoming.get(("a", "b"), ())) == 6, "six items")
+    channel = b.transport.incoming["a", "b"]
+    channel.take()
+    # The cut: items 1..5 in flight, recorded as their receiver takes them.
+    recorded = []
+    for _ in range(5):
+        channel.take()
+        recorded.append((channel.took, channel.took_after))
+    seqs = [seq for seq, _ in recorded]
+    for i in range(6, 9):
+        a.send("a", "b", i)  # after the cut, before the rollback: to be dropped
+    await eventually(lambda: len(channel) == 3, "three more")
+    # The rollback: both sides in generation 1; the receiver replays the recorded range.
+    a.transport.generation = b.transport.generation = 1
+    b.scheduler.reset()
+    await channel.replay_from(ChannelOffset(seqs[0], recorded[0][1]), seqs)
+    await eventually(lambda: len(channel) == 5, "the range back")
+    outgoing = a.bus.channels["a", "b"]
+    outgoing.clear()
+    outgoing.sent = 6
+    for i in range(6, 8):
+        a.send("a", "b", f"again {i}")  # sent again after the rollback
+    await eventually(lambda: len(channel) == 7, "the new items")
+    await a.transport.flush()
+    await asyncio.sleep(0.2)
+    assert shape(channel) == [("m", i) for i in range(1, 6)] + [("m", "again 6"), ("m", "again 7")]
+    assert channel.stale == 3
+    assert channel.stream_seqs()[:5] == seqs  # recorded again as they were
+    await a.close()
+    await b.close()
+
+
 async def test_purging_below_a_sequence_keeps_what_a_snapshot_needs(
     links: Links,
 ) -> None:

@@ -31,14 +31,39 @@ async with DistributedRun(link, store, make_app(), run_id="bank-1") as run:
     snapshot = await run.snapshot()
 ```
 
+It needs the ``nats`` extra: ``pip install 'agentsnap[nats]'``.
+
+**Rollback across processes.** The agents, checks and tools run as in one process: an app
+declares checks ([`App.check`][agentsnap.distributed.App.check], or an agent's own
+``evaluate``) and a retry policy (``App(retry=...)``), and side-effecting tools record their
+calls in the ledger of the run's store, so they take effect once across rollbacks and
+crashes. A rejected output in any worker is reported to the run's coordinator, the one
+authority on rollbacks ([`RollbackAuthority`][agentsnap.distributed.RollbackAuthority]):
+rejections reported by several workers at once become one rollback. It picks the last
+complete snapshot before the rejected output, applies the retry policy, raises the
+generation, and orders every process back to the cut; each one stops delivering (a
+side-effecting call under way finishes first and its outcome lands in the ledger), fails its
+snapshots in progress, restores its agents and channels (replaying the stream ranges the cut
+recorded: see the concepts page) and says so. Once every process did, the coordinator sends
+again the environment's input sent after the cut, records the rollback in the store, and
+tells every process to resume: the rejected agent gets the reason as feedback, every agent's
+``on_rollback`` is called. When the retry policy gives up, every process stops delivering and
+[`DistributedRun.exhausted`][agentsnap.distributed.DistributedRun.exhausted] says why; the run
+is recorded as failed when the coordinator closes.
+
+**Recovery.** The coordinator watches the agents' leases in the store. A worker whose leases
+expired without being let go stopped: the snapshots in progress fail and none begins until
+its agents are hosted again, by the same worker restarted or by another given its agents
+(``agentsnap worker ... --wait 30`` waits for the leases to expire). A worker that starts
+asks the coordinator for the run's generation and snapshot numbering; when its agents ran
+before, the whole run rolls back to its last complete snapshot as above, the new worker
+restoring them from it. Nothing is lost (the cut and the input after it are replayed) and no
+effect happens twice (the ledger).
+
 A restart of the NATS server is waited for (publishing and consuming go on where they
 stopped; a worker gives up after ``nats_patience`` seconds), and a
 [`StreamRetention`][agentsnap.distributed.StreamRetention] keeps the run's stream and parts
 from growing: see *Channel state as offsets*.
-
-It needs the ``nats`` extra: ``pip install 'agentsnap[nats]'``. Rollback across processes and
-recovery of a crashed worker are not part of it yet: a snapshot a worker did not complete
-fails, and the worker is started again by hand.
 """
 
 from __future__ import annotations
@@ -46,8 +71,10 @@ from __future__ import annotations
 from agentsnap.distributed.app import App, check_run, load_app
 from agentsnap.distributed.coordinator import DistributedRun, join_parts
 from agentsnap.distributed.host import Host, control_subject
+from agentsnap.distributed.orders import RollbackOrder, broadcast_subject
 from agentsnap.distributed.placement import group_of, parse_group, place
 from agentsnap.distributed.recording import PartCoordinator
+from agentsnap.distributed.recovery import RollbackAuthority
 from agentsnap.distributed.retention import Retained, StreamRetention, retain
 from agentsnap.distributed.worker import AgentsHeld, Worker
 from agentsnap.records import AgentLease, ChannelOffsets, SnapshotPart
@@ -61,9 +88,12 @@ __all__ = [
     "Host",
     "PartCoordinator",
     "Retained",
+    "RollbackAuthority",
+    "RollbackOrder",
     "SnapshotPart",
     "StreamRetention",
     "Worker",
+    "broadcast_subject",
     "check_run",
     "control_subject",
     "group_of",

@@ -1,9 +1,20 @@
-"""What every process of a run spread over processes builds: the run's agents.
+"""What every process of a run spread over processes builds: the run's agents and their checks.
 
 An app is named ``module:factory``; the factory, called with no argument, returns an
 [`App`][agentsnap.distributed.App] (or just a list of agents). Every worker calls it, keeps the
-agents it hosts, and knows the others by name; the run's coordinator uses the names only. So
-the factory must return the same agents, by name and in state, in every process.
+agents it hosts, and knows the others by name; the run's coordinator uses the names, the
+checks' names and the retry policy. So the factory must return the same agents, by name and
+in state, and the same checks, in every process.
+
+An app declares checks on its agents' outputs as a [`Runtime`][agentsnap.Runtime] does
+([`App.check`][agentsnap.distributed.App.check]; an agent's own ``evaluate`` counts too), and
+the retry policy the run's coordinator applies when one fails. Side-effecting tools need
+nothing more: each worker records their calls in the ledger of the run's store.
+
+```python
+app = App(agents=[Writer("writer"), Critic("critic")], retry=RetryPolicy.attempts(3))
+app.check("writer", kind="draft", schema=Draft)
+```
 """
 
 from __future__ import annotations
@@ -13,10 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from agentsnap.agents import Agent
+from agentsnap.checks import Check, OutputCheck, declare_check
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RunInfo, RunStatus
+from agentsnap.rollback import RetryPolicy
 
 __all__ = ["App", "check_run", "load_app"]
 
@@ -33,10 +48,16 @@ class App:
     Attributes:
         agents: Every agent of the run, each with its initial state; names are unique.
         metadata: JSON recorded with the run by its coordinator.
+        retry: How often the run's coordinator rolls back for one rejected output, and how
+            long it waits (default: [`RetryPolicy()`][agentsnap.rollback.RetryPolicy]).
+        checks: The checks declared with [`check`][agentsnap.distributed.App.check], as
+            ``(agent, check)`` in the order declared.
     """
 
     agents: Sequence[Agent[Any]]
     metadata: dict[str, Any] = field(default_factory=dict)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    checks: list[tuple[str, OutputCheck]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -53,6 +74,39 @@ class App:
     def names(self) -> list[str]:
         """The agents' names, in the app's order."""
         return [agent.name for agent in self.agents]
+
+    def check(
+        self,
+        agent: str,
+        kind: str | None = None,
+        *,
+        schema: type[BaseModel] | None = None,
+        check: Check | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Declare a check on what ``agent`` sends, as ``Runtime.check`` does.
+
+        A message failing it is not sent: the worker hosting the agent tells the run's
+        coordinator, which rolls every process back to the last complete snapshot before it
+        (see [`agentsnap.distributed`][agentsnap.distributed]).
+
+        Raises:
+            ConfigurationError: The app has no agent ``agent``; or as for
+                [`Runtime.check`][agentsnap.Runtime.check].
+        """
+        if agent not in self.names:
+            known = ", ".join(repr(name) for name in self.names)
+            raise ConfigurationError(
+                f"App.check() names {agent!r}, which is not an agent of the app (its agents: "
+                f"{known}); fix the name, or add the agent to the app first"
+            )
+        self.checks.append(
+            (agent, declare_check(kind, schema=schema, check=check, name=name, where="App.check()"))
+        )
+
+    def checks_of(self, agent: str) -> list[OutputCheck]:
+        """The checks declared on ``agent``, in order."""
+        return [declared for name, declared in self.checks if name == agent]
 
 
 def load_app(spec: str) -> App:

@@ -15,6 +15,12 @@ the messages recorded on it), and stores it as complete, in one transaction. Unt
 nothing of it is visible to ``agentsnap runs/show/export``. A part with an error, an
 inconsistent cut, or a part missing after ``part_timeout`` seconds (its worker died) stores
 the snapshot as failed, with the reason; the run goes on.
+
+It is also the one authority on rollbacks
+([`RollbackAuthority`][agentsnap.distributed.RollbackAuthority]): a worker reports a rejected
+output on the control subject, and the coordinator rolls every process back to the last
+complete snapshot before it, in two phases; it watches the agents' leases, and rolls the run
+back to its last complete snapshot when the agents of a worker that stopped are hosted again.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import orjson
 
 from agentsnap.distributed.app import PROCESSES, App
 from agentsnap.distributed.host import Host, control_subject
+from agentsnap.distributed.recovery import RollbackAuthority
 from agentsnap.distributed.retention import Retainer, StreamRetention
 from agentsnap.exceptions import SnapshotFailed, TransportError
 from agentsnap.integrity import cut_problems
@@ -39,6 +46,7 @@ from agentsnap.ownership import RunOwnership
 from agentsnap.records import (
     AgentCut,
     ChannelRecord,
+    RollbackInfo,
     RunInfo,
     RunStatus,
     Snapshot,
@@ -54,6 +62,7 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
     from nats.aio.subscription import Subscription
 
+    from agentsnap.exceptions import RunError
     from agentsnap.handles import SnapshotHandle
     from agentsnap.jetstream import JetStreamLink
     from agentsnap.messages import JsonInput, Message
@@ -140,11 +149,14 @@ class DistributedRun:
             [`StreamRetention`][agentsnap.distributed.StreamRetention]); by default both
             are kept whole.
         name: A name for people, stored with the run.
+        poll: Seconds between two looks at the store for parts and agent leases.
 
     Attributes:
         run_id: The run.
-        complete: The snapshots stored as complete, in order.
+        complete: The snapshots stored as complete, in order (those of timelines a
+            rollback left included).
         failed: The snapshots stored as failed, in order.
+        authority: Decides and carries out the run's rollbacks and recoveries.
     """
 
     def __init__(
@@ -180,10 +192,22 @@ class DistributedRun:
         self._tasks: list[asyncio.Task[None]] = []
         self._subscription: Subscription | None = None
         self._ownership = RunOwnership(store, self.run_id)
+        self.authority = RollbackAuthority(
+            self.run_id,
+            link,
+            store,
+            self._host,
+            self.names,
+            policy=app.retry,
+            targets=lambda: self.complete,
+            fail_pending=self._fail_all,
+        )
+        self._leases_seen = 0.0
         self._requests = 0
         self._closing = False
         self.retainer = None if retention is None else Retainer(link, store, self.run_id, retention)
         """Applies ``retention`` as snapshots complete (``None`` without one)."""
+        self._failing: set[asyncio.Task[None]] = set()
 
     @property
     def bus(self) -> Any:
@@ -240,9 +264,24 @@ class DistributedRun:
         kind: str = "message",
         headers: Mapping[str, str] | None = None,
     ) -> Message:
-        """Send agent ``to`` a message from the environment (on NATS, wherever it runs)."""
+        """Send agent ``to`` a message from the environment (on NATS, wherever it runs).
+
+        Kept for replay: after a rollback, what was sent after the cut is sent again.
+        """
         bus = self._host.bus
-        return bus.send(bus.environment, to, payload, kind, headers)
+        message = bus.send(bus.environment, to, payload, kind, headers)
+        self._host.inputs.buffer.append(message)
+        return message
+
+    @property
+    def rollbacks(self) -> list[RollbackInfo]:
+        """The rollbacks of the run so far (for rejected outputs, and recoveries)."""
+        return list(self.authority.history)
+
+    @property
+    def exhausted(self) -> RunError | None:
+        """Why the run stopped (``RollbackExhausted``: its retry policy gave up), or ``None``."""
+        return self.authority.exhausted
 
     def snapshot(self) -> SnapshotHandle:
         """Begin a snapshot now; await the handle for the complete snapshot.
@@ -273,6 +312,9 @@ class DistributedRun:
     async def _tick(self, seconds: float) -> None:
         while True:
             await asyncio.sleep(seconds)
+            authority = self.authority
+            if authority.busy or authority.down:
+                continue  # the snapshot would fail: a rollback, or a worker that stopped
             # While the NATS server is away a snapshot could only fail: wait for it.
             if len(self._pending) < self.policy.max_in_progress and not self._link.away_for():
                 self.snapshot()
@@ -288,6 +330,18 @@ class DistributedRun:
         if "snapshot" in request:
             self._requests += 1
             self.snapshot()
+        elif "rejected" in request:
+            self.authority.rejected(request)
+        elif "restored" in request:
+            self.authority.restored(request)
+        elif "passed" in request:
+            self.authority.passed(request)
+        elif "hello" in request and msg.reply:
+            answer = self.authority.hello(request)
+            try:
+                await msg.respond(orjson.dumps(answer))
+            except Exception as exc:  # the worker asks again, or starts without an answer
+                logger.warning("run %s: hello not answered: %r", self.run_id, exc)
         self._wake.set()
 
     # -- completion -------------------------------------------------------------------------
@@ -298,6 +352,15 @@ class DistributedRun:
                 async with asyncio.timeout(self._poll):
                     await self._wake.wait()
             self._wake.clear()
+            now = asyncio.get_running_loop().time()
+            if now - self._leases_seen >= self._poll * 2:
+                self._leases_seen = now
+                try:
+                    leases = await self.store.list_agent_leases(self.run_id)
+                except Exception:  # the store is away: look again later
+                    logger.exception("run %s: agent leases not read", self.run_id)
+                else:
+                    self.authority.leases(*self.authority.lease_owners(leases), now)
             for seq in sorted(self._pending):
                 try:
                     await self._check(seq)
@@ -305,11 +368,15 @@ class DistributedRun:
                     logger.exception("run %s: snapshot %d not checked", self.run_id, seq)
 
     async def _check(self, seq: int) -> None:
-        pending = self._pending[seq]
+        pending = self._pending.get(seq)
+        if pending is None:
+            return  # failed meanwhile (a rollback, or a worker that stopped)
         if pending.error is not None:
             await self._fail(seq, pending.error)
             return
         parts = await self.store.load_snapshot_parts(self.run_id, seq)
+        if seq not in self._pending:
+            return
         errors = [f"{part.worker}: {part.error}" for part in parts if part.error]
         if errors:
             await self._fail(seq, "a worker could not record its part: " + "; ".join(errors))
@@ -326,8 +393,9 @@ class DistributedRun:
                     seq, "the joined cut is not consistent: " + "; ".join(problems[:5])
                 )
                 return
+            if self._pending.pop(seq, None) is None:
+                return  # failed while it was checked
             await self.store.save_snapshot(snapshot)
-            del self._pending[seq]
             self.complete.append(snapshot)
             if self.retainer is not None:
                 self.retainer.completed(seq)
@@ -340,8 +408,17 @@ class DistributedRun:
                 "(their worker stopped or is stuck)",
             )
 
+    def _fail_all(self, reason: str) -> None:
+        """Fail every snapshot in progress now (stored as failed in the background)."""
+        for seq in sorted(self._pending):
+            task = asyncio.ensure_future(self._fail(seq, reason))
+            self._failing.add(task)
+            task.add_done_callback(self._failing.discard)
+
     async def _fail(self, seq: int, reason: str) -> None:
-        pending = self._pending.pop(seq)
+        pending = self._pending.pop(seq, None)
+        if pending is None:
+            return
         handle = pending.handle
         logger.warning("run %s: snapshot %d failed: %s", self.run_id, seq, reason)
         snapshot = Snapshot(
@@ -372,8 +449,12 @@ class DistributedRun:
         for task in self._tasks[1:]:
             task.cancel()
         await self.settle()
+        await self.authority.close()
         for seq in sorted(self._pending):
             await self._fail(seq, "the run's coordinator closed before every part came")
+        await asyncio.gather(*self._failing, return_exceptions=True)
+        if self.authority.exhausted is not None:
+            status = RunStatus.FAILED
         # The watch stops at its next turn: a cancellation that met its wake-up could be lost.
         self._closing = True
         self._wake.set()
@@ -385,5 +466,8 @@ class DistributedRun:
         if self.retainer is not None:
             await self.retainer.close()
         await self._host.close()
-        await self.store.finish_run(self.run_id, status, utcnow(), None)
+        exhausted = self.authority.exhausted
+        await self.store.finish_run(
+            self.run_id, status, utcnow(), None if exhausted is None else str(exhausted)
+        )
         await self._ownership.release()

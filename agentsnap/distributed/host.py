@@ -4,6 +4,13 @@ Both a worker and the run's coordinator (which hosts the environment) are a ``Ho
 process of the run is an endpoint of its bus, those hosted here are local, and the
 [`JetStreamTransport`][agentsnap.jetstream.JetStreamTransport] carries the channels to and
 from the others over NATS.
+
+Handlers run as in a [`Runtime`][agentsnap.Runtime]: their outputs pass the app's checks and
+the agent's own ``evaluate``, and side-effecting tools record their calls in the ledger of the
+run's store. A rejected output stops this process's deliveries and is reported (``report``);
+the run's coordinator then orders every process to go back to a cut
+([`roll_back`][agentsnap.distributed.Host.roll_back]) and, once all did, to go on
+([`resume`][agentsnap.distributed.Host.resume]).
 """
 
 from __future__ import annotations
@@ -11,24 +18,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from agentsnap.agents import Agent, Context
+from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
 from agentsnap.bus import AsyncioScheduler, Bus, Channel
 from agentsnap.distributed.recording import PartCoordinator
-from agentsnap.jetstream import JetStreamLink, JetStreamTransport
+from agentsnap.exceptions import OutputRejected
+from agentsnap.jetstream import ChannelOffset, JetStreamLink, JetStreamTransport
 from agentsnap.jetstream.codec import encode_token
 from agentsnap.messages import ENVIRONMENT, Marker, Message
+from agentsnap.once import KnownTools
+from agentsnap.records import Snapshot, SnapshotStatus, utcnow
+from agentsnap.replay import InputLog
+from agentsnap.rollback import recorded_messages, restore_cut
 from agentsnap.state import check_round_trip
+from agentsnap.store.ledger import MemoryLedger, ledger_for
 
 if TYPE_CHECKING:
-    from agentsnap.records import SnapshotPart
+    from agentsnap.checks import OutputCheck
+    from agentsnap.distributed.orders import RollbackOrder
+    from agentsnap.ledger import Ledger
+    from agentsnap.records import ChannelOffsets, SnapshotPart
     from agentsnap.store import Store
 
-__all__ = ["CONTROL", "Host", "control_subject"]
+Report = Callable[[OutputRejected, Message | None, int], None]
+"""Tells the run's coordinator of a rejected output: the rejection, the message being
+handled, and the generation it happened in."""
+
+__all__ = ["CONTROL", "Host", "Report", "control_subject"]
 
 logger = logging.getLogger("agentsnap.distributed")
 
@@ -55,12 +75,22 @@ class Host:
         agents: The agents hosted here (a subset of ``names``).
         worker: This process's name in the run (its parts are stored under it).
         environment: Whether this process hosts the environment (the run's coordinator).
+        checks: The checks on each hosted agent's outputs (see
+            [`App.check`][agentsnap.distributed.App.check]).
+        ledger: Where side-effecting tool calls are recorded (default: the ledger of the
+            store's database; in memory for a store in memory).
 
     Attributes:
         bus: The bus.
         transport: The transport on NATS.
         coordinator: Records this process's part of each snapshot.
         failures: Handler failures, as ``(agent, message id, error)``, oldest first.
+        ledger: The tool-call ledger.
+        tools: The tools the hosted agents called.
+        inputs: What the environment sent (in the process hosting it), sent again after a
+            rollback from where the cut stands.
+        report: Called with each rejected output (a worker sends it to the coordinator).
+        rollbacks: The rollbacks this process carried out, oldest first.
     """
 
     def __init__(
@@ -73,12 +103,36 @@ class Host:
         *,
         worker: str,
         environment: bool = False,
+        checks: Mapping[str, Sequence[OutputCheck]] | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.link = link
         self.store = store
         self.run_id = run_id
         self.worker = worker
         local = set(agents) | ({ENVIRONMENT} if environment else set())
+        self.local = frozenset(local)
+        self._owns_ledger = ledger is None
+        self.ledger: Ledger = ledger or ledger_for(store) or MemoryLedger()
+        self.tools = KnownTools()
+        self.inputs = InputLog()
+        self.report: Report | None = None
+        self.rollbacks: list[RollbackOrder] = []
+        self.passed: Callable[[tuple[str, str, int]], None] | None = None
+        """Called when a message being redone after a rejection was handled without one."""
+        self._redo: set[tuple[str, str, int]] = set()
+        self._reported: int | None = None  # the generation whose rejection was reported
+        # Counts quiescences: a handler that began before the latest one was thrown away.
+        self._turn = 0
+        self._initial: dict[str, str] = {}
+        self.replay_timeout = 10.0
+        """Seconds a rollback waits for a channel's range to come back from the stream
+        before it puts back the messages the cut recorded instead."""
+        self.replayed = 0
+        """Channels a rollback put back by replaying their range from the stream."""
+        self.put_back = 0
+        """Channels from other processes a rollback put back from the recorded bodies
+        because the stream did not give the range back."""
         self.transport = JetStreamTransport(link, run_id, local)
         self.scheduler = AsyncioScheduler()
         self.bus = Bus(self.scheduler, self.transport)
@@ -96,7 +150,13 @@ class Host:
             if agent is None:
                 continue
             blob = check_round_trip(name, agent.state)
-            self._contexts[name] = Context(agent, endpoint, self.bus, self.coordinator, run_id)
+            self._initial[name] = blob.json
+            ctx = self._contexts[name] = Context(
+                agent, endpoint, self.bus, self.coordinator, run_id
+            )
+            ctx.guard = guard_for(agent, (checks or {}).get(name, ()))
+            ctx.ledger = self.ledger
+            ctx.tools = self.tools
             agent._state_changed = self.coordinator.changed
             self.coordinator.joined(endpoint, blob.hash)
         # Every channel between a process hosted here and any other exists from the start,
@@ -111,9 +171,14 @@ class Host:
             for name in names:
                 self.bus.channel(self.bus.environment, name)
 
-    async def start(self) -> None:
-        """Start consuming from the run's stream and delivering."""
-        await self.transport.start()
+    async def start(self, positions: Mapping[str, int] | None = None) -> None:
+        """Start consuming from the run's stream and delivering.
+
+        Args:
+            positions: Per hosted agent, the stream sequence to consume from (by default
+                the start of the stream).
+        """
+        await self.transport.start(positions)
         self.scheduler.start()
 
     async def close(self, drain: float = 10.0) -> None:
@@ -129,6 +194,234 @@ class Host:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.transport.flush(), drain)
         await self.transport.close()
+        if self._owns_ledger:
+            await self.ledger.close()
+
+    # -- rollback ---------------------------------------------------------------------------
+
+    async def quiesce(self, reason: str) -> None:
+        """Stop delivering, fail the snapshots in progress, and wait until no handler runs.
+
+        Handlers under way are cancelled (their work is thrown away); one inside a
+        side-effecting tool call first lets the call finish and its outcome be recorded in
+        the ledger, as in one process.
+        """
+        scheduler = self.scheduler
+        scheduler.pause()
+        self._turn += 1  # what the handlers under way do now is thrown away
+        self.coordinator.abort_all(reason)
+        endpoints = [self.bus.endpoints[name] for name in self._agents]
+        for endpoint in endpoints:
+            if endpoint.busy:
+                scheduler.interrupt(endpoint)
+        delay = 0.0
+        while any(endpoint.busy for endpoint in endpoints):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2 or 0.0005, 0.05)
+        self.coordinator.abort_all(reason)  # one may have begun while a handler ended
+        await self.coordinator.drain()
+
+    async def roll_back(
+        self,
+        order: RollbackOrder,
+        snapshot: Snapshot | None,
+        offsets: Sequence[ChannelOffsets] = (),
+    ) -> int:
+        """Phase 1 of a rollback: put the processes hosted here back on ``snapshot``'s cut.
+
+        Stops delivering (see [`quiesce`][agentsnap.distributed.Host.quiesce]), moves to the
+        order's generation (what was sent before is dropped from then on), restores the
+        hosted agents' states and every channel's counters from the cut, and puts back the
+        messages the cut recorded in flight on the channels into the hosted processes: on a
+        channel from another process, by replaying its recorded stream range (``offsets``,
+        from the snapshot's parts), taking in the range's messages although they are of an
+        older generation; from the bodies the cut recorded when the stream no longer holds
+        the range (or it cannot be replayed). The process hosting the environment also sends
+        again the input sent after the cut. Nothing is delivered until
+        [`resume`][agentsnap.distributed.Host.resume].
+
+        Args:
+            order: The rollback.
+            snapshot: The complete snapshot it goes back to; ``None`` for the run's start.
+            offsets: The stream ranges the snapshot's parts recorded.
+
+        Returns:
+            How many messages queued here were discarded.
+        """
+        await self.quiesce("the run rolled back before the snapshot completed")
+        transport = self.transport
+        transport.generation = max(transport.generation, order.generation)
+        self.scheduler.reset()
+        coordinator = self.coordinator
+        coordinator.forget_handlers()
+        epoch = max(order.epoch, coordinator.last_seq)
+        coordinator.last_seq = epoch
+        cut = snapshot or Snapshot(
+            id="",
+            run_id=self.run_id,
+            seq=0,
+            initiator=ENVIRONMENT,
+            status=SnapshotStatus.COMPLETE,
+            started_at=utcnow(),
+        )
+        replays = await self._replayable(cut, offsets)
+        if replays:
+            kept = [ch for ch in cut.channels if (ch.src, ch.dst) not in replays]
+            cut = cut.model_copy(update={"channels": kept})
+        discarded = restore_cut(
+            self.bus,
+            self._agents,
+            cut,
+            initial_states=self._initial,
+            epoch=epoch,
+            replay=self.inputs if ENVIRONMENT in self.local else None,
+            local=self.local,
+        )
+        if replays:
+            assert snapshot is not None
+            await self._replay(snapshot, replays, epoch)
+        coordinator.mark_changed(*self._agents)
+        for ctx in self._contexts.values():
+            ctx.rejected = None
+            if ctx.guard is not None:
+                ctx.guard.outputs.clear()
+        self._reported = None
+        self.rollbacks.append(order)
+        logger.warning(
+            "%s: rolled back to %s (generation %d): %s",
+            self.worker,
+            f"snapshot {snapshot.seq}" if snapshot is not None else "the start",
+            order.generation,
+            order.reason,
+        )
+        return discarded
+
+    async def _replayable(
+        self, cut: Snapshot, offsets: Sequence[ChannelOffsets]
+    ) -> dict[tuple[str, str], ChannelOffsets]:
+        """The channels into hosted agents whose range in flight the stream can replay."""
+        incoming = self.transport.incoming
+        found = {
+            (o.src, o.dst): o
+            for o in offsets
+            if (o.src, o.dst) in incoming
+            and o.count
+            and len(o.seqs) == o.count
+            and all(o.seqs)
+            and len(cut.in_flight(o.src, o.dst)) == o.count
+        }
+        if not found:
+            return {}
+        try:
+            held = await self.link.first_sequence(self.run_id)
+        except Exception as exc:  # put the recorded bodies back instead
+            logger.warning("%s: the stream's range is unknown (%r)", self.worker, exc)
+            return {}
+        return {key: o for key, o in found.items() if min(o.seqs) >= held}
+
+    async def _replay(
+        self, snapshot: Snapshot, replays: dict[tuple[str, str], ChannelOffsets], epoch: int
+    ) -> None:
+        """Replay each range from the stream; put back the recorded bodies where it fails."""
+        incoming = self.transport.incoming
+        for key, offsets in sorted(replays.items()):
+            await incoming[key].replay_from(
+                ChannelOffset(min(offsets.seqs), offsets.after), offsets.seqs
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.replay_timeout
+        delay = 0.001
+        # The range arrives through the consumer, with nothing to await on here.
+        while loop.time() < deadline and any(
+            len(incoming[key]) < o.count for key, o in replays.items()
+        ):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        short = sorted(key for key, o in replays.items() if len(incoming[key]) != o.count)
+        self.replayed += len(replays) - len(short)
+        if not short:
+            return
+        # The stream did not give the range back (messages deleted from it): the bodies.
+        logger.warning(
+            "%s: %s not replayed from the stream; the messages the cut recorded are put back",
+            self.worker,
+            ", ".join(f"{src}>{dst}" for src, dst in short),
+        )
+        self.put_back += len(short)
+        self.scheduler.reset()
+        for key in short:
+            channel = incoming[key]
+            channel.stop_accepting()
+            channel.clear()
+            for message in recorded_messages(
+                next(ch for ch in snapshot.channels if (ch.src, ch.dst) == key)
+            ):
+                channel.append(message._replace(epoch=epoch) if message.epoch > epoch else message)
+        notify = self.scheduler.notify
+        for held in self.bus.channels.values():
+            if held.dst in self._agents:
+                for _ in range(len(held)):
+                    notify(held)
+
+    async def resume(self, order: RollbackOrder, epoch: int = 0) -> None:
+        """Phase 2 of a rollback: every process carried it out; deliver again.
+
+        The agent whose output was rejected gets the reason as feedback, every hosted agent's
+        [`on_rollback`][agentsnap.Agent.on_rollback] is called, and delivery resumes.
+
+        Args:
+            order: The rollback, as carried out by ``roll_back``.
+            epoch: The newest snapshot number begun by now (snapshots begun during the
+                rollback failed).
+        """
+        coordinator = self.coordinator
+        if epoch > coordinator.last_seq:
+            coordinator.last_seq = epoch
+            for name in self.local:
+                endpoint = self.bus.endpoints[name]
+                endpoint.epoch = max(endpoint.epoch, epoch)
+        if order.agent is not None and order.agent in self._contexts:
+            self._contexts[order.agent].add_feedback(order.reason, order.source)
+        info = order.info(self.run_id)
+        for name, agent in self._agents.items():
+            try:
+                await agent.on_rollback(info, self._contexts[name])
+            except OutputRejected as exc:  # checked before it was enqueued: nobody saw it
+                logger.error(
+                    "agent %r sent an output from on_rollback that was rejected, and not sent: %s",
+                    name,
+                    exc,
+                )
+            except Exception:
+                logger.exception("agent %r failed in on_rollback", name)
+            finally:
+                coordinator.changed.add(name)
+        self._redo = set(order.redo)
+        self.scheduler.resume()
+
+    def stop(self, reason: str) -> None:
+        """The run stopped (its retry policy gave up): deliver nothing more."""
+        self.scheduler.pause()
+        self.scheduler.reset()
+        self.coordinator.abort_all(f"the run stopped: {reason}")
+
+    def _rejected(self, rejection: OutputRejected, message: Message, turn: int) -> None:
+        if turn != self._turn or self._reported is not None:
+            logger.debug("%s: dropped a rejection of a discarded timeline", self.worker)
+            return
+        generation = self._reported = self.transport.generation
+        # Stop here at once, before other handlers see what this one did; the coordinator's
+        # rollback order (or its stop) follows.
+        self.scheduler.pause()
+        logger.warning(
+            "%s: output of %s rejected by %s: %s",
+            self.worker,
+            rejection.agent,
+            rejection.source,
+            rejection.reason,
+        )
+        if self.report is not None:
+            self.report(rejection, message, generation)
 
     async def _write_part(self, part: SnapshotPart) -> None:
         await self.store.save_snapshot_part(part)
@@ -151,17 +444,43 @@ class Host:
         channel.delivered += 1
         ctx.message = message
         endpoint.busy = True
+        generation = self._turn
+        guard = ctx.guard
+        rejected: OutputRejected | None = None
         try:
             await ctx.agent.handle(message, ctx)
-        except asyncio.CancelledError:
-            raise
+            if guard is not None and guard.evaluates and ctx.rejected is None:
+                await evaluate_outputs(ctx)
+        except OutputRejected as exc:
+            rejected = exc
         except Exception as exc:
-            logger.exception("%s failed handling %s", endpoint.name, message.id)
-            self.failures.append((endpoint.name, message.id, f"{type(exc).__name__}: {exc}"))
+            if ctx.rejected is None:
+                logger.exception("%s failed handling %s", endpoint.name, message.id)
+                self.failures.append((endpoint.name, message.id, f"{type(exc).__name__}: {exc}"))
         finally:
             endpoint.busy = False
             ctx.message = None
-            # A recording due while the handler ran is made now that it returned.
-            wanted = snapshots.wanted.get(endpoint.name)
-            if wanted:
-                snapshots.record(endpoint, wanted)
+            # A rejection the handler caught (even with ``except BaseException``) counts.
+            if rejected is None and ctx.rejected is None:
+                if guard is not None and guard.outputs:
+                    if generation == self._turn:
+                        ctx.post_held()
+                    else:
+                        guard.outputs.clear()  # a rollback threw this handler's work away
+                # A recording due while the handler ran is made now that it returned.
+                wanted = snapshots.wanted.get(endpoint.name)
+                if wanted and generation == self._turn:
+                    snapshots.record(endpoint, wanted)
+            else:
+                rejected = rejected or ctx.rejected
+                ctx.rejected = None
+                if guard is not None:
+                    guard.outputs.clear()  # held back, and now never sent
+        if rejected is not None:
+            self._rejected(rejected, message, generation)
+        elif self._redo and generation == self._turn:
+            key = (message.src, message.dst, message.seq)
+            if key in self._redo:
+                self._redo.discard(key)
+                if self.passed is not None:
+                    self.passed(key)

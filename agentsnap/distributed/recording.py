@@ -56,6 +56,18 @@ WritePart = Callable[[SnapshotPart], Awaitable[None]]
 """Writes a part (to the store), in one transaction."""
 
 
+class _Range:
+    """A channel's range in flight for one snapshot, as it is recorded."""
+
+    __slots__ = ("after", "end", "first", "seqs")
+
+    def __init__(self, first: int, after: str | None, end: int = 0) -> None:
+        self.first = first
+        self.after = after
+        self.end = end  # the item that closed the channel (0: not yet)
+        self.seqs: list[int] = []
+
+
 class PartCoordinator(SnapshotCoordinator):
     """Runs the snapshot protocol for the processes one worker hosts, and writes its parts.
 
@@ -85,10 +97,8 @@ class PartCoordinator(SnapshotCoordinator):
         self.parts_written = 0
         """How many parts this worker has written."""
         self._write_part = write
-        # Per snapshot in progress: per channel from another process, its first stream
-        # sequence in flight, the sequence of the item that closed it (0: not yet), and how
-        # many messages were in flight.
-        self._ranges: dict[int, dict[IncomingChannel, list[int]]] = {}
+        # Per snapshot in progress: per channel from another process, its range in flight.
+        self._ranges: dict[int, dict[IncomingChannel, _Range]] = {}
 
     @staticmethod
     async def _unused(_snapshot: Any) -> None:  # pragma: no cover - parts are written instead
@@ -149,11 +159,12 @@ class PartCoordinator(SnapshotCoordinator):
         if type(channel) is IncomingChannel:
             ranges = self._ranges.setdefault(seq, {})
             found = ranges.get(channel)
+            # The message was just taken off the channel: ``took`` is its stream sequence.
             if found is None:
-                # The message was just taken off the channel: its sequence is the newest taken.
-                ranges[channel] = [channel.taken, 0, 1]
+                ranges[channel] = _Range(channel.took or channel.taken, channel.took_after)
+                ranges[channel].seqs.append(channel.took)
             else:
-                found[2] += 1
+                found.seqs.append(channel.took)
         super()._record_in_flight(seq, progress, channel, message, recorded)
 
     def _close(self, channel: Channel, upto: int) -> None:
@@ -163,9 +174,9 @@ class PartCoordinator(SnapshotCoordinator):
                 if channel.closed < seq <= upto and seq in self.active:
                     found = ranges.get(channel)
                     if found is None:
-                        ranges[channel] = [end, end, 0]
-                    elif not found[1]:
-                        found[1] = end
+                        ranges[channel] = _Range(end, None, end)
+                    elif not found.end:
+                        found.end = end
         super()._close(channel, upto)
 
     def _all_recorded(self, seq: int, progress: _Progress) -> None:
@@ -192,13 +203,13 @@ class PartCoordinator(SnapshotCoordinator):
                 src=ch.src,
                 dst=ch.dst,
                 subject=channel_subject(self.run_id, ch.src, ch.dst),
-                first_seq=first,
-                end_seq=end,
-                count=count,
+                first_seq=found.first,
+                end_seq=found.end,
+                count=len(found.seqs),
+                after=found.after,
+                seqs=found.seqs,
             )
-            for ch, (first, end, count) in sorted(
-                ranges.items(), key=lambda item: (item[0].src, item[0].dst)
-            )
+            for ch, found in sorted(ranges.items(), key=lambda item: (item[0].src, item[0].dst))
         ]
         part = SnapshotPart(
             run_id=self.run_id,

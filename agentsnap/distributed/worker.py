@@ -11,6 +11,14 @@ run's stream, delivers it, and writes its part of every snapshot the run's coord
 begins. It stops cleanly on SIGTERM or SIGINT (``stop``): snapshots in progress fail (the
 part says why), its consumers and leases are let go.
 
+As it starts, it asks the run's coordinator for the run's generation and snapshot number.
+When its agents ran before (it restarts after a crash, or takes over the agents of a worker
+that stopped: ``wait`` lets it wait for that worker's leases to expire), it delivers nothing
+until the coordinator has rolled the whole run back to the last complete snapshot, this
+worker restoring its agents from it. It reports its agents' rejected outputs to the
+coordinator and carries out the rollbacks the coordinator orders (see
+[`RollbackAuthority`][agentsnap.distributed.RollbackAuthority]).
+
 A NATS server that goes away and comes back (a restart) is waited for: the worker publishes
 what it queued meanwhile and consumes from where it stopped. One that stays away longer than
 ``nats_patience`` seconds makes the worker give up: it stops as on ``stop()``, and
@@ -25,19 +33,25 @@ import contextlib
 import logging
 from collections.abc import Collection
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from agentsnap.distributed.app import App, check_run
 from agentsnap.distributed.host import Host, control_subject
+from agentsnap.distributed.orders import RollbackOrder, broadcast_subject, rejection_to_json
 from agentsnap.exceptions import ConfigurationError, TransportError
 from agentsnap.limits import MAX_WORKER_NAME, check_text
 from agentsnap.liveness import owner_id
 from agentsnap.records import utcnow
 
 if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+
+    from agentsnap.exceptions import OutputRejected
     from agentsnap.jetstream import JetStreamLink
+    from agentsnap.messages import Message
     from agentsnap.store import Store
 
 __all__ = ["AgentsHeld", "Worker"]
@@ -62,6 +76,11 @@ class Worker:
         lease: Seconds a claim on the agents holds without renewal.
         nats_patience: Seconds the worker waits for a lost NATS server to come back before
             it gives up (and stops).
+        wait: Seconds to wait for agents held by another worker: a worker that stopped
+            without letting them go holds them until its leases expire (default: refuse at
+            once).
+        hello_timeout: Seconds to wait for the run's coordinator to answer as the worker
+            starts; without an answer it starts as in a new run.
     """
 
     def __init__(
@@ -75,6 +94,8 @@ class Worker:
         name: str | None = None,
         lease: float = 10.0,
         nats_patience: float = 60.0,
+        wait: float = 0.0,
+        hello_timeout: float = 10.0,
     ) -> None:
         hosted = {agent.name: agent for agent in app.agents if agent.name in set(agents)}
         if not hosted:
@@ -95,11 +116,22 @@ class Worker:
         self.nats_patience = nats_patience
         self.error: TransportError | None = None
         """Why the worker stopped on its own (its NATS server stayed away), if it did."""
-        self.host = Host(link, store, run_id, app.names, hosted, worker=self.name)
+        self.wait = wait
+        self.hello_timeout = hello_timeout
+        checks = {name: app.checks_of(name) for name in hosted}
+        self.host = Host(link, store, run_id, app.names, hosted, worker=self.name, checks=checks)
+        self.host.report = self._report
+        self.host.passed = self._passed
+        self.rejoined = False
+        """Whether the worker's agents ran before it started: the run rolled back for it."""
         self._app = app
         self._link = link
         self._heartbeat: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._orders: Subscription | None = None
+        self._applied = 0  # the generation of the latest rollback carried out here
+        self._order: RollbackOrder | None = None  # carried out, not resumed yet
+        self._sending: set[asyncio.Task[None]] = set()
         self.stopped = asyncio.Event()
         """Set when the worker stops (asked to, or its claim on the agents was lost)."""
 
@@ -114,24 +146,153 @@ class Worker:
             )
 
     async def start(self) -> None:
-        """Claim the agents, then start consuming and delivering.
+        """Claim the agents, learn where the run stands, then start consuming and delivering.
 
         Raises:
-            AgentsHeld: Another live worker hosts some of the agents.
+            AgentsHeld: Another live worker hosts some of the agents (beyond ``wait``).
             NotFoundError: The store holds no such run.
             ConfigurationError: The run is not one of this app's, or it has ended
                 ([`check_run`][agentsnap.distributed.check_run]).
         """
         check_run(await self.store.get_run(self.run_id), self._app)
-        await self._claim()
-        self._heartbeat = asyncio.get_running_loop().create_task(
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait
+        waiting = False
+        while True:
+            try:
+                await self._claim()
+                break
+            except AgentsHeld as exc:
+                if loop.time() >= deadline or self.stopped.is_set():
+                    raise
+                if not waiting:
+                    waiting = True
+                    logger.warning("worker %s waits for its agents: %s", self.name, exc)
+                await asyncio.sleep(min(0.2, self.lease / 5))
+        self._heartbeat = loop.create_task(
             self._renew(), name=f"agentsnap:worker-lease:{self.name}"
         )
-        self._watchdog = asyncio.get_running_loop().create_task(
+        self._watchdog = loop.create_task(
             self._watch_link(), name=f"agentsnap:worker-link:{self.name}"
         )
-        await self.host.start()
+        self._orders = await self._link.nc.subscribe(
+            broadcast_subject(self.run_id), cb=self._on_order
+        )
+        answer = await self._hello()
+        host = self.host
+        positions: dict[str, int] | None = None
+        if answer is not None:
+            generation = int(answer.get("generation", 0))
+            epoch = int(answer.get("epoch", 0))
+            host.transport.generation = max(host.transport.generation, generation)
+            if self._applied <= generation and host.coordinator.last_seq < epoch:
+                # Snapshots begun before this worker started are not recorded here.
+                host.coordinator.last_seq = epoch
+                for name in self.agents:
+                    host.bus.endpoints[name].epoch = epoch
+                for channel in host.bus.channels.values():
+                    if channel.dst in host.local:
+                        channel.closed = max(channel.closed, epoch)
+            self._applied = max(self._applied, generation)
+            if answer.get("restore"):
+                # The agents ran before: nothing is delivered until the coordinator's
+                # rollback restored them. Everything in the stream so far is of an older
+                # generation than the rollback's, and would be dropped.
+                self.rejoined = True
+                host.scheduler.pause()
+                start = await self._link.last_sequence(self.run_id) + 1
+                positions = dict.fromkeys(self.agents, start)
+        await host.start(positions)
         logger.info("worker %s hosts %s of run %s", self.name, ", ".join(self.agents), self.run_id)
+
+    async def _hello(self) -> dict[str, Any] | None:
+        body = orjson.dumps({"hello": self.name, "agents": self.agents})
+        try:
+            reply = await self._link.nc.request(
+                control_subject(self.run_id), body, timeout=self.hello_timeout
+            )
+            answer = orjson.loads(reply.data)
+        except Exception as exc:  # no coordinator (yet): start as in a new run
+            logger.warning(
+                "worker %s: the coordinator of run %s did not answer (%r); starting as in a "
+                "new run",
+                self.name,
+                self.run_id,
+                exc,
+            )
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    # -- rollbacks --------------------------------------------------------------------------
+
+    def _send(self, body: dict[str, object]) -> None:
+        async def send() -> None:
+            try:
+                await self._link.nc.publish(control_subject(self.run_id), orjson.dumps(body))
+            except Exception as exc:
+                logger.warning("worker %s: not told to the coordinator: %r", self.name, exc)
+
+        task = asyncio.ensure_future(send())
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    def _report(self, rejection: OutputRejected, handling: Message | None, generation: int) -> None:
+        self._send(
+            {
+                "rejected": rejection_to_json(rejection, handling),
+                "generation": generation,
+                "worker": self.name,
+            }
+        )
+
+    def _passed(self, key: tuple[str, str, int]) -> None:
+        self._send({"passed": list(key), "worker": self.name})
+
+    async def _on_order(self, msg: Msg) -> None:
+        # The client calls this for one order after the other: a rollback is carried out
+        # before the resume that follows it is read.
+        try:
+            body = orjson.loads(msg.data)
+            if "rollback" in body:
+                await self._roll_back(RollbackOrder.from_json(body["rollback"]))
+            elif "resume" in body:
+                order = self._order
+                if order is not None and int(body["resume"]) == order.generation:
+                    self._order = None
+                    await self.host.resume(order, int(body.get("epoch", 0)))
+            elif "stop" in body:
+                logger.error("worker %s: the run stopped: %s", self.name, body["stop"])
+                self.host.stop(str(body["stop"]))
+                self.stop()
+        except Exception:
+            logger.exception("worker %s: an order of the coordinator failed", self.name)
+
+    async def _roll_back(self, order: RollbackOrder) -> None:
+        if order.generation < self._applied or (
+            order.generation == self._applied and self._order is None
+        ):
+            return  # older, or carried out and resumed already
+        discarded = 0
+        if order.generation > self._applied or self._order is None:
+            snapshot = None
+            offsets = []
+            if order.snapshot_id is not None:
+                snapshot = await self.store.load_snapshot(order.snapshot_id)
+                parts = await self.store.load_snapshot_parts(self.run_id, snapshot.seq)
+                offsets = [o for part in parts for o in part.offsets]
+            discarded = await self.host.roll_back(order, snapshot, offsets)
+            self._applied = order.generation
+            self._order = order
+        self._send(
+            {
+                "restored": order.generation,
+                "worker": self.name,
+                "agents": self.agents,
+                "discarded": discarded,
+                "replayed": self.host.replayed,
+                "put_back": self.host.put_back,
+            }
+        )
 
     async def _renew(self) -> None:
         while True:
@@ -191,8 +352,13 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._heartbeat = self._watchdog = None
+        if self._orders is not None:
+            with contextlib.suppress(Exception):
+                await self._orders.unsubscribe()
+            self._orders = None
         # A server that is away takes nothing: do not wait for it to confirm what is queued.
         await self.host.close(drain=0.0 if self.error is not None else 10.0)
+        await asyncio.gather(*self._sending, return_exceptions=True)
         try:
             await self.store.release_agents(self.run_id, self.name)
         except Exception as exc:  # they expire by themselves

@@ -341,6 +341,11 @@ class JetStreamLink:
             return False
         return True
 
+    async def first_sequence(self, run: str) -> int:
+        """The stream sequence of the oldest item ``run``'s stream still holds."""
+        info = await self._jsm.stream_info(stream_name(run))
+        return info.state.first_seq
+
     async def last_sequence(self, run: str) -> int:
         """The stream sequence of the newest item of ``run`` (0 when none)."""
         info = await self._jsm.stream_info(stream_name(run))

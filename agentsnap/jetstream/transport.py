@@ -155,11 +155,16 @@ class IncomingChannel:
       until the predecessor arrives;
     - an item whose key (generation, sequence) is not above the last one taken in is a
       second copy (published again after the duplicate window): dropped;
-    - an item from a generation before the channel's is from before a rollback: dropped.
+    - an item from a generation before the channel's is from before a rollback: dropped,
+      unless a replay names its stream sequence (a range a cut recorded in flight, put back
+      by [`replay_from`][agentsnap.jetstream.IncomingChannel.replay_from]).
 
     Attributes:
         taken: Stream sequence of the newest item the receiver took off the channel (0 for
             none): how far the receiver has acknowledged.
+        took: Stream sequence of the item taken last (0 when a restore put it back).
+        took_after: The id of the item before it on the channel (``None`` when unknown):
+            where a replay of the channel from ``took`` starts its chain.
         received: Stream sequence of the newest item that arrived (0 for none).
         generation: Items sent in an earlier generation are dropped.
         duplicates: Items dropped as copies.
@@ -167,6 +172,7 @@ class IncomingChannel:
     """
 
     __slots__ = (
+        "_accept",
         "_chain",
         "_held",
         "_holdback",
@@ -185,6 +191,8 @@ class IncomingChannel:
         "src",
         "stale",
         "taken",
+        "took",
+        "took_after",
     )
 
     def __init__(  # noqa: PLR0917 - a channel's fields, as LocalChannel takes them
@@ -204,6 +212,8 @@ class IncomingChannel:
         self.closed = closed
         self.generation = generation
         self.taken = 0
+        self.took = 0
+        self.took_after: str | None = None
         self.received = 0
         self.duplicates = 0
         self.stale = 0
@@ -216,6 +226,8 @@ class IncomingChannel:
         self._chain: str | None = None
         self._key: tuple[int, int, int] | None = None
         self._notify: Callable[[Channel], None] | None = None
+        # Stream sequences taken in whatever their generation (a replayed range).
+        self._accept: set[int] = set()
 
     # -- the Channel protocol ---------------------------------------------------------------
 
@@ -227,7 +239,8 @@ class IncomingChannel:
     def take(self) -> Item:
         """Remove and return the oldest item."""
         item = self._held.popleft()
-        seq = self._marks.popleft()[0]
+        seq, self.took_after = self._marks.popleft()
+        self.took = seq
         if seq:
             self.taken = seq
         return item
@@ -277,7 +290,7 @@ class IncomingChannel:
                 return ChannelOffset(min([seq, *held]), after)
         return ChannelOffset(min([self.received + 1, *held]), self._chain)
 
-    async def replay_from(self, offset: ChannelOffset | int) -> None:
+    async def replay_from(self, offset: ChannelOffset | int, accept: Collection[int] = ()) -> None:
         """Drop every item held and take the channel's items in again from ``offset``.
 
         Used by a restore, a rollback or a recovery: with a recorded
@@ -286,20 +299,31 @@ class IncomingChannel:
         [`Bus.restore`][agentsnap.bus.Bus.restore], call the scheduler's ``reset`` first
         (the items dropped were announced to it) and set the counters yourself.
 
+        A rollback raises the generation first, so that what was sent before it is dropped;
+        ``accept`` names the stream sequences taken in all the same: the messages a cut
+        recorded in flight on the channel (see
+        [`ChannelOffsets`][agentsnap.distributed.ChannelOffsets]).
+
         Args:
             offset: A recorded offset, or a stream sequence to take every item from.
+            accept: Stream sequences taken in whatever their generation.
         """
         if isinstance(offset, int):
             offset = ChannelOffset(offset)
-        await self._transport.rewind(self, offset)
+        await self._transport.rewind(self, offset, accept)
 
-    def _reposition(self, offset: ChannelOffset) -> None:
+    def stop_accepting(self) -> None:
+        """Take in nothing more of an earlier generation (a replay given up)."""
+        self._accept.clear()
+
+    def _reposition(self, offset: ChannelOffset, accept: Collection[int] = ()) -> None:
         self._held.clear()
         self._marks.clear()
         self._holdback.clear()
         self.received = offset.stream_seq - 1
         self._chain = offset.after
         self._key = None
+        self._accept = set(accept)
 
     # -- arrivals ---------------------------------------------------------------------------
 
@@ -332,8 +356,11 @@ class IncomingChannel:
         after = self._chain
         self._chain = envelope.id
         if envelope.generation < self.generation:
-            self.stale += 1
-            return
+            accept = self._accept
+            if not accept or seq not in accept:
+                self.stale += 1
+                return
+            accept.discard(seq)
         key = self._key
         if key is not None and envelope.key <= key:
             self.duplicates += 1
@@ -694,14 +721,19 @@ class JetStreamTransport:
         """The next stream sequence the consumer of local agent ``dst`` reads."""
         return self._inboxes[dst].next
 
-    async def rewind(self, channel: IncomingChannel, offset: ChannelOffset) -> None:
-        """Put ``channel`` on ``offset``, and its agent's consumer back far enough to refill it."""
+    async def rewind(
+        self, channel: IncomingChannel, offset: ChannelOffset, accept: Collection[int] = ()
+    ) -> None:
+        """Put ``channel`` on ``offset``, and its agent's consumer back far enough to refill it.
+
+        ``accept``: stream sequences the channel takes in whatever their generation.
+        """
         inbox = self._inboxes.get(channel.dst)
         if inbox is None:
-            channel._reposition(offset)
+            channel._reposition(offset, accept)
             return
         await inbox.stop()
-        channel._reposition(offset)
+        channel._reposition(offset, accept)
         inbox.next = max(1, min(inbox.next, offset.stream_seq))
         inbox.start()
 

@@ -320,6 +320,9 @@ class Store(Protocol):
     async def release_agents(self, run_id: str, owner: str) -> None:
         """End now every lease ``owner`` holds on the run's agents (nothing when none)."""
 
+    async def list_agent_leases(self, run_id: str) -> list[AgentLease]:
+        """Every agent lease of a run, live or expired, ordered by agent (maybe none)."""
+
     async def get_lease(self, run_id: str) -> RunLease | None:
         """The run's lease as it stands (expired or not), or ``None`` if it never had one.
 

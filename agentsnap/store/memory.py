@@ -299,6 +299,9 @@ class MemoryStore:
             if key[0] == run_id and lease.owner == owner and lease.expires_at > now:
                 self._agent_leases[key] = lease.model_copy(update={"expires_at": now})
 
+    async def list_agent_leases(self, run_id: str) -> list[AgentLease]:  # noqa: D102
+        return [lease for key, lease in sorted(self._agent_leases.items()) if key[0] == run_id]
+
     async def get_lease(self, run_id: str) -> RunLease | None:  # noqa: D102
         return self._leases.get(run_id)
 

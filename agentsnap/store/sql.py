@@ -744,6 +744,22 @@ class SqlStore:
                 .values(expires_at=now)
             )
 
+    @_retried("list agent leases")
+    async def list_agent_leases(self, run_id: str) -> list[AgentLease]:  # noqa: D102
+        await self._gate.wait()
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(
+                select(_agent_leases)
+                .where(_agent_leases.c.run_id == run_id)
+                .order_by(_agent_leases.c.agent)
+            )
+            return [
+                AgentLease(
+                    run_id=row.run_id, agent=row.agent, owner=row.owner, expires_at=row.expires_at
+                )
+                for row in rows
+            ]
+
     # -- ownership ------------------------------------------------------------------------
 
     @_retried("read a lease")

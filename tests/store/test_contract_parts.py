@@ -116,3 +116,20 @@ async def test_released_or_expired_agents_can_be_claimed(store: Store) -> None:
 async def test_claims_for_an_unknown_run_are_refused(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.claim_agents(RUN, "host:1:a", ["a"], utcnow())
+
+
+async def test_agent_leases_are_listed_live_or_expired(store: Store) -> None:
+    await store.create_run(RunInfo(id=RUN))
+    assert await store.list_agent_leases(RUN) == []
+    later = utcnow() + timedelta(seconds=30)
+    assert await store.claim_agents(RUN, "host:1:a", ["b", "a"], later) == []
+    assert await store.claim_agents(RUN, "host:2:b", ["c"], later) == []
+    await store.release_agents(RUN, "host:2:b")
+    leases = await store.list_agent_leases(RUN)
+    assert [(lease.agent, lease.owner) for lease in leases] == [
+        ("a", "host:1:a"),
+        ("b", "host:1:a"),
+        ("c", "host:2:b"),
+    ]
+    now = utcnow()
+    assert [lease.expires_at > now for lease in leases] == [True, True, False]

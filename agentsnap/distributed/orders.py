@@ -1,0 +1,139 @@
+"""What the processes of a run spread over processes tell each other about rollbacks.
+
+Every message is JSON on plain NATS (not stored in the run's stream). A worker tells the
+run's coordinator on the run's control subject
+([`control_subject`][agentsnap.distributed.control_subject]):
+
+| message | meaning |
+|---|---|
+| ``{"rejected": {...}, "generation": g, "worker": w}`` | an output of an agent hosted by ``w`` was rejected in generation ``g`` |
+| ``{"restored": g, "worker": w, "agents": [...], "discarded": n}`` | ``w`` carried out rollback ``g`` (its agents are restored) |
+| ``{"passed": [src, dst, seq], "worker": w}`` | a message redone after a rejection was handled without one |
+| ``{"hello": w, "agents": [...]}`` (a request) | ``w`` starts: the reply says the run's generation and snapshot number, and whether ``w`` is to wait for a rollback that restores its agents |
+
+The coordinator tells every process on the run's broadcast subject
+([`broadcast_subject`][agentsnap.distributed.broadcast_subject]):
+
+| message | meaning |
+|---|---|
+| ``{"rollback": {...}}`` | phase 1: stop, and go back to the cut (a [`RollbackOrder`][agentsnap.distributed.RollbackOrder]) |
+| ``{"resume": g, "epoch": n}`` | phase 2: every process carried out rollback ``g``: deliver again |
+| ``{"stop": reason}`` | the run stopped (its retry policy gave up): deliver nothing more |
+"""  # noqa: E501 - tables
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agentsnap.exceptions import OutputRejected
+from agentsnap.jetstream.codec import encode_token
+from agentsnap.records import RollbackInfo
+
+__all__ = ["RollbackOrder", "broadcast_subject", "rejection_of", "rejection_to_json"]
+
+
+def broadcast_subject(run_id: str) -> str:
+    """The subject on which a run's coordinator tells every process to roll back and resume
+    (plain NATS, not stored).
+    """  # noqa: D205
+    from agentsnap.distributed.host import CONTROL  # noqa: PLC0415 - one definition
+
+    return f"{CONTROL}.{encode_token(run_id)}.all"
+
+
+MessageKey = tuple[str, str, int]
+"""A message by ``(src, dst, seq)``."""
+
+
+@dataclass(frozen=True)
+class RollbackOrder:
+    """One rollback of a run spread over processes, as its coordinator orders it.
+
+    Attributes:
+        id: The rollback's id (also the id of its record in the store).
+        generation: The generation every process moves to; what was sent before is dropped.
+        epoch: The newest snapshot number begun: snapshots after it are new.
+        snapshot_id: The complete snapshot to go back to; ``None`` for the start of the run
+            (no snapshot was complete yet): every agent's initial state, nothing in flight.
+        agent: The agent whose output was rejected (it gets ``reason`` as feedback), or
+            ``None`` (a recovery after a worker stopped).
+        reason: Why.
+        source: What rejected the output (a check's name, ``schema``, ``self-evaluation``,
+            ``critic``), or ``recovery``.
+        attempt: Which failure of that output this is.
+        redo: The messages being redone after rejected outputs: a worker says when one of
+            them was handled without a rejection, which ends its episode.
+    """
+
+    id: str
+    generation: int
+    epoch: int
+    snapshot_id: str | None
+    agent: str | None
+    reason: str
+    source: str
+    attempt: int = 1
+    redo: list[MessageKey] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The order as JSON."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RollbackOrder:
+        """The order from JSON (``to_json``'s)."""
+        redo = [(str(src), str(dst), int(seq)) for src, dst, seq in data.get("redo", [])]
+        return cls(**{**data, "redo": redo})
+
+    def info(self, run_id: str, discarded: int = 0) -> RollbackInfo:
+        """The rollback as recorded, and as agents' ``on_rollback`` sees it."""
+        return RollbackInfo(
+            id=self.id,
+            run_id=run_id,
+            snapshot_id=self.snapshot_id or "",
+            agent=self.agent,
+            reason=self.reason,
+            source=self.source,
+            attempt=self.attempt,
+            discarded=discarded,
+        )
+
+
+def _key(message: Any) -> list[Any] | None:
+    return None if message is None else [message.src, message.dst, message.seq]
+
+
+def rejection_to_json(rejection: OutputRejected, handling: Any) -> dict[str, Any]:
+    """A rejected output as a worker reports it (``handling``: the message being handled)."""
+    return {
+        "agent": rejection.agent,
+        "reason": rejection.reason,
+        "source": rejection.source,
+        "output": _key(rejection.output),
+        "handling": _key(handling),
+    }
+
+
+def rejection_of(
+    data: dict[str, Any],
+) -> tuple[str, str, str, MessageKey | None, MessageKey | None]:
+    """``(agent, reason, source, output, handling)`` from a worker's report.
+
+    Raises:
+        KeyError, TypeError, ValueError: The report is malformed.
+    """
+
+    def key(value: Any) -> MessageKey | None:
+        if value is None:
+            return None
+        src, dst, seq = value
+        return str(src), str(dst), int(seq)
+
+    return (
+        str(data["agent"]),
+        str(data["reason"]),
+        str(data["source"]),
+        key(data.get("output")),
+        key(data.get("handling")),
+    )

@@ -1,0 +1,391 @@
+"""Rollbacks and recovery of a run spread over processes, ordered by its coordinator.
+
+The run's coordinator is the one authority on rollbacks: the retry policy's accounts, the
+generation, and which cut the run stands on are kept here alone, so that rejections reported
+by several workers at once become one rollback (a report from a generation already left is
+dropped). A rollback goes in two phases:
+
+1. the coordinator picks the last complete snapshot before the rejected output, checks the
+   retry policy, raises the generation, fails the snapshots in progress, and orders every
+   process (on the run's broadcast subject) to go back to the cut; each process stops
+   delivering, restores its agents and channels, and says so;
+2. once every agent of the run is restored, the coordinator sends again the environment's
+   input sent after the cut, records the rollback in the store, and tells every process to
+   resume: the rejected agent gets the reason as feedback, and delivery goes on.
+
+So no message of the new generation reaches a process that has not restored yet. When the
+retry policy gives up, the run stops: every process stops delivering, and the coordinator
+records the run as failed when it closes.
+
+**Recovery.** The coordinator watches the agents' leases. A worker whose leases expired has
+stopped: the snapshots in progress fail (its part will never come), and none begins until
+its agents are hosted again. A worker that starts asks the coordinator (``hello``) for the
+run's generation and snapshot number; when its agents were hosted before (a restarted
+worker, or another one given the agents of a stopped one), the whole run rolls back to the
+last complete snapshot as above, the new worker restoring its agents from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from agentsnap.distributed.orders import (
+    MessageKey,
+    RollbackOrder,
+    broadcast_subject,
+    rejection_of,
+)
+from agentsnap.records import RollbackInfo, Snapshot, utcnow
+from agentsnap.rollback import RetryBudget, RetryPolicy
+
+if TYPE_CHECKING:
+    from agentsnap.distributed.host import Host
+    from agentsnap.exceptions import RunError
+    from agentsnap.jetstream import JetStreamLink
+    from agentsnap.store import Store
+
+__all__ = ["RollbackAuthority"]
+
+logger = logging.getLogger("agentsnap.distributed")
+
+_REPEAT = 2.0
+"""Seconds between repeats of a rollback order some process has not carried out yet."""
+
+
+class _Rolling:
+    """A rollback under way: its order, and which agents are restored."""
+
+    def __init__(self, order: RollbackOrder, target: Snapshot | None) -> None:
+        self.order = order
+        self.target = target
+        self.restored: set[str] = set()
+        self.discarded = 0
+        self.changed = asyncio.Event()
+
+
+class RollbackAuthority:
+    """Decides and carries out the rollbacks of a run spread over processes.
+
+    The run's [`DistributedRun`][agentsnap.distributed.DistributedRun] owns one and hands
+    it what its workers report.
+
+    Args:
+        run_id: The run.
+        link: The connection to NATS.
+        store: The run's store.
+        host: The coordinator's own process (the environment).
+        names: Every agent of the run.
+        policy: The retry policy.
+        targets: The complete snapshots so far, in order.
+        fail_pending: Fails every snapshot in progress, with a reason.
+
+    Attributes:
+        generation: The run's generation: raised by each rollback.
+        history: The rollbacks carried out, oldest first.
+        exhausted: Why the run stopped (its retry policy gave up), or ``None``.
+        dropped: Rejections dropped: reported from a generation a rollback left, or while
+            a rollback was under way (they became that one rollback).
+        down: Agents whose worker stopped (its lease expired), by agent: the worker.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        link: JetStreamLink,
+        store: Store,
+        host: Host,
+        names: Collection[str],
+        *,
+        policy: RetryPolicy,
+        targets: Callable[[], list[Snapshot]],
+        fail_pending: Callable[[str], Any],
+    ) -> None:
+        self.run_id = run_id
+        self.generation = 0
+        self.history: list[RollbackInfo] = []
+        self.exhausted: RunError | None = None
+        self.dropped = 0
+        self.down: dict[str, str] = {}
+        self.stopped = asyncio.Event()
+        """Set when the run stopped: its retry policy gave up."""
+        self._link = link
+        self._store = store
+        self._host = host
+        self._names = frozenset(names)
+        self._budget = RetryBudget(policy)
+        self._targets = targets
+        self._fail_pending = fail_pending
+        self._hosted: set[str] = set()  # agents some worker has hosted
+        self._owners: dict[str, str] = {}  # agent -> the worker that said hello for it
+        self._hello_at: dict[str, float] = {}  # agent -> loop time of that hello
+        self.restored_by: dict[str, list[str]] = {}
+        """Per rollback id, the workers that carried it out (the coordinator not named)."""
+        self.replays: dict[str, tuple[int, int]] = {}
+        """Per worker, as it last said: how many channels its rollbacks replayed from the
+        stream, and how many they put back from the recorded bodies instead."""
+        self._left: list[tuple[int, int]] = []  # snapshot numbers of timelines left
+        self._rolling: _Rolling | None = None
+        self._deciding = False  # a rejection is being turned into a rollback
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._subject = broadcast_subject(run_id)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a rollback is being decided or carried out (or the run stopped)."""
+        return self._deciding or self._rolling is not None or self.exhausted is not None
+
+    def _spawn(self, work: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop what is under way (the run's coordinator is closing)."""
+        self._rolling = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- what workers report ----------------------------------------------------------------
+
+    def rejected(self, report: dict[str, Any]) -> None:
+        """A worker reports a rejected output."""
+        try:
+            agent, reason, source, output, handling = rejection_of(report["rejected"])
+            generation = int(report["generation"])
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("run %s: a malformed rejection report was ignored: %r", self.run_id, exc)
+            return
+        if generation != self.generation or self.busy:
+            self.dropped += 1
+            logger.info(
+                "run %s: rejection of %s's output (%s) joins the rollback under way",
+                self.run_id,
+                agent,
+                reason,
+            )
+            return
+        self._deciding = True
+        self._spawn(self._for_rejection(agent, reason, source, output, handling))
+
+    def restored(self, report: dict[str, Any]) -> None:
+        """A worker carried out a rollback order."""
+        rolling = self._rolling
+        try:
+            generation = int(report["restored"])
+            agents = [str(name) for name in report.get("agents", [])]
+            discarded = int(report.get("discarded", 0))
+        except (KeyError, TypeError, ValueError):
+            return
+        if rolling is None or generation != rolling.order.generation:
+            return
+        if not rolling.restored.issuperset(agents):
+            rolling.restored.update(agents)
+            rolling.discarded += discarded
+            workers = self.restored_by.setdefault(rolling.order.id, [])
+            worker = str(report.get("worker"))
+            workers.append(worker)
+            self.replays[worker] = (int(report.get("replayed", 0)), int(report.get("put_back", 0)))
+        rolling.changed.set()
+
+    def passed(self, report: dict[str, Any]) -> None:
+        """A message redone after a rejection was handled without one: its episode ends."""
+        try:
+            src, dst, seq = report["passed"]
+            self._budget.passed((str(src), str(dst), int(seq)))
+        except (KeyError, TypeError, ValueError):
+            return
+
+    def hello(self, report: dict[str, Any]) -> dict[str, Any]:
+        """A worker starts: what it needs to know, and a rollback if its agents ran before."""
+        worker = str(report.get("hello"))
+        agents = sorted(str(name) for name in report.get("agents", []))
+        again = bool(self._hosted.intersection(agents)) or self._rolling is not None
+        self._hosted.update(agents)
+        now = asyncio.get_running_loop().time()
+        for name in agents:
+            self.down.pop(name, None)
+            self._owners[name] = worker
+            self._hello_at[name] = now
+        answer = {
+            "generation": self.generation,
+            "epoch": self._host.coordinator.last_seq,
+            "restore": again and self.exhausted is None,
+        }
+        if again and self.exhausted is None:
+            reason = f"worker {worker} took over {', '.join(agents)}"
+            logger.warning(
+                "run %s: %s; the run goes back to its last complete cut", self.run_id, reason
+            )
+            self._deciding = True
+            self._spawn(self._recover(reason))
+        return answer
+
+    def leases(self, live: Collection[str], owners: dict[str, str], read_at: float) -> None:
+        """The agents whose leases were live at loop time ``read_at`` (``owners``: the
+        holder of every lease).
+
+        An agent hosted before whose lease expired lost its worker: the snapshots in
+        progress fail, as its part will never come.
+        """  # noqa: D205
+        for name in [name for name in self.down if name in live]:
+            if owners.get(name) == self.down[name]:
+                del self.down[name]  # renewed late, by the same worker: it did not stop
+        hello = self._hello_at
+        gone = sorted(
+            name
+            for name in self._hosted
+            if name not in live and name not in self.down and hello.get(name, 0.0) < read_at
+        )
+        if not gone:
+            return
+        for name in gone:
+            self.down[name] = owners.get(name, self._owners.get(name, "?"))
+        workers = sorted({self.down[name] for name in gone})
+        reason = (
+            f"worker {', '.join(workers)} stopped (the lease on {', '.join(gone)} expired); "
+            "the run goes back to its last complete snapshot once they are hosted again"
+        )
+        logger.warning("run %s: %s", self.run_id, reason)
+        self._fail_pending(reason)
+
+    # -- deciding ---------------------------------------------------------------------------
+
+    def targets(self) -> list[Snapshot]:
+        """The complete snapshots of the timeline the run is on, oldest first."""
+        left = self._left
+        return [s for s in self._targets() if not any(lo < s.seq <= hi for lo, hi in left)]
+
+    def target_before(self, output: MessageKey | None) -> Snapshot | None:
+        """The newest complete snapshot whose cut precedes ``output`` (or the newest)."""
+        for snapshot in reversed(self.targets()):
+            if output is None:
+                return snapshot
+            src, dst, seq = output
+            cut = snapshot.agents.get(src)
+            if cut is None or cut.sent.get(dst, 0) < seq:
+                return snapshot
+        return None
+
+    async def _for_rejection(
+        self,
+        agent: str,
+        reason: str,
+        source: str,
+        output: MessageKey | None,
+        handling: MessageKey | None,
+    ) -> None:
+        try:
+            attempt, exhausted, pause = self._budget.spend(agent, source, reason, handling)
+            if exhausted is not None:
+                await self._stop(exhausted)
+                return
+            target = self.target_before(output)
+            if pause > 0:
+                await asyncio.sleep(pause)
+            await self._roll_back(target, agent, reason, source, attempt)
+        except Exception:
+            logger.exception("run %s: the rollback failed", self.run_id)
+        finally:
+            self._deciding = False
+
+    async def _recover(self, reason: str) -> None:
+        try:
+            targets = self.targets()
+            await self._roll_back(targets[-1] if targets else None, None, reason, "recovery", 1)
+        except Exception:
+            logger.exception("run %s: the recovery failed", self.run_id)
+        finally:
+            self._deciding = False
+
+    async def _stop(self, exhausted: RunError) -> None:
+        self.exhausted = exhausted
+        logger.error("run %s: %s", self.run_id, exhausted)
+        self._fail_pending(f"the run stopped: {exhausted}")
+        self._host.stop(str(exhausted))
+        await self._broadcast({"stop": str(exhausted)})
+        self.stopped.set()
+
+    # -- carrying out -----------------------------------------------------------------------
+
+    async def _broadcast(self, body: dict[str, Any]) -> None:
+        try:
+            await self._link.nc.publish(self._subject, orjson.dumps(body))
+        except Exception as exc:  # repeated while the rollback waits; else logged
+            logger.warning("run %s: could not tell the workers: %r", self.run_id, exc)
+
+    async def _roll_back(
+        self,
+        target: Snapshot | None,
+        agent: str | None,
+        reason: str,
+        source: str,
+        attempt: int,
+    ) -> None:
+        self.generation += 1
+        generation = self.generation
+        self._fail_pending("the run rolled back before the snapshot completed")
+        epoch = self._host.coordinator.last_seq
+        self._left.append((target.seq if target is not None else 0, epoch))
+        order = RollbackOrder(
+            id=uuid.uuid4().hex,
+            generation=generation,
+            epoch=epoch,
+            snapshot_id=target.id if target is not None else None,
+            agent=agent,
+            reason=reason,
+            source=source,
+            attempt=attempt,
+            redo=sorted(self._budget.open),
+        )
+        rolling = self._rolling = _Rolling(order, target)
+        self._deciding = False
+        logger.warning(
+            "run %s: rolling every process back to %s (generation %d): %s",
+            self.run_id,
+            f"snapshot {target.seq}" if target is not None else "the start",
+            generation,
+            reason,
+        )
+        # Phase 1: every process goes back to the cut; the order is repeated until all did.
+        body = {"rollback": order.to_json()}
+        while not rolling.restored >= self._names:
+            if self._rolling is not rolling or self.generation != generation:
+                return  # a later rollback (a worker restarted meanwhile) took its place
+            await self._broadcast(body)
+            rolling.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_REPEAT):
+                    await rolling.changed.wait()
+        if self._rolling is not rolling:
+            return
+        # Phase 2: the environment goes back too and sends its input again; then resume.
+        await self._host.roll_back(order, target)
+        if self._rolling is not rolling:
+            return
+        self._fail_pending("the run rolled back before the snapshot completed")
+        epoch = self._host.coordinator.last_seq
+        info = order.info(self.run_id, rolling.discarded)
+        if target is not None:
+            try:
+                await self._store.save_rollback(info)
+            except Exception:
+                logger.exception("run %s: rollback %s was not recorded", self.run_id, info.id)
+        self.history.append(info)
+        await self._host.resume(order, epoch)
+        self._rolling = None
+        await self._broadcast({"resume": generation, "epoch": epoch})
+        logger.warning("run %s: every process resumed in generation %d", self.run_id, generation)
+
+    def lease_owners(self, leases: list[Any]) -> tuple[set[str], dict[str, str]]:
+        """The agents with a live lease, and every lease's holder."""
+        now = utcnow()
+        live = {lease.agent for lease in leases if lease.expires_at > now}
+        return live, {lease.agent: lease.owner for lease in leases}

@@ -1,0 +1,200 @@
+"""A bank whose tellers book every transfer with a side-effecting tool, across processes.
+
+``make_app`` is the factory ``agentsnap worker --app distributed_effects:make_app`` loads
+(with this directory on ``PYTHONPATH``). A ``go`` message ``{"chain": c, "hops": h}`` starts
+chain ``c``: the teller receiving a transfer keeps its amount, books it with the
+side-effecting tool ``book`` (a row in the table ``bank_effects``, outside the ledger, under
+the idempotency key ``run:chain:hops``), and, while hops remain, sends a fixed amount to a
+fixed peer, both functions of the chain and the hop: the same transfer is made again after a
+rollback or a crash. Money is only moved, so every consistent cut holds the initial total.
+
+``BANK_POISON`` (``"c:h,c:h"``) names transfers whose sender makes them careless (the check
+``careful`` rejects them) until it learns better: until it got feedback, or saw a rollback;
+with ``BANK_STUBBORN=1`` it never learns.
+``AGENTSNAP_EFFECTS_URL`` is the PostgreSQL database of ``bank_effects``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import psycopg
+from pydantic import BaseModel, Field
+
+from agentsnap import Agent, AgentState, Context, Message, RollbackInfo, Snapshot, tool
+from agentsnap.distributed import App
+from agentsnap.exceptions import ToolOutcomeUnknown
+from agentsnap.messages import ENVIRONMENT
+from agentsnap.rollback import RetryPolicy
+
+TELLERS = int(os.environ.get("BANK_TELLERS", "9"))
+BALANCE = 1_000
+EFFECTS = "bank_effects"
+STUBBORN = os.environ.get("BANK_STUBBORN") == "1"
+
+
+def poisoned() -> set[tuple[int, int]]:
+    text = os.environ.get("BANK_POISON", "")
+    return {(int(c), int(h)) for c, _, h in (p.partition(":") for p in text.split(",") if p)}
+
+
+class Transfer(BaseModel):
+    chain: int
+    hops: int
+    amount: int = 0
+    careless: bool = False
+
+
+class TellerState(AgentState):
+    balance: int
+    handled: int = 0
+    lessons: list[str] = Field(default_factory=list)
+    rollbacks: int = 0
+
+
+async def _connect() -> psycopg.AsyncConnection[tuple[int]]:
+    return await psycopg.AsyncConnection.connect(
+        os.environ["AGENTSNAP_EFFECTS_URL"], autocommit=True
+    )
+
+
+_world: list[psycopg.AsyncConnection[tuple[int]]] = []  # this process's connection
+_lock = asyncio.Lock()
+
+
+@tool(side_effect=True)
+async def book(run: str, chain: int, hops: int, teller: str) -> int:
+    """Record the transfer in the world: one row per call (nothing here deduplicates)."""
+    async with _lock:  # a call through the ledger is finished even when its handler is not
+        if not _world or _world[0].closed:
+            _world[:] = [await _connect()]
+        await _world[0].execute(
+            f"INSERT INTO {EFFECTS} (run_id, chain, hops, teller, pid) VALUES (%s, %s, %s, %s, %s)",
+            (run, chain, hops, teller, os.getpid()),
+        )
+    return 1
+
+
+async def booked(run: str, chain: int, hops: int) -> bool:
+    """Whether the world holds the transfer's row (for a call whose outcome is unknown)."""
+    async with await _connect() as conn:
+        cursor = await conn.execute(
+            f"SELECT count(*) FROM {EFFECTS} WHERE run_id = %s AND chain = %s AND hops = %s",
+            (run, chain, hops),
+        )
+        row = await cursor.fetchone()
+    return row is not None and row[0] > 0
+
+
+def route(name: str, peers: list[str], chain: int, hops: int) -> tuple[str, int]:
+    """Where and how much a teller sends for this transfer: the same every time."""
+    salt = sum(ord(ch) for ch in name)
+    return peers[(chain * 31 + hops * 7 + salt) % len(peers)], (chain * 7 + hops * 13) % 50 + 1
+
+
+class Teller(Agent[TellerState]):
+    """Keeps and books what it receives, and passes a fixed amount on while hops remain."""
+
+    def __init__(self, name: str, peers: list[str]) -> None:
+        super().__init__(name, TellerState(balance=BALANCE))
+        self.peers = peers
+        self.rng = random.Random()
+        self.poison = poisoned()
+
+    async def handle(self, message: Message, ctx: Context[TellerState]) -> None:
+        transfer = message.payload_as(Transfer)
+        self.state.balance += transfer.amount
+        self.state.handled += 1
+        run, chain, hops = ctx.run_id, transfer.chain, transfer.hops
+        key = f"{run}:{chain}:{hops}"
+        try:
+            await book(ctx, key=key, run=run, chain=chain, hops=hops, teller=self.name)
+        except ToolOutcomeUnknown:
+            # The worker that made the call was killed during it: the world knows.
+            if not await booked(run, chain, hops):
+                again = f"{key}:again"
+                await book(ctx, key=again, run=run, chain=chain, hops=hops, teller=self.name)
+        await asyncio.sleep(self.rng.uniform(0, 0.003))
+        if transfer.hops > 0:
+            to, amount = route(self.name, self.peers, transfer.chain, transfer.hops)
+            careless = (transfer.chain, transfer.hops) in self.poison and (
+                STUBBORN or not (self.state.lessons or self.state.rollbacks)
+            )
+            self.state.balance -= amount
+            ctx.send(
+                to,
+                Transfer(
+                    chain=transfer.chain, hops=transfer.hops - 1, amount=amount, careless=careless
+                ),
+                kind="transfer",
+            )
+
+    async def on_rollback(self, rollback: RollbackInfo, ctx: Context[TellerState]) -> None:
+        self.state.rollbacks += 1
+        self.state.lessons = [feedback.reason for feedback in ctx.feedback]
+
+
+def names(tellers: int = TELLERS) -> list[str]:
+    return [f"teller-{i}" for i in range(tellers)]
+
+
+def careful(message: Message) -> bool | str:
+    payload = message.payload
+    careless = isinstance(payload, dict) and payload.get("careless")
+    return not careless or "a careless transfer: check it first"
+
+
+def make_app() -> App:
+    """Every teller, the check ``careful`` on each, and a retry policy of three attempts."""
+    everyone = names()
+    app = App(
+        agents=[Teller(name, [n for n in everyone if n != name]) for name in everyone],
+        retry=RetryPolicy.attempts(3),
+    )
+    for name in everyone:
+        app.check(name, kind="transfer", check=careful, name="careful")
+    return app
+
+
+def chain_start(chain: int) -> str:
+    return f"teller-{chain % TELLERS}"
+
+
+def create_effects_table(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {EFFECTS} (id serial PRIMARY KEY, run_id text, "
+            "chain int, hops int, teller text, pid int)"
+        )
+
+
+def effects(url: str, run_id: str) -> dict[tuple[int, int], int]:
+    """How many rows the world holds per transfer ``(chain, hops)``."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            f"SELECT chain, hops, count(*) FROM {EFFECTS} WHERE run_id = %s GROUP BY chain, hops",
+            (run_id,),
+        ).fetchall()
+    return {(chain, hops): count for chain, hops, count in rows}
+
+
+def money_in(snapshot: Snapshot) -> int:
+    """Balances recorded in the tellers plus amounts recorded in flight."""
+    total = sum(
+        TellerState.model_validate(cut.state).balance
+        for name, cut in snapshot.agents.items()
+        if name != ENVIRONMENT
+    )
+    return total + sum(
+        Transfer.model_validate(m.payload).amount for ch in snapshot.channels for m in ch.messages
+    )
+
+
+def finished(snapshot: Snapshot) -> bool:
+    """Whether the cut shows a run with nothing left to do: every input taken, none in flight."""
+    sent = snapshot.agents[ENVIRONMENT].sent
+    return not any(ch.messages for ch in snapshot.channels) and all(
+        snapshot.agents[name].received.get(ENVIRONMENT, 0) == count for name, count in sent.items()
+    )
