@@ -28,9 +28,10 @@ after its ``--lease`` of 2 s); ``recovery_ms_after_kill``: until the run is reco
 back to its last complete cut and finished), ``null`` with ``recovery_reason`` where this
 version does not recover a run across processes.
 
-``--profile`` adds a round set on ``w1`` whose worker runs under ``cProfile`` (the
-``AGENTSNAP_BENCH_PROFILE`` variable names the file it writes when it stops), with its own
-time split by where it is spent. ``--json`` prints one JSON object; ``--quick`` runs
+``--profile`` adds rounds on a run over 2 workers, the first of which runs under
+``cProfile`` from the first message it takes until it stops (the ``AGENTSNAP_BENCH_PROFILE``
+variable names the file it writes), with its own time split by where it is spent and its
+CPU time against the time it ran. ``--json`` prints one JSON object; ``--quick`` runs
 smaller and fewer repetitions (under a minute); ``--nats URL`` names the NATS server
 (JetStream on), ``--db URL`` the PostgreSQL database (by default
 ``AGENTSNAP_TEST_POSTGRES_URL``). Run it from the repository root with:
@@ -46,6 +47,7 @@ import contextlib
 import cProfile
 import functools
 import gc
+import json
 import os
 import pstats
 import signal
@@ -112,6 +114,8 @@ class Relay(Agent[RelayState]):
         self.after = after
 
     async def handle(self, message: Message, ctx: Context[RelayState]) -> None:
+        if _Profile.profiler is not None:
+            _Profile.begin()
         self.state.handled += 1
         payload = message.payload
         assert isinstance(payload, dict)
@@ -128,29 +132,41 @@ def relay_names() -> list[str]:
     return [f"relay-{i}" for i in range(RELAYS)]
 
 
-_profiler: cProfile.Profile | None = None
+class _Profile:
+    """A worker's profile: from the first message its relays take until the process ends."""
 
+    profiler: cProfile.Profile | None = None
+    path = ""
+    cpu = 0.0
+    wall = 0.0
 
-def _start_profile(path: str) -> None:
-    global _profiler  # noqa: PLW0603 - one profiler per worker process
-    if _profiler is not None:
-        return
-    _profiler = cProfile.Profile()
-    _profiler.enable()
+    @classmethod
+    def prepare(cls, path: str) -> None:
+        if cls.profiler is None:
+            cls.profiler, cls.path = cProfile.Profile(), path
+            atexit.register(cls.dump)
 
-    def dump() -> None:
-        assert _profiler is not None
-        _profiler.disable()
-        _profiler.dump_stats(path)
+    @classmethod
+    def begin(cls) -> None:
+        if cls.profiler is not None and not cls.wall:
+            cls.cpu, cls.wall = time.process_time(), time.perf_counter()
+            cls.profiler.enable()
 
-    atexit.register(dump)
+    @classmethod
+    def dump(cls) -> None:
+        if cls.profiler is None or not cls.wall:
+            return
+        cls.profiler.disable()
+        cls.profiler.dump_stats(cls.path)
+        times = {"cpu_s": time.process_time() - cls.cpu, "wall_s": time.perf_counter() - cls.wall}
+        Path(cls.path + ".json").write_text(json.dumps(times))
 
 
 def make_app() -> App:
     """The relays; a worker started with ``AGENTSNAP_BENCH_PROFILE=FILE`` profiles itself."""
     path = os.environ.get(PROFILE_VARIABLE)
     if path:
-        _start_profile(path)
+        _Profile.prepare(path)
     names = relay_names()
     return App(
         agents=[Relay(name, names[(i + 1) % len(names)]) for i, name in enumerate(names)],
@@ -258,6 +274,11 @@ class Spread:
         raise RuntimeError(f"worker {n} of {self.run_id} did not start")
 
     async def start(self, profile: Path | None = None) -> None:
+        await self.launch_all(profile)
+        await self.ready()
+
+    async def launch_all(self, profile: Path | None = None) -> None:
+        """Create the run and start its workers, without waiting for them."""
         from agentsnap.jetstream import JetStreamLink
         from agentsnap.store.sql import SqlStore
 
@@ -268,6 +289,9 @@ class Spread:
         await self.link.nc.subscribe(f"{DONE}.{self.run_id}", cb=self._done)
         for n in range(self.workers):
             await self.launch(n, profile if n == 0 else None)
+
+    async def ready(self) -> None:
+        """Wait until every worker hosts its agents."""
         for n in range(self.workers):
             await self.until_hosting(n)
 
@@ -356,7 +380,7 @@ def profile_share(path: Path) -> tuple[dict[str, float], list[tuple[str, float]]
     functions: list[tuple[str, float]] = []
     for (filename, line, function), (_, _, tottime, _, _) in stats.items():
         functions.append((f"{Path(filename).name}:{line}({function})", tottime))
-        if function == "<method 'select' of 'select.epoll' objects>":
+        if function == "<method 'poll' of 'select.epoll' objects>":
             spent["waiting (select)"] += tottime
             continue
         for name, where in BUCKETS:
@@ -378,6 +402,12 @@ def profile_share(path: Path) -> tuple[dict[str, float], list[tuple[str, float]]
     return share, [(name, round(seconds, 4)) for name, seconds in top]
 
 
+def cpu_and_wall(path: Path) -> dict[str, float]:
+    """The profiled worker's CPU and wall-clock seconds, as it wrote them beside its profile."""
+    times: dict[str, float] = json.loads(Path(f"{path}.json").read_text())
+    return times
+
+
 def spread(values: list[float]) -> list[float]:
     return [round(min(values), 4), round(max(values), 4)]
 
@@ -393,9 +423,22 @@ async def measure(nats_url: str, db: str, profile: str, with_profile: bool) -> d
     }
     times: dict[str, list[float]] = {name: [] for name in sides}
     results: dict[str, Any] = {}
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = round(now - clock, 2)
+        clock = now
+
     try:
+        # Every worker process starts at once (they import and connect side by side).
         for s in spreads.values():
-            await s.start()
+            await s.launch_all()
+        for s in spreads.values():
+            await s.ready()
+        phase("start_workers")
         # A warm-up round on each side (connections, consumers, caches), not counted.
         for side in sides.values():
             await side()
@@ -404,13 +447,18 @@ async def measure(nats_url: str, db: str, profile: str, with_profile: bool) -> d
             turn = order[rep % len(order) :] + order[: rep % len(order)]
             for name in turn:
                 times[name].append(await sides[name]())
+        phase("rounds")
         snapshot_s, idle = await spreads[3].snapshots(chains, hops * 4, snapshot_count)
+        phase("snapshots")
         restart_s = await spreads[3].kill_and_restart(0)
+        phase("restart")
     finally:
-        for s in spreads.values():
-            await s.close()
+        await asyncio.gather(*(s.close() for s in spreads.values()))
+        phase("stop_workers")
     if with_profile:
         results["worker_profile"] = await profiled_worker(nats_url, db, logs, chains, hops)
+        phase("profile")
+    results["phase_seconds"] = phases
 
     inproc = times["inproc"]
     ratios: dict[str, Any] = {}
@@ -458,17 +506,21 @@ async def measure(nats_url: str, db: str, profile: str, with_profile: bool) -> d
 async def profiled_worker(
     nats_url: str, db: str, logs: Path, chains: int, hops: int
 ) -> dict[str, Any]:
-    """Rounds on one worker process that profiles itself; where its time went."""
+    """Rounds on two worker processes, the first profiling itself; where its time went."""
     path = logs / "worker.prof"
-    s = Spread(1, nats_url, db, logs)
+    s = Spread(2, nats_url, db, logs)
     try:
         await s.start(profile=path)
         seconds = [await s.round(chains, hops) for _ in range(3)]
     finally:
         await s.close()
     share, top = profile_share(path)
+    times = cpu_and_wall(path)
     return {
+        "workers": 2,
         "msgs_per_s_under_cprofile": workloads.rate(chains * (hops + 1), seconds),
+        "worker_cpu_s": round(times["cpu_s"], 3),
+        "worker_wall_s": round(times["wall_s"], 3),
         "share": share,
         "top_functions_own_s": top,
     }
@@ -506,8 +558,8 @@ def table(results: dict[str, Any]) -> str:
     profile = results.get("worker_profile")
     if profile:
         lines.append(
-            f"  one worker under cProfile ({profile['msgs_per_s_under_cprofile']:,.0f} msg/s), "
-            "own time:"
+            f"  worker 0 of 2 under cProfile ({profile['msgs_per_s_under_cprofile']:,.0f} msg/s; "
+            f"{profile['worker_cpu_s']} s CPU in {profile['worker_wall_s']} s), own time:"
         )
         lines += [f"    {name:<36} {part}" for name, part in profile["share"].items()]
         lines.append("  costliest functions (own seconds):")
