@@ -4,7 +4,7 @@ The same check as ``bank_transfers.py``, with the tellers in separate ``agentsna
 processes talking over NATS JetStream, and every snapshot written to PostgreSQL. This
 program is both the app and its driver:
 
-- the app is ``make_app`` (each worker loads it with ``--app distributed_bank:make_app``);
+- the app is ``make_app`` (each worker loads it with ``--app bank_across_processes:make_app``);
 - the driver creates the run (it is the run's coordinator: it hosts the environment and
   numbers every snapshot), starts ``--workers`` worker processes placed with ``--group n/N``,
   sends ``--transfers`` orders to random tellers while snapshots are taken every
@@ -23,7 +23,7 @@ extra, a NATS server with JetStream, and PostgreSQL (shared by every process).
 
 Run it with:
 
-    python examples/distributed_bank.py --workers 3 --nats nats://127.0.0.1:4222 --db postgresql://postgres@127.0.0.1:5432/agentsnap
+    python examples/bank_across_processes.py --workers 3 --nats nats://127.0.0.1:4222 --db postgresql://postgres@127.0.0.1:5432/agentsnap
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.testing import cut_problems
 
 HERE = Path(__file__).resolve().parent
-TELLERS_VARIABLE = "DISTRIBUTED_BANK_TELLERS"
+TELLERS_VARIABLE = "BANK_ACROSS_PROCESSES_TELLERS"
 """How many tellers ``make_app`` makes (the driver sets it for its workers)."""
 BALANCE = 1_000
 """Each teller's starting balance."""
@@ -96,11 +96,11 @@ def teller_names(tellers: int) -> list[str]:
 
 
 def make_app() -> App:
-    """The bank: every teller with the same balance (how many: ``DISTRIBUTED_BANK_TELLERS``)."""
+    """The bank: every teller with the same balance (``BANK_ACROSS_PROCESSES_TELLERS`` of them)."""
     names = teller_names(int(os.environ.get(TELLERS_VARIABLE, "9")))
     return App(
         agents=[Teller(name, [n for n in names if n != name]) for name in names],
-        metadata={"example": "distributed_bank", "tellers": len(names), "balance": BALANCE},
+        metadata={"example": "bank_across_processes", "tellers": len(names), "balance": BALANCE},
     )
 
 
@@ -164,7 +164,7 @@ class Driver:
         return [
             sys.executable, "-m", "agentsnap", "worker",
             "--nats", self.args.nats, "--db", self.args.db,
-            "--app", "distributed_bank:make_app", "--run", self.run_id,
+            "--app", "bank_across_processes:make_app", "--run", self.run_id,
             "--group", worker.group, "--lease", str(self.args.lease),
         ]  # fmt: skip
 
@@ -272,7 +272,7 @@ async def drive(args: argparse.Namespace, logs: Path) -> tuple[str, list[Snapsho
         store,
         app,
         policy=SnapshotPolicy(every_seconds=args.snapshot_every),
-        name="distributed_bank",
+        name="bank_across_processes",
     )
     driver = Driver(args, run.run_id, logs)
     status = RunStatus.FAILED
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{BALANCE * args.tellers}, {args.transfers} transfers",
         flush=True,
     )
-    with tempfile.TemporaryDirectory(prefix="distributed_bank-") as logs:
+    with tempfile.TemporaryDirectory(prefix="bank_across_processes-") as logs:
         try:
             run_id, stored, problems = asyncio.run(drive(args, Path(logs)))
         except KeyboardInterrupt:
