@@ -14,8 +14,8 @@ program is both the app and its driver:
 
 With ``--kill-one`` the driver kills one worker with SIGKILL half-way, starts it again on the
 same agents (the same ``--group``), and waits for the run to recover and finish. A snapshot
-in progress when the worker died fails (it claims nothing); every complete one must still
-hold all the money.
+in progress when the worker died may fail (a failed snapshot claims nothing); every complete
+one must still hold all the money.
 
 It prints the run's id as ``run: <id>`` and exits with status 1 if any check fails. The
 run exports like any other (``agentsnap export <id> --db URL``). It needs the ``nats``
