@@ -1,0 +1,623 @@
+"""Messages per second and snapshot latency of a run spread over 1, 2 and 3 worker processes.
+
+The work: six relays in a ring; the environment starts ``chains`` chains of ``hops`` hops
+(one to each relay in turn), each relay bumps a counter in its state and passes the chain
+on to the next relay, and the relay that takes a chain's last hop reports it done. A round
+is timed from the first input sent until every chain is done; its rate is every message
+delivered (inputs and hops) over that time.
+
+The same rounds run, interleaved and in turn (the order rotates each repetition), on:
+
+* ``inproc``: a [`Runtime`][agentsnap.Runtime] in this process, the same agents on the
+  in-process bus (memory store, no journal, no snapshots);
+* ``w1``, ``w2``, ``w3``: a run spread over 1, 2 and 3 ``agentsnap worker`` processes,
+  this process being its coordinator ([`DistributedRun`][agentsnap.distributed.DistributedRun]).
+  Relay ``i`` is hosted by worker ``i mod N`` (``--agents``), so with 2 and 3 workers every
+  hop crosses processes through NATS JetStream (file storage, every publish acknowledged by
+  the server), and with 1 worker the hops stay inside the worker, only the inputs crossing.
+  A relay reports a chain done on a plain NATS subject. PostgreSQL holds the run, the
+  agents' leases and the snapshot parts.
+
+Every worker process is started once, before the first round, and serves all rounds.
+
+Besides the rates: ``snapshot_ms_w3``, the time from beginning a snapshot of the 3-worker
+run (while a round runs on it) until it is stored complete (every worker's part written,
+joined, checked); ``restart_ms_after_kill``, from SIGKILL of one worker of the 3-worker run
+until a new worker started on the same agents hosts them (the dead worker's claim expires
+after its ``--lease`` of 2 s; not measured with ``--quick``, ``null`` then);
+``recovery_ms_after_kill``: until the run is recovered (its rollback to the last complete
+cut recorded, and a round of chains sent after it finished), ``null`` with
+``recovery_reason`` when no rollback is recorded within 40 s (or with ``--quick``).
+
+``--profile`` adds rounds on a run over 2 workers, the first of which runs under
+``cProfile`` from the first message it takes until it stops (the ``AGENTSNAP_BENCH_PROFILE``
+variable names the file it writes), with its own time split by where it is spent and its
+CPU time against the time it ran. ``--json`` prints one JSON object; ``--quick`` runs
+smaller and fewer repetitions (under a minute); ``--nats URL`` names the NATS server
+(JetStream on), ``--db URL`` the PostgreSQL database (by default
+``AGENTSNAP_TEST_POSTGRES_URL``). Run it from the repository root with:
+
+    python benchmarks/distributed.py --db postgresql://postgres@127.0.0.1:5432/agentsnap
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import cProfile
+import functools
+import gc
+import json
+import os
+import pstats
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import workloads
+
+from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotFailed
+from agentsnap.distributed import App, DistributedRun
+from agentsnap.snapshot import SnapshotPolicy
+
+HERE = Path(__file__).resolve().parent
+RELAYS = 6
+PROFILE_VARIABLE = "AGENTSNAP_BENCH_PROFILE"
+NATS_VARIABLE = "AGENTSNAP_BENCH_NATS"
+DONE = "agentsnap-bench-done"
+"""First token of the plain NATS subject a relay reports a finished chain on."""
+LEASE = 2.0
+RECOVERY_PATIENCE = 40.0
+"""Seconds after a SIGKILL within which the run must have rolled back to count as recovered."""
+# name: (chains, hops, repetitions, snapshots)
+PROFILES: dict[str, tuple[int, int, int, int]] = {
+    "full": (40, 50, 5, 30),
+    "quick": (20, 30, 3, 12),
+}
+WORKERS = (1, 2, 3)
+
+
+# -- the app (every worker process imports this module to build it) ------------------------
+
+
+class RelayState(AgentState):
+    handled: int = 0
+
+
+Finish = Callable[[str], Awaitable[None]]
+
+
+class _Notices:
+    """How a relay reports a finished chain: on NATS in a worker, set by the caller here."""
+
+    finish: Finish | None = None
+    nc: Any = None
+
+    @classmethod
+    async def publish(cls, run_id: str) -> None:
+        if cls.nc is None:
+            import nats
+
+            cls.nc = await nats.connect(os.environ[NATS_VARIABLE])
+        await cls.nc.publish(f"{DONE}.{run_id}", b"")
+
+
+class Relay(Agent[RelayState]):
+    """Passes each chain on to the next relay until its hops run out."""
+
+    def __init__(self, name: str, after: str) -> None:
+        super().__init__(name, RelayState())
+        self.after = after
+
+    async def handle(self, message: Message, ctx: Context[RelayState]) -> None:
+        if _Profile.profiler is not None:
+            _Profile.begin()
+        self.state.handled += 1
+        payload = message.payload
+        assert isinstance(payload, dict)
+        hops = payload["hops"]
+        assert isinstance(hops, int)
+        if hops > 0:
+            ctx.send(self.after, {"hops": hops - 1}, kind="hop")
+            return
+        finish = _Notices.finish
+        await (finish(ctx.run_id) if finish is not None else _Notices.publish(ctx.run_id))
+
+
+def relay_names() -> list[str]:
+    return [f"relay-{i}" for i in range(RELAYS)]
+
+
+class _Profile:
+    """A worker's profile: from the first message its relays take until the process ends."""
+
+    profiler: cProfile.Profile | None = None
+    path = ""
+    cpu = 0.0
+    wall = 0.0
+
+    @classmethod
+    def prepare(cls, path: str) -> None:
+        if cls.profiler is None:
+            cls.profiler, cls.path = cProfile.Profile(), path
+            atexit.register(cls.dump)
+
+    @classmethod
+    def begin(cls) -> None:
+        if cls.profiler is not None and not cls.wall:
+            cls.cpu, cls.wall = time.process_time(), time.perf_counter()
+            cls.profiler.enable()
+
+    @classmethod
+    def dump(cls) -> None:
+        if cls.profiler is None or not cls.wall:
+            return
+        cls.profiler.disable()
+        cls.profiler.dump_stats(cls.path)
+        times = {"cpu_s": time.process_time() - cls.cpu, "wall_s": time.perf_counter() - cls.wall}
+        Path(cls.path + ".json").write_text(json.dumps(times))
+
+
+def make_app() -> App:
+    """The relays; a worker started with ``AGENTSNAP_BENCH_PROFILE=FILE`` profiles itself."""
+    path = os.environ.get(PROFILE_VARIABLE)
+    if path:
+        _Profile.prepare(path)
+    names = relay_names()
+    return App(
+        agents=[Relay(name, names[(i + 1) % len(names)]) for i, name in enumerate(names)],
+        metadata={"benchmark": "distributed"},
+    )
+
+
+# -- the sides --------------------------------------------------------------------------------
+
+
+class Chains:
+    """Counts finished chains; ``done`` is set when the round's last one is reported."""
+
+    def __init__(self) -> None:
+        self.expected = 0
+        self.count = 0
+        self.done = asyncio.Event()
+
+    def begin(self, chains: int) -> None:
+        self.expected, self.count = chains, 0
+        self.done.clear()
+
+    def one(self) -> None:
+        self.count += 1
+        if self.count >= self.expected:
+            self.done.set()
+
+
+async def inproc_round(chains: int, hops: int) -> float:
+    counter = Chains()
+
+    async def finish(_: str) -> None:
+        counter.one()
+
+    _Notices.finish = finish
+    runtime = Runtime(snapshot_policy=SnapshotPolicy(at_start=False, at_end=False), journal=False)
+    try:
+        for agent in make_app().agents:
+            runtime.add(agent)
+        await runtime.start()
+        names = relay_names()
+        counter.begin(chains)
+        gc.collect()
+        started = time.perf_counter()
+        for j in range(chains):
+            runtime.send(names[j % len(names)], {"hops": hops}, kind="go")
+        await counter.done.wait()
+        return time.perf_counter() - started
+    finally:
+        _Notices.finish = None
+        await runtime.close()
+
+
+class Spread:
+    """One run over ``workers`` worker processes, and this process as its coordinator."""
+
+    def __init__(self, workers: int, nats_url: str, db: str, logs: Path) -> None:
+        self.workers = workers
+        self.nats_url = nats_url
+        self.db = db
+        self.logs = logs
+        self.run_id = f"bench-{workers}w-{uuid.uuid4().hex[:12]}"
+        self.processes: dict[int, asyncio.subprocess.Process] = {}
+        self.counter = Chains()
+        self.link: Any = None
+        self.store: Any = None
+        self.run: DistributedRun | None = None
+
+    def placement(self, n: int) -> str:
+        return ",".join(name for i, name in enumerate(relay_names()) if i % self.workers == n)
+
+    def log(self, n: int) -> Path:
+        return self.logs / f"{self.run_id}-{n}.log"
+
+    async def launch(self, n: int, profile: Path | None = None) -> None:
+        command = [
+            sys.executable, "-m", "agentsnap", "worker", "--nats", self.nats_url,
+            "--db", self.db, "--app", "distributed:make_app", "--run", self.run_id,
+            "--agents", self.placement(n), "--lease", str(LEASE),
+        ]  # fmt: skip
+        env = {**os.environ, NATS_VARIABLE: self.nats_url}
+        env.pop(PROFILE_VARIABLE, None)
+        if profile is not None:
+            env[PROFILE_VARIABLE] = str(profile)
+        with self.log(n).open("ab") as out:
+            self.processes[n] = await asyncio.create_subprocess_exec(
+                *command, cwd=HERE, env=env, stdout=out, stderr=out
+            )
+
+    async def until_hosting(self, n: int, since: int = 0) -> float:
+        """Wait until worker ``n`` hosts its agents (starting it again while the agents are
+        still claimed by a dead one); when it does, by ``time.perf_counter()``."""
+        deadline = time.perf_counter() + 60
+        while time.perf_counter() < deadline:
+            text = self.log(n).read_bytes()[since:].decode(errors="replace")
+            if " hosts " in text:
+                return time.perf_counter()
+            process = self.processes[n]
+            if process.returncode is not None:
+                if "already hosted" not in text:
+                    raise RuntimeError(f"worker {n} of {self.run_id} stopped:\n{text}")
+                since = self.log(n).stat().st_size
+                await self.launch(n)
+            await asyncio.sleep(0.01)
+        raise RuntimeError(f"worker {n} of {self.run_id} did not start")
+
+    async def start(self, profile: Path | None = None) -> None:
+        await self.launch_all(profile)
+        await self.ready()
+
+    async def launch_all(self, profile: Path | None = None) -> None:
+        """Create the run and start its workers, without waiting for them."""
+        from agentsnap.jetstream import JetStreamLink
+        from agentsnap.store.sql import SqlStore
+
+        self.store = SqlStore(self.db)
+        self.link = await JetStreamLink.connect(self.nats_url)
+        self.run = DistributedRun(self.link, self.store, make_app(), run_id=self.run_id)
+        await self.run.start()
+        await self.link.nc.subscribe(f"{DONE}.{self.run_id}", cb=self._done)
+        for n in range(self.workers):
+            await self.launch(n, profile if n == 0 else None)
+
+    async def ready(self) -> None:
+        """Wait until every worker hosts its agents."""
+        for n in range(self.workers):
+            await self.until_hosting(n)
+
+    async def _done(self, _: Any) -> None:
+        self.counter.one()
+
+    def send(self, chains: int, hops: int) -> None:
+        assert self.run is not None
+        names = relay_names()
+        self.counter.begin(chains)
+        for j in range(chains):
+            self.run.send(names[j % len(names)], {"hops": hops}, kind="go")
+
+    async def round(self, chains: int, hops: int) -> float:
+        gc.collect()
+        started = time.perf_counter()
+        self.send(chains, hops)
+        await self.counter.done.wait()
+        return time.perf_counter() - started
+
+    async def snapshots(self, chains: int, hops: int, count: int) -> tuple[list[float], int]:
+        """Snapshot latencies while rounds run; how many were taken with the run idle."""
+        assert self.run is not None
+        taken: list[float] = []
+        idle = 0
+        self.send(chains, hops)
+        while len(taken) < count:
+            if self.counter.done.is_set():
+                idle += 1
+            started = time.perf_counter()
+            with contextlib.suppress(SnapshotFailed):
+                await self.run.snapshot()
+                taken.append(time.perf_counter() - started)
+        await self.counter.done.wait()
+        return taken, idle
+
+    async def kill_and_recover(
+        self, n: int, chains: int, hops: int
+    ) -> tuple[float, float | None, str | None]:
+        """SIGKILL worker ``n`` of the idle run, and start it again.
+
+        Returns:
+            Seconds from the SIGKILL until the new worker hosts the agents; until the run
+            rolled back to its last complete cut and took a round of chains again (``None``
+            when no rollback was recorded within ``RECOVERY_PATIENCE`` seconds); and why
+            there is no such figure.
+        """
+        assert self.run is not None
+        while True:  # the cut to go back to: the idle run, nothing in flight
+            with contextlib.suppress(SnapshotFailed):
+                await self.run.snapshot()
+                break
+        process = self.processes[n]
+        since = self.log(n).stat().st_size
+        killed = time.perf_counter()
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+        await self.launch(n)
+        hosted = await self.until_hosting(n, since) - killed
+        while not await self.store.list_rollbacks(self.run_id):
+            if time.perf_counter() - killed > RECOVERY_PATIENCE:
+                return (
+                    hosted,
+                    None,
+                    (
+                        f"no rollback recorded within {RECOVERY_PATIENCE:g} s of the SIGKILL: this "
+                        "version does not roll a run across processes back to its last complete "
+                        "cut when a dead worker's agents are hosted again (the new worker replays "
+                        "their input from the start of the run's stream, with fresh states)"
+                    ),
+                )
+            await asyncio.sleep(0.02)
+        await self.round(chains, hops)
+        return hosted, time.perf_counter() - killed, None
+
+    async def close(self) -> None:
+        for process in self.processes.values():
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        if self.run is not None:
+            await self.run.close()
+        if self.link is not None:
+            await self.link.delete_stream(self.run_id)
+            await self.link.close()
+        if self.store is not None:
+            await self.store.close()
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+
+BUCKETS = [
+    ("agentsnap.jetstream", "/agentsnap/jetstream/"),
+    ("agentsnap.distributed and snapshots", "/agentsnap/distributed/"),
+    ("nats client", "/nats/"),
+    ("event loop and sockets", "/asyncio/"),
+    ("bus, agents, scheduler", "/agentsnap/"),
+    ("pydantic, orjson", "/pydantic"),
+    ("sqlalchemy, asyncpg", "/sqlalchemy/"),
+]
+
+
+def profile_share(path: Path) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """A worker's own time split by where it is spent, and its ten costliest functions."""
+    stats: dict[Any, Any] = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    spent = dict.fromkeys(
+        [name for name, _ in BUCKETS] + ["asyncpg", "waiting (select)", "other"], 0.0
+    )
+    functions: list[tuple[str, float]] = []
+    for (filename, line, function), (_, _, tottime, _, _) in stats.items():
+        functions.append((f"{Path(filename).name}:{line}({function})", tottime))
+        if function == "<method 'poll' of 'select.epoll' objects>":
+            spent["waiting (select)"] += tottime
+            continue
+        for name, where in BUCKETS:
+            if where in filename:
+                spent[name] += tottime
+                break
+        else:
+            if "asyncpg" in filename:
+                spent["asyncpg"] += tottime
+            elif function.startswith(("<method 'send'", "<method 'recv'")):
+                spent["event loop and sockets"] += tottime
+            else:
+                spent["other"] += tottime
+    total = sum(spent.values()) or 1.0
+    busy = total - spent["waiting (select)"]
+    share = {name: round(seconds / total, 3) for name, seconds in spent.items()}
+    share["busy_seconds"] = round(busy, 3)
+    top = sorted(functions, key=lambda item: -item[1])[:10]
+    return share, [(name, round(seconds, 4)) for name, seconds in top]
+
+
+def cpu_and_wall(path: Path) -> dict[str, float]:
+    """The profiled worker's CPU and wall-clock seconds, as it wrote them beside its profile."""
+    times: dict[str, float] = json.loads(Path(f"{path}.json").read_text())
+    return times
+
+
+def spread(values: list[float]) -> list[float]:
+    return [round(min(values), 4), round(max(values), 4)]
+
+
+async def measure(nats_url: str, db: str, profile: str, with_profile: bool) -> dict[str, Any]:
+    chains, hops, repetitions, snapshot_count = PROFILES[profile]
+    messages = chains * (hops + 1)
+    logs = Path(tempfile.mkdtemp(prefix="agentsnap-bench-"))
+    spreads = {w: Spread(w, nats_url, db, logs) for w in WORKERS}
+    sides: dict[str, Callable[[], Awaitable[float]]] = {
+        "inproc": lambda: inproc_round(chains, hops),
+        **{f"w{w}": functools.partial(s.round, chains, hops) for w, s in spreads.items()},
+    }
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    results: dict[str, Any] = {}
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = round(now - clock, 2)
+        clock = now
+
+    try:
+        # Every worker process starts at once (they import and connect side by side).
+        for s in spreads.values():
+            await s.launch_all()
+        for s in spreads.values():
+            await s.ready()
+        phase("start_workers")
+        # A warm-up round on each side (connections, consumers, caches), not counted.
+        for side in sides.values():
+            await side()
+        order = list(sides)
+        for rep in range(repetitions):
+            turn = order[rep % len(order) :] + order[: rep % len(order)]
+            for name in turn:
+                times[name].append(await sides[name]())
+        phase("rounds")
+        snapshot_s, idle = await spreads[3].snapshots(chains, hops * 4, snapshot_count)
+        phase("snapshots")
+        restart_s = recovery_s = None
+        why: str | None = "not measured with --quick (process starts and a lease to expire)"
+        if profile == "full":
+            restart_s, recovery_s, why = await spreads[3].kill_and_recover(0, chains, hops)
+            phase("kill_and_recover")
+    finally:
+        await asyncio.gather(*(s.close() for s in spreads.values()))
+        phase("stop_workers")
+    if with_profile:
+        results["worker_profile"] = await profiled_worker(nats_url, db, logs, chains, hops)
+        phase("profile")
+    results["phase_seconds"] = phases
+
+    inproc = times["inproc"]
+    ratios: dict[str, Any] = {}
+    for w in WORKERS:
+        per_round = [i / t for i, t in zip(inproc, times[f"w{w}"], strict=True)]
+        ratios[f"ratio_w{w}_vs_inproc"] = round(statistics.median(per_round), 5)
+        ratios[f"ratio_w{w}_vs_inproc_spread"] = spread(per_round)
+    scaling = [a / b for a, b in zip(times["w1"], times["w3"], strict=True)]
+    return {
+        **workloads.environment("agentsnap distributed", profile),
+        "nats_url": nats_url,
+        "relays": RELAYS,
+        "chains": chains,
+        "hops": hops,
+        "messages_per_round": messages,
+        "repetitions": repetitions,
+        "msgs_per_s_inproc": workloads.rate(messages, inproc),
+        **{f"msgs_per_s_w{w}": workloads.rate(messages, times[f"w{w}"]) for w in WORKERS},
+        **ratios,
+        "ratio_w3_vs_w1": round(statistics.median(scaling), 5),
+        "ratio_w3_vs_w1_spread": spread(scaling),
+        "snapshot_ms_w3": workloads.ms(snapshot_s),
+        "snapshot_ms_w3_spread": [
+            round(min(snapshot_s) * 1000, 2),
+            round(max(snapshot_s) * 1000, 2),
+        ],
+        "snapshot_ms_w3_p90": round(sorted(snapshot_s)[int(0.9 * (len(snapshot_s) - 1))] * 1000, 2),
+        "snapshots_w3": len(snapshot_s),
+        "snapshots_w3_idle": idle,
+        "restart_ms_after_kill": None if restart_s is None else round(restart_s * 1000, 1),
+        "lease_s": LEASE,
+        "recovery_ms_after_kill": None if recovery_s is None else round(recovery_s * 1000, 1),
+        "recovery_reason": why,
+        "samples_msgs_per_s": {name: workloads.rates(messages, t) for name, t in times.items()},
+        "samples_snapshot_ms": workloads.samples_ms(snapshot_s),
+        **results,
+    }
+
+
+async def profiled_worker(
+    nats_url: str, db: str, logs: Path, chains: int, hops: int
+) -> dict[str, Any]:
+    """Rounds on two worker processes, the first profiling itself; where its time went."""
+    path = logs / "worker.prof"
+    s = Spread(2, nats_url, db, logs)
+    try:
+        await s.start(profile=path)
+        seconds = [await s.round(chains, hops) for _ in range(3)]
+    finally:
+        await s.close()
+    share, top = profile_share(path)
+    times = cpu_and_wall(path)
+    return {
+        "workers": 2,
+        "msgs_per_s_under_cprofile": workloads.rate(chains * (hops + 1), seconds),
+        "worker_cpu_s": round(times["cpu_s"], 3),
+        "worker_wall_s": round(times["wall_s"], 3),
+        "share": share,
+        "top_functions_own_s": top,
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    def ratio(key: str) -> str:
+        low, high = results[f"{key}_spread"]
+        return f"{results[key]:.4f} ({low:.4f} .. {high:.4f})"
+
+    lines = [
+        f"agentsnap run spread over worker processes ({results['profile']}: "
+        f"{results['relays']} relays, {results['chains']} chains of {results['hops']} hops = "
+        f"{results['messages_per_round']} messages a round, {results['repetitions']} "
+        f"repetitions, {results['nats_url']})",
+        f"  in-process bus            {results['msgs_per_s_inproc']:>10,.0f} msg/s",
+    ]
+    lines += [
+        f"  {w} worker process{'es' if w > 1 else '  '}      "
+        f"{results[f'msgs_per_s_w{w}']:>10,.0f} msg/s   vs in-process "
+        + ratio(f"ratio_w{w}_vs_inproc")
+        for w in WORKERS
+    ]
+    low, high = results["snapshot_ms_w3_spread"]
+    lines += [
+        f"  3 workers / 1 worker      {ratio('ratio_w3_vs_w1')}",
+        f"  snapshot, 3 workers       {results['snapshot_ms_w3']:>10} ms median "
+        f"({low} .. {high}; p90 {results['snapshot_ms_w3_p90']}; "
+        f"{results['snapshots_w3']} snapshots, {results['snapshots_w3_idle']} idle)",
+        f"  worker restarted          {results['restart_ms_after_kill'] or '-':>10} ms after "
+        f"SIGKILL (lease {results['lease_s']} s)",
+        f"  recovered after SIGKILL   {results['recovery_ms_after_kill'] or '-':>10} ms "
+        + (f"({results['recovery_reason']})" if results["recovery_reason"] else ""),
+    ]
+    profile = results.get("worker_profile")
+    if profile:
+        lines.append(
+            f"  worker 0 of 2 under cProfile ({profile['msgs_per_s_under_cprofile']:,.0f} msg/s; "
+            f"{profile['worker_cpu_s']} s CPU in {profile['worker_wall_s']} s), own time:"
+        )
+        lines += [f"    {name:<36} {part}" for name, part in profile["share"].items()]
+        lines.append("  costliest functions (own seconds):")
+        lines += [f"    {seconds:>8}  {name}" for name, seconds in profile["top_functions_own_s"]]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = workloads.argument_parser(
+        __doc__, f"{PROFILES['quick'][0]} chains of {PROFILES['quick'][1]} hops, 3 repetitions"
+    )
+    parser.add_argument("--nats", default="nats://127.0.0.1:4222", help="the NATS server")
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("AGENTSNAP_TEST_POSTGRES_URL"),
+        help="the PostgreSQL database the workers share (default: AGENTSNAP_TEST_POSTGRES_URL)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile one worker process with cProfile"
+    )
+    args = parser.parse_args()
+    if not args.db or not args.db.startswith("postgresql"):
+        parser.error("--db must name a PostgreSQL database (every process shares it)")
+    results = asyncio.run(
+        measure(args.nats, args.db, "quick" if args.quick else "full", args.profile)
+    )
+    workloads.report(results, args.json, table)
+
+
+if __name__ == "__main__":
+    main()
