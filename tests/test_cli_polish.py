@@ -57,7 +57,7 @@ class Done:
 
 
 APPS = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-"""The environment a worker needs to import the test's app (``distributed_bank``)."""
+"""The environment a worker needs to import the test's app (``teller_app``)."""
 
 
 def agentsnap(*args: str, env: dict[str, str] | None = None) -> Done:
@@ -378,7 +378,7 @@ READ_ONLY = [
 ]
 
 WORKER = [
-    "worker", "--nats", "nats://127.0.0.1:4222", "--app", "distributed_bank:make_app",
+    "worker", "--nats", "nats://127.0.0.1:4222", "--app", "teller_app:make_app",
     "--run", "abc", "--group", "0/3",
 ]  # fmt: skip
 """A worker: it reads its run from the database before it connects to NATS."""
@@ -570,7 +570,7 @@ def test_every_command_has_help_and_the_display_options(path: str) -> None:
     ("args", "says"),
     [
         (
-            ["worker", "--app", "distributed_bank:make_app", "--run", "r", "--group", "0/3"],
+            ["worker", "--app", "teller_app:make_app", "--run", "r", "--group", "0/3"],
             "--nats",
         ),
         (WORKER[:-2], "--agents"),

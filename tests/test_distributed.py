@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from distributed_bank import Teller, finished, money_in
 from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
+from teller_app import Teller, finished, money_in
 
 from agentsnap import ConfigurationError, MemoryStore, Snapshot, SnapshotFailed
 from agentsnap.distributed import (
@@ -92,18 +92,18 @@ def test_an_empty_group_says_to_use_fewer() -> None:
 
 
 def test_an_app_is_loaded_from_module_and_factory() -> None:
-    app = load_app("distributed_bank:make_app")
+    app = load_app("teller_app:make_app")
     assert app.names == [f"teller-{i}" for i in range(len(app.names))]
 
 
 @pytest.mark.parametrize(
     ("spec", "says"),
     [
-        ("distributed_bank", "module:factory"),
+        ("teller_app", "module:factory"),
         ("no_such_module_here:make", "cannot import"),
-        ("distributed_bank:nothing", "no factory 'nothing'"),
-        ("distributed_bank:names", "returned a list: .* not str"),
-        ("distributed_bank:Transfer", "raised ValidationError"),
+        ("teller_app:nothing", "no factory 'nothing'"),
+        ("teller_app:names", "returned a list: .* not str"),
+        ("teller_app:Transfer", "raised ValidationError"),
     ],
 )
 def test_a_bad_app_is_a_clear_error(spec: str, says: str) -> None:

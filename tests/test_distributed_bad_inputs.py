@@ -18,8 +18,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from distributed_bank import make_app
 from nats_server import SHARED_URL, OwnServer, free_port, reachable, server_binary, unavailable
+from teller_app import make_app
 
 from agentsnap import MemoryStore, NotFoundError, RunInfo, RunStatus
 from agentsnap.distributed import DistributedRun, Worker, check_run
@@ -32,7 +32,7 @@ from agentsnap.store.sql import SqlStore
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TELLERS = 9
-APP = "distributed_bank:make_app"
+APP = "teller_app:make_app"
 
 
 def worker_env() -> dict[str, str]:

@@ -19,8 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from distributed_bank import BALANCE, finished, make_app, money_in
 from nats_server import SHARED_URL, free_port, reachable, unavailable
+from teller_app import BALANCE, finished, make_app, money_in
 
 from agentsnap import RunInfo, Snapshot, SnapshotFailed
 from agentsnap.distributed import DistributedRun, group_of
@@ -100,7 +100,7 @@ async def test_three_worker_processes_store_consistent_cuts_of_one_bank(
     try:
         await run.start()
         for n, log in enumerate(logs):
-            args = ["--nats", nats_url, "--db", postgres_url, "--app", "distributed_bank:make_app"]
+            args = ["--nats", nats_url, "--db", postgres_url, "--app", "teller_app:make_app"]
             args += ["--run", run.run_id, "--group", f"{n}/{GROUPS}"]
             with log.open("wb") as out:
                 workers.append(
@@ -171,9 +171,9 @@ async def nothing_claimed(store: SqlStore, run_id: str) -> bool:
     ("app", "placement", "says", "status"),
     [
         ("no_such_module_here:make", ["--group", "0/3"], "cannot import", 2),
-        ("distributed_bank:nothing", ["--group", "0/3"], "no factory 'nothing'", 2),
-        ("distributed_bank:make_app", ["--group", "3/3"], "N/M", 2),
-        ("distributed_bank:make_app", ["--agents", "clerk"], "no agent 'clerk'", 2),
+        ("teller_app:nothing", ["--group", "0/3"], "no factory 'nothing'", 2),
+        ("teller_app:make_app", ["--group", "3/3"], "N/M", 2),
+        ("teller_app:make_app", ["--agents", "clerk"], "no agent 'clerk'", 2),
     ],
 )
 async def test_a_bad_app_or_placement_is_refused_before_anything_is_written(
@@ -194,7 +194,7 @@ async def test_a_run_not_in_the_database_is_a_clear_error(
 ) -> None:
     await store.create_run(RunInfo(id="other"))
     done = run_worker(
-        "--nats", SHARED_URL, "--db", postgres_url, "--app", "distributed_bank:make_app",
+        "--nats", SHARED_URL, "--db", postgres_url, "--app", "teller_app:make_app",
         "--run", "bank", "--group", "0/3",
     )  # fmt: skip
     assert done.returncode == 1
@@ -209,7 +209,7 @@ async def test_an_unreachable_nats_server_is_a_clear_error(
     await store.create_run(RunInfo(id="bank", metadata={"processes": processes}))
     url = f"nats://127.0.0.1:{free_port()}"
     done = run_worker(
-        "--nats", url, "--db", postgres_url, "--app", "distributed_bank:make_app",
+        "--nats", url, "--db", postgres_url, "--app", "teller_app:make_app",
         "--run", "bank", "--group", "0/3",
     )  # fmt: skip
     assert done.returncode == 1

@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from distributed_bank import BALANCE, TellerState, finished, make_app, money_in
 from nats_server import OwnServer, server_binary, unavailable
+from teller_app import BALANCE, TellerState, finished, make_app, money_in
 
 from agentsnap import RunInfo, Snapshot, SnapshotFailed
 from agentsnap.distributed import DistributedRun
@@ -120,7 +120,7 @@ async def test_a_run_goes_on_after_its_nats_server_restarts(
         await run.start()
         for n, log in enumerate(logs):
             args = ["--nats", server.url, "--db", postgres_url]
-            args += ["--app", "distributed_bank:make_app", "--run", run.run_id]
+            args += ["--app", "teller_app:make_app", "--run", run.run_id]
             args += ["--group", f"{n}/{GROUPS}", "--nats-patience", "120"]
             with log.open("wb") as out:
                 workers.append(
@@ -175,7 +175,7 @@ async def test_a_worker_whose_nats_server_stays_away_gives_up(
     processes = sorted([ENVIRONMENT, *make_app().names])
     await store.create_run(RunInfo(id="bank-away", metadata={"processes": processes}))
     log = tmp_path / "worker.log"
-    args = ["--nats", server.url, "--db", postgres_url, "--app", "distributed_bank:make_app"]
+    args = ["--nats", server.url, "--db", postgres_url, "--app", "teller_app:make_app"]
     args += ["--run", "bank-away", "--group", "0/3", "--nats-patience", "2"]
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(

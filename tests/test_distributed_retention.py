@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from distributed_bank import Teller, Transfer, finished, money_in
 from nats_server import SHARED_URL, OwnServer, free_port, reachable, server_binary, unavailable
+from teller_app import Teller, Transfer, finished, money_in
 
 from agentsnap import ConfigurationError, MemoryStore, RunInfo, Snapshot, SnapshotFailed
 from agentsnap.distributed import App, DistributedRun, StreamRetention, Worker, retain

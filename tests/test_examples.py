@@ -35,7 +35,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
             "--deterministic",
         ],
     ],
-    "bank_across_processes.py": [
+    "distributed_bank.py": [
         ["--workers", "3", "--transfers", "300", "--nats", "NATS", "--db", "POSTGRES"],
         [
             "--workers",
@@ -60,7 +60,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
 # What each example prints when all its checks pass.
 SUCCESS: dict[str, str] = {
     "bank_transfers.py": "all snapshots consistent",
-    "bank_across_processes.py": "all snapshots consistent",
+    "distributed_bank.py": "all snapshots consistent",
     "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
     "payments.py": "every order charged exactly once",
     "research_team.py": "the team recovered from the rejected draft",
@@ -218,19 +218,19 @@ def test_bank_transfers_journal_needs_a_database() -> None:
     assert "--journal needs --db" in result.stderr
 
 
-def bank_across_processes(*args: str) -> tuple[str, str, subprocess.CompletedProcess[str]]:
+def distributed_bank(*args: str) -> tuple[str, str, subprocess.CompletedProcess[str]]:
     """Run the distributed bank on the test's NATS and PostgreSQL: its run id, its database."""
     url = postgres_url_or_skip()
     words = with_services(["--nats", "NATS", "--db", url, *args])
-    result = run_example(EXAMPLES / "bank_across_processes.py", words)
+    result = run_example(EXAMPLES / "distributed_bank.py", words)
     ids = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("run: ")]
     assert len(ids) == 1, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     return ids[0], url, result
 
 
 @pytest.mark.postgres
-def test_bank_across_processes_exports_its_balances_and_transfers_like_any_run() -> None:
-    run_id, url, result = bank_across_processes("--workers", "3", "--transfers", "400")
+def test_distributed_bank_exports_its_balances_and_transfers_like_any_run() -> None:
+    run_id, url, result = distributed_bank("--workers", "3", "--transfers", "400")
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert "all snapshots consistent" in result.stdout
     command = shlex.join([*cli_words(cwd=ROOT), "export", run_id, "--db", url])
@@ -246,7 +246,7 @@ def test_bank_across_processes_exports_its_balances_and_transfers_like_any_run()
     assert exported.returncode == 0, exported.stderr
     document = json.loads(exported.stdout)
     assert document["run"]["status"] == "succeeded"
-    assert document["run"]["metadata"]["example"] == "bank_across_processes"
+    assert document["run"]["metadata"]["example"] == "distributed_bank"
     snapshots = document["snapshots"]
     assert len(snapshots) >= 2
     tellers = [f"teller-{i}" for i in range(9)]
@@ -269,13 +269,8 @@ def test_bank_across_processes_exports_its_balances_and_transfers_like_any_run()
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="a restarted worker replays its agents' input from the start of the stream, in "
-    "another interleaving, instead of the run going back to its last complete cut",
-)
-def test_bank_across_processes_keeps_the_money_when_a_worker_is_killed_and_started_again() -> None:
-    _, _, result = bank_across_processes(
+def test_distributed_bank_keeps_the_money_when_a_worker_is_killed_and_started_again() -> None:
+    _, _, result = distributed_bank(
         "--workers", "3", "--transfers", "600", "--kill-one", "--timeout", "50"
     )
     report = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"

@@ -226,6 +226,13 @@ class RollbackAuthority:
             )
             self._deciding = True
             self._spawn(self._recover(reason))
+        elif agents:
+            # Its agents record no part of the snapshots begun before it started (it takes
+            # up the numbering at ``epoch``): those fail now rather than at their timeout.
+            self._fail_pending(
+                f"worker {worker} started after they began: {', '.join(agents)} record no "
+                "part of them"
+            )
         return answer
 
     def leases(self, live: Collection[str], owners: dict[str, str], read_at: float) -> None:

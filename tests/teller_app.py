@@ -1,6 +1,6 @@
 """The bank as an app for runs spread over processes: tellers moving money at random.
 
-``make_app`` is the factory ``agentsnap worker --app distributed_bank:make_app`` loads (with
+``make_app`` is the factory ``agentsnap worker --app teller_app:make_app`` loads (with
 this directory on ``PYTHONPATH``). A ``go`` message from the environment starts a chain of
 ``hops`` transfers: each teller that receives a transfer keeps it, waits a little, and sends a
 random part of its balance on to a random teller, until the chain's hops run out. Money is
@@ -63,7 +63,7 @@ def make_app() -> App:
     everyone = names()
     return App(
         agents=[Teller(name, [n for n in everyone if n != name]) for name in everyone],
-        metadata={"example": "distributed_bank"},
+        metadata={"example": "teller_app"},
     )
 
 

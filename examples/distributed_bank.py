@@ -4,7 +4,7 @@ The same check as ``bank_transfers.py``, with the tellers in separate ``agentsna
 processes talking over NATS JetStream, and every snapshot written to PostgreSQL. This
 program is both the app and its driver:
 
-- the app is ``make_app`` (each worker loads it with ``--app bank_across_processes:make_app``);
+- the app is ``make_app`` (each worker loads it with ``--app distributed_bank:make_app``);
 - the driver creates the run (it is the run's coordinator: it hosts the environment and
   numbers every snapshot), starts ``--workers`` worker processes placed with ``--group n/N``,
   sends ``--transfers`` orders to random tellers while snapshots are taken every
@@ -23,7 +23,7 @@ extra, a NATS server with JetStream, and PostgreSQL (shared by every process).
 
 Run it with:
 
-    python examples/bank_across_processes.py --workers 3 --nats nats://127.0.0.1:4222 --db postgresql://postgres@127.0.0.1:5432/agentsnap
+    python examples/distributed_bank.py --workers 3 --nats nats://127.0.0.1:4222 --db postgresql://postgres@127.0.0.1:5432/agentsnap
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def make_app() -> App:
     names = teller_names(int(os.environ.get(TELLERS_VARIABLE, "9")))
     return App(
         agents=[Teller(name, [n for n in names if n != name]) for name in names],
-        metadata={"example": "bank_across_processes", "tellers": len(names), "balance": BALANCE},
+        metadata={"example": "distributed_bank", "tellers": len(names), "balance": BALANCE},
     )
 
 
@@ -160,21 +160,21 @@ class Driver:
             for n in range(args.workers)
         ]
 
-    def command(self, worker: WorkerProcess) -> list[str]:
+    def command(self, worker: WorkerProcess, wait: float = 0.0) -> list[str]:
         return [
             sys.executable, "-m", "agentsnap", "worker",
             "--nats", self.args.nats, "--db", self.args.db,
-            "--app", "bank_across_processes:make_app", "--run", self.run_id,
-            "--group", worker.group, "--lease", str(self.args.lease),
+            "--app", "distributed_bank:make_app", "--run", self.run_id,
+            "--group", worker.group, "--lease", str(self.args.lease), "--wait", str(wait),
         ]  # fmt: skip
 
-    async def launch(self, worker: WorkerProcess) -> None:
+    async def launch(self, worker: WorkerProcess, wait: float = 0.0) -> None:
         env = {**os.environ, TELLERS_VARIABLE: str(self.args.tellers)}
         # The worker imports the app from its current directory: this one.
         with worker.log.open("ab") as out:
             worker.since = out.tell()
             worker.process = await asyncio.create_subprocess_exec(
-                *self.command(worker), cwd=HERE, env=env, stdout=out, stderr=out
+                *self.command(worker, wait), cwd=HERE, env=env, stdout=out, stderr=out
             )
 
     async def until_hosting(self, worker: WorkerProcess, deadline: float) -> None:
@@ -207,7 +207,8 @@ class Driver:
         assert process is not None
         process.send_signal(signal.SIGKILL)
         await process.wait()
-        await self.launch(worker)
+        # The new worker waits for the dead one's claim on the agents to expire.
+        await self.launch(worker, wait=3 * self.args.lease)
         await self.until_hosting(worker, deadline)
 
     async def stop_all(self) -> list[str]:
@@ -272,7 +273,7 @@ async def drive(args: argparse.Namespace, logs: Path) -> tuple[str, list[Snapsho
         store,
         app,
         policy=SnapshotPolicy(every_seconds=args.snapshot_every),
-        name="bank_across_processes",
+        name="distributed_bank",
     )
     driver = Driver(args, run.run_id, logs)
     status = RunStatus.FAILED
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{BALANCE * args.tellers}, {args.transfers} transfers",
         flush=True,
     )
-    with tempfile.TemporaryDirectory(prefix="bank_across_processes-") as logs:
+    with tempfile.TemporaryDirectory(prefix="distributed_bank-") as logs:
         try:
             run_id, stored, problems = asyncio.run(drive(args, Path(logs)))
         except KeyboardInterrupt:
