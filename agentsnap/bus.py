@@ -510,11 +510,16 @@ class Bus:
             channel = sender.outgoing[dst]
         except KeyError:
             channel = self.channel(sender, dst)
-        # Scalars need no check, a plain dict one walk; the rest takes the long way.
+        # Scalars need no check, a plain dict one walk (its scalar items checked here, without
+        # a call); the rest takes the long way.
         shape = type(payload)
         if shape is dict:
-            if not is_json(payload):
-                _refuse(sender.name, dst, payload)
+            for key, item in payload.items():  # type: ignore[union-attr]
+                if type(key) is not str or (
+                    type(item) not in JSON_SCALAR_TYPES and not is_json(item)
+                ):
+                    _refuse(sender.name, dst, payload)
+                    break  # JSON after all (a subclass of a JSON type)
         elif shape not in JSON_SCALAR_TYPES:
             payload = _json_payload(sender.name, dst, payload)
         headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
