@@ -423,6 +423,12 @@ class Bus:
             notify = bind(self)
             if notify is not None:
                 self._notify = notify
+        # The default scheduler, when the send path may do what its notify() does itself.
+        self._asyncio: AsyncioScheduler | None = (
+            scheduler
+            if type(scheduler) is AsyncioScheduler and self._notify == scheduler.notify
+            else None
+        )
 
     def observe(self, observer: BusObserver) -> None:
         """Have ``observer`` see every message sent and delivered from now on."""
@@ -541,7 +547,15 @@ class Bus:
                 self._notify(channel)
         elif post:
             channel.append(message)
-            self._notify(channel)
+            scheduler = self._asyncio
+            if scheduler is None:
+                self._notify(channel)
+            else:  # AsyncioScheduler.notify(), written out
+                box: _Mailbox = channel.receiver.mailbox
+                box.inbox.append(channel)
+                scheduler._work += 1
+                if box.waiter is not None:
+                    box.wake()
         return message
 
     def _new_kind(self, kind: object) -> None:
@@ -729,14 +743,12 @@ class AsyncioScheduler:
         self._deliver = deliver
 
     def notify(self, channel: Channel) -> None:  # noqa: D102
+        # Bus.send() does the same, written out.
         box: _Mailbox = channel.receiver.mailbox
         box.inbox.append(channel)
         self._work += 1
-        waiter = box.waiter
-        if waiter is not None:
-            box.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        if box.waiter is not None:
+            box.wake()
 
     def added(self, endpoint: Endpoint) -> None:  # noqa: D102
         self._endpoints.append(endpoint)
@@ -850,11 +862,7 @@ class AsyncioScheduler:
 
     def _wake_all(self) -> None:
         for box in self._boxes.values():
-            waiter = box.waiter
-            if waiter is not None:
-                box.waiter = None
-                if not waiter.done():
-                    waiter.set_result(None)
+            box.wake()
 
     def _wake_idle(self) -> None:
         idle = self._idle
@@ -918,3 +926,11 @@ class _Mailbox:
         self.waiter: asyncio.Future[None] | None = None
         # Whether interrupt() cancelled the running delivery (not the serve task).
         self.interrupted = False
+
+    def wake(self) -> None:
+        """Wake the serve task if it waits for an item."""
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
