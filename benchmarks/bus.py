@@ -26,8 +26,9 @@ the same (shared, noisy) machine:
   shared machine, so each side runs in a process of its own under
   ``valgrind --tool=callgrind``, counting instructions only around two hand-offs, of n1
   = 2,000 and n2 = 10,000 messages, after an uncounted warm-up (not with ``--quick``: an
-  interpreter under callgrind takes most of a minute to start on a loaded machine). A side's cost per message is ``(I(n2) - I(n1)) / (n2 - n1)``, so the
-  runtime's start and end cancel out. Reported as ``tracing_noop_overhead = default / off
+  interpreter under callgrind takes most of a minute to start on a loaded machine). A
+  side's cost per message is ``(I(n2) - I(n1)) / (n2 - n1)``, so the runtime's start and
+  end cancel out. Reported as ``tracing_noop_overhead = default / off
   - 1`` (in instructions per message). A third process runs the ``telemetry=False`` side
   again: ``tracing_noop_resolution`` is how far two identical sides differ, the smallest
   difference the figure can tell apart (it is ``null`` without valgrind or with ``--quick``,
@@ -45,7 +46,8 @@ the same (shared, noisy) machine:
   per-message cost every run pays.
 
 ``--json`` prints a single JSON object on stdout; ``--quick`` runs smaller and fewer
-repetitions, without callgrind (under a minute, on a loaded machine too). Run it from the repository root with:
+repetitions, without callgrind (under a minute, on a loaded machine too). Run it from the
+repository root with:
 
     python benchmarks/bus.py
 """
