@@ -423,6 +423,12 @@ class Bus:
             notify = bind(self)
             if notify is not None:
                 self._notify = notify
+        # The default scheduler, when the send path may do what its notify() does itself.
+        self._asyncio: AsyncioScheduler | None = (
+            scheduler
+            if type(scheduler) is AsyncioScheduler and self._notify == scheduler.notify
+            else None
+        )
 
     def observe(self, observer: BusObserver) -> None:
         """Have ``observer`` see every message sent and delivered from now on."""
@@ -510,11 +516,16 @@ class Bus:
             channel = sender.outgoing[dst]
         except KeyError:
             channel = self.channel(sender, dst)
-        # Scalars need no check, a plain dict one walk; the rest takes the long way.
+        # Scalars need no check, a plain dict one walk (its scalar items checked here, without
+        # a call); the rest takes the long way.
         shape = type(payload)
         if shape is dict:
-            if not is_json(payload):
-                _refuse(sender.name, dst, payload)
+            for key, item in payload.items():  # type: ignore[union-attr]
+                if type(key) is not str or (
+                    type(item) not in JSON_SCALAR_TYPES and not is_json(item)
+                ):
+                    _refuse(sender.name, dst, payload)
+                    break  # JSON after all (a subclass of a JSON type)
         elif shape not in JSON_SCALAR_TYPES:
             payload = _json_payload(sender.name, dst, payload)
         headers = _freeze_headers(sender.name, dst, headers) if headers else EMPTY_HEADERS
@@ -536,7 +547,15 @@ class Bus:
                 self._notify(channel)
         elif post:
             channel.append(message)
-            self._notify(channel)
+            scheduler = self._asyncio
+            if scheduler is None:
+                self._notify(channel)
+            else:  # AsyncioScheduler.notify(), written out
+                box: _Mailbox = channel.receiver.mailbox
+                box.inbox.append(channel)
+                scheduler._work += 1
+                if box.waiter is not None:
+                    box.wake()
         return message
 
     def _new_kind(self, kind: object) -> None:
@@ -724,14 +743,12 @@ class AsyncioScheduler:
         self._deliver = deliver
 
     def notify(self, channel: Channel) -> None:  # noqa: D102
+        # Bus.send() does the same, written out.
         box: _Mailbox = channel.receiver.mailbox
         box.inbox.append(channel)
         self._work += 1
-        waiter = box.waiter
-        if waiter is not None:
-            box.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        if box.waiter is not None:
+            box.wake()
 
     def added(self, endpoint: Endpoint) -> None:  # noqa: D102
         self._endpoints.append(endpoint)
@@ -845,11 +862,7 @@ class AsyncioScheduler:
 
     def _wake_all(self) -> None:
         for box in self._boxes.values():
-            waiter = box.waiter
-            if waiter is not None:
-                box.waiter = None
-                if not waiter.done():
-                    waiter.set_result(None)
+            box.wake()
 
     def _wake_idle(self) -> None:
         idle = self._idle
@@ -913,3 +926,11 @@ class _Mailbox:
         self.waiter: asyncio.Future[None] | None = None
         # Whether interrupt() cancelled the running delivery (not the serve task).
         self.interrupted = False
+
+    def wake(self) -> None:
+        """Wake the serve task if it waits for an item."""
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)

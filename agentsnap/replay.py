@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from itertools import groupby, repeat
 from types import MappingProxyType
@@ -291,15 +291,17 @@ def _runs(log: list[Channel]) -> list[tuple[str, str, int, int]]:
     """The deliveries of ``log`` as runs ``(agent, src, first_seq, count)``.
 
     Every delivery since the log was last emptied is in it, and a channel is taken in order,
-    so a channel's last delivery in the log is its ``delivered`` counter now.
+    so a channel's last delivery in the log is its ``delivered`` counter now: the runs are
+    numbered from the newest back, without counting the deliveries one by one.
     """
-    seq = {channel: channel.delivered - count + 1 for channel, count in Counter(log).items()}
+    grouped = [(channel, len(list(group))) for channel, group in groupby(log)]
     runs: list[tuple[str, str, int, int]] = []
-    for channel, group in groupby(log):
-        count = len(list(group))
-        first = seq[channel]
-        seq[channel] = first + count
+    last: dict[Channel, int] = {}  # per channel, the sequence number before the run seen last
+    for channel, count in reversed(grouped):
+        first = last.get(channel, channel.delivered) - count + 1
+        last[channel] = first - 1
         runs.append((channel.dst, channel.src, first, count))
+    runs.reverse()
     return runs
 
 

@@ -17,20 +17,22 @@ the same (shared, noisy) machine:
   the journal on, as by default with a database). Each node holds a distinct state of about
   10 KB of JSON (memory, plan, tool calls) that every message changes, so each snapshot
   encodes and writes 6 new states. Reported as ``snapshot_overhead = 1 - with / without``.
-  The message count is calibrated at start-up so that each run lasts about a second (0.6 s
+  The message count is calibrated at start-up so that each run lasts about a second (0.3 s
   with ``--quick``); the program exits with status 1 if a run completed fewer than 5
-  snapshots (3 with ``--quick``).
+  snapshots (2 with ``--quick``).
 * tracing without an SDK, counted in instructions: the default runtime, which has only the
   OpenTelemetry API and no SDK configured (so it decides at start-up not to trace), against
   a runtime built with ``telemetry=False``. A timing cannot tell a few percent apart on a
   shared machine, so each side runs in a process of its own under
   ``valgrind --tool=callgrind``, counting instructions only around two hand-offs, of n1
-  and n2 messages (500 and 2,500 with ``--quick``, else 2,000 and 10,000), after an
-  uncounted warm-up. A side's cost per message is ``(I(n2) - I(n1)) / (n2 - n1)``, so the
-  runtime's start and end cancel out. Reported as ``tracing_noop_overhead = default / off
+  = 2,000 and n2 = 10,000 messages, after an uncounted warm-up (not with ``--quick``: an
+  interpreter under callgrind takes most of a minute to start on a loaded machine). A
+  side's cost per message is ``(I(n2) - I(n1)) / (n2 - n1)``, so the runtime's start and
+  end cancel out. Reported as ``tracing_noop_overhead = default / off
   - 1`` (in instructions per message). A third process runs the ``telemetry=False`` side
   again: ``tracing_noop_resolution`` is how far two identical sides differ, the smallest
-  difference the figure can tell apart (it is ``null`` without valgrind).
+  difference the figure can tell apart (it is ``null`` without valgrind or with ``--quick``,
+  and so is whether its target is met).
 * tracing with the SDK: the hand-off of N / 20 messages by a runtime given the SDK (a
   ``TracerProvider`` sampling everything, a ``SimpleSpanProcessor`` and an
   ``InMemorySpanExporter``, emptied after each run; every message makes three spans that
@@ -44,7 +46,8 @@ the same (shared, noisy) machine:
   per-message cost every run pays.
 
 ``--json`` prints a single JSON object on stdout; ``--quick`` runs smaller and fewer
-repetitions (under a minute). Run it from the repository root with:
+repetitions, without callgrind (under a minute, on a loaded machine too). Run it from the
+repository root with:
 
     python benchmarks/bus.py
 """
@@ -84,10 +87,11 @@ CALLGRIND_PROCESSES = 2
 # name: (hand-off N, ping-pong N, repetitions, target seconds of one ring run, min snapshots)
 PROFILES: dict[str, tuple[int, int, int, float, int]] = {
     "full": (300_000, 100_000, 9, 1.0, 5),
-    "quick": (100_000, 40_000, 5, 0.6, 3),
+    "quick": (20_000, 10_000, 3, 0.3, 2),
 }
 # name: the two message counts whose difference gives the instructions per message
-CALLGRIND_COUNTS: dict[str, tuple[int, int]] = {"full": (2_000, 10_000), "quick": (500, 2_500)}
+# (the quick profile runs no callgrind)
+CALLGRIND_COUNTS: dict[str, tuple[int, int] | None] = {"full": (2_000, 10_000), "quick": None}
 
 # -- agents ----------------------------------------------------------------------------------
 
@@ -366,7 +370,7 @@ async def measure(profile: str) -> dict[str, Any]:
     # an idle machine as far as this program goes.
     callgrind_counts = CALLGRIND_COUNTS[profile]
     per_message: list[float] | None = None
-    if shutil.which("valgrind") and shutil.which("callgrind_control"):
+    if callgrind_counts and shutil.which("valgrind") and shutil.which("callgrind_control"):
         per_message = await asyncio.to_thread(
             per_message_instructions, ["off", "default", "off#2"], callgrind_counts
         )
@@ -426,7 +430,7 @@ async def measure(profile: str) -> dict[str, Any]:
         off, default, twin = per_message
         noop_overhead = default / off - 1
         resolution = abs(twin / off - 1)
-    noop_met = noop_overhead is not None and noop_overhead < TARGET_TRACING_NOOP_OVERHEAD
+    noop_met = None if noop_overhead is None else noop_overhead < TARGET_TRACING_NOOP_OVERHEAD
     sdk_overhead = 1 - workloads.median_ratio(sdk_off_s, sdk_s)
     return {
         **workloads.environment("agentsnap bus", profile),
@@ -453,7 +457,7 @@ async def measure(profile: str) -> dict[str, Any]:
         "ring_state_bytes": RING_STATE_BYTES,
         "ring_store": "SqlStore, SQLite file (WAL, synchronous=NORMAL), journal on",
         "tracing_noop_method": "callgrind instructions per message: (I(n2) - I(n1)) / (n2 - n1)",
-        "tracing_noop_counts": list(callgrind_counts),
+        "tracing_noop_counts": None if callgrind_counts is None else list(callgrind_counts),
         "tracing_off_instructions_per_msg": _rounded(per_message, 0),
         "tracing_noop_instructions_per_msg": _rounded(per_message, 1),
         "tracing_off_twin_instructions_per_msg": _rounded(per_message, 2),
@@ -540,7 +544,8 @@ def _rounded(values: list[float] | None, index: int) -> float | None:
 def _tracing_line(r: dict[str, Any]) -> str:
     t = r["targets"]
     if r["tracing_noop_overhead"] is None:
-        return "tracing_noop_overhead: not measured (valgrind's callgrind is not installed)"
+        why = "--quick" if r["profile"] == "quick" else "valgrind's callgrind is not installed"
+        return f"tracing_noop_overhead: not measured ({why})"
     return (
         f"tracing_noop_overhead = {r['tracing_noop_overhead']:.4f}  "
         f"({r['tracing_noop_instructions_per_msg']:,.0f} vs "
@@ -555,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) == 5 and sys.argv[1] == "--instructions-of":
         handoff_instructions_child(sys.argv[2], (int(sys.argv[3]), int(sys.argv[4])))
         return 0
-    parser = workloads.argument_parser(__doc__, "smaller and fewer runs (< 60 s)")
+    parser = workloads.argument_parser(__doc__, "smaller and fewer runs, no callgrind (< 60 s)")
     args = parser.parse_args(argv)
 
     results = asyncio.run(measure("quick" if args.quick else "full"))
