@@ -141,8 +141,9 @@ class DistributedRun:
         store: The run's store (PostgreSQL, shared with the workers).
         app: The run's agents (only their names are used here).
         run_id: The run's id (32 hex digits are generated when omitted).
-        policy: ``every_seconds`` begins snapshots by time; ``max_in_progress`` skips one
-            while that many are in progress. Other fields do not apply here.
+        policy: ``every_seconds`` begins snapshots by time, once every agent is hosted by a
+            worker and while no rollback is under way; ``max_in_progress`` skips one while
+            that many are in progress. Other fields do not apply here.
         part_timeout: Seconds a snapshot waits for its parts before it fails.
         retention: Purge the run's stream, and delete old snapshot parts, below what the
             newest complete snapshots need (see
@@ -313,8 +314,10 @@ class DistributedRun:
         while True:
             await asyncio.sleep(seconds)
             authority = self.authority
-            if authority.busy or authority.down:
-                continue  # the snapshot would fail: a rollback, or a worker that stopped
+            if authority.busy or authority.down or not authority.hosts_all(self.names):
+                # The snapshot would fail: a rollback, a worker that stopped, or agents
+                # whose worker has not started yet.
+                continue
             # While the NATS server is away a snapshot could only fail: wait for it.
             if len(self._pending) < self.policy.max_in_progress and not self._link.away_for():
                 self.snapshot()

@@ -123,6 +123,7 @@ class RollbackAuthority:
         self._targets = targets
         self._fail_pending = fail_pending
         self._hosted: set[str] = set()  # agents some worker has hosted
+        self._live: set[str] = set()  # agents whose lease was live at the last look
         self._owners: dict[str, str] = {}  # agent -> the worker that said hello for it
         self._hello_at: dict[str, float] = {}  # agent -> loop time of that hello
         self.restored_by: dict[str, list[str]] = {}
@@ -235,6 +236,12 @@ class RollbackAuthority:
             )
         return answer
 
+    def hosts_all(self, names: Collection[str]) -> bool:
+        """Whether every agent of ``names`` is hosted by a worker that said hello, or holds a
+        live lease: until then a snapshot could only fail (an agent's part would not come).
+        """  # noqa: D205
+        return all(name in self._hosted or name in self._live for name in names)
+
     def leases(self, live: Collection[str], owners: dict[str, str], read_at: float) -> None:
         """The agents whose leases were live at loop time ``read_at`` (``owners``: the
         holder of every lease).
@@ -242,6 +249,7 @@ class RollbackAuthority:
         An agent hosted before whose lease expired lost its worker: the snapshots in
         progress fail, as its part will never come.
         """  # noqa: D205
+        self._live = set(live)
         for name in [name for name in self.down if name in live]:
             if owners.get(name) == self.down[name]:
                 del self.down[name]  # renewed late, by the same worker: it did not stop
