@@ -6,10 +6,11 @@ SQLite file (``sqlite:///path``, schema created before the clock starts), and, w
 ``--postgres URL``, with LangGraph's ``PostgresSaver`` and ``AsyncPostgresSaver`` (package
 ``langgraph-checkpoint-postgres``) and ``AgentsnapSaver`` on that PostgreSQL database, sync
 (``graph.invoke``) and async (``graph.ainvoke``). Each checkpointed run starts from empty
-tables (a fresh SQLite file; on PostgreSQL, both savers' tables truncated).
+tables (a fresh SQLite file; on PostgreSQL, both savers' tables truncated, then vacuumed and
+analyzed).
 
 Both graphs are an agent loop: a ``StateGraph`` with one node, ``agent``, that routes back to
-itself for 1000 super-steps (200 with ``--quick``; ``recursion_limit`` is raised to match).
+itself for 1000 super-steps (100 with ``--quick``; ``recursion_limit`` is raised to match).
 Its state is about 10 KB, as an agent's usually is:
 
 * ``context``: a conversation of 24 messages (``{"role", "content"}`` dicts, about 10 KB of
@@ -36,7 +37,8 @@ connection in autocommit mode with ``dict_row``, as their documentation sets the
 
 Rounds: each round runs every variant of both graphs once, and the graph without a
 checkpointer twice (at two places in the round's order), in an order that rotates from round
-to round, after a warm-up round that is not timed. Garbage is collected before each run.
+to round, after a warm-up round of 20 super-steps that is not timed. Garbage is collected
+before each run.
 Reported times are medians over the rounds of the time of ``invoke`` divided by the number
 of super-steps (``ms_per_step_*``). A ratio compares the checkpointing overhead of two savers
 on one graph, ``(agentsnap - none) / (official - none)``, per round (both sides ran seconds
@@ -114,7 +116,8 @@ NOTE_WORDS = 12
 SEED = 20_261_122
 DURABILITY: Final = "sync"  # LangGraph's default is "async": see the docstring
 
-PROFILES = {"full": (1000, 5), "quick": (200, 3)}  # super-steps, timed rounds
+PROFILES = {"full": (1000, 5), "quick": (100, 3)}  # super-steps, timed rounds
+WARM_UP_STEPS = 20
 GRAPHS = ("changing", "static")
 # "none#2" and "anone#2" run the graph without a checkpointer a second time in each round.
 SQLITE_VARIANTS = ("none", "nullsaver", "sqlitesaver", "none#2", "agentsnap")
@@ -322,7 +325,7 @@ class Postgres:
     def empty(self) -> None:
         tables = ", ".join(OFFICIAL_PG_TABLES + AGENTSNAP_PG_TABLES)
         self.connection.execute(f"TRUNCATE {tables}")
-        self.connection.execute("VACUUM ANALYZE")
+        self.connection.execute(f"VACUUM ANALYZE {tables}")
 
     def close(self) -> None:
         self.connection.close()
@@ -565,7 +568,7 @@ def measure(profile: str, directory: Path, postgres_url: str | None) -> dict[str
     try:
         # Warm-up (imports, code paths, page cache, connections), not timed.
         for graph, variant in variants:
-            run(graph, variant, {**inputs, "steps": min(steps, 50)})
+            run(graph, variant, {**inputs, "steps": min(steps, WARM_UP_STEPS)})
         runs: dict[tuple[str, str], list[Run]] = {key: [] for key in variants}
         for index in range(rounds):
             shift = index % len(variants)
@@ -702,7 +705,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = workloads.argument_parser(__doc__, "200 super-steps and 3 rounds", directory=True)
+    parser = workloads.argument_parser(__doc__, "100 super-steps and 3 rounds", directory=True)
     parser.add_argument(
         "--postgres",
         metavar="URL",

@@ -303,9 +303,11 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         Returns:
             The config naming the saved checkpoint.
         """
-        written = self._written.take(_parent_of(config), _stored_channels(checkpoint, new_versions))
-        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
-        self._storage.put_checkpoint(row, blobs)
+        # Everything is encoded before waiting for the parent's writes still being stored,
+        # so that the encoding runs while they are.
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        written = self._written.take(_parent_of(config), _value_channels(blobs))
+        self._storage.put_checkpoint(row, _referring(blobs, written, row.parent_checkpoint_id))
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
     def _put_rows(
@@ -314,16 +316,15 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
-        written: dict[str, builtins.list[_Write]],
     ) -> tuple[StoredCheckpoint, builtins.list[StoredValue]]:
+        """A checkpoint's row and the rows of its new values, each value in its row."""
         configurable = config["configurable"]
         thread_id: str = configurable["thread_id"]
         checkpoint_ns: str = configurable.get("checkpoint_ns", "")
-        parent_id: str | None = configurable.get("checkpoint_id")
         values = checkpoint["channel_values"]
         # Small scalars ride in the checkpoint row (cheaper than a row of their own each);
-        # every other value is stored once per version of its channel, and a value that the
-        # parent's tasks wrote as it is refers to the stored write.
+        # every other value is stored once per version of its channel (``_referring`` then
+        # makes a value that the parent's tasks wrote as it is refer to the stored write).
         small = {channel: value for channel, value in values.items() if inline(value)}
         stored: dict[str, Any] = {**checkpoint, "channel_values": small}
         dumps_typed = self.serde.dumps_typed
@@ -336,27 +337,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
                     StoredValue(thread_id, checkpoint_ns, channel, str(version), EMPTY, None)
                 )
                 continue
-            value_type, value = dumps_typed(values[channel])
-            same = next(
-                (
-                    (task_id, idx)
-                    for task_id, idx, written_type, written_value in written.get(channel, ())
-                    if written_type == value_type and written_value == value
-                ),
-                None,
-            )
             blobs.append(
-                StoredValue(thread_id, checkpoint_ns, channel, str(version), value_type, value)
-                if same is None
-                else StoredValue(
-                    thread_id,
-                    checkpoint_ns,
-                    channel,
-                    str(version),
-                    value_type,
-                    None,
-                    parent_id,
-                    *same,
+                StoredValue(
+                    thread_id, checkpoint_ns, channel, str(version), *dumps_typed(values[channel])
                 )
             )
         checkpoint_type, encoded = dumps_typed(stored)
@@ -577,11 +560,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         native = self._native()
         if native is None:
             return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-        written = await self._written.atake(
-            _parent_of(config), _stored_channels(checkpoint, new_versions)
-        )
-        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
-        await native.aput_checkpoint(row, blobs)
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        written = await self._written.atake(_parent_of(config), _value_channels(blobs))
+        await native.aput_checkpoint(row, _referring(blobs, written, row.parent_checkpoint_id))
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
     async def aput_writes(
@@ -768,12 +749,40 @@ _WAIT_FOR_WRITES = 10.0
 """Seconds a checkpoint waits for its parent's writes; after that its values are copies."""
 
 
-def _stored_channels(checkpoint: Checkpoint, new_versions: ChannelVersions) -> builtins.list[str]:
-    """The channels whose new value a checkpoint stores as a value of its own (not inline)."""
-    values = checkpoint["channel_values"]
-    return [
-        channel for channel in new_versions if channel in values and not inline(values[channel])
-    ]
+def _value_channels(blobs: Iterable[StoredValue]) -> builtins.list[str]:
+    """The channels whose new value a checkpoint stores in a row (not inline, not empty)."""
+    return [blob.channel for blob in blobs if blob.value is not None]
+
+
+def _referring(
+    blobs: builtins.list[StoredValue],
+    written: dict[str, builtins.list[_Write]],
+    parent_id: str | None,
+) -> builtins.list[StoredValue]:
+    """``blobs``, a value that a write of the parent holds as it is referring to the write.
+
+    As it is: the same type tag and the same bytes.
+    """
+    if not written or not parent_id:
+        return blobs
+    found: builtins.list[StoredValue] = []
+    for blob in blobs:
+        same = next(
+            (
+                (task_id, idx)
+                for task_id, idx, written_type, written_value in written.get(blob.channel, ())
+                if written_type == blob.value_type and written_value == blob.value
+            ),
+            None,
+        )
+        found.append(
+            blob
+            if same is None or blob.value is None
+            else blob._replace(
+                value=None, write_checkpoint_id=parent_id, write_task_id=same[0], write_idx=same[1]
+            )
+        )
+    return found
 
 
 def _parent_of(config: RunnableConfig) -> tuple[str, str, str]:
