@@ -49,7 +49,7 @@ from agentsnap.store.graph import (
     TaskWrites,
 )
 from agentsnap.store.sql import DEFAULT_URL
-from agentsnap.store.sql_graph import SqlGraphStore
+from agentsnap.store.sql_graph import CarriedWrites, SqlGraphStore
 
 __all__ = ["AgentsnapSaver"]
 
@@ -306,8 +306,22 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         # Everything is encoded before waiting for the parent's writes still being stored,
         # so that the encoding runs while they are.
         row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
-        written = self._written.take(_parent_of(config), _value_channels(blobs))
-        self._storage.put_checkpoint(row, _referring(blobs, written, row.parent_checkpoint_id))
+        parent = _parent_of(config)
+        written = self._written.take(parent, _value_channels(blobs))
+        native = self._native()
+        if native is None:
+            self._storage.put_checkpoint(row, _referring(blobs, written, row.parent_checkpoint_id))
+        else:
+            offers = self._written.claim(parent, None)
+            stored: builtins.list[bool] | None = None
+            try:
+                stored = native.put_checkpoint_with_writes(
+                    row,
+                    _referring(blobs, written, row.parent_checkpoint_id, offers),
+                    [offer.carried() for offer in offers],
+                )
+            finally:
+                _Offer.settle(offers, stored)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
     def _put_rows(
@@ -378,15 +392,33 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             task_id: The task that made the writes.
             task_path: The task's path in the graph.
         """
-        if writes:
-            args, entries = self._writes_args(config, writes, task_id, task_path)
-            pending = threading.Event()
-            self._written.begin(args[0], pending, entries)
-            stored = False
-            try:
-                stored = self._storage.put_task_writes(*args)
-            finally:
-                self._written.end(args[0], pending, entries if stored else ())
+        if not writes:
+            return
+        args, entries = self._writes_args(config, writes, task_id, task_path)
+        if self._native() is not None:
+            # Offered to the next checkpoint's transaction first (one commit for both).
+            offer = _Offer(args, threading.Event(), None)
+            self._written.offer(offer)
+            done = offer.done
+            assert isinstance(done, threading.Event)
+            if not done.wait(_LINGER) and self._written.withdraw(offer):
+                self._store_writes(args, entries)
+                return
+            done.wait()
+            if not offer.stored:  # the checkpoint failed, or the task had writes already
+                self._store_writes(args, entries)
+            return
+        self._store_writes(args, entries)
+
+    def _store_writes(self, args: _WritesArgs, entries: builtins.list[WriteEntry]) -> None:
+        """Store a task's writes, noting them for the checkpoint that follows."""
+        pending = threading.Event()
+        self._written.begin(args[0], pending, entries)
+        stored = False
+        try:
+            stored = self._storage.put_task_writes(*args)
+        finally:
+            self._written.end(args[0], pending, entries if stored else ())
 
     def _writes_args(
         self,
@@ -394,7 +426,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         writes: Sequence[tuple[str, Any]],
         task_id: str,
         task_path: str,
-    ) -> tuple[tuple[tuple[str, str, str, str], str, bytes, Merge], builtins.list[WriteEntry]]:
+    ) -> tuple[_WritesArgs, builtins.list[WriteEntry]]:
         configurable = config["configurable"]
         key = (
             configurable["thread_id"],
@@ -561,8 +593,18 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         if native is None:
             return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
         row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
-        written = await self._written.atake(_parent_of(config), _value_channels(blobs))
-        await native.aput_checkpoint(row, _referring(blobs, written, row.parent_checkpoint_id))
+        parent = _parent_of(config)
+        written = await self._written.atake(parent, _value_channels(blobs))
+        offers = self._written.claim(parent, asyncio.get_running_loop())
+        stored: builtins.list[bool] | None = None
+        try:
+            stored = await native.aput_checkpoint(
+                row,
+                _referring(blobs, written, row.parent_checkpoint_id, offers),
+                [offer.carried() for offer in offers],
+            )
+        finally:
+            _Offer.settle(offers, stored)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
     async def aput_writes(
@@ -578,13 +620,33 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
         elif writes:
             args, entries = self._writes_args(config, writes, task_id, task_path)
-            pending = (asyncio.get_running_loop(), asyncio.Event())
-            self._written.begin(args[0], pending, entries)
-            stored = False
+            # Offered to the next checkpoint's transaction first (one commit for both).
+            loop = asyncio.get_running_loop()
+            offer = _Offer(args, asyncio.Event(), loop)
+            self._written.offer(offer)
+            done = offer.done
+            assert isinstance(done, asyncio.Event)
             try:
-                stored = await native.aput_task_writes(*args)
-            finally:
-                self._written.end(args[0], pending, entries if stored else ())
+                await asyncio.wait_for(asyncio.shield(done.wait()), _LINGER)
+            except TimeoutError:
+                if self._written.withdraw(offer):
+                    await self._astore_writes(native, args, entries)
+                    return
+                await done.wait()
+            if not offer.stored:  # the checkpoint failed, or the task had writes already
+                await self._astore_writes(native, args, entries)
+
+    async def _astore_writes(
+        self, native: SqlGraphStore, args: _WritesArgs, entries: builtins.list[WriteEntry]
+    ) -> None:
+        """``_store_writes`` on the asyncio driver."""
+        pending = (asyncio.get_running_loop(), asyncio.Event())
+        self._written.begin(args[0], pending, entries)
+        stored = False
+        try:
+            stored = await native.aput_task_writes(*args)
+        finally:
+            self._written.end(args[0], pending, entries if stored else ())
 
     def _native(self) -> SqlGraphStore | None:
         """The storage when it has native asyncio methods (PostgreSQL), else ``None``."""
@@ -653,6 +715,7 @@ class _Written:
         self._pending: dict[
             tuple[str, str, str], builtins.list[tuple[_Pending, frozenset[str]]]
         ] = {}
+        self._offers: dict[tuple[str, str, str], builtins.list[_Offer]] = {}
 
     def begin(
         self, key: tuple[str, str, str, str], pending: _Pending, entries: Iterable[WriteEntry]
@@ -684,6 +747,42 @@ class _Written:
             pending.set()
         else:
             pending[1].set()
+
+    def offer(self, offer: _Offer) -> None:
+        """Offer a task's writes to the transaction of the checkpoint that follows."""
+        with self._lock:
+            self._offers.setdefault(offer.args[0][:3], []).append(offer)
+
+    def withdraw(self, offer: _Offer) -> bool:
+        """Take an offer back, unless a checkpoint claimed it already."""
+        with self._lock:
+            if offer.claimed:
+                return False
+            offers = self._offers.get(offer.args[0][:3], [])
+            offers[:] = [found for found in offers if found is not offer]
+            if not offers:
+                self._offers.pop(offer.args[0][:3], None)
+            return True
+
+    def claim(
+        self, checkpoint: tuple[str, str, str], loop: asyncio.AbstractEventLoop | None
+    ) -> builtins.list[_Offer]:
+        """The writes offered against ``checkpoint``, claimed: the caller stores them.
+
+        Only those offered by the caller's kind of concurrency: threads for ``None``, else
+        the loop's tasks.
+        """
+        with self._lock:
+            offers = self._offers.get(checkpoint)
+            if not offers:
+                return []
+            claimed = [offer for offer in offers if offer.loop is loop]
+            offers[:] = [offer for offer in offers if offer.loop is not loop]
+            if not offers:
+                del self._offers[checkpoint]
+            for offer in claimed:
+                offer.claimed = True
+            return claimed
 
     def forget(self, thread_ids: Iterable[str] | None) -> None:
         """Forget the writes noted on these threads (all of them for ``None``): deleted."""
@@ -739,6 +838,54 @@ class _Written:
             return self._by_checkpoint.pop(checkpoint, {})
 
 
+class _Offer:
+    """A task's writes (PostgreSQL) offered to the transaction of the checkpoint that follows.
+
+    ``put_writes`` offers them and waits ``_LINGER`` at most for a checkpoint put against
+    the same checkpoint (by the same kind of concurrency) to claim them: that checkpoint then
+    stores them in its own transaction, which is one commit for both, and its values refer
+    to them instead of holding copies. Unclaimed, the offer is withdrawn and ``put_writes``
+    stores the writes itself. Claimed, ``put_writes`` returns once the checkpoint's
+    transaction has committed (``stored``), or stores the writes itself when it failed or
+    when the task had writes stored already, which are then merged as always.
+    """
+
+    def __init__(
+        self,
+        args: _WritesArgs,
+        done: threading.Event | asyncio.Event,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> None:
+        self.args = args
+        self.done = done
+        self.loop = loop
+        self.claimed = False
+        self.stored = False
+        """Whether the claiming checkpoint's transaction stored the writes as given."""
+
+    def carried(self) -> CarriedWrites:
+        """The writes as a checkpoint's transaction carries them."""
+        key, task_path, packed, _ = self.args
+        return key, task_path, packed
+
+    def entries(self) -> builtins.list[WriteEntry]:
+        """The regular writes (index 0 and up), which a value may refer to."""
+        return [entry for entry in unpack_writes(self.args[2]) if entry[0] >= 0]
+
+    @staticmethod
+    def settle(offers: Sequence[_Offer], stored: Sequence[bool] | None) -> None:
+        """Tell the ``put_writes`` calls waiting on ``offers`` how their writes fared."""
+        for index, offer in enumerate(offers):
+            offer.stored = stored is not None and stored[index]
+            offer.done.set()  # an asyncio offer is claimed on its own loop only
+
+
+_WritesArgs = tuple[tuple[str, str, str, str], str, bytes, Merge]
+"""A task's writes as the storage takes them: key, task path, packed writes, merge."""
+
+_LINGER = 0.005
+"""Seconds a task's writes wait (PostgreSQL) for the next checkpoint to carry them."""
+
 _Write = tuple[str, int, str, bytes]
 """A write noted by ``_Written``: task id, index, type tag and value."""
 
@@ -758,30 +905,44 @@ def _referring(
     blobs: builtins.list[StoredValue],
     written: dict[str, builtins.list[_Write]],
     parent_id: str | None,
+    offers: Sequence[_Offer] = (),
 ) -> builtins.list[StoredValue]:
     """``blobs``, a value that a write of the parent holds as it is referring to the write.
 
-    As it is: the same type tag and the same bytes.
+    As it is: the same type tag and the same bytes. A value that refers to a write that
+    the checkpoint's transaction carries (``offers``) keeps its bytes too, for the storage
+    to store them when the task's row turns out to hold other writes.
     """
-    if not written or not parent_id:
+    if not parent_id or not (written or offers):
         return blobs
+    carried: dict[str, builtins.list[_Write]] = {}
+    for offer in offers:
+        task_id = offer.args[0][3]
+        for idx, channel, value_type, value in offer.entries():
+            carried.setdefault(channel, []).append((task_id, idx, value_type, value))
     found: builtins.list[StoredValue] = []
     for blob in blobs:
-        same = next(
-            (
-                (task_id, idx)
-                for task_id, idx, written_type, written_value in written.get(blob.channel, ())
-                if written_type == blob.value_type and written_value == blob.value
-            ),
-            None,
-        )
-        found.append(
-            blob
-            if same is None or blob.value is None
-            else blob._replace(
-                value=None, write_checkpoint_id=parent_id, write_task_id=same[0], write_idx=same[1]
+        if blob.value is None:
+            found.append(blob)
+            continue
+        for candidates, keep in ((written, False), (carried, True)):
+            same = next(
+                (
+                    (task_id, idx)
+                    for task_id, idx, written_type, value in candidates.get(blob.channel, ())
+                    if written_type == blob.value_type and value == blob.value
+                ),
+                None,
             )
-        )
+            if same is not None:
+                blob = blob._replace(  # noqa: PLW2901
+                    value=blob.value if keep else None,
+                    write_checkpoint_id=parent_id,
+                    write_task_id=same[0],
+                    write_idx=same[1],
+                )
+                break
+        found.append(blob)
     return found
 
 
