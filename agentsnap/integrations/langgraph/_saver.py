@@ -71,9 +71,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     case: a node wrote the channel), refers to that pending write, which the saver put
     earlier in the same process, rather than storing the value a second time. LangGraph
     puts a step's writes and the next checkpoint at once: on SQLite, whose writes take turns
-    anyway, the checkpoint waits for the writes still being stored; on PostgreSQL, where
-    both commit at once on connections of their own, it refers only to writes already
-    committed (waiting would add a commit to each step).
+    anyway, the checkpoint waits for the writes still being stored; on PostgreSQL a task's
+    writes wait a few milliseconds for the next checkpoint, which stores them in its own
+    transaction (one commit for both; ``put_writes`` returns once it is committed), and
+    are stored by themselves when no checkpoint comes.
 
     Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
     only, with the pickle fallback off and msgpack extension types limited to LangGraph's
@@ -127,8 +128,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         )
         self.url = url
         self._storage: GraphCheckpointStore = SqlGraphStore(url, create=create, echo=echo)
-        # On PostgreSQL a task's writes and the next checkpoint commit at once, on connections
-        # of their own; waiting for the writes would put a commit's wait on the step's path.
+        # On PostgreSQL the next checkpoint carries a task's writes in its own transaction
+        # (``_Offer``) rather than waiting for them.
         self._written = _Written(wait=self._native() is None)
 
     def __repr__(self) -> str:
@@ -627,12 +628,15 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             done = offer.done
             assert isinstance(done, asyncio.Event)
             try:
-                await asyncio.wait_for(asyncio.shield(done.wait()), _LINGER)
+                await asyncio.wait_for(done.wait(), _LINGER)
             except TimeoutError:
                 if self._written.withdraw(offer):
                     await self._astore_writes(native, args, entries)
                     return
                 await done.wait()
+            except asyncio.CancelledError:
+                self._written.withdraw(offer)  # unless a checkpoint is storing them already
+                raise
             if not offer.stored:  # the checkpoint failed, or the task had writes already
                 await self._astore_writes(native, args, entries)
 
