@@ -549,7 +549,7 @@ class SqlGraphStore:
         values: Sequence[StoredValue],
         writes: Sequence[CarriedWrites],
     ) -> list[bool]:
-        """``put_checkpoint``, with tasks' writes stored in the same transaction (PostgreSQL).
+        """``put_checkpoint``, with tasks' writes stored in the same transaction.
 
         A task that has writes stored already keeps them. A value that refers to one of
         ``writes`` and still holds its bytes (see ``StoredValue``) refers to it if the task's
@@ -558,6 +558,8 @@ class SqlGraphStore:
         Returns:
             For each of ``writes``: whether it went in as given (the task had none stored).
         """
+        if self._sqlite:
+            return self._sqlite_put_with_writes(checkpoint, values, writes)
         carried, own, referring = _pg_checkpoint_rows(values, writes)
         # Autocommit: the statements up to the pipeline's end run as one implicit transaction.
         with self._pg_connection() as connection:
@@ -571,6 +573,51 @@ class SqlGraphStore:
                     cursor.executemany(_PG_PUT_BLOB, own)
                 cursor.execute(_PG_PUT_CHECKPOINT, checkpoint)
             return [_closed_with_row(found) for found in cursors]
+
+    def _sqlite_put_with_writes(
+        self,
+        checkpoint: StoredCheckpoint,
+        values: Sequence[StoredValue],
+        writes: Sequence[CarriedWrites],
+    ) -> list[bool]:
+        """``put_checkpoint_with_writes`` on SQLite, in one transaction."""
+        with self._sqlite_transaction() as raw:
+            stored: list[bool] = []
+            holding: dict[tuple[str, str, str | None, str | None], bool] = {}
+            for key, task_path, packed in writes:
+                added = raw.execute(_SQLITE_ADD_WRITES, (*key, task_path, packed)).rowcount == 1
+                stored.append(added)
+                if not added:  # the task had writes: a value may refer to them if the same
+                    found = raw.execute(_SQLITE_GET_WRITES, key).fetchone()
+                    added = found is not None and bytes(found[1]) == packed
+                holding[key] = added
+            rows = [
+                value
+                if value.value is None
+                or value.write_idx is None
+                or holding.get(
+                    (
+                        value.thread_id,
+                        value.checkpoint_ns,
+                        value.write_checkpoint_id,
+                        value.write_task_id,
+                    ),
+                    False,
+                )
+                else _own_row(value)
+                for value in values
+            ]
+            # A value that refers to a write it may refer to drops its own bytes.
+            rows = [
+                row._replace(value=None)
+                if row.value is not None and row.write_idx is not None
+                else row
+                for row in rows
+            ]
+            if rows:
+                raw.executemany(_SQLITE_PUT_BLOB, rows)
+            raw.execute(_SQLITE_PUT_CHECKPOINT, checkpoint)
+            return stored
 
     def put_task_writes(
         self,

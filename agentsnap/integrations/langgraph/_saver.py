@@ -70,11 +70,12 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     a task of the parent checkpoint wrote, exactly as the checkpoint holds it (the usual
     case: a node wrote the channel), refers to that pending write, which the saver put
     earlier in the same process, rather than storing the value a second time. LangGraph
-    puts a step's writes and the next checkpoint at once: on SQLite, whose writes take turns
-    anyway, the checkpoint waits for the writes still being stored; on PostgreSQL a task's
-    writes wait a few milliseconds for the next checkpoint, which stores them in its own
-    transaction (one commit for both; ``put_writes`` returns once it is committed), and
-    are stored by themselves when no checkpoint comes.
+    puts a step's writes and the next checkpoint at once: a task's writes wait a few
+    milliseconds for the next checkpoint, which stores them in its own transaction (one
+    commit for both; ``put_writes`` returns once it is committed), and are stored by
+    themselves when no checkpoint comes. A checkpoint that comes later refers to the
+    writes already stored; on SQLite, whose writes take turns anyway, it also waits for
+    the writes still being stored.
 
     Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
     only, with the pickle fallback off and msgpack extension types limited to LangGraph's
@@ -128,8 +129,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         )
         self.url = url
         self._storage: GraphCheckpointStore = SqlGraphStore(url, create=create, echo=echo)
-        # On PostgreSQL the next checkpoint carries a task's writes in its own transaction
-        # (``_Offer``) rather than waiting for them.
+        # On PostgreSQL a checkpoint never waits for writes being stored by themselves
+        # (that would put a second commit on the step's path).
         self._written = _Written(wait=self._native() is None)
 
     def __repr__(self) -> str:
@@ -308,15 +309,18 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         # so that the encoding runs while they are.
         row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
         parent = _parent_of(config)
-        written = self._written.take(parent, _value_channels(blobs))
-        native = self._native()
-        if native is None:
-            self._storage.put_checkpoint(row, _referring(blobs, written, row.parent_checkpoint_id))
+        storage = self._storage
+        if not isinstance(storage, SqlGraphStore):
+            written = self._written.take(parent, _value_channels(blobs))
+            storage.put_checkpoint(row, _referring(blobs, written, row.parent_checkpoint_id))
         else:
+            # The writes offered to this checkpoint go in its transaction; it waits (SQLite)
+            # only for writes that are being stored by themselves.
             offers = self._written.claim(parent, None)
+            written = self._written.take(parent, _value_channels(blobs))
             stored: builtins.list[bool] | None = None
             try:
-                stored = native.put_checkpoint_with_writes(
+                stored = storage.put_checkpoint_with_writes(
                     row,
                     _referring(blobs, written, row.parent_checkpoint_id, offers),
                     [offer.carried() for offer in offers],
@@ -396,7 +400,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         if not writes:
             return
         args, entries = self._writes_args(config, writes, task_id, task_path)
-        if self._native() is not None:
+        if isinstance(self._storage, SqlGraphStore):
             # Offered to the next checkpoint's transaction first (one commit for both).
             offer = _Offer(args, threading.Event(), None)
             self._written.offer(offer)
@@ -595,8 +599,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
         row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
         parent = _parent_of(config)
-        written = await self._written.atake(parent, _value_channels(blobs))
         offers = self._written.claim(parent, asyncio.get_running_loop())
+        written = await self._written.atake(parent, _value_channels(blobs))
         stored: builtins.list[bool] | None = None
         try:
             stored = await native.aput_checkpoint(
@@ -843,7 +847,7 @@ class _Written:
 
 
 class _Offer:
-    """A task's writes (PostgreSQL) offered to the transaction of the checkpoint that follows.
+    """A task's writes offered to the transaction of the checkpoint that follows.
 
     ``put_writes`` offers them and waits ``_LINGER`` at most for a checkpoint put against
     the same checkpoint (by the same kind of concurrency) to claim them: that checkpoint then
@@ -888,7 +892,7 @@ _WritesArgs = tuple[tuple[str, str, str, str], str, bytes, Merge]
 """A task's writes as the storage takes them: key, task path, packed writes, merge."""
 
 _LINGER = 0.005
-"""Seconds a task's writes wait (PostgreSQL) for the next checkpoint to carry them."""
+"""Seconds a task's writes wait for the next checkpoint to carry them."""
 
 _Write = tuple[str, int, str, bytes]
 """A write noted by ``_Written``: task id, index, type tag and value."""
