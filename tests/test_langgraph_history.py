@@ -6,9 +6,12 @@ means what LangGraph itself reads back.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -24,6 +27,7 @@ from postgres_db import postgres_url_or_skip
 from agentsnap import ConfigurationError, Runtime
 from agentsnap.exceptions import StoreError
 from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent, delete_run_threads
+from agentsnap.integrations.langgraph import _saver as saver_module
 from agentsnap.store import _graph_history as history
 from agentsnap.store import migrate
 from agentsnap.store.migrate import sync_url
@@ -617,7 +621,9 @@ def _waits_for_writes(url: str) -> bool:
 
     On SQLite, where writes take turns anyway, they do, so a value a node wrote refers to
     the write (unless LangGraph's threads put the checkpoint before the write had begun). On
-    PostgreSQL the two commit at once, and a value refers to a write committed before it.
+    PostgreSQL a checkpoint carries the writes offered to it in its own transaction, which
+    depends on its coming within the writes' few milliseconds of waiting (see the tests of
+    carried writes below).
     """
     return url.startswith("sqlite")
 
@@ -687,6 +693,165 @@ def test_deleting_the_run_that_wrote_a_value_keeps_the_next_run_s_checkpoint_who
 
     assert [entry[:5] for entry in _history_of(saver, "t")] == [entry[:5] for entry in kept]
     assert _orphan_values(url, saver) == set()
+
+
+# A task's writes stored in the transaction of the checkpoint that follows.
+
+ERROR = "__error__"
+"""LangGraph's channel for a task's error (a special channel: a newer write replaces it)."""
+
+
+@pytest.fixture
+def pg_saver(monkeypatch: pytest.MonkeyPatch, url: str) -> Iterator[AgentsnapSaver]:
+    """A saver whose writes wait as long as a test needs for a checkpoint."""
+    monkeypatch.setattr(saver_module, "_LINGER", 60.0)
+    made = AgentsnapSaver(url)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def _offered(saver: AgentsnapSaver) -> threading.Event:
+    """An event set once the saver's next task writes are offered to a checkpoint."""
+    offered = threading.Event()
+    written = saver._written
+    offer = written.offer
+
+    def noted(found: Any) -> None:
+        offer(found)
+        offered.set()
+
+    written.offer = noted  # type: ignore[method-assign,assignment]
+    return offered
+
+
+def _transactions(url: str, thread_id: str) -> set[str]:
+    """The transactions that wrote a thread's checkpoints and task writes (``xmin``)."""
+    return {
+        str(row[0])
+        for table in ("agentsnap_lg_checkpoints", "agentsnap_lg_task_writes")
+        for row in _query(url, f"SELECT xmin FROM {table} WHERE thread_id = :t", t=thread_id)
+    }
+
+
+def _checkpoint_after(config: Any, value: Any, version: str) -> tuple[Any, ...]:
+    checkpoint: Any = {
+        **empty_checkpoint(),
+        "channel_values": {"lines": value},
+        "channel_versions": {"lines": version},
+    }
+    return config, checkpoint, {"step": 0}, {"lines": version}
+
+
+def test_a_checkpoint_stores_its_parents_offered_writes_in_its_transaction(
+    pg_saver: AgentsnapSaver,
+) -> None:
+    url = pg_saver.url
+    first = pg_saver.put(_thread("t"), empty_checkpoint(), {"step": -1}, {})
+    value = ["a" * 300]
+    offered = _offered(pg_saver)
+    with ThreadPoolExecutor(1) as pool:
+        writing = pool.submit(pg_saver.put_writes, first, [("lines", value)], "task")
+        assert offered.wait(30)
+        pg_saver.put(*_checkpoint_after(first, value, "1"))
+        writing.result(timeout=30)  # returns once the checkpoint's transaction committed
+    newest = pg_saver.get_tuple(_thread("t"))
+    assert newest is not None
+    assert newest.checkpoint["channel_values"]["lines"] == value
+    parent = pg_saver.get_tuple(first)
+    assert parent is not None
+    assert parent.pending_writes == [("task", "lines", value)]
+    # One copy of the value (the write's), in one transaction with the checkpoint.
+    assert _referring(url, "t") == 1
+    assert _rows_of(url, "t") == {
+        "agentsnap_lg_checkpoints": 2,
+        "agentsnap_lg_blobs": 1,
+        "agentsnap_lg_task_writes": 1,
+    }
+    if url.startswith("postgresql"):
+        newest_xmin = _query(
+            url,
+            "SELECT xmin FROM agentsnap_lg_checkpoints WHERE checkpoint_id = :c",
+            c=newest.config["configurable"]["checkpoint_id"],
+        )
+        written_xmin = _query(url, "SELECT xmin FROM agentsnap_lg_task_writes")
+        assert newest_xmin == written_xmin
+        assert len(_transactions(url, "t")) == 2  # the first checkpoint's, and that one
+
+
+def test_carried_writes_of_a_task_that_has_writes_already_are_merged_into_them(
+    pg_saver: AgentsnapSaver,
+) -> None:
+    url = pg_saver.url
+    first = pg_saver.put(_thread("t"), empty_checkpoint(), {"step": -1}, {})
+    stored, later = ["first " * 60], ["second " * 60]
+    # Stored alone: no checkpoint comes to claim them (the wait is cut short here).
+    offered = _offered(pg_saver)
+    with ThreadPoolExecutor(1) as pool:
+        writing = pool.submit(pg_saver.put_writes, first, [("lines", stored)], "task")
+        assert offered.wait(30)
+        offer = pg_saver._written._offers[_parent_key(first)][0]
+        assert pg_saver._written.withdraw(offer)
+        offer.done.set()
+        writing.result(timeout=30)
+    assert _rows_of(url, "t")["agentsnap_lg_task_writes"] == 1
+    # The task's writes again, carried by a checkpoint whose value is the new write: the
+    # task keeps its first write, so the value is stored in its own row.
+    offered.clear()
+    with ThreadPoolExecutor(1) as pool:
+        writing = pool.submit(
+            pg_saver.put_writes, first, [("lines", later), (ERROR, "boom")], "task"
+        )
+        assert offered.wait(30)
+        pg_saver.put(*_checkpoint_after(first, later, "1"))
+        writing.result(timeout=30)
+    newest = pg_saver.get_tuple(_thread("t"))
+    assert newest is not None
+    assert newest.checkpoint["channel_values"]["lines"] == later
+    assert _referring(url, "t") == 0
+    parent = pg_saver.get_tuple(first)
+    assert parent is not None
+    assert sorted(parent.pending_writes or [], key=str) == sorted(
+        [("task", "lines", stored), ("task", ERROR, "boom")], key=str
+    )
+
+
+def _parent_key(config: Any) -> tuple[str, str, str]:
+    configurable = config["configurable"]
+    return configurable["thread_id"], configurable["checkpoint_ns"], configurable["checkpoint_id"]
+
+
+def test_writes_that_no_checkpoint_claims_are_stored_by_themselves(url: str) -> None:
+    saver = AgentsnapSaver(url)  # the writes' usual wait, a few milliseconds
+    try:
+        first = saver.put(_thread("alone"), empty_checkpoint(), {"step": -1}, {})
+        saver.put_writes(first, [("lines", ["kept"])], "task")
+        found = saver.get_tuple(first)
+        assert found is not None
+        assert found.pending_writes == [("task", "lines", ["kept"])]
+    finally:
+        saver.close()
+
+
+async def test_an_asyncio_checkpoint_stores_its_parents_offered_writes(
+    pg_saver: AgentsnapSaver,
+) -> None:
+    url = pg_saver.url
+    first = await pg_saver.aput(_thread("a"), empty_checkpoint(), {"step": -1}, {})
+    value = {"text": "b" * 300}
+    offered = _offered(pg_saver)
+    writing = asyncio.create_task(pg_saver.aput_writes(first, [("lines", value)], "task"))
+    assert await asyncio.to_thread(offered.wait, 30)
+    await pg_saver.aput(*_checkpoint_after(first, value, "1"))
+    await asyncio.wait_for(writing, 30)
+    newest = await pg_saver.aget_tuple(_thread("a"))
+    assert newest is not None
+    assert newest.checkpoint["channel_values"]["lines"] == value
+    assert _referring(url, "a") == 1
+    if url.startswith("postgresql"):
+        assert len(_transactions(url, "a")) == 2
+    await pg_saver.aclose()
 
 
 # The migration that stores a written value once.

@@ -108,7 +108,10 @@ class StoredValue(NamedTuple):
     is then ``None`` and ``write_checkpoint_id``, ``write_task_id`` and ``write_idx`` name the
     entry of a row of ``agentsnap_lg_task_writes`` of the same thread and namespace whose
     value (with the same ``value_type``) is the channel's. Only a regular write (``idx`` 0 and
-    up) is referred to: it keeps the value it was first recorded with.
+    up) is referred to: it keeps the value it was first recorded with. A value given with
+    its bytes and a reference (to writes stored in the same transaction, see
+    ``SqlGraphStore.put_checkpoint_with_writes``) refers to the write if the task's row holds
+    the writes as stored there, and is stored in its own row otherwise.
     """
 
     thread_id: str

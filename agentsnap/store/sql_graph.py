@@ -58,7 +58,7 @@ from agentsnap.store.graph import (
 from agentsnap.store.migrate import ensure_schema
 from agentsnap.store.tables import LangGraphBlobRow, LangGraphCheckpointRow, LangGraphTaskWritesRow
 
-__all__ = ["SqlGraphStore", "insert_sql"]
+__all__ = ["CarriedWrites", "SqlGraphStore", "insert_sql"]
 
 _checkpoints = cast(Table, LangGraphCheckpointRow.__table__)
 _blobs = cast(Table, LangGraphBlobRow.__table__)
@@ -124,6 +124,14 @@ _SQLITE_DELETE_THREAD = [
 # The PostgreSQL write path runs these on psycopg's connection, pipelined in one transaction.
 _PG_PUT_CHECKPOINT = insert_sql(_checkpoints, _CHECKPOINT_KEY, _CHECKPOINT_UPDATED, "%s")
 _PG_PUT_BLOB = insert_sql(_blobs, _BLOB_KEY, (), "%s")
+# A value that refers to a task's write carried in the same transaction, if that task's row
+# holds the writes as carried (a row stored before with other writes keeps them).
+_PG_PUT_REFERENCE = (
+    f"INSERT INTO {_blobs.name} ({', '.join(column.name for column in _blobs.columns)}) "  # noqa: S608
+    f"SELECT {', '.join('NULL' if column.name == 'value' else '%s' for column in _blobs.columns)} "
+    f"FROM {_writes.name} WHERE {' AND '.join(f'{name} = %s' for name in _WRITES_KEY)} "
+    f"AND writes = %s ON CONFLICT ({', '.join(_BLOB_KEY)}) DO NOTHING"
+)
 _PG_ADD_WRITES = insert_sql(_writes, _WRITES_KEY, (), "%s") + " RETURNING task_id"
 _PG_GET_WRITES = (
     _SQLITE_GET_WRITES.replace("?", "%s") + " FOR UPDATE"  # the names hold no "?"
@@ -525,6 +533,7 @@ class SqlGraphStore:
     def put_checkpoint(self, checkpoint: StoredCheckpoint, values: Sequence[StoredValue]) -> None:
         """Store a checkpoint (replacing one with its key) and new values (kept if present)."""
         if self._sqlite:
+            values = [_own_row(value) for value in values]
             if not values:
                 self._sqlite_write(_SQLITE_PUT_CHECKPOINT, checkpoint)
             else:
@@ -532,15 +541,83 @@ class SqlGraphStore:
                     raw.executemany(_SQLITE_PUT_BLOB, values)
                     raw.execute(_SQLITE_PUT_CHECKPOINT, checkpoint)
             return
+        self.put_checkpoint_with_writes(checkpoint, values, ())
+
+    def put_checkpoint_with_writes(
+        self,
+        checkpoint: StoredCheckpoint,
+        values: Sequence[StoredValue],
+        writes: Sequence[CarriedWrites],
+    ) -> list[bool]:
+        """``put_checkpoint``, with tasks' writes stored in the same transaction.
+
+        A task that has writes stored already keeps them. A value that refers to one of
+        ``writes`` and still holds its bytes (see ``StoredValue``) refers to it if the task's
+        row holds the writes as carried, and is stored in a row of its own otherwise.
+
+        Returns:
+            For each of ``writes``: whether it went in as given (the task had none stored).
+        """
+        if self._sqlite:
+            return self._sqlite_put_with_writes(checkpoint, values, writes)
+        carried, own, referring = _pg_checkpoint_rows(values, writes)
         # Autocommit: the statements up to the pipeline's end run as one implicit transaction.
-        with (
-            self._pg_connection() as connection,
-            connection.pipeline(),
-            connection.cursor() as cursor,
-        ):
-            if values:
-                cursor.executemany(_PG_PUT_BLOB, values)
-            cursor.execute(_PG_PUT_CHECKPOINT, checkpoint)
+        with self._pg_connection() as connection:
+            cursors = [connection.cursor() for _ in writes]
+            with connection.pipeline(), connection.cursor() as cursor:
+                for found, row in zip(cursors, carried, strict=True):
+                    found.execute(_PG_ADD_WRITES, row)
+                if referring:
+                    cursor.executemany(_PG_PUT_REFERENCE, referring)
+                if own:
+                    cursor.executemany(_PG_PUT_BLOB, own)
+                cursor.execute(_PG_PUT_CHECKPOINT, checkpoint)
+            return [_closed_with_row(found) for found in cursors]
+
+    def _sqlite_put_with_writes(
+        self,
+        checkpoint: StoredCheckpoint,
+        values: Sequence[StoredValue],
+        writes: Sequence[CarriedWrites],
+    ) -> list[bool]:
+        """``put_checkpoint_with_writes`` on SQLite, in one transaction."""
+        with self._sqlite_transaction() as raw:
+            stored: list[bool] = []
+            holding: dict[tuple[str, str, str | None, str | None], bool] = {}
+            for key, task_path, packed in writes:
+                added = raw.execute(_SQLITE_ADD_WRITES, (*key, task_path, packed)).rowcount == 1
+                stored.append(added)
+                if not added:  # the task had writes: a value may refer to them if the same
+                    found = raw.execute(_SQLITE_GET_WRITES, key).fetchone()
+                    added = found is not None and bytes(found[1]) == packed
+                holding[key] = added
+            rows = [
+                value
+                if value.value is None
+                or value.write_idx is None
+                or holding.get(
+                    (
+                        value.thread_id,
+                        value.checkpoint_ns,
+                        value.write_checkpoint_id,
+                        value.write_task_id,
+                    ),
+                    False,
+                )
+                else _own_row(value)
+                for value in values
+            ]
+            # A value that refers to a write it may refer to drops its own bytes.
+            rows = [
+                row._replace(value=None)
+                if row.value is not None and row.write_idx is not None
+                else row
+                for row in rows
+            ]
+            if rows:
+                raw.executemany(_SQLITE_PUT_BLOB, rows)
+            raw.execute(_SQLITE_PUT_CHECKPOINT, checkpoint)
+            return stored
 
     def put_task_writes(
         self,
@@ -595,17 +672,28 @@ class SqlGraphStore:
             yield _AsyncReader(connection)
 
     async def aput_checkpoint(
-        self, checkpoint: StoredCheckpoint, values: Sequence[StoredValue]
-    ) -> None:
-        """``put_checkpoint`` on the asyncio driver (PostgreSQL)."""
-        async with (
-            self._apg_connection() as connection,
-            connection.pipeline(),
-            connection.cursor() as cursor,
-        ):
-            if values:
-                await cursor.executemany(_PG_PUT_BLOB, values)
-            await cursor.execute(_PG_PUT_CHECKPOINT, checkpoint)
+        self,
+        checkpoint: StoredCheckpoint,
+        values: Sequence[StoredValue],
+        writes: Sequence[CarriedWrites] = (),
+    ) -> list[bool]:
+        """``put_checkpoint_with_writes`` on the asyncio driver (PostgreSQL)."""
+        carried, own, referring = _pg_checkpoint_rows(values, writes)
+        async with self._apg_connection() as connection:
+            cursors = [connection.cursor() for _ in writes]
+            async with connection.pipeline(), connection.cursor() as cursor:
+                for found, row in zip(cursors, carried, strict=True):
+                    await found.execute(_PG_ADD_WRITES, row)
+                if referring:
+                    await cursor.executemany(_PG_PUT_REFERENCE, referring)
+                if own:
+                    await cursor.executemany(_PG_PUT_BLOB, own)
+                await cursor.execute(_PG_PUT_CHECKPOINT, checkpoint)
+            stored = []
+            for found in cursors:
+                stored.append(await found.fetchone() is not None)
+                await found.close()
+            return stored
 
     async def aput_task_writes(
         self,
@@ -777,6 +865,55 @@ class SqlGraphStore:
                         "concurrent writes to the same threads; run it again when no graph "
                         "is writing them"
                     ) from exc
+
+
+CarriedWrites = tuple[tuple[str, str, str, str], str, bytes]
+"""A task's writes stored with a checkpoint: thread, namespace, checkpoint id and task id,
+the task's path, and its writes, packed."""
+
+
+def _own_row(value: StoredValue) -> StoredValue:
+    """A value that holds its bytes, in a row of its own (no reference)."""
+    if value.value is None or value.write_idx is None:
+        return value
+    return value._replace(write_checkpoint_id=None, write_task_id=None, write_idx=None)
+
+
+def _pg_checkpoint_rows(
+    values: Sequence[StoredValue], writes: Sequence[CarriedWrites]
+) -> tuple[list[tuple[Any, ...]], list[StoredValue], list[tuple[Any, ...]]]:
+    """A checkpoint's rows on PostgreSQL: the carried writes' rows, the values' rows, and
+    the parameters of ``_PG_PUT_REFERENCE`` for the values that refer to carried writes.
+
+    A value that refers to a carried write also has a row of its own, inserted after the
+    reference: it is kept only when the reference was not (its key is then free).
+    """  # noqa: D205
+    packed = {key: data for key, _, data in writes}
+    own: list[StoredValue] = []
+    referring: list[tuple[Any, ...]] = []
+    for value in values:
+        if value.value is not None and value.write_idx is not None:
+            key = cast(
+                tuple[str, str, str, str],
+                (
+                    value.thread_id,
+                    value.checkpoint_ns,
+                    value.write_checkpoint_id,
+                    value.write_task_id,
+                ),
+            )
+            data = packed.get(key)
+            if data is not None:
+                reference = (*value[:5], *value[6:])  # the value's row but its bytes
+                referring.append((*reference, *key, data))
+        own.append(_own_row(value))
+    return [(*key, path, data) for key, path, data in writes], own, referring
+
+
+def _closed_with_row(cursor: Any) -> bool:
+    """Whether a cursor's statement returned a row; the cursor is closed."""
+    with cursor:
+        return cursor.fetchone() is not None
 
 
 def _conninfo(url: str) -> str:

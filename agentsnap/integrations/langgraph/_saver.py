@@ -49,7 +49,7 @@ from agentsnap.store.graph import (
     TaskWrites,
 )
 from agentsnap.store.sql import DEFAULT_URL
-from agentsnap.store.sql_graph import SqlGraphStore
+from agentsnap.store.sql_graph import CarriedWrites, SqlGraphStore
 
 __all__ = ["AgentsnapSaver"]
 
@@ -70,10 +70,12 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
     a task of the parent checkpoint wrote, exactly as the checkpoint holds it (the usual
     case: a node wrote the channel), refers to that pending write, which the saver put
     earlier in the same process, rather than storing the value a second time. LangGraph
-    puts a step's writes and the next checkpoint at once: on SQLite, whose writes take turns
-    anyway, the checkpoint waits for the writes still being stored; on PostgreSQL, where
-    both commit at once on connections of their own, it refers only to writes already
-    committed (waiting would add a commit to each step).
+    puts a step's writes and the next checkpoint at once: a task's writes wait a few
+    milliseconds for the next checkpoint, which stores them in its own transaction (one
+    commit for both; ``put_writes`` returns once it is committed), and are stored by
+    themselves when no checkpoint comes. A checkpoint that comes later refers to the
+    writes already stored; on SQLite, whose writes take turns anyway, it also waits for
+    the writes still being stored.
 
     Values are encoded by LangGraph's ``JsonPlusSerializer`` in strict mode: JSON and msgpack
     only, with the pickle fallback off and msgpack extension types limited to LangGraph's
@@ -127,8 +129,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         )
         self.url = url
         self._storage: GraphCheckpointStore = SqlGraphStore(url, create=create, echo=echo)
-        # On PostgreSQL a task's writes and the next checkpoint commit at once, on connections
-        # of their own; waiting for the writes would put a commit's wait on the step's path.
+        # On PostgreSQL a checkpoint never waits for writes being stored by themselves
+        # (that would put a second commit on the step's path).
         self._written = _Written(wait=self._native() is None)
 
     def __repr__(self) -> str:
@@ -303,9 +305,28 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         Returns:
             The config naming the saved checkpoint.
         """
-        written = self._written.take(_parent_of(config), _stored_channels(checkpoint, new_versions))
-        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
-        self._storage.put_checkpoint(row, blobs)
+        # Everything is encoded before waiting for the parent's writes still being stored,
+        # so that the encoding runs while they are.
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        parent = _parent_of(config)
+        storage = self._storage
+        if not isinstance(storage, SqlGraphStore):
+            written = self._written.take(parent, _value_channels(blobs))
+            storage.put_checkpoint(row, _referring(blobs, written, row.parent_checkpoint_id))
+        else:
+            # The writes offered to this checkpoint go in its transaction; it waits (SQLite)
+            # only for writes that are being stored by themselves.
+            offers = self._written.claim(parent, None)
+            written = self._written.take(parent, _value_channels(blobs))
+            stored: builtins.list[bool] | None = None
+            try:
+                stored = storage.put_checkpoint_with_writes(
+                    row,
+                    _referring(blobs, written, row.parent_checkpoint_id, offers),
+                    [offer.carried() for offer in offers],
+                )
+            finally:
+                _Offer.settle(offers, stored)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
     def _put_rows(
@@ -314,16 +335,15 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
-        written: dict[str, builtins.list[_Write]],
     ) -> tuple[StoredCheckpoint, builtins.list[StoredValue]]:
+        """A checkpoint's row and the rows of its new values, each value in its row."""
         configurable = config["configurable"]
         thread_id: str = configurable["thread_id"]
         checkpoint_ns: str = configurable.get("checkpoint_ns", "")
-        parent_id: str | None = configurable.get("checkpoint_id")
         values = checkpoint["channel_values"]
         # Small scalars ride in the checkpoint row (cheaper than a row of their own each);
-        # every other value is stored once per version of its channel, and a value that the
-        # parent's tasks wrote as it is refers to the stored write.
+        # every other value is stored once per version of its channel (``_referring`` then
+        # makes a value that the parent's tasks wrote as it is refer to the stored write).
         small = {channel: value for channel, value in values.items() if inline(value)}
         stored: dict[str, Any] = {**checkpoint, "channel_values": small}
         dumps_typed = self.serde.dumps_typed
@@ -336,27 +356,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
                     StoredValue(thread_id, checkpoint_ns, channel, str(version), EMPTY, None)
                 )
                 continue
-            value_type, value = dumps_typed(values[channel])
-            same = next(
-                (
-                    (task_id, idx)
-                    for task_id, idx, written_type, written_value in written.get(channel, ())
-                    if written_type == value_type and written_value == value
-                ),
-                None,
-            )
             blobs.append(
-                StoredValue(thread_id, checkpoint_ns, channel, str(version), value_type, value)
-                if same is None
-                else StoredValue(
-                    thread_id,
-                    checkpoint_ns,
-                    channel,
-                    str(version),
-                    value_type,
-                    None,
-                    parent_id,
-                    *same,
+                StoredValue(
+                    thread_id, checkpoint_ns, channel, str(version), *dumps_typed(values[channel])
                 )
             )
         checkpoint_type, encoded = dumps_typed(stored)
@@ -395,15 +397,33 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             task_id: The task that made the writes.
             task_path: The task's path in the graph.
         """
-        if writes:
-            args, entries = self._writes_args(config, writes, task_id, task_path)
-            pending = threading.Event()
-            self._written.begin(args[0], pending, entries)
-            stored = False
-            try:
-                stored = self._storage.put_task_writes(*args)
-            finally:
-                self._written.end(args[0], pending, entries if stored else ())
+        if not writes:
+            return
+        args, entries = self._writes_args(config, writes, task_id, task_path)
+        if isinstance(self._storage, SqlGraphStore):
+            # Offered to the next checkpoint's transaction first (one commit for both).
+            offer = _Offer(args, threading.Event(), None)
+            self._written.offer(offer)
+            done = offer.done
+            assert isinstance(done, threading.Event)
+            if not done.wait(_LINGER) and self._written.withdraw(offer):
+                self._store_writes(args, entries)
+                return
+            done.wait()
+            if not offer.stored:  # the checkpoint failed, or the task had writes already
+                self._store_writes(args, entries)
+            return
+        self._store_writes(args, entries)
+
+    def _store_writes(self, args: _WritesArgs, entries: builtins.list[WriteEntry]) -> None:
+        """Store a task's writes, noting them for the checkpoint that follows."""
+        pending = threading.Event()
+        self._written.begin(args[0], pending, entries)
+        stored = False
+        try:
+            stored = self._storage.put_task_writes(*args)
+        finally:
+            self._written.end(args[0], pending, entries if stored else ())
 
     def _writes_args(
         self,
@@ -411,7 +431,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         writes: Sequence[tuple[str, Any]],
         task_id: str,
         task_path: str,
-    ) -> tuple[tuple[tuple[str, str, str, str], str, bytes, Merge], builtins.list[WriteEntry]]:
+    ) -> tuple[_WritesArgs, builtins.list[WriteEntry]]:
         configurable = config["configurable"]
         key = (
             configurable["thread_id"],
@@ -577,11 +597,19 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         native = self._native()
         if native is None:
             return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-        written = await self._written.atake(
-            _parent_of(config), _stored_channels(checkpoint, new_versions)
-        )
-        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions, written)
-        await native.aput_checkpoint(row, blobs)
+        row, blobs = self._put_rows(config, checkpoint, metadata, new_versions)
+        parent = _parent_of(config)
+        offers = self._written.claim(parent, asyncio.get_running_loop())
+        written = await self._written.atake(parent, _value_channels(blobs))
+        stored: builtins.list[bool] | None = None
+        try:
+            stored = await native.aput_checkpoint(
+                row,
+                _referring(blobs, written, row.parent_checkpoint_id, offers),
+                [offer.carried() for offer in offers],
+            )
+        finally:
+            _Offer.settle(offers, stored)
         return checkpoint_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
 
     async def aput_writes(
@@ -597,13 +625,36 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
         elif writes:
             args, entries = self._writes_args(config, writes, task_id, task_path)
-            pending = (asyncio.get_running_loop(), asyncio.Event())
-            self._written.begin(args[0], pending, entries)
-            stored = False
+            # Offered to the next checkpoint's transaction first (one commit for both).
+            loop = asyncio.get_running_loop()
+            offer = _Offer(args, asyncio.Event(), loop)
+            self._written.offer(offer)
+            done = offer.done
+            assert isinstance(done, asyncio.Event)
             try:
-                stored = await native.aput_task_writes(*args)
-            finally:
-                self._written.end(args[0], pending, entries if stored else ())
+                await asyncio.wait_for(done.wait(), _LINGER)
+            except TimeoutError:
+                if self._written.withdraw(offer):
+                    await self._astore_writes(native, args, entries)
+                    return
+                await done.wait()
+            except asyncio.CancelledError:
+                self._written.withdraw(offer)  # unless a checkpoint is storing them already
+                raise
+            if not offer.stored:  # the checkpoint failed, or the task had writes already
+                await self._astore_writes(native, args, entries)
+
+    async def _astore_writes(
+        self, native: SqlGraphStore, args: _WritesArgs, entries: builtins.list[WriteEntry]
+    ) -> None:
+        """``_store_writes`` on the asyncio driver."""
+        pending = (asyncio.get_running_loop(), asyncio.Event())
+        self._written.begin(args[0], pending, entries)
+        stored = False
+        try:
+            stored = await native.aput_task_writes(*args)
+        finally:
+            self._written.end(args[0], pending, entries if stored else ())
 
     def _native(self) -> SqlGraphStore | None:
         """The storage when it has native asyncio methods (PostgreSQL), else ``None``."""
@@ -672,6 +723,7 @@ class _Written:
         self._pending: dict[
             tuple[str, str, str], builtins.list[tuple[_Pending, frozenset[str]]]
         ] = {}
+        self._offers: dict[tuple[str, str, str], builtins.list[_Offer]] = {}
 
     def begin(
         self, key: tuple[str, str, str, str], pending: _Pending, entries: Iterable[WriteEntry]
@@ -703,6 +755,42 @@ class _Written:
             pending.set()
         else:
             pending[1].set()
+
+    def offer(self, offer: _Offer) -> None:
+        """Offer a task's writes to the transaction of the checkpoint that follows."""
+        with self._lock:
+            self._offers.setdefault(offer.args[0][:3], []).append(offer)
+
+    def withdraw(self, offer: _Offer) -> bool:
+        """Take an offer back, unless a checkpoint claimed it already."""
+        with self._lock:
+            if offer.claimed:
+                return False
+            offers = self._offers.get(offer.args[0][:3], [])
+            offers[:] = [found for found in offers if found is not offer]
+            if not offers:
+                self._offers.pop(offer.args[0][:3], None)
+            return True
+
+    def claim(
+        self, checkpoint: tuple[str, str, str], loop: asyncio.AbstractEventLoop | None
+    ) -> builtins.list[_Offer]:
+        """The writes offered against ``checkpoint``, claimed: the caller stores them.
+
+        Only those offered by the caller's kind of concurrency: threads for ``None``, else
+        the loop's tasks.
+        """
+        with self._lock:
+            offers = self._offers.get(checkpoint)
+            if not offers:
+                return []
+            claimed = [offer for offer in offers if offer.loop is loop]
+            offers[:] = [offer for offer in offers if offer.loop is not loop]
+            if not offers:
+                del self._offers[checkpoint]
+            for offer in claimed:
+                offer.claimed = True
+            return claimed
 
     def forget(self, thread_ids: Iterable[str] | None) -> None:
         """Forget the writes noted on these threads (all of them for ``None``): deleted."""
@@ -758,6 +846,54 @@ class _Written:
             return self._by_checkpoint.pop(checkpoint, {})
 
 
+class _Offer:
+    """A task's writes offered to the transaction of the checkpoint that follows.
+
+    ``put_writes`` offers them and waits ``_LINGER`` at most for a checkpoint put against
+    the same checkpoint (by the same kind of concurrency) to claim them: that checkpoint then
+    stores them in its own transaction, which is one commit for both, and its values refer
+    to them instead of holding copies. Unclaimed, the offer is withdrawn and ``put_writes``
+    stores the writes itself. Claimed, ``put_writes`` returns once the checkpoint's
+    transaction has committed (``stored``), or stores the writes itself when it failed or
+    when the task had writes stored already, which are then merged as always.
+    """
+
+    def __init__(
+        self,
+        args: _WritesArgs,
+        done: threading.Event | asyncio.Event,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> None:
+        self.args = args
+        self.done = done
+        self.loop = loop
+        self.claimed = False
+        self.stored = False
+        """Whether the claiming checkpoint's transaction stored the writes as given."""
+
+    def carried(self) -> CarriedWrites:
+        """The writes as a checkpoint's transaction carries them."""
+        key, task_path, packed, _ = self.args
+        return key, task_path, packed
+
+    def entries(self) -> builtins.list[WriteEntry]:
+        """The regular writes (index 0 and up), which a value may refer to."""
+        return [entry for entry in unpack_writes(self.args[2]) if entry[0] >= 0]
+
+    @staticmethod
+    def settle(offers: Sequence[_Offer], stored: Sequence[bool] | None) -> None:
+        """Tell the ``put_writes`` calls waiting on ``offers`` how their writes fared."""
+        for index, offer in enumerate(offers):
+            offer.stored = stored is not None and stored[index]
+            offer.done.set()  # an asyncio offer is claimed on its own loop only
+
+
+_WritesArgs = tuple[tuple[str, str, str, str], str, bytes, Merge]
+"""A task's writes as the storage takes them: key, task path, packed writes, merge."""
+
+_LINGER = 0.005
+"""Seconds a task's writes wait for the next checkpoint to carry them."""
+
 _Write = tuple[str, int, str, bytes]
 """A write noted by ``_Written``: task id, index, type tag and value."""
 
@@ -768,12 +904,54 @@ _WAIT_FOR_WRITES = 10.0
 """Seconds a checkpoint waits for its parent's writes; after that its values are copies."""
 
 
-def _stored_channels(checkpoint: Checkpoint, new_versions: ChannelVersions) -> builtins.list[str]:
-    """The channels whose new value a checkpoint stores as a value of its own (not inline)."""
-    values = checkpoint["channel_values"]
-    return [
-        channel for channel in new_versions if channel in values and not inline(values[channel])
-    ]
+def _value_channels(blobs: Iterable[StoredValue]) -> builtins.list[str]:
+    """The channels whose new value a checkpoint stores in a row (not inline, not empty)."""
+    return [blob.channel for blob in blobs if blob.value is not None]
+
+
+def _referring(
+    blobs: builtins.list[StoredValue],
+    written: dict[str, builtins.list[_Write]],
+    parent_id: str | None,
+    offers: Sequence[_Offer] = (),
+) -> builtins.list[StoredValue]:
+    """``blobs``, a value that a write of the parent holds as it is referring to the write.
+
+    As it is: the same type tag and the same bytes. A value that refers to a write that
+    the checkpoint's transaction carries (``offers``) keeps its bytes too, for the storage
+    to store them when the task's row turns out to hold other writes.
+    """
+    if not parent_id or not (written or offers):
+        return blobs
+    carried: dict[str, builtins.list[_Write]] = {}
+    for offer in offers:
+        task_id = offer.args[0][3]
+        for idx, channel, value_type, value in offer.entries():
+            carried.setdefault(channel, []).append((task_id, idx, value_type, value))
+    found: builtins.list[StoredValue] = []
+    for blob in blobs:
+        if blob.value is None:
+            found.append(blob)
+            continue
+        for candidates, keep in ((written, False), (carried, True)):
+            same = next(
+                (
+                    (task_id, idx)
+                    for task_id, idx, written_type, value in candidates.get(blob.channel, ())
+                    if written_type == blob.value_type and value == blob.value
+                ),
+                None,
+            )
+            if same is not None:
+                blob = blob._replace(  # noqa: PLW2901
+                    value=blob.value if keep else None,
+                    write_checkpoint_id=parent_id,
+                    write_task_id=same[0],
+                    write_idx=same[1],
+                )
+                break
+        found.append(blob)
+    return found
 
 
 def _parent_of(config: RunnableConfig) -> tuple[str, str, str]:
