@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,7 +27,6 @@ from pydantic import (
 )
 
 import agentsnap.snapshot
-import agentsnap.state
 from agentsnap import (
     Agent,
     AgentState,
@@ -453,15 +453,18 @@ def test_a_plain_state_is_not_validated_again(monkeypatch: pytest.MonkeyPatch) -
     state.memory["facts"] = {"list": [1, 2.5, "three", None, True]}
     state.plan.append(PlanStep(description="step", status="done"))
     state.tool_calls.append(ToolCallRecord(tool="search", arguments={"q": "x"}, result=[1]))
-    read_back: list[bytes] = []
-    real_loads = agentsnap.state.orjson.loads
-    monkeypatch.setattr(
-        agentsnap.state.orjson, "loads", lambda data: read_back.append(data) or real_loads(data)
-    )
+    read_back: list[bytes | str] = []
+    real_loads = orjson.loads
+
+    def reading(data: bytes | str) -> Any:
+        read_back.append(data)
+        return real_loads(data)
+
+    monkeypatch.setattr(orjson, "loads", reading)
     blob = encode_checked("p", state)
     assert validated == []
     assert read_back == []  # its values are exact JSON: the text is not read back either
-    monkeypatch.setattr(agentsnap.state.orjson, "loads", real_loads)
+    monkeypatch.setattr(orjson, "loads", real_loads)
     assert blob.json == encode_state("p", state).json  # the same text, so the same hash
     assert Plain.model_validate_json(blob.json) == state
     validated.clear()
