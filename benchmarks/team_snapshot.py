@@ -111,8 +111,13 @@ class Peer(Agent[WorkerState]):
             ctx.send(peer, {"hello": 1})
 
 
+# Made-up words that sentences pick from: one draw per word (drawing each letter made
+# making 10,000 states a large part of the benchmark's time).
+_WORDS = workloads.vocabulary(SEED)
+
+
 def _sentence(rng: random.Random, words: int) -> str:
-    return " ".join(workloads.word(rng) for _ in range(words)).capitalize() + "."
+    return " ".join(rng.choices(_WORDS, k=words)).capitalize() + "."
 
 
 def make_state(index: int, size: int) -> WorkerState:
@@ -129,15 +134,25 @@ def make_state(index: int, size: int) -> WorkerState:
     return state
 
 
-_made: dict[tuple[int, int], list[WorkerState]] = {}
+_made: dict[tuple[int, int], list[str]] = {}
 
 
-def team_states(agents: int, size: int) -> list[WorkerState]:
-    """``make_state(i, size)`` for each agent, made once per run of the benchmark."""
+def team_states(agents: int, size: int) -> list[str]:
+    """The JSON of ``make_state(i, size)`` for each agent, made once per run of the benchmark.
+
+    Each runtime validates its own copies from it (``fresh``).
+    """
     states = _made.get((agents, size))
     if states is None:
-        states = _made[agents, size] = [make_state(i, size) for i in range(agents)]
+        states = _made[agents, size] = [
+            make_state(i, size).model_dump_json() for i in range(agents)
+        ]
     return states
+
+
+def fresh(state: str) -> WorkerState:
+    """A new state from ``team_states`` JSON (a deep copy, for a fraction of ``model_copy``)."""
+    return WorkerState.model_validate_json(state)
 
 
 def naive_dump(path: Path, agents: list[Worker]) -> float:
@@ -190,7 +205,7 @@ async def change(runtime: Runtime, agents: list[Worker], share: float) -> None:
 
 
 async def one_round(
-    directory: Path, states: list[WorkerState], share: float, naive_first: bool
+    directory: Path, states: list[str], share: float, naive_first: bool
 ) -> tuple[float, float, float]:
     """One round: (first snapshot, later snapshot after ``share`` changed, naive dump)."""
     path = workloads.fresh_db(directory, "team")
@@ -200,8 +215,7 @@ async def one_round(
     try:
         async with Runtime(store=store, snapshot_policy=policy, journal=False) as runtime:
             agents = [
-                runtime.add(Worker(f"w{i:05d}", state.model_copy(deep=True)))
-                for i, state in enumerate(states)
+                runtime.add(Worker(f"w{i:05d}", fresh(state))) for i, state in enumerate(states)
             ]
             await runtime.snapshot()  # the run row, SQL statements compiled: not timed
             await change(runtime, agents, 1.0)  # everyone changed: a first snapshot's work
@@ -220,7 +234,7 @@ async def one_round(
     return first, later, naive
 
 
-async def connected_snapshot(directory: Path, states: list[WorkerState], mesh: bool) -> float:
+async def connected_snapshot(directory: Path, states: list[str], mesh: bool) -> float:
     """Seconds of one snapshot of agents connected as a full mesh, or as a ring."""
     path = workloads.fresh_db(directory, "mesh" if mesh else "ring")
     store = SqlStore(f"sqlite:///{path}")
@@ -229,7 +243,7 @@ async def connected_snapshot(directory: Path, states: list[WorkerState], mesh: b
         async with Runtime(store=store, snapshot_policy=policy, journal=False) as runtime:
             names = [f"p{i:03d}" for i in range(len(states))]
             for name, state in zip(names, states, strict=True):
-                runtime.add(Peer(name, state.model_copy(deep=True)))
+                runtime.add(Peer(name, fresh(state)))
             await runtime.snapshot()  # the run row, SQL statements compiled: not timed
             for i, name in enumerate(names):
                 peers = [p for p in names if p != name] if mesh else [names[(i + 1) % len(names)]]
@@ -328,7 +342,7 @@ class SnapshotWork:
 
 
 async def fan_out_rounds(
-    directory: Path, states: list[WorkerState], seconds: float
+    directory: Path, states: list[str], seconds: float
 ) -> list[tuple[float, float, int]]:
     """Fan-out rounds one after the other under ``every_seconds=0.1``, for ``seconds``.
 
@@ -340,8 +354,7 @@ async def fan_out_rounds(
     try:
         async with Runtime(store=store, snapshot_policy=policy, journal=False) as runtime:
             agents = [
-                runtime.add(Worker(f"w{i:05d}", state.model_copy(deep=True)))
-                for i, state in enumerate(states)
+                runtime.add(Worker(f"w{i:05d}", fresh(state))) for i, state in enumerate(states)
             ]
             # Not timed: the run's first input (and its first cut, taken before anything is
             # delivered).
