@@ -251,12 +251,13 @@ def encode_checked(agent: str, state: BaseModel, verified: str | None = None) ->
     is the identity by its schema (see
     [`round_trip_is_identity`][agentsnap.state.round_trip_is_identity]) the state is dumped
     once, in Python mode, with the serializer refusing any value not of its field's type;
-    orjson writes it, refusing subclasses, dates and dataclasses; and the text is read back
-    and compared, as loaded, with the state's own values only where one could still come
-    back different: free-form JSON (a tuple, a set, a model or a NaN in it), floats (a NaN
-    or an infinity written as ``null``), literals (a value not among them) and nested models
-    (an instance of a subclass). A state that passes comes back equal, so it is not
-    validated again; one that does not is checked in full, as any state of another class.
+    orjson writes it, refusing subclasses, dates and dataclasses; and the state's own values
+    are looked at only where one could still come back different: free-form JSON must be
+    exact JSON (no tuple, enum member, UUID, model or NaN in it: each of exactly a JSON
+    type), floats finite (a NaN or an infinity would be written as ``null``), literals among
+    their values, and nested models of exactly their class (not a subclass). A state that
+    passes comes back equal from its text, so the text is neither read back nor validated
+    again; one that does not is checked in full, as any state of another class.
 
     That full check is skipped when the text's hash is ``verified`` (a text shown to survive
     it before), and otherwise it is what rules out a non-finite float written by orjson as
@@ -293,9 +294,9 @@ def encode_checked(agent: str, state: BaseModel, verified: str | None = None) ->
 
 # -- states whose JSON round trip is the identity by their schema -------------------------------
 
-_Check = Callable[[Any, Any], bool]
-"""``check(loaded, live)``: whether ``loaded`` (parsed back from the JSON text) validates to a
-value equal to ``live`` (the state's own value at the same place)."""
+_Check = Callable[[Any], bool]
+"""``check(live)``: whether ``live`` (the state's own value at some place) comes back equal from
+the JSON text orjson writes of it, validated again as its place's schema says."""
 
 # Core-schema keys that change nothing about what a value validates or serializes to.
 _INERT_KEYS = frozenset({"type", "metadata", "ref"})
@@ -391,23 +392,23 @@ class _SchemaWalk:
             return None  # of its type (checked by the serializer): JSON carries it exactly
         if kind == "float":
             _only(schema, _INERT_KEYS | {"allow_inf_nan"})
-            return _equal  # a NaN or an infinity would come back as None
+            return _exact  # a NaN or an infinity would come back as None
         if kind == "any":
             _only(schema, _INERT_KEYS)
-            return _equal  # a tuple, a set, a model... would not come back the same
+            return _exact  # a tuple, a model, an enum... would not come back the same
         if kind == "literal":
             _only(schema, _INERT_KEYS | {"expected"})
             expected = schema["expected"]
             if not all(type(value) in _LITERALS for value in expected):
                 raise _NotPlain
             allowed = frozenset((type(value), value) for value in expected)
-            return lambda loaded, live: (type(live), live) in allowed
+            return lambda live: (type(live), live) in allowed
         if kind == "nullable":
             _only(schema, _INERT_KEYS | {"schema"})
             inner = self.node(schema["schema"])
-            if inner is None or inner is _equal:
+            if inner is None or inner is _exact:
                 return inner
-            return lambda loaded, live: live is None or inner(loaded, live)
+            return lambda live: live is None or inner(live)
         if kind == "default":
             _only(
                 schema,
@@ -418,27 +419,28 @@ class _SchemaWalk:
         if kind == "list":
             _only(schema, _INERT_KEYS | {"items_schema"})
             items = self.node(schema.get("items_schema", {"type": "any"}))
-            if items is None or items is _equal:
-                return items  # a list compares its items as they are
-            return lambda loaded, live: len(loaded) == len(live) and all(map(items, loaded, live))
+            if items is None:
+                return None
+            if items is _exact:
+                return _exact  # a list of exact JSON is exact JSON
+            return lambda live: type(live) is list and all(map(items, live))
         if kind == "dict":
             _only(schema, _INERT_KEYS | {"keys_schema", "values_schema"})
             keys = schema.get("keys_schema", {"type": "any"})
             if keys["type"] != "str" or self.node(keys) is not None:
                 raise _NotPlain
             values = self.node(schema.get("values_schema", {"type": "any"}))
-            if values is None or values is _equal:
-                return values
-            return lambda loaded, live: (
-                len(loaded) == len(live)
-                and all(values(loaded[key], value) for key, value in live.items())
-            )
+            if values is None:
+                return None
+            if values is _exact:
+                return _exact  # a dict of exact JSON with string keys is exact JSON
+            return lambda live: type(live) is dict and all(map(values, live.values()))
         raise _NotPlain
 
     def _reference(self, ref: str) -> _Check | None:
         known = self.compiled.get(ref)
         if known is not None:  # compiled, or being compiled (recursion): look it up when used
-            return lambda loaded, live: _deferred(known, loaded, live)
+            return lambda live: _deferred(known, live)
         cell: list[_Check | None] = [None]
         self.compiled[ref] = cell
         check = self.node(self.definitions[ref])
@@ -466,28 +468,28 @@ class _SchemaWalk:
         if fields["type"] != "model-fields" or fields.get("computed_fields"):
             raise _NotPlain
         _only(fields, _FIELDS_KEYS)
-        equal: list[str] = []  # compared as they are: the common case, kept in one loop
+        exact: list[str] = []  # free-form JSON: the common case, kept in one loop
         checks: list[tuple[str, _Check]] = []
         for name, field in fields["fields"].items():
             if field["type"] != "model-field":
                 raise _NotPlain
             _only(field, _FIELD_KEYS)
             check = self.node(field["schema"])
-            if check is _equal:
-                equal.append(name)
+            if check is _exact:
+                exact.append(name)
             elif check is not None:
                 checks.append((name, check))
 
-        def model(loaded: Any, live: Any) -> bool:
+        def model(live: Any) -> bool:
             # A subclass, or another model, would come back as this class.
             if type(live) is not cls:
                 return False
             attributes = live.__dict__
-            for name in equal:
-                if loaded[name] != attributes[name]:
+            for name in exact:
+                if not _exact(attributes[name]):
                     return False
             for name, check in checks:  # noqa: SIM110 (no generator made per model)
-                if not check(loaded[name], attributes[name]):
+                if not check(attributes[name]):
                     return False
             return True
 
@@ -501,13 +503,36 @@ def _only(schema: Mapping[str, Any], keys: frozenset[str]) -> None:
         raise _NotPlain
 
 
-def _deferred(cell: list[_Check | None], loaded: Any, live: Any) -> bool:
+def _deferred(cell: list[_Check | None], live: Any) -> bool:
     check = cell[0]
-    return check is None or check(loaded, live)
+    return check is None or check(live)
 
 
-def _equal(loaded: Any, live: Any) -> bool:
-    return bool(loaded == live)
+def _exact(live: Any) -> bool:
+    """Whether ``live`` is exact JSON: it comes back equal from the JSON orjson writes of it.
+
+    That is a string, an integer, a boolean, ``None``, a finite float, or a list or a dict
+    with string keys made of those, each of exactly its type (``type(x) is str``: orjson,
+    told to, refuses subclasses). Anything else (a tuple, a set, an enum member, a UUID, a
+    model, a NaN) either does not come back equal or is refused by orjson: it is checked in
+    full instead. An integer orjson cannot write (beyond 64 bits) makes it refuse the state.
+    """
+    kind = type(live)
+    if kind is str or kind is int or kind is bool or live is None:
+        return True
+    if kind is float:
+        return bool(live - live == 0.0)  # NaN - NaN and inf - inf are NaN
+    if kind is list:
+        for item in live:  # noqa: SIM110 (no generator made per list)
+            if type(item) is not str and not _exact(item):
+                return False
+        return True
+    if kind is dict:
+        for key, item in live.items():
+            if type(key) is not str or (type(item) is not str and not _exact(item)):
+                return False
+        return True
+    return False
 
 
 # Subclasses of str, int, dict and list, dates, times and dataclasses are refused rather than
@@ -525,8 +550,9 @@ def _encode_plain(state: BaseModel, check: _Check | None) -> StateBlob | None:
 
     For a class whose round trip is the identity: the serializer refuses (with
     ``warnings="error"``) a value that is not of its field's type, orjson refuses what is
-    not plain JSON, and ``check`` compares the text read back with the state where a value
-    could still come back different (free-form JSON, floats, literals).
+    not plain JSON, and ``check`` looks at the state's own values where one could still come
+    back different (free-form JSON, floats, literals, nested models): each must be of exactly
+    a type JSON carries, so the text need not be read back to show it comes back equal.
     """
     try:
         value = state.model_dump(warnings="error")
@@ -537,9 +563,9 @@ def _encode_plain(state: BaseModel, check: _Check | None) -> StateBlob | None:
         return None
     if check is not None:
         try:
-            if not check(orjson.loads(data), state):
+            if not check(state):
                 return None
-        except (KeyError, IndexError, TypeError, AttributeError):
+        except (KeyError, IndexError, TypeError, AttributeError, RecursionError):
             return None
     return StateBlob(data.decode(), data)
 

@@ -36,11 +36,16 @@ round); a ratio is the median of the per-round ratios, reported with the lowest 
   snapshots by time never starve the run.
 
 Every round builds a new runtime on a new SQLite file; the messages that change the states
-are delivered (``run_until_idle``) before the clock starts, and garbage is collected. For the
+are delivered (``run_until_idle``) before the clock starts, garbage is collected, and the
+SQLite file's WAL is checkpointed (emptied), as the naive dump's new file has an empty WAL:
+neither timed write copies earlier writes' pages into the database file (SQLite does that at
+the commit that brings the WAL past 1,000 pages, whichever write that is). The fan-out rounds
+leave those checkpoints where SQLite makes them: they count as snapshot work there. For the
 mesh and the ring, the replay log's background write of the connecting deliveries (made a
 few times a second) is let happen before the clock starts: it is not part of the snapshot. The
 naive dump runs on the same agents' states, right before or after. ``--json`` prints one JSON
-object on stdout; ``--quick`` runs fewer rounds (the sizes are the same; under a minute).
+object on stdout; ``--quick`` runs fewer rounds (3, and 2 of the comparison with 10,000
+agents; the sizes are the same; under a minute on an idle machine).
 Run it from the repository root with:
 
     python benchmarks/team_snapshot.py
@@ -77,6 +82,9 @@ SEED = 20_261_201
 
 # name: rounds of each comparison
 PROFILES: dict[str, int] = {"full": 7, "quick": 3}
+# name: rounds of the comparison with 10,000 agents (each round takes two first snapshots of
+# them: the one that writes the run's row, not timed, and the timed one)
+PROFILES_10000: dict[str, int] = {"full": 7, "quick": 2}
 # name: seconds of fan-out rounds to 10,000 agents, one after the other, under a timed policy
 FAN_OUT_SECONDS: dict[str, float] = {"full": 10.0, "quick": 4.0}
 
@@ -107,8 +115,13 @@ class Peer(Agent[WorkerState]):
             ctx.send(peer, {"hello": 1})
 
 
+# Made-up words that sentences pick from: one draw per word (drawing each letter made
+# making 10,000 states a large part of the benchmark's time).
+_WORDS = workloads.vocabulary(SEED)
+
+
 def _sentence(rng: random.Random, words: int) -> str:
-    return " ".join(workloads.word(rng) for _ in range(words)).capitalize() + "."
+    return " ".join(rng.choices(_WORDS, k=words)).capitalize() + "."
 
 
 def make_state(index: int, size: int) -> WorkerState:
@@ -125,15 +138,25 @@ def make_state(index: int, size: int) -> WorkerState:
     return state
 
 
-_made: dict[tuple[int, int], list[WorkerState]] = {}
+_made: dict[tuple[int, int], list[str]] = {}
 
 
-def team_states(agents: int, size: int) -> list[WorkerState]:
-    """``make_state(i, size)`` for each agent, made once per run of the benchmark."""
+def team_states(agents: int, size: int) -> list[str]:
+    """The JSON of ``make_state(i, size)`` for each agent, made once per run of the benchmark.
+
+    Each runtime validates its own copies from it (``fresh``).
+    """
     states = _made.get((agents, size))
     if states is None:
-        states = _made[agents, size] = [make_state(i, size) for i in range(agents)]
+        states = _made[agents, size] = [
+            make_state(i, size).model_dump_json() for i in range(agents)
+        ]
     return states
+
+
+def fresh(state: str) -> WorkerState:
+    """A new state from ``team_states`` JSON (a deep copy, for a fraction of ``model_copy``)."""
+    return WorkerState.model_validate_json(state)
 
 
 def naive_dump(path: Path, agents: list[Worker]) -> float:
@@ -154,7 +177,23 @@ def naive_dump(path: Path, agents: list[Worker]) -> float:
         conn.close()
 
 
-async def timed_snapshot(runtime: Runtime) -> float:
+def checkpoint(path: Path) -> None:
+    """Copy what the WAL of ``path`` holds into the database file and empty it (not timed).
+
+    SQLite does so on its own at the commit that brings the WAL past 1,000 pages, so a write
+    pays for the pages of the writes before it that often. The naive dump's file is new, its
+    WAL empty; the snapshot's file starts each timed write with an empty WAL too.
+    """
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+async def timed_snapshot(runtime: Runtime, path: Path | None = None) -> float:
+    if path is not None:
+        checkpoint(path)
     gc.collect()
     start = time.perf_counter()
     await runtime.snapshot()
@@ -170,7 +209,7 @@ async def change(runtime: Runtime, agents: list[Worker], share: float) -> None:
 
 
 async def one_round(
-    directory: Path, states: list[WorkerState], share: float, naive_first: bool
+    directory: Path, states: list[str], share: float, naive_first: bool
 ) -> tuple[float, float, float]:
     """One round: (first snapshot, later snapshot after ``share`` changed, naive dump)."""
     path = workloads.fresh_db(directory, "team")
@@ -180,17 +219,16 @@ async def one_round(
     try:
         async with Runtime(store=store, snapshot_policy=policy, journal=False) as runtime:
             agents = [
-                runtime.add(Worker(f"w{i:05d}", state.model_copy(deep=True)))
-                for i, state in enumerate(states)
+                runtime.add(Worker(f"w{i:05d}", fresh(state))) for i, state in enumerate(states)
             ]
             await runtime.snapshot()  # the run row, SQL statements compiled: not timed
             await change(runtime, agents, 1.0)  # everyone changed: a first snapshot's work
-            first = await timed_snapshot(runtime)
+            first = await timed_snapshot(runtime, path)
             await change(runtime, agents, share)
             naive = 0.0
             if naive_first:
                 naive = naive_dump(naive_path, agents)
-            later = await timed_snapshot(runtime)
+            later = await timed_snapshot(runtime, path)
             if not naive_first:
                 naive = naive_dump(naive_path, agents)
     finally:
@@ -200,7 +238,7 @@ async def one_round(
     return first, later, naive
 
 
-async def connected_snapshot(directory: Path, states: list[WorkerState], mesh: bool) -> float:
+async def connected_snapshot(directory: Path, states: list[str], mesh: bool) -> float:
     """Seconds of one snapshot of agents connected as a full mesh, or as a ring."""
     path = workloads.fresh_db(directory, "mesh" if mesh else "ring")
     store = SqlStore(f"sqlite:///{path}")
@@ -209,14 +247,14 @@ async def connected_snapshot(directory: Path, states: list[WorkerState], mesh: b
         async with Runtime(store=store, snapshot_policy=policy, journal=False) as runtime:
             names = [f"p{i:03d}" for i in range(len(states))]
             for name, state in zip(names, states, strict=True):
-                runtime.add(Peer(name, state.model_copy(deep=True)))
+                runtime.add(Peer(name, fresh(state)))
             await runtime.snapshot()  # the run row, SQL statements compiled: not timed
             for i, name in enumerate(names):
                 peers = [p for p in names if p != name] if mesh else [names[(i + 1) % len(names)]]
                 runtime.send(name, {"to": peers})
             await runtime.run_until_idle()
             await asyncio.sleep(REPLAY_WATCH_SECONDS * 1.5)  # the replay log written
-            return await timed_snapshot(runtime)
+            return await timed_snapshot(runtime, path)
     finally:
         await store.close()
         workloads.remove_db(path)
@@ -308,7 +346,7 @@ class SnapshotWork:
 
 
 async def fan_out_rounds(
-    directory: Path, states: list[WorkerState], seconds: float
+    directory: Path, states: list[str], seconds: float
 ) -> list[tuple[float, float, int]]:
     """Fan-out rounds one after the other under ``every_seconds=0.1``, for ``seconds``.
 
@@ -320,8 +358,7 @@ async def fan_out_rounds(
     try:
         async with Runtime(store=store, snapshot_policy=policy, journal=False) as runtime:
             agents = [
-                runtime.add(Worker(f"w{i:05d}", state.model_copy(deep=True)))
-                for i, state in enumerate(states)
+                runtime.add(Worker(f"w{i:05d}", fresh(state))) for i, state in enumerate(states)
             ]
             # Not timed: the run's first input (and its first cut, taken before anything is
             # delivered).
@@ -409,7 +446,7 @@ async def measure(profile: str, parent: Path | None) -> dict[str, Any]:
     with workloads.scratch_directory(parent) as directory:
         one_pct = await compare(directory, 1_000, 10_000, 0.01, rounds)
         everyone = await compare(directory, 100, 10_000, 1.0, rounds)
-        big = await compare(directory, 10_000, 2_000, 0.01, rounds)
+        big = await compare(directory, 10_000, 2_000, 0.01, PROFILES_10000[profile])
         connected = await mesh_vs_ring(directory, 100, 10_000, rounds)
         fan_out = await time_share(directory, 10_000, 2_000, FAN_OUT_SECONDS[profile])
     results.update(
@@ -426,6 +463,7 @@ async def measure(profile: str, parent: Path | None) -> dict[str, Any]:
             "snapshot_time_share_10000_spread": fan_out["share_spread"],
             "fan_out_10000": fan_out,
             "rounds": rounds,
+            "rounds_10000": PROFILES_10000[profile],
             "by_case": {"1pct_1000": one_pct, "all_100": everyone, "1pct_10000": big},
             "mesh_and_ring_100": connected,
         }

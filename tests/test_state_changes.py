@@ -7,10 +7,13 @@ where orjson cannot represent a value or would write it differently.
 
 from __future__ import annotations
 
+import enum
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -375,6 +378,10 @@ class Plain(AgentState):
     note: str | None = None
 
 
+class Mode(enum.Enum):
+    FAST = "fast"
+
+
 class Doubled(AgentState):
     """Writes ``count`` doubled: a serializer whose JSON does not come back the same."""
 
@@ -446,8 +453,18 @@ def test_a_plain_state_is_not_validated_again(monkeypatch: pytest.MonkeyPatch) -
     state.memory["facts"] = {"list": [1, 2.5, "three", None, True]}
     state.plan.append(PlanStep(description="step", status="done"))
     state.tool_calls.append(ToolCallRecord(tool="search", arguments={"q": "x"}, result=[1]))
+    read_back: list[bytes | str] = []
+    real_loads = orjson.loads
+
+    def reading(data: bytes | str) -> Any:
+        read_back.append(data)
+        return real_loads(data)
+
+    monkeypatch.setattr(orjson, "loads", reading)
     blob = encode_checked("p", state)
     assert validated == []
+    assert read_back == []  # its values are exact JSON: the text is not read back either
+    monkeypatch.setattr(orjson, "loads", real_loads)
     assert blob.json == encode_state("p", state).json  # the same text, so the same hash
     assert Plain.model_validate_json(blob.json) == state
     validated.clear()
@@ -476,6 +493,15 @@ def _with(change: Callable[[Plain], None]) -> Plain:
     ("change", "field"),
     [
         (lambda s: s.memory.update(pair=(1, 2)), "memory"),  # a tuple comes back a list
+        (lambda s: s.memory.update(deep={"a": [{"b": [1, (2,)]}]}), "memory"),  # deep inside
+        (lambda s: s.memory.update(mode=Mode.FAST), "memory"),  # comes back its value
+        (lambda s: s.memory.update(id=uuid.UUID(int=7)), "memory"),  # comes back a string
+        (lambda s: s.plan[0].__dict__.update(note=("a",)), "plan"),  # in a nested model
+        (lambda s: s.tool_calls.append(ToolCallRecord(tool="t", result=(1,))), "tool_calls"),
+        (
+            lambda s: s.tool_calls.append(ToolCallRecord(tool="t", arguments={"x": {1, 2}})),
+            "tool_calls",
+        ),
         (lambda s: s.memory.update(step=PlanStep(description="x")), "memory"),  # a dict
         (lambda s: s.memory.update(value=float("nan")), "memory"),  # written as null
         (lambda s: setattr(s, "ratio", float("inf")), "ratio"),
