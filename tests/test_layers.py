@@ -15,6 +15,7 @@ function, under ``TYPE_CHECKING``). The layers, from the bottom::
     rollback     retry policy, the rollback manager, restoring a cut through Bus.restore
     journal      a bus observer writing to the store
     tools        side-effecting tools on the ledger
+    distributed  agents hosted over processes: agents, snapshot and rollback on jetstream
     runtime      wires everything; above it only the public face: the package itself,
                  inspect, timeline, ui, cli, demo, testing, integrations, which nothing below
                  imports
@@ -70,7 +71,13 @@ CONTRACTS: dict[str, set[str]] = {
     "agentsnap.journal": BUS | STORE,
     "agentsnap.tools": AGENTS | {"agentsnap.agents"},
     "agentsnap.distributed": AGENTS
-    | {"agentsnap.agents", "agentsnap.snapshot", "agentsnap.jetstream", "agentsnap.distributed"},
+    | {
+        "agentsnap.agents",
+        "agentsnap.snapshot",
+        "agentsnap.rollback",
+        "agentsnap.jetstream",
+        "agentsnap.distributed",
+    },
 }
 """For a module (or a package, with everything in it): the only agentsnap modules it may
 import (a package allows its modules too). Modules not named here are above the runtime."""
