@@ -16,8 +16,8 @@ import random
 
 from pydantic import BaseModel
 
-from agentsnap import Agent, AgentState, Context, Message, Snapshot
-from agentsnap.distributed import App
+from agentsnap import Agent, AgentState, Context, Message, Snapshot, SnapshotFailed
+from agentsnap.distributed import App, DistributedRun
 from agentsnap.messages import ENVIRONMENT
 
 TELLERS = int(os.environ.get("BANK_TELLERS", "9"))
@@ -58,13 +58,33 @@ def names(tellers: int = TELLERS) -> list[str]:
     return [f"teller-{i}" for i in range(tellers)]
 
 
-def make_app() -> App:
-    """Every teller of the bank, each with the same starting balance."""
-    everyone = names()
+def bank(tellers: int = TELLERS) -> App:
+    """``tellers`` tellers, each with the same starting balance."""
+    everyone = names(tellers)
     return App(
         agents=[Teller(name, [n for n in everyone if n != name]) for name in everyone],
         metadata={"example": "teller_app"},
     )
+
+
+def make_app() -> App:
+    """Every teller of the bank (``BANK_TELLERS`` of them), each with the same balance."""
+    return bank()
+
+
+async def until_finished(run: DistributedRun, patience: float = 120.0) -> Snapshot:
+    """Take snapshots until one shows the run has nothing left to do; return it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while loop.time() < deadline:
+        try:
+            snapshot = await run.snapshot()
+        except SnapshotFailed:  # the next one decides
+            continue
+        if finished(snapshot):
+            return snapshot
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the run did not finish within {patience} s")
 
 
 def money_in(snapshot: Snapshot) -> int:

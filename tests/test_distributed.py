@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
-from teller_app import Teller, finished, money_in
+from teller_app import Teller, bank, money_in, until_finished
 
 from agentsnap import ConfigurationError, MemoryStore, Snapshot, SnapshotFailed
 from agentsnap.distributed import (
@@ -137,26 +137,6 @@ async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
         server.stop()
 
 
-def bank(tellers: int) -> App:
-    names = [f"teller-{i}" for i in range(tellers)]
-    return App(agents=[Teller(name, [n for n in names if n != name]) for name in names])
-
-
-async def until_finished(run: DistributedRun) -> Snapshot:
-    """Take snapshots until one shows the run has nothing left to do; return it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + PATIENCE
-    while loop.time() < deadline:
-        try:
-            snapshot = await run.snapshot()
-        except Exception:  # a failed snapshot: the next one decides
-            continue
-        if finished(snapshot):
-            return snapshot
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the run did not finish within {PATIENCE} s")
-
-
 def in_flight_between_hosts(snapshot: Snapshot, hosts: list[set[str]]) -> int:
     where = {name: i for i, names in enumerate(hosts) for name in names}
     return sum(
@@ -184,7 +164,7 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
             await worker.start()
         for i in range(40):
             run.send(f"teller-{i % 6}", {"hops": 30}, kind="go")
-        last = await until_finished(run)
+        last = await until_finished(run, PATIENCE)
         await run.close()
         assert last.seq == max(s.seq for s in run.complete)
         assert run.complete, "no snapshot completed"

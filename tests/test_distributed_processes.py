@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 from nats_server import SHARED_URL, free_port, reachable, unavailable
-from teller_app import BALANCE, finished, make_app, money_in
+from teller_app import BALANCE, make_app, money_in, until_finished
 
-from agentsnap import RunInfo, Snapshot, SnapshotFailed
+from agentsnap import RunInfo
 from agentsnap.distributed import DistributedRun, group_of
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
@@ -74,20 +74,6 @@ async def until_up(logs: list[Path]) -> None:
         await asyncio.sleep(0.05)
 
 
-async def until_finished(run: DistributedRun) -> Snapshot:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + PATIENCE
-    while loop.time() < deadline:
-        try:
-            snapshot = await run.snapshot()
-        except SnapshotFailed:
-            continue
-        if finished(snapshot):
-            return snapshot
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"the run did not finish within {PATIENCE} s")
-
-
 async def test_three_worker_processes_store_consistent_cuts_of_one_bank(
     nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
 ) -> None:
@@ -112,7 +98,7 @@ async def test_three_worker_processes_store_consistent_cuts_of_one_bank(
         for i in range(90):
             run.send(f"teller-{i % TELLERS}", {"hops": 40}, kind="go")
             await asyncio.sleep(0.01)
-        await until_finished(run)
+        await until_finished(run, PATIENCE)
         await run.close()
         for process in workers:
             process.send_signal(signal.SIGTERM)

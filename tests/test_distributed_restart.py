@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from nats_server import OwnServer, server_binary, unavailable
-from teller_app import BALANCE, TellerState, finished, make_app, money_in
+from teller_app import BALANCE, TellerState, make_app, money_in, until_finished
 
 from agentsnap import RunInfo, Snapshot, SnapshotFailed
 from agentsnap.distributed import DistributedRun
@@ -85,20 +85,6 @@ async def until(condition: object, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def until_finished(run: DistributedRun) -> Snapshot:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + PATIENCE
-    while loop.time() < deadline:
-        try:
-            snapshot = await run.snapshot()
-        except SnapshotFailed:
-            continue
-        if finished(snapshot):
-            return snapshot
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"the run did not finish within {PATIENCE} s")
-
-
 def handled(snapshot: Snapshot) -> int:
     return sum(
         TellerState.model_validate(cut.state).handled
@@ -141,7 +127,7 @@ async def test_a_run_goes_on_after_its_nats_server_restarts(
         await asyncio.to_thread(server.start)
         with pytest.raises(SnapshotFailed):
             await down  # its markers went nowhere for a while: it fails, and says why
-        last = await until_finished(run)
+        last = await until_finished(run, PATIENCE)
         await run.close()
         assert link.reconnects >= 1
         for process in workers:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 from nats_server import SHARED_URL, OwnServer, free_port, reachable, server_binary, unavailable
-from teller_app import Teller, Transfer, finished, money_in
+from teller_app import Transfer, bank, finished, money_in, until_finished
 
-from agentsnap import ConfigurationError, MemoryStore, RunInfo, Snapshot, SnapshotFailed
-from agentsnap.distributed import App, DistributedRun, StreamRetention, Worker, retain
+from agentsnap import ConfigurationError, MemoryStore, RunInfo, Snapshot
+from agentsnap.distributed import DistributedRun, StreamRetention, Worker, retain
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
 from agentsnap.jetstream.codec import decode, stream_name
@@ -53,25 +53,6 @@ async def nats_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[st
         server.stop()
 
 
-def bank() -> App:
-    names = [f"teller-{i}" for i in range(TELLERS)]
-    return App(agents=[Teller(name, [n for n in names if n != name]) for name in names])
-
-
-async def until_finished(run: DistributedRun) -> Snapshot:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + PATIENCE
-    while loop.time() < deadline:
-        try:
-            snapshot = await run.snapshot()
-        except SnapshotFailed:
-            continue
-        if finished(snapshot):
-            return snapshot
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the run did not finish within {PATIENCE} s")
-
-
 def test_a_retention_keeps_at_least_one_snapshot() -> None:
     with pytest.raises(ConfigurationError, match="keep=0"):
         StreamRetention(keep=0)
@@ -87,14 +68,14 @@ async def run_the_bank(
     run = DistributedRun(
         links[0],
         store,
-        bank(),
+        bank(TELLERS),
         policy=SnapshotPolicy(every_seconds=0.05),
         part_timeout=30,
         retention=retention,
     )
     hosts = [["teller-0", "teller-1", "teller-2"], ["teller-3", "teller-4", "teller-5"]]
     workers = [
-        Worker(link, store, run.run_id, bank(), agents, name=f"w{i}")
+        Worker(link, store, run.run_id, bank(TELLERS), agents, name=f"w{i}")
         for i, (link, agents) in enumerate(zip(links[1:], hosts, strict=True))
     ]
     try:
@@ -103,7 +84,7 @@ async def run_the_bank(
             await worker.start()
         for i in range(40):
             run.send(f"teller-{i % TELLERS}", {"hops": 60}, kind="go")
-        last = await until_finished(run)
+        last = await until_finished(run, PATIENCE)
         await run.close()
     finally:
         for worker in workers:
