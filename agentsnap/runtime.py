@@ -110,7 +110,7 @@ _SEAL_INPUTS_EVERY = 256
 _REPLAY_HOLDS = 4096  # deliveries (or inputs) the replay log holds before it writes them
 _REPLAY_WATCH_SECONDS = 0.25
 _WRITES_BEHIND = 16  # snapshot writes in flight at which policy snapshots are skipped
-_STRETCH = 5  # timed snapshots start at most once per this many times the latest one took
+_STRETCH = 6  # timed snapshots start at most once per this many times the latest one took
 _PROBE_FIRST = 0.1  # seconds between probes of a database that does not answer, at first
 _PROBE_MAX = 5.0
 _PROBE_KEY = "agentsnap:probe"  # a ledger key read to see whether the ledger answers
@@ -1625,8 +1625,9 @@ class Runtime:
         # (up to max_in_progress of them), so that a slow store cannot make them pile up;
         # and the period stretches to _STRETCH times the time the latest one took from its
         # start until it was written, so that snapshots whose recording or writing takes
-        # long (a big team, a round that keeps every agent busy) never take more than a
-        # fifth of the run's time, however short ``every_seconds`` is.
+        # long (a big team, a round that keeps every agent busy) take a sixth of the run's
+        # time at most (the store's writer thread works beside the loop: under a quarter
+        # counting it), however short ``every_seconds`` is.
         loop = asyncio.get_running_loop()
         outstanding: list[SnapshotHandle] = []
         limit = self._policy.max_in_progress

@@ -119,11 +119,12 @@ class SnapshotPolicy:
     Attributes:
         every_deliveries: Start a snapshot after every this many delivered messages.
         every_seconds: Start a snapshot every this many seconds of wall-clock time, or
-            less often when snapshots take long: the next one starts no sooner than five
+            less often when snapshots take long: the next one starts no sooner than six
             times the time the latest one took from its start until it was written, so that
-            recording and writing them never takes more than about a fifth of the run's
-            time (a snapshot of a big team during a round that keeps every agent busy
-            completes only when the round does).
+            recording and writing them takes about a sixth of the run's time at most, under
+            a quarter even counting the store's writer thread beside the event loop (a
+            snapshot of a big team during a round that keeps every agent busy completes only
+            when the round does).
         at_start: Take a snapshot when the run gets its first input (the first message sent
             from the environment), so that a rollback always has a cut to go back to.
         at_end: Take a snapshot when the run goes idle (``run_until_idle`` returns) and when
