@@ -1,6 +1,7 @@
 """Bad input to a run spread over processes: a clear error, and nothing written.
 
-A worker refuses a run that no distributed coordinator created (a ``Runtime``'s run, say),
+A worker refuses an app it cannot import or a placement that names no agent of it, a run
+missing from the database, a run that no distributed coordinator created (a ``Runtime``'s run, say),
 one created for other agents than its app's, and one that has ended; it says what to do,
 exits with status 1 like the other commands, prints no traceback, and claims no agent. A
 database or a NATS server that cannot be reached is refused the same way, and a coordinator
@@ -10,9 +11,6 @@ whose NATS server is away writes no run.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 from nats_server import SHARED_URL, OwnServer, free_port, reachable, server_binary, unavailable
 from teller_app import make_app
+from worker_processes import run_worker
 
 from agentsnap import MemoryStore, NotFoundError, RunInfo, RunStatus
 from agentsnap.distributed import DistributedRun, Worker, check_run
@@ -29,26 +28,7 @@ from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import utcnow
 from agentsnap.store.sql import SqlStore
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-TELLERS = 9
 APP = "teller_app:make_app"
-
-
-def worker_env() -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": path, "BANK_TELLERS": str(TELLERS)}
-
-
-def run_worker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentsnap", "worker", *args],
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def of_the_bank(run_id: str, names: list[str] | None = None, **fields: object) -> RunInfo:
@@ -67,6 +47,7 @@ async def store(postgres_url: str) -> AsyncIterator[SqlStore]:
 
 
 async def nothing_claimed(store: SqlStore, run_id: str) -> bool:
+    """Whether another owner can claim every teller at once (no worker holds one)."""
     later = utcnow() + timedelta(seconds=1)
     return await store.claim_agents(run_id, "test", make_app().names, later) == []
 
@@ -116,6 +97,60 @@ def test_a_database_without_the_schema_is_a_clear_error(tmp_path: Path) -> None:
     assert "no database at" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("app", "placement", "says", "status"),
+    [
+        ("no_such_module_here:make", ["--group", "0/3"], "cannot import", 2),
+        ("teller_app:nothing", ["--group", "0/3"], "no factory 'nothing'", 2),
+        ("teller_app:make_app", ["--group", "3/3"], "N/M", 2),
+        ("teller_app:make_app", ["--agents", "clerk"], "no agent 'clerk'", 2),
+    ],
+)
+async def test_a_bad_app_or_placement_is_refused_before_anything_is_written(
+    postgres_url: str, store: SqlStore, app: str, placement: list[str], says: str, status: int
+) -> None:
+    await store.create_run(RunInfo(id="bank"))
+    done = run_worker(
+        "--nats", SHARED_URL, "--db", postgres_url, "--app", app, "--run", "bank", *placement
+    )
+    assert done.returncode == status
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
+    assert await nothing_claimed(store, "bank")
+
+
+@pytest.mark.postgres
+async def test_a_run_not_in_the_database_is_a_clear_error(
+    postgres_url: str, store: SqlStore
+) -> None:
+    await store.create_run(RunInfo(id="other"))
+    done = run_worker(
+        "--nats", SHARED_URL, "--db", postgres_url, "--app", "teller_app:make_app",
+        "--run", "bank", "--group", "0/3",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "no run with id 'bank'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.postgres
+async def test_an_unreachable_nats_server_is_a_clear_error(
+    postgres_url: str, store: SqlStore
+) -> None:
+    processes = sorted([ENVIRONMENT, *make_app().names])
+    await store.create_run(RunInfo(id="bank", metadata={"processes": processes}))
+    url = f"nats://127.0.0.1:{free_port()}"
+    done = run_worker(
+        "--nats", url, "--db", postgres_url, "--app", "teller_app:make_app",
+        "--run", "bank", "--group", "0/3",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert url in done.stderr
+    assert "Traceback" not in done.stderr
+    assert await nothing_claimed(store, "bank")
 
 
 async def test_the_python_worker_refuses_too() -> None:

@@ -10,29 +10,23 @@ money, and several must have caught transfers in flight between processes.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from nats_server import SHARED_URL, free_port, reachable, unavailable
+from nats_server import SHARED_URL, reachable, unavailable
 from teller_app import BALANCE, make_app, money_in, until_finished
+from worker_processes import worker_command, worker_env
 
-from agentsnap import RunInfo
 from agentsnap.distributed import DistributedRun, group_of
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
 from agentsnap.messages import ENVIRONMENT
-from agentsnap.records import SnapshotStatus, utcnow
+from agentsnap.records import SnapshotStatus
 from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.store.sql import SqlStore
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 PATIENCE = 120.0
 """Seconds the run may take (never reached when green)."""
 TELLERS = 9
@@ -46,15 +40,6 @@ def nats_url() -> str:
     if not reachable(SHARED_URL):
         unavailable(f"no NATS server at {SHARED_URL}")
     return SHARED_URL
-
-
-def worker_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agentsnap", "worker", *args]
-
-
-def worker_env() -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": path, "BANK_TELLERS": str(TELLERS)}
 
 
 @pytest.fixture
@@ -91,7 +76,7 @@ async def test_three_worker_processes_store_consistent_cuts_of_one_bank(
             with log.open("wb") as out:
                 workers.append(
                     await asyncio.create_subprocess_exec(
-                        *worker_command(*args), env=worker_env(), stdout=out, stderr=out
+                        *worker_command(*args), env=worker_env(TELLERS), stdout=out, stderr=out
                     )
                 )
         await until_up(logs)
@@ -131,74 +116,3 @@ async def test_three_worker_processes_store_consistent_cuts_of_one_bank(
     parts = await store.load_snapshot_parts(run.run_id, complete[-1].seq)
     assert "coordinator" in {p.worker for p in parts}
     assert len(parts) == GROUPS + 1
-
-
-# -- bad input ------------------------------------------------------------------------------
-
-
-def run_worker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        worker_command(*args),
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=PATIENCE,
-        check=False,
-    )
-
-
-async def nothing_claimed(store: SqlStore, run_id: str) -> bool:
-    """Whether another owner can claim every teller at once (no worker holds one)."""
-    later = utcnow() + timedelta(seconds=1)
-    return await store.claim_agents(run_id, "test", make_app().names, later) == []
-
-
-@pytest.mark.parametrize(
-    ("app", "placement", "says", "status"),
-    [
-        ("no_such_module_here:make", ["--group", "0/3"], "cannot import", 2),
-        ("teller_app:nothing", ["--group", "0/3"], "no factory 'nothing'", 2),
-        ("teller_app:make_app", ["--group", "3/3"], "N/M", 2),
-        ("teller_app:make_app", ["--agents", "clerk"], "no agent 'clerk'", 2),
-    ],
-)
-async def test_a_bad_app_or_placement_is_refused_before_anything_is_written(
-    postgres_url: str, store: SqlStore, app: str, placement: list[str], says: str, status: int
-) -> None:
-    await store.create_run(RunInfo(id="bank"))
-    done = run_worker(
-        "--nats", SHARED_URL, "--db", postgres_url, "--app", app, "--run", "bank", *placement
-    )
-    assert done.returncode == status
-    assert says in done.stderr
-    assert "Traceback" not in done.stderr
-    assert await nothing_claimed(store, "bank")
-
-
-async def test_a_run_not_in_the_database_is_a_clear_error(
-    postgres_url: str, store: SqlStore
-) -> None:
-    await store.create_run(RunInfo(id="other"))
-    done = run_worker(
-        "--nats", SHARED_URL, "--db", postgres_url, "--app", "teller_app:make_app",
-        "--run", "bank", "--group", "0/3",
-    )  # fmt: skip
-    assert done.returncode == 1
-    assert "no run with id 'bank'" in done.stderr
-    assert "Traceback" not in done.stderr
-
-
-async def test_an_unreachable_nats_server_is_a_clear_error(
-    postgres_url: str, store: SqlStore
-) -> None:
-    processes = sorted([ENVIRONMENT, *make_app().names])
-    await store.create_run(RunInfo(id="bank", metadata={"processes": processes}))
-    url = f"nats://127.0.0.1:{free_port()}"
-    done = run_worker(
-        "--nats", url, "--db", postgres_url, "--app", "teller_app:make_app",
-        "--run", "bank", "--group", "0/3",
-    )  # fmt: skip
-    assert done.returncode == 1
-    assert url in done.stderr
-    assert "Traceback" not in done.stderr
-    assert await nothing_claimed(store, "bank")

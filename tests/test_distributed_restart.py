@@ -14,15 +14,14 @@ A worker whose server stays away gives up after ``--nats-patience`` seconds, say
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from nats_server import OwnServer, server_binary, unavailable
 from teller_app import BALANCE, TellerState, make_app, money_in, until_finished
+from worker_processes import worker_command, worker_env
 
 from agentsnap import RunInfo, Snapshot, SnapshotFailed
 from agentsnap.distributed import DistributedRun
@@ -33,8 +32,6 @@ from agentsnap.records import SnapshotStatus
 from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.store.sql import SqlStore
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 PATIENCE = 180.0
 """Seconds the run may take (never reached when green)."""
 TELLERS = 9
@@ -66,15 +63,6 @@ async def store(postgres_url: str) -> AsyncIterator[SqlStore]:
         yield made
     finally:
         await made.close()
-
-
-def worker_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agentsnap", "worker", *args]
-
-
-def worker_env() -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": path, "BANK_TELLERS": str(TELLERS)}
 
 
 async def until(condition: object, what: str) -> None:
@@ -111,7 +99,7 @@ async def test_a_run_goes_on_after_its_nats_server_restarts(
             with log.open("wb") as out:
                 workers.append(
                     await asyncio.create_subprocess_exec(
-                        *worker_command(*args), env=worker_env(), stdout=out, stderr=out
+                        *worker_command(*args), env=worker_env(TELLERS), stdout=out, stderr=out
                     )
                 )
         await until(lambda: all(" hosts " in log.read_text() for log in logs), "up")
@@ -165,7 +153,7 @@ async def test_a_worker_whose_nats_server_stays_away_gives_up(
     args += ["--run", "bank-away", "--group", "0/3", "--nats-patience", "2"]
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(
-            *worker_command(*args), env=worker_env(), stdout=out, stderr=out
+            *worker_command(*args), env=worker_env(TELLERS), stdout=out, stderr=out
         )
     try:
         await until(lambda: " hosts " in log.read_text() or process.returncode is not None, "up")
