@@ -43,9 +43,6 @@ AgentRow = tuple[str, str, str, str, str]
 """``(snapshot id, process, state hash, sent, received)``: one ``agentsnap_snapshot_agents``
 row, counters as JSON text."""
 
-_Part = tuple[str, str, str]
-"""``(state hash, sent, received)`` of a process in a base."""
-
 
 class RowPlan(NamedTuple):
     """The agent rows of one snapshot, and how its snapshot row refers to its base."""
@@ -58,14 +55,14 @@ class RowPlan(NamedTuple):
     """The full snapshot the rows extend (``None``: the snapshot is full)."""
     agent_rows: int | None = None
     """For a delta, how many rows it holds itself (``len(rows)``)."""
-    parts: dict[str, _Part] | None = None
-    """For a full complete snapshot, what it holds: the run's base once committed."""
+    parts: dict[str, AgentRow] | None = None
+    """For a full complete snapshot, its rows by process: the run's base once committed."""
 
 
 class _Base:
     __slots__ = ("deltas", "id", "parts")
 
-    def __init__(self, snapshot_id: str, parts: dict[str, _Part]) -> None:
+    def __init__(self, snapshot_id: str, parts: dict[str, AgentRow]) -> None:
         self.id = snapshot_id
         self.parts = parts
         self.deltas = 0
@@ -89,11 +86,13 @@ class Bases:
             own: list[AgentRow] = []
             shared = 0
             most = (len(rows) - 1) // 2  # fewer than half
+            # No object is made per process: at 10,000 of them, allocations would bring the
+            # garbage collector's full passes over everything the run holds.
             for row in rows:
                 held = parts.get(row[1])
                 if held is not None:
                     shared += 1
-                    if held == row[2:]:
+                    if held[2] == row[2] and held[3] == row[3] and held[4] == row[4]:
                         continue
                 own.append(row)
                 if len(own) > most:
@@ -101,9 +100,7 @@ class Bases:
             else:
                 if shared == len(parts):
                     return RowPlan(run_id, snapshot_id, own, base.id, len(own))
-        return RowPlan(
-            run_id, snapshot_id, rows, parts={row[1]: (row[2], row[3], row[4]) for row in rows}
-        )
+        return RowPlan(run_id, snapshot_id, rows, parts={row[1]: row for row in rows})
 
     def committed(self, plan: RowPlan) -> None:
         """``plan`` is written: a full snapshot becomes its run's base."""
