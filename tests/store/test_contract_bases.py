@@ -260,3 +260,30 @@ async def test_a_lost_row_of_a_snapshot_over_a_base_makes_it_damaged(sql_store: 
         f"it holds 0 agent rows of its own where 2 were written (it is stored as the changes "
         f"to snapshot {first.id})"
     )
+
+
+async def test_a_base_deleted_behind_the_stores_back_makes_the_next_snapshot_full(
+    sql_store: SqlStore,
+) -> None:
+    run = await stored_run(sql_store)
+    team = Team.of(6)
+    first = team.snapshot(run.id, 1)
+    await sql_store.save_snapshot(first)
+    engine = sa.create_engine(migrate.sync_url(sql_store.url))
+    try:
+        with engine.begin() as conn:  # foreign keys not enforced (SQLite's default)
+            if engine.dialect.name == "postgresql":
+                conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
+            for table, column in (
+                ("agentsnap_snapshot_agents", "snapshot_id"),
+                ("agentsnap_snapshot_messages", "snapshot_id"),
+                ("agentsnap_snapshots", "id"),
+            ):
+                conn.execute(sa.text(f"DELETE FROM {table} WHERE {column} = :id"), {"id": first.id})
+    finally:
+        engine.dispose()
+    team.handle("w01")
+    second = team.snapshot(run.id, 2)
+    await sql_store.save_snapshot(second)  # refused over the lost base, then written full
+    assert_same_snapshot(await sql_store.load_snapshot(second.id), second)
+    assert await layout(sql_store, run.id) == [(2, None, 7)]
