@@ -17,6 +17,11 @@ rows and checks every part of a complete snapshot:
   a state stored in chunks (see [`agentsnap.store.chunks`][agentsnap.store.chunks]) is
   rebuilt from them first, and a chunk that is missing or does not match its own hash is
   named in the reason;
+* a snapshot stored as the changes to an earlier one (see
+  [`agentsnap.store.sql`][agentsnap.store.sql]) holds as many rows of its own as it
+  was written with (the store reports it with
+  [`problem`][agentsnap.integrity.SnapshotReader.problem]), so that a lost row is found,
+  not replaced by the earlier snapshot's;
 * the ``sent`` and ``received`` counters are JSON objects mapping process names to
   non-negative integers;
 * each message in flight can be read (its payload is JSON, its headers map strings to
@@ -188,6 +193,16 @@ class SnapshotReader:
             sent=counters[0],
             received=counters[1],
         )
+
+    def problem(self, snapshot_id: str, problem: str) -> None:
+        """Something wrong with a snapshot's rows that its parts cannot show.
+
+        Args:
+            snapshot_id: The snapshot.
+            problem: What is wrong, in the words of the snapshot's ``error``, such as ``"it
+                holds 2 agent rows of its own where 3 were written"``.
+        """
+        self._problems.setdefault(snapshot_id, []).append(problem)
 
     def message(  # noqa: PLR0917
         self,

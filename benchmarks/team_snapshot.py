@@ -15,6 +15,14 @@ round); a ratio is the median of the per-round ratios, reported with the lowest 
 * ``later_vs_first_10000``: 10,000 agents with states of about 2 KB; the first snapshot of a
   fresh runtime (every state encoded and written) against a later one with 1 % changed.
   Reported as later / first. Target ``<= 0.3``.
+* ``bytes_per_unchanged_agent_10000`` (not timed): after that later snapshot, one more with
+  nothing changed; the database pages it adds (``PRAGMA page_count`` less the free list,
+  times ``page_size``, the WAL checkpointed into the file before and after), divided by the
+  processes of the cut (10,001). With a row per process in every snapshot this is the size
+  of an ``agentsnap_snapshot_agents`` row and its index entries; a snapshot that holds only
+  the rows changed since its run's last full snapshot adds the rows of the 1 % changed since
+  then. ``later_snapshot_bytes_10000`` is what the later snapshot itself adds (the changed
+  states and rows, and the replay log's record of the deliveries that changed them).
 * ``mesh_vs_ring_100``: 100 agents with the states of ``vs_naive_all_100``, connected as a
   full mesh (every agent has sent one message to every other: 9,900 channels between
   agents) against the same agents connected as a ring (each has sent one message to the
@@ -66,7 +74,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import workloads
 from pydantic import Field
@@ -185,6 +193,22 @@ def naive_dump(path: Path, agents: list[Worker]) -> float:
         conn.close()
 
 
+def used_bytes(path: Path) -> int:
+    """Bytes of the pages the database at ``path`` uses, its WAL copied in first (not timed).
+
+    Pages on the free list (none in these new files, which only grow) are not counted.
+    """
+    checkpoint(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        (free,) = conn.execute("PRAGMA freelist_count").fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
+    finally:
+        conn.close()
+    return int((pages - free) * size)
+
+
 def checkpoint(path: Path) -> None:
     """Copy what the WAL of ``path`` holds into the database file and empty it (not timed).
 
@@ -216,10 +240,25 @@ async def change(runtime: Runtime, agents: list[Worker], share: float) -> None:
     await runtime.run_until_idle()
 
 
-async def one_round(
-    directory: Path, states: list[str], share: float, naive_first: bool
-) -> tuple[float, float, float]:
-    """One round: (first snapshot, later snapshot after ``share`` changed, naive dump)."""
+class Round(NamedTuple):
+    """One round of a comparison."""
+
+    first: float
+    """Seconds of the first snapshot (every agent changed)."""
+    later: float
+    """Seconds of the later snapshot (``share`` of the agents changed)."""
+    naive: float
+    """Seconds of the naive dump."""
+    later_bytes: int
+    """Database bytes the later snapshot added."""
+    unchanged_bytes: int
+    """Database bytes a snapshot right after the later one, nothing changed, added."""
+
+
+async def one_round(directory: Path, states: list[str], share: float, naive_first: bool) -> Round:
+    """One round: the first snapshot, a later one after ``share`` changed, the naive dump,
+    then (not timed) one more snapshot with nothing changed, for the bytes it adds.
+    """
     path = workloads.fresh_db(directory, "team")
     naive_path = workloads.fresh_db(directory, "naive")
     store = SqlStore(f"sqlite:///{path}")
@@ -236,14 +275,19 @@ async def one_round(
             naive = 0.0
             if naive_first:
                 naive = naive_dump(naive_path, agents)
+            before = used_bytes(path)
             later = await timed_snapshot(runtime, path)
+            await asyncio.sleep(REPLAY_WATCH_SECONDS * 1.5)  # the replay log written
+            after = used_bytes(path)
             if not naive_first:
                 naive = naive_dump(naive_path, agents)
+            await runtime.snapshot()
+            unchanged = used_bytes(path) - after
     finally:
         await store.close()
         workloads.remove_db(path)
         workloads.remove_db(naive_path)
-    return first, later, naive
+    return Round(first, later, naive, after - before, unchanged)
 
 
 async def connected_snapshot(directory: Path, states: list[str], mesh: bool) -> float:
@@ -446,14 +490,14 @@ async def compare(
     directory: Path, agents: int, size: int, share: float, rounds: int
 ) -> dict[str, Any]:
     states = team_states(agents, size)
-    firsts: list[float] = []
-    laters: list[float] = []
-    naives: list[float] = []
-    for r in range(rounds):
-        first, later, naive = await one_round(directory, states, share, naive_first=r % 2 == 0)
-        firsts.append(first)
-        laters.append(later)
-        naives.append(naive)
+    measured = [
+        await one_round(directory, states, share, naive_first=r % 2 == 0) for r in range(rounds)
+    ]
+    firsts = [m.first for m in measured]
+    laters = [m.later for m in measured]
+    naives = [m.naive for m in measured]
+    # The processes of the cut: the agents and the environment.
+    per_agent = [m.unchanged_bytes / (agents + 1) for m in measured]
     vs_naive = [later / naive for later, naive in zip(laters, naives, strict=True)]
     later_vs_first = [later / first for later, first in zip(laters, firsts, strict=True)]
     return {
@@ -467,6 +511,9 @@ async def compare(
         "vs_naive_spread": _spread(vs_naive),
         "later_vs_first": round(statistics.median(later_vs_first), 3),
         "later_vs_first_spread": _spread(later_vs_first),
+        "later_snapshot_bytes": int(statistics.median(m.later_bytes for m in measured)),
+        "bytes_per_unchanged_agent": round(statistics.median(per_agent), 1),
+        "bytes_per_unchanged_agent_spread": [round(min(per_agent), 1), round(max(per_agent), 1)],
         "samples_later_ms": workloads.samples_ms(laters),
         "samples_first_ms": workloads.samples_ms(firsts),
         "samples_naive_ms": workloads.samples_ms(naives),
@@ -491,6 +538,9 @@ async def measure(profile: str, parent: Path | None) -> dict[str, Any]:
             "vs_naive_all_100_spread": everyone["vs_naive_spread"],
             "later_vs_first_10000": big["later_vs_first"],
             "later_vs_first_10000_spread": big["later_vs_first_spread"],
+            "bytes_per_unchanged_agent_10000": big["bytes_per_unchanged_agent"],
+            "bytes_per_unchanged_agent_10000_spread": big["bytes_per_unchanged_agent_spread"],
+            "later_snapshot_bytes_10000": big["later_snapshot_bytes"],
             "mesh_vs_ring_100": connected["mesh_vs_ring"],
             "mesh_vs_ring_100_spread": connected["mesh_vs_ring_spread"],
             "snapshot_time_share_10000": fan_out["share"],
@@ -522,6 +572,11 @@ def _table(r: dict[str, Any]) -> str:
             f"{name:<28}{case['first_ms']:>10,.2f}{case['later_ms']:>10,.2f}"
             f"{case['naive_ms']:>10,.2f}"
         )
+    lines.append(
+        f"10,000 agents: a snapshot with nothing changed adds "
+        f"{r['bytes_per_unchanged_agent_10000']:,.1f} bytes per agent to the database, "
+        f"the later one (1 % changed) {r['later_snapshot_bytes_10000']:,} bytes"
+    )
     connected = r["mesh_and_ring_100"]
     lines.append(
         f"one snapshot of 100 agents: as a mesh {connected['mesh_ms']:,.2f} ms, "

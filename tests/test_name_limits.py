@@ -45,6 +45,7 @@ INTERNAL = {
     "agentsnap_runs.parent_snapshot_id",  # a snapshot id: 32 hex digits
     "agentsnap_runs.status",
     "agentsnap_snapshots.id",
+    "agentsnap_snapshots.base_id",  # a snapshot id
     "agentsnap_snapshots.status",
     "agentsnap_state_blobs.hash",
     "agentsnap_state_chunks.hash",  # a SHA-256: 64 hex digits

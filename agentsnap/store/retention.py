@@ -6,7 +6,11 @@ replay log, rollbacks, lease and tags, their side-effecting tool calls in the le
 (``agentsnap_tool_calls`` rows filed under the run), the LangGraph checkpoints of their graph
 agents' threads (see [`agentsnap.store.langgraph`][agentsnap.store.langgraph]), and the stored
 agent states that no snapshot of another run refers to any more. A state that another run's
-snapshot holds too is kept: states are stored once per content.
+snapshot holds too is kept: states are stored once per content. Snapshots are deleted with
+their run only, never one by one: a snapshot stored as the changes to an earlier full one
+(see [`agentsnap.store.sql`][agentsnap.store.sql]) has that base in its own run, so a delete
+never leaves a kept snapshot without its base, and a kept run's states are all referred to by
+its own rows.
 [`prune_runs`][agentsnap.store.retention.prune_runs] picks the runs to delete by a policy: keep
 the newest N, or delete those older than some time.
 

@@ -20,6 +20,17 @@ state already stored under its content hash is not written again. On first use a
 database gets the schema through the migrations; a database at another schema revision is
 refused with a message saying how to upgrade it.
 
+A snapshot holds one ``agentsnap_snapshot_agents`` row per process (its state's hash and its
+channel counters), or, when little changed, only the rows that differ from its run's *base*:
+the last full snapshot of the run this store wrote. Such a snapshot names its base in
+``base_id`` and counts its own rows in ``agent_rows``; a reader takes every other process's
+row from the base. A base is always full, so reading a snapshot takes at most its rows and
+its base's. A complete snapshot is written this way when it holds every process of the base,
+fewer than half of its processes changed (state hash or counters), and fewer than 100
+snapshots were written over that base; otherwise it is written full and becomes the base. A
+store that starts remembers no base, so its first snapshot of a run is full. With 10,000
+agents of which 1 % changed, a snapshot then adds about 100 rows rather than 10,000.
+
 A run's lease is one row of ``agentsnap_run_leases``, changed by compare-and-set statements
 (``INSERT … ON CONFLICT DO NOTHING`` for the first lease, ``UPDATE … WHERE token = N`` for a
 takeover), so that of two processes racing for a run exactly one wins. A fenced write reads
@@ -39,7 +50,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, ParamSpec, TypeVar
 
 from sqlalchemy import (
+    CompoundSelect,
     Insert,
+    Select,
     Table,
     Text,
     Update,
@@ -47,9 +60,11 @@ from sqlalchemy import (
     event,
     func,
     literal,
+    literal_column,
     or_,
     select,
     type_coerce,
+    union_all,
 )
 from sqlalchemy.engine import Row, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -77,6 +92,7 @@ from agentsnap.records import (
     utcnow,
 )
 from agentsnap.state import compact_json
+from agentsnap.store._bases import AgentRow, Bases
 from agentsnap.store._run_filter import run_filter
 from agentsnap.store._run_query import runs_query
 from agentsnap.store.chunks import ChunkWrites, SplitMemo, StateLoader
@@ -229,6 +245,8 @@ class SqlStore:
         self._known_chunks: set[str] = set()
         # Per process name, its part of the snapshot written last and its counters as JSON.
         self._counter_texts: dict[str, tuple[AgentCut, str, str]] = {}
+        # Per run, the last full snapshot written: later ones may hold only what changed.
+        self._bases = Bases()
         self._split_memo = SplitMemo()
         self._mark = "?" if self._engine.dialect.paramstyle == "qmark" else "%s"
         self._statements = _statements(self._mark, self._dialect)
@@ -279,6 +297,7 @@ class SqlStore:
         finished_at: datetime | None,
         reason: str | None = None,
     ) -> None:
+        self._bases.forget(run_id)  # a run that ends needs no base; one resumed starts anew
         await self._update_run(
             run_id, status=status.value, finished_at=finished_at, status_reason=reason
         )
@@ -351,12 +370,14 @@ class SqlStore:
             if not isinstance(exc.__cause__, (IntegrityError, sqlite3.IntegrityError)):
                 raise
             await self._explain_refusal(snapshot)
-            if not self._known_blobs:
+            if not self._known_blobs and snapshot.run_id not in self._bases:
                 raise
-            # A state this store knew to be stored may have been deleted since (with the
-            # runs that referred to it): send every state and chunk again, once.
+            # A state this store knew to be stored, or the base snapshot, may have been
+            # deleted since (with the runs that referred to it): send every state and chunk
+            # again, and every agent row, once.
             self._known_blobs.clear()
             self._known_chunks.clear()
+            self._bases.clear()
             await self._write_snapshot(snapshot)
 
     async def _write_snapshot(self, snapshot: Snapshot) -> None:
@@ -364,7 +385,9 @@ class SqlStore:
 
         A long state goes in as its row and its chunks (see
         [`agentsnap.store.chunks`][agentsnap.store.chunks]), which the write sends after the
-        agents' rows and checks in the same transaction.
+        agents' rows and checks in the same transaction. A snapshot that changes little
+        since its run's base holds only the agent rows that differ (see the module's
+        description).
         """
         known = self._known_blobs
         chunks = ChunkWrites(self._known_chunks, self._mark, self._split_memo)
@@ -373,6 +396,7 @@ class SqlStore:
             for cut in snapshot.agents.values()
             if cut.state_hash not in known
         }
+        plan = self._bases.plan(snapshot, self._agent_rows(snapshot))
         rows = SnapshotRows(
             snapshot=(
                 snapshot.id,
@@ -383,9 +407,11 @@ class SqlStore:
                 self._when(snapshot.started_at),
                 self._when(snapshot.completed_at),
                 snapshot.error,
+                plan.base_id,
+                plan.agent_rows,
             ),
             blobs=[(state_hash, *chunks.add(text)) for state_hash, text in new.items()],
-            agents=self._agent_rows(snapshot),
+            agents=plan.rows,
             messages=[
                 (
                     snapshot.id,
@@ -409,15 +435,17 @@ class SqlStore:
                 await self._writer.write(rows)
         else:
             await self._write_rows(rows)
-        # Only now, committed: another snapshot with these states need not send them again.
+        # Only now, committed: another snapshot with these states need not send them again,
+        # nor one of this run the agent rows it shares with a new base.
+        self._bases.committed(plan)
         if len(known) > _KNOWN_BLOBS_MAX:
             known.clear()
         known.update(new)
         if chunks:
             chunks.committed(_KNOWN_CHUNKS_MAX)
 
-    def _agent_rows(self, snapshot: Snapshot) -> list[tuple[str, str, str, str, str]]:
-        """The snapshot's ``agentsnap_snapshot_agents`` rows.
+    def _agent_rows(self, snapshot: Snapshot) -> list[AgentRow]:
+        """The snapshot's ``agentsnap_snapshot_agents`` rows, one per process.
 
         A process's part that is the same object as in the snapshot written before (the
         coordinator reuses the part of a process nothing happened to) reuses its counters'
@@ -959,7 +987,7 @@ class SqlStore:
             summaries: list[SnapshotSummary] = []
             for start in range(0, len(rows), _PAGE):
                 page: list[Any] = [row._mapping for row in rows[start : start + _PAGE]]
-                await self._read_parts(conn, reader, [row["id"] for row in page])
+                await self._read_parts(conn, reader, page)
                 summaries.extend(reader.summary(row) for row in page)
             return summaries
 
@@ -1138,44 +1166,77 @@ class SqlStore:
             return []
         reader = SnapshotReader()
         states = StateLoader()
-        ids = [row["id"] for row in rows]
-        for start in range(0, len(ids), _PAGE):
-            await self._read_parts(conn, reader, ids[start : start + _PAGE], states)
+        for start in range(0, len(rows), _PAGE):
+            await self._read_parts(conn, reader, rows[start : start + _PAGE], states)
         return [reader.snapshot(row) for row in rows]
 
     async def _read_parts(
         self,
         conn: AsyncConnection,
         reader: SnapshotReader,
-        ids: list[str],
+        rows: Sequence[Any],
         states: StateLoader | None = None,
     ) -> None:
-        """Give ``reader`` the cuts, states and messages in flight of snapshots ``ids``.
+        """Give ``reader`` the cuts, states and messages in flight of these snapshot rows.
 
-        States already given to the reader are not read again.
+        A snapshot stored as the changes to a base gets its own agent rows and, for every
+        other process, the base's row (in the database's order of the agents' names, as a
+        full snapshot's rows come). States already given to the reader are not read again.
         """
         states = states or StateLoader()
-        cuts = (
-            await conn.execute(
+        ids = [row["id"] for row in rows]
+        own = select(
+            _agents.c.snapshot_id,
+            _agents.c.agent,
+            _agents.c.state_hash,
+            type_coerce(_agents.c.sent, Text()).label("sent"),
+            type_coerce(_agents.c.received, Text()).label("received"),
+            literal_column("1").label("own"),
+        ).where(_agents.c.snapshot_id.in_(ids))
+        query: Select[Any] | CompoundSelect[Any] = own
+        deltas = {row["id"]: row for row in rows if row["base_id"] is not None}
+        if deltas:
+            based = _agents.alias("based")
+            kept = _agents.alias("kept")
+            inherited = (
                 select(
-                    _agents.c.snapshot_id,
-                    _agents.c.agent,
-                    _agents.c.state_hash,
-                    type_coerce(_agents.c.sent, Text()).label("sent"),
-                    type_coerce(_agents.c.received, Text()).label("received"),
+                    _snapshots.c.id,
+                    based.c.agent,
+                    based.c.state_hash,
+                    type_coerce(based.c.sent, Text()),
+                    type_coerce(based.c.received, Text()),
+                    literal_column("0"),
                 )
-                .where(_agents.c.snapshot_id.in_(ids))
-                .order_by(_agents.c.snapshot_id, _agents.c.agent)
+                .join(based, based.c.snapshot_id == _snapshots.c.base_id)
+                .where(
+                    _snapshots.c.id.in_(list(deltas)),
+                    ~select(literal_column("1"))
+                    .where(kept.c.snapshot_id == _snapshots.c.id, kept.c.agent == based.c.agent)
+                    .exists(),
+                )
             )
-        ).all()
+            query = union_all(own, inherited)
+        columns = query.selected_columns
+        cuts = (await conn.execute(query.order_by(columns.snapshot_id, columns.agent))).all()
         loaded = await states.load(conn, reader.wanted(cut.state_hash for cut in cuts))
         for state_hash, state in loaded.texts.items():
             reader.blob(state_hash, state)
         for state_hash, problem in loaded.problems.items():
             reader.unreadable(state_hash, problem)
         del loaded
+        held = dict.fromkeys(deltas, 0)
         for cut in cuts:
             reader.cut(cut.snapshot_id, cut.agent, cut.state_hash, cut.sent, cut.received)
+            if cut.own and cut.snapshot_id in held:
+                held[cut.snapshot_id] += 1
+        for snapshot_id, count in held.items():
+            delta = deltas[snapshot_id]
+            if count != delta["agent_rows"]:
+                reader.problem(
+                    snapshot_id,
+                    f"it holds {count} agent rows of its own where {delta['agent_rows']} were "
+                    f"written (it is stored as the changes to snapshot {delta['base_id']})",
+                )
         messages = await conn.execute(
             select(
                 _messages.c.snapshot_id,
@@ -1232,7 +1293,18 @@ def _statements(mark: str, dialect: Dialect) -> Statements:
     return Statements(
         snapshot=insert(
             _snapshots,
-            ["id", "run_id", "seq", "initiator", "status", "started_at", "completed_at", "error"],
+            [
+                "id",
+                "run_id",
+                "seq",
+                "initiator",
+                "status",
+                "started_at",
+                "completed_at",
+                "error",
+                "base_id",
+                "agent_rows",
+            ],
         ),
         blobs=insert(_blobs, ["hash", "state", "lists", "roots"], " ON CONFLICT (hash) DO NOTHING"),
         agents=insert(_agents, ["snapshot_id", "agent", "state_hash", "sent", "received"]),

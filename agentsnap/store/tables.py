@@ -3,8 +3,10 @@
 Agent states live in ``agentsnap_state_blobs`` keyed by their content hash, so a state that did
 not change between snapshots is stored once; the long arrays of long states (a tool-call
 history, a conversation) are in ``agentsnap_state_chunks``, so that what an array shares with
-an earlier version of it is stored once too. Every table carries the ``agentsnap_`` prefix so
-that the schema can share a database with an application's own tables.
+an earlier version of it is stored once too; and a snapshot that changes little since its
+run's last full snapshot holds the agent rows of the processes that changed only (see
+``SnapshotRow``). Every table carries the ``agentsnap_`` prefix so that the schema can share a
+database with an application's own tables.
 """
 
 from __future__ import annotations
@@ -140,7 +142,15 @@ class RunTagRow(Base):
 
 
 class SnapshotRow(Base):
-    """One snapshot (complete or failed) of a run."""
+    """One snapshot (complete or failed) of a run.
+
+    A snapshot with a ``base_id`` is stored as the changes to that full snapshot of the same
+    run: its ``agentsnap_snapshot_agents`` rows are those of the processes whose part differs
+    from the base's (or that the base does not have), ``agent_rows`` of them, and every other
+    process's part is the base's row. A base is always a full snapshot (``base_id`` ``NULL``,
+    a row per process), so a snapshot is read from at most two snapshots' rows (see
+    [`agentsnap.store.sql`][agentsnap.store.sql]).
+    """
 
     __tablename__ = "agentsnap_snapshots"
     __table_args__ = (UniqueConstraint("run_id", "seq"),)
@@ -155,6 +165,10 @@ class SnapshotRow(Base):
     started_at: Mapped[datetime] = mapped_column(UtcDateTime())
     completed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     error: Mapped[str | None] = mapped_column(Text)
+    base_id: Mapped[str | None] = mapped_column(
+        String(64), ForeignKey("agentsnap_snapshots.id"), index=True
+    )
+    agent_rows: Mapped[int | None] = mapped_column(Integer)
 
 
 class StateBlobRow(Base):
