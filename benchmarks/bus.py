@@ -74,7 +74,7 @@ from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotPoli
 from agentsnap.store.sql import SqlStore
 from agentsnap.telemetry import Telemetry, resolve
 
-TARGET_RATIO_VS_QUEUE = 0.33
+TARGET_RATIO_VS_QUEUE = 0.5
 TARGET_SNAPSHOT_OVERHEAD = 0.10
 TARGET_TRACING_NOOP_OVERHEAD = 0.05
 SDK_DIVISOR = 20  # the SDK comparison sends N / 20 messages: each one's spans stay in memory
