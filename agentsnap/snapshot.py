@@ -271,6 +271,8 @@ class SnapshotCoordinator:
         # recording can make others record (their channels got a marker while they were in
         # a handler), without recursion however many there are.
         self._to_record: list[tuple[Endpoint, int, tuple[Channel, Message] | None]] = []
+        # Those of them found at rest: nothing is queued on any channel to them.
+        self._resting: set[Endpoint] = set()
         self._recording = False
         # Per agent, why its state could not be encoded (for the snapshots that fail).
         self._unencodable: dict[str, str] = {}
@@ -484,6 +486,7 @@ class SnapshotCoordinator:
         finally:
             self._recording = False
             self._to_record.clear()
+            self._resting.clear()
 
     def _record(
         self, endpoint: Endpoint, upto: int, taking: tuple[Channel, Message] | None
@@ -525,9 +528,12 @@ class SnapshotCoordinator:
             if not progress.unrecorded:
                 self._all_recorded(seq, progress)
         endpoints = self.bus.endpoints
-        for channel in endpoint.incoming.values():
-            if channel.closed < upto and endpoints[channel.src].epoch > channel.closed:
-                self._close_queued(channel)  # the sender's marker is on it already
+        if endpoint in self._resting:
+            self._resting.discard(endpoint)  # its channels are empty: no marker on them
+        else:
+            for channel in endpoint.incoming.values():
+                if channel.closed < upto and endpoints[channel.src].epoch > channel.closed:
+                    self._close_queued(channel)  # the sender's marker is on it already
         # A marker is needed where it tells a process to record (the environment's reach
         # every agent) or where it ends the messages sent before this recording; a handler
         # running at the receiver may have a message of the old epoch in hand, which it
@@ -552,6 +558,7 @@ class SnapshotCoordinator:
                 else:
                     channel.closed = upto
                 self._to_record.append((receiver, upto, None))
+                self._resting.add(receiver)
                 continue
             if (
                 # Only a channel kept in this process shows all it holds to its sender; one
