@@ -411,6 +411,9 @@ class _SchemaWalk:
             inner = self.node(schema["schema"])
             if inner is _exact:
                 return inner
+            scalar = _OR_NONE.get(inner)
+            if scalar is not None:
+                return scalar
             return lambda live: live is None or inner(live)
         if kind == "default":
             _only(
@@ -469,14 +472,20 @@ class _SchemaWalk:
             raise _NotPlain
         _only(fields, _FIELDS_KEYS)
         exact: list[str] = []  # free-form JSON: the common case, kept in one loop
+        # Scalar fields, checked in the loop rather than by a call each: name, the type its
+        # value must have exactly, and whether ``None`` may stand instead.
+        typed: list[tuple[str, type, bool]] = []
         checks: list[tuple[str, _Check]] = []
         for name, field in fields["fields"].items():
             if field["type"] != "model-field":
                 raise _NotPlain
             _only(field, _FIELD_KEYS)
             check = self.node(field["schema"])
+            scalar = _SCALARS.get(check)
             if check is _exact:
                 exact.append(name)
+            elif scalar is not None:
+                typed.append((name, *scalar))
             else:
                 checks.append((name, check))
         count = len(fields["fields"])
@@ -492,6 +501,10 @@ class _SchemaWalk:
                 return False
             for name in exact:
                 if not _exact(attributes[name]):
+                    return False
+            for name, kind, nullable in typed:
+                value = attributes[name]
+                if type(value) is not kind and not (nullable and value is None):
                     return False
             for name, check in checks:  # noqa: SIM110 (no generator made per model)
                 if not check(attributes[name]):
@@ -529,12 +542,41 @@ def _is_none(live: Any) -> bool:
     return live is None
 
 
+def _is_str_or_none(live: Any) -> bool:
+    return live is None or type(live) is str
+
+
+def _is_int_or_none(live: Any) -> bool:
+    return live is None or type(live) is int
+
+
+def _is_bool_or_none(live: Any) -> bool:
+    return live is None or type(live) is bool
+
+
 # Per core-schema type of a scalar field: whether a value is exactly of it.
 _TYPE_CHECKS: dict[str, _Check] = {
     "str": _is_str,
     "int": _is_int,
     "bool": _is_bool,
     "none": _is_none,
+}
+# The same, or None.
+_OR_NONE: dict[_Check, _Check] = {
+    _is_str: _is_str_or_none,
+    _is_int: _is_int_or_none,
+    _is_bool: _is_bool_or_none,
+    _is_none: _is_none,
+}
+# What each scalar check asks: the exact type, and whether None passes too.
+_SCALARS: dict[_Check, tuple[type, bool]] = {
+    _is_str: (str, False),
+    _is_int: (int, False),
+    _is_bool: (bool, False),
+    _is_none: (type(None), False),
+    _is_str_or_none: (str, True),
+    _is_int_or_none: (int, True),
+    _is_bool_or_none: (bool, True),
 }
 
 
