@@ -820,6 +820,15 @@ class AsyncioScheduler:
             self._wake_idle()
             raise
 
+    def at_rest(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint``'s task waits for work, with nothing queued for it.
+
+        Nothing is being delivered to it either, and the scheduler is not paused. A snapshot
+        records such a process as it starts, without a marker.
+        """
+        box = self._boxes.get(endpoint)
+        return box is not None and box.waiter is not None and not box.inbox and not self._paused
+
     def _planned(self, endpoint: Endpoint) -> Channel | None:
         """Take the channel the replay plan names off the inbox, if it has an item."""
         channel = planned_channel(endpoint)

@@ -334,6 +334,9 @@ class Runtime:
         self._bus.replay_stalled = self._replay_stalled
         self._snapshots = SnapshotCoordinator(self._bus, self._agents, self.run_id, self._persist)
         self._snapshots.handling = self._handling
+        # A scheduler that can tell when a process waits for work lets a snapshot record it
+        # without a marker.
+        self._snapshots.at_rest = getattr(self._scheduler, "at_rest", None)
         # Without an SDK this is None, and the hot paths pay one None check per message.
         self._telemetry = resolve(telemetry)
         self._tracing = self._telemetry if self._telemetry and self._telemetry.tracing else None

@@ -5,7 +5,13 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
 
 1. **Initiation.** The environment records at once and sends a marker to every agent, so the
    snapshot reaches agents that have never talked to anyone. An agent named as initiator
-   records as soon as it is between two handler calls.
+   records as soon as it is between two handler calls. Where the scheduler can tell that an
+   agent waits for work (nothing is queued for it and nothing is being delivered to it, as
+   the [`AsyncioScheduler`][agentsnap.AsyncioScheduler] can), that agent records right
+   after the environment, in the same step, instead of at a marker: every channel to it is
+   empty, so its state for the snapshot is empty whatever its sender does next, and the
+   step costs no delivery. Schedulers that script deliveries (those of
+   [`agentsnap.testing`][agentsnap.testing]) send the marker to every agent.
 2. **Recording.** A process records when it takes a marker ``k`` off a channel, or a message
    whose epoch is ``k`` (the sender recorded before sending it, so the message must not count
    in the receiver's state); a process inside a handler records as soon as a marker ``k`` is
@@ -27,13 +33,14 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
    the recording are still queued (the marker says where they end), where a handler running
    at a receiver that has not recorded may have taken one of them (it may record inside
    that handler, with that message in flight), and on the environment's channels to agents
-   that have not recorded (those markers are what tells every agent to record). Any other
+   that have not recorded (those markers are what tells every agent to record), except to
+   agents at rest, which record at once (see 1.). Any other
    channel holds nothing of the sender's old epoch, so its state is empty for ``k`` whether
    or not its receiver has recorded: it is closed at once. Everything that comes through it
    later was sent after the sender's recording and carries epoch ``>= k``, so a receiver
    that has not recorded yet records before it counts, as it does at a marker. A team
-   whose channels are idle therefore costs one marker per agent, however many channels
-   connect them. This holds for channels kept in this process
+   whose channels are idle therefore costs at most one marker per agent, however many
+   channels connect them. This holds for channels kept in this process
    ([`LocalChannel`][agentsnap.bus.LocalChannel]); a channel whose receiver runs in another
    process always takes its marker, since its sender cannot see what it holds.
 4. **Completion.** When every process has recorded ``k`` and every channel is closed for
@@ -255,12 +262,18 @@ class SnapshotCoordinator:
         """What the handler ``endpoint`` is running has done so far, or ``None`` when it cannot
         record inside it (it made a message visible); set by the runtime. Without it, a
         process inside a handler records when the handler returns."""
+        self.at_rest: Callable[[Endpoint], bool] | None = None
+        """Whether a process waits for work (nothing is queued for it and nothing is being
+        delivered to it), when the scheduler can tell (set by the runtime), or ``None``. Such
+        a process records as a snapshot starts, without a marker (see 1. above)."""
         # Per agent, its state and received counters as a handler began (see keep_before).
         self._before: dict[str, tuple[StateBlob, dict[str, int]]] = {}
         # Processes to record, and whether record() is working through them already: a
         # recording can make others record (their channels got a marker while they were in
         # a handler), without recursion however many there are.
         self._to_record: list[tuple[Endpoint, int, tuple[Channel, Message] | None]] = []
+        # Those of them found at rest: nothing is queued on any channel to them.
+        self._resting: set[Endpoint] = set()
         self._recording = False
         # Per agent, why its state could not be encoded (for the snapshots that fail).
         self._unencodable: dict[str, str] = {}
@@ -474,6 +487,7 @@ class SnapshotCoordinator:
         finally:
             self._recording = False
             self._to_record.clear()
+            self._resting.clear()
 
     def _record(
         self, endpoint: Endpoint, upto: int, taking: tuple[Channel, Message] | None
@@ -515,9 +529,12 @@ class SnapshotCoordinator:
             if not progress.unrecorded:
                 self._all_recorded(seq, progress)
         endpoints = self.bus.endpoints
-        for channel in endpoint.incoming.values():
-            if channel.closed < upto and endpoints[channel.src].epoch > channel.closed:
-                self._close_queued(channel)  # the sender's marker is on it already
+        if endpoint in self._resting:
+            self._resting.discard(endpoint)  # its channels are empty: no marker on them
+        else:
+            for channel in endpoint.incoming.values():
+                if channel.closed < upto and endpoints[channel.src].epoch > channel.closed:
+                    self._close_queued(channel)  # the sender's marker is on it already
         # A marker is needed where it tells a process to record (the environment's reach
         # every agent) or where it ends the messages sent before this recording; a handler
         # running at the receiver may have a message of the old epoch in hand, which it
@@ -526,8 +543,24 @@ class SnapshotCoordinator:
         # While no snapshot waits for its channels to close, closing one is only raising
         # its number.
         waiting = any(progress.unclosed is not None for progress in self.active.values())
+        at_rest = self.at_rest if wakes else None
         for channel in endpoint.outgoing.values():
             receiver = channel.receiver
+            if (
+                at_rest is not None
+                and receiver.epoch < upto
+                and type(channel) is LocalChannel
+                and at_rest(receiver)
+            ):
+                # Nothing is queued for it: the channel is empty, and the process records
+                # now, as any process may at any moment, rather than at a marker.
+                if waiting:
+                    self._close(channel, upto)
+                else:
+                    channel.closed = upto
+                self._to_record.append((receiver, upto, None))
+                self._resting.add(receiver)
+                continue
             if (
                 # Only a channel kept in this process shows all it holds to its sender; one
                 # whose receiver is elsewhere always takes its marker.

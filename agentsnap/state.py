@@ -249,15 +249,17 @@ def encode_checked(agent: str, state: BaseModel, verified: str | None = None) ->
 
     What ``check_round_trip(agent, state)`` does, for less. For a class whose round trip
     is the identity by its schema (see
-    [`round_trip_is_identity`][agentsnap.state.round_trip_is_identity]) the state is dumped
-    once, in Python mode, with the serializer refusing any value not of its field's type;
-    orjson writes it, refusing subclasses, dates and dataclasses; and the state's own values
-    are looked at only where one could still come back different: free-form JSON must be
-    exact JSON (no tuple, enum member, UUID, model or NaN in it: each of exactly a JSON
-    type), floats finite (a NaN or an infinity would be written as ``null``), literals among
-    their values, and nested models of exactly their class (not a subclass). A state that
-    passes comes back equal from its text, so the text is neither read back nor validated
-    again; one that does not is checked in full, as any state of another class.
+    [`round_trip_is_identity`][agentsnap.state.round_trip_is_identity]) the state's own
+    values are checked against its schema, once each: every value must be of exactly its
+    field's type (a ``str`` for a string, a ``list`` for a list, a nested model of exactly
+    its class, not a subclass, holding its fields and nothing else), free-form JSON exact
+    JSON (no tuple, enum member, UUID, model or NaN in it: each of exactly a JSON type),
+    floats finite (a NaN or an infinity would be written as ``null``) and literals among
+    their values; orjson then writes the models' fields directly (the text ``model_dump``
+    and orjson would make, without building the dump), refusing subclasses, dates and
+    dataclasses. A state that passes comes back equal from its text, so the text is neither
+    read back nor validated again; one that does not is checked in full, as any state of
+    another class.
 
     That full check is skipped when the text's hash is ``verified`` (a text shown to survive
     it before), and otherwise it is what rules out a non-finite float written by orjson as
@@ -274,7 +276,7 @@ def encode_checked(agent: str, state: BaseModel, verified: str | None = None) ->
         StateNotSerializable: The state is not JSON, or a field does not survive the trip.
     """
     plan = _plan(type(state))
-    if plan.plain:
+    if plan.check is not None:
         blob = _encode_plain(state, plan.check)
         if blob is not None:
             return blob
@@ -330,6 +332,7 @@ class _Plan:
     __slots__ = ("check", "plain")
 
     def __init__(self, plain: bool, check: _Check | None) -> None:
+        # Plain classes have a check (of every value's type); other classes none.
         self.plain = plain
         self.check = check
 
@@ -375,7 +378,7 @@ class _SchemaWalk:
         # Per reference being compiled: a cell the finished check goes into (recursion).
         self.compiled: dict[str, list[_Check | None]] = {}
 
-    def node(self, schema: Mapping[str, Any]) -> _Check | None:
+    def node(self, schema: Mapping[str, Any]) -> _Check:
         kind = schema["type"]
         if "serialization" in schema:
             raise _NotPlain
@@ -387,9 +390,9 @@ class _SchemaWalk:
             return self._reference(schema["schema_ref"])
         if kind == "model":
             return self._model(schema)
-        if kind in {"str", "int", "bool", "none"}:
+        if kind in _TYPE_CHECKS:
             _only(schema, _INERT_KEYS)
-            return None  # of its type (checked by the serializer): JSON carries it exactly
+            return _TYPE_CHECKS[kind]  # of exactly its type, JSON carries it exactly
         if kind == "float":
             _only(schema, _INERT_KEYS | {"allow_inf_nan"})
             return _exact  # a NaN or an infinity would come back as None
@@ -406,8 +409,11 @@ class _SchemaWalk:
         if kind == "nullable":
             _only(schema, _INERT_KEYS | {"schema"})
             inner = self.node(schema["schema"])
-            if inner is None or inner is _exact:
+            if inner is _exact:
                 return inner
+            scalar = _OR_NONE.get(inner)
+            if scalar is not None:
+                return scalar
             return lambda live: live is None or inner(live)
         if kind == "default":
             _only(
@@ -419,25 +425,22 @@ class _SchemaWalk:
         if kind == "list":
             _only(schema, _INERT_KEYS | {"items_schema"})
             items = self.node(schema.get("items_schema", {"type": "any"}))
-            if items is None:
-                return None
             if items is _exact:
                 return _exact  # a list of exact JSON is exact JSON
             return lambda live: type(live) is list and all(map(items, live))
         if kind == "dict":
             _only(schema, _INERT_KEYS | {"keys_schema", "values_schema"})
             keys = schema.get("keys_schema", {"type": "any"})
-            if keys["type"] != "str" or self.node(keys) is not None:
+            if keys["type"] != "str":
                 raise _NotPlain
+            _only(keys, _INERT_KEYS)
             values = self.node(schema.get("values_schema", {"type": "any"}))
-            if values is None:
-                return None
             if values is _exact:
                 return _exact  # a dict of exact JSON with string keys is exact JSON
             return lambda live: type(live) is dict and all(map(values, live.values()))
         raise _NotPlain
 
-    def _reference(self, ref: str) -> _Check | None:
+    def _reference(self, ref: str) -> _Check:
         known = self.compiled.get(ref)
         if known is not None:  # compiled, or being compiled (recursion): look it up when used
             return lambda live: _deferred(known, live)
@@ -469,24 +472,39 @@ class _SchemaWalk:
             raise _NotPlain
         _only(fields, _FIELDS_KEYS)
         exact: list[str] = []  # free-form JSON: the common case, kept in one loop
+        # Scalar fields, checked in the loop rather than by a call each: name, the type its
+        # value must have exactly, and whether ``None`` may stand instead.
+        typed: list[tuple[str, type, bool]] = []
         checks: list[tuple[str, _Check]] = []
         for name, field in fields["fields"].items():
             if field["type"] != "model-field":
                 raise _NotPlain
             _only(field, _FIELD_KEYS)
             check = self.node(field["schema"])
+            scalar = _SCALARS.get(check)
             if check is _exact:
                 exact.append(name)
-            elif check is not None:
+            elif scalar is not None:
+                typed.append((name, *scalar))
+            else:
                 checks.append((name, check))
+        count = len(fields["fields"])
 
         def model(live: Any) -> bool:
             # A subclass, or another model, would come back as this class.
             if type(live) is not cls:
                 return False
             attributes = live.__dict__
+            # The fields and nothing else (a cached property keeps its value there too): the
+            # encoding writes this dictionary.
+            if len(attributes) != count:
+                return False
             for name in exact:
                 if not _exact(attributes[name]):
+                    return False
+            for name, kind, nullable in typed:
+                value = attributes[name]
+                if type(value) is not kind and not (nullable and value is None):
                     return False
             for name, check in checks:  # noqa: SIM110 (no generator made per model)
                 if not check(attributes[name]):
@@ -506,6 +524,60 @@ def _only(schema: Mapping[str, Any], keys: frozenset[str]) -> None:
 def _deferred(cell: list[_Check | None], live: Any) -> bool:
     check = cell[0]
     return check is None or check(live)
+
+
+def _is_str(live: Any) -> bool:
+    return type(live) is str
+
+
+def _is_int(live: Any) -> bool:
+    return type(live) is int
+
+
+def _is_bool(live: Any) -> bool:
+    return type(live) is bool
+
+
+def _is_none(live: Any) -> bool:
+    return live is None
+
+
+def _is_str_or_none(live: Any) -> bool:
+    return live is None or type(live) is str
+
+
+def _is_int_or_none(live: Any) -> bool:
+    return live is None or type(live) is int
+
+
+def _is_bool_or_none(live: Any) -> bool:
+    return live is None or type(live) is bool
+
+
+# Per core-schema type of a scalar field: whether a value is exactly of it.
+_TYPE_CHECKS: dict[str, _Check] = {
+    "str": _is_str,
+    "int": _is_int,
+    "bool": _is_bool,
+    "none": _is_none,
+}
+# The same, or None.
+_OR_NONE: dict[_Check, _Check] = {
+    _is_str: _is_str_or_none,
+    _is_int: _is_int_or_none,
+    _is_bool: _is_bool_or_none,
+    _is_none: _is_none,
+}
+# What each scalar check asks: the exact type, and whether None passes too.
+_SCALARS: dict[_Check, tuple[type, bool]] = {
+    _is_str: (str, False),
+    _is_int: (int, False),
+    _is_bool: (bool, False),
+    _is_none: (type(None), False),
+    _is_str_or_none: (str, True),
+    _is_int_or_none: (int, True),
+    _is_bool_or_none: (bool, True),
+}
 
 
 def _exact(live: Any) -> bool:
@@ -545,28 +617,35 @@ _PLAIN_ONLY = (
 )
 
 
-def _encode_plain(state: BaseModel, check: _Check | None) -> StateBlob | None:
+def _fields(model: Any) -> dict[str, Any]:
+    """A model's field values, for orjson to write in its place (see ``_encode_plain``)."""
+    if isinstance(model, BaseModel):
+        return model.__dict__
+    raise TypeError(f"{type(model).__name__} is not JSON")
+
+
+def _encode_plain(state: BaseModel, check: _Check) -> StateBlob | None:
     """``state`` encoded without a round trip, or ``None`` where that cannot be shown safe.
 
-    For a class whose round trip is the identity: the serializer refuses (with
-    ``warnings="error"``) a value that is not of its field's type, orjson refuses what is
-    not plain JSON, and ``check`` looks at the state's own values where one could still come
-    back different (free-form JSON, floats, literals, nested models): each must be of exactly
-    a type JSON carries, so the text need not be read back to show it comes back equal.
+    For a class whose round trip is the identity: ``check`` looks at every value of the
+    state, which must be exactly of its field's type (a string field holds a ``str``, a
+    nested model is of exactly its class and holds its fields and nothing else, a list field
+    a ``list`` of such values...), with free-form JSON, floats and literals each of exactly a
+    type JSON carries; then orjson writes the models' fields as they are, refusing what is
+    not plain JSON. The text is what ``model_dump`` followed by orjson would write, without
+    building the dump, and it need not be read back to show it comes back equal.
     """
     try:
-        value = state.model_dump(warnings="error")
-        data = orjson.dumps(value, option=_PLAIN_ONLY)
-    except (PydanticSerializationError, TypeError, ValueError):
+        if not check(state):
+            return None
+    except (KeyError, IndexError, TypeError, AttributeError, RecursionError):
+        return None
+    try:
+        data = orjson.dumps(state.__dict__, default=_fields, option=_PLAIN_ONLY)
+    except (TypeError, ValueError):
         return None
     if _FLOAT_MARKS[0] in data or _FLOAT_MARKS[1] in data:
         return None
-    if check is not None:
-        try:
-            if not check(state):
-                return None
-        except (KeyError, IndexError, TypeError, AttributeError, RecursionError):
-            return None
     return StateBlob(data.decode(), data)
 
 

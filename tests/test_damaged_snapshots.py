@@ -483,3 +483,40 @@ def test_the_consistency_check_finds_every_channel_however_it_is_named() -> None
         }
     )
     assert cut_problems(consistent) == []
+
+
+@pytest.mark.parametrize(
+    ("alice_sent", "bob_received", "says"),
+    [
+        ({"bob": 3}, {"alice": 2}, "channel alice>bob: in flight [], expected [3]"),
+        ({"bob": 2}, {"alice": 3}, "channel alice>bob: bob received 3 but alice had sent only 2"),
+        ({}, {"alice": 1}, "channel alice>bob: bob received 1 but alice had sent only 0"),
+    ],
+)
+def test_counters_that_disagree_with_nothing_in_flight_are_found(
+    alice_sent: dict[str, int], bob_received: dict[str, int], says: str
+) -> None:
+    # A cut of a team at rest, as most are: the quick check of such cuts must still find a
+    # message that was lost or received twice.
+    now = utcnow()
+    snapshot = Snapshot(
+        id="s",
+        run_id="r",
+        seq=2,
+        initiator=ENVIRONMENT,
+        status=SnapshotStatus.COMPLETE,
+        started_at=now,
+        completed_at=now,
+        agents={
+            ENVIRONMENT: _cut({"alice": 1, "bob": 1}, {}),
+            "alice": _cut(alice_sent, {ENVIRONMENT: 1}),
+            "bob": _cut({}, {ENVIRONMENT: 1, **bob_received}),
+        },
+        channels=[],
+    )
+    assert says in cut_problems(snapshot)[0]
+    fixed = {**snapshot.agents, "bob": _cut({}, {ENVIRONMENT: 1, "alice": 2})}
+    agree = snapshot.model_copy(
+        update={"agents": {**fixed, "alice": _cut({"bob": 2}, {ENVIRONMENT: 1})}}
+    )
+    assert cut_problems(agree) == []

@@ -1626,6 +1626,9 @@ async def test_fork_misuse() -> None:
         original.add(Sink("sink"))
         original.send("sink", {})
         await original.run_until_idle()
+        # Queued for the sink, so the snapshot waits for the sink to take its marker, which
+        # it never does: the runtime closes first.
+        original.send("sink", {})
         pending = original.snapshot()
     (start, idle, failed) = await store.list_snapshots(original.run_id)
     assert (idle.initiator, idle.status) == ("$env", SnapshotStatus.COMPLETE)
