@@ -449,12 +449,10 @@ def _cut(sent: dict[str, int], received: dict[str, int]) -> AgentCut:
     return AgentCut(state_json="{}", state_hash=content_hash("{}"), sent=sent, received=received)
 
 
-def test_the_consistency_check_finds_every_channel_however_it_is_named() -> None:
-    # Channels named only by a sender, only by a receiver, only by messages in flight, and
-    # by a process missing from the cut: each reported once, in the channels' order.
+def _complete(agents: dict[str, AgentCut], channels: list[ChannelRecord]) -> Snapshot:
+    """A complete snapshot with these cuts and channels' messages in flight."""
     now = utcnow()
-    stray = RecordedMessage(id="carol>alice#1", seq=1, kind="message")
-    snapshot = Snapshot(
+    return Snapshot(
         id="s",
         run_id="r",
         seq=2,
@@ -462,13 +460,23 @@ def test_the_consistency_check_finds_every_channel_however_it_is_named() -> None
         status=SnapshotStatus.COMPLETE,
         started_at=now,
         completed_at=now,
-        agents={
+        agents=agents,
+        channels=channels,
+    )
+
+
+def test_the_consistency_check_finds_every_channel_however_it_is_named() -> None:
+    # Channels named only by a sender, only by a receiver, only by messages in flight, and
+    # by a process missing from the cut: each reported once, in the channels' order.
+    stray = RecordedMessage(id="carol>alice#1", seq=1, kind="message")
+    snapshot = _complete(
+        {
             ENVIRONMENT: _cut({"alice": 1}, {}),
             "alice": _cut({"dave": 1}, {ENVIRONMENT: 1, "bob": 2}),
             "bob": _cut({}, {}),
             "carol": _cut({}, {}),
         },
-        channels=[ChannelRecord(src="carol", dst="alice", messages=[stray])],
+        [ChannelRecord(src="carol", dst="alice", messages=[stray])],
     )
     assert cut_problems(snapshot) == [
         "channel alice>dave names a process missing from the cut",
@@ -498,21 +506,13 @@ def test_counters_that_disagree_with_nothing_in_flight_are_found(
 ) -> None:
     # A cut of a team at rest, as most are: the quick check of such cuts must still find a
     # message that was lost or received twice.
-    now = utcnow()
-    snapshot = Snapshot(
-        id="s",
-        run_id="r",
-        seq=2,
-        initiator=ENVIRONMENT,
-        status=SnapshotStatus.COMPLETE,
-        started_at=now,
-        completed_at=now,
-        agents={
+    snapshot = _complete(
+        {
             ENVIRONMENT: _cut({"alice": 1, "bob": 1}, {}),
             "alice": _cut(alice_sent, {ENVIRONMENT: 1}),
             "bob": _cut({}, {ENVIRONMENT: 1, **bob_received}),
         },
-        channels=[],
+        [],
     )
     assert says in cut_problems(snapshot)[0]
     fixed = {**snapshot.agents, "bob": _cut({}, {ENVIRONMENT: 1, "alice": 2})}
