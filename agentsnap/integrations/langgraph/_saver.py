@@ -402,7 +402,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         args, entries = self._writes_args(config, writes, task_id, task_path)
         if isinstance(self._storage, SqlGraphStore):
             # Offered to the next checkpoint's transaction first (one commit for both).
-            offer = _Offer(args, threading.Event(), None)
+            offer = _Offer(args, entries, threading.Event(), None)
             self._written.offer(offer)
             done = offer.done
             assert isinstance(done, threading.Event)
@@ -627,7 +627,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             args, entries = self._writes_args(config, writes, task_id, task_path)
             # Offered to the next checkpoint's transaction first (one commit for both).
             loop = asyncio.get_running_loop()
-            offer = _Offer(args, asyncio.Event(), loop)
+            offer = _Offer(args, entries, asyncio.Event(), loop)
             self._written.offer(offer)
             done = offer.done
             assert isinstance(done, asyncio.Event)
@@ -861,10 +861,13 @@ class _Offer:
     def __init__(
         self,
         args: _WritesArgs,
+        entries: Iterable[WriteEntry],
         done: threading.Event | asyncio.Event,
         loop: asyncio.AbstractEventLoop | None,
     ) -> None:
         self.args = args
+        self.regular = [entry for entry in entries if entry[0] >= 0]
+        """The regular writes (index 0 and up), which a value may refer to."""
         self.done = done
         self.loop = loop
         self.claimed = False
@@ -875,10 +878,6 @@ class _Offer:
         """The writes as a checkpoint's transaction carries them."""
         key, task_path, packed, _ = self.args
         return key, task_path, packed
-
-    def entries(self) -> builtins.list[WriteEntry]:
-        """The regular writes (index 0 and up), which a value may refer to."""
-        return [entry for entry in unpack_writes(self.args[2]) if entry[0] >= 0]
 
     @staticmethod
     def settle(offers: Sequence[_Offer], stored: Sequence[bool] | None) -> None:
@@ -926,7 +925,7 @@ def _referring(
     carried: dict[str, builtins.list[_Write]] = {}
     for offer in offers:
         task_id = offer.args[0][3]
-        for idx, channel, value_type, value in offer.entries():
+        for idx, channel, value_type, value in offer.regular:
             carried.setdefault(channel, []).append((task_id, idx, value_type, value))
     found: builtins.list[StoredValue] = []
     for blob in blobs:
