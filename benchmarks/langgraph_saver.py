@@ -123,7 +123,7 @@ NOTE_WORDS = 12
 SEED = 20_261_122
 DURABILITY: Final = "sync"  # LangGraph's default is "async": see the docstring
 
-PROFILES = {"full": (1000, 7), "quick": (100, 11)}  # super-steps, timed rounds
+PROFILES = {"full": (1000, 7), "quick": (100, 9)}  # super-steps, timed rounds
 WARM_UP_STEPS = 10
 GRAPHS = ("changing", "static")
 # "none#2" and "anone#2" run the graph without a checkpointer a second time in each round.
@@ -758,7 +758,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = workloads.argument_parser(__doc__, "100 super-steps and 11 rounds", directory=True)
+    parser = workloads.argument_parser(__doc__, "100 super-steps and 9 rounds", directory=True)
     parser.add_argument(
         "--postgres",
         metavar="URL",

@@ -402,10 +402,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         args, entries = self._writes_args(config, writes, task_id, task_path)
         if isinstance(self._storage, SqlGraphStore):
             # Offered to the next checkpoint's transaction first (one commit for both).
-            offer = _Offer(args, entries, threading.Event(), None)
+            offer = _Offer(args, entries, _Signal(), None)
             self._written.offer(offer)
             done = offer.done
-            assert isinstance(done, threading.Event)
+            assert isinstance(done, _Signal)
             if not done.wait(_LINGER) and self._written.withdraw(offer):
                 self._store_writes(args, entries)
                 return
@@ -862,7 +862,7 @@ class _Offer:
         self,
         args: _WritesArgs,
         entries: Iterable[WriteEntry],
-        done: threading.Event | asyncio.Event,
+        done: _Signal | asyncio.Event,
         loop: asyncio.AbstractEventLoop | None,
     ) -> None:
         self.args = args
@@ -885,6 +885,33 @@ class _Offer:
         for index, offer in enumerate(offers):
             offer.stored = stored is not None and stored[index]
             offer.done.set()  # an asyncio offer is claimed on its own loop only
+
+
+class _Signal:
+    """A one-shot signal between threads, as ``threading.Event`` without its Python code.
+
+    A lock held from the start and released once set: one C call each way.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        """Wake the threads waiting, and those that will (once only; later calls do nothing)."""
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the signal, ``timeout`` seconds at most; whether it was set."""
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._lock.release()  # for the other waiters
+        return True
 
 
 _WritesArgs = tuple[tuple[str, str, str, str], str, bytes, Merge]
