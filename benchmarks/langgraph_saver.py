@@ -10,7 +10,7 @@ tables (a fresh SQLite file; on PostgreSQL, both savers' tables truncated, then 
 analyzed).
 
 Both graphs are an agent loop: a ``StateGraph`` with one node, ``agent``, that routes back to
-itself for 1000 super-steps (60 with ``--quick``; ``recursion_limit`` is raised to match).
+itself for 1000 super-steps (100 with ``--quick``; ``recursion_limit`` is raised to match).
 Its state is about 10 KB, as an agent's usually is:
 
 * ``context``: a conversation of 24 messages (``{"role", "content"}`` dicts, about 10 KB of
@@ -31,7 +31,9 @@ Equal durability: on SQLite both savers run in WAL mode with ``synchronous=NORMA
 ``AgentsnapSaver`` sets; an application crash loses nothing, a power loss may lose the last
 commits). ``SqliteSaver``'s ``setup()`` turns WAL on; its connection
 (``sqlite3.connect(path, check_same_thread=False)``, as its documentation sets it up) is set
-to ``synchronous=NORMAL`` before. On PostgreSQL both commit each write as the server is
+to ``synchronous=NORMAL`` before. Both are checked on every run: on ``SqliteSaver``'s
+connection before it, on the connection ``AgentsnapSaver``'s writes went through after it
+(the program stops with an error otherwise). On PostgreSQL both commit each write as the server is
 configured (``synchronous_commit`` unchanged). The official PostgreSQL savers run on one
 connection in autocommit mode with ``dict_row``, as their documentation sets them up.
 
@@ -40,17 +42,21 @@ checkpointer twice (at two places in the round's order), in an order that rotate
 to round, after a warm-up round of 10 super-steps that is not timed. Garbage is collected
 before each run.
 Reported times are medians over the rounds of the time of ``invoke`` divided by the number
-of super-steps (``ms_per_step_*``). A ratio compares the checkpointing overhead of two savers
-on one graph, ``(agentsnap - none) / (official - none)``, per round (both sides ran seconds
-apart on the same, shared and noisy, machine), with ``none`` the mean of the round's two runs
-without a checkpointer. A round whose two baseline runs differ by as much as either saver's
+of super-steps (``ms_per_step``), and of the process's CPU time over the same span (all its
+threads: ``cpu_ms_per_step``), which the other programs sharing the machine disturb less.
+A ratio compares the checkpointing overhead of two savers on one graph,
+``(agentsnap - none) / (official - none)``, per round (both sides ran seconds apart on the
+same, shared and noisy, machine), with ``none`` the mean of the round's two runs without a
+checkpointer. A round whose two baseline runs differ by as much as either saver's
 overhead is rejected: its baseline is noisier than the quantity measured, so the noise would
 decide its ratio. The figure is the median of the ratios of the rounds kept, with their min
 and max, how many rounds were kept and rejected, and, for every round, its ratio and its
 baseline's spread over the smaller overhead (``baseline_noise``; above 1 is rejected). When
 every round is rejected the figures are those of all rounds, flagged ``all_rejected``:
 
-* ``overhead_ratio_same_durability_changing`` and ``…_static``: against ``SqliteSaver``;
+* ``overhead_ratio_same_durability_changing`` and ``…_static``: against ``SqliteSaver``
+  (and the same ratio of CPU times, ``cpu_overhead_ratio_same_durability_*``, a cross-check
+  without a target: the waits of the savers' threads are on the clock, not on the CPU);
 * with ``--postgres``: ``overhead_ratio_vs_postgres`` (against ``PostgresSaver``, sync) and
   ``overhead_ratio_vs_async_postgres`` (against ``AsyncPostgresSaver``, async, measured
   from ``ainvoke`` without a checkpointer), the higher of the two graphs' figures, each
@@ -117,7 +123,7 @@ NOTE_WORDS = 12
 SEED = 20_261_122
 DURABILITY: Final = "sync"  # LangGraph's default is "async": see the docstring
 
-PROFILES = {"full": (1000, 5), "quick": (60, 3)}  # super-steps, timed rounds
+PROFILES = {"full": (1000, 7), "quick": (100, 9)}  # super-steps, timed rounds
 WARM_UP_STEPS = 10
 GRAPHS = ("changing", "static")
 # "none#2" and "anone#2" run the graph without a checkpointer a second time in each round.
@@ -208,6 +214,8 @@ class NullSaver(BaseCheckpointSaver[str]):
 @dataclass
 class Run:
     seconds: float
+    cpu_seconds: float
+    """The process's CPU time (all its threads) over the same span as ``seconds``."""
     db_bytes: int | None
 
 
@@ -242,13 +250,14 @@ async def acheck(
     check_saved(await saver.aget_tuple(config), count, steps, final)
 
 
-def timed(invoke: Callable[[], dict[str, Any]], steps: int) -> tuple[float, dict[str, Any]]:
+def timed(invoke: Callable[[], dict[str, Any]], steps: int) -> tuple[float, float, dict[str, Any]]:
+    """Wall-clock and CPU seconds of ``invoke``, and its result."""
     gc.collect()
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), time.process_time()
     final = invoke()
-    seconds = time.perf_counter() - began
+    seconds, cpu_seconds = time.perf_counter() - began, time.process_time() - cpu_began
     assert final["step"] == steps, (final["step"], steps)
-    return seconds, final
+    return seconds, cpu_seconds, final
 
 
 def agentsnap_db(directory: Path) -> Path:
@@ -291,13 +300,18 @@ def run_sqlite(
         saver = agentsnap_saver
     graph = builder.compile(checkpointer=saver)
     if saver is None:
-        seconds, final = timed(lambda: graph.invoke(inputs, config), steps)
+        seconds, cpu_seconds, final = timed(lambda: graph.invoke(inputs, config), steps)
     else:
-        seconds, final = timed(lambda: graph.invoke(inputs, config, durability=DURABILITY), steps)
+        seconds, cpu_seconds, final = timed(
+            lambda: graph.invoke(inputs, config, durability=DURABILITY), steps
+        )
     size = None
     try:
         if saver is not None and path is not None:
             check(saver, config, steps, final)
+        if isinstance(saver, AgentsnapSaver):
+            # The connection its writes went through, at SqliteSaver's durability.
+            assert write_durability(saver) == ("wal", 1), write_durability(saver)
     finally:
         if isinstance(saver, AgentsnapSaver):
             saver.close()
@@ -306,7 +320,16 @@ def run_sqlite(
     if path is not None:
         size = db_bytes(path)
         workloads.remove_db(path)
-    return Run(seconds, size)
+    return Run(seconds, cpu_seconds, size)
+
+
+def write_durability(saver: AgentsnapSaver) -> tuple[str, int]:
+    """The journal mode and ``synchronous`` level of the saver's SQLite write connection."""
+    raw = saver._storage._raw  # type: ignore[attr-defined]
+    assert isinstance(raw, sqlite3.Connection), "no write went through the saver"
+    (mode,) = raw.execute("PRAGMA journal_mode").fetchone()
+    (sync,) = raw.execute("PRAGMA synchronous").fetchone()
+    return str(mode), int(sync)
 
 
 class Postgres:
@@ -370,14 +393,16 @@ def run_postgres(
     saver.get_tuple(config)  # connects, off the clock
     graph = builder.compile(checkpointer=saver)
     try:
-        seconds, final = timed(lambda: graph.invoke(inputs, config, durability=DURABILITY), steps)
+        seconds, cpu_seconds, final = timed(
+            lambda: graph.invoke(inputs, config, durability=DURABILITY), steps
+        )
         check(saver, config, steps, final)
     finally:
         if isinstance(saver, AgentsnapSaver):
             saver.close()
         if connection is not None:
             connection.close()
-    return Run(seconds, None)
+    return Run(seconds, cpu_seconds, None)
 
 
 async def _run_async_postgres(
@@ -413,9 +438,9 @@ async def _run_async_postgres(
 
     try:
         gc.collect()
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         final = await invoke()
-        seconds = time.perf_counter() - began
+        seconds, cpu_seconds = time.perf_counter() - began, time.process_time() - cpu_began
         assert final["step"] == steps, (final["step"], steps)
         if saver is not None:
             await acheck(saver, config, steps, final)
@@ -424,7 +449,7 @@ async def _run_async_postgres(
             await saver.aclose()
         if connection is not None:
             await connection.close()
-    return Run(seconds, None)
+    return Run(seconds, cpu_seconds, None)
 
 
 def sqlite_storage(
@@ -608,19 +633,19 @@ def measure(profile: str, directory: Path, postgres_url: str | None) -> dict[str
         if postgres is not None:
             postgres.close()
 
-    def per_step(graph: str, variant: str) -> list[float]:
-        return [r.seconds / steps for r in runs[graph, variant]]
+    def per_step(graph: str, variant: str, cpu: bool = False) -> list[float]:
+        return [(r.cpu_seconds if cpu else r.seconds) / steps for r in runs[graph, variant]]
 
-    def ratios(graph: str, subject: str, reference: str, none: str) -> Ratios:
+    def ratios(graph: str, subject: str, reference: str, none: str, cpu: bool = False) -> Ratios:
         """Per round: the baseline is the mean of the round's two runs without a
         checkpointer, and the round is kept only if those two differ by less than either
         saver's overhead (a baseline noisier than the effect would decide the ratio)."""
         found = Ratios([], [], [])
         for base_a, base_b, ref, sub in zip(
-            per_step(graph, none),
-            per_step(graph, f"{none}#2"),
-            per_step(graph, reference),
-            per_step(graph, subject),
+            per_step(graph, none, cpu),
+            per_step(graph, f"{none}#2", cpu),
+            per_step(graph, reference, cpu),
+            per_step(graph, subject, cpu),
             strict=True,
         ):
             base = (base_a + base_b) / 2
@@ -654,6 +679,10 @@ def measure(profile: str, directory: Path, postgres_url: str | None) -> dict[str
             f"{graph}/{variant}": workloads.ms(per_step(graph, variant))
             for graph, variant in variants
         },
+        "cpu_ms_per_step": {
+            f"{graph}/{variant}": workloads.ms(per_step(graph, variant, cpu=True))
+            for graph, variant in variants
+        },
         "db_bytes": {
             f"{graph}/{variant}": round(statistics.median(r.db_bytes or 0 for r in found))
             for (graph, variant), found in runs.items()
@@ -668,6 +697,9 @@ def measure(profile: str, directory: Path, postgres_url: str | None) -> dict[str
         spreads[key] = spread(ratios(graph, "agentsnap", "sqlitesaver", "none"))
         spreads[f"overhead_floor_ratio_{graph}"] = spread(
             ratios(graph, "nullsaver", "sqlitesaver", "none")
+        )
+        spreads[f"cpu_overhead_ratio_same_durability_{graph}"] = spread(
+            ratios(graph, "agentsnap", "sqlitesaver", "none", cpu=True)
         )
         result[key] = spreads[key]["median"]
         targets[f"{key}_met"] = result[key] <= TARGET_RATIO
@@ -695,11 +727,14 @@ def _table(r: dict[str, Any]) -> str:
         f"median of {r['rounds']} rounds (variants in rotating order); "
         f"{r['steps']:,} super-steps, state {r['state_bytes']:,} bytes of JSON; {r['durability']}",
         "",
-        f"{'graph/checkpointer':<28}{'ms/step':>10}{'db bytes':>14}",
+        f"{'graph/checkpointer':<28}{'ms/step':>10}{'cpu ms/step':>13}{'db bytes':>14}",
     ]
     for name, value in r["ms_per_step"].items():
         size = r["db_bytes"].get(name)
-        lines.append(f"{name:<28}{value:>10.3f}{'' if size is None else f'{size:,}':>14}")
+        cpu = r["cpu_ms_per_step"][name]
+        lines.append(
+            f"{name:<28}{value:>10.3f}{cpu:>13.3f}{'' if size is None else f'{size:,}':>14}"
+        )
     lines.append("")
     lines.append("written per super-step (off the clock):")
     for name, figures in r["storage_per_step"].items():
@@ -723,7 +758,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = workloads.argument_parser(__doc__, "60 super-steps and 3 rounds", directory=True)
+    parser = workloads.argument_parser(__doc__, "100 super-steps and 9 rounds", directory=True)
     parser.add_argument(
         "--postgres",
         metavar="URL",

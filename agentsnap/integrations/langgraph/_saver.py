@@ -402,10 +402,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         args, entries = self._writes_args(config, writes, task_id, task_path)
         if isinstance(self._storage, SqlGraphStore):
             # Offered to the next checkpoint's transaction first (one commit for both).
-            offer = _Offer(args, threading.Event(), None)
+            offer = _Offer(args, entries, _Signal(), None)
             self._written.offer(offer)
             done = offer.done
-            assert isinstance(done, threading.Event)
+            assert isinstance(done, _Signal)
             if not done.wait(_LINGER) and self._written.withdraw(offer):
                 self._store_writes(args, entries)
                 return
@@ -627,7 +627,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             args, entries = self._writes_args(config, writes, task_id, task_path)
             # Offered to the next checkpoint's transaction first (one commit for both).
             loop = asyncio.get_running_loop()
-            offer = _Offer(args, asyncio.Event(), loop)
+            offer = _Offer(args, entries, asyncio.Event(), loop)
             self._written.offer(offer)
             done = offer.done
             assert isinstance(done, asyncio.Event)
@@ -861,10 +861,13 @@ class _Offer:
     def __init__(
         self,
         args: _WritesArgs,
-        done: threading.Event | asyncio.Event,
+        entries: Iterable[WriteEntry],
+        done: _Signal | asyncio.Event,
         loop: asyncio.AbstractEventLoop | None,
     ) -> None:
         self.args = args
+        self.regular = [entry for entry in entries if entry[0] >= 0]
+        """The regular writes (index 0 and up), which a value may refer to."""
         self.done = done
         self.loop = loop
         self.claimed = False
@@ -876,16 +879,39 @@ class _Offer:
         key, task_path, packed, _ = self.args
         return key, task_path, packed
 
-    def entries(self) -> builtins.list[WriteEntry]:
-        """The regular writes (index 0 and up), which a value may refer to."""
-        return [entry for entry in unpack_writes(self.args[2]) if entry[0] >= 0]
-
     @staticmethod
     def settle(offers: Sequence[_Offer], stored: Sequence[bool] | None) -> None:
         """Tell the ``put_writes`` calls waiting on ``offers`` how their writes fared."""
         for index, offer in enumerate(offers):
             offer.stored = stored is not None and stored[index]
             offer.done.set()  # an asyncio offer is claimed on its own loop only
+
+
+class _Signal:
+    """A one-shot signal between threads, as ``threading.Event`` without its Python code.
+
+    A lock held from the start and released once set: one C call each way.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        """Wake the threads waiting, and those that will (once only; later calls do nothing)."""
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the signal, ``timeout`` seconds at most; whether it was set."""
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._lock.release()  # for the other waiters
+        return True
 
 
 _WritesArgs = tuple[tuple[str, str, str, str], str, bytes, Merge]
@@ -926,7 +952,7 @@ def _referring(
     carried: dict[str, builtins.list[_Write]] = {}
     for offer in offers:
         task_id = offer.args[0][3]
-        for idx, channel, value_type, value in offer.entries():
+        for idx, channel, value_type, value in offer.regular:
             carried.setdefault(channel, []).append((task_id, idx, value_type, value))
     found: builtins.list[StoredValue] = []
     for blob in blobs:
