@@ -491,6 +491,14 @@ def _with(change: Callable[[Plain], None]) -> Plain:
     return state
 
 
+def _refused(change: Callable[[Plain], None], field: str) -> None:
+    """``change`` makes a plain state that encoding refuses, naming ``field`` if it can."""
+    state = _with(change)
+    with pytest.raises(StateNotSerializable) as info:
+        encode_checked("p", state)
+    assert info.value.field in {field, None}
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -520,10 +528,7 @@ def _with(change: Callable[[Plain], None]) -> Plain:
 def test_a_plain_class_changed_in_place_to_what_json_cannot_carry_is_refused(
     change: Callable[[Plain], None], field: str
 ) -> None:
-    state = _with(change)
-    with pytest.raises(StateNotSerializable) as info:
-        encode_checked("p", state)
-    assert info.value.field in {field, None}
+    _refused(change, field)
 
 
 class Remembering(AgentState):
@@ -556,10 +561,7 @@ def test_a_plain_state_encodes_its_fields_and_nothing_else() -> None:
 def test_a_value_not_of_its_fields_type_is_checked_in_full(
     change: Callable[[Plain], None], field: str
 ) -> None:
-    state = _with(change)
-    with pytest.raises(StateNotSerializable) as info:
-        encode_checked("p", state)
-    assert info.value.field in {field, None}
+    _refused(change, field)
 
 
 def test_a_value_of_a_looser_type_that_comes_back_equal_is_encoded_as_before() -> None:
