@@ -140,6 +140,10 @@ class LedgerEntry:
     """The last error, as ``"TypeName: message"``."""
     compensation: JsonValue = None
     """``{"result": …}`` or ``{"error": …}`` of the compensating action, once it ran."""
+    timeline: int | None = None
+    """The run's timeline when the key was first claimed (a rollback starts a new one):
+    a re-executed call at the same key tells a redo after a rollback (an earlier timeline)
+    from a re-execution after a crash (the same timeline)."""
 
 
 class Change(TypedDict, total=False):

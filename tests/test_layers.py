@@ -4,9 +4,9 @@ Every ``import`` of every module of the package counts, wherever it stands (at t
 function, under ``TYPE_CHECKING``). The layers, from the bottom::
 
     foundation   exceptions, limits, messages, state, records, handles, integrity, liveness,
-                 semconv: data types and rules; they import nothing but each other
-    store        store/, ledger, once, ownership, fork: persistence, the exactly-once
-                 machine, forks of stored cuts
+                 semconv, models: data types and rules; they import nothing but each other
+    store        store/, ledger, once, ownership, fork, model_calls: persistence, the
+                 exactly-once machine, forks of stored cuts, recorded model calls
     bus          channels, the transport and observer protocols, schedulers; jetstream, the
                  transport carrying channels between processes on NATS (bus-level only)
     checks       verdicts, checks, the guard          telemetry, replay: see the bus only
@@ -40,6 +40,7 @@ FOUNDATION = {
     "agentsnap.integrity",
     "agentsnap.liveness",
     "agentsnap.semconv",
+    "agentsnap.models",
 }
 """Data types and rules every layer uses; they import nothing but each other."""
 
@@ -49,6 +50,7 @@ STORE = {
     "agentsnap.once",
     "agentsnap.ownership",
     "agentsnap.fork",
+    "agentsnap.model_calls",
 }
 """Persistence: the store package, the ledger protocols, the exactly-once state machine,
 run ownership and forking a run from a stored cut. They know the data types only."""
@@ -201,6 +203,6 @@ def test_the_contracts_name_modules_that_exist() -> None:
 def test_every_module_has_a_place() -> None:
     """A new module must be placed in a layer (or be explicitly above the runtime)."""
     above = {"agentsnap", "agentsnap.__main__", "agentsnap._hints", "agentsnap.console"}
-    above |= {"agentsnap.models", "agentsnap.runtime"}
+    above |= {"agentsnap.runtime"}
     placed = {m for m in MODULES if _within(m, set(CONTRACTS) | PUBLIC_FACE | above)}
     assert placed == set(MODULES), sorted(set(MODULES) - placed)

@@ -21,6 +21,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from agentsnap.ledger import Change, Ledger, LedgerEntry, ToolCallStatus
+from agentsnap.model_calls import ModelCallRecord
 
 if TYPE_CHECKING:
     from agentsnap.store.faults import StoreRetry
@@ -38,6 +39,7 @@ class MemoryLedger:
 
     def __init__(self) -> None:
         self._entries: dict[str, LedgerEntry] = {}
+        self._model_calls: dict[tuple[str, str, str, int, int], ModelCallRecord] = {}
 
     def __repr__(self) -> str:
         return f"MemoryLedger({len(self._entries)} entries)"
@@ -82,6 +84,42 @@ class MemoryLedger:
     async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:  # noqa: D102
         entries = [e for e in self._entries.values() if run_id is None or e.run_id == run_id]
         return sorted(entries, key=lambda e: (e.created_at, e.key))
+
+    async def record_model_call(self, record: ModelCallRecord) -> bool:  # noqa: D102
+        identity = (
+            record.run_id,
+            record.agent,
+            record.message_id,
+            record.position,
+            record.timeline,
+        )
+        if identity in self._model_calls:
+            return False
+        self._model_calls[identity] = record
+        return True
+
+    async def find_model_call(  # noqa: D102
+        self, run_id: str, agent: str, message_id: str, position: int, timeline: int
+    ) -> ModelCallRecord | None:
+        return self._model_calls.get((run_id, agent, message_id, position, timeline))
+
+    async def replayed_model_call(  # noqa: D102
+        self, run_id: str, agent: str, message_id: str, position: int, timeline: int
+    ) -> None:
+        identity = (run_id, agent, message_id, position, timeline)
+        found = self._model_calls.get(identity)
+        if found is not None:
+            self._model_calls[identity] = dataclasses.replace(found, replays=found.replays + 1)
+
+    async def list_model_calls(  # noqa: D102
+        self, run_id: str, agent: str | None = None
+    ) -> list[ModelCallRecord]:
+        calls = [
+            c
+            for c in self._model_calls.values()
+            if c.run_id == run_id and (agent is None or c.agent == agent)
+        ]
+        return sorted(calls, key=lambda c: (c.started_at, c.agent, c.position))
 
     async def close(self) -> None:
         """Nothing to release."""
