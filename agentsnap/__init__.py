@@ -5,13 +5,14 @@ The names below are the public API; everything else may change without notice.
 
 import logging
 
-from agentsnap.agents import Agent, Context, Feedback
+from agentsnap.agents import Agent, Context, DoneEffect, Feedback
 from agentsnap.bus import AsyncioScheduler, Scheduler
 from agentsnap.checks import Verdict
 from agentsnap.exceptions import (
     AgentsnapError,
     ConfigurationError,
     DuplicateAgentError,
+    EffectDiverged,
     HandlerFailed,
     IdempotencyConflict,
     InvalidAgentName,
@@ -42,6 +43,8 @@ from agentsnap.exceptions import (
 from agentsnap.handles import SnapshotHandle
 from agentsnap.ledger import Ledger, LedgerEntry, ToolCallStatus
 from agentsnap.messages import ENVIRONMENT, ChannelId, JsonInput, JsonValue, Marker, Message
+from agentsnap.model_calls import ModelCallRecord
+from agentsnap.models import ChatMessage, ModelRequest, ModelResponse, ToolSpec
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import (
     AgentCut,
@@ -83,9 +86,12 @@ __all__ = [
     "AsyncioScheduler",
     "ChannelId",
     "ChannelRecord",
+    "ChatMessage",
     "ConfigurationError",
     "Context",
+    "DoneEffect",
     "DuplicateAgentError",
+    "EffectDiverged",
     "Feedback",
     "GraphCheckpoint",
     "HandlerFailed",
@@ -100,6 +106,9 @@ __all__ = [
     "Marker",
     "MemoryStore",
     "Message",
+    "ModelCallRecord",
+    "ModelRequest",
+    "ModelResponse",
     "NotFoundError",
     "OutputRejected",
     "OwnershipLost",
@@ -143,6 +152,7 @@ __all__ = [
     "ToolInProgress",
     "ToolOutcomeUnknown",
     "ToolRetry",
+    "ToolSpec",
     "TransportError",
     "UnknownAgentError",
     "Verdict",

@@ -22,6 +22,8 @@ Example:
 from __future__ import annotations
 
 import abc
+import json
+import logging
 import typing
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
@@ -30,8 +32,19 @@ from pydantic import BaseModel
 
 from agentsnap.bus import check_agent_name
 from agentsnap.checks import Guard, failure_reason
-from agentsnap.exceptions import ConfigurationError, OutputRejected
-from agentsnap.messages import ENVIRONMENT
+from agentsnap.exceptions import ConfigurationError, OutputRejected, StoreError
+from agentsnap.messages import ENVIRONMENT, JsonValue
+from agentsnap.model_calls import recorded_call
+from agentsnap.models import (
+    ChatMessage,
+    ChatModel,
+    ModelResponse,
+    ToolCallingModel,
+    ToolSpec,
+    ask,
+    request_of,
+)
+from agentsnap.once import effects_done
 from agentsnap.state import AgentState
 
 if TYPE_CHECKING:
@@ -40,14 +53,40 @@ if TYPE_CHECKING:
     from agentsnap.handles import SnapshotHandle
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonInput, Message
+    from agentsnap.model_calls import ModelCallLog
     from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo
     from agentsnap.replay import ReplayLog
     from agentsnap.telemetry import Telemetry
 
-__all__ = ["Agent", "Context", "Feedback", "Initiator", "evaluate_outputs", "guard_for"]
+__all__ = [
+    "Agent",
+    "BoundModel",
+    "Context",
+    "DoneEffect",
+    "Feedback",
+    "Initiator",
+    "Timeline",
+    "evaluate_outputs",
+    "guard_for",
+]
 
 S = TypeVar("S", bound=AgentState)
+
+logger = logging.getLogger("agentsnap")
+
+
+class DoneEffect(BaseModel):
+    """A side effect that already happened on a path a rollback undid."""
+
+    tool: str
+    """Name of the tool."""
+    arguments: dict[str, JsonValue]
+    """The arguments it ran with."""
+    result: JsonValue = None
+    """What it returned."""
+    key: str
+    """Its idempotency key in the ledger."""
 
 
 class Feedback(BaseModel):
@@ -57,6 +96,22 @@ class Feedback(BaseModel):
     """What was wrong."""
     source: str
     """Who said so: an agent name, a validator, the runtime."""
+    done: tuple[DoneEffect, ...] = ()
+    """Side effects the agent's undone work already performed. They happened and stay
+    done: calling the same tool at the same place again returns the recorded outcome
+    instead of running it a second time."""
+
+    def text(self) -> str:
+        """The feedback as words for a model: the reason, then what was already done."""
+        if not self.done:
+            return self.reason
+        lines = [self.reason, "Already done (these happened and will not run again):"]
+        lines.extend(
+            f"- {effect.tool}({json.dumps(effect.arguments, sort_keys=True)}) -> "
+            f"{json.dumps(effect.result, sort_keys=True, default=str)}"
+            for effect in self.done
+        )
+        return "\n".join(lines)
 
 
 class _StateSlot:
@@ -199,7 +254,10 @@ class Context(Generic[S]):
         "guard",
         "keep_before",
         "ledger",
+        "line",
         "message",
+        "model_calls",
+        "position",
         "rejected",
         "replay",
         "run_id",
@@ -249,6 +307,86 @@ class Context(Generic[S]):
         self.keep_before = False
         """Whether the runtime keeps the agent's state as each handler begins (set once a
         handler of the agent was found running at a recording)."""
+        self.model_calls: ModelCallLog | None = None
+        """Where the handler's model calls are recorded (set by the runtime); ``None``:
+        models are asked without recording."""
+        self.line: Timeline | None = None
+        """Where the run's current timeline is read (set by the runtime)."""
+        self.position = 0
+        """How many model calls the running handler made so far (reset by the runtime as
+        each handler begins)."""
+        _bind_models(self)
+
+    @property
+    def timeline(self) -> int:
+        """The run's timeline: 0 at first, one more after each rollback.
+
+        A resumed run goes on with the timeline it was on.
+        """
+        line = self.line
+        return 0 if line is None else line.timeline
+
+    async def chat(
+        self,
+        model: ChatModel | ToolCallingModel,
+        messages: str | Sequence[ChatMessage | Mapping[str, Any]],
+        *,
+        tools: Sequence[ToolSpec | Any] = (),
+        output_schema: Mapping[str, JsonValue] | None = None,
+        settings: Mapping[str, JsonValue] | None = None,
+    ) -> ModelResponse:
+        """Ask ``model`` and get its whole answer: text, tool calls, output, usage.
+
+        The call is a recorded step (see [Model calls](../concepts/model-calls.md)): its
+        request and answer are in the store before the answer is returned, keyed by the run,
+        this agent, the message being handled, the call's position in this handler and the
+        run's timeline. A handler re-executed after a crash and ``resume()`` gets the
+        recorded answer without asking the model; after a rollback the model is asked
+        again. Outside a handler (``on_rollback``, or with no store) the model is just asked.
+
+        Args:
+            model: A [`ToolCallingModel`][agentsnap.models.ToolCallingModel], or a
+                [`ChatModel`][agentsnap.models.ChatModel] (asked with the conversation as
+                one prompt; its answer is text only).
+            messages: A prompt, or the conversation (``ChatMessage`` objects, or
+                dictionaries of their fields).
+            tools: Tools offered: ``ToolSpec`` objects or ``@tool`` functions.
+            output_schema: JSON Schema for a structured ``output``.
+            settings: Model settings, passed on as they are.
+
+        Returns:
+            The model's answer (recorded, or replayed).
+
+        Raises:
+            ConfigurationError: ``model`` is not a model, or a message or tool is not of a
+                kind this takes.
+            StoreError: The answer could not be recorded; the handler fails and is redone
+                when the database answers, rather than act on an answer a crash would lose.
+        """
+        request = request_of(messages, tools=tools, output_schema=output_schema, settings=settings)
+        message = self.message
+        log = self.model_calls
+        if message is None or log is None:
+            return await ask(model, request)
+        position = self.position
+        self.position = position + 1
+        response, _ = await recorded_call(
+            log,
+            request,
+            lambda r: ask(model, r),
+            run_id=self.run_id,
+            agent=self.agent.name,
+            message_id=message.id,
+            position=position,
+            timeline=self.timeline,
+        )
+        return response
+
+    async def complete(self, model: ChatModel | ToolCallingModel, prompt: str) -> str:
+        """Ask ``model`` about ``prompt`` and get the text of its answer; recorded as
+        [`chat`][agentsnap.Context.chat] records.
+        """  # noqa: D205
+        return (await self.chat(model, prompt)).text
 
     @property
     def state(self) -> S:
@@ -380,9 +518,98 @@ class Context(Generic[S]):
         """
         return self._snapshots.begin(initiator=self._endpoint)
 
-    def add_feedback(self, reason: str, source: str) -> None:
+    def add_feedback(self, reason: str, source: str, done: Sequence[DoneEffect] = ()) -> None:
         """Record feedback for this agent (the runtime does after a rollback)."""
-        self._feedback.append(Feedback(reason=reason, source=source))
+        self._feedback.append(Feedback(reason=reason, source=source, done=tuple(done)))
+
+    async def tell_rollback(self, reason: str, source: str) -> None:
+        """Give this agent a rollback's feedback, with the effects its undone work performed.
+
+        The effects are the ledger's entries of this agent in the run that its restored
+        state does not hold; when the ledger cannot be read now, the feedback comes without
+        them.
+        """
+        done: list[DoneEffect] = []
+        ledger = self.ledger
+        if ledger is not None:
+            try:
+                entries = await effects_done(ledger, self.run_id, self.agent.name, self.state)
+            except StoreError as exc:
+                logger.warning(
+                    "agent %r: the effects its undone work performed could not be read: %s",
+                    self.agent.name,
+                    exc,
+                )
+                entries = []
+            done = [
+                DoneEffect(tool=e.tool, arguments=e.arguments, result=e.result, key=e.key)
+                for e in entries
+            ]
+        self.add_feedback(reason, source, done)
+
+
+class Timeline(Protocol):
+    """Where a context reads the run's timeline (the runtime's replay log, say)."""
+
+    @property
+    def timeline(self) -> int:
+        """The run's current timeline."""
+        ...
+
+
+class BoundModel:
+    """A model kept on an agent, seen through the agent's context: its calls are recorded.
+
+    The runtime puts one in place of every model an agent holds in an attribute when the
+    agent is registered, so that ``await self.model.complete(prompt)`` in a handler is a
+    recorded step, as ``ctx.complete(model, prompt)`` is. Everything else is the model's
+    own: other attributes and methods are read from it.
+
+    Attributes:
+        model: The model itself.
+    """
+
+    __slots__ = ("_ctx", "model")
+
+    def __init__(self, model: ChatModel | ToolCallingModel, ctx: Context[Any]) -> None:
+        self.model = model
+        self._ctx = ctx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __repr__(self) -> str:
+        return f"<recorded {self.model!r} of agent {self._ctx.agent.name!r}>"
+
+    async def complete(self, prompt: str) -> str:
+        """The model's answer to ``prompt``, recorded (see ``Context.complete``)."""
+        return await self._ctx.complete(self.model, prompt)
+
+    async def respond(self, request: Any) -> ModelResponse:
+        """The model's answer to ``request`` (a ``ModelRequest``), recorded."""
+        return await self._ctx.chat(
+            self.model,
+            request.messages,
+            tools=request.tools,
+            output_schema=request.output_schema,
+            settings=request.settings,
+        )
+
+
+def _bind_models(ctx: Context[Any]) -> None:
+    """Record the calls of the models ``ctx``'s agent holds in its attributes."""
+    agent = ctx.agent
+    try:
+        attributes = vars(agent)
+    except TypeError:  # an agent class with __slots__ only
+        return
+    for name, value in list(attributes.items()):
+        if name.startswith("__") or isinstance(value, (BoundModel, type)):
+            continue
+        if isinstance(value, (ChatModel, ToolCallingModel)):
+            setattr(agent, name, BoundModel(value, ctx))
+        elif isinstance(value, BoundModel):
+            setattr(agent, name, BoundModel(value.model, ctx))
 
 
 def guard_for(agent: Agent[Any], checks: Sequence[OutputCheck]) -> Guard | None:

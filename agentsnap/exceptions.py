@@ -27,6 +27,7 @@ AgentsnapError
     ├── RunOwnedError
     ├── OwnershipLost
     ├── ToolFailed
+    ├── EffectDiverged
     ├── ToolInProgress
     ├── ToolOutcomeUnknown
     ├── TransportError
@@ -45,7 +46,8 @@ application code when it raises them itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -56,6 +58,7 @@ __all__ = [
     "AgentsnapError",
     "ConfigurationError",
     "DuplicateAgentError",
+    "EffectDiverged",
     "HandlerFailed",
     "IdempotencyConflict",
     "InvalidAgentName",
@@ -453,6 +456,49 @@ class OwnershipLost(RunError):
             f"this runtime no longer owns run {run_id} (its lease, token {token}, was taken "
             f"over{': ' + detail if detail else ''}); its writes are refused"
         )
+
+
+class EffectDiverged(RunError):
+    """A re-executed handler called a side-effecting tool where it had before, with other
+    arguments; nothing ran a second time.
+
+    A derived idempotency key names the call (the run, the agent, the message being handled,
+    the tool and its place among that tool's calls in the handler), not its arguments. When a
+    handler is re-executed on the same timeline (after a crash and ``resume()``), its model
+    calls are replayed, so the same call should come with the same arguments; other
+    arguments mean something the handler read was not recorded (the clock, a random
+    number, a model called around the context). The effect already happened with the
+    recorded arguments, so the call is refused instead of running a second effect. Declare
+    ``@tool(on_divergence="recorded")`` for a tool whose recorded outcome may stand for the
+    new call, or give the arguments that name the effect with ``key_from=``.
+
+    Attributes:
+        tool: Name of the tool.
+        key: The call's idempotency key.
+        recorded: The arguments the effect ran with, as recorded in the ledger.
+        arguments: The arguments of the re-executed call.
+    """  # noqa: D205
+
+    def __init__(
+        self, tool: str, key: str, recorded: dict[str, Any], arguments: dict[str, Any]
+    ) -> None:
+        self.tool = tool
+        self.key = key
+        self.recorded = recorded
+        self.arguments = arguments
+        super().__init__(
+            f"tool {tool!r} was called again at the same place of a re-executed handler (key "
+            f"{key!r}) with other arguments: it ran with {_brief(recorded)}, and now gets "
+            f"{_brief(arguments)}; the effect was not run a second time. Record what the "
+            "handler reads (call models through ctx.chat()/ctx.complete()), name the "
+            "arguments that identify the effect with @tool(key_from=...), or declare "
+            '@tool(on_divergence="recorded") to let the recorded outcome stand'
+        )
+
+
+def _brief(arguments: dict[str, Any]) -> str:
+    text = json.dumps(arguments, sort_keys=True, default=str)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class ToolFailed(RunError):

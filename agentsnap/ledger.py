@@ -3,16 +3,25 @@
 A tool declared ``side_effect=True`` touches the outside world (charges a card, sends an
 email), so it must not run twice for the same call, whatever happens to the run: a retry, a
 rollback that re-executes the handler, a crash and a resume. Each such call has an
-**idempotency key**, given by the caller (``key=``) or derived from the run, the agent, the
-message being handled, the index of the call within that handler, the tool's name and the
-fingerprint of its arguments (the SHA-256 of their canonical JSON). A **ledger** keyed by it
-decides what happens, following Stripe's idempotency keys and the IETF Idempotency-Key draft:
+**idempotency key**, given by the caller (``key=``) or derived from the call's identity
+([`call_key`][agentsnap.ledger.call_key]): the run, the agent, the message being handled,
+the tool's name and the call's place among that tool's calls in the handler (or the
+arguments the tool names with ``key_from``). A derived key names the call, not its
+arguments: a handler re-executed with a model that words the call differently names the
+same effect. The ledger records the fingerprint of the arguments (the SHA-256 of their
+canonical JSON) beside the key, and the run's timeline. A **ledger** keyed by it decides
+what happens, following Stripe's idempotency keys and the IETF Idempotency-Key draft:
 
 * the key is claimed before the tool runs (status ``in_progress``, an owner, a lease) and the
   outcome is recorded after;
 * a key whose outcome is recorded returns the recorded result (or raises the recorded final
   error, as [`ToolFailed`][agentsnap.ToolFailed]) without running the tool;
-* a key reused with other arguments is an [`IdempotencyConflict`][agentsnap.IdempotencyConflict];
+* an explicit key reused with other arguments is an
+  [`IdempotencyConflict`][agentsnap.IdempotencyConflict]; a derived key met again with other
+  arguments is a redo (after a rollback: the recorded outcome stands, unless the tool
+  declares ``on_redo``) or a divergence (after a resume, on the same timeline:
+  [`EffectDiverged`][agentsnap.EffectDiverged], unless the tool declares
+  ``on_divergence="recorded"``); the effect never runs a second time implicitly;
 * a key in progress elsewhere is waited for, up to the tool's ``wait``, then
   [`ToolInProgress`][agentsnap.ToolInProgress];
 * a key claimed by an owner that stopped before recording an outcome has an unknown outcome:
@@ -23,10 +32,11 @@ decides what happens, following Stripe's idempotency keys and the IETF Idempoten
 * errors the tool declares ``transient`` are retried with tenacity under the same key and
   are never cached; successes and other (final) errors are.
 
-The ledger is never rolled back. A handler re-executed after a rollback derives the same keys
-for the calls it repeats and gets their recorded results; the calls the new path does not
-repeat are marked ``abandoned`` by [`reconcile`][agentsnap.once.reconcile] when the run ends,
-and a tool's ``compensate`` action runs once for each of them.
+The ledger is never rolled back. A handler re-executed after a rollback derives the same
+keys for the calls it makes at the same places and gets their recorded results; the calls the
+new path does not repeat are marked ``abandoned`` by
+[`reconcile`][agentsnap.once.reconcile] when the run ends, and a tool's ``compensate`` action
+runs once for each of them.
 
 This module holds what the ledger records ([`LedgerEntry`][agentsnap.ledger.LedgerEntry],
 [`ToolCallStatus`][agentsnap.ledger.ToolCallStatus]), the [`Ledger`][agentsnap.ledger.Ledger]
@@ -64,8 +74,8 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "ToolCallStatus",
+    "call_key",
     "check_key",
-    "derive_key",
     "fingerprint",
     "is_orphaned",
     "mark_orphaned",
@@ -232,26 +242,41 @@ def fingerprint(arguments: Mapping[str, JsonValue]) -> str:
     return hashlib.sha256(canonical_json(dict(arguments)).encode()).hexdigest()
 
 
-def derive_key(  # noqa: PLR0917
-    run_id: str, agent: str, message_id: str, index: int, tool: str, fingerprint: str
+def call_key(  # noqa: PLR0917
+    run_id: str,
+    agent: str,
+    message_id: str,
+    tool: str,
+    place: int | Mapping[str, JsonValue],
+    timeline: int | None = None,
 ) -> str:
-    """The idempotency key of a call made from a handler, when the caller gives none.
+    """The idempotency key of a side-effecting call made from a handler, when the caller
+    gives none: it names the call, not its arguments.
 
-    The same call on a re-executed path (after a rollback or a resume) derives the same key.
+    A re-execution of the handler (after a rollback, or a crash and a resume) that makes
+    the call at the same place derives the same key, whatever the wording of its arguments:
+    the ledger then holds the effect that happened, with the arguments it ran with, and
+    decides (see ``Tool``'s ``on_redo`` and ``on_divergence``).
 
     Args:
         run_id: Id of the run.
         agent: Name of the calling agent.
         message_id: Id of the message being handled.
-        index: How many tool calls the handler made for this message before this one.
         tool: Name of the tool.
-        fingerprint: Fingerprint of the arguments.
+        place: The call's place: how many calls of the same tool with side effects the
+            handler made for this message before this one, or the values of the arguments
+            the tool names as its effect's identity (``key_from``).
+        timeline: Only for a redo's call that is an effect of its own (``on_redo="new"``):
+            the timeline it belongs to.
 
     Returns:
         32 hex digits.
-    """
-    text = canonical_json([run_id, agent, message_id, index, tool, fingerprint])
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    """  # noqa: D205
+    parts: list[JsonValue] = ["call", run_id, agent, message_id, tool]
+    parts.append(place if isinstance(place, int) else dict(place))
+    if timeline is not None:
+        parts.append(timeline)
+    return hashlib.sha256(canonical_json(parts).encode()).hexdigest()[:32]
 
 
 def check_key(key: str) -> str:

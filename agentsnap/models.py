@@ -85,6 +85,10 @@ class ChatMessage(BaseModel):
     """The call a ``tool`` message answers."""
 
 
+def _empty_object_schema() -> dict[str, JsonValue]:
+    return {"type": "object", "properties": {}}
+
+
 class ToolSpec(BaseModel):
     """A tool offered to a model: its name, what it does and its arguments' JSON Schema.
 
@@ -97,9 +101,7 @@ class ToolSpec(BaseModel):
     """Name of the tool."""
     description: str = ""
     """What the tool does, for the model."""
-    parameters: dict[str, JsonValue] = Field(
-        default_factory=lambda: {"type": "object", "properties": {}}
-    )
+    parameters: dict[str, JsonValue] = Field(default_factory=_empty_object_schema)
     """JSON Schema of the arguments (an ``object`` schema)."""
 
 

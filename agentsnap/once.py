@@ -78,9 +78,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Compensable",
+    "Diverged",
     "KnownTools",
     "Outcome",
     "Unrecorded",
+    "compensate",
+    "effects_done",
     "reconcile",
     "recorded",
     "run_once",
@@ -203,6 +206,12 @@ class _Once:
     lease: float
     wait: float
     rerun_if_unknown: bool
+    diverged: Diverged | None = None
+
+
+Diverged = Callable[[LedgerEntry], Awaitable[None]]
+"""Decides for a key bound to a call (not to its arguments) that the ledger holds with other
+arguments: returns to have the recorded outcome stand for this call, or raises."""
 
 
 async def run_once(
@@ -220,6 +229,8 @@ async def run_once(
     lease: float = 60.0,
     wait: float = 10.0,
     rerun_if_unknown: bool = False,
+    timeline: int | None = None,
+    diverged: Diverged | None = None,
 ) -> Outcome:
     """Run ``call`` at most once under ``key``, or give back the outcome recorded for it.
 
@@ -248,6 +259,10 @@ async def run_once(
         wait: Seconds to wait for the same key in progress elsewhere.
         rerun_if_unknown: Run ``call`` again when the key's outcome is unknown (its owner
             stopped mid-call), because the effect deduplicates by key on its own.
+        timeline: The run's timeline, recorded with a new claim.
+        diverged: For a key that names the call rather than its arguments: called when the
+            ledger holds the key with other arguments; it returns to let the recorded
+            outcome stand for this call, or raises. Without it that is a conflict.
 
     Returns:
         The outcome: run now, or replayed (``replayed=True``, ``attempts=0``).
@@ -268,7 +283,9 @@ async def run_once(
             f"wait={wait!r}"
         )
     printed = fingerprint if fingerprint is not None else fingerprint_of(arguments)
-    once = _Once(ledger, key, tool, printed, call, load, run_id, lease, wait, rerun_if_unknown)
+    once = _Once(
+        ledger, key, tool, printed, call, load, run_id, lease, wait, rerun_if_unknown, diverged
+    )
     if _unrecorded:
         pending = _unrecorded.get(key)
         if pending is not None and (pending.tool, pending.fingerprint) == (tool, printed):
@@ -290,6 +307,7 @@ async def run_once(
         owner=me,
         lease_until=now + timedelta(seconds=lease),
         attempts=1,
+        timeline=timeline,
     )
     found = await ledger.claim(entry)
     if found is None:
@@ -304,6 +322,13 @@ async def _settle(once: _Once, found: LedgerEntry, me: str) -> Outcome:
     pause = _POLL_FIRST
     loop = asyncio.get_running_loop()
     while True:
+        if (
+            found.tool == tool
+            and found.fingerprint != once.fingerprint
+            and once.diverged is not None
+        ):
+            await once.diverged(found)  # raises, or lets the recorded outcome stand
+            once.fingerprint = found.fingerprint
         if found.tool != tool or found.fingerprint != once.fingerprint:
             what = (
                 f"it was used for tool {found.tool!r}"
@@ -648,30 +673,63 @@ async def reconcile(
             if current is not entry:
                 changed.append(current)
             continue
-        claimed = await ledger.update(
-            entry.key,
-            {"status": ToolCallStatus.COMPENSATING, "owner": me, "updated_at": utcnow()},
-            statuses=(ToolCallStatus.ABANDONED,),
-        )
-        if not claimed:
-            continue
-        try:
-            outcome: JsonValue = {"result": await found.compensation(current)}
-            status = ToolCallStatus.COMPENSATED
-        except Exception as exc:
-            outcome = {"error": f"{type(exc).__name__}: {exc}"}
-            status = ToolCallStatus.COMPENSATION_FAILED
-            logger.exception("tool %r: compensating key %s failed", entry.tool, entry.key)
-        now = utcnow()
-        await ledger.update(
-            entry.key,
-            {"status": status, "compensation": outcome, "owner": None, "updated_at": now},
-            statuses=(ToolCallStatus.COMPENSATING,),
-            owner=me,
-        )
-        changed.append(
-            dataclasses.replace(
-                current, status=status, compensation=outcome, owner=None, updated_at=now
-            )
-        )
+        compensated = await compensate(ledger, current, found, me)
+        if compensated is not None:
+            changed.append(compensated)
     return changed
+
+
+async def compensate(
+    ledger: Ledger, entry: LedgerEntry, tool: Compensable, me: str | None = None
+) -> LedgerEntry | None:
+    """Run ``tool``'s compensating action for ``entry`` once, and record how it went.
+
+    The entry (``abandoned``, or ``succeeded`` when a redo replaces its effect) is claimed as
+    ``compensating`` first, so that two callers never both run the action.
+
+    Returns:
+        The entry as it ended, or ``None`` when another caller claimed it first.
+    """
+    me = me or owner_id()
+    claimed = await ledger.update(
+        entry.key,
+        {"status": ToolCallStatus.COMPENSATING, "owner": me, "updated_at": utcnow()},
+        statuses=(entry.status,),
+    )
+    if not claimed:
+        return None
+    try:
+        outcome: JsonValue = {"result": await tool.compensation(entry)}
+        status = ToolCallStatus.COMPENSATED
+    except Exception as exc:
+        outcome = {"error": f"{type(exc).__name__}: {exc}"}
+        status = ToolCallStatus.COMPENSATION_FAILED
+        logger.exception("tool %r: compensating key %s failed", entry.tool, entry.key)
+    now = utcnow()
+    await ledger.update(
+        entry.key,
+        {"status": status, "compensation": outcome, "owner": None, "updated_at": now},
+        statuses=(ToolCallStatus.COMPENSATING,),
+        owner=me,
+    )
+    return dataclasses.replace(
+        entry, status=status, compensation=outcome, owner=None, updated_at=now
+    )
+
+
+async def effects_done(
+    ledger: Ledger, run_id: str, agent: str, state: AgentState
+) -> list[LedgerEntry]:
+    """The effects ``agent`` had in the run that its (restored) ``state`` does not hold.
+
+    After a rollback these are what the discarded path already did: they happened, and a
+    redo of the same calls gets their recorded outcomes instead of running them again.
+    """
+    kept = {call.key for call in state.tool_calls if call.key is not None}
+    return [
+        entry
+        for entry in await ledger.list_calls(run_id)
+        if entry.agent == agent
+        and entry.key not in kept
+        and entry.status in (ToolCallStatus.SUCCEEDED, ToolCallStatus.ABANDONED)
+    ]

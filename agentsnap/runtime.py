@@ -61,6 +61,7 @@ from agentsnap.journal import Journal
 from agentsnap.ledger import Ledger, ToolCallStatus, mark_orphaned, owner_id
 from agentsnap.limits import check_run_id, check_run_labels
 from agentsnap.messages import ENVIRONMENT, JsonValue, Marker, Message
+from agentsnap.model_calls import ModelCallLog
 from agentsnap.once import KnownTools, reconcile, recorded, unrecorded
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import (
@@ -159,6 +160,15 @@ def _lost_to_database(error: BaseException) -> bool:
         return False
     fault = classify(error)
     return fault is not None and fault.transient
+
+
+class _Line:
+    """The run's timeline, for a runtime without a replay log (which keeps it otherwise)."""
+
+    __slots__ = ("timeline",)
+
+    def __init__(self) -> None:
+        self.timeline = 0
 
 
 class _Phase(enum.Enum):
@@ -370,6 +380,7 @@ class Runtime:
             ReplayLog(self._append_replay, self._inputs, every=_REPLAY_HOLDS) if replay else None
         )
         self._delivered = self._replay.deliveries if self._replay is not None else None
+        self._line = _Line()  # the run's timeline, when no replay log keeps it
         # While a resumed run follows its replay plans, deliveries take the slow path.
         self._replaying = False
         # Whether the phase takes input (_TAKING_INPUT), kept by _enter(): send() otherwise
@@ -467,6 +478,8 @@ class Runtime:
         ctx.ledger = self.ledger
         ctx.replay = self._replay
         ctx.tools = self.tools
+        ctx.model_calls = self.ledger if isinstance(self.ledger, ModelCallLog) else None
+        ctx.line = self._replay if self._replay is not None else self._line
         ctx.telemetry = self._telemetry
         agent._state_changed = coordinator.changed  # assigning agent.state marks it
         coordinator.joined(endpoint, blob.hash)
@@ -1246,6 +1259,7 @@ class Runtime:
         elif self._replaying:
             self._replayed(endpoint, channel, message)
         ctx.message = message
+        ctx.position = 0
         endpoint.busy = True
         generation = self._generation
         rejected: OutputRejected | None = None
@@ -1516,7 +1530,7 @@ class Runtime:
 
     async def _after_rollback(self, info: RollbackInfo) -> None:
         if info.agent is not None and info.agent in self._agents:
-            self._contexts[info.agent].add_feedback(info.reason, info.source)
+            await self._contexts[info.agent].tell_rollback(info.reason, info.source)
         for name, agent in self._agents.items():
             ctx = self._contexts[name]
             try:
@@ -1555,6 +1569,8 @@ class Runtime:
         """
         if self._replay is not None:
             self._replay.new_timeline()
+        else:
+            self._line.timeline += 1
         try:
             await self._ensure_run()
             await self.store.save_rollback(info)

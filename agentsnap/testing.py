@@ -1,4 +1,10 @@
-"""Test doubles for agentsnap users: deterministic schedulers and a consistency checker.
+"""Test doubles for agentsnap users: schedulers, models and a consistency checker.
+
+Models that need no network: [`ScriptedModel`][agentsnap.testing.ScriptedModel] answers by
+rules (text, or whole answers with tool calls), the same answer every time;
+[`SampledModel`][agentsnap.testing.SampledModel] answers like a sampled language model, with
+another of its variants each time (another wording, other tool-call arguments);
+[`FunctionModel`][agentsnap.testing.FunctionModel] answers with a function of the request.
 
 The schedulers here deliver one item at a time and wait for its handler to finish before the
 next, so a run is a pure function of the schedule:
@@ -23,12 +29,15 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Union
 
 from agentsnap.bus import planned_channel
 from agentsnap.exceptions import ScheduleError
 from agentsnap.integrity import cut_problems
+from agentsnap.models import ChatMessage, ModelRequest, ModelResponse, prompt_of
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Channel, Deliver, Endpoint
@@ -36,6 +45,8 @@ if TYPE_CHECKING:
     from agentsnap.records import Snapshot
 
 __all__ = [
+    "FunctionModel",
+    "SampledModel",
     "ScriptedModel",
     "ScriptedScheduler",
     "SeededScheduler",
@@ -186,12 +197,23 @@ class ScriptedScheduler(SequentialScheduler):
         return list(channel) if channel is not None else []
 
 
+Answer = Union[str, ModelResponse]  # noqa: UP007 (a runtime alias, for Python 3.11)
+"""What a test model answers: text, or a whole answer (tool calls, output, usage)."""
+
+
+def _response(answer: Answer) -> ModelResponse:
+    return answer if isinstance(answer, ModelResponse) else ModelResponse(text=answer)
+
+
 class ScriptedModel:
     """A stand-in for a language model: canned answers, chosen by what the prompt contains.
 
     The first rule whose text occurs in the prompt gives the answer, so the same prompt always
     gets the same answer, however often it is asked (an agent re-running after a rollback
-    asks again), and a prompt that carries feedback can be answered differently.
+    asks again), and a prompt that carries feedback can be answered differently. An answer
+    is text, or a [`ModelResponse`][agentsnap.ModelResponse] with tool calls; asked with a
+    conversation (``respond``), the rules look at the whole conversation, one line per
+    message.
 
     Example:
         ```python
@@ -206,32 +228,174 @@ class ScriptedModel:
         rules: ``(text to look for, answer)`` pairs, tried in order.
         delay: Seconds each answer takes, as a real model's would (other agents run
             meanwhile); none by default.
+        name: The model's name in its answers.
 
     Attributes:
         prompts: Every prompt asked so far, oldest first.
     """
 
-    def __init__(self, rules: list[tuple[str, str]], *, delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        rules: Sequence[tuple[str, Answer]],
+        *,
+        delay: float = 0.0,
+        name: str = "scripted",
+    ) -> None:
         self.rules = list(rules)
         self.delay = delay
+        self.name = name
         self.prompts: list[str] = []
 
     async def complete(self, prompt: str) -> str:
-        """The answer of the first rule that matches ``prompt``.
+        """The text of the first rule that matches ``prompt``.
 
         Raises:
             ScheduleError: No rule matches; the message shows the start of the prompt.
         """
+        return (await self._answer(prompt)).text
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        """The answer of the first rule that matches the conversation.
+
+        Raises:
+            ScheduleError: No rule matches.
+        """
+        return await self._answer(prompt_of(request))
+
+    async def _answer(self, prompt: str) -> ModelResponse:
         self.prompts.append(prompt)
         if self.delay:
             await asyncio.sleep(self.delay)
         for needle, answer in self.rules:
             if needle in prompt:
-                return answer
+                response = _response(answer)
+                return (
+                    response if response.model else response.model_copy(update={"model": self.name})
+                )
         raise ScheduleError(
             f"the scripted model has no answer for the prompt {prompt[:80]!r}...; add a rule "
             "whose text occurs in it"
         )
+
+
+class SampledModel:
+    """A stand-in for a sampled language model: each call picks one of several answers.
+
+    Like a real model at a temperature above zero, asking twice gets different words (or
+    different tool-call arguments): the first rule whose text occurs in the prompt gives its
+    variants, and a random generator picks one. A handler that is re-executed and asks again
+    gets another answer unless its calls are recorded, which is what the tests of recorded
+    model calls need.
+
+    Example:
+        ```python
+        import asyncio
+        from agentsnap.testing import SampledModel
+
+        model = SampledModel([("email", ["Hi Ann,", "Dear Ann,", "Hello Ann,"])], seed=7)
+        print(asyncio.run(model.complete("write the email")))
+        ```
+
+    Args:
+        rules: ``(text to look for, answers to pick from)`` pairs, tried in order.
+        seed: Seed of the generator (default: a new sequence every run).
+        delay: Seconds each answer takes.
+        name: The model's name in its answers.
+
+    Attributes:
+        calls: How many times the model was asked.
+        prompts: Every prompt asked so far, oldest first.
+    """
+
+    def __init__(
+        self,
+        rules: Sequence[tuple[str, Sequence[Answer]]],
+        *,
+        seed: int | None = None,
+        delay: float = 0.0,
+        name: str = "sampled",
+    ) -> None:
+        for needle, answers in rules:
+            if not answers:
+                raise ScheduleError(f"the sampled model's rule {needle!r} has no answers")
+        self.rules = [(needle, list(answers)) for needle, answers in rules]
+        self.random = random.Random(seed)
+        self.delay = delay
+        self.name = name
+        self.calls = 0
+        self.prompts: list[str] = []
+
+    async def complete(self, prompt: str) -> str:
+        """The text of one answer of the first rule that matches ``prompt``.
+
+        Raises:
+            ScheduleError: No rule matches.
+        """
+        return (await self._answer(prompt)).text
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        """One answer of the first rule that matches the conversation.
+
+        Raises:
+            ScheduleError: No rule matches.
+        """
+        return await self._answer(prompt_of(request))
+
+    async def _answer(self, prompt: str) -> ModelResponse:
+        self.calls += 1
+        self.prompts.append(prompt)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        for needle, answers in self.rules:
+            if needle in prompt:
+                response = _response(self.random.choice(answers))
+                return (
+                    response if response.model else response.model_copy(update={"model": self.name})
+                )
+        raise ScheduleError(
+            f"the sampled model has no answer for the prompt {prompt[:80]!r}...; add a rule "
+            "whose text occurs in it"
+        )
+
+
+class FunctionModel:
+    """A stand-in for a language model whose answers a function computes.
+
+    ``function(request)`` (sync or async) returns text or a
+    [`ModelResponse`][agentsnap.ModelResponse]; it can look at the whole conversation, the
+    tools offered and the settings, and use any randomness it likes.
+
+    Args:
+        function: Computes the answer to a request.
+        name: The model's name in its answers.
+
+    Attributes:
+        requests: Every request asked so far, oldest first.
+    """
+
+    def __init__(
+        self,
+        function: Callable[[ModelRequest], Answer | Awaitable[Answer]],
+        *,
+        name: str = "function",
+    ) -> None:
+        self.function = function
+        self.name = name
+        self.requests: list[ModelRequest] = []
+
+    async def complete(self, prompt: str) -> str:
+        """The text the function answers to a one-message conversation."""
+        request = ModelRequest(messages=(ChatMessage(role="user", content=prompt),))
+        return (await self.respond(request)).text
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        """What the function answers to ``request``."""
+        self.requests.append(request)
+        answer = self.function(request)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        response = _response(answer)
+        return response if response.model else response.model_copy(update={"model": self.name})
 
 
 def assert_consistent(snapshot: Snapshot) -> None:

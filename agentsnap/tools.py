@@ -50,18 +50,24 @@ import functools
 import inspect
 import logging
 import typing
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
 
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticSerializationError
 
-from agentsnap.exceptions import ConfigurationError, ToolArgumentsInvalid, ToolFailed
-from agentsnap.ledger import LedgerEntry, check_key, derive_key, fingerprint
+from agentsnap.exceptions import (
+    ConfigurationError,
+    EffectDiverged,
+    ToolArgumentsInvalid,
+    ToolFailed,
+)
+from agentsnap.ledger import LedgerEntry, call_key, check_key, fingerprint
 from agentsnap.limits import MAX_TOOL_NAME, check_text
-from agentsnap.once import Outcome, run_once
+from agentsnap.models import ChatMessage, ModelResponse, ToolSpec
+from agentsnap.once import Diverged, Outcome, compensate, run_once
 from agentsnap.state import ToolCallRecord, canonical_json
 from agentsnap.telemetry import tool_call
 
@@ -70,11 +76,24 @@ if TYPE_CHECKING:
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue
 
-__all__ = ["Tool", "ToolCall", "ToolRetry", "tool"]
+__all__ = ["OnDivergence", "OnRedo", "Tool", "ToolCall", "ToolRetry", "run_tool_calls", "tool"]
 
 logger = logging.getLogger("agentsnap")
 
 R = TypeVar("R")
+
+OnRedo = Literal["recorded", "new", "compensate"]
+"""What a redo after a rollback does when it calls a side-effecting tool where the undone
+path did, with other arguments: ``"recorded"`` (the effect that happened stands, its
+recorded outcome is returned), ``"new"`` (the new call is a new effect and runs), or
+``"compensate"`` (the tool's ``compensate`` action undoes the effect that happened, then
+the new call runs)."""
+
+OnDivergence = Literal["raise", "recorded"]
+"""What a re-execution on the same timeline (after a crash and ``resume()``) does when it
+calls a side-effecting tool where it had before, with other arguments: ``"raise"``
+([`EffectDiverged`][agentsnap.EffectDiverged]) or ``"recorded"`` (the recorded outcome is
+returned). The effect never runs a second time."""
 
 RESULT_SUMMARY_CHARS = 500
 """A result whose JSON is longer than this is summarised in the agent's state."""
@@ -163,6 +182,10 @@ class Tool(Generic[R]):
         compensate: Undoes an abandoned effect, once.
         lease: Seconds a claim holds before another caller may find it unknown.
         wait: Seconds a call waits for the same key in progress elsewhere.
+        key_from: The arguments that name the call's effect, when the key is derived.
+        on_redo: What a redo after a rollback does with other arguments at the same place.
+        on_divergence: What a re-execution after a crash does with other arguments.
+        description: What the tool does, for a model (default: the function's docstring).
     """
 
     def __init__(  # noqa: PLR0917
@@ -176,6 +199,10 @@ class Tool(Generic[R]):
         compensate: Compensation | None = None,
         lease: float = 60.0,
         wait: float = 10.0,
+        key_from: Sequence[str] | None = None,
+        on_redo: OnRedo = "recorded",
+        on_divergence: OnDivergence = "raise",
+        description: str | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(f"@tool decorates a function, got {type(fn).__name__}")
@@ -211,10 +238,59 @@ class Tool(Generic[R]):
         self._is_async = inspect.iscoroutinefunction(fn)
         self._wants_call, self._arguments, self._names, self._returns = _signature(fn, self.name)
         self._load = None if self._returns is None else self._returns.validate_python
+        if on_redo not in ("recorded", "new", "compensate"):
+            raise ConfigurationError(
+                f"on_redo= of tool {self.name!r} is 'recorded', 'new' or 'compensate', got "
+                f"{on_redo!r}"
+            )
+        if on_divergence not in ("raise", "recorded"):
+            raise ConfigurationError(
+                f"on_divergence= of tool {self.name!r} is 'raise' or 'recorded', got "
+                f"{on_divergence!r}"
+            )
+        if on_redo == "compensate" and compensate is None:
+            raise ConfigurationError(
+                f'tool {self.name!r} declares on_redo="compensate" without compensate=; give '
+                "the action that undoes an effect"
+            )
+        if (key_from is not None or on_redo != "recorded" or on_divergence != "raise") and (
+            not side_effect
+        ):
+            raise ConfigurationError(
+                f"tool {self.name!r} declares key_from=, on_redo= or on_divergence= but not "
+                "side_effect=True; only side-effecting calls have keys"
+            )
+        if key_from is not None:
+            if isinstance(key_from, str):
+                key_from = (key_from,)
+            unknown = [n for n in key_from if n not in self._names]
+            if unknown or not key_from:
+                raise ConfigurationError(
+                    f"key_from= of tool {self.name!r} names {list(key_from)!r}, but its "
+                    f"arguments are {sorted(self._names)!r}; name one or more of them"
+                )
+        self.key_from: tuple[str, ...] | None = None if key_from is None else tuple(key_from)
+        self.on_redo: OnRedo = on_redo
+        self.on_divergence: OnDivergence = on_divergence
+        self.description = (
+            description if description is not None else inspect.getdoc(fn) or ""
+        ).strip()
 
     def __repr__(self) -> str:
         where = f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
         return f"<Tool {self.name!r}{' side_effect' if self.side_effect else ''} of {where}>"
+
+    async def run(self, ctx: Context[Any], arguments: Mapping[str, Any], /) -> R:
+        """Call the tool from a handler with its arguments as a mapping (as a model gives
+        them); the same as ``await tool(ctx, **arguments)``.
+        """  # noqa: D205
+        return await self(ctx, **dict(arguments))
+
+    def spec(self) -> ToolSpec:
+        """The tool as offered to a model: name, description, arguments' JSON Schema."""
+        return ToolSpec(
+            name=self.name, description=self.description, parameters=self.arguments_schema()
+        )
 
     def arguments_schema(self) -> dict[str, Any]:
         """The JSON Schema of the tool's keyword arguments, as tool-calling models take it.
@@ -254,12 +330,9 @@ class Tool(Generic[R]):
         message_id = message.id if message is not None else None
         agent = ctx.agent.name
         calls = ctx.state.tool_calls
-        index = 0
-        for earlier in reversed(calls):  # this handler's calls are the last ones
-            if earlier.message_id != message_id or message_id is None:
-                break
-            index += 1
         ledger: Ledger | None = None
+        place: int | dict[str, JsonValue] | None = None
+        timeline = ctx.timeline
         if self.side_effect:
             if key is None:
                 if message_id is None:
@@ -267,7 +340,19 @@ class Tool(Generic[R]):
                         f"side-effecting tool {self.name!r} was called outside a handler "
                         "without an idempotency key; pass key= (a string naming this effect)"
                     )
-                key = derive_key(ctx.run_id, agent, message_id, index, self.name, printed)
+                if self.key_from is not None:
+                    place = {name: args_json[name] for name in self.key_from if name in args_json}
+                else:
+                    # The n-th side-effecting call of this tool in this handler execution:
+                    # how many other calls (read-only lookups, other tools) a model chose to
+                    # make first does not shift it.
+                    place = 0
+                    for earlier in reversed(calls):  # this handler's calls are the last ones
+                        if earlier.message_id != message_id:
+                            break
+                        if earlier.tool == self.name and earlier.key is not None:
+                            place += 1
+                key = call_key(ctx.run_id, agent, message_id, self.name, place)
             else:
                 check_key(key)
             ledger = ctx.ledger
@@ -306,8 +391,8 @@ class Tool(Generic[R]):
                     if replay is not None and replay.pending():
                         # What this call depends on is durable before it can have an effect.
                         await replay.flush()
-                    outcome = await self._uninterrupted(
-                        self._once(ledger, info, values, args_json, printed)
+                    outcome = await self._bound_once(
+                        ledger, info, values, args_json, printed, place, timeline, record
                     )
                 else:
                     outcome = await self._run(values, info, 1)
@@ -383,6 +468,93 @@ class Tool(Generic[R]):
             "@tool(side_effect=True) if it touches the outside world"
         )
 
+    async def _bound_once(  # noqa: PLR0917
+        self,
+        ledger: Ledger,
+        info: ToolCall,
+        values: dict[str, Any],
+        args_json: dict[str, JsonValue],
+        printed: str,
+        place: int | dict[str, JsonValue] | None,
+        timeline: int,
+        record: ToolCallRecord,
+    ) -> Outcome:
+        """Run a handler's call through the ledger under its key.
+
+        A derived key (``place`` given) names the call, not its arguments: the ledger may
+        hold it with other arguments, and ``on_redo``/``on_divergence`` decide.
+        """
+        if place is None:  # an explicit key keeps its meaning: other arguments conflict
+            return await self._uninterrupted(
+                self._once(ledger, info, values, args_json, printed, timeline=timeline)
+            )
+        try:
+            return await self._uninterrupted(
+                self._once(
+                    ledger,
+                    info,
+                    values,
+                    args_json,
+                    printed,
+                    timeline=timeline,
+                    diverged=self._diverged(ledger, args_json, timeline),
+                )
+            )
+        except _NewEffect:
+            pass
+        # The redo's call is an effect of its own, once per timeline.
+        assert info.run_id is not None
+        assert info.agent is not None
+        assert info.message_id is not None
+        key = call_key(info.run_id, info.agent, info.message_id, self.name, place, timeline)
+        info = dataclasses.replace(info, key=key)
+        record.key = key
+        return await self._uninterrupted(
+            self._once(
+                ledger,
+                info,
+                values,
+                args_json,
+                printed,
+                timeline=timeline,
+                diverged=self._diverged(ledger, args_json, timeline),
+            )
+        )
+
+    def _diverged(self, ledger: Ledger, arguments: dict[str, JsonValue], timeline: int) -> Diverged:
+        """What to do when the ledger holds this call's key with other arguments."""
+
+        async def decide(found: LedgerEntry) -> None:
+            if found.timeline is not None and found.timeline < timeline:
+                # A redo after a rollback: the undone path's effect happened.
+                if self.on_redo == "recorded":
+                    logger.info(
+                        "tool %r: key %s is redone with other arguments after a rollback; "
+                        "the effect that happened stands (recorded %s, asked %s)",
+                        self.name,
+                        found.key,
+                        found.arguments,
+                        arguments,
+                    )
+                    return
+                if self.on_redo == "compensate":
+                    await compensate(ledger, found, self)
+                raise _NewEffect
+            # The same timeline: a re-execution after a crash that is not deterministic.
+            if self.on_divergence == "recorded":
+                logger.warning(
+                    "tool %r: key %s was called again with other arguments after a resume; "
+                    "the recorded outcome stands (recorded %s, asked %s)",
+                    self.name,
+                    found.key,
+                    found.arguments,
+                    arguments,
+                )
+                return
+            raise EffectDiverged(self.name, found.key, dict(found.arguments), dict(arguments))
+
+        return decide
+
     async def _once(
         self,
         ledger: Ledger,
@@ -390,6 +562,9 @@ class Tool(Generic[R]):
         values: dict[str, Any],
         args_json: dict[str, JsonValue],
         printed: str,
+        *,
+        timeline: int | None = None,
+        diverged: Diverged | None = None,
     ) -> Outcome:
         """Run the call through the ledger, at most once for its key."""
         assert info.key is not None
@@ -407,6 +582,8 @@ class Tool(Generic[R]):
             lease=self.lease,
             wait=self.wait,
             rerun_if_unknown=self.rerun_if_unknown,
+            timeline=timeline,
+            diverged=diverged,
         )
 
     async def _uninterrupted(self, call: Coroutine[Any, Any, Outcome]) -> Outcome:
@@ -546,6 +723,47 @@ class Tool(Generic[R]):
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
 
 
+async def run_tool_calls(
+    ctx: Context[Any], response: ModelResponse, tools: Sequence[Tool[Any]]
+) -> list[ChatMessage]:
+    """Run the tool calls a model's answer asks for, in order; return the ``tool`` messages.
+
+    Each call goes through its tool as ``await tool(ctx, **arguments)`` would: recorded in
+    the agent's state, and through the ledger when the tool has side effects. A call of a
+    tool not in ``tools``, arguments that do not fit, and a tool's failure come back as a
+    ``tool`` message saying what went wrong, for the model to act on; anything else (an
+    [`EffectDiverged`][agentsnap.EffectDiverged], an unknown outcome, a rejection)
+    propagates.
+
+    Args:
+        ctx: The handler's context.
+        response: The model's answer.
+        tools: The tools the model was offered.
+
+    Returns:
+        One ``tool`` message per call, answering it (``tool_call_id`` is the call's id).
+    """
+    by_name = {t.name: t for t in tools}
+    answers: list[ChatMessage] = []
+    for call in response.tool_calls:
+        found = by_name.get(call.name)
+        if found is None:
+            content = f"error: no tool named {call.name!r} (tools: {', '.join(sorted(by_name))})"
+        else:
+            try:
+                result = await found.run(ctx, call.arguments)
+            except (ToolArgumentsInvalid, ToolFailed) as exc:
+                content = f"error: {exc}"
+            else:
+                content = canonical_json(_ANY.dump_python(result, mode="json"))
+        answers.append(ChatMessage(role="tool", content=content, tool_call_id=call.id or None))
+    return answers
+
+
+class _NewEffect(Exception):  # a signal between two methods, never raised out
+    """A redo's call with other arguments is to run as an effect of its own."""
+
+
 def _signature(
     fn: Callable[..., Any], name: str
 ) -> tuple[bool, type[BaseModel], list[str], TypeAdapter[Any] | None]:
@@ -677,6 +895,10 @@ def tool(
     compensate: Compensation | None = None,
     lease: float = 60.0,
     wait: float = 10.0,
+    key_from: Sequence[str] | None = None,
+    on_redo: OnRedo = "recorded",
+    on_divergence: OnDivergence = "raise",
+    description: str | None = None,
 ) -> _Decorator: ...
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -690,6 +912,10 @@ def tool(
     compensate: Compensation | None = None,
     lease: float = 60.0,
     wait: float = 10.0,
+    key_from: Sequence[str] | None = None,
+    on_redo: OnRedo = "recorded",
+    on_divergence: OnDivergence = "raise",
+    description: str | None = None,
 ) -> Any:
     """Make a function (sync or async) a tool agents call from their handlers.
 
@@ -718,6 +944,17 @@ def tool(
             owning process on this host has died, has an unknown outcome.
         wait: Seconds a call waits for the same key in progress elsewhere before it raises
             [`ToolInProgress`][agentsnap.ToolInProgress].
+        key_from: The arguments that name the effect (``("reservation_id",)``): a derived
+            key is made of them instead of the call's place in the handler, so that wording
+            or order in the other arguments, or other calls made first, never make a new
+            effect.
+        on_redo: What a redo after a rollback does when it calls the tool where the undone
+            path did, with other arguments: see [`OnRedo`][agentsnap.tools.OnRedo]
+            (default ``"recorded"``: the effect that happened stands).
+        on_divergence: What a re-execution after a crash does when it calls the tool where
+            it had before, with other arguments: see
+            [`OnDivergence`][agentsnap.tools.OnDivergence] (default ``"raise"``).
+        description: What the tool does, as a model is told (default: the docstring).
 
     Returns:
         A [`Tool`][agentsnap.Tool] (or a decorator making one, when called with options).
@@ -736,6 +973,10 @@ def tool(
         "compensate": compensate,
         "lease": lease,
         "wait": wait,
+        "key_from": key_from,
+        "on_redo": on_redo,
+        "on_divergence": on_divergence,
+        "description": description,
     }
     if fn is not None:
         return Tool(fn, **options)

@@ -31,9 +31,12 @@ EXPECTED_ALL = [
     "AsyncioScheduler",
     "ChannelId",
     "ChannelRecord",
+    "ChatMessage",
     "ConfigurationError",
     "Context",
+    "DoneEffect",
     "DuplicateAgentError",
+    "EffectDiverged",
     "Feedback",
     "GraphCheckpoint",
     "HandlerFailed",
@@ -48,6 +51,9 @@ EXPECTED_ALL = [
     "Marker",
     "MemoryStore",
     "Message",
+    "ModelCallRecord",
+    "ModelRequest",
+    "ModelResponse",
     "NotFoundError",
     "OutputRejected",
     "OwnershipLost",
@@ -91,6 +97,7 @@ EXPECTED_ALL = [
     "ToolInProgress",
     "ToolOutcomeUnknown",
     "ToolRetry",
+    "ToolSpec",
     "TransportError",
     "UnknownAgentError",
     "Verdict",
@@ -99,6 +106,8 @@ EXPECTED_ALL = [
 ]
 
 EXPECTED_TESTING_ALL = [
+    "FunctionModel",
+    "SampledModel",
     "ScriptedModel",
     "ScriptedScheduler",
     "SeededScheduler",
@@ -108,15 +117,23 @@ EXPECTED_TESTING_ALL = [
 ]
 
 
-EXPECTED_TOOLS_ALL = ["Tool", "ToolCall", "ToolRetry", "tool"]
+EXPECTED_TOOLS_ALL = [
+    "OnDivergence",
+    "OnRedo",
+    "Tool",
+    "ToolCall",
+    "ToolRetry",
+    "run_tool_calls",
+    "tool",
+]
 
 EXPECTED_LEDGER_ALL = [
     "Change",
     "Ledger",
     "LedgerEntry",
     "ToolCallStatus",
+    "call_key",
     "check_key",
-    "derive_key",
     "fingerprint",
     "is_orphaned",
     "mark_orphaned",
@@ -127,9 +144,12 @@ EXPECTED_LEDGER_ALL = [
 
 EXPECTED_ONCE_ALL = [
     "Compensable",
+    "Diverged",
     "KnownTools",
     "Outcome",
     "Unrecorded",
+    "compensate",
+    "effects_done",
     "reconcile",
     "recorded",
     "run_once",

@@ -30,6 +30,7 @@ from agentsnap.exceptions import OutputRejected
 from agentsnap.jetstream import ChannelOffset, JetStreamLink, JetStreamTransport
 from agentsnap.jetstream.codec import encode_token
 from agentsnap.messages import ENVIRONMENT, Marker, Message
+from agentsnap.model_calls import ModelCallLog
 from agentsnap.once import KnownTools
 from agentsnap.records import Snapshot, SnapshotStatus, utcnow
 from agentsnap.replay import InputLog
@@ -62,6 +63,19 @@ def control_subject(run_id: str) -> str:
     of the parts they wrote (plain NATS, not stored).
     """  # noqa: D205
     return f"{CONTROL}.{encode_token(run_id)}"
+
+
+class _Generation:
+    """A distributed run's timeline: its generation, which every rollback raises."""
+
+    __slots__ = ("_transport",)
+
+    def __init__(self, transport: JetStreamTransport) -> None:
+        self._transport = transport
+
+    @property
+    def timeline(self) -> int:
+        return self._transport.generation
 
 
 class Host:
@@ -134,6 +148,7 @@ class Host:
         """Channels from other processes a rollback put back from the recorded bodies
         because the stream did not give the range back."""
         self.transport = JetStreamTransport(link, run_id, local)
+        self._timeline = _Generation(self.transport)
         self.scheduler = AsyncioScheduler()
         self.bus = Bus(self.scheduler, self.transport)
         self.coordinator = PartCoordinator(
@@ -157,6 +172,8 @@ class Host:
             ctx.guard = guard_for(agent, (checks or {}).get(name, ()))
             ctx.ledger = self.ledger
             ctx.tools = self.tools
+            ctx.model_calls = self.ledger if isinstance(self.ledger, ModelCallLog) else None
+            ctx.line = self._timeline
             agent._state_changed = self.coordinator.changed
             self.coordinator.joined(endpoint, blob.hash)
         # Every channel between a process hosted here and any other exists from the start,
@@ -381,7 +398,7 @@ class Host:
                 endpoint = self.bus.endpoints[name]
                 endpoint.epoch = max(endpoint.epoch, epoch)
         if order.agent is not None and order.agent in self._contexts:
-            self._contexts[order.agent].add_feedback(order.reason, order.source)
+            await self._contexts[order.agent].tell_rollback(order.reason, order.source)
         info = order.info(self.run_id)
         for name, agent in self._agents.items():
             try:
@@ -443,6 +460,7 @@ class Host:
         ctx = self._contexts[endpoint.name]
         channel.delivered += 1
         ctx.message = message
+        ctx.position = 0
         endpoint.busy = True
         generation = self._turn
         guard = ctx.guard

@@ -1,8 +1,10 @@
-"""Rollbacks and the ledger: repeated calls get recorded results, abandoned ones are undone.
+"""Rollbacks and the ledger: redone calls get recorded results, abandoned ones are undone.
 
 The ledger is never rolled back. A rejected output takes every agent back to the last
-consistent cut, and the handler that runs again derives the same keys for the calls it
-repeats; the calls the new path does not repeat are compensated when the run ends.
+consistent cut, and the handler that runs again derives the same keys for the calls it makes
+at the same places, whatever their arguments: the effect that happened stands (unless the
+tool declares ``on_redo``), and the agent's feedback lists it; the calls the new path does
+not make are compensated when the run ends.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from agentsnap import (
     Agent,
     AgentState,
     Context,
+    Feedback,
     LedgerEntry,
     Message,
     Runtime,
@@ -37,6 +40,21 @@ async def charge(card: str, amount: int) -> dict[str, int]:
     return {"charge": len(CHARGES), "amount": amount}
 
 
+@tool(side_effect=True, name="rollback_recharge", compensate=refund, on_redo="compensate")
+async def recharge(card: str, amount: int) -> dict[str, int]:
+    CHARGES.append(amount)
+    return {"charge": len(CHARGES), "amount": amount}
+
+
+@tool(side_effect=True, name="rollback_charge_again", on_redo="new")
+async def charge_again(card: str, amount: int) -> dict[str, int]:
+    CHARGES.append(amount)
+    return {"charge": len(CHARGES), "amount": amount}
+
+
+TOOLS = {"charge": charge, "recharge": recharge, "charge_again": charge_again}
+
+
 @pytest.fixture(autouse=True)
 def _clear() -> None:
     CHARGES.clear()
@@ -50,16 +68,19 @@ class Cashier(Agent[AgentState]):
     ``sloppy_amount`` is set, also charges the wrong amount.
     """
 
-    def __init__(self, name: str, sloppy_amount: bool) -> None:
+    def __init__(self, name: str, sloppy_amount: bool, tool: str = "charge") -> None:
         super().__init__(name)
         self.sloppy_amount = sloppy_amount
+        self.tool = TOOLS[tool]
+        self.feedback: list[Feedback] = []
 
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
         amount = get(message.payload, "amount", int)
         careful = bool(ctx.feedback)
+        self.feedback = list(ctx.feedback)
         if self.sloppy_amount and not careful:
             amount *= 10
-        receipt = await charge(ctx, card="4242", amount=amount)
+        receipt = await self.tool(ctx, card="4242", amount=amount)
         ctx.send("auditor", {"receipt": receipt, "checked": careful}, kind="report")
 
 
@@ -72,11 +93,11 @@ def checked(message: Message) -> bool | str:
     return get(message.payload, "checked", bool) or "check the receipt before you report it"
 
 
-async def run_shop(ledger: Ledger, *, sloppy_amount: bool) -> Runtime:
+async def run_shop(ledger: Ledger, *, sloppy_amount: bool, tool: str = "charge") -> Runtime:
     runtime = Runtime(ledger=ledger)
     runtime.check("cashier", kind="report", check=checked)
     async with runtime:
-        runtime.add(Cashier("cashier", sloppy_amount))
+        runtime.add(Cashier("cashier", sloppy_amount, tool))
         runtime.add(Auditor("auditor"))
         runtime.send("cashier", {"amount": 30})
         await runtime.run_until_idle()
@@ -99,15 +120,58 @@ async def test_a_repeated_call_after_a_rollback_gets_the_recorded_result(ledger:
     assert REFUNDS == []
 
 
-async def test_a_call_the_new_path_does_not_repeat_is_compensated_once(ledger: Ledger) -> None:
+async def test_a_redo_with_other_arguments_gets_the_effect_that_happened(
+    ledger: Ledger,
+) -> None:
     runtime = await run_shop(ledger, sloppy_amount=True)
 
     assert len(runtime.rollbacks) == 1
-    assert CHARGES == [300, 30], "the new path charged the right amount, under a new key"
-    assert REFUNDS == [300], "the abandoned charge was refunded when the run ended"
+    assert CHARGES == [300], "the redo worded the call otherwise; the card was charged once"
+    (call,) = runtime.agents["cashier"].state.tool_calls
+    assert call.status == "replayed"
+    assert call.arguments == {"card": "4242", "amount": 30}, "what the redo asked"
+    assert runtime.agents["auditor"].state.memory["report"] == {
+        "receipt": {"charge": 1, "amount": 300},
+        "checked": True,
+    }, "the redo got the outcome of the effect that happened"
+    (entry,) = await ledger.list_calls(runtime.run_id)
+    assert (entry.key, entry.status) == (call.key, ToolCallStatus.SUCCEEDED)
+    assert entry.arguments == {"card": "4242", "amount": 300}
+    assert REFUNDS == []
+    cashier = runtime.agents["cashier"]
+    assert isinstance(cashier, Cashier)
+    (feedback,) = cashier.feedback
+    assert [(d.tool, d.arguments, d.result) for d in feedback.done] == [
+        ("rollback_charge", {"card": "4242", "amount": 300}, {"charge": 1, "amount": 300})
+    ], "the redo's feedback names what was already done"
+    assert "rollback_charge" in feedback.text()
+    assert "300" in feedback.text()
+
+
+async def test_a_tool_that_compensates_a_redo_undoes_the_effect_then_runs_the_new_call(
+    ledger: Ledger,
+) -> None:
+    runtime = await run_shop(ledger, sloppy_amount=True, tool="recharge")
+
+    assert len(runtime.rollbacks) == 1
+    assert CHARGES == [300, 30], "the new call ran as an effect of its own"
+    assert REFUNDS == [300], "the effect it replaces was compensated, once"
     entries = {entry.arguments["amount"]: entry for entry in await ledger.list_calls()}
     assert entries[300].status == ToolCallStatus.COMPENSATED
     assert entries[300].compensation == {"result": "refunded 300"}
+    assert entries[30].status == ToolCallStatus.SUCCEEDED
+    (call,) = runtime.agents["cashier"].state.tool_calls
+    assert call.key == entries[30].key
+
+
+async def test_a_tool_that_allows_a_new_effect_runs_the_redo_and_abandons_the_first(
+    ledger: Ledger,
+) -> None:
+    runtime = await run_shop(ledger, sloppy_amount=True, tool="charge_again")
+
+    assert CHARGES == [300, 30]
+    entries = {entry.arguments["amount"]: entry for entry in await ledger.list_calls()}
+    assert entries[300].status == ToolCallStatus.ABANDONED, "not repeated by the final path"
     assert entries[30].status == ToolCallStatus.SUCCEEDED
     (call,) = runtime.agents["cashier"].state.tool_calls
     assert call.key == entries[30].key

@@ -22,7 +22,7 @@ from agentsnap import (
     ToolFailed,
     tool,
 )
-from agentsnap.ledger import Ledger, derive_key, fingerprint
+from agentsnap.ledger import Ledger, call_key, fingerprint
 from agentsnap.store.ledger import MemoryLedger
 
 
@@ -94,15 +94,13 @@ async def test_calls_are_recorded_in_the_agent_state(ledger: Ledger) -> None:
     assert CHARGED == [50, 50, 15, 16]
 
 
-async def test_derived_keys_follow_the_call_and_its_index_in_the_handler(ledger: Ledger) -> None:
+async def test_derived_keys_follow_the_call_and_its_place_among_the_tools_calls(
+    ledger: Ledger,
+) -> None:
     shopper = await run_orders(ledger, "run-2", [100])
     deposit, rest = shopper.state.tool_calls[:2]
-    assert deposit.key == derive_key(
-        "run-2", "shopper", "$env>shopper#1", 0, "calls_charge", deposit.fingerprint or ""
-    )
-    assert rest.key == derive_key(
-        "run-2", "shopper", "$env>shopper#1", 1, "calls_charge", rest.fingerprint or ""
-    )
+    assert deposit.key == call_key("run-2", "shopper", "$env>shopper#1", "calls_charge", 0)
+    assert rest.key == call_key("run-2", "shopper", "$env>shopper#1", "calls_charge", 1)
     assert deposit.key != rest.key, "same arguments, another index: another effect"
     recorded = {entry.key: entry for entry in await ledger.list_calls("run-2")}
     assert set(recorded) == {deposit.key, rest.key}

@@ -1,0 +1,312 @@
+"""Model calls are recorded steps: kept by their identity, replayed on the same timeline,
+asked again after a rollback; effects keyed by the call, not by the model's wording."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from payloads import get
+from pydantic import Field
+
+from agentsnap import (
+    Agent,
+    AgentState,
+    Context,
+    EffectDiverged,
+    HandlerFailed,
+    Message,
+    ModelResponse,
+    Runtime,
+    tool,
+)
+from agentsnap.agents import BoundModel
+from agentsnap.ledger import Ledger, call_key
+from agentsnap.model_calls import ModelCallLog, recorded_call
+from agentsnap.models import ChatMessage, ModelRequest, ModelToolCall
+from agentsnap.store.ledger import MemoryLedger
+from agentsnap.testing import FunctionModel, SampledModel, ScriptedModel
+from agentsnap.tools import run_tool_calls
+
+SENT: list[dict[str, Any]] = []
+LOOKUPS: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    SENT.clear()
+    LOOKUPS.clear()
+
+
+@tool(side_effect=True, name="mc_send_email")
+async def send_email(to: str, text: str) -> str:
+    SENT.append({"to": to, "text": text})
+    return f"sent #{len(SENT)}"
+
+
+@tool(name="mc_lookup")
+async def lookup(topic: str) -> str:
+    LOOKUPS.append(topic)
+    return f"facts about {topic}"
+
+
+@tool(side_effect=True, name="mc_cancel", key_from=("reservation",))
+async def cancel(reservation: str, reason: str) -> str:
+    SENT.append({"cancel": reservation, "reason": reason})
+    return f"cancelled {reservation}"
+
+
+class WriterState(AgentState):
+    drafts: list[str] = Field(default_factory=list)
+
+
+class Writer(Agent[WriterState]):
+    """Asks its model for an email, sends it, then asks for a summary."""
+
+    def __init__(self, name: str, model: Any) -> None:
+        super().__init__(name, WriterState())
+        self.model = model
+
+    async def handle(self, message: Message, ctx: Context[WriterState]) -> None:
+        hint = " ".join(f.text() for f in ctx.feedback)
+        text = await self.model.complete(f"write the email {hint}".strip())
+        self.state.drafts.append(text)
+        await send_email(ctx, to="ann@example.com", text=text)
+        await self.model.complete("summarise the email")
+        ctx.send("critic", {"draft": text}, kind="draft")
+
+
+class Critic(Agent[AgentState]):
+    """Rejects a draft that is not one line."""
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        draft = get(message.payload, "draft", str)
+        if "one line" not in draft:
+            ctx.reject("writer", "too long; say it in one line")
+        self.state.memory["accepted"] = draft
+
+
+def sampled_email_model() -> SampledModel:
+    return SampledModel(
+        [
+            ("summarise", ["short", "brief", "in short"]),
+            ("one line", [f"Hi Ann, in one line ({i})" for i in range(50)]),
+            ("write the email", [f"Hello Ann, variant {i}" for i in range(50)]),
+        ],
+        seed=random.randrange(1 << 30),
+    )
+
+
+async def test_a_model_kept_on_the_agent_is_recorded_by_position_and_timeline() -> None:
+    ledger = MemoryLedger()
+    model = sampled_email_model()
+    runtime = Runtime(ledger=ledger)
+    async with runtime:
+        writer = runtime.add(Writer("writer", model))
+        runtime.add(Critic("critic"))
+        assert isinstance(writer.model, BoundModel), "the runtime records the agent's model"
+        runtime.send("writer", {"go": True})
+        await runtime.run_until_idle()
+
+    calls = await ledger.list_model_calls(runtime.run_id)
+    assert [(c.agent, c.message_id, c.position, c.timeline) for c in calls] == [
+        ("writer", "$env>writer#1", 0, 0),
+        ("writer", "$env>writer#1", 1, 0),
+        ("writer", "$env>writer#1", 0, 1),
+        ("writer", "$env>writer#1", 1, 1),
+    ], "a rollback starts a new timeline, where the model is asked again"
+    assert model.calls == 4
+    first, _, redo, _ = calls
+    assert first.asked().messages[0].content == "write the email"
+    assert "too long" in redo.asked().messages[0].content, "the redo is asked with feedback"
+    assert writer.state.drafts == [redo.answer().text], "the cut's state, then the redo"
+    assert all(c.model == "sampled" and c.latency_ms >= 0 for c in calls)
+    assert all(c.replays == 0 for c in calls), "nothing was replayed: the model was asked"
+
+
+async def test_a_redo_that_words_the_effect_otherwise_does_not_send_it_again() -> None:
+    for _ in range(20):  # a sampled model: every redo words the email otherwise
+        SENT.clear()
+        ledger = MemoryLedger()
+        runtime = Runtime(ledger=ledger)
+        async with runtime:
+            writer = runtime.add(Writer("writer", sampled_email_model()))
+            runtime.add(Critic("critic"))
+            runtime.send("writer", {"go": True})
+            await runtime.run_until_idle()
+        assert len(runtime.rollbacks) == 1
+        assert len(SENT) == 1, f"the email was sent {len(SENT)} times"
+        (entry,) = await ledger.list_calls(runtime.run_id)
+        assert entry.arguments["text"] == SENT[0]["text"]
+        assert entry.timeline == 0
+        (call,) = writer.state.tool_calls
+        assert call.status == "replayed"
+
+
+async def test_the_same_identity_gets_the_recorded_answer_without_asking() -> None:
+    log = MemoryLedger()
+    model = sampled_email_model()
+    request = ModelRequest(messages=(ChatMessage(role="user", content="write the email"),))
+
+    async def ask(r: ModelRequest) -> ModelResponse:
+        return await model.respond(r)
+
+    identity = {
+        "run_id": "r",
+        "agent": "writer",
+        "message_id": "$env>writer#1",
+        "position": 0,
+        "timeline": 3,
+    }
+    first, replayed = await recorded_call(log, request, ask, **identity)  # type: ignore[arg-type]
+    assert not replayed
+    other = ModelRequest(messages=(ChatMessage(role="user", content="write the email, v2"),))
+    again, replayed = await recorded_call(log, other, ask, **identity)  # type: ignore[arg-type]
+    assert replayed, "keyed by the call's identity, not by its prompt"
+    assert again == first
+    assert model.calls == 1, "the model was not asked again"
+    (record,) = await log.list_model_calls("r")
+    assert record.replays == 1
+    _, replayed = await recorded_call(
+        log,
+        request,
+        ask,
+        **{**identity, "timeline": 4},  # type: ignore[arg-type]
+    )
+    assert not replayed, "another timeline asks the model again"
+    assert model.calls == 2
+
+
+class Booker(Agent[AgentState]):
+    """Follows the tool calls its model asks for: read-only lookups, then writes."""
+
+    def __init__(self, name: str, model: Any) -> None:
+        super().__init__(name)
+        self.model = model
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        answer = await ctx.chat(
+            self.model,
+            [
+                ChatMessage(
+                    role="user",
+                    content=" ".join(["cancel the booking", *(f.text() for f in ctx.feedback)]),
+                )
+            ],
+            tools=[lookup, cancel, send_email],
+        )
+        results = await run_tool_calls(ctx, answer, [lookup, cancel, send_email])
+        assert all(not r.content.startswith("error") for r in results), results
+        ctx.send("critic", {"draft": answer.text}, kind="draft")
+
+
+def booking_answer(request: ModelRequest) -> ModelResponse:
+    """A sampled answer: a random number of lookups first, a reason worded at random, and
+    the confirmation email's text at random."""
+    assert [t.name for t in request.tools] == ["mc_lookup", "mc_cancel", "mc_send_email"]
+    calls = [
+        ModelToolCall(name="mc_lookup", arguments={"topic": f"booking {i}"})
+        for i in range(random.randrange(4))
+    ]
+    reason = random.choice(["asked by the client", "client request", "the client asked"])
+    calls.append(ModelToolCall(name="mc_cancel", arguments={"reservation": "R7", "reason": reason}))
+    text = random.choice(["Your booking is cancelled.", "Booking R7 cancelled.", "Done."])
+    if "one line" in request.messages[-1].content:
+        text += " (one line)"
+    calls.append(ModelToolCall(name="mc_send_email", arguments={"to": "bo@x.org", "text": text}))
+    return ModelResponse(text=text, tool_calls=tuple(calls))
+
+
+async def test_only_a_tools_own_side_effecting_calls_place_it_and_key_from_names_it() -> None:
+    for _ in range(20):
+        SENT.clear()
+        ledger = MemoryLedger()
+        runtime = Runtime(ledger=ledger)
+        async with runtime:
+            runtime.add(Booker("writer", FunctionModel(booking_answer)))
+            runtime.add(Critic("critic"))
+            runtime.send("writer", {"go": True})
+            await runtime.run_until_idle()
+        assert len(runtime.rollbacks) == 1
+        assert [s.get("cancel") for s in SENT if "cancel" in s] == ["R7"], SENT
+        assert len([s for s in SENT if "to" in s]) == 1, "one confirmation email"
+        keys = {e.tool: e.key for e in await ledger.list_calls(runtime.run_id)}
+        assert keys["mc_cancel"] == call_key(
+            runtime.run_id, "writer", "$env>writer#1", "mc_cancel", {"reservation": "R7"}
+        )
+        assert keys["mc_send_email"] == call_key(
+            runtime.run_id, "writer", "$env>writer#1", "mc_send_email", 0
+        )
+
+
+@tool(side_effect=True, name="mc_stamp")
+async def stamp(at: float) -> str:
+    SENT.append({"stamp": at})
+    return f"stamped {at}"
+
+
+@tool(side_effect=True, name="mc_stamp_lenient", on_divergence="recorded")
+async def stamp_lenient(at: float) -> str:
+    SENT.append({"stamp": at})
+    return f"stamped {at}"
+
+
+async def test_a_re_execution_on_the_same_timeline_with_other_arguments_fails_closed() -> None:
+    """What a resumed handler that reads the clock meets: the same call, other arguments."""
+    ledger: Ledger = MemoryLedger()
+    assert isinstance(ledger, ModelCallLog)
+
+    class Stamper(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            self.state.memory["result"] = await stamp(ctx, at=random.random())
+
+    for attempt in (1, 2):
+        runtime = Runtime(ledger=ledger, run_id="stamp-run")
+        async with runtime:
+            stamper = runtime.add(Stamper("stamper"))
+            runtime.send("stamper", {})
+            if attempt == 1:
+                await runtime.run_until_idle()
+                continue
+            with pytest.raises(HandlerFailed) as caught:
+                await runtime.run_until_idle()
+    diverged = caught.value.__cause__
+    assert isinstance(diverged, EffectDiverged)
+    assert diverged.tool == "mc_stamp"
+    assert diverged.recorded == {"at": SENT[0]["stamp"]}
+    assert diverged.arguments != diverged.recorded
+    assert len(SENT) == 1, "the effect ran once"
+    assert stamper.state.tool_calls[0].status == "error"
+    assert "EffectDiverged" in (stamper.state.tool_calls[0].error or "")
+
+    class LenientStamper(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            self.state.memory["result"] = await stamp_lenient(ctx, at=random.random())
+
+    SENT.clear()
+    results = []
+    for _ in (1, 2):
+        runtime = Runtime(ledger=ledger, run_id="lenient-run")
+        async with runtime:
+            lenient = runtime.add(LenientStamper("stamper"))
+            runtime.send("stamper", {})
+            await runtime.run_until_idle()
+        results.append(lenient.state.memory["result"])
+    assert len(SENT) == 1
+    assert results[0] == results[1], "the recorded outcome stood for the re-executed call"
+
+
+async def test_a_scripted_model_answers_with_tool_calls_and_usage() -> None:
+    answer = ModelResponse(
+        text="calling",
+        tool_calls=(ModelToolCall(name="mc_lookup", arguments={"topic": "x"}, id="c1"),),
+    )
+    model = ScriptedModel([("look", answer)])
+    got = await model.respond(
+        ModelRequest(messages=(ChatMessage(role="user", content="look it up"),))
+    )
+    assert got.tool_calls[0].name == "mc_lookup"
+    assert got.model == "scripted"
+    assert got.message().role == "assistant"
+    assert await model.complete("look") == "calling"
