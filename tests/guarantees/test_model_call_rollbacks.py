@@ -19,12 +19,23 @@ import os
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tenacity
 from payloads import get
 
-from agentsnap import Agent, AgentState, Context, Message, ModelResponse, RetryPolicy, Runtime, tool
+from agentsnap import (
+    Agent,
+    AgentState,
+    Context,
+    Message,
+    ModelResponse,
+    RetryPolicy,
+    Runtime,
+    Tool,
+    tool,
+)
 from agentsnap.ledger import Ledger
 from agentsnap.models import ChatMessage, ModelRequest, ModelToolCall
 from agentsnap.store.ledger import MemoryLedger
@@ -65,7 +76,7 @@ async def refund(reservation: str, lines: list[str]) -> dict[str, object]:
     return {"refunded": reservation, "lines": sorted(lines)}
 
 
-TOOLS = [lookup, cancel, refund]
+TOOLS: list[Tool[Any]] = [lookup, cancel, refund]
 
 
 def sampled_answer(request: ModelRequest) -> ModelResponse:
@@ -85,7 +96,7 @@ def sampled_answer(request: ModelRequest) -> ModelResponse:
     lines = ["fare", "tax", "seat"]
     random.shuffle(lines)
     writes = [
-        ModelToolCall(name="rb_cancel", arguments=cancel_args, id="c"),  # type: ignore[arg-type]
+        ModelToolCall(name="rb_cancel", arguments=cancel_args, id="c"),
         ModelToolCall(name="rb_refund", arguments={"reservation": reservation, "lines": lines}),
     ]
     random.shuffle(writes)
