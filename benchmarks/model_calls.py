@@ -91,6 +91,8 @@ async def one_run(
         runtime = Runtime(store=store, ledger=ledger, run_id=run_id)
         async with runtime:
             runtime.add(Caller("caller", model, per_message, recorded))
+            runtime.send("caller", {"i": -1})  # the run's rows, the schema: not timed
+            await runtime.run_until_idle()
             started = time.perf_counter()
             for i in range(messages):
                 runtime.send("caller", {"i": i})
@@ -150,11 +152,11 @@ async def replay(rounds: int) -> dict[str, Any]:
                 for m in range(messages):
                     for position in range(per_message):
                         found = await ledger.find_model_call(
-                            run_id, "caller", f"$env>caller#{m + 1}", position, 0
+                            run_id, "caller", f"$env>caller#{m + 2}", position, 0
                         )
                         assert found is not None
                         await ledger.replayed_model_call(
-                            run_id, "caller", f"$env>caller#{m + 1}", position, 0
+                            run_id, "caller", f"$env>caller#{m + 2}", position, 0
                         )
                 replays.append(time.perf_counter() - started + bare)
             finally:
