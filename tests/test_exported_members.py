@@ -75,6 +75,7 @@ EXPECTED_ALL = [
     "SnapshotDamaged",
     "SnapshotFailed",
     "SnapshotHandle",
+    "SnapshotInProgress",
     "SnapshotPolicy",
     "SnapshotStatus",
     "StateInvalid",
