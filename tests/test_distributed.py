@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
-from teller_app import Teller, bank, money_in, until_finished
+from teller_app import Teller, bank, money_in
 
 from agentsnap import ConfigurationError, MemoryStore, Snapshot, SnapshotFailed
 from agentsnap.distributed import (
@@ -164,7 +164,8 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
             await worker.start()
         for i in range(40):
             run.send(f"teller-{i % 6}", {"hops": 30}, kind="go")
-        last = await until_finished(run, PATIENCE)
+        async with asyncio.timeout(PATIENCE):
+            last = await run.run_until_idle()
         await run.close()
         assert last.seq == max(s.seq for s in run.complete)
         assert run.complete, "no snapshot completed"

@@ -308,7 +308,10 @@ async def test_an_output_rejected_past_the_retry_policy_stops_every_process(
         await workers.until_up(logs)
         await run.snapshot()
         run.send(chain_start(0), {"chain": 0, "hops": 5}, kind="go")
-        await asyncio.wait_for(run.authority.stopped.wait(), PATIENCE)
+        with pytest.raises(RollbackExhausted) as failed:
+            async with asyncio.timeout(PATIENCE):
+                await run.run_until_idle()
+        assert failed.value is run.exhausted
         # Every worker stops delivering and ends by itself.
         for group, process in workers.processes.items():
             assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, group

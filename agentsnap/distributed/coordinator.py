@@ -29,9 +29,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -71,6 +71,8 @@ if TYPE_CHECKING:
 __all__ = ["DistributedRun", "join_parts"]
 
 logger = logging.getLogger("agentsnap.distributed")
+
+_T = TypeVar("_T")
 
 COORDINATOR = "coordinator"
 """The name the coordinator's own part (the environment's) is stored under."""
@@ -134,7 +136,9 @@ def join_parts(  # noqa: PLR0917 - a snapshot's fields
 class DistributedRun:
     """Creates a run spread over processes, feeds it, and numbers and completes its snapshots.
 
-    Use it as an async context manager, or call ``start`` and ``close``.
+    Use it as an async context manager, or call ``start`` and ``close``;
+    [`run_until_idle`][agentsnap.distributed.DistributedRun.run_until_idle] waits until the
+    run has nothing left to do.
 
     Args:
         link: The connection to NATS.
@@ -304,6 +308,128 @@ class DistributedRun:
             self._wake.set()
         logger.debug("run %s: snapshot %d begun", self.run_id, handle.seq)
         return handle
+
+    async def run_until_idle(self, *, every: float = 1.0) -> Snapshot:
+        """Wait until the whole run is idle; return the complete snapshot that shows it.
+
+        The run is idle when no message is on its way on any channel (queued in a worker,
+        or in the stream between two processes), no handler runs, no rollback is being
+        decided or carried out, and the environment has sent nothing more. No process sees
+        all of that: a worker knows its own queues and handlers only, and an item may be in
+        the stream between two of them. A consistent cut does see it, so the coordinator
+        takes snapshots until one shows the run idle:
+
+        - the cut records no message in flight on any channel (a handler running as its
+          agent recorded records the message it handles as in flight, so none was running);
+        - the environment had sent then all it has sent by now;
+        - no rollback was decided or under way from the snapshot's beginning to its end.
+
+        With no message anywhere and no handler running, no agent can act again until the
+        environment sends something: once a cut shows that, the run stays idle, although
+        the workers recorded their parts at different moments. A rejected output stops its
+        worker's deliveries at once, so no snapshot completes between a rejection and its
+        rollback.
+
+        A snapshot is begun once every agent is hosted by a worker, no rollback is under
+        way and the NATS server is reachable; one at a time, at once and then less and less
+        often, up to one every ``every`` seconds while the run is busy. Each is stored like
+        any snapshot of the run: the last one is the run's cut at rest.
+
+        It waits for as long as it takes (a worker that died is waited for until its agents
+        are hosted again); bound it with ``asyncio.timeout``, whose ``TimeoutError`` then
+        notes what the last look found (messages in flight, agents no worker hosts, a
+        rollback under way). A handler that raises is logged by its worker, and the run goes
+        on without it.
+
+        Args:
+            every: Seconds between two snapshots at most, while the run is busy.
+
+        Returns:
+            The complete snapshot that shows the run idle.
+
+        Raises:
+            RollbackExhausted: The run failed: its retry policy gave up and every process
+                stopped delivering (the run's failure, as in ``exhausted``).
+        """
+        pause = min(self._poll / 5, every)
+        why = "no snapshot was taken yet"
+        try:
+            while True:
+                self._raise_failure()
+                waiting = self._cannot_look()
+                if waiting is not None:
+                    why = waiting
+                    await self._until_stopped(asyncio.sleep(self._poll))
+                    continue
+                authority = self.authority
+                generation, rollbacks = authority.generation, len(authority.history)
+                handle = self.snapshot()
+                why = f"snapshot {handle.seq} has not completed"
+                try:
+                    snapshot = await self._until_stopped(handle.wait())
+                except SnapshotFailed as exc:
+                    why = f"snapshot {handle.seq} failed: {exc.reason}"
+                    snapshot = None
+                self._raise_failure()
+                if snapshot is not None:
+                    busy = self._busy_at(snapshot)
+                    if busy is None and (
+                        authority.busy
+                        or authority.generation != generation
+                        or len(authority.history) != rollbacks
+                    ):
+                        busy = f"the run rolled back while snapshot {snapshot.seq} was taken"
+                    if busy is None:
+                        return snapshot
+                    why = busy
+                await self._until_stopped(asyncio.sleep(pause))
+                pause = min(pause * 2, every)
+        except asyncio.CancelledError as exc:
+            exc.add_note(f"run {self.run_id} was not idle yet: {why}")
+            raise
+
+    def _raise_failure(self) -> None:
+        if self.authority.exhausted is not None:
+            raise self.authority.exhausted
+
+    async def _until_stopped(self, work: Awaitable[_T]) -> _T | None:
+        """``work``'s result, or ``None`` once the run stopped (its retry policy gave up)."""
+        task = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self.authority.stopped.wait())
+        try:
+            done, _ = await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not task.done():
+                task.cancel()  # nobody waits for it any more
+        return task.result() if task in done else None
+
+    def _cannot_look(self) -> str | None:
+        """Why a snapshot begun now could only fail, or ``None``."""
+        authority = self.authority
+        if authority.busy:
+            return "a rollback is under way"
+        if authority.down:
+            return f"{', '.join(sorted(authority.down))} lost their worker"
+        unhosted = [name for name in self.names if not authority.hosts_all([name])]
+        if unhosted:
+            return f"no worker hosts {', '.join(unhosted)} yet"
+        away = self._link.away_for()
+        if away:
+            return f"the NATS server at {self._link.url} is unreachable (for {away:.1f} s)"
+        return None
+
+    def _busy_at(self, snapshot: Snapshot) -> str | None:
+        """What ``snapshot`` shows still to do, or ``None`` when it shows the run idle."""
+        in_flight = sum(len(channel.messages) for channel in snapshot.channels)
+        if in_flight:
+            return f"snapshot {snapshot.seq} recorded {in_flight} message(s) in flight"
+        recorded = snapshot.agents[ENVIRONMENT].sent
+        sent = {dst: ch.sent for dst, ch in self._host.bus.environment.outgoing.items()}
+        later = sum(count - recorded.get(dst, 0) for dst, count in sent.items())
+        if later:
+            return f"the environment sent {later} message(s) after snapshot {snapshot.seq} began"
+        return None
 
     @property
     def in_progress(self) -> int:
