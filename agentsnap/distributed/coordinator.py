@@ -55,6 +55,7 @@ from agentsnap.records import (
     utcnow,
 )
 from agentsnap.snapshot import SnapshotPolicy
+from agentsnap.state import StateBlob, encode_state
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -76,6 +77,9 @@ _T = TypeVar("_T")
 
 COORDINATOR = "coordinator"
 """The name the coordinator's own part (the environment's) is stored under."""
+
+_NOTHING = StateBlob("{}")
+"""The environment's state in every cut."""
 
 
 @dataclass
@@ -206,6 +210,8 @@ class DistributedRun:
             policy=app.retry,
             targets=lambda: self.complete,
             fail_pending=self._fail_all,
+            start_cut=self._start_cut,
+            completed=self.complete.append,
         )
         self._leases_seen = 0.0
         self._requests = 0
@@ -536,6 +542,24 @@ class DistributedRun:
                 f"no part from {', '.join(missing)} within {self.part_timeout:g} s "
                 "(their worker stopped or is stuck)",
             )
+
+    def _start_cut(self, seq: int) -> Snapshot:
+        """The run's start as complete snapshot ``seq``: every agent's initial state."""
+        now = utcnow()
+        agents = {ENVIRONMENT: AgentCut(state_json=_NOTHING.json, state_hash=_NOTHING.hash)}
+        for agent in self._app.agents:
+            blob = encode_state(agent.name, agent.state)
+            agents[agent.name] = AgentCut(state_json=blob.json, state_hash=blob.hash)
+        return Snapshot(
+            id=uuid.uuid4().hex,
+            run_id=self.run_id,
+            seq=seq,
+            initiator=ENVIRONMENT,
+            status=SnapshotStatus.COMPLETE,
+            started_at=now,
+            completed_at=now,
+            agents=dict(sorted(agents.items())),
+        )
 
     def _fail_all(self, reason: str) -> None:
         """Fail every snapshot in progress now (stored as failed in the background)."""
