@@ -191,6 +191,23 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
             await link.close()
 
 
+async def test_waiting_for_a_run_to_be_idle_needs_a_started_run(nats_url: str) -> None:
+    link = await JetStreamLink.connect(nats_url)
+    run = DistributedRun(link, MemoryStore(), bank(2))
+    try:
+        with pytest.raises(ConfigurationError, match="needs a started run"):
+            await run.run_until_idle()
+        await run.start()
+        with pytest.raises(ConfigurationError, match="positive"):
+            await run.run_until_idle(every=0)
+        await run.close()
+        with pytest.raises(ConfigurationError, match="needs a started run"):
+            await run.run_until_idle()
+    finally:
+        await link.delete_stream(run.run_id)
+        await link.close()
+
+
 async def test_a_second_worker_for_an_agent_is_refused(nats_url: str) -> None:
     store = MemoryStore()
     links = [await JetStreamLink.connect(nats_url) for _ in range(3)]

@@ -39,7 +39,7 @@ from agentsnap.distributed.app import PROCESSES, App
 from agentsnap.distributed.host import Host, control_subject
 from agentsnap.distributed.recovery import RollbackAuthority
 from agentsnap.distributed.retention import Retainer, StreamRetention
-from agentsnap.exceptions import SnapshotFailed, TransportError
+from agentsnap.exceptions import ConfigurationError, SnapshotFailed, TransportError
 from agentsnap.integrity import cut_problems
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.ownership import RunOwnership
@@ -356,7 +356,16 @@ class DistributedRun:
         Raises:
             RollbackExhausted: The run failed: its retry policy gave up and every process
                 stopped delivering (the run's failure, as in ``exhausted``).
+            ConfigurationError: The run was not started, or was closed; or ``every`` is not
+                a positive number of seconds.
         """
+        if not every > 0:
+            raise ConfigurationError(f"run_until_idle(every={every!r}): give a positive number")
+        if self._subscription is None or self._closing:
+            raise ConfigurationError(
+                "run_until_idle() needs a started run: call it inside `async with "
+                "DistributedRun(...)`, or after start() and before close()"
+            )
         pause = min(self._poll / 5, every)
         why = "no snapshot was taken yet"
         try:
