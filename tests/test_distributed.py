@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
-from teller_app import Teller, bank, money_in, until_finished
+from teller_app import Teller, bank, money_in
 
 from agentsnap import ConfigurationError, MemoryStore, Snapshot, SnapshotFailed
 from agentsnap.distributed import (
@@ -164,7 +164,8 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
             await worker.start()
         for i in range(40):
             run.send(f"teller-{i % 6}", {"hops": 30}, kind="go")
-        last = await until_finished(run, PATIENCE)
+        async with asyncio.timeout(PATIENCE):
+            last = await run.run_until_idle()
         await run.close()
         assert last.seq == max(s.seq for s in run.complete)
         assert run.complete, "no snapshot completed"
@@ -188,6 +189,23 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
         await links[0].delete_stream(run.run_id)
         for link in links:
             await link.close()
+
+
+async def test_waiting_for_a_run_to_be_idle_needs_a_started_run(nats_url: str) -> None:
+    link = await JetStreamLink.connect(nats_url)
+    run = DistributedRun(link, MemoryStore(), bank(2))
+    try:
+        with pytest.raises(ConfigurationError, match="needs a started run"):
+            await run.run_until_idle()
+        await run.start()
+        with pytest.raises(ConfigurationError, match="positive"):
+            await run.run_until_idle(every=0)
+        await run.close()
+        with pytest.raises(ConfigurationError, match="needs a started run"):
+            await run.run_until_idle()
+    finally:
+        await link.delete_stream(run.run_id)
+        await link.close()
 
 
 async def test_a_second_worker_for_an_agent_is_refused(nats_url: str) -> None:
