@@ -248,7 +248,7 @@ def call_key(  # noqa: PLR0917
     message_id: str,
     tool: str,
     place: int | Mapping[str, JsonValue],
-    timeline: int | None = None,
+    variant: str | None = None,
 ) -> str:
     """The idempotency key of a side-effecting call made from a handler, when the caller
     gives none: it names the call, not its arguments.
@@ -266,16 +266,17 @@ def call_key(  # noqa: PLR0917
         place: The call's place: how many calls of the same tool with side effects the
             handler made for this message before this one, or the values of the arguments
             the tool names as its effect's identity (``key_from``).
-        timeline: Only for a redo's call that is an effect of its own (``on_redo="new"``):
-            the timeline it belongs to.
+        variant: Only for a redo's call that is an effect of its own (``on_redo="new"`` or
+            ``"compensate"``): the fingerprint of its arguments, so that the same redo after
+            a later rollback names the same effect again.
 
     Returns:
         32 hex digits.
     """  # noqa: D205
     parts: list[JsonValue] = ["call", run_id, agent, message_id, tool]
     parts.append(place if isinstance(place, int) else dict(place))
-    if timeline is not None:
-        parts.append(timeline)
+    if variant is not None:
+        parts.append(variant)
     return hashlib.sha256(canonical_json(parts).encode()).hexdigest()[:32]
 
 

@@ -502,11 +502,11 @@ class Tool(Generic[R]):
             )
         except _NewEffect:
             pass
-        # The redo's call is an effect of its own, once per timeline.
+        # The redo's call is an effect of its own, once for each set of arguments.
         assert info.run_id is not None
         assert info.agent is not None
         assert info.message_id is not None
-        key = call_key(info.run_id, info.agent, info.message_id, self.name, place, timeline)
+        key = call_key(info.run_id, info.agent, info.message_id, self.name, place, printed)
         info = dataclasses.replace(info, key=key)
         record.key = key
         return await self._uninterrupted(
@@ -525,6 +525,9 @@ class Tool(Generic[R]):
         """What to do when the ledger holds this call's key with other arguments."""
 
         async def decide(found: LedgerEntry) -> None:
+            if self.key_from is not None:
+                # The key holds the arguments that name the effect: the others are wording.
+                return
             if found.timeline is not None and found.timeline < timeline:
                 # A redo after a rollback: the undone path's effect happened.
                 if self.on_redo == "recorded":
@@ -945,9 +948,11 @@ def tool(
         wait: Seconds a call waits for the same key in progress elsewhere before it raises
             [`ToolInProgress`][agentsnap.ToolInProgress].
         key_from: The arguments that name the effect (``("reservation_id",)``): a derived
-            key is made of them instead of the call's place in the handler, so that wording
-            or order in the other arguments, or other calls made first, never make a new
-            effect.
+            key is made of them instead of the call's place in the handler, so that other
+            calls made first, or their order, never make a new effect, and the other
+            arguments are wording: a re-executed call that words them otherwise (after a
+            rollback or a resume) gets the recorded outcome, neither a new effect nor a
+            divergence.
         on_redo: What a redo after a rollback does when it calls the tool where the undone
             path did, with other arguments: see [`OnRedo`][agentsnap.tools.OnRedo]
             (default ``"recorded"``: the effect that happened stands).

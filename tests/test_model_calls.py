@@ -346,3 +346,31 @@ async def test_a_langchain_chat_model_answers_with_tool_calls_and_usage() -> Non
     assert (answer.usage.input_tokens, answer.usage.output_tokens) == (12, 3)
     assert answer.model == "fake-1"
     assert fake.__dict__["bound"][0]["function"]["name"] == "mc_lookup"
+
+
+@tool(side_effect=True, name="mc_refund", key_from=("reservation",))
+async def refund(reservation: str, note: str) -> str:
+    SENT.append({"refund": reservation, "note": note})
+    return f"refunded {reservation} ({note})"
+
+
+async def test_a_tool_that_names_its_effect_takes_other_wording_after_a_resume_as_the_same() -> (
+    None
+):
+    ledger: Ledger = MemoryLedger()
+
+    class Refunder(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            note = f"refund at {random.random()}"  # an unrecorded detail in the wording
+            self.state.memory["result"] = await refund(ctx, reservation="R1", note=note)
+
+    results = []
+    for _ in (1, 2):  # the second runtime re-executes the handler, as a resumed one does
+        runtime = Runtime(ledger=ledger, run_id="refund-run")
+        async with runtime:
+            refunder = runtime.add(Refunder("refunder"))
+            runtime.send("refunder", {})
+            await runtime.run_until_idle()
+        results.append(refunder.state.memory["result"])
+    assert [s["refund"] for s in SENT] == ["R1"], "refunded once"
+    assert results[0] == results[1], "the recorded outcome, not a divergence"
