@@ -91,7 +91,9 @@ class Agent(abc.ABC, Generic[S]):
         name: The agent's name.
         state: The agent's current state. Update it in the handler; snapshots never record
             it half-way through a handler (inside a long one, they record the state from
-            before it, with its message in flight). A snapshot encodes it
+            before it, with its message in flight), except the snapshot the handler starts
+            itself with [`ctx.snapshot()`][agentsnap.Context.snapshot], which records it as
+            it is at the call. A snapshot encodes it
             again only if it may have changed since the last one: after a message was
             delivered to the agent, ``on_rollback``, or an assignment to ``agent.state``.
             Code that changes it in place anywhere else must say so with
@@ -180,8 +182,14 @@ class Initiator(Protocol):
     The runtime's [`SnapshotCoordinator`][agentsnap.snapshot.SnapshotCoordinator] is one.
     """
 
-    def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
-        """Start a snapshot with ``initiator`` (an agent, or ``None`` for the runtime)."""
+    def begin(
+        self, initiator: Endpoint | None = None, *, at_call: Sequence[Message] | None = None
+    ) -> SnapshotHandle:
+        """Start a snapshot with ``initiator`` (an agent, or ``None`` for the runtime).
+
+        ``at_call`` is given when the initiator asks from inside its running handler: the
+        messages that handler holds back for self-evaluation so far.
+        """
 
 
 class Context(Generic[S]):
@@ -369,16 +377,38 @@ class Context(Generic[S]):
     def snapshot(self) -> SnapshotHandle:
         """Start a snapshot with this agent as initiator.
 
-        Called from a handler, the agent records at once the state it had before that
-        handler began, and the message being handled is in flight in the snapshot (going
-        back to the snapshot handles it again); the snapshot does not wait for the handler.
-        If the handler already sent a message, the agent records as soon as the handler
-        returns instead, with what the handler did.
+        Called from a handler, the cut holds the handler's work up to the call, whatever
+        sent the message being handled (the program or another agent):
+
+        - the agent's state as it is at the call, with the changes the handler made so far;
+        - the message being handled counted as received, not in flight;
+        - the messages the handler sent before the call in flight to their receivers
+          (unless a receiver already took one before the call: then it counts in that
+          receiver's state);
+        - nothing the handler does after the call: its later changes and the messages it
+          sends after the call come after the cut. Messages held back for self-evaluation
+          are sent only when the evaluation passes, so they come after the cut too.
+
+        Going back to the snapshot (a rollback, ``resume()``, ``fork_from()``) resumes from
+        the state at the call with the message consumed: the handler does **not** run again,
+        and what it did after the call is not redone. So send what the cut should hold
+        (the plan for the next agent, say) before calling ``ctx.snapshot()``, and make it the
+        handler's last step when nothing after it should be lost. A rollback for a rejected
+        output of this handler goes back to an earlier cut, from which the handler runs
+        again. The snapshot does not wait for the handler.
+
+        Called outside a handler (from ``on_rollback``, say), the agent records as soon as
+        it is between two handler calls.
 
         Returns:
             A handle to await for the completed snapshot.
         """
-        return self._snapshots.begin(initiator=self._endpoint)
+        endpoint = self._endpoint
+        if endpoint.busy and self.message is not None:
+            guard = self.guard
+            held = tuple(guard.outputs) if guard is not None else ()
+            return self._snapshots.begin(initiator=endpoint, at_call=held)
+        return self._snapshots.begin(initiator=endpoint)
 
     def add_feedback(self, reason: str, source: str) -> None:
         """Record feedback for this agent (the runtime does after a rollback)."""

@@ -5,8 +5,9 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
 
 1. **Initiation.** The environment records at once and sends a marker to every agent, so the
    snapshot reaches agents that have never talked to anyone. An agent named as initiator
-   records as soon as it is between two handler calls. Where the scheduler can tell that an
-   agent waits for work (nothing is queued for it and nothing is being delivered to it, as
+   records as soon as it is between two handler calls, or at once when it asked from its
+   running handler (see *Recording at* ``ctx.snapshot()``). Where the scheduler can tell that
+   an agent waits for work (nothing is queued for it and nothing is being delivered to it, as
    the [`AsyncioScheduler`][agentsnap.AsyncioScheduler] can), that agent records right
    after the environment, in the same step, instead of at a marker: every channel to it is
    empty, so its state for the snapshot is empty whatever its sender does next, and the
@@ -63,6 +64,22 @@ before; such an agent also records a snapshot in progress as it takes a message,
 at the marker that may be queued behind it. A process that cannot record this way (it
 already sent a message, or no state from before the handler is known) records as soon as
 the handler returns, as a process between two handlers does.
+
+**Recording at** ``ctx.snapshot()``. A handler that starts a snapshot itself is not recorded
+as above: its process records at once, with the state as it is at the call (the handler's
+changes so far), the message being handled counted as received, and every message the
+handler sent before the call counted as sent; what it sends after the call carries the new
+epoch and follows the markers, so it is after the cut (messages held back for
+self-evaluation count as sent only once released, after the cut too). A process may record
+at any moment as long as its state and counters agree, so the cut is consistent. The
+receivers of the messages sent before the call that are between two handlers record at
+once as well, so that those messages are in flight in the cut rather than already taken;
+a receiver that had taken one before the call (its handler awaited after sending) counts
+it as received. Going back to such a cut resumes from the state at the call with the
+message consumed: the handler is not run again, and what it did after the call is not in
+the cut. A rollback for a rejected output therefore never goes back to a cut recorded
+inside the handler that sent that output after the call (see
+[`target_before`][agentsnap.snapshot.SnapshotCoordinator.target_before]).
 """
 
 from __future__ import annotations
@@ -268,6 +285,14 @@ class SnapshotCoordinator:
         a process records as a snapshot starts, without a marker (see 1. above)."""
         # Per agent, its state and received counters as a handler began (see keep_before).
         self._before: dict[str, tuple[StateBlob, dict[str, int]]] = {}
+        # The initiator recording at its ctx.snapshot() call, with the messages its handler
+        # holds back, while begin() runs.
+        self._calling: tuple[Endpoint, Sequence[Message]] | None = None
+        # Per agent whose running handler recorded at a ctx.snapshot() call: those snapshots.
+        self._inside: dict[str, list[int]] = {}
+        # Per snapshot, per agent recorded at a ctx.snapshot() call: what that handler had
+        # sent when it returned, or None while it runs (or when its output was rejected).
+        self._ends: dict[int, dict[str, dict[str, int] | None]] = {}
         # Processes to record, and whether record() is working through them already: a
         # recording can make others record (their channels got a marker while they were in
         # a handler), without recursion however many there are.
@@ -307,8 +332,18 @@ class SnapshotCoordinator:
 
     # -- initiation -----------------------------------------------------------------------
 
-    def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
-        """Start a new snapshot; ``initiator`` is an agent, or ``None`` for the runtime."""
+    def begin(
+        self, initiator: Endpoint | None = None, *, at_call: Sequence[Message] | None = None
+    ) -> SnapshotHandle:
+        """Start a new snapshot; ``initiator`` is an agent, or ``None`` for the runtime.
+
+        Args:
+            initiator: The agent that asks for it, or ``None`` for the runtime.
+            at_call: Given when the initiator asks from inside its running handler
+                (``ctx.snapshot()``): the messages that handler holds back for
+                self-evaluation so far. The initiator then records at once, as it is at the
+                call (see *Recording at ``ctx.snapshot()``*).
+        """
         self.last_seq = seq = self.last_seq + 1
         name = initiator.name if initiator is not None else ENVIRONMENT
         handle = SnapshotHandle(uuid.uuid4().hex, seq, name)
@@ -319,9 +354,15 @@ class SnapshotCoordinator:
             self.fail(seq, self.suspended)
             return handle
         logger.debug("snapshot %d started by %s", seq, name)
-        self.record(self.bus.environment, seq)
-        if initiator is not None and seq in self.active:
-            self.request(initiator, seq)
+        if initiator is not None and at_call is not None and initiator.busy:
+            # Set before the environment records: its marker may reach the initiator first.
+            self._calling = (initiator, at_call)
+        try:
+            self.record(self.bus.environment, seq)
+            if initiator is not None and seq in self.active:
+                self.request(initiator, seq)
+        finally:
+            self._calling = None
         return handle
 
     def recording_processes(self) -> list[str]:
@@ -405,6 +446,35 @@ class SnapshotCoordinator:
         """Drop what was kept about running handlers: the runtime restored a cut."""
         self.wanted.clear()
         self._before.clear()
+        self._inside.clear()
+
+    def handler_ended(self, endpoint: Endpoint, *, rejected: bool) -> None:
+        """The handler of ``endpoint`` that recorded at a ``ctx.snapshot()`` call ended.
+
+        The runtime calls it while [`inside`][agentsnap.snapshot.SnapshotCoordinator.inside]
+        is not empty. What the handler had sent by then tells which of the agent's outputs
+        it sent after the call; ``rejected``: its output was rejected, so every output of
+        the agent after the call is its (see
+        [`target_before`][agentsnap.snapshot.SnapshotCoordinator.target_before]).
+        """
+        seqs = self._inside.pop(endpoint.name, None)
+        if seqs is None:
+            return
+        sent = None if rejected else {dst: ch.sent for dst, ch in endpoint.outgoing.items()}
+        for seq in seqs:
+            ends = self._ends.get(seq)
+            if ends is not None:
+                ends[endpoint.name] = sent
+
+    @property
+    def inside(self) -> Mapping[str, list[int]]:
+        """The snapshots recorded at a ``ctx.snapshot()`` call, per agent whose handler runs.
+
+        The runtime tells
+        [`handler_ended`][agentsnap.snapshot.SnapshotCoordinator.handler_ended] when such a
+        handler ends.
+        """
+        return self._inside
 
     def joined(self, endpoint: Endpoint, verified_hash: str) -> None:
         """A process joined: it records every snapshot in progress at its first moment.
@@ -497,7 +567,14 @@ class SnapshotCoordinator:
         name = endpoint.name
         before: tuple[StateBlob, dict[str, int]] | None = None
         held: Sequence[Message] = ()
-        if endpoint.busy:
+        calling = self._calling
+        at_call = False
+        if calling is not None and calling[0] is endpoint:
+            # The handler asked for the cut: recorded as it is now, its message consumed.
+            at_call = True
+            held = calling[1]
+            self.changed.add(name)  # changed in place since its last recording, maybe
+        elif endpoint.busy:
             handling = self.handling(endpoint) if self.handling is not None else None
             if handling is not None:
                 before = self._state_before(endpoint, handling)
@@ -514,6 +591,15 @@ class SnapshotCoordinator:
         if not due:
             return
         cut = self._cut(endpoint, due, before, held)
+        if at_call:
+            # The handler goes on changing the state: the next recording encodes it again.
+            self.changed.add(name)
+            self._inside.setdefault(name, []).extend(due)
+            ends = self._ends
+            for seq in due:
+                ends.setdefault(seq, {})[name] = None
+            while len(ends) > self.max_targets:  # only rollback targets need them
+                del ends[min(ends)]
         for seq in due:
             progress = self.active.get(seq)
             if progress is None or cut is None:
@@ -583,6 +669,11 @@ class SnapshotCoordinator:
             if receiver.epoch > channel.closed:
                 self._close_queued(channel)
             elif receiver.busy:
+                self._to_record.append((receiver, upto, None))
+            elif at_call and type(channel) is LocalChannel:
+                # Between two handlers, so it may record now, as any process may: the
+                # messages the handler sent before the call are then in flight in the cut
+                # rather than taken in the receiver's state.
                 self._to_record.append((receiver, upto, None))
 
     def _state_before(
@@ -887,6 +978,10 @@ class SnapshotCoordinator:
         )
         while len(self._targets) > self.max_targets:
             del self._targets[min(self._targets)]
+        if self._ends:
+            oldest = min(self._targets)
+            for seq in [seq for seq in self._ends if seq < oldest]:
+                del self._ends[seq]
         if self.latest is None or snapshot.seq > self.latest.seq:
             self.latest = snapshot
 
@@ -897,11 +992,23 @@ class SnapshotCoordinator:
         seq = min(self._targets)
         return seq, self._targets[seq][1].get(ENVIRONMENT, {})
 
-    def target_before(self, output: Message | None) -> str | None:
-        """Id of the newest rollback target whose cut precedes ``output`` (or the newest)."""
+    def target_before(self, output: Message | None, agent: str | None = None) -> str | None:
+        """Id of the newest rollback target whose cut precedes ``output`` (or the newest).
+
+        Going back to the target redoes ``output``: a cut recorded at a ``ctx.snapshot()``
+        call in the handler that sent it (after the call) is passed over, since going back to
+        it does not run that handler again. With no ``output``, ``agent`` names the agent
+        whose work was rejected, for the same reason.
+        """
+        src = output.src if output is not None else agent
         for seq in sorted(self._targets, reverse=True):
             snapshot_id, sent = self._targets[seq]
-            if output is None or sent.get(output.src, {}).get(output.dst, 0) < output.seq:
+            if src is None:
+                return snapshot_id
+            counters = self._sent_by(seq, src, sent.get(src, {}))
+            if counters is None:
+                continue
+            if output is None or counters.get(output.dst, 0) < output.seq:
                 return snapshot_id
         return None
 
@@ -913,15 +1020,33 @@ class SnapshotCoordinator:
         """
         for seq in sorted(self._targets, reverse=True):
             snapshot_id, counters = self._targets[seq]
-            if sum(counters.get(agent, {}).values()) < sent:
+            mine = self._sent_by(seq, agent, counters.get(agent, {}))
+            if mine is not None and sum(mine.values()) < sent:
                 return snapshot_id
         return None
+
+    def _sent_by(self, seq: int, agent: str, sent: dict[str, int]) -> dict[str, int] | None:
+        """What ``agent`` had sent by cut ``seq``, as far as redoing its outputs goes.
+
+        For an agent recorded at a ``ctx.snapshot()`` call, what that handler had sent when
+        it returned: what it sent after the call is not redone from the cut. ``None`` while
+        the handler runs, or when its output was rejected: every output of the agent after
+        the cut is that handler's.
+        """
+        ends = self._ends.get(seq)
+        if ends is None or agent not in ends:
+            return sent
+        return ends[agent]
 
     def restored(self, snapshot: Snapshot) -> None:
         """The run went back to ``snapshot``: snapshots taken after it are another future."""
         self.forget_handlers()
         for seq in [seq for seq in self._targets if seq > snapshot.seq]:
             del self._targets[seq]
+        # From the restored cut on, the agents' outputs are new work: a handler recorded at
+        # a ctx.snapshot() call in it does not go on in this timeline.
+        for seq in [seq for seq in self._ends if seq >= snapshot.seq]:
+            del self._ends[seq]
         self.written(snapshot)
         self.latest = self.newest = snapshot
 

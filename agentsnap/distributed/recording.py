@@ -31,7 +31,7 @@ only at its first message would be unknown to the receiver's recording before it
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentsnap.exceptions import ConfigurationError
@@ -129,7 +129,9 @@ class PartCoordinator(SnapshotCoordinator):
             self.learn(message.epoch)
         super().on_message(endpoint, channel, message)
 
-    def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
+    def begin(
+        self, initiator: Endpoint | None = None, *, at_call: Sequence[Message] | None = None
+    ) -> SnapshotHandle:
         """Begin a snapshot here: only the process hosting the environment numbers them.
 
         Raises:
@@ -142,7 +144,7 @@ class PartCoordinator(SnapshotCoordinator):
                 "a worker does not begin snapshots: the run's coordinator numbers them "
                 "(ask it with Worker.request_snapshot())"
             )
-        handle = super().begin(initiator)
+        handle = super().begin(initiator, at_call=at_call)
         self._ranges.setdefault(handle.seq, {})
         return handle
 
