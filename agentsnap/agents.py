@@ -91,9 +91,9 @@ class Agent(abc.ABC, Generic[S]):
         name: The agent's name.
         state: The agent's current state. Update it in the handler; snapshots never record
             it half-way through a handler (inside a long one, they record the state from
-            before it, with its message in flight), except the snapshot the handler starts
-            itself with [`ctx.snapshot()`][agentsnap.Context.snapshot], which records it as
-            it is at the call. A snapshot encodes it
+            before it, with its message in flight; the snapshot a handler starts itself
+            with [`ctx.snapshot()`][agentsnap.Context.snapshot] records it as that handler
+            returns). A snapshot encodes it
             again only if it may have changed since the last one: after a message was
             delivered to the agent, ``on_rollback``, or an assignment to ``agent.state``.
             Code that changes it in place anywhere else must say so with
@@ -183,12 +183,12 @@ class Initiator(Protocol):
     """
 
     def begin(
-        self, initiator: Endpoint | None = None, *, at_call: Sequence[Message] | None = None
+        self, initiator: Endpoint | None = None, *, at_return: bool = False
     ) -> SnapshotHandle:
         """Start a snapshot with ``initiator`` (an agent, or ``None`` for the runtime).
 
-        ``at_call`` is given when the initiator asks from inside its running handler: the
-        messages that handler holds back for self-evaluation so far.
+        ``at_return``: the initiator asks from inside its running handler, and records as
+        that handler returns.
         """
 
 
@@ -377,38 +377,33 @@ class Context(Generic[S]):
     def snapshot(self) -> SnapshotHandle:
         """Start a snapshot with this agent as initiator.
 
-        Called from a handler, the cut holds the handler's work up to the call, whatever
-        sent the message being handled (the program or another agent):
+        Called from a handler, the snapshot starts at once and the agent records as the
+        handler returns, whatever sent the message being handled (the program or another
+        agent). The cut holds everything the handler did, before and after the call:
 
-        - the agent's state as it is at the call, with the changes the handler made so far;
+        - the agent's state as the handler leaves it;
         - the message being handled counted as received, not in flight;
-        - the messages the handler sent before the call in flight to their receivers
-          (unless a receiver already took one before the call: then it counts in that
-          receiver's state);
-        - nothing the handler does after the call: its later changes and the messages it
-          sends after the call come after the cut. Messages held back for self-evaluation
-          are sent only when the evaluation passes, so they come after the cut too.
+        - every message the handler sent in flight to its receiver (those held back for
+          self-evaluation too, released once the evaluation passes). Only a message its
+          receiver took before the call (the handler awaited after sending it) may count
+          in that receiver's state instead.
 
-        Going back to the snapshot (a rollback, ``resume()``, ``fork_from()``) resumes from
-        the state at the call with the message consumed: the handler does **not** run again,
-        and what it did after the call is not redone. So send what the cut should hold
-        (the plan for the next agent, say) before calling ``ctx.snapshot()``, and make it the
-        handler's last step when nothing after it should be lost. A rollback for a rejected
-        output of this handler goes back to an earlier cut, from which the handler runs
-        again. The snapshot does not wait for the handler.
+        Going back to the snapshot (a rollback, ``resume()``, ``fork_from()``) therefore
+        never runs the handler again and loses nothing of it: the agents it wrote to get its
+        messages again. The snapshot completes only once the handler returns, so a long
+        handler delays it; do not await the handle inside the handler, which would wait for
+        itself. If the handler's output is rejected, a rollback goes back to a cut from
+        before the handler, which runs again with the reason in ``ctx.feedback``.
 
         Called outside a handler (from ``on_rollback``, say), the agent records as soon as
         it is between two handler calls.
 
         Returns:
-            A handle to await for the completed snapshot.
+            A handle to await (after the handler returns) for the completed snapshot.
         """
         endpoint = self._endpoint
-        if endpoint.busy and self.message is not None:
-            guard = self.guard
-            held = tuple(guard.outputs) if guard is not None else ()
-            return self._snapshots.begin(initiator=endpoint, at_call=held)
-        return self._snapshots.begin(initiator=endpoint)
+        inside = endpoint.busy and self.message is not None
+        return self._snapshots.begin(initiator=endpoint, at_return=inside)
 
     def add_feedback(self, reason: str, source: str) -> None:
         """Record feedback for this agent (the runtime does after a rollback)."""

@@ -455,7 +455,7 @@ class RollbackManager:
             logger.error("%s", self.exhausted)
             self._drop_everything()
             return None
-        target = self._coordinator.target_before(rejection.output, rejection.agent)
+        target = self._coordinator.target_before(rejection.output)
         endpoint = self._bus.endpoints.get(rejection.agent)
         if rejection.output is None and rejection.source != "self-evaluation" and endpoint:
             # A critic rejected the agent's work without naming a message: go back to before

@@ -5,9 +5,9 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
 
 1. **Initiation.** The environment records at once and sends a marker to every agent, so the
    snapshot reaches agents that have never talked to anyone. An agent named as initiator
-   records as soon as it is between two handler calls, or at once when it asked from its
-   running handler (see *Recording at* ``ctx.snapshot()``). Where the scheduler can tell that
-   an agent waits for work (nothing is queued for it and nothing is being delivered to it, as
+   records as soon as it is between two handler calls (for one that asked from its running
+   handler, see *Recording as the handler returns*). Where the scheduler can tell that an
+   agent waits for work (nothing is queued for it and nothing is being delivered to it, as
    the [`AsyncioScheduler`][agentsnap.AsyncioScheduler] can), that agent records right
    after the environment, in the same step, instead of at a marker: every channel to it is
    empty, so its state for the snapshot is empty whatever its sender does next, and the
@@ -65,20 +65,20 @@ at the marker that may be queued behind it. A process that cannot record this wa
 already sent a message, or no state from before the handler is known) records as soon as
 the handler returns, as a process between two handlers does.
 
-**Recording at** ``ctx.snapshot()``. A handler that starts a snapshot itself is not recorded
-as above: its process records at once, with the state as it is at the call (the handler's
-changes so far), the message being handled counted as received, and every message the
-handler sent before the call counted as sent; what it sends after the call carries the new
-epoch and follows the markers, so it is after the cut (messages held back for
-self-evaluation count as sent only once released, after the cut too). A process may record
-at any moment as long as its state and counters agree, so the cut is consistent. The
-receivers of the messages sent before the call that are between two handlers record at
-once as well, so that those messages are in flight in the cut rather than already taken;
-a receiver that had taken one before the call (its handler awaited after sending) counts
-it as received. Going back to such a cut resumes from the state at the call with the
-message consumed: the handler is not run again, and what it did after the call is not in
-the cut. A rollback for a rejected output therefore never goes back to a cut recorded
-inside the handler that sent that output after the call (see
+**Recording as the handler returns.** A handler that starts a snapshot itself
+(``ctx.snapshot()``) is not recorded inside it: its process records as the handler returns
+(after the messages held back for self-evaluation are released), as a process between two
+handlers does, so the cut holds everything the handler did: its state changes, the message
+it handled counted as received, and every message it sent counted as sent. Those messages
+are in flight in the cut: a receiver in this process that is about to take one before the
+sender recorded records first (as any process may at any moment), and at the sender's
+recording its receivers between two handlers record at once rather than at the marker
+queued behind those messages. Only a message its receiver took before the call (the
+handler awaited after sending it), or one that a receiver in another process took before
+its marker, may count in the receiver's state instead. Going back to
+such a cut never runs the handler again and loses nothing of it. The snapshot completes
+only once the handler returns; if the handler's output is rejected, it never completes
+before the rollback, and a rollback target precedes the handler (see
 [`target_before`][agentsnap.snapshot.SnapshotCoordinator.target_before]).
 """
 
@@ -285,14 +285,9 @@ class SnapshotCoordinator:
         a process records as a snapshot starts, without a marker (see 1. above)."""
         # Per agent, its state and received counters as a handler began (see keep_before).
         self._before: dict[str, tuple[StateBlob, dict[str, int]]] = {}
-        # The initiator recording at its ctx.snapshot() call, with the messages its handler
-        # holds back, while begin() runs.
-        self._calling: tuple[Endpoint, Sequence[Message]] | None = None
-        # Per agent whose running handler recorded at a ctx.snapshot() call: those snapshots.
-        self._inside: dict[str, list[int]] = {}
-        # Per snapshot, per agent recorded at a ctx.snapshot() call: what that handler had
-        # sent when it returned, or None while it runs (or when its output was rejected).
-        self._ends: dict[int, dict[str, dict[str, int] | None]] = {}
+        # Agents whose running handler started a snapshot (ctx.snapshot()): they record as
+        # that handler returns, never inside it (see *Recording as the handler returns*).
+        self._at_return: set[str] = set()
         # Processes to record, and whether record() is working through them already: a
         # recording can make others record (their channels got a marker while they were in
         # a handler), without recursion however many there are.
@@ -333,16 +328,15 @@ class SnapshotCoordinator:
     # -- initiation -----------------------------------------------------------------------
 
     def begin(
-        self, initiator: Endpoint | None = None, *, at_call: Sequence[Message] | None = None
+        self, initiator: Endpoint | None = None, *, at_return: bool = False
     ) -> SnapshotHandle:
         """Start a new snapshot; ``initiator`` is an agent, or ``None`` for the runtime.
 
         Args:
             initiator: The agent that asks for it, or ``None`` for the runtime.
-            at_call: Given when the initiator asks from inside its running handler
-                (``ctx.snapshot()``): the messages that handler holds back for
-                self-evaluation so far. The initiator then records at once, as it is at the
-                call (see *Recording at ``ctx.snapshot()``*).
+            at_return: The initiator asks from inside its running handler
+                (``ctx.snapshot()``): it records as that handler returns, with everything
+                the handler did (see *Recording as the handler returns*).
         """
         self.last_seq = seq = self.last_seq + 1
         name = initiator.name if initiator is not None else ENVIRONMENT
@@ -354,15 +348,12 @@ class SnapshotCoordinator:
             self.fail(seq, self.suspended)
             return handle
         logger.debug("snapshot %d started by %s", seq, name)
-        if initiator is not None and at_call is not None and initiator.busy:
-            # Set before the environment records: its marker may reach the initiator first.
-            self._calling = (initiator, at_call)
-        try:
-            self.record(self.bus.environment, seq)
-            if initiator is not None and seq in self.active:
-                self.request(initiator, seq)
-        finally:
-            self._calling = None
+        if initiator is not None and at_return and initiator.busy:
+            # Known before the environment records: its marker may reach the initiator first.
+            self._at_return.add(name)
+        self.record(self.bus.environment, seq)
+        if initiator is not None and seq in self.active:
+            self.request(initiator, seq)
         return handle
 
     def recording_processes(self) -> list[str]:
@@ -446,35 +437,7 @@ class SnapshotCoordinator:
         """Drop what was kept about running handlers: the runtime restored a cut."""
         self.wanted.clear()
         self._before.clear()
-        self._inside.clear()
-
-    def handler_ended(self, endpoint: Endpoint, *, rejected: bool) -> None:
-        """The handler of ``endpoint`` that recorded at a ``ctx.snapshot()`` call ended.
-
-        The runtime calls it while [`inside`][agentsnap.snapshot.SnapshotCoordinator.inside]
-        is not empty. What the handler had sent by then tells which of the agent's outputs
-        it sent after the call; ``rejected``: its output was rejected, so every output of
-        the agent after the call is its (see
-        [`target_before`][agentsnap.snapshot.SnapshotCoordinator.target_before]).
-        """
-        seqs = self._inside.pop(endpoint.name, None)
-        if seqs is None:
-            return
-        sent = None if rejected else {dst: ch.sent for dst, ch in endpoint.outgoing.items()}
-        for seq in seqs:
-            ends = self._ends.get(seq)
-            if ends is not None:
-                ends[endpoint.name] = sent
-
-    @property
-    def inside(self) -> Mapping[str, list[int]]:
-        """The snapshots recorded at a ``ctx.snapshot()`` call, per agent whose handler runs.
-
-        The runtime tells
-        [`handler_ended`][agentsnap.snapshot.SnapshotCoordinator.handler_ended] when such a
-        handler ends.
-        """
-        return self._inside
+        self._at_return.clear()
 
     def joined(self, endpoint: Endpoint, verified_hash: str) -> None:
         """A process joined: it records every snapshot in progress at its first moment.
@@ -518,6 +481,13 @@ class SnapshotCoordinator:
 
     def on_message(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:
         """``endpoint`` is about to take ``message`` off ``channel`` (snapshots in progress)."""
+        if self._at_return and channel.src in self._at_return:
+            upto = self.wanted.get(channel.src, 0)
+            if upto > endpoint.epoch and self.active:
+                # The sender records as its handler returns, with this message counted as
+                # sent: the receiver records first, as any process may, so that the message
+                # is in flight in the cut rather than taken.
+                self.record(endpoint, upto)
         epoch = message.epoch
         if epoch > channel.closed:
             # The sender recorded up to ``epoch`` before sending it: it is after those cuts.
@@ -567,14 +537,13 @@ class SnapshotCoordinator:
         name = endpoint.name
         before: tuple[StateBlob, dict[str, int]] | None = None
         held: Sequence[Message] = ()
-        calling = self._calling
-        at_call = False
-        if calling is not None and calling[0] is endpoint:
-            # The handler asked for the cut: recorded as it is now, its message consumed.
-            at_call = True
-            held = calling[1]
-            self.changed.add(name)  # changed in place since its last recording, maybe
-        elif endpoint.busy:
+        returned = False
+        if endpoint.busy:
+            if name in self._at_return:
+                # Its handler asked for the snapshot: recorded as the handler returns.
+                wanted = self.wanted
+                wanted[name] = max(wanted.get(name, 0), upto)
+                return
             handling = self.handling(endpoint) if self.handling is not None else None
             if handling is not None:
                 before = self._state_before(endpoint, handling)
@@ -586,20 +555,14 @@ class SnapshotCoordinator:
             held = handling.held
         if self.wanted:
             self.wanted.pop(name, None)
+        if self._at_return and name in self._at_return:
+            self._at_return.discard(name)
+            returned = True
         due = [seq for seq in self.active if endpoint.epoch < seq <= upto]
         endpoint.epoch = upto
         if not due:
             return
         cut = self._cut(endpoint, due, before, held)
-        if at_call:
-            # The handler goes on changing the state: the next recording encodes it again.
-            self.changed.add(name)
-            self._inside.setdefault(name, []).extend(due)
-            ends = self._ends
-            for seq in due:
-                ends.setdefault(seq, {})[name] = None
-            while len(ends) > self.max_targets:  # only rollback targets need them
-                del ends[min(ends)]
         for seq in due:
             progress = self.active.get(seq)
             if progress is None or cut is None:
@@ -670,10 +633,10 @@ class SnapshotCoordinator:
                 self._close_queued(channel)
             elif receiver.busy:
                 self._to_record.append((receiver, upto, None))
-            elif at_call and type(channel) is LocalChannel:
-                # Between two handlers, so it may record now, as any process may: the
-                # messages the handler sent before the call are then in flight in the cut
-                # rather than taken in the receiver's state.
+            elif returned and type(channel) is LocalChannel:
+                # Between two handlers, so it may record now, as any process may: what the
+                # returning handler sent is then in flight in the cut rather than taken
+                # before the marker.
                 self._to_record.append((receiver, upto, None))
 
     def _state_before(
@@ -978,10 +941,6 @@ class SnapshotCoordinator:
         )
         while len(self._targets) > self.max_targets:
             del self._targets[min(self._targets)]
-        if self._ends:
-            oldest = min(self._targets)
-            for seq in [seq for seq in self._ends if seq < oldest]:
-                del self._ends[seq]
         if self.latest is None or snapshot.seq > self.latest.seq:
             self.latest = snapshot
 
@@ -992,23 +951,11 @@ class SnapshotCoordinator:
         seq = min(self._targets)
         return seq, self._targets[seq][1].get(ENVIRONMENT, {})
 
-    def target_before(self, output: Message | None, agent: str | None = None) -> str | None:
-        """Id of the newest rollback target whose cut precedes ``output`` (or the newest).
-
-        Going back to the target redoes ``output``: a cut recorded at a ``ctx.snapshot()``
-        call in the handler that sent it (after the call) is passed over, since going back to
-        it does not run that handler again. With no ``output``, ``agent`` names the agent
-        whose work was rejected, for the same reason.
-        """
-        src = output.src if output is not None else agent
+    def target_before(self, output: Message | None) -> str | None:
+        """Id of the newest rollback target whose cut precedes ``output`` (or the newest)."""
         for seq in sorted(self._targets, reverse=True):
             snapshot_id, sent = self._targets[seq]
-            if src is None:
-                return snapshot_id
-            counters = self._sent_by(seq, src, sent.get(src, {}))
-            if counters is None:
-                continue
-            if output is None or counters.get(output.dst, 0) < output.seq:
+            if output is None or sent.get(output.src, {}).get(output.dst, 0) < output.seq:
                 return snapshot_id
         return None
 
@@ -1020,33 +967,15 @@ class SnapshotCoordinator:
         """
         for seq in sorted(self._targets, reverse=True):
             snapshot_id, counters = self._targets[seq]
-            mine = self._sent_by(seq, agent, counters.get(agent, {}))
-            if mine is not None and sum(mine.values()) < sent:
+            if sum(counters.get(agent, {}).values()) < sent:
                 return snapshot_id
         return None
-
-    def _sent_by(self, seq: int, agent: str, sent: dict[str, int]) -> dict[str, int] | None:
-        """What ``agent`` had sent by cut ``seq``, as far as redoing its outputs goes.
-
-        For an agent recorded at a ``ctx.snapshot()`` call, what that handler had sent when
-        it returned: what it sent after the call is not redone from the cut. ``None`` while
-        the handler runs, or when its output was rejected: every output of the agent after
-        the cut is that handler's.
-        """
-        ends = self._ends.get(seq)
-        if ends is None or agent not in ends:
-            return sent
-        return ends[agent]
 
     def restored(self, snapshot: Snapshot) -> None:
         """The run went back to ``snapshot``: snapshots taken after it are another future."""
         self.forget_handlers()
         for seq in [seq for seq in self._targets if seq > snapshot.seq]:
             del self._targets[seq]
-        # From the restored cut on, the agents' outputs are new work: a handler recorded at
-        # a ctx.snapshot() call in it does not go on in this timeline.
-        for seq in [seq for seq in self._ends if seq >= snapshot.seq]:
-            del self._ends[seq]
         self.written(snapshot)
         self.latest = self.newest = snapshot
 

@@ -388,7 +388,7 @@ class SnapInHandler(Agent[LogState]):
             ctx.send("peer", {"sent": "after the call"})
 
 
-async def test_ctx_snapshot_records_the_state_at_the_call() -> None:
+async def test_ctx_snapshot_records_the_state_as_the_handler_returns() -> None:
     async with Runtime() as runtime:
         agent = SnapInHandler("agent")
         runtime.add(agent)
@@ -401,20 +401,21 @@ async def test_ctx_snapshot_records_the_state_at_the_call() -> None:
 
     assert snapshot.initiator == "agent"
     cut = snapshot.agents["agent"]
-    # Recorded at once, inside the handler, with the state it had at the call: the message
-    # being handled is consumed, and what the handler does after the call comes after the cut.
-    assert cut.state["count"] == 1
-    assert cut.state["log"] == []
-    assert cut.sent == {}
+    # Recorded as the handler returned, with everything it did: the message it handled is
+    # consumed, and what it sent after the call is in flight.
+    assert cut.state["count"] == 101
+    assert cut.state["log"] == ["after the snapshot call"]
+    assert cut.sent == {"peer": 1}
     assert cut.received == {"$env": 1}
     assert snap.id not in [m.id for m in snapshot.in_flight("$env", "agent")]
     assert [m.id for m in snapshot.in_flight("$env", "agent")] == [later.id]
+    assert [m.payload for m in snapshot.in_flight("agent", "peer")] == [{"sent": "after the call"}]
     assert snapshot.agents["peer"].received.get("agent", 0) == 0
     assert_consistent(snapshot)
     assert agent.state.count == 102
 
 
-async def test_ctx_snapshot_after_a_send_holds_that_message_in_flight() -> None:
+async def test_ctx_snapshot_after_a_send_holds_every_message_of_the_handler_in_flight() -> None:
     async with Runtime() as runtime:
         agent = SnapInHandler("agent", send_first=True)
         runtime.add(agent)
@@ -426,14 +427,17 @@ async def test_ctx_snapshot_after_a_send_holds_that_message_in_flight() -> None:
             snapshot = await within(agent.handles[0])
 
     cut = snapshot.agents["agent"]
-    # Recorded at the call all the same: the message sent before it is in flight, the one
-    # sent after it is not in the cut.
-    assert cut.state["count"] == 1
-    assert cut.state["log"] == []
-    assert cut.sent == {"peer": 1}
+    # The messages sent before and after the call are both in flight.
+    assert cut.state["count"] == 101
+    assert cut.state["log"] == ["after the snapshot call"]
+    assert cut.sent == {"peer": 2}
     assert cut.received == {"$env": 1}
     assert [m.id for m in snapshot.in_flight("$env", "agent")] == [later.id]
-    assert [m.payload for m in snapshot.in_flight("agent", "peer")] == [{"sent": "before the call"}]
+    assert [m.payload for m in snapshot.in_flight("agent", "peer")] == [
+        {"sent": "before the call"},
+        {"sent": "after the call"},
+    ]
+    assert snapshot.agents["peer"].received.get("agent", 0) == 0
     assert_consistent(snapshot)
     assert agent.state.count == 102
 

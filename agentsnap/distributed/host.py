@@ -460,9 +460,6 @@ class Host:
         finally:
             endpoint.busy = False
             ctx.message = None
-            if snapshots.inside:  # a handler recorded at its ctx.snapshot() call: this one?
-                refused = rejected is not None or ctx.rejected is not None
-                snapshots.handler_ended(endpoint, rejected=refused)
             # A rejection the handler caught (even with ``except BaseException``) counts.
             if rejected is None and ctx.rejected is None:
                 if guard is not None and guard.outputs:

@@ -31,7 +31,7 @@ only at its first message would be unknown to the receiver's recording before it
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentsnap.exceptions import ConfigurationError
@@ -130,7 +130,7 @@ class PartCoordinator(SnapshotCoordinator):
         super().on_message(endpoint, channel, message)
 
     def begin(
-        self, initiator: Endpoint | None = None, *, at_call: Sequence[Message] | None = None
+        self, initiator: Endpoint | None = None, *, at_return: bool = False
     ) -> SnapshotHandle:
         """Begin a snapshot here: only the process hosting the environment numbers them.
 
@@ -144,7 +144,7 @@ class PartCoordinator(SnapshotCoordinator):
                 "a worker does not begin snapshots: the run's coordinator numbers them "
                 "(ask it with Worker.request_snapshot())"
             )
-        handle = super().begin(initiator, at_call=at_call)
+        handle = super().begin(initiator, at_return=at_return)
         self._ranges.setdefault(handle.seq, {})
         return handle
 
