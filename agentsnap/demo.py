@@ -10,8 +10,8 @@ $env ──task──▶ planner ──topics──▶ researcher ──notes─
 ```
 
 * the **planner** turns the task into a plan (``state.plan``) and asks for research;
-* the **researcher** collects numbered notes, sends them on, and takes a snapshot of the
-  whole team (the notes in flight to the writer);
+* the **researcher** collects numbered notes, takes a snapshot of the whole team and sends
+  the notes on;
 * the **writer** drafts the report from the notes; its prompt carries any feedback it got;
 * the **critic** accepts a draft only when it cites the notes (``[1]``, ``[2]`` …), else it
   rejects it with ``ctx.reject``: every agent goes back to the researcher's snapshot, the
@@ -137,7 +137,7 @@ class NotesState(AgentState):
 
 
 class Researcher(Agent[NotesState]):
-    """Collects numbered notes, passes them on, and snapshots the team."""
+    """Collects numbered notes, snapshots the team, and passes the notes on."""
 
     def __init__(self, model: ChatModel) -> None:
         super().__init__("researcher", NotesState())
@@ -146,12 +146,11 @@ class Researcher(Agent[NotesState]):
     async def handle(self, message: Message, ctx: Context[NotesState]) -> None:
         task = message.payload_as(Topics).task
         self.state.notes = await self.model.complete(f"Research: {task}")
-        ctx.send("writer", Notes(task=task, notes=self.state.notes), kind="notes")
         # The research is worth keeping: a cut to come back to if the writing goes wrong.
-        # Taken after the notes are sent, the cut holds them in flight to the writer, so
-        # going back to it has the writer start again from the notes (what a handler sends
-        # after the call is not in the cut).
+        # Recorded as this handler returns, the cut holds the notes in flight to the
+        # writer, so going back to it has the writer start again from the notes.
         ctx.snapshot()
+        ctx.send("writer", Notes(task=task, notes=self.state.notes), kind="notes")
 
 
 class WriterState(AgentState):
