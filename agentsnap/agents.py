@@ -146,7 +146,9 @@ class Agent(abc.ABC, Generic[S]):
         name: The agent's name.
         state: The agent's current state. Update it in the handler; snapshots never record
             it half-way through a handler (inside a long one, they record the state from
-            before it, with its message in flight). A snapshot encodes it
+            before it, with its message in flight; the snapshot a handler starts itself
+            with [`ctx.snapshot()`][agentsnap.Context.snapshot] records it as that handler
+            returns). A snapshot encodes it
             again only if it may have changed since the last one: after a message was
             delivered to the agent, ``on_rollback``, or an assignment to ``agent.state``.
             Code that changes it in place anywhere else must say so with
@@ -235,8 +237,14 @@ class Initiator(Protocol):
     The runtime's [`SnapshotCoordinator`][agentsnap.snapshot.SnapshotCoordinator] is one.
     """
 
-    def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
-        """Start a snapshot with ``initiator`` (an agent, or ``None`` for the runtime)."""
+    def begin(
+        self, initiator: Endpoint | None = None, *, at_return: bool = False
+    ) -> SnapshotHandle:
+        """Start a snapshot with ``initiator`` (an agent, or ``None`` for the runtime).
+
+        ``at_return``: the initiator asks from inside its running handler, and records as
+        that handler returns.
+        """
 
 
 class Context(Generic[S]):
@@ -510,16 +518,33 @@ class Context(Generic[S]):
     def snapshot(self) -> SnapshotHandle:
         """Start a snapshot with this agent as initiator.
 
-        Called from a handler, the agent records at once the state it had before that
-        handler began, and the message being handled is in flight in the snapshot (going
-        back to the snapshot handles it again); the snapshot does not wait for the handler.
-        If the handler already sent a message, the agent records as soon as the handler
-        returns instead, with what the handler did.
+        Called from a handler, the snapshot starts at once and the agent records as the
+        handler returns, whatever sent the message being handled (the program or another
+        agent). The cut holds everything the handler did, before and after the call:
+
+        - the agent's state as the handler leaves it;
+        - the message being handled counted as received, not in flight;
+        - every message the handler sent in flight to its receiver (those held back for
+          self-evaluation too, released once the evaluation passes). Only a message its
+          receiver took before the call (the handler awaited after sending it) may count
+          in that receiver's state instead.
+
+        Going back to the snapshot (a rollback, ``resume()``, ``fork_from()``) therefore
+        never runs the handler again and loses nothing of it: the agents it wrote to get its
+        messages again. The snapshot completes only once the handler returns, so a long
+        handler delays it; do not await the handle inside the handler, which would wait for
+        itself. If the handler's output is rejected, a rollback goes back to a cut from
+        before the handler, which runs again with the reason in ``ctx.feedback``.
+
+        Called outside a handler (from ``on_rollback``, say), the agent records as soon as
+        it is between two handler calls.
 
         Returns:
-            A handle to await for the completed snapshot.
+            A handle to await (after the handler returns) for the completed snapshot.
         """
-        return self._snapshots.begin(initiator=self._endpoint)
+        endpoint = self._endpoint
+        inside = endpoint.busy and self.message is not None
+        return self._snapshots.begin(initiator=endpoint, at_return=inside)
 
     def add_feedback(self, reason: str, source: str, done: Sequence[DoneEffect] = ()) -> None:
         """Record feedback for this agent (the runtime does after a rollback)."""

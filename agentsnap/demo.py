@@ -147,8 +147,8 @@ class Researcher(Agent[NotesState]):
         task = message.payload_as(Topics).task
         self.state.notes = await self.model.complete(f"Research: {task}")
         # The research is worth keeping: a cut to come back to if the writing goes wrong.
-        # Taken before the notes are sent, the cut holds them in flight to the writer, so
-        # going back to it has the writer start again from the notes.
+        # Recorded as this handler returns, the cut holds the notes in flight to the
+        # writer, so going back to it has the writer start again from the notes.
         ctx.snapshot()
         ctx.send("writer", Notes(task=task, notes=self.state.notes), kind="notes")
 

@@ -5,7 +5,8 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
 
 1. **Initiation.** The environment records at once and sends a marker to every agent, so the
    snapshot reaches agents that have never talked to anyone. An agent named as initiator
-   records as soon as it is between two handler calls. Where the scheduler can tell that an
+   records as soon as it is between two handler calls (for one that asked from its running
+   handler, see *Recording as the handler returns*). Where the scheduler can tell that an
    agent waits for work (nothing is queued for it and nothing is being delivered to it, as
    the [`AsyncioScheduler`][agentsnap.AsyncioScheduler] can), that agent records right
    after the environment, in the same step, instead of at a marker: every channel to it is
@@ -63,6 +64,22 @@ before; such an agent also records a snapshot in progress as it takes a message,
 at the marker that may be queued behind it. A process that cannot record this way (it
 already sent a message, or no state from before the handler is known) records as soon as
 the handler returns, as a process between two handlers does.
+
+**Recording as the handler returns.** A handler that starts a snapshot itself
+(``ctx.snapshot()``) is not recorded inside it: its process records as the handler returns
+(after the messages held back for self-evaluation are released), as a process between two
+handlers does, so the cut holds everything the handler did: its state changes, the message
+it handled counted as received, and every message it sent counted as sent. Those messages
+are in flight in the cut: a receiver in this process that is about to take one before the
+sender recorded records first (as any process may at any moment), and at the sender's
+recording its receivers between two handlers record at once rather than at the marker
+queued behind those messages. Only a message its receiver took before the call (the
+handler awaited after sending it), or one that a receiver in another process took before
+its marker, may count in the receiver's state instead. Going back to
+such a cut never runs the handler again and loses nothing of it. The snapshot completes
+only once the handler returns; if the handler's output is rejected, it never completes
+before the rollback, and a rollback target precedes the handler (see
+[`target_before`][agentsnap.snapshot.SnapshotCoordinator.target_before]).
 """
 
 from __future__ import annotations
@@ -268,6 +285,9 @@ class SnapshotCoordinator:
         a process records as a snapshot starts, without a marker (see 1. above)."""
         # Per agent, its state and received counters as a handler began (see keep_before).
         self._before: dict[str, tuple[StateBlob, dict[str, int]]] = {}
+        # Agents whose running handler started a snapshot (ctx.snapshot()): they record as
+        # that handler returns, never inside it (see *Recording as the handler returns*).
+        self._at_return: set[str] = set()
         # Processes to record, and whether record() is working through them already: a
         # recording can make others record (their channels got a marker while they were in
         # a handler), without recursion however many there are.
@@ -307,8 +327,17 @@ class SnapshotCoordinator:
 
     # -- initiation -----------------------------------------------------------------------
 
-    def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
-        """Start a new snapshot; ``initiator`` is an agent, or ``None`` for the runtime."""
+    def begin(
+        self, initiator: Endpoint | None = None, *, at_return: bool = False
+    ) -> SnapshotHandle:
+        """Start a new snapshot; ``initiator`` is an agent, or ``None`` for the runtime.
+
+        Args:
+            initiator: The agent that asks for it, or ``None`` for the runtime.
+            at_return: The initiator asks from inside its running handler
+                (``ctx.snapshot()``): it records as that handler returns, with everything
+                the handler did (see *Recording as the handler returns*).
+        """
         self.last_seq = seq = self.last_seq + 1
         name = initiator.name if initiator is not None else ENVIRONMENT
         handle = SnapshotHandle(uuid.uuid4().hex, seq, name)
@@ -319,6 +348,9 @@ class SnapshotCoordinator:
             self.fail(seq, self.suspended)
             return handle
         logger.debug("snapshot %d started by %s", seq, name)
+        if initiator is not None and at_return and initiator.busy:
+            # Known before the environment records: its marker may reach the initiator first.
+            self._at_return.add(name)
         self.record(self.bus.environment, seq)
         if initiator is not None and seq in self.active:
             self.request(initiator, seq)
@@ -405,6 +437,7 @@ class SnapshotCoordinator:
         """Drop what was kept about running handlers: the runtime restored a cut."""
         self.wanted.clear()
         self._before.clear()
+        self._at_return.clear()
 
     def joined(self, endpoint: Endpoint, verified_hash: str) -> None:
         """A process joined: it records every snapshot in progress at its first moment.
@@ -448,6 +481,13 @@ class SnapshotCoordinator:
 
     def on_message(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:
         """``endpoint`` is about to take ``message`` off ``channel`` (snapshots in progress)."""
+        if self._at_return and channel.src in self._at_return:
+            upto = self.wanted.get(channel.src, 0)
+            if upto > endpoint.epoch and self.active:
+                # The sender records as its handler returns, with this message counted as
+                # sent: the receiver records first, as any process may, so that the message
+                # is in flight in the cut rather than taken.
+                self.record(endpoint, upto)
         epoch = message.epoch
         if epoch > channel.closed:
             # The sender recorded up to ``epoch`` before sending it: it is after those cuts.
@@ -497,7 +537,13 @@ class SnapshotCoordinator:
         name = endpoint.name
         before: tuple[StateBlob, dict[str, int]] | None = None
         held: Sequence[Message] = ()
+        returned = False
         if endpoint.busy:
+            if name in self._at_return:
+                # Its handler asked for the snapshot: recorded as the handler returns.
+                wanted = self.wanted
+                wanted[name] = max(wanted.get(name, 0), upto)
+                return
             handling = self.handling(endpoint) if self.handling is not None else None
             if handling is not None:
                 before = self._state_before(endpoint, handling)
@@ -509,6 +555,9 @@ class SnapshotCoordinator:
             held = handling.held
         if self.wanted:
             self.wanted.pop(name, None)
+        if self._at_return and name in self._at_return:
+            self._at_return.discard(name)
+            returned = True
         due = [seq for seq in self.active if endpoint.epoch < seq <= upto]
         endpoint.epoch = upto
         if not due:
@@ -583,6 +632,11 @@ class SnapshotCoordinator:
             if receiver.epoch > channel.closed:
                 self._close_queued(channel)
             elif receiver.busy:
+                self._to_record.append((receiver, upto, None))
+            elif returned and type(channel) is LocalChannel:
+                # Between two handlers, so it may record now, as any process may: what the
+                # returning handler sent is then in flight in the cut rather than taken
+                # before the marker.
                 self._to_record.append((receiver, upto, None))
 
     def _state_before(

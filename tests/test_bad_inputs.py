@@ -744,9 +744,10 @@ async def test_a_snapshot_requested_by_a_failing_handler_still_completes() -> No
             await runtime.run_until_idle()
         async with asyncio.timeout(5):
             snapshot = await handles[0]
-    # Recorded at once, with the state from before the handler: the message is in flight.
-    assert snapshot.agents["agent"].state["count"] == 0
-    assert [m.kind for m in snapshot.in_flight("$env", "agent")] == ["message"]
+    # Recorded as the handler ended, with its state then: the message is consumed.
+    assert snapshot.agents["agent"].state["count"] == 1
+    assert snapshot.agents["agent"].received == {"$env": 1}
+    assert snapshot.in_flight("$env", "agent") == []
     assert_consistent(snapshot)
 
 

@@ -388,7 +388,7 @@ class SnapInHandler(Agent[LogState]):
             ctx.send("peer", {"sent": "after the call"})
 
 
-async def test_ctx_snapshot_records_the_state_from_before_the_handler() -> None:
+async def test_ctx_snapshot_records_the_state_as_the_handler_returns() -> None:
     async with Runtime() as runtime:
         agent = SnapInHandler("agent")
         runtime.add(agent)
@@ -401,19 +401,21 @@ async def test_ctx_snapshot_records_the_state_from_before_the_handler() -> None:
 
     assert snapshot.initiator == "agent"
     cut = snapshot.agents["agent"]
-    # Recorded at once, inside the handler, with the state it had before the handler: the
-    # message being handled is in flight, and what the handler sends comes after the cut.
-    assert cut.state["count"] == 0
-    assert cut.state["log"] == []
-    assert cut.sent == {}
-    assert cut.received == {"$env": 0}
-    assert [m.id for m in snapshot.in_flight("$env", "agent")] == [snap.id, later.id]
+    # Recorded as the handler returned, with everything it did: the message it handled is
+    # consumed, and what it sent after the call is in flight.
+    assert cut.state["count"] == 101
+    assert cut.state["log"] == ["after the snapshot call"]
+    assert cut.sent == {"peer": 1}
+    assert cut.received == {"$env": 1}
+    assert snap.id not in [m.id for m in snapshot.in_flight("$env", "agent")]
+    assert [m.id for m in snapshot.in_flight("$env", "agent")] == [later.id]
+    assert [m.payload for m in snapshot.in_flight("agent", "peer")] == [{"sent": "after the call"}]
     assert snapshot.agents["peer"].received.get("agent", 0) == 0
     assert_consistent(snapshot)
     assert agent.state.count == 102
 
 
-async def test_ctx_snapshot_after_a_send_records_the_state_at_the_end_of_the_handler() -> None:
+async def test_ctx_snapshot_after_a_send_holds_every_message_of_the_handler_in_flight() -> None:
     async with Runtime() as runtime:
         agent = SnapInHandler("agent", send_first=True)
         runtime.add(agent)
@@ -425,12 +427,17 @@ async def test_ctx_snapshot_after_a_send_records_the_state_at_the_end_of_the_han
             snapshot = await within(agent.handles[0])
 
     cut = snapshot.agents["agent"]
-    # The handler had made a message visible: the agent recorded as it returned.
+    # The messages sent before and after the call are both in flight.
     assert cut.state["count"] == 101
     assert cut.state["log"] == ["after the snapshot call"]
     assert cut.sent == {"peer": 2}
     assert cut.received == {"$env": 1}
     assert [m.id for m in snapshot.in_flight("$env", "agent")] == [later.id]
+    assert [m.payload for m in snapshot.in_flight("agent", "peer")] == [
+        {"sent": "before the call"},
+        {"sent": "after the call"},
+    ]
+    assert snapshot.agents["peer"].received.get("agent", 0) == 0
     assert_consistent(snapshot)
     assert agent.state.count == 102
 

@@ -129,7 +129,9 @@ class PartCoordinator(SnapshotCoordinator):
             self.learn(message.epoch)
         super().on_message(endpoint, channel, message)
 
-    def begin(self, initiator: Endpoint | None = None) -> SnapshotHandle:
+    def begin(
+        self, initiator: Endpoint | None = None, *, at_return: bool = False
+    ) -> SnapshotHandle:
         """Begin a snapshot here: only the process hosting the environment numbers them.
 
         Raises:
@@ -142,7 +144,7 @@ class PartCoordinator(SnapshotCoordinator):
                 "a worker does not begin snapshots: the run's coordinator numbers them "
                 "(ask it with Worker.request_snapshot())"
             )
-        handle = super().begin(initiator)
+        handle = super().begin(initiator, at_return=at_return)
         self._ranges.setdefault(handle.seq, {})
         return handle
 
