@@ -77,7 +77,10 @@ logger = logging.getLogger("agentsnap")
 
 
 class DoneEffect(BaseModel):
-    """A side effect that already happened on a path a rollback undid."""
+    """A side effect that already happened on a path a rollback undid.
+
+    The rejected agent finds them in its feedback ([`Feedback.done`][agentsnap.Feedback.done]).
+    """
 
     tool: str
     """Name of the tool."""
@@ -97,12 +100,28 @@ class Feedback(BaseModel):
     source: str
     """Who said so: an agent name, a validator, the runtime."""
     done: tuple[DoneEffect, ...] = ()
-    """Side effects the agent's undone work already performed. They happened and stay
-    done: calling the same tool at the same place again returns the recorded outcome
-    instead of running it a second time."""
+    """Side effects the agent's undone work already performed (a rollback's feedback lists
+    them; other feedback has none). They happened and stay done: calling the same tool at
+    the same place again returns the recorded outcome instead of running it a second time,
+    unless the tool declares ``on_redo``."""
 
     def text(self) -> str:
-        """The feedback as words for a model: the reason, then what was already done."""
+        """The feedback as words for a model: the reason, then what was already done.
+
+        Put it into the redo's prompt, so that the model does not ask for an effect that
+        happened already:
+
+        ```python
+        from agentsnap import DoneEffect, Feedback
+
+        feedback = Feedback(
+            reason="too long",
+            source="critic",
+            done=(DoneEffect(tool="send", arguments={"to": "ann"}, result="ok", key="k"),),
+        )
+        assert feedback.text().splitlines()[-1] == '- send({"to": "ann"}) -> "ok"'
+        ```
+        """
         if not self.done:
             return self.reason
         lines = [self.reason, "Already done (these happened and will not run again):"]
@@ -137,6 +156,11 @@ class Agent(abc.ABC, Generic[S]):
     Subclass it with the type of your state as parameter, ``Agent[MyState]``, and implement
     [`handle`][agentsnap.Agent.handle]. The state type is read from that parameter; set
     ``state_type`` yourself only when the parameter is a type variable.
+
+    A model kept in an attribute (``self.model = model`` in ``__init__``) is put behind a
+    [`BoundModel`][agentsnap.agents.BoundModel] when the agent is registered, so that its
+    calls from a handler are recorded as [`Context.chat`][agentsnap.Context.chat] records
+    them.
 
     Args:
         name: Unique name within the runtime: 1 to 128 characters of ``[A-Za-z0-9_.-]``.
@@ -619,11 +643,15 @@ class BoundModel:
         return f"<recorded {self.model!r} of agent {self._ctx.agent.name!r}>"
 
     async def complete(self, prompt: str) -> str:
-        """The model's answer to ``prompt``, recorded (see ``Context.complete``)."""
+        """The model's answer to ``prompt``, recorded (see
+        [`Context.complete`][agentsnap.Context.complete]).
+        """  # noqa: D205
         return await self._ctx.complete(self.model, prompt)
 
     async def respond(self, request: Any) -> ModelResponse:
-        """The model's answer to ``request`` (a ``ModelRequest``), recorded."""
+        """The model's answer to ``request`` (a [`ModelRequest`][agentsnap.ModelRequest]),
+        recorded (see [`Context.chat`][agentsnap.Context.chat]).
+        """  # noqa: D205
         return await self._ctx.chat(
             self.model,
             request.messages,

@@ -17,6 +17,10 @@ $env ──task──▶ planner ──topics──▶ researcher ──notes─
   rejects it with ``ctx.reject``: every agent goes back to the researcher's snapshot, the
   writer is told why, and writes again.
 
+Each agent keeps its model as ``self.model``, so every ``self.model.complete(...)`` in a
+handler is a recorded model call (see [`Context.chat`][agentsnap.Context.chat]): the writer's
+redo asks the model again, on the run's new timeline, and both drafts stay recorded.
+
 The model is [`ScriptedModel`][agentsnap.testing.ScriptedModel] unless a LangChain model is
 named (``--model provider:name``), so the demo needs no network and tells the same story
 every time. Run it with ``agentsnap demo`` (or ``make demo``); it prints what happened, where
@@ -33,6 +37,7 @@ from pydantic import BaseModel, Field
 from agentsnap._hints import cli_command
 from agentsnap.agents import Agent, Context
 from agentsnap.messages import JsonValue, Message
+from agentsnap.model_calls import ModelCallLog, ModelCallRecord
 from agentsnap.models import ChatModel
 from agentsnap.records import RollbackInfo, RunInfo, Snapshot
 from agentsnap.runtime import Runtime
@@ -170,8 +175,9 @@ class Writer(Agent[WriterState]):
         notes = message.payload_as(Notes)
         prompt = f"Write the report for: {notes.task}\nNotes:\n{notes.notes}"
         if ctx.feedback:
-            prompt += "\nFeedback: " + "; ".join(f.reason for f in ctx.feedback)
-        draft = await self.model.complete(prompt)
+            # The reasons, and any side effects the undone work already performed.
+            prompt += "\nFeedback: " + "; ".join(f.text() for f in ctx.feedback)
+        draft = await self.model.complete(prompt)  # recorded: the runtime bound self.model
         self.state.drafts.append(draft)
         ctx.send("critic", Draft(draft=draft), kind="draft")
 
@@ -205,6 +211,8 @@ class DemoResult:
         rollbacks: Its rollbacks, in order.
         report: The accepted report, if any.
         drafts: The writer's drafts in the final timeline.
+        model_calls: The agents' recorded model calls, in the order they were made (none
+            when the runtime's ledger does not keep model calls).
     """
 
     run: RunInfo
@@ -212,6 +220,7 @@ class DemoResult:
     rollbacks: list[RollbackInfo]
     report: str | None
     drafts: list[str] = field(default_factory=list)
+    model_calls: list[ModelCallRecord] = field(default_factory=list)
 
 
 async def run_demo(
@@ -244,12 +253,19 @@ async def run_demo(
         await runtime.run_until_idle()
         report = critic.state.accepted
         drafts = list(writer.state.drafts)
+        ledger = runtime.ledger
+        calls = (
+            await ledger.list_model_calls(runtime.run_id)
+            if isinstance(ledger, ModelCallLog)
+            else []
+        )
     return DemoResult(
         run=await store.get_run(runtime.run_id),
         snapshots=await store.list_snapshots(runtime.run_id),
         rollbacks=await store.list_rollbacks(runtime.run_id),
         report=report,
         drafts=drafts,
+        model_calls=calls,
     )
 
 

@@ -13,11 +13,13 @@ commit: concurrent calls share one write). What an effect depends on (the delive
 inputs before it, at every agent) is then always in the store before the effect starts.
 
 On resume, the runtime restores the environment's input sent after the cut and has each
-agent take, first, the messages it took before the crash, in the same order. Handlers that
-are deterministic given their state, their message and the recorded results of their tool
-calls then send the same messages under the same ids, and derive the same keys: the ledger
-returns the recorded results instead of running the effects again. Deliveries logged but
-not yet made durable had no effect depending on them, so losing them in a crash is harmless.
+agent take, first, the messages it took before the crash, in the same order. The handlers,
+re-executed, get the recorded answers of the model calls they make through their context
+(see [`agentsnap.model_calls`][agentsnap.model_calls]) and the recorded results of their
+tool calls, so they send the same messages under the same ids and derive the same keys: the
+ledger returns the recorded results instead of running the effects again. Deliveries logged
+but not yet made durable had no effect depending on them, so losing them in a crash is
+harmless.
 
 Each segment carries a *timeline*: a rollback starts a new one, and a resumed run replays
 only the deliveries of the timeline the run was on when it stopped.

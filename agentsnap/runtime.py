@@ -1071,8 +1071,9 @@ class Runtime:
         restored from the store as far as it was made durable (always up to the last
         side-effecting tool call; see [`inputs_sent`][agentsnap.Runtime.inputs_sent] for
         what that is), so do not send it again. Each agent then first takes the messages it
-        took before the stop, in the same order, so handlers re-executed derive the same
-        idempotency keys and get the recorded results of effects that already happened.
+        took before the stop, in the same order, so handlers re-executed get the recorded
+        answers of their model calls, derive the same idempotency keys and get the recorded
+        results of effects that already happened.
 
         One runtime at a time owns a run. When the run's last owner is a process of this host
         that no longer runs, it is taken over at once. An owner that is alive (a process of

@@ -287,7 +287,11 @@ class Tool(Generic[R]):
         return await self(ctx, **dict(arguments))
 
     def spec(self) -> ToolSpec:
-        """The tool as offered to a model: name, description, arguments' JSON Schema."""
+        """The tool as offered to a model: name, description, arguments' JSON Schema.
+
+        [`Context.chat`][agentsnap.Context.chat] calls it for the tools it is given
+        (``tools=[charge]``).
+        """
         return ToolSpec(
             name=self.name, description=self.description, parameters=self.arguments_schema()
         )

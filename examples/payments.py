@@ -12,9 +12,10 @@ Things go wrong on purpose:
 * on its first try at each order the cashier misreads the quantity and reserves too many
   chairs; the receipt check rejects it, the run rolls back to the last consistent cut, and
   the cashier, told why, handles the order again. The charge it repeats has the same key,
-  so it gets the recorded result and the card is not charged again. The reservation it does
-  not repeat (it now reserves the right number) is abandoned, and released by the
-  reservation tool's compensating action when the run ends.
+  so it gets the recorded result and the card is not charged again. A reservation is named
+  by its order and its number of chairs (the tool declares ``key_from``), so reserving the
+  right number is a reservation of its own, and the wrong one, which the new path does not
+  hold, is abandoned and released by the tool's compensating action when the run ends.
 
 The payment service counts charges in its own table. At the end the program prints the
 ledger and checks, from the service's table, that each order's card was charged exactly once
@@ -105,7 +106,8 @@ def release(entry: LedgerEntry) -> dict[str, object]:
     return {"released": reservation, "chairs": chairs}
 
 
-@tool(side_effect=True, compensate=release)
+# Holding 2 chairs is another effect than holding 3: both arguments name the reservation.
+@tool(side_effect=True, compensate=release, key_from=("order_id", "chairs"))
 async def reserve_chairs(order_id: str, chairs: int) -> str:
     reservation = f"hold-{order_id}-{chairs}"
     HELD[reservation] = chairs

@@ -3,9 +3,11 @@
 Four agents (planner, researcher, writer, critic) write a short report with a scripted model;
 the critic rejects the first draft for citing no sources, every agent rolls back to the
 researcher's snapshot, the writer gets the reason as feedback, and the second draft passes.
-The workflow itself is ``agentsnap.demo`` (read it: it is short); this program runs it, in
-memory or against the database given with ``--db``, and prints the story, like
-``agentsnap demo`` does.
+Each agent asks the model it keeps (``self.model.complete(...)``), so every call is recorded:
+the writer's redo asks the model again, on the run's new timeline. The workflow itself is
+``agentsnap.demo`` (read it: it is short); this program runs it, in memory or against the
+database given with ``--db``, and prints the story, like ``agentsnap demo`` does, with the
+model calls that were recorded.
 
 Run it with:
 
@@ -49,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return interrupted(run_id, args.db)
     print("\n".join(describe(result, args.db)))
+    if result.model_calls:
+        redone = sum(call.timeline > 0 for call in result.model_calls)
+        print(f"{len(result.model_calls)} model calls recorded, {redone} after the rollback")
     ok = bool(result.rollbacks) and result.report is not None
     print("the team recovered from the rejected draft" if ok else "the run did not recover")
     return 0 if ok else 1

@@ -56,6 +56,27 @@ async def test_the_demo_rolls_back_to_the_researchers_snapshot_and_recovers() ->
     assert result.drafts == [result.report]
 
 
+async def test_the_demos_model_calls_are_recorded_and_the_redo_asks_again() -> None:
+    model = demo_model(delay=0)
+
+    result = await run_demo(MemoryStore(), model)
+
+    calls = [(c.agent, c.position, c.timeline, c.replays) for c in result.model_calls]
+    assert calls == [
+        ("planner", 0, 0, 0),
+        ("researcher", 0, 0, 0),
+        ("writer", 0, 0, 0),
+        ("writer", 0, 1, 0),
+    ], "every agent's self.model call is recorded; the rollback's redo is a new timeline"
+    first, redo = result.model_calls[2:]
+    assert first.message_id == redo.message_id == "researcher>writer#1"
+    assert "Feedback:" not in first.asked().messages[0].content
+    assert "Feedback: the draft cites no sources" in redo.asked().messages[0].content
+    assert redo.answer().text == result.report, "the recorded answer is the accepted report"
+    assert all(c.model == "scripted" for c in result.model_calls)
+    assert len(model.prompts) == 4, "the model was asked once per recorded call"
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
