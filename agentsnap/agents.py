@@ -22,11 +22,12 @@ Example:
 from __future__ import annotations
 
 import abc
+import inspect
 import json
 import logging
 import typing
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeGuard, TypeVar
 
 from pydantic import BaseModel
 
@@ -661,6 +662,15 @@ class BoundModel:
         )
 
 
+def _is_model(value: object) -> TypeGuard[ChatModel | ToolCallingModel]:
+    """Whether ``value`` is a model: its class has ``async def complete`` or ``respond``."""
+    kind = type(value)
+    return any(
+        inspect.iscoroutinefunction(getattr(kind, method, None))
+        for method in ("complete", "respond")
+    )
+
+
 def _bind_models(ctx: Context[Any]) -> None:
     """Record the calls of the models ``ctx``'s agent holds in its attributes."""
     agent = ctx.agent
@@ -671,7 +681,7 @@ def _bind_models(ctx: Context[Any]) -> None:
     for name, value in list(attributes.items()):
         if name.startswith("__") or isinstance(value, (BoundModel, type)):
             continue
-        if isinstance(value, (ChatModel, ToolCallingModel)):
+        if _is_model(value):
             setattr(agent, name, BoundModel(value, ctx))
         elif isinstance(value, BoundModel):
             setattr(agent, name, BoundModel(value.model, ctx))

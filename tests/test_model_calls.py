@@ -374,3 +374,27 @@ async def test_a_tool_that_names_its_effect_takes_other_wording_after_a_resume_a
         results.append(refunder.state.memory["result"])
     assert [s["refund"] for s in SENT] == ["R1"], "refunded once"
     assert results[0] == results[1], "the recorded outcome, not a divergence"
+
+
+async def test_only_models_kept_on_an_agent_are_recorded() -> None:
+    class Counter:
+        complete = 3  # not a model: no `async def complete`
+
+    class Holder(Agent[AgentState]):
+        def __init__(self, name: str) -> None:
+            super().__init__(name)
+            self.counter = Counter()
+            self.model = ScriptedModel([("", "hi")])
+            self.sampler = FunctionModel(lambda request: "hello")
+
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            self.state.memory["said"] = await self.model.complete("say hi")
+
+    async with Runtime() as runtime:
+        holder = runtime.add(Holder("holder"))
+        runtime.send("holder", {})
+        await runtime.run_until_idle()
+    assert isinstance(holder.counter, Counter)
+    assert isinstance(holder.model, BoundModel)
+    assert isinstance(holder.sampler, BoundModel)
+    assert holder.state.memory["said"] == "hi"
