@@ -1061,8 +1061,9 @@ class Runtime:
         idempotency keys and get the recorded results of effects that already happened.
 
         One runtime at a time owns a run. When the run's last owner is a process of this host
-        that no longer runs, it is taken over at once. An owner that is alive (a process of
-        this host that runs, or one that renews its lease) makes this fail at once with
+        that no longer runs (or a zombie, not reaped yet), it is taken over at once. An owner
+        that is alive (a process of this host that runs, or one that renews its lease), or
+        another resume that took the run over first, makes this fail at once with
         ``RunOwnedError``. An owner elsewhere that stopped renewing (its host crashed) is
         waited for until its lease expires, up to ``wait`` seconds. Claims of side-effecting
         calls the last owner left in progress are marked ``unknown``.
