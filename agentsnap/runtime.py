@@ -1615,7 +1615,10 @@ class Runtime:
     def _policy_snapshot(self) -> SnapshotHandle | None:
         snapshots = self._snapshots
         if (
-            snapshots.suspended is None
+            # Not before the run has its first cut: input taken, or resume() or fork_from()
+            # done (a timed snapshot must not take the place of the cut they restore).
+            self._taking_input
+            and snapshots.suspended is None
             and len(snapshots.active) < self._policy.max_in_progress
             # While the store is behind (slow, or away), a policy snapshot is skipped rather
             # than queued: the next one records everything it would have.
