@@ -71,11 +71,12 @@ from agentsnap.records import (
     Snapshot,
     utcnow,
 )
-from agentsnap.replay import InputLog, ReplayLog, plan_replay
+from agentsnap.replay import InputLog, ReplayLog, ReplayPlan, plan_replay
 from agentsnap.rollback import (
     RetryPolicy,
     RollbackManager,
     current_cut,
+    earlier_targets,
     restore_cut,
 )
 from agentsnap.snapshot import Handling, SnapshotCoordinator, SnapshotPolicy
@@ -151,6 +152,12 @@ def _one_line(error: BaseException) -> str:
     text = str(error).strip()
     first = text.splitlines()[0] if text else ""
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _environment_sent(snapshot: Snapshot) -> Mapping[str, int]:
+    """How many messages the environment had sent each agent at ``snapshot``'s cut."""
+    environment = snapshot.agents.get(ENVIRONMENT)
+    return environment.sent if environment is not None else {}
 
 
 def _lost_to_database(error: BaseException) -> bool:
@@ -1160,8 +1167,8 @@ class Runtime:
                 raise ConfigurationError(f"run {self.run_id} cannot be resumed: the bus is busy")
             snapshot = await handle
         plan = plan_replay(segments, snapshot)
-        environment = snapshot.agents.get(ENVIRONMENT)
-        self._inputs.restore(plan.inputs, environment.sent if environment is not None else {})
+        inputs, before = self._rollback_targets(snapshots, rollbacks, segments, snapshot, plan)
+        self._inputs.restore(inputs, before)
         for name, steps in plan.order.items():
             endpoint = self._bus.endpoints.get(name)
             if endpoint is not None and name != ENVIRONMENT:
@@ -1181,6 +1188,33 @@ class Runtime:
             )
         await self._rollbacks.restart(snapshot, own=True)
         return snapshot
+
+    def _rollback_targets(
+        self,
+        snapshots: list[Snapshot],
+        rollbacks: list[RollbackInfo],
+        segments: list[ReplaySegment],
+        cut: Snapshot,
+        plan: ReplayPlan,
+    ) -> tuple[list[Message], Mapping[str, int]]:
+        """Make the stored cuts before ``cut`` rollback targets again, as they were before
+        the run stopped; return the input to hold for them, and what was sent before it.
+
+        An output in flight in ``cut`` was sent before it: only an older cut lets the agent
+        redo it. A cut qualifies when the replay log holds all the input sent after it, which
+        a rollback there replays.
+        """  # noqa: D205
+        sent = _environment_sent(cut)
+        earlier = earlier_targets(snapshots, rollbacks, cut)[: self._snapshots.max_targets - 1]
+        for position in range(len(earlier) - 1, -1, -1):  # the oldest first
+            target_sent = _environment_sent(earlier[position])
+            inputs = plan_replay(segments, earlier[position]).inputs
+            between = sum(sent.values()) - sum(target_sent.values())
+            if len(inputs) >= between + len(plan.inputs):
+                for target in earlier[: position + 1]:
+                    self._snapshots.written(target)
+                return inputs, target_sent
+        return plan.inputs, sent
 
     async def fork_from(self, snapshot_id: str) -> Snapshot:
         """Start this (new) run from a complete snapshot of another run.
@@ -1403,6 +1437,11 @@ class Runtime:
         try:
             async with self._rollback_lock:
                 await self._recover(rejected, handling)
+        except Exception as exc:
+            # The rejected output was not redone: the run cannot end as succeeded, even when
+            # the application catches this.
+            self._stop(exc)
+            raise
         finally:
             self._rolling_back = False
 
