@@ -154,6 +154,16 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
+def _finished(run: RunInfo) -> ConfigurationError:
+    """The error for resuming ``run``, which succeeded."""
+    finished = run.finished_at.isoformat(timespec="seconds") if run.finished_at else "?"
+    return ConfigurationError(
+        f"run {run.id} already finished ({run.status.value}, at {finished}): there is "
+        "nothing to resume; fork a new run from one of its snapshots (Runtime.fork_from, or "
+        "`agentsnap fork`)"
+    )
+
+
 def _environment_sent(snapshot: Snapshot) -> Mapping[str, int]:
     """How many messages the environment had sent each agent at ``snapshot``'s cut."""
     environment = snapshot.agents.get(ENVIRONMENT)
@@ -1128,13 +1138,14 @@ class Runtime:
         except NotFoundError:
             raise await self._unknown_run() from None
         if run.status is RunStatus.SUCCEEDED:
-            finished = run.finished_at.isoformat(timespec="seconds") if run.finished_at else "?"
-            raise ConfigurationError(
-                f"run {self.run_id} already finished ({run.status.value}, at {finished}): there "
-                "is nothing to resume; fork a new run from one of its snapshots "
-                "(Runtime.fork_from, or `agentsnap fork`)"
-            )
+            raise _finished(run)
         await self._own(wait=2 * self._ownership.ttl if wait is None else wait)
+        # Another resume may have taken the run over, finished it and let go meanwhile.
+        run = await self.store.get_run(self.run_id)
+        if run.status is RunStatus.SUCCEEDED:
+            await self._ownership.release()
+            self._ownership.lease = None  # so closing leaves the run as it found it
+            raise _finished(run)
         if run.status is not RunStatus.RUNNING:  # it runs again, until it is closed
             await self.store.finish_run(self.run_id, RunStatus.RUNNING, None)
         await mark_orphaned(self.ledger, self.store, self.run_id)
