@@ -2,7 +2,8 @@
 
 An owner is named ``host:pid:token``: the host, the process id, and a token drawn once per
 process, so that a later process that happens to get the same pid is not mistaken for an
-earlier one. A process of this host that no longer runs is gone at once; an owner on another
+earlier one. A process of this host that no longer runs is gone at once (so is one that was
+killed and not yet reaped by its parent, a zombie, where ``/proc`` tells); an owner on another
 host cannot be checked, and only its lease (its expiry) says whether it is still there.
 
 This module sits below the store and the ledger, which both use it; it imports neither.
@@ -46,6 +47,7 @@ def owner_id() -> str:
 def owner_is_gone(owner: str | None) -> bool:
     """True only when ``owner`` surely stopped: a process of this host that no longer runs.
 
+    A process that exited and was not reaped yet by its parent (a zombie) no longer runs.
     ``None`` (nobody) is gone. Owners on other hosts, and names not of the form
     ``host:pid:token``, cannot be checked: they are not gone, and their lease decides.
     """
@@ -57,13 +59,33 @@ def owner_is_gone(owner: str | None) -> bool:
         return False
     if int(pid_text) == os.getpid():
         return owner != owner_id()  # this pid, an earlier process: that one is gone
+    pid = int(pid_text)
     try:
-        os.kill(int(pid_text), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except OSError:  # exists, owned by someone else
+        return _zombie(pid)
+    return _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped by its parent (a zombie).
+
+    Signalling a zombie succeeds, as if it ran, yet it does nothing any more. Told by its
+    state in ``/proc``; where there is no ``/proc`` (macOS), a zombie is taken for a live
+    process, and its lease decides.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except FileNotFoundError:  # gone meanwhile, or no /proc at all
+        return os.path.isdir("/proc")
+    except OSError:
         return False
-    return False
+    # The command name, in parentheses, may itself hold spaces and parentheses.
+    fields = text[text.rfind(b")") + 2 :].split(b" ", 1)
+    return fields[0] in {b"Z", b"X"}
 
 
 def owner_runs_here(owner: str | None) -> bool:

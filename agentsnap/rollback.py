@@ -15,7 +15,10 @@ and a critic agent can reject another agent's output with
    (one inside a side-effecting tool call first lets the call finish and its outcome be
    recorded), and waits until none runs;
 2. fails the snapshots still in progress and waits for the completed ones to be written;
-3. picks the last complete snapshot whose cut comes before the rejected output;
+3. picks the last complete snapshot whose cut comes before the rejected output: one its
+   author recorded before sending it (an output in flight in a cut was sent before that
+   cut). After a resume, the complete snapshots of the run's timeline stored before the cut
+   it resumed from count too;
 4. checks the retry policy: when this agent's output has failed this way too often, the run
    stops with [`RollbackExhausted`][agentsnap.RollbackExhausted]; otherwise it waits as the
    policy says;
@@ -83,6 +86,7 @@ __all__ = [
     "RetryPolicy",
     "RollbackManager",
     "current_cut",
+    "earlier_targets",
     "recorded_messages",
     "restore_cut",
 ]
@@ -355,6 +359,34 @@ def current_cut(snapshots: list[Snapshot], rollbacks: list[RollbackInfo]) -> Sna
     return intact
 
 
+def earlier_targets(
+    snapshots: list[Snapshot], rollbacks: list[RollbackInfo], cut: Snapshot
+) -> list[Snapshot]:
+    """The complete snapshots of ``cut``'s timeline numbered before it, newest first.
+
+    A run resumed from ``cut`` can roll back to them as the runtime that took them could: a
+    rejected output that was in flight in ``cut`` (sent before it) is redone from the newest
+    of them that precedes it. A snapshot belongs to the timeline unless a rollback made after
+    it completed went back to an older snapshot (one whose target is not in ``snapshots``
+    is taken to have).
+    """
+    seqs = {s.id: s.seq for s in snapshots}
+    earlier = []
+    for snapshot in snapshots:
+        done = snapshot.completed_at
+        if snapshot.status is not SnapshotStatus.COMPLETE or done is None:
+            continue
+        if snapshot.seq >= cut.seq:
+            continue
+        if any(
+            rollback.at > done and seqs.get(rollback.snapshot_id, 0) < snapshot.seq
+            for rollback in rollbacks
+        ):
+            continue  # left behind by that rollback
+        earlier.append(snapshot)
+    return sorted(earlier, key=lambda s: s.seq, reverse=True)
+
+
 Restore = Callable[[Snapshot], int]
 
 
@@ -444,6 +476,10 @@ class RollbackManager:
 
         The run stops (``exhausted`` says why, and the bus is left paused) when the retry
         policy gave up, or when the snapshot to go back to is damaged in the store.
+
+        Raises:
+            ConfigurationError: No complete snapshot this runtime can go back to precedes
+                the rejected output (the run cannot go on: the runtime stops it).
         """
         await self.quiesce()
         handled = None if handling is None else (handling.src, handling.dst, handling.seq)

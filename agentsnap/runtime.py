@@ -72,11 +72,12 @@ from agentsnap.records import (
     Snapshot,
     utcnow,
 )
-from agentsnap.replay import InputLog, ReplayLog, plan_replay
+from agentsnap.replay import InputLog, ReplayLog, ReplayPlan, plan_replay
 from agentsnap.rollback import (
     RetryPolicy,
     RollbackManager,
     current_cut,
+    earlier_targets,
     restore_cut,
 )
 from agentsnap.snapshot import Handling, SnapshotCoordinator, SnapshotPolicy
@@ -152,6 +153,22 @@ def _one_line(error: BaseException) -> str:
     text = str(error).strip()
     first = text.splitlines()[0] if text else ""
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _finished(run: RunInfo) -> ConfigurationError:
+    """The error for resuming ``run``, which succeeded."""
+    finished = run.finished_at.isoformat(timespec="seconds") if run.finished_at else "?"
+    return ConfigurationError(
+        f"run {run.id} already finished ({run.status.value}, at {finished}): there is "
+        "nothing to resume; fork a new run from one of its snapshots (Runtime.fork_from, or "
+        "`agentsnap fork`)"
+    )
+
+
+def _environment_sent(snapshot: Snapshot) -> Mapping[str, int]:
+    """How many messages the environment had sent each agent at ``snapshot``'s cut."""
+    environment = snapshot.agents.get(ENVIRONMENT)
+    return environment.sent if environment is not None else {}
 
 
 def _lost_to_database(error: BaseException) -> bool:
@@ -248,7 +265,10 @@ class Runtime:
             they are kept in this process by default.
         snapshot_policy: When to take snapshots without being asked.
         run_id: Id of the run (32 hex digits are generated when omitted); at most 64
-            characters, or ``ConfigurationError`` is raised here.
+            characters, or ``ConfigurationError`` is raised here. A run given its id is
+            recorded in the store once it takes input or a snapshot, not at ``start()``:
+            it may be one to ``resume()``, and resuming an id the store does not hold
+            writes nothing.
         metadata: JSON recorded with the run.
         name: A name for people, stored with the run and shown by ``agentsnap runs``
             (``--name`` filters by it); runs of one workflow usually share it. At most 128
@@ -323,6 +343,10 @@ class Runtime:
         spool: str | Path | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
+        # A run the caller named may be one to resume: it is recorded once it takes input
+        # or a snapshot, not at start, so that resuming an id the store does not hold
+        # writes nothing.
+        self._named = bool(run_id)
         self.store: Store = store if store is not None else MemoryStore()
         self._owns_ledger = ledger is None
         if ledger is None:
@@ -364,6 +388,8 @@ class Runtime:
         self._phase = _Phase.NEW  # changed by _enter() only
         # The store holds the run (this runtime created it, or found it).
         self._run_created = False
+        self._looked_up = False  # whether the store was asked if it holds the run
+        self._recording_run = asyncio.Lock()
         self._schemas_saved: set[str] = set()  # agents whose state schema the store has
         # The store held this run before this runtime started: it must be resumed, not
         # written to as if new (its snapshot numbers would collide).
@@ -567,11 +593,16 @@ class Runtime:
             self._guards[name] = guard
 
     async def start(self) -> None:
-        """Record the run in the store and start delivering messages."""
+        """Record the run in the store and start delivering messages.
+
+        A run given a ``run_id`` that the store does not hold is recorded later, once it
+        takes input or a snapshot. Snapshots of the ``snapshot_policy`` begin once the run
+        has its first cut: its first input, or ``resume()`` or ``fork_from()`` done.
+        """
         self._check_open()
         if self._phase not in _NOT_STARTED:
             return
-        await self._ensure_run()
+        await self._ensure_run(create=self._phase is _Phase.PRIMED or not self._named)
         self._check_open()  # closed meanwhile, or started by another call
         if self._phase not in _NOT_STARTED:
             return
@@ -583,7 +614,7 @@ class Runtime:
             self._close_with_the_loop(), name="agentsnap:close-watch"
         )
         self._scheduler.start()
-        if self._journal is not None:
+        if self._journal is not None and self._run_created:  # else once it is recorded
             self._journal.start()
         if self._policy.every_seconds is not None:
             self._timer = asyncio.get_running_loop().create_task(
@@ -688,6 +719,11 @@ class Runtime:
         await self._scheduler.close()
         self._snapshots.abort_all("the runtime was closed before the snapshot completed")
         await self._snapshots.drain()
+        if live and not self._run_created:
+            try:  # a named run whose recording at its first input failed
+                await self._ensure_run()
+            except StoreError as exc:
+                logger.error("run %s could not be recorded: %s", self.run_id, exc)
         # A runtime that never owned its run (a refused resume) leaves it as it found it.
         owner = self._ownership.lease is not None and self._lost is None
         closing = _Closing(self)
@@ -901,6 +937,9 @@ class Runtime:
             self._enter(_Phase.PRIMED if phase is _Phase.NEW else _Phase.RUNNING)
             if self._policy.at_start:
                 self._take_first_snapshot()
+            elif phase is _Phase.STARTED and not self._run_created:
+                # A named run takes its first input: record it before anything is delivered.
+                self._first_write = asyncio.ensure_future(self._record_named_run())
 
     def _take_first_snapshot(self) -> None:
         """Take the run's first cut; nothing is delivered until it is stored.
@@ -1076,8 +1115,9 @@ class Runtime:
         results of effects that already happened.
 
         One runtime at a time owns a run. When the run's last owner is a process of this host
-        that no longer runs, it is taken over at once. An owner that is alive (a process of
-        this host that runs, or one that renews its lease) makes this fail at once with
+        that no longer runs (or a zombie, not reaped yet), it is taken over at once. An owner
+        that is alive (a process of this host that runs, or one that renews its lease), or
+        another resume that took the run over first, makes this fail at once with
         ``RunOwnedError``. An owner elsewhere that stopped renewing (its host crashed) is
         waited for until its lease expires, up to ``wait`` seconds. Claims of side-effecting
         calls the last owner left in progress are marked ``unknown``.
@@ -1090,8 +1130,10 @@ class Runtime:
             The snapshot the run continues from.
 
         Raises:
-            NotFoundError: The store holds no run with this id.
-            RunOwnedError: Another runtime owns the run, still after ``wait`` seconds.
+            NotFoundError: The store holds no run with this id (the message names the runs
+                whose id starts with it, if any); nothing is written for it.
+            RunOwnedError: Another runtime owns the run, still after ``wait`` seconds; of
+                two resumes at once, the one that does not take the run over.
             SnapshotDamaged: Every snapshot the run could go back to is damaged in the store
                 (a damaged snapshot is passed over, like a failed one, when an older intact
                 one of the same timeline is left).
@@ -1106,15 +1148,19 @@ class Runtime:
     async def _resume(self, what: str, wait: float | None) -> Snapshot:
         """Put the run the store holds on its current cut, and take it over (``resume()``)."""
         await self._replay_spool()
+        try:
+            run = await self.store.get_run(self.run_id)
+        except NotFoundError:
+            raise await self._unknown_run() from None
+        if run.status is RunStatus.SUCCEEDED:
+            raise _finished(run)
+        await self._own(wait=2 * self._ownership.ttl if wait is None else wait)
+        # Another resume may have taken the run over, finished it and let go meanwhile.
         run = await self.store.get_run(self.run_id)
         if run.status is RunStatus.SUCCEEDED:
-            finished = run.finished_at.isoformat(timespec="seconds") if run.finished_at else "?"
-            raise ConfigurationError(
-                f"run {self.run_id} already finished ({run.status.value}, at {finished}): there "
-                "is nothing to resume; fork a new run from one of its snapshots "
-                "(Runtime.fork_from, or `agentsnap fork`)"
-            )
-        await self._own(wait=2 * self._ownership.ttl if wait is None else wait)
+            await self._ownership.release()
+            self._ownership.lease = None  # so closing leaves the run as it found it
+            raise _finished(run)
         if run.status is not RunStatus.RUNNING:  # it runs again, until it is closed
             await self.store.finish_run(self.run_id, RunStatus.RUNNING, None)
         await mark_orphaned(self.ledger, self.store, self.run_id)
@@ -1147,8 +1193,8 @@ class Runtime:
                 raise ConfigurationError(f"run {self.run_id} cannot be resumed: the bus is busy")
             snapshot = await handle
         plan = plan_replay(segments, snapshot)
-        environment = snapshot.agents.get(ENVIRONMENT)
-        self._inputs.restore(plan.inputs, environment.sent if environment is not None else {})
+        inputs, before = self._rollback_targets(snapshots, rollbacks, segments, snapshot, plan)
+        self._inputs.restore(inputs, before)
         for name, steps in plan.order.items():
             endpoint = self._bus.endpoints.get(name)
             if endpoint is not None and name != ENVIRONMENT:
@@ -1170,6 +1216,33 @@ class Runtime:
             )
         await self._rollbacks.restart(snapshot, own=True)
         return snapshot
+
+    def _rollback_targets(
+        self,
+        snapshots: list[Snapshot],
+        rollbacks: list[RollbackInfo],
+        segments: list[ReplaySegment],
+        cut: Snapshot,
+        plan: ReplayPlan,
+    ) -> tuple[list[Message], Mapping[str, int]]:
+        """Make the stored cuts before ``cut`` rollback targets again, as they were before
+        the run stopped; return the input to hold for them, and what was sent before it.
+
+        An output in flight in ``cut`` was sent before it: only an older cut lets the agent
+        redo it. A cut qualifies when the replay log holds all the input sent after it, which
+        a rollback there replays.
+        """  # noqa: D205
+        sent = _environment_sent(cut)
+        earlier = earlier_targets(snapshots, rollbacks, cut)[: self._snapshots.max_targets - 1]
+        for position in range(len(earlier) - 1, -1, -1):  # the oldest first
+            target_sent = _environment_sent(earlier[position])
+            inputs = plan_replay(segments, earlier[position]).inputs
+            between = sum(sent.values()) - sum(target_sent.values())
+            if len(inputs) >= between + len(plan.inputs):
+                for target in earlier[: position + 1]:
+                    self._snapshots.written(target)
+                return inputs, target_sent
+        return plan.inputs, sent
 
     async def fork_from(self, snapshot_id: str) -> Snapshot:
         """Start this (new) run from a complete snapshot of another run.
@@ -1211,6 +1284,24 @@ class Runtime:
         )
         await self._resume("fork_from()", None)
         return snapshot
+
+    async def _unknown_run(self) -> NotFoundError:
+        """The error for resuming a run the store does not hold, naming the runs it may mean."""
+        found = await self.store.find_ids("run", self.run_id)
+        if not found:
+            return NotFoundError(
+                "run",
+                self.run_id,
+                f"no run with id {self.run_id!r} in this store: nothing to resume (list the "
+                "runs with `agentsnap runs`)",
+            )
+        runs = f"run {found[0]}" if len(found) == 1 else "runs " + ", ".join(found)
+        return NotFoundError(
+            "run",
+            self.run_id,
+            f"no run with id {self.run_id!r} in this store, but it starts the id of {runs}: "
+            "pass the whole id of the run to resume",
+        )
 
     def _check_fresh(self, what: str) -> None:
         self._check_open()
@@ -1375,6 +1466,11 @@ class Runtime:
         try:
             async with self._rollback_lock:
                 await self._recover(rejected, handling)
+        except Exception as exc:
+            # The rejected output was not redone: the run cannot end as succeeded, even when
+            # the application catches this.
+            self._stop(exc)
+            raise
         finally:
             self._rolling_back = False
 
@@ -1634,7 +1730,10 @@ class Runtime:
     def _policy_snapshot(self) -> SnapshotHandle | None:
         snapshots = self._snapshots
         if (
-            snapshots.suspended is None
+            # Not before the run has its first cut: input taken, or resume() or fork_from()
+            # done (a timed snapshot must not take the place of the cut they restore).
+            self._taking_input
+            and snapshots.suspended is None
             and len(snapshots.active) < self._policy.max_in_progress
             # While the store is behind (slow, or away), a policy snapshot is skipped rather
             # than queued: the next one records everything it would have.
@@ -1676,21 +1775,46 @@ class Runtime:
                 outstanding.append(handle)
                 asyncio.ensure_future(handle.settled()).add_done_callback(settled(started))
 
-    async def _ensure_run(self) -> None:
+    async def _ensure_run(self, *, create: bool = True) -> None:
+        """Find out whether the store held the run before, and record it (``create``).
+
+        Without ``create``, a run the store does not hold is left unrecorded: a named run
+        started without input is recorded once it takes input or a snapshot.
+        """
         if not self._run_created:
-            try:
-                await self.store.get_run(self.run_id)
-            except NotFoundError:
-                pass
-            else:
-                self._stored_before = True
-            await self.store.create_run(
-                RunInfo(id=self.run_id, metadata=self._metadata, name=self._name, tags=self._tags)
-            )
-            self._run_created = True
-            if not self._stored_before:
-                await self._own(wait=0.0)  # a new run: nobody else can hold it
+            async with self._recording_run:  # one recording, whoever asks first
+                if not self._run_created:
+                    if not self._looked_up:
+                        try:
+                            await self.store.get_run(self.run_id)
+                        except NotFoundError:
+                            pass
+                        else:
+                            self._stored_before = True
+                        self._looked_up = True
+                    if not (create or self._stored_before):
+                        return
+                    await self.store.create_run(
+                        RunInfo(
+                            id=self.run_id,
+                            metadata=self._metadata,
+                            name=self._name,
+                            tags=self._tags,
+                        )
+                    )
+                    self._run_created = True
+                    if not self._stored_before:
+                        await self._own(wait=0.0)  # a new run: nobody else can hold it
+                    if self._journal is not None and self._phase not in _NOT_STARTED:
+                        self._journal.start()  # deferred by start() until the run was recorded
         await self._save_schemas()
+
+    async def _record_named_run(self) -> None:
+        """Record a named run at its first input, when no first snapshot will."""
+        try:
+            await self._ensure_run()
+        except Exception as exc:  # recorded by the next write that needs it, or at close
+            logger.warning("run %s was not recorded yet: %s", self.run_id, exc)
 
     async def _save_schemas(self) -> None:
         """Record the state schemas of the agents registered since the last time.
