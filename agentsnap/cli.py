@@ -9,6 +9,7 @@ are shown in local time with their UTC offset (``--utc`` for UTC), and in ISO 86
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -113,7 +114,9 @@ def _display_options() -> list[click.Option]:
 
 
 class _MainGroup(click.Group):
-    """The ``agentsnap`` group: honours ``NO_COLOR`` (https://no-color.org) from the start."""
+    """The ``agentsnap`` group: honours ``NO_COLOR`` (https://no-color.org) from the start,
+    and stops quietly when standard output is closed (``agentsnap export RUN | head``).
+    """  # noqa: D205
 
     def make_context(
         self,
@@ -124,7 +127,36 @@ class _MainGroup(click.Group):
     ) -> click.Context:
         if os.environ.get("NO_COLOR"):  # any non-empty value
             extra["color"] = False
-        return super().make_context(info_name, args, parent, **extra)
+        with _quiet_on_closed_stdout():  # --help and --version print here
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _quiet_on_closed_stdout():
+            result = super().invoke(ctx)
+            # What is still buffered goes now, while a closed pipe can be told apart.
+            if sys.stdout is not None:
+                sys.stdout.flush()
+            return result
+
+
+@contextlib.contextmanager
+def _quiet_on_closed_stdout() -> Iterator[None]:
+    """Exit with status 0 and nothing on standard error when standard output is closed.
+
+    A reader that has seen enough (``head``, ``less`` quit early) closes the pipe; like
+    other Unix tools, the command then stops without complaining. The rest of the output
+    goes to ``/dev/null``, so that Python's final flush at exit does not fail again.
+    """
+    try:
+        yield
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (AttributeError, OSError, ValueError):  # no real file behind stdout (a test's)
+            pass
+        raise click.exceptions.Exit(0) from None
 
 
 @click.group(
@@ -1930,6 +1962,8 @@ def _read(db: str, query: Callable[[SqlStore], Awaitable[T]]) -> T:
 def _guard(action: Callable[[], T]) -> T:
     try:
         return action()
+    except BrokenPipeError:  # standard output was closed: the main group stops quietly
+        raise
     except AgentsnapError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # a database error: one line, no traceback

@@ -603,3 +603,43 @@ def test_a_worker_with_an_unreachable_nats_server_says_which(tmp_path: Path) -> 
     args = [nowhere if arg == "nats://127.0.0.1:4222" else arg for arg in WORKER]
     line = agentsnap(*args, "--db", db, env={"BANK_TELLERS": "9"}).one_line_error()
     assert f"cannot reach a NATS server at {nowhere}" in line
+
+
+# 10. A reader that stops early
+
+
+def closed_pipe(*args: str) -> Done:
+    """Run the console script with its standard output a pipe whose reader is gone."""
+    reader, writer = os.pipe()
+    os.close(reader)  # as `| head` does once it has read enough
+    try:
+        done = subprocess.run(
+            [str(AGENTSNAP), *args],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(writer)
+    return Done(done.returncode, "", done.stderr)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "RUN"],
+        ["export", "RUN", "-o", "-"],
+        ["runs"],
+        ["snapshots", "RUN"],
+        ["history", "RUN", "--agent", "writer"],
+        ["tools", "list", "--json"],
+        ["--help"],
+    ],
+    ids=" ".join,
+)
+def test_a_closed_pipe_ends_the_command_quietly(demo: Demo, command: list[str]) -> None:
+    args = [demo.run_id if arg == "RUN" else arg for arg in command]
+    done = closed_pipe(*args) if args == ["--help"] else closed_pipe(*args, "--db", demo.db)
+    assert (done.code, done.err) == (0, "")
