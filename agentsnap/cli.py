@@ -493,73 +493,63 @@ def demo(db: str, model: str | None, exporter: Exporter | None) -> None:
 
 
 class _ToolsGroup(click.Group):
-    """``tools RUN`` shows one run's ledger; ``tools list`` and ``tools resolve`` stay commands."""
+    """``tools [RUN]`` lists the ledger's calls; ``tools list`` says the same, ``tools resolve``
+    settles a call.
+    """  # noqa: D205
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and not args[0].startswith("-") and args[0] not in self.commands:
-            args = [_RUN_LEDGER, *args]
+        asks_help = bool(args) and args[0] in ctx.help_option_names
+        if not asks_help and (not args or args[0] not in self.commands):
+            args = [_LIST, *args]
         return super().parse_args(ctx, args)
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         path = ctx.command_path
-        formatter.write_usage(path, "RUN [--json] [--wide] [--db URL]")
-        formatter.write_usage(path, "COMMAND [ARGS]...", prefix="   or: ")
+        formatter.write_usage(path, "[RUN] [--status S] [--json] [--wide] [--db URL]")
+        formatter.write_usage(path, "resolve KEY (--result JSON | --error TEXT)", prefix="   or: ")
 
 
-_RUN_LEDGER = "run"
-"""The hidden command behind ``agentsnap tools RUN``."""
+_LIST = "list"
+"""The command behind ``agentsnap tools [RUN]``; ``tools list [RUN]`` names it as well."""
 
 
 @main.group(cls=_ToolsGroup)
 def tools() -> None:
     """Side-effecting tool calls in the ledger.
 
-    `agentsnap tools RUN` prints the calls of run RUN (an id or a unique prefix): key,
-    status, tool, attempts, agent. Calls whose outcome is unknown are marked with a leading
+    `agentsnap tools [RUN]` prints the ledger's calls, of run RUN (an id or a unique prefix)
+    when given: key, status, tool, attempts, run, agent, updated (`agentsnap tools list
+    [RUN]` is the same command). Calls whose outcome is unknown are marked with a leading
     `!`: check the outside system, then settle them with `agentsnap tools resolve`.
     """
 
 
 _STATUSES = tuple(status.value for status in ToolCallStatus)
-"""What ``tools list --status`` takes: the values of ``ToolCallStatus``."""
+"""What ``tools --status`` takes: the values of ``ToolCallStatus``."""
 
 
-@tools.command("list")
-@click.argument("run_id", required=False)
+@tools.command(_LIST)
+@click.argument("run_id", metavar="[RUN]", required=False)
 @_DB
 @click.option(
     "--status", type=click.Choice(_STATUSES), default=None, help="Only calls in this status."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of lines.")
-def list_tool_calls(run_id: str | None, db: str, status: str | None, as_json: bool) -> None:
-    """Print the ledger's calls (of run RUN_ID, if given): key, status, tool, run, agent.
-
-    A call still in progress whose owner stopped (its process is gone, or its run was taken
-    over or left without an owner) is shown as unknown.
-    """
-    from agentsnap.inspect import ledger_calls_table  # noqa: PLC0415
-
-    rows = _read(db, lambda store: ledger_calls_table(store, run_id))
-    rows = [row for row in rows if status is None or row["status"] == status]
-    if as_json:
-        _print_json(rows)
-        return
-    for row in rows:
-        click.echo(
-            f"{row['key']}  {console.paint_word(row['status'])}  {row['tool']}  "
-            f"attempts={row['attempts']}  run={row['run'] or '-'}  agent={row['agent'] or '-'}"
-        )
-
-
-@tools.command(_RUN_LEDGER, hidden=True)
-@click.argument("run_id")
-@_DB
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def run_tool_calls(run_id: str, db: str, as_json: bool) -> None:
-    """Print the tool calls of run RUN_ID, unknown outcomes marked with `!`."""
-    from agentsnap.inspect import tool_calls_table  # noqa: PLC0415
+def list_tool_calls(run_id: str | None, db: str, status: str | None, as_json: bool) -> None:
+    """Print the ledger's calls, of run RUN (an id or a unique prefix) when given.
 
-    rows = _read(db, lambda store: tool_calls_table(store, run_id))
+    Also `agentsnap tools [RUN]`. A call still in progress whose owner stopped (its process
+    is gone, or its run was taken over or left without an owner) is shown as unknown, and
+    marked with a leading `!` like every call whose outcome is unknown.
+    """
+    from agentsnap.inspect import ledger_calls_table, resolve_run  # noqa: PLC0415
+
+    async def query(store: SqlStore) -> list[dict[str, Any]]:
+        run = None if run_id is None else (await resolve_run(store, run_id)).id
+        return await ledger_calls_table(store, run)
+
+    rows = _read(db, query)
+    rows = [row for row in rows if status is None or row["status"] == status]
     _print_rows(
         rows,
         as_json,
@@ -569,6 +559,7 @@ def run_tool_calls(run_id: str, db: str, as_json: bool) -> None:
             "STATUS": "status",
             "TOOL": "tool",
             "ATTEMPTS": "attempts",
+            "RUN": "run",
             "AGENT": "agent",
             "UPDATED": lambda r: _when(r["updated_at"]),
         },
@@ -1987,7 +1978,7 @@ def _commands(group: click.Group, path: str = "") -> Iterator[tuple[str, click.C
             yield here, command
 
 
-_TABLES = frozenset({"runs", "snapshots", "rollbacks", "checkpoints", "tools run"})
+_TABLES = frozenset({"runs", "snapshots", "rollbacks", "checkpoints", "tools list"})
 """The commands that print tables, and so take ``--wide``."""
 
 

@@ -165,7 +165,6 @@ LISTS_OR_SHOWS = {
     "fork",
     "db current",
     "tools list",
-    "tools run",
 }
 
 
@@ -182,20 +181,35 @@ def test_every_command_that_lists_or_shows_takes_json() -> None:
         assert "--json" in options, path
 
 
-def test_tools_list_json_is_one_document(demo: Demo) -> None:
-    done = agentsnap("tools", "list", "--json", "--db", demo.db)
+def test_tools_prints_one_table_or_one_json_document(demo: Demo) -> None:
+    done = agentsnap("tools", "--json", "--db", demo.db)
     assert done.code == 0, done.err
     rows = json.loads(done.out)
-    assert [(row["key"], row["status"]) for row in rows] == [("charge-1", "unknown")]
+    assert [(row["key"], row["status"], row["unknown"]) for row in rows] == [
+        ("charge-1", "unknown", True)
+    ]
     assert {"key", "run", "agent", "tool", "status", "attempts", "created_at"} <= set(rows[0])
-    text = agentsnap("tools", "list", "--db", demo.db).out.splitlines()
-    assert [line.split()[0] for line in text] == [row["key"] for row in rows]
+    header, line, note = agentsnap("tools", "--db", demo.db).out.splitlines()
+    assert header.split() == ["KEY", "STATUS", "TOOL", "ATTEMPTS", "RUN", "AGENT", "UPDATED"]
+    assert line.split()[:3] == ["!", "charge-1", "unknown"]
+    assert line.split()[5] == demo.run_id
+    assert note.startswith("! 1 call with an unknown outcome")
+    # Of one run (by a prefix), and under the older name `tools list`: the same.
+    for args in ([demo.run_id[:8]], ["list"], ["list", demo.run_id]):
+        again = agentsnap("tools", *args, "--json", "--db", demo.db)
+        assert json.loads(again.out) == rows, args
+        shown = agentsnap("tools", *args, "--db", demo.db).out.splitlines()
+        assert shown == [header, line, note], args
+    other = agentsnap("tools", demo.fork_run_id, "--json", "--db", demo.db)
+    assert json.loads(other.out) == []
 
 
-def test_tools_list_filters_its_json_by_status(demo: Demo) -> None:
-    done = agentsnap("tools", "list", "--status", "unknown", "--json", "--db", demo.db)
+def test_tools_filters_by_status(demo: Demo) -> None:
+    done = agentsnap("tools", "--status", "unknown", "--json", "--db", demo.db)
     assert done.code == 0, done.err
     assert [row["key"] for row in json.loads(done.out)] == ["charge-1"]
+    done = agentsnap("tools", "--status", "succeeded", "--json", "--db", demo.db)
+    assert json.loads(done.out) == []
     done = agentsnap("tools", "list", "--status", "succeeded", "--json", "--db", demo.db)
     assert json.loads(done.out) == []
 
@@ -291,7 +305,7 @@ def test_tools_resolve_json(demo: Demo, tmp_path: Path) -> None:
 
 
 def test_an_unknown_status_is_a_usage_error_listing_the_statuses(demo: Demo) -> None:
-    done = agentsnap("tools", "list", "--status", "wat", "--db", demo.db)
+    done = agentsnap("tools", "--status", "wat", "--db", demo.db)
     assert done.code == 2
     assert "Traceback" not in done.err
     assert "'wat' is not one of" in done.err
@@ -372,6 +386,7 @@ READ_ONLY = [
     ["checkpoints", "abc"],
     ["export", "abc"],
     ["db", "current"],
+    ["tools"],
     ["tools", "list"],
     ["tools", "abc"],
     ["tools", "resolve", "abc", "--error", "no"],
@@ -532,7 +547,6 @@ EVERY_COMMAND = {
     "timeline",
     "demo",
     "tools list",
-    "tools run",
     "tools resolve",
     "runs",
     "runs delete",
@@ -634,7 +648,7 @@ def closed_pipe(*args: str) -> Done:
         ["runs"],
         ["snapshots", "RUN"],
         ["history", "RUN", "--agent", "writer"],
-        ["tools", "list", "--json"],
+        ["tools", "--json"],
         ["--help"],
     ],
     ids=" ".join,
