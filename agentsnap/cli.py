@@ -91,26 +91,28 @@ def _wide_option() -> click.Option:
     )
 
 
-def _display_options() -> list[click.Option]:
-    """``--no-color`` and ``--utc``, taken before the command's name or after it."""
-    return [
-        click.Option(
-            ["--no-color"],
-            is_flag=True,
-            expose_value=False,
-            is_eager=True,
-            callback=_no_color,
-            help="No colours (also when NO_COLOR is set; there are none off a terminal).",
-        ),
-        click.Option(
-            ["--utc"],
-            is_flag=True,
-            expose_value=False,
-            is_eager=True,
-            callback=_utc,
-            help="Show times in UTC instead of local time.",
-        ),
-    ]
+def _no_color_option() -> click.Option:
+    """``--no-color``, taken before the command's name or after it."""
+    return click.Option(
+        ["--no-color"],
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_no_color,
+        help="No colours (also when NO_COLOR is set; there are none off a terminal).",
+    )
+
+
+def _utc_option() -> click.Option:
+    """``--utc``, for the commands that print times, before their name or after it."""
+    return click.Option(
+        ["--utc"],
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_utc,
+        help="Show times in UTC instead of local time.",
+    )
 
 
 class _MainGroup(click.Group):
@@ -162,7 +164,7 @@ def _quiet_on_closed_stdout() -> Iterator[None]:
 @click.group(
     cls=_MainGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
-    params=[*_display_options(), _wide_option()],
+    params=[_no_color_option(), _utc_option(), _wide_option()],
 )
 @click.version_option(__version__, prog_name="agentsnap")
 def main() -> None:
@@ -1981,8 +1983,28 @@ def _commands(group: click.Group, path: str = "") -> Iterator[tuple[str, click.C
 _TABLES = frozenset({"runs", "snapshots", "rollbacks", "checkpoints", "tools list"})
 """The commands that print tables, and so take ``--wide``."""
 
+_TIMES = frozenset(
+    {
+        "runs",
+        "runs delete",
+        "runs prune",
+        "snapshots",
+        "show",
+        "history",
+        "rollbacks",
+        "checkpoints",
+        "tools list",
+    }
+)
+"""The commands that print times (in local time, or UTC with ``--utc``), and so take ``--utc``.
+
+JSON output and ``export`` have times in UTC always.
+"""
+
 
 for _path, _command in _commands(main):
-    _command.params.extend(_display_options())
+    _command.params.append(_no_color_option())
+    if _path in _TIMES:
+        _command.params.append(_utc_option())
     if _path in _TABLES:
         _command.params.append(_wide_option())

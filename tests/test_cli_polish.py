@@ -575,9 +575,38 @@ def test_every_command_has_help_and_the_display_options(path: str) -> None:
     assert result.exit_code == 0, result.output
     assert result.exception is None
     assert result.output.startswith(f"Usage: main {path}")
-    for option in ("--no-color", "--utc", "--db"):
+    for option in ("--no-color", "--db"):
         if path != "demo" or option != "--db":
             assert option in result.output, (path, option)
+
+
+PRINTS_TIMES = {
+    "runs",  # CREATED
+    "runs delete",  # each run's creation, in what is (or would be) deleted
+    "runs prune",
+    "snapshots",  # STARTED
+    "show",  # started
+    "history",  # each snapshot's completion
+    "rollbacks",  # AT
+    "checkpoints",  # CREATED
+    "tools list",  # UPDATED
+}
+"""The commands whose text shows times: local, or UTC with ``--utc``."""
+
+
+@pytest.mark.parametrize("path", sorted(EVERY_COMMAND))
+def test_only_the_commands_that_print_times_take_utc(path: str) -> None:
+    command: click.Command = main
+    for name in path.split():
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    options = {opt for param in command.params for opt in param.opts}
+    assert ("--utc" in options) == (path in PRINTS_TIMES), path
+    if path not in PRINTS_TIMES:
+        result = CliRunner().invoke(main, [*path.split(), "--utc"])
+        assert result.exit_code == 2
+        assert "No such option" in result.output
+        assert "--utc" in result.output
 
 
 @pytest.mark.parametrize(
