@@ -628,9 +628,6 @@ _RUN_STATUSES = tuple(status.value for status in RunStatus)
 _RUNS_DB_KEY = "agentsnap.runs.db"
 """Where ``runs --db URL`` is kept for ``runs delete`` and ``runs prune`` (``ctx.meta``)."""
 
-_REASON_WIDTH = 40
-"""How much of ``status: reason`` the runs table shows (``--json`` has it whole)."""
-
 _DURATION = re.compile(r"(\d+)\s*(s|m|h|d|w)")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
@@ -770,8 +767,8 @@ def runs(
 ) -> None:
     """List runs, oldest first: id, name, status, tags, created, snapshots, parent.
 
-    STATUS says why a run ended so, when it is known (`failed: <reason>`, cut short here;
-    `--json` has it whole, as `status_reason`). The filters combine: `--status failed
+    Why a run ended so, when it is known, is on a line of its own under the run's row
+    (`why: <reason>`; `status_reason` with `--json`). The filters combine: `--status failed
     --status cancelled --tag team=billing --since 7d` lists the failed or cancelled runs of
     the last seven days tagged team=billing; `--limit N` keeps the newest N of them.
 
@@ -811,27 +808,17 @@ def runs(
         {
             "ID": "id",
             "NAME": "name",
-            "STATUS": _status_cell,
+            "STATUS": "status",
             "TAGS": lambda r: ",".join(f"{k}={v}" for k, v in sorted(r["tags"].items())) or None,
             "CREATED": lambda r: _when(r["created_at"]),
             "SNAPSHOTS": "snapshots",
             "PARENT": "parent_run_id",
         },
+        # Under its row, whole: a reason is often longer than the rest of the row.
+        notes=lambda r: (
+            f"why: {' '.join(r['status_reason'].split())}" if r["status_reason"] else None
+        ),
     )
-
-
-def _status_cell(row: dict[str, Any]) -> str:
-    """``status``, or ``status: reason`` cut to fit a table cell (whole with ``--wide``)."""
-    reason = row["status_reason"]
-    if not reason:
-        return str(row["status"])
-    text = " ".join(f"{row['status']}: {reason}".split())
-    ctx = click.get_current_context(silent=True)
-    wide = ctx is not None and bool(ctx.meta.get(_WIDE_KEY))
-    if wide or len(text) <= _REASON_WIDTH or console.table_width(sys.stdout) is None:
-        return text
-    ellipsis = console.ellipsis_for(sys.stdout)
-    return text[: _REASON_WIDTH - len(ellipsis)].rstrip() + ellipsis
 
 
 def _runs_db(ctx: click.Context, db: str) -> str:
@@ -1143,8 +1130,8 @@ def _print_removal(
 def snapshots(run_id: str, db: str, as_json: bool) -> None:
     """List the snapshots of run RUN_ID (or a unique prefix of it).
 
-    A snapshot damaged in the database (rows deleted or changed by hand) is listed as
-    damaged, with what is wrong on a line of its own below the table.
+    Why a snapshot failed is on a line of its own below the table, and so is what is wrong
+    with a snapshot damaged in the database (rows deleted or changed by hand).
     """
     from agentsnap.inspect import snapshots_table  # noqa: PLC0415
 
@@ -1168,6 +1155,8 @@ def snapshots(run_id: str, db: str, as_json: bool) -> None:
                 click.echo(
                     console.paint_warning(f"! snapshot {row['seq']} is damaged: {row['error']}")
                 )
+            elif row["status"] == "failed" and row["error"]:
+                click.echo(console.paint_warning(f"! snapshot {row['seq']} failed: {row['error']}"))
 
 
 @main.command()
@@ -1837,11 +1826,13 @@ def _print_rows(
     columns: dict[str, Column],
     *,
     kinds: dict[str, console.Kind] | None = None,
+    notes: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> None:
     """Print ``rows`` as JSON, or as a table with one column per entry of ``columns``.
 
     The table fits the terminal unless ``--wide`` is given (see ``agentsnap.console``);
-    ``kinds`` says how columns give way, by header, where the header does not tell.
+    ``kinds`` says how columns give way, by header, where the header does not tell;
+    ``notes`` gives the text to show on lines of its own under a row, if any.
     """
     if as_json:
         _print_json(rows)
@@ -1850,6 +1841,7 @@ def _print_rows(
         list(columns),
         [[c(r) if callable(c) else r[c] for c in columns.values()] for r in rows],
         kinds=kinds,
+        notes=None if notes is None else [notes(r) for r in rows],
     )
 
 
@@ -1858,6 +1850,7 @@ def _print_table(
     rows: list[list[object]],
     *,
     kinds: dict[str, console.Kind] | None = None,
+    notes: list[str | None] | None = None,
 ) -> None:
     # Colour codes are written always: click drops them when the output is not a terminal
     # (a pipe, a file, a test), and with --no-color or NO_COLOR (the context's ``color``).
@@ -1869,6 +1862,7 @@ def _print_table(
         width=console.table_width(sys.stdout, wide=wide),
         kinds=kinds,
         ellipsis=console.ellipsis_for(sys.stdout),
+        notes=notes,
     )
     for line in lines:
         click.echo(line)
