@@ -9,6 +9,7 @@ are shown in local time with their UTC offset (``--utc`` for UTC), and in ISO 86
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -90,30 +91,34 @@ def _wide_option() -> click.Option:
     )
 
 
-def _display_options() -> list[click.Option]:
-    """``--no-color`` and ``--utc``, taken before the command's name or after it."""
-    return [
-        click.Option(
-            ["--no-color"],
-            is_flag=True,
-            expose_value=False,
-            is_eager=True,
-            callback=_no_color,
-            help="No colours (also when NO_COLOR is set; there are none off a terminal).",
-        ),
-        click.Option(
-            ["--utc"],
-            is_flag=True,
-            expose_value=False,
-            is_eager=True,
-            callback=_utc,
-            help="Show times in UTC instead of local time.",
-        ),
-    ]
+def _no_color_option() -> click.Option:
+    """``--no-color``, taken before the command's name or after it."""
+    return click.Option(
+        ["--no-color"],
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_no_color,
+        help="No colours (also when NO_COLOR is set; there are none off a terminal).",
+    )
+
+
+def _utc_option() -> click.Option:
+    """``--utc``, for the commands that print times, before their name or after it."""
+    return click.Option(
+        ["--utc"],
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_utc,
+        help="Show times in UTC instead of local time.",
+    )
 
 
 class _MainGroup(click.Group):
-    """The ``agentsnap`` group: honours ``NO_COLOR`` (https://no-color.org) from the start."""
+    """The ``agentsnap`` group: honours ``NO_COLOR`` (https://no-color.org) from the start,
+    and stops quietly when standard output is closed (``agentsnap export RUN | head``).
+    """  # noqa: D205
 
     def make_context(
         self,
@@ -124,13 +129,42 @@ class _MainGroup(click.Group):
     ) -> click.Context:
         if os.environ.get("NO_COLOR"):  # any non-empty value
             extra["color"] = False
-        return super().make_context(info_name, args, parent, **extra)
+        with _quiet_on_closed_stdout():  # --help and --version print here
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _quiet_on_closed_stdout():
+            result = super().invoke(ctx)
+            # What is still buffered goes now, while a closed pipe can be told apart.
+            if sys.stdout is not None:
+                sys.stdout.flush()
+            return result
+
+
+@contextlib.contextmanager
+def _quiet_on_closed_stdout() -> Iterator[None]:
+    """Exit with status 0 and nothing on standard error when standard output is closed.
+
+    A reader that has seen enough (``head``, ``less`` quit early) closes the pipe; like
+    other Unix tools, the command then stops without complaining. The rest of the output
+    goes to ``/dev/null``, so that Python's final flush at exit does not fail again.
+    """
+    try:
+        yield
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (AttributeError, OSError, ValueError):  # no real file behind stdout (a test's)
+            pass
+        raise click.exceptions.Exit(0) from None
 
 
 @click.group(
     cls=_MainGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
-    params=[*_display_options(), _wide_option()],
+    params=[_no_color_option(), _utc_option(), _wide_option()],
 )
 @click.version_option(__version__, prog_name="agentsnap")
 def main() -> None:
@@ -453,73 +487,63 @@ def demo(db: str, model: str | None, exporter: Exporter | None) -> None:
 
 
 class _ToolsGroup(click.Group):
-    """``tools RUN`` shows one run's ledger; ``tools list`` and ``tools resolve`` stay commands."""
+    """``tools [RUN]`` lists the ledger's calls; ``tools list`` says the same, ``tools resolve``
+    settles a call.
+    """  # noqa: D205
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and not args[0].startswith("-") and args[0] not in self.commands:
-            args = [_RUN_LEDGER, *args]
+        asks_help = bool(args) and args[0] in ctx.help_option_names
+        if not asks_help and (not args or args[0] not in self.commands):
+            args = [_LIST, *args]
         return super().parse_args(ctx, args)
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         path = ctx.command_path
-        formatter.write_usage(path, "RUN [--json] [--wide] [--db URL]")
-        formatter.write_usage(path, "COMMAND [ARGS]...", prefix="   or: ")
+        formatter.write_usage(path, "[RUN] [--status S] [--json] [--wide] [--db URL]")
+        formatter.write_usage(path, "resolve KEY (--result JSON | --error TEXT)", prefix="   or: ")
 
 
-_RUN_LEDGER = "run"
-"""The hidden command behind ``agentsnap tools RUN``."""
+_LIST = "list"
+"""The command behind ``agentsnap tools [RUN]``; ``tools list [RUN]`` names it as well."""
 
 
 @main.group(cls=_ToolsGroup)
 def tools() -> None:
     """Side-effecting tool calls in the ledger.
 
-    `agentsnap tools RUN` prints the calls of run RUN (an id or a unique prefix): key,
-    status, tool, attempts, agent. Calls whose outcome is unknown are marked with a leading
+    `agentsnap tools [RUN]` prints the ledger's calls, of run RUN (an id or a unique prefix)
+    when given: key, status, tool, attempts, run, agent, updated (`agentsnap tools list
+    [RUN]` is the same command). Calls whose outcome is unknown are marked with a leading
     `!`: check the outside system, then settle them with `agentsnap tools resolve`.
     """
 
 
 _STATUSES = tuple(status.value for status in ToolCallStatus)
-"""What ``tools list --status`` takes: the values of ``ToolCallStatus``."""
+"""What ``tools --status`` takes: the values of ``ToolCallStatus``."""
 
 
-@tools.command("list")
-@click.argument("run_id", required=False)
+@tools.command(_LIST)
+@click.argument("run_id", metavar="[RUN]", required=False)
 @_DB
 @click.option(
     "--status", type=click.Choice(_STATUSES), default=None, help="Only calls in this status."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of lines.")
-def list_tool_calls(run_id: str | None, db: str, status: str | None, as_json: bool) -> None:
-    """Print the ledger's calls (of run RUN_ID, if given): key, status, tool, run, agent.
-
-    A call still in progress whose owner stopped (its process is gone, or its run was taken
-    over or left without an owner) is shown as unknown.
-    """
-    from agentsnap.inspect import ledger_calls_table  # noqa: PLC0415
-
-    rows = _read(db, lambda store: ledger_calls_table(store, run_id))
-    rows = [row for row in rows if status is None or row["status"] == status]
-    if as_json:
-        _print_json(rows)
-        return
-    for row in rows:
-        click.echo(
-            f"{row['key']}  {console.paint_word(row['status'])}  {row['tool']}  "
-            f"attempts={row['attempts']}  run={row['run'] or '-'}  agent={row['agent'] or '-'}"
-        )
-
-
-@tools.command(_RUN_LEDGER, hidden=True)
-@click.argument("run_id")
-@_DB
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def run_tool_calls(run_id: str, db: str, as_json: bool) -> None:
-    """Print the tool calls of run RUN_ID, unknown outcomes marked with `!`."""
-    from agentsnap.inspect import tool_calls_table  # noqa: PLC0415
+def list_tool_calls(run_id: str | None, db: str, status: str | None, as_json: bool) -> None:
+    """Print the ledger's calls, of run RUN (an id or a unique prefix) when given.
 
-    rows = _read(db, lambda store: tool_calls_table(store, run_id))
+    Also `agentsnap tools [RUN]`. A call still in progress whose owner stopped (its process
+    is gone, or its run was taken over or left without an owner) is shown as unknown, and
+    marked with a leading `!` like every call whose outcome is unknown.
+    """
+    from agentsnap.inspect import ledger_calls_table, resolve_run  # noqa: PLC0415
+
+    async def query(store: SqlStore) -> list[dict[str, Any]]:
+        run = None if run_id is None else (await resolve_run(store, run_id)).id
+        return await ledger_calls_table(store, run)
+
+    rows = _read(db, query)
+    rows = [row for row in rows if status is None or row["status"] == status]
     _print_rows(
         rows,
         as_json,
@@ -529,6 +553,7 @@ def run_tool_calls(run_id: str, db: str, as_json: bool) -> None:
             "STATUS": "status",
             "TOOL": "tool",
             "ATTEMPTS": "attempts",
+            "RUN": "run",
             "AGENT": "agent",
             "UPDATED": lambda r: _when(r["updated_at"]),
         },
@@ -594,9 +619,6 @@ _RUN_STATUSES = tuple(status.value for status in RunStatus)
 
 _RUNS_DB_KEY = "agentsnap.runs.db"
 """Where ``runs --db URL`` is kept for ``runs delete`` and ``runs prune`` (``ctx.meta``)."""
-
-_REASON_WIDTH = 40
-"""How much of ``status: reason`` the runs table shows (``--json`` has it whole)."""
 
 _DURATION = re.compile(r"(\d+)\s*(s|m|h|d|w)")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -737,8 +759,8 @@ def runs(
 ) -> None:
     """List runs, oldest first: id, name, status, tags, created, snapshots, parent.
 
-    STATUS says why a run ended so, when it is known (`failed: <reason>`, cut short here;
-    `--json` has it whole, as `status_reason`). The filters combine: `--status failed
+    Why a run ended so, when it is known, is on a line of its own under the run's row
+    (`why: <reason>`; `status_reason` with `--json`). The filters combine: `--status failed
     --status cancelled --tag team=billing --since 7d` lists the failed or cancelled runs of
     the last seven days tagged team=billing; `--limit N` keeps the newest N of them.
 
@@ -778,27 +800,17 @@ def runs(
         {
             "ID": "id",
             "NAME": "name",
-            "STATUS": _status_cell,
+            "STATUS": "status",
             "TAGS": lambda r: ",".join(f"{k}={v}" for k, v in sorted(r["tags"].items())) or None,
             "CREATED": lambda r: _when(r["created_at"]),
             "SNAPSHOTS": "snapshots",
             "PARENT": "parent_run_id",
         },
+        # Under its row, whole: a reason is often longer than the rest of the row.
+        notes=lambda r: (
+            f"why: {' '.join(r['status_reason'].split())}" if r["status_reason"] else None
+        ),
     )
-
-
-def _status_cell(row: dict[str, Any]) -> str:
-    """``status``, or ``status: reason`` cut to fit a table cell (whole with ``--wide``)."""
-    reason = row["status_reason"]
-    if not reason:
-        return str(row["status"])
-    text = " ".join(f"{row['status']}: {reason}".split())
-    ctx = click.get_current_context(silent=True)
-    wide = ctx is not None and bool(ctx.meta.get(_WIDE_KEY))
-    if wide or len(text) <= _REASON_WIDTH or console.table_width(sys.stdout) is None:
-        return text
-    ellipsis = console.ellipsis_for(sys.stdout)
-    return text[: _REASON_WIDTH - len(ellipsis)].rstrip() + ellipsis
 
 
 def _runs_db(ctx: click.Context, db: str) -> str:
@@ -1110,8 +1122,8 @@ def _print_removal(
 def snapshots(run_id: str, db: str, as_json: bool) -> None:
     """List the snapshots of run RUN_ID (or a unique prefix of it).
 
-    A snapshot damaged in the database (rows deleted or changed by hand) is listed as
-    damaged, with what is wrong on a line of its own below the table.
+    Why a snapshot failed is on a line of its own below the table, and so is what is wrong
+    with a snapshot damaged in the database (rows deleted or changed by hand).
     """
     from agentsnap.inspect import snapshots_table  # noqa: PLC0415
 
@@ -1135,6 +1147,8 @@ def snapshots(run_id: str, db: str, as_json: bool) -> None:
                 click.echo(
                     console.paint_warning(f"! snapshot {row['seq']} is damaged: {row['error']}")
                 )
+            elif row["status"] == "failed" and row["error"]:
+                click.echo(console.paint_warning(f"! snapshot {row['seq']} failed: {row['error']}"))
 
 
 @main.command()
@@ -1804,11 +1818,13 @@ def _print_rows(
     columns: dict[str, Column],
     *,
     kinds: dict[str, console.Kind] | None = None,
+    notes: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> None:
     """Print ``rows`` as JSON, or as a table with one column per entry of ``columns``.
 
     The table fits the terminal unless ``--wide`` is given (see ``agentsnap.console``);
-    ``kinds`` says how columns give way, by header, where the header does not tell.
+    ``kinds`` says how columns give way, by header, where the header does not tell;
+    ``notes`` gives the text to show on lines of its own under a row, if any.
     """
     if as_json:
         _print_json(rows)
@@ -1817,6 +1833,7 @@ def _print_rows(
         list(columns),
         [[c(r) if callable(c) else r[c] for c in columns.values()] for r in rows],
         kinds=kinds,
+        notes=None if notes is None else [notes(r) for r in rows],
     )
 
 
@@ -1825,6 +1842,7 @@ def _print_table(
     rows: list[list[object]],
     *,
     kinds: dict[str, console.Kind] | None = None,
+    notes: list[str | None] | None = None,
 ) -> None:
     # Colour codes are written always: click drops them when the output is not a terminal
     # (a pipe, a file, a test), and with --no-color or NO_COLOR (the context's ``color``).
@@ -1836,6 +1854,7 @@ def _print_table(
         width=console.table_width(sys.stdout, wide=wide),
         kinds=kinds,
         ellipsis=console.ellipsis_for(sys.stdout),
+        notes=notes,
     )
     for line in lines:
         click.echo(line)
@@ -1922,6 +1941,8 @@ def _read(db: str, query: Callable[[SqlStore], Awaitable[T]]) -> T:
 def _guard(action: Callable[[], T]) -> T:
     try:
         return action()
+    except BrokenPipeError:  # standard output was closed: the main group stops quietly
+        raise
     except AgentsnapError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # a database error: one line, no traceback
@@ -1945,11 +1966,31 @@ def _commands(group: click.Group, path: str = "") -> Iterator[tuple[str, click.C
             yield here, command
 
 
-_TABLES = frozenset({"runs", "snapshots", "rollbacks", "checkpoints", "tools run"})
+_TABLES = frozenset({"runs", "snapshots", "rollbacks", "checkpoints", "tools list"})
 """The commands that print tables, and so take ``--wide``."""
+
+_TIMES = frozenset(
+    {
+        "runs",
+        "runs delete",
+        "runs prune",
+        "snapshots",
+        "show",
+        "history",
+        "rollbacks",
+        "checkpoints",
+        "tools list",
+    }
+)
+"""The commands that print times (in local time, or UTC with ``--utc``), and so take ``--utc``.
+
+JSON output and ``export`` have times in UTC always.
+"""
 
 
 for _path, _command in _commands(main):
-    _command.params.extend(_display_options())
+    _command.params.append(_no_color_option())
+    if _path in _TIMES:
+        _command.params.append(_utc_option())
     if _path in _TABLES:
         _command.params.append(_wide_option())

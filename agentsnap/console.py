@@ -362,12 +362,15 @@ def render_table(
     width: int | None = None,
     kinds: Mapping[str, Kind] | None = None,
     ellipsis: str = ELLIPSIS,
+    notes: Sequence[str | None] | None = None,
 ) -> list[str]:
     """The lines of a table: a bold header line, then the rows, columns aligned.
 
     Status words are coloured (see [`paint_word`][agentsnap.console.paint_word]). ``None``
     is shown as ``-``; a value with newlines takes several lines; control characters are
-    shown escaped, so that a value cannot move the cursor or change colours.
+    shown escaped, so that a value cannot move the cursor or change colours. A row's note
+    (prose too long for a cell, such as why a run failed) takes lines of its own under the
+    row, indented, wrapped to ``width`` rather than cut.
 
     Args:
         headers: The columns' headers.
@@ -377,6 +380,7 @@ def render_table(
         kinds: How columns give way, by header, for those whose kind
             [`kind_of`][agentsnap.console.kind_of] would guess wrong.
         ellipsis: What marks a cut value.
+        notes: For each row, the text shown under it, or ``None`` for none.
 
     Returns:
         The lines, with ANSI codes for colour and without trailing spaces.
@@ -399,12 +403,23 @@ def render_table(
     widths = natural if width is None else fit_widths(headers, natural, kind, width, least=least)
     shown = [i for i in columns if widths[i] > 0]
     lines = [_line([cut(headers[i], widths[i], ellipsis) for i in shown], widths, shown, bold=True)]
-    for row in table:
+    for number, row in enumerate(table):
         cells = [_fit(row[i], widths[i], kind[i], ellipsis) for i in shown]
         for depth in range(max((len(cell) for cell in cells), default=1)):
             parts = [cell[depth] if depth < len(cell) else "" for cell in cells]
             lines.append(_line(parts, widths, shown, bold=False))
+        note = None if notes is None else notes[number]
+        if note:
+            lines += _note(_cell(note), width)
     return lines
+
+
+def _note(text: str, width: int | None) -> list[str]:
+    """A row's note as the lines under it: indented by a gap, wrapped to ``width``."""
+    indent = " " * GAP
+    if width is None:
+        return [f"{indent}{line}".rstrip() for line in text.split("\n")]
+    return [f"{indent}{line}".rstrip() for line in wrap(text, width - GAP)]
 
 
 def _cell(value: object) -> str:

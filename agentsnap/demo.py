@@ -300,5 +300,7 @@ def describe(result: DemoResult, url: str | None) -> list[str]:
         f"  {cli_command('rollbacks', run, '--db', url)}",
         f"  {cli_command('timeline', run, '--db', url, '-o', 'timeline.html')}",
         f"  {cli_command('export', run, '--db', url, '--indent', '2')}",
+        # Last, since it serves until Ctrl-C: the web inspector over the same database.
+        f"  {cli_command('ui', '--db', url)}",
     ]
     return lines

@@ -540,7 +540,9 @@ class ToolFailed(RunError):
         transient: The failure was a declared transient error, retried until the retry
             policy gave up.
         replayed: The failure was read from the ledger; the tool did not run.
-        attempts: How many times the tool ran for this call (0 when replayed).
+        attempts: How many times the tool ran for this call, retries included: for a
+            side-effecting call, the ledger's count under its key (when replayed, the count
+            recorded when it ran).
     """
 
     def __init__(  # noqa: PLR0917
@@ -559,7 +561,7 @@ class ToolFailed(RunError):
         self.detail = detail
         self.transient = transient
         self.replayed = replayed
-        self.attempts = 0 if replayed else attempts
+        self.attempts = attempts
         where = f"tool {tool!r}" + (f" (key {key!r})" if key else "")
         if transient:
             after = (

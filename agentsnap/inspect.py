@@ -485,11 +485,16 @@ async def ledger_calls(
 async def ledger_calls_table(
     store: Store, run_id: str | None = None, ledger: Ledger | None = None
 ) -> list[dict[str, Any]]:
-    """``ledger_calls`` as rows: each call as in the export document, status as reported.
+    """``ledger_calls`` as rows: each call as in the export document, status as reported,
+    plus ``"unknown"``: whether the call's outcome is unknown (settle it with
+    ``agentsnap tools resolve``).
 
-    What ``agentsnap tools list --json`` prints.
-    """
-    return [_tool_call(entry) for entry in await ledger_calls(store, run_id, ledger)]
+    What ``agentsnap tools --json`` prints.
+    """  # noqa: D205
+    return [
+        {**_tool_call(entry), "unknown": entry.status is ToolCallStatus.UNKNOWN}
+        for entry in await ledger_calls(store, run_id, ledger)
+    ]
 
 
 async def _as_reported(store: Store, entries: list[LedgerEntry]) -> list[LedgerEntry]:

@@ -109,7 +109,8 @@ class Outcome(typing.NamedTuple):
     result: JsonValue
     """The result as JSON, as the ledger records it."""
     attempts: int
-    """How many times the call ran under the key, retries included (0 for a replay)."""
+    """How many times the call ran under the key, retries included, as the ledger counts
+    them (for a replay, the count recorded when it ran)."""
     replayed: bool = False
     """The outcome was recorded before, and nothing ran."""
 
@@ -265,7 +266,7 @@ async def run_once(
             outcome stand for this call, or raises. Without it that is a conflict.
 
     Returns:
-        The outcome: run now, or replayed (``replayed=True``, ``attempts=0``).
+        The outcome: run now, or replayed (``replayed=True``, with the recorded attempts).
 
     Raises:
         ConfigurationError: ``key`` is empty, too long or holds the NUL character; or
@@ -424,18 +425,25 @@ async def _known(ledger: Ledger, pending: Unrecorded) -> Outcome:
     if pending.failure is not None:
         failure = pending.failure
         raise ToolFailed(
-            pending.tool, pending.key, failure.error_type, failure.detail, replayed=True
+            pending.tool,
+            pending.key,
+            failure.error_type,
+            failure.detail,
+            replayed=True,
+            attempts=failure.attempts,
         )
     assert pending.outcome is not None
-    return pending.outcome._replace(attempts=0, replayed=True)
+    return pending.outcome._replace(replayed=True)
 
 
 def _replay(once: _Once, entry: LedgerEntry) -> Outcome:
     if entry.status == ToolCallStatus.FAILED:
         error_type, _, detail = (entry.error or "Error: unknown").partition(": ")
-        raise ToolFailed(once.tool, entry.key, error_type, detail, replayed=True)
+        raise ToolFailed(
+            once.tool, entry.key, error_type, detail, replayed=True, attempts=entry.attempts
+        )
     value = once.load(entry.result) if once.load is not None else entry.result
-    return Outcome(value, entry.result, 0, replayed=True)
+    return Outcome(value, entry.result, entry.attempts, replayed=True)
 
 
 async def _run_claimed(once: _Once, attempt: int) -> Outcome:
@@ -448,6 +456,8 @@ async def _run_claimed(once: _Once, attempt: int) -> Outcome:
         except Exception as exc:
             raise ToolFailed(once.tool, once.key, type(exc).__name__, str(exc)) from exc
     except ToolFailed as failed:
+        # The ledger's count, the attempts of earlier claims included, as a success reports.
+        failed.attempts = attempt - 1 + failed.attempts
         status = ToolCallStatus.RETRYABLE if failed.transient else ToolCallStatus.FAILED
         await _record(
             once,
@@ -455,7 +465,7 @@ async def _run_claimed(once: _Once, attempt: int) -> Outcome:
             {
                 "status": status,
                 "error": f"{failed.error_type}: {failed.detail}",
-                "attempts": attempt - 1 + failed.attempts,
+                "attempts": failed.attempts,
                 "owner": None,
                 "lease_until": None,
             },

@@ -76,9 +76,15 @@ class ToolCallRecord(BaseModel):
     fingerprint: str | None = None
     """SHA-256 of the canonical JSON of the arguments."""
     attempts: int = 1
-    """How many times the tool ran for this call (retries included; 0 when replayed)."""
+    """How many times the tool ran for this call, retries included: for a side-effecting
+    call, the ledger's count under its key (a replayed call has the count recorded when the
+    tool ran)."""
     error: str | None = None
     """What went wrong, when ``status`` is ``"error"``."""
+    replayed: bool = False
+    """The ledger's recorded outcome (a result, or a final error) was returned and the tool
+    did not run (``status`` is then ``"replayed"`` or ``"error"``). False in states stored
+    before the field existed."""
 
 
 class AgentState(BaseModel):

@@ -405,6 +405,7 @@ class Tool(Generic[R]):
             record.status = "error"
             record.error = f"{exc.error_type}: {exc.detail}"
             record.attempts = exc.attempts
+            record.replayed = exc.replayed
             raise
         except BaseException as exc:  # a cancelled call is not left "running" either
             record.status = "error"
@@ -413,6 +414,7 @@ class Tool(Generic[R]):
         else:
             record.status = "replayed" if outcome.replayed else "ok"
             record.attempts = outcome.attempts
+            record.replayed = outcome.replayed
             record.result = _summary(outcome.result)
         finally:
             if message is None:  # outside a handler: nothing else marks the record's change

@@ -99,9 +99,12 @@ def test_runs_lists_every_run_with_its_snapshot_count(demo: Demo) -> None:
     (line,) = [li for li in lines if li.startswith(demo.run_id)]
     assert line.split()[1:4] == ["demo", "succeeded", "-"]
     assert line.split()[-2:] == ["3", "-"]
-    # Columns are aligned: every row's STATUS starts where the header's does.
+    # Columns are aligned: every row's STATUS starts where the header's does. The runs
+    # created without an owner are interrupted, and why is on a line under each.
+    rows = [li for li in lines if not li.startswith("  why: ")]
+    assert len(rows) == 3
     column = header.index("STATUS")
-    assert all(li[column - 2 : column] == "  " and li[column] != " " for li in lines)
+    assert all(li[column - 2 : column] == "  " and li[column] != " " for li in rows)
 
 
 async def test_listing_runs_reads_no_snapshot() -> None:
@@ -453,3 +456,39 @@ def test_statuses_are_coloured_on_a_terminal_and_plain_in_a_pipe(demo: Demo) -> 
     plain = cli(demo, "snapshots", demo.run_id)
     assert "\x1b[" not in plain.output
     assert "complete" in plain.output
+
+
+def test_snapshots_says_why_a_snapshot_failed(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'failed.db'}"
+    why = "agent 'writer' did not record within 30 s: the snapshot was abandoned"
+
+    async def fill() -> str:
+        store = SqlStore(db)
+        try:
+            run = RunInfo(id="f" * 32)
+            await store.create_run(run)
+            for seq, error in [(1, None), (2, why)]:
+                await store.save_snapshot(
+                    Snapshot(
+                        id=f"s{seq}",
+                        run_id=run.id,
+                        seq=seq,
+                        initiator="$env",
+                        status=SnapshotStatus.FAILED,
+                        started_at=datetime.now(UTC),
+                        error=error,
+                    )
+                )
+            return run.id
+        finally:
+            await store.close()
+
+    run_id = asyncio.run(fill())
+    result = CliRunner().invoke(main, ["snapshots", run_id, "--db", db])
+    assert result.exit_code == 0, result.output
+    _, one, two, note = result.output.splitlines()
+    assert one.split()[:3] == ["1", "s1", "failed"]  # no reason recorded: no line
+    assert two.split()[:3] == ["2", "s2", "failed"]
+    assert note == f"! snapshot 2 failed: {why}"
+    rows = json.loads(CliRunner().invoke(main, ["snapshots", run_id, "--json", "--db", db]).output)
+    assert [row["error"] for row in rows] == [None, why]

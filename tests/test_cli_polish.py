@@ -167,7 +167,6 @@ LISTS_OR_SHOWS = {
     "fork",
     "db current",
     "tools list",
-    "tools run",
 }
 
 
@@ -184,20 +183,35 @@ def test_every_command_that_lists_or_shows_takes_json() -> None:
         assert "--json" in options, path
 
 
-def test_tools_list_json_is_one_document(demo: Demo) -> None:
-    done = agentsnap("tools", "list", "--json", "--db", demo.db)
+def test_tools_prints_one_table_or_one_json_document(demo: Demo) -> None:
+    done = agentsnap("tools", "--json", "--db", demo.db)
     assert done.code == 0, done.err
     rows = json.loads(done.out)
-    assert [(row["key"], row["status"]) for row in rows] == [("charge-1", "unknown")]
+    assert [(row["key"], row["status"], row["unknown"]) for row in rows] == [
+        ("charge-1", "unknown", True)
+    ]
     assert {"key", "run", "agent", "tool", "status", "attempts", "created_at"} <= set(rows[0])
-    text = agentsnap("tools", "list", "--db", demo.db).out.splitlines()
-    assert [line.split()[0] for line in text] == [row["key"] for row in rows]
+    header, line, note = agentsnap("tools", "--db", demo.db).out.splitlines()
+    assert header.split() == ["KEY", "STATUS", "TOOL", "ATTEMPTS", "RUN", "AGENT", "UPDATED"]
+    assert line.split()[:3] == ["!", "charge-1", "unknown"]
+    assert line.split()[5] == demo.run_id
+    assert note.startswith("! 1 call with an unknown outcome")
+    # Of one run (by a prefix), and under the older name `tools list`: the same.
+    for args in ([demo.run_id[:8]], ["list"], ["list", demo.run_id]):
+        again = agentsnap("tools", *args, "--json", "--db", demo.db)
+        assert json.loads(again.out) == rows, args
+        shown = agentsnap("tools", *args, "--db", demo.db).out.splitlines()
+        assert shown == [header, line, note], args
+    other = agentsnap("tools", demo.fork_run_id, "--json", "--db", demo.db)
+    assert json.loads(other.out) == []
 
 
-def test_tools_list_filters_its_json_by_status(demo: Demo) -> None:
-    done = agentsnap("tools", "list", "--status", "unknown", "--json", "--db", demo.db)
+def test_tools_filters_by_status(demo: Demo) -> None:
+    done = agentsnap("tools", "--status", "unknown", "--json", "--db", demo.db)
     assert done.code == 0, done.err
     assert [row["key"] for row in json.loads(done.out)] == ["charge-1"]
+    done = agentsnap("tools", "--status", "succeeded", "--json", "--db", demo.db)
+    assert json.loads(done.out) == []
     done = agentsnap("tools", "list", "--status", "succeeded", "--json", "--db", demo.db)
     assert json.loads(done.out) == []
 
@@ -293,7 +307,7 @@ def test_tools_resolve_json(demo: Demo, tmp_path: Path) -> None:
 
 
 def test_an_unknown_status_is_a_usage_error_listing_the_statuses(demo: Demo) -> None:
-    done = agentsnap("tools", "list", "--status", "wat", "--db", demo.db)
+    done = agentsnap("tools", "--status", "wat", "--db", demo.db)
     assert done.code == 2
     assert "Traceback" not in done.err
     assert "'wat' is not one of" in done.err
@@ -374,6 +388,7 @@ READ_ONLY = [
     ["checkpoints", "abc"],
     ["export", "abc"],
     ["db", "current"],
+    ["tools"],
     ["tools", "list"],
     ["tools", "abc"],
     ["tools", "resolve", "abc", "--error", "no"],
@@ -583,7 +598,6 @@ EVERY_COMMAND = {
     "timeline",
     "demo",
     "tools list",
-    "tools run",
     "tools resolve",
     "runs",
     "runs delete",
@@ -612,9 +626,38 @@ def test_every_command_has_help_and_the_display_options(path: str) -> None:
     assert result.exit_code == 0, result.output
     assert result.exception is None
     assert result.output.startswith(f"Usage: main {path}")
-    for option in ("--no-color", "--utc", "--db"):
+    for option in ("--no-color", "--db"):
         if path != "demo" or option != "--db":
             assert option in result.output, (path, option)
+
+
+PRINTS_TIMES = {
+    "runs",  # CREATED
+    "runs delete",  # each run's creation, in what is (or would be) deleted
+    "runs prune",
+    "snapshots",  # STARTED
+    "show",  # started
+    "history",  # each snapshot's completion
+    "rollbacks",  # AT
+    "checkpoints",  # CREATED
+    "tools list",  # UPDATED
+}
+"""The commands whose text shows times: local, or UTC with ``--utc``."""
+
+
+@pytest.mark.parametrize("path", sorted(EVERY_COMMAND))
+def test_only_the_commands_that_print_times_take_utc(path: str) -> None:
+    command: click.Command = main
+    for name in path.split():
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    options = {opt for param in command.params for opt in param.opts}
+    assert ("--utc" in options) == (path in PRINTS_TIMES), path
+    if path not in PRINTS_TIMES:
+        result = CliRunner().invoke(main, [*path.split(), "--utc"])
+        assert result.exit_code == 2
+        assert "No such option" in result.output
+        assert "--utc" in result.output
 
 
 @pytest.mark.parametrize(
@@ -654,3 +697,43 @@ def test_a_worker_with_an_unreachable_nats_server_says_which(tmp_path: Path) -> 
     args = [nowhere if arg == "nats://127.0.0.1:4222" else arg for arg in WORKER]
     line = agentsnap(*args, "--db", db, env={"BANK_TELLERS": "9"}).one_line_error()
     assert f"cannot reach a NATS server at {nowhere}" in line
+
+
+# 10. A reader that stops early
+
+
+def closed_pipe(*args: str) -> Done:
+    """Run the console script with its standard output a pipe whose reader is gone."""
+    reader, writer = os.pipe()
+    os.close(reader)  # as `| head` does once it has read enough
+    try:
+        done = subprocess.run(
+            [str(AGENTSNAP), *args],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(writer)
+    return Done(done.returncode, "", done.stderr)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "RUN"],
+        ["export", "RUN", "-o", "-"],
+        ["runs"],
+        ["snapshots", "RUN"],
+        ["history", "RUN", "--agent", "writer"],
+        ["tools", "--json"],
+        ["--help"],
+    ],
+    ids=" ".join,
+)
+def test_a_closed_pipe_ends_the_command_quietly(demo: Demo, command: list[str]) -> None:
+    args = [demo.run_id if arg == "RUN" else arg for arg in command]
+    done = closed_pipe(*args) if args == ["--help"] else closed_pipe(*args, "--db", demo.db)
+    assert (done.code, done.err) == (0, "")

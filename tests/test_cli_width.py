@@ -168,6 +168,18 @@ def test_an_unfitted_table_shows_every_value_whole() -> None:
     assert lines[1].split() == [row[0], row[1], *REASON.split()]
 
 
+def test_a_note_takes_lines_of_its_own_under_its_row() -> None:
+    rows = [["a1", "failed"], ["b2", "succeeded"]]
+    whole = [plain(li) for li in render_table(["ID", "STATUS"], rows, notes=[REASON, None])]
+    assert whole == ["ID  STATUS", "a1  failed", f"  {REASON}", "b2  succeeded"]
+    fitted = render_table(["ID", "STATUS"], rows, width=30, notes=[REASON, "\x1b[2Jgone"])
+    under = fitted[2:-2]
+    assert len(under) > 1
+    assert all(line.startswith("  ") and text_width(line) <= 30 for line in under)
+    assert " ".join(line.strip() for line in under) == REASON  # wrapped, never cut
+    assert fitted[-1] == "  \\x1b[2Jgone"  # stored text cannot move the cursor
+
+
 def test_colour_codes_do_not_count_towards_the_width() -> None:
     rows = [["failed", "x" * 30]]
     natural = len("failed") + GAP + 30

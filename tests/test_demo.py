@@ -96,15 +96,17 @@ def test_agentsnap_demo_tells_the_story_and_stores_the_run(db: str) -> None:
         for line in lines
     )
     assert "final report (succeeded):" in lines
-    stored = lines[-4]
+    stored = lines[-5]
     assert stored.startswith("run ")
     assert stored.endswith(f" is stored in {db}; look at it with:")
     run_id = stored.split()[1]
     # The commands as they can be pasted here (tests/test_quickstart.py runs them).
-    assert lines[-3:] == [
+    # The web inspector comes last, as it serves until Ctrl-C.
+    assert lines[-4:] == [
         f"  {cli_command('rollbacks', run_id, '--db', db)}",
         f"  {cli_command('timeline', run_id, '--db', db, '-o', 'timeline.html')}",
         f"  {cli_command('export', run_id, '--db', db, '--indent', '2')}",
+        f"  {cli_command('ui', '--db', db)}",
     ]
 
     async def exported() -> dict[str, Any]:

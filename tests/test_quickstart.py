@@ -73,7 +73,7 @@ def _run_demo(script: Path, cwd: Path, env: dict[str, str], *args: str) -> list[
     lines = done.stdout.splitlines()
     (start,) = [i for i, line in enumerate(lines) if line.endswith("look at it with:")]
     hints = [line.strip() for line in lines[start + 1 :] if line.startswith("  ")]
-    assert len(hints) == 3, done.stdout
+    assert len(hints) == 4, done.stdout
     return hints
 
 
@@ -104,7 +104,7 @@ def test_the_demos_hints_run_when_pasted(on_path: bool, tmp_path: Path) -> None:
 
     first = shlex.split(hints[0])[0]
     assert first == ("agentsnap" if on_path else str(script))
-    rollbacks, timeline, export = hints
+    rollbacks, timeline, export, inspector = hints
     assert shlex.split(rollbacks)[1] == "rollbacks"
     done = _paste(rollbacks, tmp_path, env)
     assert done.returncode == 0, done.stderr
@@ -122,6 +122,12 @@ def test_the_demos_hints_run_when_pasted(on_path: bool, tmp_path: Path) -> None:
     assert document["run"]["status"] == "succeeded"
     assert shlex.split(export)[2] == document["run"]["id"]
 
+    # The inspector serves until Ctrl-C: its help shows that the pasted command starts.
+    assert shlex.split(inspector)[1] == "ui"
+    done = _paste(f"{inspector} --help", tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert "web inspector" in done.stdout
+
 
 def test_from_the_checkout_the_hints_name_the_script_relative_to_it(tmp_path: Path) -> None:
     script = _script()
@@ -134,7 +140,7 @@ def test_from_the_checkout_the_hints_name_the_script_relative_to_it(tmp_path: Pa
 
     relative = str(script.relative_to(ROOT))  # .venv/bin/agentsnap after make demo
     assert all(shlex.split(hint)[0] == relative for hint in hints), hints
-    rollbacks, _, export = hints  # the timeline would be written into the checkout
+    rollbacks, _, export, _ = hints  # the timeline would be written into the checkout
     assert _paste(rollbacks, ROOT, env).returncode == 0
     done = _paste(export, ROOT, env)
     assert done.returncode == 0, done.stderr

@@ -7,6 +7,7 @@ other run, a fork of it included, still loads, exports and resumes as before.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -640,18 +641,25 @@ def test_runs_lists_names_statuses_with_reasons_and_tags(runs_db: str) -> None:
     assert done.code == 0, done.err
     header, *lines = done.out.splitlines()
     assert header.split() == ["ID", "NAME", "STATUS", "TAGS", "CREATED", "SNAPSHOTS", "PARENT"]
-    (failed,) = [line for line in lines if line.startswith("aaa2")]
-    assert "failed: rollbacks exhausted: the critic" in failed
-    assert "3 times" in failed  # piped: whole, for scripts
-    assert "env=prod,team=billing" in failed
-    on_screen = agentsnap("runs", "--db", runs_db, columns=200).out.splitlines()
-    (shown,) = [line for line in on_screen if line.startswith("aaa2")]
-    assert "failed: rollbacks exhausted: the critic" in shown
-    assert "3 times" not in shown  # cut short to fit a terminal
-    assert "env=prod,team=billing" in shown
-    (cancelled,) = [line for line in lines if line.startswith("bbb1")]
-    assert "cancelled: Ctrl-C" in cancelled
-    assert "team=search" in cancelled
+    reason = "rollbacks exhausted: the critic rejected the output of agent 'writer' 3 times"
+    # Why a run ended so is on a line of its own under its row, whole, not in STATUS.
+    (at,) = [n for n, line in enumerate(lines) if line.startswith("aaa2")]
+    assert lines[at].split()[1:4] == ["nightly-2", "failed", "env=prod,team=billing"]
+    assert lines[at + 1] == f"  why: {reason}"
+    (at,) = [n for n, line in enumerate(lines) if line.startswith("bbb1")]
+    assert lines[at].split()[1:4] == ["report", "cancelled", "team=search"]
+    assert lines[at + 1] == "  why: Ctrl-C"
+    assert not any(line.startswith("  why:") for line in lines[at + 2 :])  # none without one
+    # STATUS holds the status word alone, so the rows stay narrow.
+    assert header.index("TAGS") - header.index("STATUS") <= len("interrupted  ")
+    # On a narrow terminal the reason is wrapped under its row, never cut.
+    on_screen = agentsnap("runs", "--db", runs_db, columns=60).out.splitlines()
+    (at,) = [n for n, line in enumerate(on_screen) if line.startswith("aaa2")]
+    assert "failed" in on_screen[at]
+    under = list(itertools.takewhile(lambda line: line.startswith("  "), on_screen[at + 1 :]))
+    assert len(under) > 1
+    assert all(len(line) <= 60 for line in under)
+    assert " ".join(line.strip() for line in under) == f"why: {reason}"
     rows = json.loads(agentsnap("runs", "--db", runs_db, "--json").out)
     by_id = {row["id"]: row for row in rows}
     assert by_id["aaa2"]["status_reason"].endswith("rejected the output of agent 'writer' 3 times")

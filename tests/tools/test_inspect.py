@@ -86,12 +86,17 @@ def test_a_sql_store_gets_a_ledger_in_the_same_database(db_url: str) -> None:
     assert exported.exit_code == 0, exported.output
     assert json.loads(exported.output)["tool_calls"] == calls
 
-    listed = invoke("tools", "list", runtime.run_id, "--db", db_url)
+    listed = invoke("tools", runtime.run_id, "--db", db_url)
     assert listed.exit_code == 0, listed.output
-    assert [line.split()[:3] for line in listed.output.splitlines()] == [
+    header, *lines = listed.output.splitlines()
+    assert header.split()[:3] == ["KEY", "STATUS", "TOOL"]
+    assert [line.split()[:3] for line in lines] == [
         [call["key"], "succeeded", "inspect_ship"] for call in calls
     ]
-    assert invoke("tools", "list", "--status", "unknown", "--db", db_url).output == ""
+    # `tools list` is the same command under its older name.
+    assert invoke("tools", "list", runtime.run_id, "--db", db_url).output == listed.output
+    unknown = invoke("tools", "--status", "unknown", "--db", db_url).output
+    assert unknown.splitlines()[1:] == []
 
 
 async def test_a_memory_store_exports_the_calls_of_the_ledger_given() -> None:
@@ -130,6 +135,7 @@ def test_resolve_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     nowhere = invoke("tools", "list", "--db", f"sqlite:///{tmp_path / 'missing.db'}")
     assert nowhere.exit_code == 1
     assert "Traceback" not in nowhere.output
+    assert invoke("tools", "--db", f"sqlite:///{tmp_path / 'missing.db'}").exit_code == 1
 
 
 async def test_a_locked_sqlite_database_is_waited_for_off_the_event_loop(tmp_path: Path) -> None:
@@ -206,15 +212,18 @@ def test_tools_run_prints_the_ledger_of_one_run_unknown_outcomes_marked(db_url: 
     text = invoke("tools", run_id, "--db", db_url)
     assert text.exit_code == 0, text.output
     header, *lines, note = text.output.splitlines()
-    assert header.split() == ["KEY", "STATUS", "TOOL", "ATTEMPTS", "AGENT", "UPDATED"]
+    assert header.split() == ["KEY", "STATUS", "TOOL", "ATTEMPTS", "RUN", "AGENT", "UPDATED"]
     assert [line.split()[1] for line in lines[:2]] == ["succeeded", "succeeded"]
     assert not any(line.startswith("!") for line in lines[:2])
     assert lines[2].split()[:3] == ["!", "lost-parcel", "unknown"]
     assert note.startswith("! 1 call with an unknown outcome")
 
-    # The subcommands are still there.
-    assert invoke("tools", "list", run_id, "--db", db_url).output.count("lost-parcel") == 1
-    assert " tools RUN [--json] [--wide] [--db URL]" in invoke("tools", "--help").output
+    # `tools list` is the same command, and `tools` without a run lists every run's calls.
+    assert invoke("tools", "list", run_id, "--db", db_url).output == text.output
+    assert lines[2] in invoke("tools", "--db", db_url).output.splitlines()
+    usage = invoke("tools", "--help").output
+    assert " tools [RUN] [--status S] [--json] [--wide] [--db URL]" in usage
+    assert " tools resolve KEY (--result JSON | --error TEXT)" in usage
     missing = invoke("tools", "ffff", "--db", db_url)
     assert missing.exit_code == 1
     assert missing.output == "Error: no run with id 'ffff' in this store\n"

@@ -58,7 +58,8 @@ async def test_a_key_runs_once_and_then_replays_its_outcome(ledger: Ledger) -> N
     first = await send(ledger, effect)
     again = await send(ledger, effect)
     assert first == Outcome("sent #1", "sent", attempts=1, replayed=False)
-    assert again == Outcome("sent", "sent", attempts=0, replayed=True)
+    # A replay reports the attempts the ledger recorded, and that nothing ran.
+    assert again == Outcome("sent", "sent", attempts=1, replayed=True)
     assert effect.attempts == [1]
     entry = await ledger.get("mail-1")
     assert entry is not None
@@ -102,6 +103,8 @@ async def test_a_final_error_is_recorded_and_raised_again_without_running(
     entry = await ledger.get("mail-1")
     assert entry is not None
     assert (entry.status, entry.error) == (ToolCallStatus.FAILED, "ValueError: no such mailbox")
+    # Raised again, the failure reports the attempts the ledger recorded, as the first did.
+    assert first.value.attempts == again.value.attempts == entry.attempts == 1
 
 
 async def test_a_transient_failure_runs_again_under_the_next_attempt(ledger: Ledger) -> None:
@@ -111,8 +114,13 @@ async def test_a_transient_failure_runs_again_under_the_next_attempt(ledger: Led
     entry = await ledger.get("mail-1")
     assert entry is not None
     assert entry.status == ToolCallStatus.RETRYABLE
-    assert (await send(ledger, effect)).value == "sent #2"
+    done = await send(ledger, effect)
+    assert done.value == "sent #2"
     assert effect.attempts == [1, 2]
+    entry = await ledger.get("mail-1")
+    assert entry is not None
+    assert done.attempts == entry.attempts == 2  # the ledger's count: both attempts
+    assert (await send(ledger, effect)).attempts == 2  # replayed, with that count
 
 
 async def test_a_key_used_with_other_arguments_is_a_conflict(ledger: Ledger) -> None:

@@ -2,8 +2,8 @@
 
 An owner stopped when its process (on this host) is gone, when the claim's own lease
 expired, or when the run's lease expired or passed to another owner. The read side
-(``agentsnap tools list``, ``agentsnap tools RUN``) reports such a claim as unknown without
-writing; ``mark_orphaned`` (called by ``reconcile`` and on resume) records it so.
+(``agentsnap tools [RUN]``) reports such a claim as unknown without writing;
+``mark_orphaned`` (called by ``reconcile`` and on resume) records it so.
 """
 
 from __future__ import annotations
@@ -165,11 +165,11 @@ def test_a_killed_owners_claim_is_unknown_at_once_and_its_run_interrupted(db_url
     assert out.split() == ["ready", "claimed"], err
 
     # Read side: reported unknown, at once (no lease had to expire), nothing written.
-    listed = cli_out("tools", "list", "--status", "unknown", "--db", db_url)
-    assert listed.startswith("orphan-1  unknown  charge")
-    assert cli_out("tools", "list", "--status", "in_progress", "--db", db_url) == ""
+    _, listed, _ = cli_out("tools", "--status", "unknown", "--db", db_url).splitlines()
+    assert listed.split()[:4] == ["!", "orphan-1", "unknown", "charge"]
+    assert cli_out("tools", "--status", "in_progress", "--json", "--db", db_url) == "[]\n"
     (row,) = json.loads(cli_out("tools", RUN, "--json", "--db", db_url))
-    assert (row["key"], row["status"], row["unknown"]) == ("orphan-1", "in_progress", True)
+    assert (row["key"], row["status"], row["unknown"]) == ("orphan-1", "unknown", True)
     (run,) = json.loads(cli_out("runs", "--json", "--db", db_url))
     assert (run["id"], run["status"]) == (RUN, "interrupted")
 

@@ -9,7 +9,13 @@ not make are compensated when the run ends.
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
+from click.testing import CliRunner
 from payloads import get
 
 from agentsnap import (
@@ -20,10 +26,13 @@ from agentsnap import (
     LedgerEntry,
     Message,
     Runtime,
+    ToolCallRecord,
     ToolCallStatus,
     tool,
 )
+from agentsnap.cli import main
 from agentsnap.ledger import Ledger
+from agentsnap.store.sql import SqlStore
 
 CHARGES: list[int] = []
 REFUNDS: list[int] = []
@@ -110,14 +119,58 @@ async def test_a_repeated_call_after_a_rollback_gets_the_recorded_result(ledger:
     assert len(runtime.rollbacks) == 1
     assert CHARGES == [30], "the card was charged once, though the handler ran twice"
     (call,) = runtime.agents["cashier"].state.tool_calls
-    assert call.status == "replayed"
+    assert (call.status, call.replayed) == ("replayed", True)
     assert runtime.agents["auditor"].state.memory["report"] == {
         "receipt": {"charge": 1, "amount": 30},
         "checked": True,
     }
     (entry,) = await ledger.list_calls(runtime.run_id)
     assert (entry.key, entry.status) == (call.key, ToolCallStatus.SUCCEEDED)
+    assert call.attempts == entry.attempts == 1  # one count: the ledger's
     assert REFUNDS == []
+
+
+def test_the_command_line_shows_a_replayed_call_with_the_ledgers_attempts(
+    tmp_path: Path,
+) -> None:
+    db = f"sqlite:///{tmp_path / 'shop.db'}"
+
+    async def shop() -> tuple[str, str]:
+        store = SqlStore(db)
+        try:
+            runtime = Runtime(store=store)
+            runtime.check("cashier", kind="report", check=checked)
+            async with runtime:
+                runtime.add(Cashier("cashier", sloppy_amount=False))
+                runtime.add(Auditor("auditor"))
+                runtime.send("cashier", {"amount": 30})
+                await runtime.run_until_idle()
+                last = await runtime.snapshot()
+            assert len(runtime.rollbacks) == 1
+            return runtime.run_id, last.id
+        finally:
+            await store.close()
+
+    run_id, last = asyncio.run(shop())
+
+    def cli(*args: str) -> Any:
+        result = CliRunner().invoke(main, [*args, "--json", "--db", db])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    shown = cli("show", last, "--agent", "cashier")
+    (call,) = shown["agents"]["cashier"]["state"]["tool_calls"]
+    (entry,) = cli("tools", run_id)
+    assert (call["key"], call["status"], call["replayed"]) == (entry["key"], "replayed", True)
+    assert call["attempts"] == entry["attempts"] == 1
+
+
+def test_a_state_stored_before_calls_said_whether_they_were_replayed_still_loads() -> None:
+    stored = {"tool": "rollback_charge", "key": "k1", "status": "replayed", "attempts": 0}
+    state = AgentState.model_validate({"tool_calls": [stored]})
+    (call,) = state.tool_calls
+    assert (call.status, call.attempts, call.replayed) == ("replayed", 0, False)
+    assert ToolCallRecord.model_validate({"tool": "t"}).replayed is False
 
 
 async def test_a_redo_with_other_arguments_gets_the_effect_that_happened(

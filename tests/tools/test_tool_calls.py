@@ -114,7 +114,14 @@ async def test_the_same_run_re_executed_gets_recorded_results(ledger: Ledger) ->
     assert CHARGED == [50, 50], "the second execution charged nothing"
     assert [c.key for c in again.state.tool_calls] == [c.key for c in first.state.tool_calls]
     assert [c.status for c in again.state.tool_calls] == ["replayed", "replayed", "ok"]
-    assert again.state.tool_calls[0].attempts == 0
+    assert [c.replayed for c in again.state.tool_calls] == [True, True, False]
+    assert [c.replayed for c in first.state.tool_calls] == [False, False, False]
+    # One number: the ledger's attempts, whether the call ran or was replayed.
+    recorded = {entry.key: entry.attempts for entry in await ledger.list_calls("run-3")}
+    assert [c.attempts for c in again.state.tool_calls[:2]] == [
+        recorded[c.key or ""] for c in again.state.tool_calls[:2]
+    ]
+    assert [c.attempts for c in again.state.tool_calls] == [1, 1, 1]
     # The recorded result comes back as the declared type.
     assert again.state.memory == first.state.memory
 
