@@ -60,6 +60,8 @@ INTERNAL = {
     "agentsnap_tool_calls.fingerprint",
     "agentsnap_tool_calls.status",
     "agentsnap_tool_calls.owner",
+    "agentsnap_model_calls.message_id",  # src>dst#seq, as for the tool calls
+    "agentsnap_model_bodies.hash",  # a SHA-256
     "agentsnap_lg_checkpoints.checkpoint_type",
     "agentsnap_lg_checkpoints.meta_type",
     "agentsnap_lg_blobs.value_type",

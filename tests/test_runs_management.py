@@ -42,6 +42,8 @@ from agentsnap import (
 from agentsnap.inspect import export_run, fork_run
 from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent
 from agentsnap.ledger import owner_id
+from agentsnap.messages import JsonValue
+from agentsnap.model_calls import ModelCallRecord
 from agentsnap.records import SnapshotPart, utcnow
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.retention import (
@@ -51,6 +53,7 @@ from agentsnap.store.retention import (
     prune_runs,
 )
 from agentsnap.store.sql import SqlStore
+from agentsnap.store.sql_ledger import SqlLedger
 from agentsnap.store.tables import Base
 
 AGENTSNAP = Path(sys.executable).parent / "agentsnap"
@@ -136,6 +139,31 @@ async def work(runtime: Runtime, note: str, order: str) -> None:
     runtime.send("inbox", {"order": order}, kind="order")
     await runtime.run_until_idle()
     await runtime.snapshot()
+
+
+def model_call(run_id: str, position: int) -> ModelCallRecord:
+    """The shop's ``position``-th model call: the conversation so far, then the question."""
+    messages: list[JsonValue] = [{"role": "system", "content": "You run a shop."}]
+    for earlier in range(position):
+        messages += [
+            {"role": "user", "content": f"price of order {earlier}?"},
+            {"role": "assistant", "content": "12"},
+        ]
+    messages.append({"role": "user", "content": f"price of order {position}?"})
+    return ModelCallRecord(
+        run_id=run_id,
+        agent="shop",
+        message_id="inbox>shop#1",
+        position=position,
+        timeline=0,
+        request={"messages": messages},
+        response={"text": "12"},
+        model=None,
+        input_tokens=len(messages),
+        output_tokens=1,
+        started_at=utcnow(),
+        latency_ms=3.0,
+    )
 
 
 class Stop(Exception):
@@ -251,6 +279,15 @@ async def test_a_deleted_run_leaves_nothing_behind_and_its_fork_lives_on(
     await store.save_snapshot_part(SnapshotPart(run_id=first.run_id, seq=1, worker="w1"))
     await store.claim_agents(first.run_id, "w1", ["graph"], utcnow() + timedelta(seconds=60))
 
+    # What the handlers' model calls leave: a row per call, and each message once per run.
+    ledger = SqlLedger(database.url)
+    try:
+        for run_id in (first.run_id, fork.id):
+            for position in range(2):
+                assert await ledger.record_model_call(model_call(run_id, position))
+    finally:
+        await ledger.close()
+
     before = all_rows(database.url)
     gone = {first.run_id}
     first_snapshots = await store.list_snapshots(first.run_id)
@@ -268,6 +305,8 @@ async def test_a_deleted_run_leaves_nothing_behind_and_its_fork_lives_on(
     assert report.rows["agentsnap_snapshots"] == len(first_snapshots)
     assert report.rows["agentsnap_rollbacks"] == 1
     assert report.rows["agentsnap_tool_calls"] == 1
+    assert report.rows["agentsnap_model_calls"] == 2
+    assert report.rows["agentsnap_model_bodies"] == 4  # 6 messages in 2 requests, 4 distinct
     assert report.rows["agentsnap_run_tags"] == 1
     assert report.rows[LANGGRAPH_ROWS] > 0
     after = all_rows(database.url)

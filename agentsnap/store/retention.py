@@ -3,9 +3,11 @@
 [`delete_runs`][agentsnap.store.retention.delete_runs] removes runs from an SQL database with
 everything they own: their snapshots (agent states and counters, messages in flight), journal,
 replay log, rollbacks, lease and tags, their side-effecting tool calls in the ledger
-(``agentsnap_tool_calls`` rows filed under the run), the LangGraph checkpoints of their graph
-agents' threads (see [`agentsnap.store.langgraph`][agentsnap.store.langgraph]), and the stored
-agent states that no snapshot of another run refers to any more. A state that another run's
+(``agentsnap_tool_calls`` rows filed under the run), their model calls and the messages of
+those calls' requests (``agentsnap_model_calls`` and ``agentsnap_model_bodies``), the LangGraph
+checkpoints of their graph agents' threads (see
+[`agentsnap.store.langgraph`][agentsnap.store.langgraph]), and the stored agent states that no
+snapshot of another run refers to any more. A state that another run's
 snapshot holds too is kept: states are stored once per content. Snapshots are deleted with
 their run only, never one by one: a snapshot stored as the changes to an earlier full one
 (see [`agentsnap.store.sql`][agentsnap.store.sql]) has that base in its own run, so a delete
@@ -89,6 +91,8 @@ from agentsnap.store.tables import (
     AgentLeaseRow,
     Base,
     JournalRow,
+    ModelBodyRow,
+    ModelCallRow,
     ReplayRow,
     RollbackRow,
     RunLeaseRow,
@@ -125,6 +129,8 @@ _table = {
         JournalRow,
         ReplayRow,
         ToolCallRow,
+        ModelCallRow,
+        ModelBodyRow,
         StateBlobRow,
         StateSchemaRow,
         SnapshotPartRow,
@@ -147,6 +153,8 @@ _BY_RUN: tuple[Table, ...] = tuple(
         RunTagRow,
         StateSchemaRow,
         ToolCallRow,
+        ModelCallRow,
+        ModelBodyRow,
         SnapshotPartRow,
         AgentLeaseRow,
     )
@@ -499,6 +507,8 @@ _REPORTED = (
     ReplayRow.__tablename__,
     StateSchemaRow.__tablename__,
     ToolCallRow.__tablename__,
+    ModelCallRow.__tablename__,
+    ModelBodyRow.__tablename__,
     SnapshotPartRow.__tablename__,
     AgentLeaseRow.__tablename__,
     LANGGRAPH_ROWS,

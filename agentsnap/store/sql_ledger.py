@@ -89,6 +89,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.ledger import Change, LedgerEntry, ToolCallStatus
 from agentsnap.liveness import lost
+from agentsnap.model_calls import ModelCallRecord
+from agentsnap.store import _model_calls as model_rows
 from agentsnap.store.dialect import async_url, connect_sqlite, sqlite_setup, sync_url
 from agentsnap.store.faults import StoreRetry
 from agentsnap.store.migrate import SchemaGate
@@ -409,6 +411,113 @@ class SqlLedger:
         rows = await self._retried("read the calls", self._read, _all, run_id)
         return [_entry(row) for row in rows]
 
+    # -- model calls (the ModelCallLog protocol) --------------------------------------------
+
+    async def record_model_call(self, record: ModelCallRecord) -> bool:
+        """Write ``record`` unless a call of its identity is recorded already.
+
+        One transaction writes the call's row and the messages of its request that the run
+        has not stored yet (see [`ModelCallLog`][agentsnap.model_calls.ModelCallLog]).
+
+        Returns:
+            Whether it was written (``False``: the identity was taken; the first answer stays).
+
+        Raises:
+            OwnershipLost: The run is fenced and its lease has another token now; nothing
+                was written.
+        """
+        stored = model_rows.split(record)
+        what = "record model call {0.position} of {0.agent!r} for message {0.message_id!r}"
+        if self._sqlite is not None:  # the first attempt here: a record per model call
+            try:
+                return await self._record_once(False, record, stored)
+            except Exception as exc:
+                return await self.retry.after(
+                    exc, what, self._record_once, record, stored, where=self._where
+                )
+        return await self.retry.call(
+            what, self._record_once, record, stored, where=self._where, bounded=True
+        )
+
+    async def _record_once(
+        self, again: bool, record: ModelCallRecord, stored: model_rows.StoredCall
+    ) -> bool:
+        what = f"record a model call of {record.agent!r}"
+        if again:
+            found = await self._run(what, model_rows.find_row, _identity_of(record))
+            if found is not None:  # taken: by the attempt before (its answer lost), or not
+                return model_rows.same_call(found, record)
+        fence = self._fences.get(record.run_id)
+        if self._sqlite is not None:
+            await self._gate.wait()
+            values, texts = model_rows.sqlite_values(stored)
+            return await self._sqlite.transaction(
+                what, model_rows.record_sqlite, record.run_id, values, texts, fence
+            )
+        return await self._transaction(what, model_rows.record_in_transaction, stored, fence)
+
+    async def find_model_call(
+        self, run_id: str, agent: str, message_id: str, position: int, timeline: int
+    ) -> ModelCallRecord | None:
+        """The call of this identity, its request whole, or ``None``."""
+        identity = dict(
+            zip(model_rows.IDENTITY, (run_id, agent, message_id, position, timeline), strict=True)
+        )
+        return await self._retried(
+            "read a model call of {1[agent]!r}", self._read, model_rows.find_call, identity
+        )
+
+    async def replayed_model_call(
+        self, run_id: str, agent: str, message_id: str, position: int, timeline: int
+    ) -> None:
+        """Count one more replay of the call of this identity (none recorded: nothing).
+
+        Not fenced: the count is for the inspector, and a replay writes no answer.
+        """
+        identity = (run_id, agent, message_id, position, timeline)
+        what = "count a replay of a model call of {0[1]!r}"
+        if self._sqlite is not None:
+            try:
+                await self._replayed_once(False, identity)
+            except Exception as exc:
+                await self.retry.after(exc, what, self._replayed_once, identity, where=self._where)
+            return
+        await self.retry.call(what, self._replayed_once, identity, where=self._where, bounded=True)
+
+    async def _replayed_once(self, again: bool, identity: tuple[str, str, str, int, int]) -> None:
+        # A retry after a lost answer may count a replay twice: the count is a hint.
+        what = "count a replay of a model call"
+        if self._sqlite is not None:
+            await self._gate.wait()
+            await self._sqlite.write(what, model_rows.SQLITE_REPLAYED, list(identity))
+            return
+        params = {
+            f"w_{name}": value for name, value in zip(model_rows.IDENTITY, identity, strict=True)
+        }
+        await self._run(what, _changed, model_rows.replayed, params)
+
+    async def list_model_calls(
+        self, run_id: str, agent: str | None = None
+    ) -> list[ModelCallRecord]:
+        """A run's model calls (of one agent, when given), in the order they were made."""
+        return await self._retried(
+            "read the model calls of run {1!r}", self._read, model_rows.list_calls, run_id, agent
+        )
+
+    async def _transaction(
+        self, what: str, op: Callable[Concatenate[Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        """Run ``op`` with a PostgreSQL connection out of autocommit: it opens a transaction."""
+        await self._gate.wait()
+        assert self._engine is not None
+        try:
+            async with self._engine.connect() as opened:
+                # Back to autocommit when the connection returns to the pool.
+                conn = await opened.execution_options(isolation_level="READ COMMITTED")
+                return await conn.run_sync(op, *args, **kw)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"the ledger could not {what}: {exc}") from exc
+
     async def _retried(self, what: str, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
         return await self.retry.call(
             what, operation, *args, where=self._where, bounded=self._engine is not None
@@ -525,6 +634,10 @@ def _entry(row: Mapping[Any, Any]) -> LedgerEntry:
     return LedgerEntry(**values)
 
 
+def _identity_of(record: ModelCallRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in model_rows.IDENTITY}
+
+
 # -- SQLite ----------------------------------------------------------------------------------
 
 # The fast path writes plain SQL on the driver's connection, with values converted by the
@@ -579,6 +692,24 @@ def _sqlite_update(
         sql = f"UPDATE {_calls.name} SET {sets} WHERE {where}"  # noqa: S608  # model's names
         _sqlite_updates[shape] = sql
     return sql
+
+
+def _in_transaction(
+    conn: sqlite3.Connection,
+    work: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kw: P.kwargs,
+) -> T:
+    """``work(conn, …)`` between ``BEGIN IMMEDIATE`` and ``COMMIT``; rolled back if it fails."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(conn, *args, **kw)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
 
 
 class _Sqlite:
@@ -666,10 +797,48 @@ class _Sqlite:
                 raise StoreError(f"the ledger could not {what}: {waited}") from waited
         except sqlite3.Error as exc:
             raise StoreError(f"the ledger could not {what}: {exc}") from exc
+        self._wrote()
+        return changed
+
+    async def transaction(
+        self,
+        what: str,
+        work: Callable[Concatenate[sqlite3.Connection, P], T],
+        *args: P.args,
+        **kw: P.kwargs,
+    ) -> T:
+        """Run ``work`` in one write transaction, as ``write`` runs one statement.
+
+        On the event loop when the database is free, else (locked) in the thread, waiting.
+        ``work`` gets the driver's connection inside ``BEGIN IMMEDIATE``: it holds the write
+        lock from the start, so no statement of ``work`` can find the database locked.
+        """
+        try:
+            fast = self._fast or self._open_fast()
+            result = _in_transaction(fast, work, *args, **kw)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF not in {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}:
+                raise StoreError(f"the ledger could not {what}: {exc}") from exc
+
+            def waiting(conn: Connection) -> T:
+                driver = conn.connection.driver_connection
+                assert isinstance(driver, sqlite3.Connection)
+                return _in_transaction(driver, work, *args, **kw)
+
+            # Nothing was written: do it where waiting for the lock blocks nobody.
+            try:
+                return await self.run(waiting)
+            except (SQLAlchemyError, sqlite3.Error) as waited:
+                raise StoreError(f"the ledger could not {what}: {waited}") from waited
+        except sqlite3.Error as exc:
+            raise StoreError(f"the ledger could not {what}: {exc}") from exc
+        self._wrote()
+        return result
+
+    def _wrote(self) -> None:
         self._writes += 1
         if self._writes % CHECKPOINT_EVERY == 0:
             self._executor.submit(self._checkpoint)
-        return changed
 
     def _open_fast(self) -> sqlite3.Connection:
         fast = connect_sqlite(self._path, timeout=0, synchronous=self._synchronous)

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -39,6 +40,8 @@ __all__ = [
     "LangGraphBlobRow",
     "LangGraphCheckpointRow",
     "LangGraphTaskWritesRow",
+    "ModelBodyRow",
+    "ModelCallRow",
     "ReplayRow",
     "RollbackRow",
     "RunLeaseRow",
@@ -376,6 +379,8 @@ class ToolCallRow(Base):
     deleted or rolled back; ``status`` moves as described in
     [`ToolCallStatus`][agentsnap.ledger.ToolCallStatus]. There is no foreign key to the runs:
     a call may be made outside a run, or through a ledger in another database than the run.
+    ``timeline`` is the run's timeline when the key was first claimed (``NULL`` outside a
+    run, and for the rows claimed before the column existed).
     """
 
     __tablename__ = "agentsnap_tool_calls"
@@ -396,6 +401,53 @@ class ToolCallRow(Base):
     compensation: Mapped[Any] = mapped_column(Json())
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    timeline: Mapped[int | None] = mapped_column(Integer)
+
+
+class ModelCallRow(Base):
+    """One model call of a handler: what it asked, and what the model answered.
+
+    The primary key is the call's identity (see
+    [`agentsnap.model_calls`][agentsnap.model_calls]), so a call is recorded once and a
+    re-executed handler finds its answer by it. ``request``
+    is the [`ModelRequest`][agentsnap.models.ModelRequest] as JSON with its ``messages``
+    replaced by ``message_hashes``: the SHA-256 of each message's canonical JSON, whose text
+    is in ``agentsnap_model_bodies``. A conversation grows by a message or two a call, so
+    keeping every request whole would store it over and over (quadratic in its length);
+    this way each distinct message of a run is stored once. As for the tool calls, there is
+    no foreign key to the runs: the ledger may be in another database than the run.
+    """
+
+    __tablename__ = "agentsnap_model_calls"
+    __table_args__ = (Index("ix_agentsnap_model_calls_run_id_started_at", "run_id", "started_at"),)
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    agent: Mapped[str] = mapped_column(String(128), primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    timeline: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    request: Mapped[Any] = mapped_column(Json())
+    response: Mapped[Any] = mapped_column(Json())
+    model: Mapped[str | None] = mapped_column(Text)
+    input_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    latency_ms: Mapped[float] = mapped_column(Float)
+    replays: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+
+class ModelBodyRow(Base):
+    """A message of a run's model calls, stored once per run and content.
+
+    ``hash`` is the SHA-256 (hex) of ``body``, the message's canonical JSON text (sorted
+    keys, compact). Rows are filed under their run so that they go with it.
+    """
+
+    __tablename__ = "agentsnap_model_bodies"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    body: Mapped[str] = mapped_column(Text)
 
 
 class LangGraphCheckpointRow(Base):
