@@ -166,6 +166,7 @@ LISTS_OR_SHOWS = {
     "db current",
     "tools list",
     "tools run",
+    "model-calls",
 }
 
 
@@ -534,6 +535,7 @@ EVERY_COMMAND = {
     "tools list",
     "tools run",
     "tools resolve",
+    "model-calls",
     "runs",
     "runs delete",
     "runs prune",
