@@ -15,7 +15,6 @@ retry policy).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
@@ -29,20 +28,24 @@ from agentsnap.exceptions import StoreError
 from agentsnap.liveness import lost
 from agentsnap.messages import JsonValue
 from agentsnap.model_calls import ModelCallRecord
-from agentsnap.state import plain_canonical_json
+from agentsnap.state import content_hash, plain_canonical_json
 from agentsnap.store.dialect import PostgresDialect, SqliteDialect
 from agentsnap.store.tables import ModelBodyRow, ModelCallRow, RunLeaseRow
 
 __all__ = [
+    "COLUMNS",
     "IDENTITY",
     "SQLITE_REPLAYED",
     "StoredCall",
     "find_call",
+    "find_row",
     "list_calls",
     "record_in_transaction",
     "record_sqlite",
     "replayed",
+    "same_call",
     "split",
+    "sqlite_values",
 ]
 
 calls: Table = ModelCallRow.__table__  # type: ignore[assignment]
@@ -52,6 +55,7 @@ _leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
 IDENTITY = ("run_id", "agent", "message_id", "position", "timeline")
 """The columns of a call's identity, its primary key."""
 COLUMNS = tuple(column.name for column in calls.columns)
+"""The columns of a call's row, in the table's order."""
 _BODY_COLUMNS = ("run_id", "hash", "body")
 _MESSAGES = "messages"
 _HASHES = "message_hashes"
@@ -78,7 +82,7 @@ def split(record: ModelCallRecord) -> StoredCall:
         hashes: list[JsonValue] = []
         for message in messages:
             text = plain_canonical_json(message)
-            digest = hashlib.sha256(text.encode()).hexdigest()
+            digest = content_hash(text)
             texts.setdefault(digest, text)
             hashes.append(digest)
         # The hashes take the messages' place, so the request reads back in its own order.

@@ -1,4 +1,4 @@
-"""SqlLedger: side-effecting tool calls in the ``agentsnap_tool_calls`` table.
+"""SqlLedger: tool calls in ``agentsnap_tool_calls``, model calls in ``agentsnap_model_calls``.
 
 Example:
     ```python
@@ -56,6 +56,14 @@ That connection also serves the reads and runs the WAL checkpoints, which the ev
 connection never does. As for the store, ``synchronous=NORMAL``: a committed claim survives
 the process being killed, but not a power cut; pass ``durable=True`` to have each write
 flushed to disk (``synchronous=FULL``) if that matters more than a millisecond per call.
+
+**Model calls** (the [`ModelCallLog`][agentsnap.model_calls.ModelCallLog] protocol) are kept
+the same way, with one difference: recording one is a transaction of two statements, the
+call's row (``INSERT … ON CONFLICT DO NOTHING`` on its identity) and, when it was new, the
+messages of its request that the run has not stored yet (``agentsnap_model_bodies``, each
+message once per run by its hash; see ``ModelCallRow``). On SQLite it runs on the event
+loop's connection in ``BEGIN IMMEDIATE``, handed to the ledger's thread when the database is
+locked, as a claim is; a fenced run's lease is read inside it (``FOR SHARE`` on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -123,7 +131,8 @@ CHECKPOINT_EVERY = 500
 
 
 class SqlLedger:
-    """A [`Ledger`][agentsnap.ledger.Ledger] in SQLite or PostgreSQL.
+    """A [`Ledger`][agentsnap.ledger.Ledger] and a
+    [`ModelCallLog`][agentsnap.model_calls.ModelCallLog] in SQLite or PostgreSQL.
 
     Args:
         url: Database URL, as for [`SqlStore`][agentsnap.store.sql.SqlStore]; the ledger may
@@ -144,7 +153,7 @@ class SqlLedger:
     Raises:
         ConfigurationError: The URL is not SQLite or PostgreSQL, or is an in-memory SQLite
             database (each connection would see its own).
-    """
+    """  # noqa: D205
 
     def __init__(
         self,

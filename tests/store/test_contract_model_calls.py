@@ -131,7 +131,9 @@ def conversation(turns: int, first: str = "Where is order 17?") -> list[ModelReq
     """The requests of a handler that talks with a model for ``turns`` calls.
 
     Each request holds the whole conversation so far: every message of the one before, the
-    model's answer (a tool call) and the tool's result.
+    model's answer (a tool call) and the tool's result. The values are the awkward ones: a
+    float that is a whole number, one written with an exponent, a NUL character (which
+    PostgreSQL's text holds only escaped), letters outside ASCII.
     """
     messages = [SYSTEM, ChatMessage(role="user", content=first)]
     requests = []
@@ -144,10 +146,16 @@ def conversation(turns: int, first: str = "Where is order 17?") -> list[ModelReq
                 settings={"temperature": 0.0, "top_p": 1e-7, "seed": 3},
             )
         )
-        call = ModelToolCall(name="lookup", arguments={"order": "17", "weight": 2.0}, id=f"c{turn}")
+        call = ModelToolCall(
+            name="lookup",
+            arguments={"order": "17", "weight": 2.0, "tolerance": 1e-7},
+            id=f"c{turn}",
+        )
         messages += [
             ChatMessage(role="assistant", content="", tool_calls=(call,)),
-            ChatMessage(role="tool", content=f"in transit, leg {turn}", tool_call_id=f"c{turn}"),
+            ChatMessage(
+                role="tool", content=f"in transit, leg {turn}\x00", tool_call_id=f"c{turn}"
+            ),
         ]
     return requests
 
