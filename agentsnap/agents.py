@@ -370,6 +370,8 @@ class Context(Generic[S]):
             return await ask(model, request)
         position = self.position
         self.position = position + 1
+        line = self.line
+        timeline = 0 if line is None else line.timeline
         response, _ = await recorded_call(
             log,
             request,
@@ -378,7 +380,8 @@ class Context(Generic[S]):
             agent=self.agent.name,
             message_id=message.id,
             position=position,
-            timeline=self.timeline,
+            timeline=timeline,
+            look_up=line is None or timeline <= line.resumed,
         )
         return response
 
@@ -554,6 +557,15 @@ class Timeline(Protocol):
     @property
     def timeline(self) -> int:
         """The run's current timeline."""
+        ...
+
+    @property
+    def resumed(self) -> int:
+        """The newest timeline an earlier process may have recorded model calls in.
+
+        -1: none, the run began in this process. A call on a later timeline has no recorded
+        answer to look for.
+        """
         ...
 
 

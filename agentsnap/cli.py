@@ -174,9 +174,11 @@ def current(db: str, as_json: bool) -> None:
     Nothing is created: for an SQLite file that does not exist, it says so.
     """
     from agentsnap.store import migrate  # noqa: PLC0415
+    from agentsnap.store.dialect import database_exists  # noqa: PLC0415
 
-    _guard(lambda: migrate.check_database(db, create=True))  # a directory, not SQLite...
-    exists = _guard(lambda: _exists(db))
+    exists = _guard(lambda: database_exists(db))
+    if exists:  # a directory, or a file that is not SQLite, is an error
+        _guard(lambda: migrate.check_database(db, create=False))
     found = _guard(lambda: migrate.current(db)) if exists else None
     newest = migrate.head()
     if as_json:
@@ -194,16 +196,6 @@ def current(db: str, as_json: bool) -> None:
         click.echo(f"{found} (newest)")
     else:
         click.echo(f"{found} (newest is {newest}): run `agentsnap db upgrade`")
-
-
-def _exists(db: str) -> bool:
-    """False for an SQLite URL naming a file that does not exist, else true."""
-    from pathlib import Path  # noqa: PLC0415
-
-    from agentsnap.store.dialect import sqlite_file  # noqa: PLC0415
-
-    path = sqlite_file(db)
-    return path is None or Path(path).exists()
 
 
 @db.command()

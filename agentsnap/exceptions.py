@@ -10,6 +10,7 @@ AgentsnapError
 │   ├── PayloadNotSerializable
 │   ├── PayloadInvalid
 │   ├── ScheduleError
+│   ├── SnapshotInProgress      also a RuntimeError
 │   ├── ToolArgumentsInvalid
 │   └── IdempotencyConflict
 ├── NotFoundError               an id that the store does not hold
@@ -73,6 +74,7 @@ __all__ = [
     "SchemaOutOfDate",
     "SnapshotDamaged",
     "SnapshotFailed",
+    "SnapshotInProgress",
     "StateInvalid",
     "StateNotSerializable",
     "StoreError",
@@ -198,6 +200,24 @@ class ScheduleError(ConfigurationError):
     """A scripted schedule asked for a delivery that is not possible."""
 
 
+class SnapshotInProgress(ConfigurationError, RuntimeError):
+    """A snapshot's outcome was asked for before the snapshot finished.
+
+    Raised by [`SnapshotHandle.result`][agentsnap.SnapshotHandle.result]; it is also a
+    ``RuntimeError``, which it used to be.
+
+    Attributes:
+        seq: Number of the snapshot within the run.
+    """
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        super().__init__(
+            f"snapshot {seq} is still in progress, so it has no result yet; await the handle "
+            "(or its wait()) to get the snapshot once it completes, or check done() first"
+        )
+
+
 class ToolArgumentsInvalid(ConfigurationError):
     """A tool was called with arguments that do not fit its signature; nothing ran.
 
@@ -273,9 +293,12 @@ class HandlerFailed(RunError):
     def __init__(self, agent: str, message: Message, error: BaseException) -> None:
         self.agent = agent
         self.message = message
+        # The context first, as a sentence of its own: the error's text may end in advice.
+        text = str(error).strip()
+        raised = f"{type(error).__name__}: {text}" if text else type(error).__name__
         super().__init__(
-            f"agent {agent!r} raised {type(error).__name__}: {error} "
-            f"while handling message {message.id} (kind {message.kind!r})"
+            f"agent {agent!r} failed while handling message {message.id} "
+            f"(kind {message.kind!r}). {raised}"
         )
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from agentsnap.exceptions import ConfigurationError, SnapshotDamaged, StateInvalid
 from agentsnap.limits import check_run_id, check_run_labels
-from agentsnap.messages import ENVIRONMENT
+from agentsnap.messages import ENVIRONMENT, type_name
 from agentsnap.records import RunInfo, RunStatus, Snapshot, SnapshotStatus, utcnow
 from agentsnap.state import StateBlob, canonical_json
 
@@ -171,7 +171,7 @@ def forked_cut(
                 {
                     "agent": name,
                     "path": "$",
-                    "message": f"states= gives agent {name!r} a {type(state).__name__}; an "
+                    "message": f"states= gives agent {name!r} {type_name(type(state))}; an "
                     "agent's state is a JSON object",
                 }
             )

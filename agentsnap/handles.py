@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
+from agentsnap.exceptions import SnapshotInProgress
+
 if TYPE_CHECKING:
     from agentsnap.exceptions import SnapshotFailed
     from agentsnap.records import Snapshot
@@ -42,12 +44,13 @@ class SnapshotHandle:
 
         Raises:
             SnapshotFailed: The snapshot failed.
-            RuntimeError: It is still in progress.
+            SnapshotInProgress: It is still in progress (await the handle first); also a
+                ``RuntimeError``.
         """
         if self._error is not None:
             raise self._error
         if self._result is None:
-            raise RuntimeError(f"snapshot {self.seq} is still in progress; await it first")
+            raise SnapshotInProgress(self.seq)
         return self._result
 
     async def wait(self) -> Snapshot:

@@ -301,7 +301,17 @@ def json_problem(value: object, path: str = "payload") -> str | None:
         if isinstance(value, float):
             return json_problem(float(value), path)
         return None
-    return f"{path} is a {kind.__name__}"
+    return f"{path} is {type_name(kind)}"
+
+
+def type_name(kind: type) -> str:
+    """The name of ``kind`` with its indefinite article, as a message says it: "an object"."""
+    name = kind.__name__
+    # By the letter, except the "u" said "you" (a UUID, a unicode…).
+    vowel = name[:1].lower() in set("aeio") or (
+        name[:1].lower() == "u" and not name.lower().startswith(("uu", "uni", "use", "usa"))
+    )
+    return f"{'an' if vowel else 'a'} {name}"
 
 
 # Core schema types whose JSON form is a string, an integer, a boolean, null, or a container

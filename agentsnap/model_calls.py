@@ -116,6 +116,14 @@ class ModelCallLog(Protocol):
     ) -> ModelCallRecord | None:
         """The call of this identity, or ``None``."""
 
+    async def find_model_answer(
+        self, run_id: str, agent: str, message_id: str, position: int, timeline: int
+    ) -> dict[str, JsonValue] | None:
+        """The answer recorded for the call of this identity, or ``None``.
+
+        ``ModelCallRecord.response``: what a re-executed handler needs, without its request.
+        """
+
     async def replayed_model_call(
         self, run_id: str, agent: str, message_id: str, position: int, timeline: int
     ) -> None:
@@ -140,12 +148,15 @@ async def recorded_call(
     message_id: str,
     position: int,
     timeline: int,
+    look_up: bool = True,
 ) -> tuple[ModelResponse, bool]:
     """The answer recorded for this call's identity, or ``ask``'s answer, recorded first.
 
     The answer is in the log before it is returned, so an effect that depends on it can only
     follow a durable answer: a re-executed handler gets the same answer and makes the same
-    call.
+    call. ``look_up=False`` skips the look for a recorded answer, for a timeline no earlier
+    process can have recorded in (a call of a new run, or after a rollback in this process):
+    the call is recorded, and its identity being taken meanwhile is still found.
 
     Returns:
         The answer, and whether it was replayed from the log (the model was not asked).
@@ -155,13 +166,14 @@ async def recorded_call(
             written, the handler fails (and is redone once the database answers) rather than
             act on an answer that a crash would lose.
     """
-    found = await log.find_model_call(run_id, agent, message_id, position, timeline)
-    if found is not None:
-        try:
-            await log.replayed_model_call(run_id, agent, message_id, position, timeline)
-        except StoreError as exc:  # a count for the inspector; the answer is what matters
-            logger.debug("could not count a replay of a model call: %s", exc)
-        return found.answer(), True
+    if look_up:
+        found = await log.find_model_answer(run_id, agent, message_id, position, timeline)
+        if found is not None:
+            try:
+                await log.replayed_model_call(run_id, agent, message_id, position, timeline)
+            except StoreError as exc:  # a count for the inspector; the answer is what matters
+                logger.debug("could not count a replay of a model call: %s", exc)
+            return ModelResponse.model_validate(found), True
     started = utcnow()
     clock = time.perf_counter()
     response = await ask(request)
@@ -183,9 +195,9 @@ async def recorded_call(
     if not await log.record_model_call(record):
         # Recorded meanwhile by another execution of the same handler (a resumed run racing
         # a process still finishing): the first answer is the one every execution gets.
-        first = await log.find_model_call(run_id, agent, message_id, position, timeline)
+        first = await log.find_model_answer(run_id, agent, message_id, position, timeline)
         if first is not None:
-            return first.answer(), True
+            return ModelResponse.model_validate(first), True
     return response, False
 
 

@@ -172,6 +172,10 @@ class ReplayLog:
 
     def __init__(self, write: Write, inputs: InputLog, *, every: int = 4096) -> None:
         self.timeline = 0
+        self.resumed = -1
+        """The newest timeline an earlier process of the run was on, once resumed (-1: the
+        run began in this process): model calls of a later timeline have no recorded answer
+        to look for."""
         self.deliveries: list[Channel] = []
         self.every = every
         self._write = write

@@ -165,10 +165,11 @@ def _lost_to_database(error: BaseException) -> bool:
 class _Line:
     """The run's timeline, for a runtime without a replay log (which keeps it otherwise)."""
 
-    __slots__ = ("timeline",)
+    __slots__ = ("resumed", "timeline")
 
     def __init__(self) -> None:
         self.timeline = 0
+        self.resumed = -1  # the newest timeline an earlier process may have recorded in
 
 
 class _Phase(enum.Enum):
@@ -1155,7 +1156,9 @@ class Runtime:
             self._replaying = True
             self._delivered = None
         if self._replay is not None:
-            self._replay.timeline = plan.timeline
+            self._replay.timeline = self._replay.resumed = plan.timeline
+        # Model calls of the timeline the run stopped on may be recorded: look for them.
+        self._line.resumed = self._line.timeline
         if plan.deliveries or plan.inputs:
             logger.info(
                 "run %s resumes from snapshot %d: %d input(s) restored, %d deliveries replayed",

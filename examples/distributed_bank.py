@@ -8,9 +8,9 @@ program is both the app and its driver:
 - the driver creates the run (it is the run's coordinator: it hosts the environment and
   numbers every snapshot), starts ``--workers`` worker processes placed with ``--group n/N``,
   sends ``--transfers`` orders to random tellers while snapshots are taken every
-  ``--snapshot-every`` seconds, waits until every order was carried out, stops the workers,
-  and checks every snapshot stored: a consistent cut whose balances (``balance``) plus the
-  amounts in flight (``amount``) add up to the bank's money.
+  ``--snapshot-every`` seconds, waits until the run is idle (every order carried out), stops
+  the workers, and checks every snapshot stored: a consistent cut whose balances
+  (``balance``) plus the amounts in flight (``amount``) add up to the bank's money.
 
 With ``--kill-one`` the driver kills one worker with SIGKILL half-way, starts it again on the
 same agents (the same ``--group``), and waits for the run to recover and finish. A snapshot
@@ -120,14 +120,6 @@ def money_in(snapshot: Snapshot) -> int:
     return total
 
 
-def finished(snapshot: Snapshot) -> bool:
-    """Whether the cut shows nothing left to do: every order taken, nothing in flight."""
-    sent = snapshot.agents[ENVIRONMENT].sent
-    return not any(ch.messages for ch in snapshot.channels) and all(
-        snapshot.agents[name].received.get(ENVIRONMENT, 0) == count for name, count in sent.items()
-    )
-
-
 # -- the driver -----------------------------------------------------------------------------
 
 
@@ -231,20 +223,6 @@ class Driver:
         return problems
 
 
-async def until_finished(run: DistributedRun, deadline: float) -> Snapshot:
-    """Take snapshots until one shows every order carried out."""
-    loop = asyncio.get_running_loop()
-    while loop.time() < deadline:
-        try:
-            snapshot = await run.snapshot()
-        except SnapshotFailed:
-            continue
-        if finished(snapshot):
-            return snapshot
-        await asyncio.sleep(0.1)
-    raise TimeoutError("the transfers did not finish in time")
-
-
 async def a_complete_snapshot(run: DistributedRun, deadline: float) -> Snapshot:
     """Take snapshots until one completes."""
     loop = asyncio.get_running_loop()
@@ -293,13 +271,17 @@ async def drive(args: argparse.Namespace, logs: Path) -> tuple[str, list[Snapsho
             run.send(rng.choice(names), kind="go")
             if i % args.batch == args.batch - 1:
                 await asyncio.sleep(args.batch / args.rate)
-        final = await until_finished(run, deadline)
+        # A cut that shows every order carried out: nothing in flight, no handler running.
+        async with asyncio.timeout_at(deadline):
+            final = await run.run_until_idle()
         orders = sum(final.agents[ENVIRONMENT].sent.values())
         if orders != args.transfers:
             problems.append(f"the final cut took {orders} orders of {args.transfers}")
         status = RunStatus.SUCCEEDED
     except (TimeoutError, RuntimeError) as exc:
-        problems.append(str(exc))
+        # The timeout of run_until_idle() notes, on its cause, what the run was still doing.
+        notes = getattr(exc.__cause__, "__notes__", [])
+        problems.append(str(exc) or "; ".join(notes) or "the run did not finish in time")
     finally:
         try:
             await run.close(status)

@@ -52,6 +52,8 @@ class TellerState(AgentState):
     handled: int = 0
     lessons: list[str] = Field(default_factory=list)
     rollbacks: int = 0
+    back_to: list[str] = Field(default_factory=list)
+    """The snapshot each rollback went back to, as ``on_rollback`` was told."""
 
 
 async def _connect() -> psycopg.AsyncConnection[tuple[int]]:
@@ -133,6 +135,7 @@ class Teller(Agent[TellerState]):
 
     async def on_rollback(self, rollback: RollbackInfo, ctx: Context[TellerState]) -> None:
         self.state.rollbacks += 1
+        self.state.back_to.append(rollback.snapshot_id)
         self.state.lessons = [feedback.reason for feedback in ctx.feedback]
 
 

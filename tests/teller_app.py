@@ -16,8 +16,8 @@ import random
 
 from pydantic import BaseModel
 
-from agentsnap import Agent, AgentState, Context, Message, Snapshot, SnapshotFailed
-from agentsnap.distributed import App, DistributedRun
+from agentsnap import Agent, AgentState, Context, Message, Snapshot
+from agentsnap.distributed import App
 from agentsnap.messages import ENVIRONMENT
 
 TELLERS = int(os.environ.get("BANK_TELLERS", "9"))
@@ -70,21 +70,6 @@ def bank(tellers: int = TELLERS) -> App:
 def make_app() -> App:
     """Every teller of the bank (``BANK_TELLERS`` of them), each with the same balance."""
     return bank()
-
-
-async def until_finished(run: DistributedRun, patience: float = 120.0) -> Snapshot:
-    """Take snapshots until one shows the run has nothing left to do; return it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
-    while loop.time() < deadline:
-        try:
-            snapshot = await run.snapshot()
-        except SnapshotFailed:  # the next one decides
-            continue
-        if finished(snapshot):
-            return snapshot
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the run did not finish within {patience} s")
 
 
 def money_in(snapshot: Snapshot) -> int:

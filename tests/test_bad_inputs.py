@@ -29,6 +29,8 @@ from agentsnap import (
     RuntimeClosedError,
     ScheduleError,
     SnapshotFailed,
+    SnapshotHandle,
+    SnapshotInProgress,
     SnapshotStatus,
     StateNotSerializable,
     UnknownAgentError,
@@ -139,6 +141,8 @@ def declare_agent(param: Any) -> type[Agent[Any]]:
         (HandlerFailed, RunError),
         (SnapshotFailed, RunError),
         (RuntimeClosedError, RunError),
+        (SnapshotInProgress, ConfigurationError),
+        (SnapshotInProgress, RuntimeError),
     ],
 )
 def test_exception_tree(error: type[Exception], parent: type[Exception]) -> None:
@@ -181,6 +185,20 @@ async def test_uncaught_unknown_agent_becomes_handler_failed_naming_both_agents(
     assert "'nobody'" in str(failure)
     assert "UnknownAgentError" in str(failure)
     assert runtime.failures == [failure]
+
+
+async def test_a_handler_failure_says_where_it_happened_apart_from_the_errors_advice() -> None:
+    async with Runtime() as runtime:
+        runtime.add(Caller("alice"))
+        runtime.send("alice", kind="send")
+        with pytest.raises(HandlerFailed) as info:
+            await runtime.run_until_idle()
+
+    assert str(info.value) == (
+        "agent 'alice' failed while handling message $env>alice#1 (kind 'send'). "
+        "UnknownAgentError: 'alice' sent a message to 'nobody', which is not a registered "
+        "agent (registered: 'alice'); register it with Runtime.add() before sending to it"
+    )
 
 
 async def test_runtime_send_to_unknown_agent_raises_at_once() -> None:
@@ -406,13 +424,25 @@ async def test_closing_a_runtime_never_started_still_stores_the_failed_snapshot(
     assert stored.status is SnapshotStatus.FAILED
 
 
+def test_the_result_of_a_snapshot_in_progress_says_to_await_it() -> None:
+    handle = SnapshotHandle("a-snapshot", 3, "$env")
+
+    with pytest.raises(SnapshotInProgress) as info:
+        handle.result()
+
+    assert isinstance(info.value, RuntimeError)  # as it was before it had its own class
+    assert info.value.seq == 3
+    assert str(info.value).startswith("snapshot 3 is still in progress, so it has no result")
+    assert "await the handle" in str(info.value)
+
+
 # -- payloads that are not JSON ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("payload", "problem"),
     [
-        (object(), "payload is a object"),
+        (object(), "payload is an object"),
         ({1, 2}, "payload is a set"),
         (math.nan, "payload is nan"),
         (math.inf, "payload is inf"),

@@ -22,6 +22,8 @@ import click
 import pytest
 from click.testing import CliRunner
 from ledger_entries import claim_of
+from postgres_db import POSTGRES_URL_VARIABLE
+from sqlalchemy import make_url
 from terminal import run_on_terminal
 
 from agentsnap.cli import _STATUSES, _commands, _when, main
@@ -393,6 +395,55 @@ def test_a_missing_file_is_an_error_and_is_not_created(tmp_path: Path, command: 
     line = agentsnap(*command, "--db", f"sqlite:///{path}").one_line_error()
     assert line == f"Error: there is no database at sqlite:///{path}: check the --db URL"
     assert not path.exists()
+
+
+@pytest.mark.parametrize("command", [["demo"], ["db", "upgrade"]], ids=" ".join)
+def test_a_new_database_in_a_missing_directory_names_the_directory(
+    tmp_path: Path, command: list[str]
+) -> None:
+    folder = tmp_path / "nope"
+    line = agentsnap(*command, "--db", f"sqlite:///{folder / 'x.db'}").one_line_error()
+    assert line == (
+        f"Error: cannot create the SQLite database {folder / 'x.db'}: its directory {folder} "
+        f"does not exist; create the directory (`mkdir -p {folder}`), or give a path in a "
+        "directory that exists"
+    )
+    assert not folder.exists()
+
+
+def test_a_reader_names_the_missing_directory(tmp_path: Path) -> None:
+    folder = tmp_path / "nope"
+    url = f"sqlite:///{folder / 'x.db'}"
+    line = agentsnap("runs", "--db", url).one_line_error()
+    assert line == (
+        f"Error: there is no database at {url} (its directory {folder} does not exist): "
+        "check the --db URL"
+    )
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize("command", [["demo"], ["runs"]], ids=" ".join)
+def test_an_sqlite_url_with_two_slashes_says_how_to_write_it(command: list[str]) -> None:
+    line = agentsnap(*command, "--db", "sqlite://tmp/x.db").one_line_error()
+    assert line.startswith("Error: 'sqlite://tmp/x.db' is not a valid SQLite URL")
+    assert "sqlite:///tmp/x.db" in line
+    assert "sqlite:////tmp/x.db" in line
+    assert "aiosqlite" not in line
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("command", [["demo"], ["runs"]], ids=" ".join)
+def test_a_postgres_database_that_does_not_exist_says_how_to_create_it(
+    command: list[str],
+) -> None:
+    url = os.environ.get(POSTGRES_URL_VARIABLE)
+    if not url:
+        pytest.skip(f"{POSTGRES_URL_VARIABLE} is not set: no PostgreSQL to test against")
+    name = f"agentsnap_missing_{os.urandom(6).hex()}"
+    missing = make_url(url).set(database=name).render_as_string(hide_password=False)
+    line = agentsnap(*command, "--db", missing).one_line_error()
+    assert f"/{name} does not exist: create it with `createdb {name}`" in line
+    assert "gave up after retrying" not in line
 
 
 def test_db_current_says_there_is_no_database_and_creates_none(tmp_path: Path) -> None:

@@ -16,9 +16,18 @@ from pathlib import Path
 
 import pytest
 from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
-from teller_app import Teller, bank, money_in, until_finished
+from teller_app import Teller, bank, money_in
 
-from agentsnap import ConfigurationError, MemoryStore, Snapshot, SnapshotFailed
+from agentsnap import (
+    Agent,
+    AgentState,
+    ConfigurationError,
+    Context,
+    MemoryStore,
+    Message,
+    Snapshot,
+    SnapshotFailed,
+)
 from agentsnap.distributed import (
     AgentsHeld,
     App,
@@ -32,8 +41,10 @@ from agentsnap.distributed import (
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
 from agentsnap.messages import ENVIRONMENT
+from agentsnap.model_calls import ModelCallLog
 from agentsnap.records import utcnow
 from agentsnap.snapshot import SnapshotPolicy
+from agentsnap.testing import SampledModel
 
 HERE = Path(__file__).resolve().parent
 PATIENCE = 120.0
@@ -164,7 +175,8 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
             await worker.start()
         for i in range(40):
             run.send(f"teller-{i % 6}", {"hops": 30}, kind="go")
-        last = await until_finished(run, PATIENCE)
+        async with asyncio.timeout(PATIENCE):
+            last = await run.run_until_idle()
         await run.close()
         assert last.seq == max(s.seq for s in run.complete)
         assert run.complete, "no snapshot completed"
@@ -188,6 +200,23 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
         await links[0].delete_stream(run.run_id)
         for link in links:
             await link.close()
+
+
+async def test_waiting_for_a_run_to_be_idle_needs_a_started_run(nats_url: str) -> None:
+    link = await JetStreamLink.connect(nats_url)
+    run = DistributedRun(link, MemoryStore(), bank(2))
+    try:
+        with pytest.raises(ConfigurationError, match="needs a started run"):
+            await run.run_until_idle()
+        await run.start()
+        with pytest.raises(ConfigurationError, match="positive"):
+            await run.run_until_idle(every=0)
+        await run.close()
+        with pytest.raises(ConfigurationError, match="needs a started run"):
+            await run.run_until_idle()
+    finally:
+        await link.delete_stream(run.run_id)
+        await link.close()
 
 
 async def test_a_second_worker_for_an_agent_is_refused(nats_url: str) -> None:
@@ -255,6 +284,66 @@ async def test_a_worker_asks_the_coordinator_for_a_snapshot_and_cannot_begin_one
     finally:
         await worker.close()
         await run.close()
+        await links[0].delete_stream(run.run_id)
+        for link in links:
+            await link.close()
+
+
+class Scribe(Agent[AgentState]):
+    """Asks its model for a line about each message, then passes the message on."""
+
+    def __init__(self, name: str, to: str | None) -> None:
+        super().__init__(name)
+        self.to = to
+        self.model = SampledModel([("line", [f"line {i}" for i in range(100)])])
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        line = await self.model.complete(f"a line about {message.payload}")
+        self.state.memory[message.id] = line
+        if self.to is not None:
+            ctx.send(self.to, message.payload, kind="pass")
+
+
+def scribes() -> App:
+    return App(agents=[Scribe("s0", "s1"), Scribe("s1", None)])
+
+
+async def test_model_calls_of_a_run_over_hosts_are_recorded_on_the_runs_timeline(
+    nats_url: str,
+) -> None:
+    store = MemoryStore()
+    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    run = DistributedRun(links[0], store, scribes(), part_timeout=30)
+    apps = [scribes(), scribes()]
+    workers = [
+        Worker(link, store, run.run_id, app, [name], name=f"w{i}")
+        for i, (link, app, name) in enumerate(zip(links[1:], apps, ["s0", "s1"], strict=True))
+    ]
+    try:
+        await run.start()
+        for worker in workers:
+            await worker.start()
+        for i in range(5):
+            run.send("s0", {"n": i}, kind="go")
+        async with asyncio.timeout(PATIENCE):
+            await run.run_until_idle()
+        for worker, app, name in zip(workers, apps, ["s0", "s1"], strict=True):
+            ledger = worker.host.ledger
+            assert isinstance(ledger, ModelCallLog)
+            calls = await ledger.list_model_calls(run.run_id)
+            (agent,) = [a for a in app.agents if a.name == name]
+            memory = agent.state.memory
+            assert len(memory) == 5
+            assert sorted(c.message_id for c in calls) == sorted(memory), (
+                "every handled message's model call is recorded"
+            )
+            assert {(c.agent, c.position, c.timeline) for c in calls} == {(name, 0, 0)}
+            for call in calls:
+                assert memory[call.message_id] == call.answer().text
+        await run.close()
+    finally:
+        for worker in workers:
+            await worker.close()
         await links[0].delete_stream(run.run_id)
         for link in links:
             await link.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from nats_server import SHARED_URL, reachable, unavailable
-from teller_app import BALANCE, make_app, money_in, until_finished
+from teller_app import BALANCE, make_app, money_in
 from worker_processes import worker_command, worker_env
 
 from agentsnap.distributed import DistributedRun, group_of
@@ -83,7 +83,8 @@ async def test_three_worker_processes_store_consistent_cuts_of_one_bank(
         for i in range(90):
             run.send(f"teller-{i % TELLERS}", {"hops": 40}, kind="go")
             await asyncio.sleep(0.01)
-        await until_finished(run, PATIENCE)
+        async with asyncio.timeout(PATIENCE):
+            await run.run_until_idle()
         await run.close()
         for process in workers:
             process.send_signal(signal.SIGTERM)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from nats_server import OwnServer, server_binary, unavailable
-from teller_app import BALANCE, TellerState, make_app, money_in, until_finished
+from teller_app import BALANCE, TellerState, make_app, money_in
 from worker_processes import worker_command, worker_env
 
 from agentsnap import RunInfo, Snapshot, SnapshotFailed
@@ -115,7 +115,8 @@ async def test_a_run_goes_on_after_its_nats_server_restarts(
         await asyncio.to_thread(server.start)
         with pytest.raises(SnapshotFailed):
             await down  # its markers went nowhere for a while: it fails, and says why
-        last = await until_finished(run, PATIENCE)
+        async with asyncio.timeout(PATIENCE):
+            last = await run.run_until_idle()
         await run.close()
         assert link.reconnects >= 1
         for process in workers:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from nats_server import SHARED_URL, OwnServer, free_port, reachable, server_binary, unavailable
-from teller_app import Transfer, bank, finished, money_in, until_finished
+from teller_app import Transfer, bank, finished, money_in
 
 from agentsnap import ConfigurationError, MemoryStore, RunInfo, Snapshot
 from agentsnap.distributed import DistributedRun, StreamRetention, Worker, retain
@@ -84,7 +84,8 @@ async def run_the_bank(
             await worker.start()
         for i in range(40):
             run.send(f"teller-{i % TELLERS}", {"hops": 60}, kind="go")
-        last = await until_finished(run, PATIENCE)
+        async with asyncio.timeout(PATIENCE):
+            last = await run.run_until_idle()
         await run.close()
     finally:
         for worker in workers:

@@ -244,6 +244,51 @@ async def test_a_rejected_output_rolls_every_worker_process_back_to_the_last_cut
             assert state.lessons == ([rollback.reason] if name == poisoned else []), name
 
 
+async def test_a_rollback_before_the_first_complete_snapshot_is_recorded_against_the_start(
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
+) -> None:
+    chains = dict.fromkeys(range(4), 6)
+    poisoned = sender_of(0, 6, 3)
+    link = await JetStreamLink.connect(nats_url)
+    # No snapshot is taken before the careless transfer: the run goes back to its start.
+    run = DistributedRun(link, store, make_app(), part_timeout=60)
+    workers = Workers(run.run_id, nats_url, postgres_url, tmp_path, poison="0:3")
+    try:
+        await run.start()
+        logs = [await workers.start(group) for group in range(GROUPS)]
+        await workers.until_up(logs)
+        for chain, hops in chains.items():
+            run.send(chain_start(chain), {"chain": chain, "hops": hops}, kind="go")
+        async with asyncio.timeout(PATIENCE):
+            last = await run.run_until_idle()
+        await run.close()
+        await workers.stop()
+    finally:
+        await workers.kill_all()
+        await link.delete_stream(run.run_id)
+        await link.close()
+
+    complete = await check_the_run(store, postgres_url, run.run_id, chains, last)
+    # Recorded as in one process: against a complete snapshot, the cut it went back to.
+    [rollback] = run.rollbacks
+    assert (rollback.agent, rollback.source) == (poisoned, "careful")
+    assert await store.list_rollbacks(run.run_id) == [rollback]
+    start = await store.load_snapshot(rollback.snapshot_id)
+    assert start in complete
+    assert start.seq < last.seq
+    # That cut is the run's start: every teller's initial state, nothing sent or in flight.
+    assert start.channels == []
+    assert set(start.agents) == set(last.agents)
+    for name, cut in start.agents.items():
+        assert (cut.sent, cut.received) == ({}, {}), name
+        if name.startswith("teller-"):
+            assert TellerState.model_validate(cut.state) == TellerState(balance=BALANCE), name
+    # Every teller's on_rollback was told the snapshot recorded.
+    for name, cut in last.agents.items():
+        if name.startswith("teller-"):
+            assert TellerState.model_validate(cut.state).back_to == [start.id], name
+
+
 async def test_rejections_in_two_workers_at_once_become_one_rollback(
     nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
 ) -> None:
@@ -308,7 +353,10 @@ async def test_an_output_rejected_past_the_retry_policy_stops_every_process(
         await workers.until_up(logs)
         await run.snapshot()
         run.send(chain_start(0), {"chain": 0, "hops": 5}, kind="go")
-        await asyncio.wait_for(run.authority.stopped.wait(), PATIENCE)
+        with pytest.raises(RollbackExhausted) as failed:
+            async with asyncio.timeout(PATIENCE):
+                await run.run_until_idle()
+        assert failed.value is run.exhausted
         # Every worker stops delivering and ends by itself.
         for group, process in workers.processes.items():
             assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, group

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+# A block may carry a title (```python title="bank.py"); ```py blocks are shown, not run.
+BLOCK = re.compile(r"^```python(?: [^\n]*)?\n(.*?)^```", re.S | re.M)
 
 
 def _blocks() -> list[tuple[str, str]]:

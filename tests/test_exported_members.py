@@ -81,6 +81,7 @@ EXPECTED_ALL = [
     "SnapshotDamaged",
     "SnapshotFailed",
     "SnapshotHandle",
+    "SnapshotInProgress",
     "SnapshotPolicy",
     "SnapshotStatus",
     "StateInvalid",

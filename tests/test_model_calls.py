@@ -24,7 +24,7 @@ from agentsnap import (
 from agentsnap.agents import BoundModel
 from agentsnap.ledger import Ledger, call_key
 from agentsnap.model_calls import ModelCallLog, recorded_call
-from agentsnap.models import ChatMessage, ModelRequest, ModelToolCall
+from agentsnap.models import ChatMessage, LangChainModel, ModelRequest, ModelToolCall
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.testing import FunctionModel, SampledModel, ScriptedModel
 from agentsnap.tools import run_tool_calls
@@ -310,3 +310,39 @@ async def test_a_scripted_model_answers_with_tool_calls_and_usage() -> None:
     assert got.model == "scripted"
     assert got.message().role == "assistant"
     assert await model.complete("look") == "calling"
+
+
+async def test_a_langchain_chat_model_answers_with_tool_calls_and_usage() -> None:
+    from langchain_core.language_models.fake_chat_models import (
+        FakeMessagesListChatModel,
+    )
+    from langchain_core.messages import AIMessage
+
+    class ToolFake(FakeMessagesListChatModel):
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            self.__dict__["bound"] = tools
+            return self
+
+    fake = ToolFake(
+        responses=[
+            AIMessage(
+                content="looking",
+                tool_calls=[{"name": "mc_lookup", "args": {"topic": "x"}, "id": "c1"}],
+                usage_metadata={"input_tokens": 12, "output_tokens": 3, "total_tokens": 15},
+                response_metadata={"model_name": "fake-1"},
+            )
+        ]
+    )
+    model = LangChainModel(fake)
+    answer = await model.respond(
+        ModelRequest(
+            messages=(ChatMessage(role="user", content="look it up"),),
+            tools=(lookup.spec(),),
+        )
+    )
+    assert answer.tool_calls == (
+        ModelToolCall(name="mc_lookup", arguments={"topic": "x"}, id="c1"),
+    )
+    assert (answer.usage.input_tokens, answer.usage.output_tokens) == (12, 3)
+    assert answer.model == "fake-1"
+    assert fake.__dict__["bound"][0]["function"]["name"] == "mc_lookup"

@@ -29,6 +29,7 @@ async with DistributedRun(link, store, make_app(), run_id="bank-1") as run:
     ...  # start `agentsnap worker ... --run bank-1 --group N/3` for N in 0, 1, 2
     run.send("teller-0", {"amount": 10})
     snapshot = await run.snapshot()
+    idle = await run.run_until_idle()  # the run's cut once nothing is left to do
 ```
 
 It needs the ``nats`` extra: ``pip install 'agentsnap[nats]'``.
@@ -47,7 +48,9 @@ snapshots in progress, restores its agents and channels (replaying the stream ra
 recorded: see the concepts page) and says so. Once every process did, the coordinator sends
 again the environment's input sent after the cut, records the rollback in the store, and
 tells every process to resume: the rejected agent gets the reason as feedback, every agent's
-``on_rollback`` is called. When the retry policy gives up, every process stops delivering and
+``on_rollback`` is called. A rollback before the run's first complete snapshot goes back to
+the run's start, which the coordinator stores as a complete snapshot to record it against.
+When the retry policy gives up, every process stops delivering and
 [`DistributedRun.exhausted`][agentsnap.distributed.DistributedRun.exhausted] says why; the run
 is recorded as failed when the coordinator closes.
 

@@ -29,9 +29,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -39,7 +39,7 @@ from agentsnap.distributed.app import PROCESSES, App
 from agentsnap.distributed.host import Host, control_subject
 from agentsnap.distributed.recovery import RollbackAuthority
 from agentsnap.distributed.retention import Retainer, StreamRetention
-from agentsnap.exceptions import SnapshotFailed, TransportError
+from agentsnap.exceptions import ConfigurationError, SnapshotFailed, TransportError
 from agentsnap.integrity import cut_problems
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.ownership import RunOwnership
@@ -55,6 +55,7 @@ from agentsnap.records import (
     utcnow,
 )
 from agentsnap.snapshot import SnapshotPolicy
+from agentsnap.state import StateBlob, encode_state
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -72,8 +73,13 @@ __all__ = ["DistributedRun", "join_parts"]
 
 logger = logging.getLogger("agentsnap.distributed")
 
+_T = TypeVar("_T")
+
 COORDINATOR = "coordinator"
 """The name the coordinator's own part (the environment's) is stored under."""
+
+_NOTHING = StateBlob("{}")
+"""The environment's state in every cut."""
 
 
 @dataclass
@@ -134,7 +140,9 @@ def join_parts(  # noqa: PLR0917 - a snapshot's fields
 class DistributedRun:
     """Creates a run spread over processes, feeds it, and numbers and completes its snapshots.
 
-    Use it as an async context manager, or call ``start`` and ``close``.
+    Use it as an async context manager, or call ``start`` and ``close``;
+    [`run_until_idle`][agentsnap.distributed.DistributedRun.run_until_idle] waits until the
+    run has nothing left to do.
 
     Args:
         link: The connection to NATS.
@@ -202,6 +210,8 @@ class DistributedRun:
             policy=app.retry,
             targets=lambda: self.complete,
             fail_pending=self._fail_all,
+            start_cut=self._start_cut,
+            completed=self.complete.append,
         )
         self._leases_seen = 0.0
         self._requests = 0
@@ -304,6 +314,137 @@ class DistributedRun:
             self._wake.set()
         logger.debug("run %s: snapshot %d begun", self.run_id, handle.seq)
         return handle
+
+    async def run_until_idle(self, *, every: float = 1.0) -> Snapshot:
+        """Wait until the whole run is idle; return the complete snapshot that shows it.
+
+        The run is idle when no message is on its way on any channel (queued in a worker,
+        or in the stream between two processes), no handler runs, no rollback is being
+        decided or carried out, and the environment has sent nothing more. No process sees
+        all of that: a worker knows its own queues and handlers only, and an item may be in
+        the stream between two of them. A consistent cut does see it, so the coordinator
+        takes snapshots until one shows the run idle:
+
+        - the cut records no message in flight on any channel (a handler running as its
+          agent recorded records the message it handles as in flight, so none was running);
+        - the environment had sent then all it has sent by now;
+        - no rollback was decided or under way from the snapshot's beginning to its end.
+
+        With no message anywhere and no handler running, no agent can act again until the
+        environment sends something: once a cut shows that, the run stays idle, although
+        the workers recorded their parts at different moments. A rejected output stops its
+        worker's deliveries at once, so no snapshot completes between a rejection and its
+        rollback.
+
+        A snapshot is begun once every agent is hosted by a worker, no rollback is under
+        way and the NATS server is reachable; one at a time, at once and then less and less
+        often, up to one every ``every`` seconds while the run is busy. Each is stored like
+        any snapshot of the run: the last one is the run's cut at rest.
+
+        It waits for as long as it takes (a worker that died is waited for until its agents
+        are hosted again); bound it with ``asyncio.timeout``, whose ``TimeoutError`` then
+        notes what the last look found (messages in flight, agents no worker hosts, a
+        rollback under way). A handler that raises is logged by its worker, and the run goes
+        on without it.
+
+        Args:
+            every: Seconds between two snapshots at most, while the run is busy.
+
+        Returns:
+            The complete snapshot that shows the run idle.
+
+        Raises:
+            RollbackExhausted: The run failed: its retry policy gave up and every process
+                stopped delivering (the run's failure, as in ``exhausted``).
+            ConfigurationError: The run was not started, or was closed; or ``every`` is not
+                a positive number of seconds.
+        """
+        if not every > 0:
+            raise ConfigurationError(f"run_until_idle(every={every!r}): give a positive number")
+        if self._subscription is None or self._closing:
+            raise ConfigurationError(
+                "run_until_idle() needs a started run: call it inside `async with "
+                "DistributedRun(...)`, or after start() and before close()"
+            )
+        pause = min(self._poll / 5, every)
+        why = "no snapshot was taken yet"
+        try:
+            while True:
+                self._raise_failure()
+                waiting = self._cannot_look()
+                if waiting is not None:
+                    why = waiting
+                    await self._until_stopped(asyncio.sleep(self._poll))
+                    continue
+                authority = self.authority
+                generation, rollbacks = authority.generation, len(authority.history)
+                handle = self.snapshot()
+                why = f"snapshot {handle.seq} has not completed"
+                try:
+                    snapshot = await self._until_stopped(handle.wait())
+                except SnapshotFailed as exc:
+                    why = f"snapshot {handle.seq} failed: {exc.reason}"
+                    snapshot = None
+                self._raise_failure()
+                if snapshot is not None:
+                    busy = self._busy_at(snapshot)
+                    if busy is None and (
+                        authority.busy
+                        or authority.generation != generation
+                        or len(authority.history) != rollbacks
+                    ):
+                        busy = f"the run rolled back while snapshot {snapshot.seq} was taken"
+                    if busy is None:
+                        return snapshot
+                    why = busy
+                await self._until_stopped(asyncio.sleep(pause))
+                pause = min(pause * 2, every)
+        except asyncio.CancelledError as exc:
+            exc.add_note(f"run {self.run_id} was not idle yet: {why}")
+            raise
+
+    def _raise_failure(self) -> None:
+        if self.authority.exhausted is not None:
+            raise self.authority.exhausted
+
+    async def _until_stopped(self, work: Awaitable[_T]) -> _T | None:
+        """``work``'s result, or ``None`` once the run stopped (its retry policy gave up)."""
+        task = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self.authority.stopped.wait())
+        try:
+            done, _ = await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not task.done():
+                task.cancel()  # nobody waits for it any more
+        return task.result() if task in done else None
+
+    def _cannot_look(self) -> str | None:
+        """Why a snapshot begun now could only fail, or ``None``."""
+        authority = self.authority
+        if authority.busy:
+            return "a rollback is under way"
+        if authority.down:
+            return f"{', '.join(sorted(authority.down))} lost their worker"
+        unhosted = [name for name in self.names if not authority.hosts_all([name])]
+        if unhosted:
+            return f"no worker hosts {', '.join(unhosted)} yet"
+        away = self._link.away_for()
+        if away:
+            return f"the NATS server at {self._link.url} is unreachable (for {away:.1f} s)"
+        return None
+
+    def _busy_at(self, snapshot: Snapshot) -> str | None:
+        """What ``snapshot`` shows still to do, or ``None`` when it shows the run idle."""
+        in_flight = sum(len(channel.messages) for channel in snapshot.channels)
+        if in_flight:
+            return f"snapshot {snapshot.seq} recorded {in_flight} message(s) in flight"
+        recorded = snapshot.agents[ENVIRONMENT].sent
+        sent = {dst: ch.sent for dst, ch in self._host.bus.environment.outgoing.items()}
+        later = sum(count - recorded.get(dst, 0) for dst, count in sent.items())
+        if later:
+            return f"the environment sent {later} message(s) after snapshot {snapshot.seq} began"
+        return None
 
     @property
     def in_progress(self) -> int:
@@ -410,6 +551,24 @@ class DistributedRun:
                 f"no part from {', '.join(missing)} within {self.part_timeout:g} s "
                 "(their worker stopped or is stuck)",
             )
+
+    def _start_cut(self, seq: int) -> Snapshot:
+        """The run's start as complete snapshot ``seq``: every agent's initial state."""
+        now = utcnow()
+        agents = {ENVIRONMENT: AgentCut(state_json=_NOTHING.json, state_hash=_NOTHING.hash)}
+        for agent in self._app.agents:
+            blob = encode_state(agent.name, agent.state)
+            agents[agent.name] = AgentCut(state_json=blob.json, state_hash=blob.hash)
+        return Snapshot(
+            id=uuid.uuid4().hex,
+            run_id=self.run_id,
+            seq=seq,
+            initiator=ENVIRONMENT,
+            status=SnapshotStatus.COMPLETE,
+            started_at=now,
+            completed_at=now,
+            agents=dict(sorted(agents.items())),
+        )
 
     def _fail_all(self, reason: str) -> None:
         """Fail every snapshot in progress now (stored as failed in the background)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,11 @@ class _Generation:
     @property
     def timeline(self) -> int:
         return self._transport.generation
+
+    @property
+    def resumed(self) -> int:
+        # Workers start and restart at any generation: every timeline may hold records.
+        return sys.maxsize
 
 
 class Host:

@@ -13,6 +13,13 @@ dropped). A rollback goes in two phases:
    input sent after the cut, records the rollback in the store, and tells every process to
    resume: the rejected agent gets the reason as feedback, and delivery goes on.
 
+A rollback before the run's first complete snapshot goes back to the run's start: every
+agent's initial state, nothing sent. One process records a rollback against the cut it went
+back to, and its first cut is the start of the run; so the coordinator stores the start as a
+complete snapshot (numbered next, as no snapshot begins with that number) as every process
+stands on it, and records the rollback against it. That snapshot is then the timeline's cut
+to go back to, like any other.
+
 So no message of the new generation reaches a process that has not restored yet. When the
 retry policy gives up, the run stops: every process stops delivering, and the coordinator
 records the run as failed when it closes.
@@ -32,6 +39,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Collection
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -85,6 +93,9 @@ class RollbackAuthority:
         policy: The retry policy.
         targets: The complete snapshots so far, in order.
         fail_pending: Fails every snapshot in progress, with a reason.
+        start_cut: The run's start as a complete snapshot with this number: every agent's
+            initial state, nothing sent.
+        completed: Called with that snapshot once it is stored.
 
     Attributes:
         generation: The run's generation: raised by each rollback.
@@ -106,6 +117,8 @@ class RollbackAuthority:
         policy: RetryPolicy,
         targets: Callable[[], list[Snapshot]],
         fail_pending: Callable[[str], Any],
+        start_cut: Callable[[int], Snapshot],
+        completed: Callable[[Snapshot], None],
     ) -> None:
         self.run_id = run_id
         self.generation = 0
@@ -122,6 +135,8 @@ class RollbackAuthority:
         self._budget = RetryBudget(policy)
         self._targets = targets
         self._fail_pending = fail_pending
+        self._start_cut = start_cut
+        self._completed = completed
         self._hosted: set[str] = set()  # agents some worker has hosted
         self._live: set[str] = set()  # agents whose lease was live at the last look
         self._owners: dict[str, str] = {}  # agent -> the worker that said hello for it
@@ -386,17 +401,31 @@ class RollbackAuthority:
         if self._rolling is not rolling:
             return
         self._fail_pending("the run rolled back before the snapshot completed")
+        start = None
+        if target is None:
+            # No process has delivered anything since it went back to the start (the input
+            # sent again is after that cut), and none does before it resumes: the start is
+            # where the run stands, under the next number, which no snapshot begins with.
+            coordinator = self._host.coordinator
+            coordinator.last_seq += 1
+            start = self._start_cut(coordinator.last_seq)
+            order = replace(order, snapshot_id=start.id)
         epoch = self._host.coordinator.last_seq
         info = order.info(self.run_id, rolling.discarded)
-        if target is not None:
-            try:
-                await self._store.save_rollback(info)
-            except Exception:
-                logger.exception("run %s: rollback %s was not recorded", self.run_id, info.id)
+        try:
+            if start is not None:
+                await self._store.save_snapshot(start)
+                self._completed(start)
+            await self._store.save_rollback(info)
+        except Exception:
+            logger.exception("run %s: rollback %s was not recorded", self.run_id, info.id)
         self.history.append(info)
         await self._host.resume(order, epoch)
         self._rolling = None
-        await self._broadcast({"resume": generation, "epoch": epoch})
+        resume: dict[str, Any] = {"resume": generation, "epoch": epoch}
+        if start is not None:
+            resume["snapshot_id"] = start.id  # what the agents' on_rollback is told
+        await self._broadcast(resume)
         logger.warning("run %s: every process resumed in generation %d", self.run_id, generation)
 
     def lease_owners(self, leases: list[Any]) -> tuple[set[str], dict[str, str]]:

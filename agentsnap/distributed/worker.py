@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Collection
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -259,6 +260,8 @@ class Worker:
                 order = self._order
                 if order is not None and int(body["resume"]) == order.generation:
                     self._order = None
+                    if body.get("snapshot_id"):  # the run's start, stored as it went back
+                        order = replace(order, snapshot_id=str(body["snapshot_id"]))
                     await self.host.resume(order, int(body.get("epoch", 0)))
             elif "stop" in body:
                 logger.error("worker %s: the run stopped: %s", self.name, body["stop"])

@@ -35,8 +35,11 @@ from agentsnap.store.tables import ModelBodyRow, ModelCallRow, RunLeaseRow
 __all__ = [
     "COLUMNS",
     "IDENTITY",
+    "SQLITE_ANSWER",
     "SQLITE_REPLAYED",
     "StoredCall",
+    "answer_of",
+    "find_answer",
     "find_call",
     "find_row",
     "list_calls",
@@ -152,6 +155,25 @@ def find_row(conn: Connection, identity: Mapping[Any, Any]) -> Mapping[Any, Any]
     return None if found is None else found._mapping
 
 
+_find_answer = select(calls.c.response).where(
+    *(calls.c[name] == bindparam(name) for name in IDENTITY)
+)
+_RESPONSE = calls.c.response.type
+
+
+def find_answer(conn: Connection, identity: Mapping[Any, Any]) -> dict[str, JsonValue] | None:
+    """The answer of the call with ``identity``, or ``None``."""
+    found = conn.execute(_find_answer, dict(identity)).one_or_none()
+    return None if found is None else dict(found.response)
+
+
+def answer_of(stored: Any) -> dict[str, JsonValue]:
+    """An answer as SQLite's driver returns its column (JSON text), decoded."""
+    value = json.loads(stored) if isinstance(stored, (str, bytes)) else stored
+    assert isinstance(value, dict), "an answer is a JSON object"
+    return value
+
+
 def find_call(conn: Connection, identity: Mapping[Any, Any]) -> ModelCallRecord | None:
     """The call with ``identity``, its request whole, or ``None``."""
     row = find_row(conn, identity)
@@ -257,6 +279,11 @@ _SQLITE_BODY = _compiled(
     SqliteDialect().insert_or_ignore(bodies, ("run_id", "hash")), _BODY_COLUMNS
 )
 _SQLITE_LEASE = f"SELECT owner, token FROM {_leases.name} WHERE run_id = ?"  # noqa: S608
+SQLITE_ANSWER = (
+    f"SELECT response FROM {calls.name} WHERE "  # noqa: S608  # the model's names
+    + " AND ".join(f"{name} = ?" for name in IDENTITY)
+)
+"""The answer of the call whose identity is bound in ``IDENTITY``'s order."""
 SQLITE_REPLAYED = (
     f"UPDATE {calls.name} SET replays = replays + 1 WHERE "  # noqa: S608  # the model's names
     + " AND ".join(f"{name} = ?" for name in IDENTITY)

@@ -6,13 +6,17 @@ Each database is one [`Dialect`][agentsnap.store.dialect.Dialect]: SQLite
 [`dialect_of`][agentsnap.store.dialect.dialect_of] finds the one for a URL or a connection's
 dialect name. A dialect owns:
 
-- **URLs**: which schemes it accepts (``postgres://`` is PostgreSQL), and the synchronous and
-  asyncio drivers to use ([`sync_url`][agentsnap.store.dialect.sync_url],
+- **URLs**: which schemes it accepts (``postgres://`` is PostgreSQL), which URLs are
+  malformed for it (an SQLite URL with a host: ``sqlite://tmp/x.db``), and the synchronous
+  and asyncio drivers to use ([`sync_url`][agentsnap.store.dialect.sync_url],
   [`async_url`][agentsnap.store.dialect.async_url]);
+- **the database's place**: whether an SQLite file can be opened or created where its URL
+  says, checked before any connection ([`check_database`][agentsnap.store.dialect.check_database]);
 - **statements**: insert-or-ignore and upsert on a table's key, whether ``RETURNING`` is
   supported, and an exact, case-sensitive "starts with" condition;
 - **error classification**: which of the driver's error codes are passing faults (the base
-  of [`agentsnap.store.faults`][agentsnap.store.faults]);
+  of [`agentsnap.store.faults`][agentsnap.store.faults]), and how to create a database the
+  driver says does not exist;
 - **connections**: engine options bounding each attempt, and, for SQLite, the one
   connection set-up used everywhere (WAL, ``synchronous``, foreign keys, busy timeout;
   [`connect_sqlite`][agentsnap.store.dialect.connect_sqlite] and
@@ -33,10 +37,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
+import shlex
 import sqlite3
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from sqlalchemy import ColumnElement, Table, and_, func
@@ -44,7 +51,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.sql.dml import Insert
 
-from agentsnap.exceptions import ConfigurationError
+from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.store.faults import Fault
 
 __all__ = [
@@ -54,9 +61,12 @@ __all__ = [
     "PostgresDialect",
     "SqliteDialect",
     "async_url",
+    "check_database",
     "connect_sqlite",
+    "database_exists",
     "dialect_of",
     "driver_fault",
+    "driver_remedy",
     "parse_url",
     "redacted_url",
     "sqlite_file",
@@ -114,6 +124,27 @@ class Dialect(ABC):
             ConfigurationError: The driver is missing (the message names how to install it).
         """
 
+    def check_url(self, url: URL) -> None:  # noqa: B027 (most dialects need nothing checked)
+        """Refuse a URL of this database that its driver cannot open, saying how to write it.
+
+        Raises:
+            ConfigurationError: The URL is malformed for this database.
+        """
+
+    def check_database(self, url: URL, *, create: bool) -> None:  # noqa: B027
+        """Check, without connecting or creating anything, that ``url`` can name a database.
+
+        Only what can be known without a connection is checked (a server's databases are
+        not: connecting says whether one exists).
+
+        Raises:
+            StoreError: The database cannot be where ``url`` says; the message says what to do.
+        """
+
+    def remedy(self, fault: Fault, error: BaseException) -> str | None:
+        """What to do about ``fault``, which the driver's ``error`` is; ``None`` if nothing new."""
+        return None
+
     @abstractmethod
     def insert(self, table: Table) -> Any:
         """The dialect's ``INSERT`` of ``table``, with ``on_conflict_do_nothing``/``_update``."""
@@ -166,6 +197,69 @@ class SqliteDialect(Dialect):
         sqlite3.SQLITE_PROTOCOL: Fault.UNAVAILABLE,
     }
 
+    def check_url(self, url: URL) -> None:
+        """Refuse an SQLite URL with a host, user or port: ``sqlite://tmp/x.db`` (two slashes).
+
+        SQLAlchemy would refuse it only on the first connection, naming the asyncio driver.
+
+        Raises:
+            ConfigurationError: The URL has a host, user or port; the message shows how to
+                write the file it probably names.
+        """
+        if url.host is None and url.port is None and url.username is None:
+            return
+        named = "/".join(part for part in (url.host, url.database) if part)
+        shown = url.render_as_string(hide_password=True)
+        raise ConfigurationError(
+            f"{shown!r} is not a valid SQLite URL: it has a host, user or port, and an SQLite "
+            "URL names its file after three slashes (sqlite:///relative/path.db, or "
+            f"sqlite:////absolute/path.db). Write sqlite:///{named} for {named} under the "
+            f"current directory, or sqlite:////{named} for /{named}"
+        )
+
+    def check_database(self, url: URL, *, create: bool) -> None:
+        """Check that the SQLite file is one, or (when ``create`` is true) can be created.
+
+        Nothing is checked for an in-memory database, nor the directory of a ``file:`` URI.
+
+        Raises:
+            StoreError: The file is a directory, or a file that is not an SQLite database,
+                or its directory does not exist, or (when ``create`` is false) it does not
+                exist. The message says what to do.
+        """
+        database = url.database
+        if database in {None, "", ":memory:"}:
+            return
+        # A ``file:`` URI names its file in SQLite's own syntax: its directory is not looked for.
+        uri = url.query.get("uri") in {"true", "1"} and database.startswith("file:")
+        path = Path(database)
+        shown = url.render_as_string(hide_password=True)
+        if path.is_dir():
+            raise StoreError(
+                f"{path} is a directory, not an SQLite database: give a file with "
+                f"--db sqlite:///{path / 'agentsnap.db'}"
+            )
+        if not path.exists():
+            if not uri:
+                _check_directory(path, shown, create=create)
+            if not create:
+                raise StoreError(f"there is no database at {shown}: check the --db URL")
+            return
+        # Ask SQLite itself, never by opening the file directly: closing another descriptor
+        # of a database file drops the POSIX locks this process's connections hold on it.
+        try:
+            probe = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                probe.execute("PRAGMA schema_version")
+            finally:
+                probe.close()
+        except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_NOTADB:
+                raise StoreError(
+                    f"{path} is not an SQLite database (it is some other file): check the --db URL"
+                ) from exc
+            # Anything else (a lock, say) is for the store's own connection to meet and retry.
+
     def insert(self, table: Table) -> Any:  # noqa: D102
         return sqlite.insert(table)
 
@@ -215,6 +309,7 @@ class PostgresDialect(Dialect):
         "55P03": Fault.LOCKED,  # lock_not_available (lock_timeout)
         "53100": Fault.DISK_FULL,  # disk_full
         "58030": Fault.UNAVAILABLE,  # io_error
+        "3D000": Fault.MISSING,  # invalid_catalog_name (the database does not exist)
     }
     _SQLSTATE_CLASS: ClassVar[dict[str, Fault]] = {
         "08": Fault.CONNECTION,  # connection_exception
@@ -263,11 +358,30 @@ class PostgresDialect(Dialect):
                 sqlstate[:2], Fault.PERMANENT
             )
         if type(error).__module__.startswith("psycopg"):
+            # libpq keeps no SQLSTATE for a refused connection: the server's refusal to
+            # open a database that does not exist (3D000) is told by its message alone.
+            if _MISSING_DATABASE.search(str(error)):
+                return Fault.MISSING
             # No SQLSTATE: the client's side failed (refused, reset, closed connection).
             if type(error).__name__ in {"OperationalError", "InterfaceError"}:
                 return Fault.CONNECTION
             return Fault.PERMANENT
         return None
+
+    def remedy(self, fault: Fault, error: BaseException) -> str | None:
+        """For a missing database, the commands that create it (its name from the driver)."""
+        if fault is not Fault.MISSING:
+            return None
+        name = _missing_name(error)
+        if name is None:
+            return "create it with `createdb NAME` or `CREATE DATABASE NAME`, or fix the URL"
+        identifier = (
+            name if _PLAIN_IDENTIFIER.fullmatch(name) else '"' + name.replace('"', '""') + '"'
+        )
+        return (
+            f"create it with `createdb {shlex.quote(name)}` (or `CREATE DATABASE {identifier}` "
+            "in psql), or fix the database name in the URL"
+        )
 
     def engine_options(self, timeout: float) -> dict[str, Any]:
         """A connect timeout and a ``statement_timeout``."""
@@ -278,6 +392,46 @@ class PostgresDialect(Dialect):
                 "options": f"-c statement_timeout={math.ceil(timeout * 1000)}",
             }
         }
+
+
+_MISSING_DATABASE = re.compile(r'database "(?P<name>[^"]*)" does not exist')
+"""The server's message for SQLSTATE 3D000 (in English, the server's default)."""
+
+_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
+"""A PostgreSQL identifier that needs no quotes."""
+
+
+def _missing_name(error: BaseException) -> str | None:
+    """The name of the database that ``error`` says does not exist, if it tells."""
+    found = _MISSING_DATABASE.search(str(error))
+    if found:
+        return found["name"]
+    if getattr(error, "sqlstate", None) is None:  # refused at connect: the one it asked for
+        name = getattr(getattr(error, "pgconn", None), "db", None)
+        if isinstance(name, bytes) and name:
+            return name.decode("utf-8", "replace")
+    return None
+
+
+def _check_directory(path: Path, shown: str, *, create: bool) -> None:
+    """Refuse an SQLite file whose directory does not exist, naming the directory."""
+    folder = path.absolute().parent
+    if folder.is_dir():
+        return
+    missing = f"its directory {folder} does not exist"
+    if folder.exists():
+        missing = f"{folder} is a file, not a directory"
+    if not create:
+        raise StoreError(f"there is no database at {shown} ({missing}): check the --db URL")
+    fix = (
+        ""
+        if folder.exists()
+        else f"create the directory (`mkdir -p {shlex.quote(str(folder))}`), or "
+    )
+    raise StoreError(
+        f"cannot create the SQLite database {path}: {missing}; {fix}give a path in a "
+        "directory that exists"
+    )
 
 
 DIALECTS: tuple[Dialect, ...] = (SqliteDialect(), PostgresDialect())
@@ -304,18 +458,21 @@ def dialect_of(url: str | URL) -> Dialect:
     """The dialect of a database URL, or of a backend name (``connection.dialect.name``).
 
     Raises:
-        ConfigurationError: Neither SQLite nor PostgreSQL, or not a URL.
+        ConfigurationError: Neither SQLite nor PostgreSQL, not a URL, or a URL malformed for
+            its database (``sqlite://tmp/x.db``); the message shows how to write it.
     """
     if isinstance(url, str) and url in _BY_NAME:
         return _BY_NAME[url]
     parsed = parse_url(url)
     backend = parsed.get_backend_name()
     try:
-        return _BY_NAME[backend]
+        dialect = _BY_NAME[backend]
     except KeyError:
         raise ConfigurationError(
             f"agentsnap stores runs in SQLite or PostgreSQL; {str(url)!r} is a {backend} URL"
         ) from None
+    dialect.check_url(parsed)
+    return dialect
 
 
 def sync_url(url: str) -> str:
@@ -366,12 +523,47 @@ def sqlite_file(url: str) -> str | None:
     return database
 
 
+def check_database(url: str, *, create: bool) -> None:
+    """Check, without connecting or creating anything, that ``url`` can name a database.
+
+    For SQLite: the file is not a directory nor another kind of file, its directory exists,
+    and (when ``create`` is false) the file exists. Nothing is checked for a PostgreSQL URL
+    (the server says whether its database exists), nor for an in-memory SQLite one.
+
+    Raises:
+        ConfigurationError: As for [`sync_url`][agentsnap.store.dialect.sync_url].
+        StoreError: The database cannot be where ``url`` says; the message says what to do.
+    """
+    parsed = parse_url(url)
+    dialect_of(parsed).check_database(parsed, create=create)
+
+
+def database_exists(url: str) -> bool:
+    """False for an SQLite URL naming a file that does not exist, else true.
+
+    A server's databases are not looked for: connecting says whether one exists.
+
+    Raises:
+        ConfigurationError: As for [`sync_url`][agentsnap.store.dialect.sync_url].
+    """
+    path = sqlite_file(url)
+    return path is None or Path(path).exists()
+
+
 def driver_fault(error: BaseException) -> Fault | None:
     """The fault a driver's error says it is by its code, for whichever dialect it is from."""
     for dialect in DIALECTS:
         fault = dialect.fault(error)
         if fault is not None:
             return fault
+    return None
+
+
+def driver_remedy(fault: Fault, error: BaseException) -> str | None:
+    """What to do about ``fault``, as the dialect of the driver's ``error`` knows it."""
+    for dialect in DIALECTS:
+        if dialect.fault(error) is not None:
+            return dialect.remedy(fault, error)
     return None
 
 

@@ -19,13 +19,19 @@ Example:
     store = SqlStore("sqlite:///agentsnap.db", retry=StoreRetry(timeout=30.0, deadline=300.0))
     ```
 
-Faults are recognised from the driver's own codes, never from message text: PostgreSQL's
-SQLSTATE (class ``08`` connection exception, ``57P0x`` the server shutting down or starting,
-``40001``/``40P01`` serialization failure and deadlock, ``55P03`` lock not available,
-``57014`` statement timeout, ``53100`` disk full, class ``53`` insufficient resources),
-SQLite's result codes (``SQLITE_BUSY``, ``SQLITE_LOCKED``, ``SQLITE_FULL``,
+Faults are recognised from the driver's own codes: PostgreSQL's SQLSTATE (class ``08``
+connection exception, ``57P0x`` the server shutting down or starting, ``40001``/``40P01``
+serialization failure and deadlock, ``55P03`` lock not available, ``57014`` statement
+timeout, ``53100`` disk full, class ``53`` insufficient resources, ``3D000`` a database that
+does not exist), SQLite's result codes (``SQLITE_BUSY``, ``SQLITE_LOCKED``, ``SQLITE_FULL``,
 ``SQLITE_IOERR``), SQLAlchemy's ``connection_invalidated``, and the operating system's
-``ENOSPC``.
+``ENOSPC``. Message text is read in one case only: libpq keeps no SQLSTATE when the server
+refuses a connection, so a database that does not exist is told by the server's message
+(``database "…" does not exist``); a server set to another language for its messages makes
+it a connection fault, retried until the deadline.
+
+A database that does not exist ([`Fault.MISSING`][agentsnap.store.faults.Fault]) is not
+retried: the error says so at once, and how to create it.
 
 A retried write must not happen twice. When a connection is lost while a commit is in flight,
 the client cannot know whether it happened: every store and ledger write therefore checks,
@@ -72,13 +78,15 @@ class Fault(StrEnum):
     """The operation took longer than the policy allows (no answer from the database)."""
     DISK_FULL = "disk_full"
     """The database's disk is full."""
+    MISSING = "missing"
+    """The database does not exist: it must be created, or the URL fixed; retrying cannot help."""
     PERMANENT = "permanent"
     """A constraint, the schema, bad data: retrying cannot help."""
 
     @property
     def transient(self) -> bool:
         """Whether the same operation may succeed if tried again later."""
-        return self is not Fault.PERMANENT
+        return self not in {Fault.PERMANENT, Fault.MISSING}
 
 
 def classify(error: BaseException) -> Fault | None:
@@ -133,6 +141,7 @@ def describe(fault: Fault, where: str) -> str:
         Fault.LOCKED: f"{where} is locked by another writer",
         Fault.TIMEOUT: f"{where} did not answer in time",
         Fault.DISK_FULL: f"the disk of {where} is full: free some space",
+        Fault.MISSING: f"{where} does not exist",
         Fault.PERMANENT: f"{where} refused the operation",
     }[fault]
 
@@ -289,10 +298,28 @@ def _transient(error: BaseException) -> bool:
 
 def _error(what: str, where: str, fault: Fault, error: Exception, tail: str = "") -> StoreError:
     """``error`` as the StoreError to raise: kept as it is when it already is one."""
-    if isinstance(error, StoreError) and fault is Fault.PERMANENT:
+    if isinstance(error, StoreError) and not fault.transient:
         return error
     detail = _first_line(error)
-    return StoreError(f"could not {what}: {describe(fault, where)}{tail} ({detail})")
+    remedy = _remedy(fault, error)
+    advice = f": {remedy}" if remedy else ""
+    return StoreError(f"could not {what}: {describe(fault, where)}{advice}{tail} ({detail})")
+
+
+def _remedy(fault: Fault, error: BaseException) -> str | None:
+    """What the dialect of the driver's error under ``error`` says to do about ``fault``."""
+    from agentsnap.store.dialect import driver_remedy  # noqa: PLC0415 (see _own_fault)
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        remedy = driver_remedy(fault, current)
+        if remedy is not None:
+            return remedy
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return None
 
 
 def _first_line(error: BaseException) -> str:

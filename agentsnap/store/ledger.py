@@ -24,6 +24,7 @@ from agentsnap.ledger import Change, Ledger, LedgerEntry, ToolCallStatus
 from agentsnap.model_calls import ModelCallRecord
 
 if TYPE_CHECKING:
+    from agentsnap.messages import JsonValue
     from agentsnap.store.faults import StoreRetry
     from agentsnap.store.sql_ledger import SqlLedger
 
@@ -102,6 +103,12 @@ class MemoryLedger:
         self, run_id: str, agent: str, message_id: str, position: int, timeline: int
     ) -> ModelCallRecord | None:
         return self._model_calls.get((run_id, agent, message_id, position, timeline))
+
+    async def find_model_answer(  # noqa: D102
+        self, run_id: str, agent: str, message_id: str, position: int, timeline: int
+    ) -> dict[str, JsonValue] | None:
+        found = self._model_calls.get((run_id, agent, message_id, position, timeline))
+        return None if found is None else found.response
 
     async def replayed_model_call(  # noqa: D102
         self, run_id: str, agent: str, message_id: str, position: int, timeline: int

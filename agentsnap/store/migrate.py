@@ -8,7 +8,6 @@ shipped inside the wheel as ``agentsnap/_migrations``, so these functions (and t
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from sqlalchemy import create_engine, inspect, pool
 from sqlalchemy.engine import make_url
 
 from agentsnap.exceptions import ConfigurationError, SchemaOutOfDate, StoreError
-from agentsnap.store.dialect import POSTGRES_INSTALL, sync_url
+from agentsnap.store.dialect import POSTGRES_INSTALL, check_database, sync_url
 from agentsnap.store.tables import VERSION_TABLE, Base
 
 __all__ = [
@@ -99,7 +98,9 @@ def ensure_schema(url: str, *, create: bool = True) -> None:
     Raises:
         SchemaOutOfDate: The database holds agentsnap tables at another revision; the message
             says which command upgrades it.
-        StoreError: ``create`` is false and there is no agentsnap database at ``url``.
+        StoreError: ``create`` is false and there is no agentsnap database at ``url``, or
+            the database cannot be where ``url`` says (an SQLite file whose directory does
+            not exist, say: see [`check_database`][agentsnap.store.dialect.check_database]).
     """
     # Alembic's script loading is not safe in two threads at once (a store and its ledger
     # open the same database together): one schema check at a time in a process.
@@ -162,45 +163,6 @@ class SchemaGate:
                 if self._then is not None:
                     await self._then()
                 self._ready = True
-
-
-def check_database(url: str, *, create: bool) -> None:
-    """Check, without creating anything, that ``url`` can name an SQLite database.
-
-    Nothing is checked for a PostgreSQL URL, nor for an in-memory SQLite one.
-
-    Raises:
-        StoreError: The SQLite file is a directory, or a file that is not an SQLite database,
-            or (when ``create`` is false) does not exist. The message says what to do.
-    """
-    parsed = make_url(sync_url(url))
-    if parsed.get_backend_name() != "sqlite" or parsed.database in {None, "", ":memory:"}:
-        return
-    path = Path(parsed.database)
-    shown = make_url(url).render_as_string(hide_password=True)
-    if path.is_dir():
-        raise StoreError(
-            f"{path} is a directory, not an SQLite database: give a file with "
-            f"--db sqlite:///{path / 'agentsnap.db'}"
-        )
-    if not path.exists():
-        if not create:
-            raise StoreError(f"there is no database at {shown}: check the --db URL")
-        return
-    # Ask SQLite itself, never by opening the file directly: closing another descriptor of a
-    # database file drops the POSIX locks this process's connections hold on it.
-    try:
-        probe = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            probe.execute("PRAGMA schema_version")
-        finally:
-            probe.close()
-    except sqlite3.DatabaseError as exc:
-        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_NOTADB:
-            raise StoreError(
-                f"{path} is not an SQLite database (it is some other file): check the --db URL"
-            ) from exc
-        # Anything else (a lock, say) is for the store's own connection to meet and retry.
 
 
 def _has_tables(url: str) -> bool:

@@ -108,6 +108,8 @@ from agentsnap.store.tables import RunLeaseRow, ToolCallRow
 if TYPE_CHECKING:
     from sqlalchemy.sql.dml import Update
 
+    from agentsnap.messages import JsonValue
+
 __all__ = ["SqlLedger"]
 
 logger = logging.getLogger("agentsnap")
@@ -476,6 +478,38 @@ class SqlLedger:
             "read a model call of {1[agent]!r}", self._read, model_rows.find_call, identity
         )
 
+    async def find_model_answer(
+        self, run_id: str, agent: str, message_id: str, position: int, timeline: int
+    ) -> dict[str, JsonValue] | None:
+        """The answer recorded for the call of this identity, or ``None``.
+
+        On SQLite a point read by the primary key on the event loop's connection (a reader
+        never waits in WAL mode; a locked database is read in the ledger's thread instead):
+        a resumed handler gets each answer in tens of microseconds.
+        """
+        identity = (run_id, agent, message_id, position, timeline)
+        what = "read a model call's answer"
+        if self._sqlite is not None:
+            try:
+                return await self._answer_once(False, identity)
+            except Exception as exc:
+                return await self.retry.after(
+                    exc, what, self._answer_once, identity, where=self._where
+                )
+        return await self._retried(what, self._answer_once, identity)
+
+    async def _answer_once(
+        self, again: bool, identity: tuple[str, str, str, int, int]
+    ) -> dict[str, JsonValue] | None:
+        if self._sqlite is not None:
+            await self._gate.wait()
+            found = await self._sqlite.read_one(
+                "read a model call's answer", model_rows.SQLITE_ANSWER, list(identity)
+            )
+            return None if found is None else model_rows.answer_of(found[0])
+        params = dict(zip(model_rows.IDENTITY, identity, strict=True))
+        return await self._run("read a model call's answer", model_rows.find_answer, params)
+
     async def replayed_model_call(
         self, run_id: str, agent: str, message_id: str, position: int, timeline: int
     ) -> None:
@@ -808,6 +842,31 @@ class _Sqlite:
             raise StoreError(f"the ledger could not {what}: {exc}") from exc
         self._wrote()
         return changed
+
+    async def read_one(self, what: str, sql: str, values: list[Any]) -> tuple[Any, ...] | None:
+        """Read one row by its key on the event loop's connection (in the thread when the
+        database is locked); ``None`` when there is none.
+        """  # noqa: D205
+        try:
+            fast = self._fast or self._open_fast()
+            row = fast.execute(sql, values).fetchone()
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF not in {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}:
+                raise StoreError(f"the ledger could not {what}: {exc}") from exc
+
+            def waiting(conn: Connection) -> tuple[Any, ...] | None:
+                driver = conn.connection.driver_connection
+                assert isinstance(driver, sqlite3.Connection)
+                found = driver.execute(sql, values).fetchone()
+                return None if found is None else tuple(found)
+
+            try:
+                return await self.run(waiting)
+            except (SQLAlchemyError, sqlite3.Error) as waited:
+                raise StoreError(f"the ledger could not {what}: {waited}") from waited
+        except sqlite3.Error as exc:
+            raise StoreError(f"the ledger could not {what}: {exc}") from exc
+        return None if row is None else tuple(row)
 
     async def transaction(
         self,

@@ -3,7 +3,11 @@
 Four agents pass six tokens among them; every hop of a token is one delivery, and each
 delivery calls two side-effecting tools: ``explicit_effect`` with the key ``token:hop`` given
 by the caller, and ``derived_effect`` with no key, so the runtime derives it from the run, the
-agent, the message and the call. Both tools stand for an outside service: they insert the
+agent, the message and the call. ``derived_effect`` also carries a note that the agent asks
+a sampled model for, the natural way (``self.model.complete(...)``): the model words it at
+random, after a random delay, so a handler re-executed after a kill would pass other
+arguments if its model call were not replayed. The model logs every time it is asked in the
+service's ``asks`` table. Both tools stand for an outside service: they insert the
 logical effect (tool, token, hop) into the service's own table, keyed by the idempotency key
 they are handed (``INSERT OR IGNORE``: the service deduplicates a key, as a payment API does).
 The same logical effect under two keys is an effect that happened twice.
@@ -37,6 +41,7 @@ import os
 import random
 import sqlite3
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,7 +57,9 @@ from agentsnap import (
     ToolCall,
     tool,
 )
+from agentsnap.models import ModelRequest
 from agentsnap.store.sql import SqlStore
+from agentsnap.testing import FunctionModel
 
 AGENTS = ("a0", "a1", "a2", "a3")
 TOKENS = tuple(f"t{i}" for i in range(6))
@@ -67,6 +74,10 @@ SERVICE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS effects ("
     "key TEXT PRIMARY KEY, effect TEXT NOT NULL, tool TEXT NOT NULL, "
     "pid INTEGER NOT NULL, attempt INTEGER NOT NULL)"
+)
+ASKS_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS asks (prompt TEXT NOT NULL, answer TEXT NOT NULL, "
+    "pid INTEGER NOT NULL, asked_at REAL NOT NULL)"
 )
 
 
@@ -137,9 +148,27 @@ def explicit_effect(call: ToolCall, token: str, hop: int) -> dict[str, str]:
 
 
 @tool(side_effect=True, rerun_if_unknown=True, name=DERIVED)
-def derived_effect(call: ToolCall, token: str, hop: int) -> dict[str, str]:
-    """Called without a key: the runtime derives it."""
+def derived_effect(call: ToolCall, token: str, hop: int, note: str) -> dict[str, str]:
+    """Called without a key: the runtime derives it; ``note`` is a sampled model's words."""
     return perform(call, token, hop)
+
+
+async def sampled_note(request: ModelRequest) -> str:
+    """A sampled model: a random wording after a random delay, each ask logged."""
+    asked_at = time.time()
+    await asyncio.sleep(random.uniform(0, 0.004))
+    prompt = request.messages[-1].content
+    answer = f"{random.choice(['note', 'remark', 'memo'])} {random.randrange(10**9)}"
+    conn = open_service(Service.path)
+    try:
+        with conn:
+            conn.execute(
+                "INSERT INTO asks (prompt, answer, pid, asked_at) VALUES (?, ?, ?, ?)",
+                (prompt, answer, os.getpid(), asked_at),
+            )
+    finally:
+        conn.close()
+    return answer
 
 
 class HopState(AgentState):
@@ -153,6 +182,7 @@ class Hop(Agent[HopState]):
     def __init__(self, name: str, rng: random.Random) -> None:
         super().__init__(name)
         self.rng = rng
+        self.model = FunctionModel(sampled_note, name="sampled-note")
 
     async def handle(self, message: Message, ctx: Context[HopState]) -> None:
         announce_running()
@@ -162,7 +192,8 @@ class Hop(Agent[HopState]):
         await asyncio.sleep(self.rng.uniform(0, 0.004))
         await explicit_effect(ctx, key=f"{token}:{hop}", token=token, hop=hop)
         await asyncio.sleep(self.rng.uniform(0, 0.002))
-        await derived_effect(ctx, token=token, hop=hop)
+        note = await self.model.complete(f"note for {token}:{hop} on timeline {ctx.timeline}")
+        await derived_effect(ctx, token=token, hop=hop, note=note)
         if hop < HOPS:
             ctx.send(next_agent(token, hop), {"token": token, "hop": hop + 1}, kind="token")
         await asyncio.sleep(self.rng.uniform(0, 0.002))

@@ -1,4 +1,5 @@
-"""Nothing the outside world sees happens twice, however often a run is killed and resumed.
+"""Nothing the outside world sees happens twice, however often a run is killed and resumed,
+and no model call whose answer was recorded is asked again.
 
 ``crash_workflow.py`` runs in a child process: four agents pass six tokens round a ring, and
 every delivery calls two side-effecting tools, one with an explicit idempotency key and one
@@ -9,7 +10,10 @@ for a resumed child, a random delay after it was spawned), then resumes the run 
 child (``--resume``), and kills again, until a child finishes. Then:
 
 * every logical effect is in the service's table under exactly one key, for both kinds of
-  key (two keys for one effect: the effect happened twice);
+  key (two keys for one effect: the effect happened twice), though the derived key's call
+  carries a note a sampled model words anew each time it is asked;
+* no model call was asked again after its answer was recorded (a resumed handler gets the
+  recorded answer), and every hop's model call is recorded;
 * every logical effect of a complete run happened, and the final states hold every hop of
   every token exactly once;
 * every stored complete snapshot is a consistent cut;
@@ -52,10 +56,12 @@ import agentsnap
 from agentsnap import ConfigurationError, RunStatus, SnapshotStatus
 from agentsnap.cli import main as cli
 from agentsnap.store.sql import SqlStore
+from agentsnap.store.sql_ledger import SqlLedger
 from agentsnap.testing import cut_problems
 
 from .crash_workflow import (
     AGENTS,
+    ASKS_SCHEMA,
     DERIVED,
     EXIT_REFUSED,
     EXPLICIT,
@@ -92,6 +98,7 @@ def make_service(tmp_path: Path) -> Path:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(SERVICE_SCHEMA)
+        conn.execute(ASKS_SCHEMA)
         conn.commit()
     return path
 
@@ -309,6 +316,36 @@ def effect_problems(service: Path) -> list[str]:
     return problems
 
 
+def model_call_problems(url: str, run_id: str, service: Path) -> list[str]:
+    """Model calls asked again after their answer was recorded (on the same timeline: the
+    prompt names it), and hops without a recorded model call."""
+    ledger = SqlLedger(url, create=False)
+    try:
+        calls = asyncio.run(ledger.list_model_calls(run_id))
+    finally:
+        asyncio.run(ledger.close())
+    with contextlib.closing(sqlite3.connect(service, timeout=60)) as conn:
+        asks = conn.execute("SELECT prompt, answer, asked_at FROM asks").fetchall()
+    asked: dict[str, list[float]] = defaultdict(list)
+    for prompt, _, at in asks:
+        asked[str(prompt)].append(float(at))
+    problems = []
+    recorded: set[str] = set()
+    for call in calls:
+        prompt = str(call.asked().messages[-1].content)
+        recorded.add(prompt.split(" on timeline")[0])
+        done = call.finished_at.timestamp()
+        again = [at for at in asked[prompt] if at > done + 0.001]
+        if again:
+            problems.append(
+                f"{prompt!r} was asked {len(again)} more time(s) after its answer was recorded"
+            )
+    hops = {f"note for {t}:{h}" for t in TOKENS for h in range(HOPS + 1)}
+    if hops - recorded:
+        problems.append(f"hops without a recorded model call: {sorted(hops - recorded)[:8]}")
+    return problems
+
+
 def state_problems(result: dict[str, Any]) -> list[str]:
     handled = Counter(hop for name in AGENTS for hop in result["handled"][name])
     expected = Counter(f"{t}:{h}" for t in TOKENS for h in range(HOPS + 1))
@@ -339,6 +376,7 @@ def test_no_effect_happens_twice_across_kills_and_resumes(
     )
     result = crashes.run(KILLS_PER_RUN)
     problems = effect_problems(crashes.service)
+    problems += model_call_problems(url, crashes.run_id, crashes.service)
     if result is not None:
         problems += state_problems(result)
     status, cut = asyncio.run(stored_run(url, crashes.run_id))

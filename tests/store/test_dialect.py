@@ -26,6 +26,7 @@ from agentsnap.store.dialect import (
     sync_url,
 )
 from agentsnap.store.faults import Fault, classify
+from agentsnap.store.sql import SqlStore
 
 _metadata = MetaData()
 _items = Table(
@@ -66,6 +67,18 @@ def test_only_an_sqlite_url_naming_a_file_has_a_file() -> None:
     assert sqlite_file("sqlite://") is None
     assert sqlite_file("sqlite:///:memory:") is None
     assert sqlite_file("postgresql://u@h/db") is None
+
+
+def test_an_sqlite_url_with_two_slashes_says_how_to_write_it() -> None:
+    url = "sqlite://tmp/x.db"  # "tmp" is taken for a host
+    for use in (dialect_of, sync_url, async_url, sqlite_file, SqlStore):
+        with pytest.raises(ConfigurationError) as refused:
+            use(url)
+        message = str(refused.value)
+        assert message.startswith("'sqlite://tmp/x.db' is not a valid SQLite URL")
+        assert "sqlite:///tmp/x.db for tmp/x.db under the current directory" in message
+        assert "sqlite:////tmp/x.db for /tmp/x.db" in message
+        assert "aiosqlite" not in message
 
 
 def _pragmas(connection: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import sqlite3
 import threading
 import time
@@ -25,6 +26,7 @@ import psycopg.errors
 import pytest
 import sqlalchemy
 from ledger_entries import claim_of
+from postgres_db import POSTGRES_URL_VARIABLE
 
 from agentsnap import (
     ConfigurationError,
@@ -99,6 +101,7 @@ def test_sqlite_faults_are_told_apart_by_their_result_codes(tmp_path: Path) -> N
         ("08006", Fault.CONNECTION),
         ("23505", Fault.PERMANENT),
         ("42P01", Fault.PERMANENT),
+        ("3D000", Fault.MISSING),
     ],
 )
 def test_postgres_faults_are_told_apart_by_sqlstate(sqlstate: str, fault: Fault) -> None:
@@ -115,6 +118,17 @@ def test_a_refused_connection_is_a_connection_fault() -> None:
         psycopg.connect("postgresql://postgres@127.0.0.1:1/test", connect_timeout=2)
 
     assert classify(refused.value) is Fault.CONNECTION
+
+
+def test_a_database_that_does_not_exist_is_not_a_passing_fault() -> None:
+    # libpq refuses the connection without an SQLSTATE: the server's message tells it.
+    refused = psycopg.OperationalError(
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
+        'FATAL:  database "runs" does not exist'
+    )
+
+    assert classify(refused) is Fault.MISSING
+    assert not Fault.MISSING.transient
 
 
 def test_other_errors_are_not_database_faults() -> None:
@@ -374,6 +388,84 @@ async def test_ledger_writes_whose_answer_was_lost_are_recognised(empty_db: str)
     finally:
         await ledger.close()
         await store.close()
+
+
+# -- a database that is not there ------------------------------------------------------
+
+
+def retried(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings a store logs when it starts retrying an operation."""
+    return [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+
+
+async def test_an_sqlite_file_in_a_missing_directory_is_refused_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "nope"
+    store = SqlStore(f"sqlite:///{folder / 'runs.db'}", retry=FAST)
+    try:
+        with pytest.raises(StoreError) as refused:
+            await store.create_run(RunInfo(id=uuid.uuid4().hex))
+    finally:
+        await store.close()
+
+    message = str(refused.value)
+    assert f"its directory {folder} does not exist" in message
+    assert f"mkdir -p {folder}" in message
+    assert "unavailable" not in message
+    assert retried(caplog) == []
+    assert not folder.exists()
+
+
+async def test_a_reader_of_an_sqlite_file_in_a_missing_directory_names_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "nope"
+    url = f"sqlite:///{folder / 'runs.db'}"
+    store = SqlStore(url, create=False, retry=FAST)
+    try:
+        with pytest.raises(StoreError) as refused:
+            await store.list_runs()
+    finally:
+        await store.close()
+
+    assert str(refused.value) == (
+        f"there is no database at {url} (its directory {folder} does not exist): check the --db URL"
+    )
+    assert retried(caplog) == []
+    assert not folder.exists()
+
+
+def missing_postgres_database() -> tuple[str, str]:
+    """A URL of the test server naming a database that does not exist, and that name."""
+    url = os.environ.get(POSTGRES_URL_VARIABLE)
+    if not url:
+        pytest.skip(f"{POSTGRES_URL_VARIABLE} is not set: no PostgreSQL to test against")
+    name = f"agentsnap_missing_{uuid.uuid4().hex[:12]}"
+    missing = sqlalchemy.make_url(url).set(database=name)
+    return missing.render_as_string(hide_password=False), name
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("create", [True, False], ids=["writer", "reader"])
+async def test_a_postgres_database_that_does_not_exist_is_refused_at_once(
+    create: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, name = missing_postgres_database()
+    store = SqlStore(url, create=create, retry=FAST)
+    try:
+        with pytest.raises(StoreError) as refused:
+            await store.list_runs()
+    finally:
+        await store.close()
+
+    message = str(refused.value)
+    assert f"/{name} does not exist" in message
+    assert f"createdb {name}" in message
+    assert f"CREATE DATABASE {name}" in message
+    assert "cannot be reached" not in message
+    assert retried(caplog) == []
+    assert classify(refused.value) is Fault.MISSING
 
 
 def test_the_cli_says_when_the_database_cannot_be_reached() -> None:
