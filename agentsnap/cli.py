@@ -591,55 +591,11 @@ def model_calls(run_id: str, db: str, agent: str | None, as_json: bool) -> None:
         ]
         for c in calls
     ]
-    footer = (
-        [
-            [
-                " ",
-                name,
-                f"{_many(t['calls'], 'call')}",
-                "",
-                "",
-                "",
-                t["input_tokens"],
-                t["output_tokens"],
-                "",
-                "",
-                "",
-            ]
-            for name, t in totals["agents"].items()
-        ]
-        if len(totals["agents"]) > 1
-        else []
-    )
-    footer.append(
-        [
-            " ",
-            "total",
-            _many(totals["calls"], "call"),
-            "",
-            "",
-            "",
-            totals["input_tokens"],
-            totals["output_tokens"],
-            "",
-            "",
-            "",
-        ]
-    )
+    by_agent = totals["agents"] if len(totals["agents"]) > 1 else {}
+    footer = [_total_row(name, t) for name, t in by_agent.items()]
+    footer.append(_total_row("total", totals))
     _print_table(
-        [
-            "",
-            "AGENT",
-            "MESSAGE",
-            "POS",
-            "TIMELINE",
-            "MODEL",
-            "IN",
-            "OUT",
-            "LATENCY",
-            "STARTED",
-            "REPLAYS",
-        ],
+        _MODEL_CALL_HEADERS,
         [*rows, *footer],
         kinds={"MESSAGE": console.Kind.TEXT, "MODEL": console.Kind.TEXT},
     )
@@ -649,6 +605,28 @@ def model_calls(run_id: str, db: str, agent: str | None, as_json: bool) -> None:
             f"~ {_many(discarded, 'call')} of a discarded timeline (asked again after a "
             f"rollback); the run's latest timeline is {doc['timeline']}"
         )
+
+
+_MODEL_CALL_HEADERS = [
+    "",  # the mark of a call of a discarded timeline
+    "AGENT",
+    "MESSAGE",
+    "POS",
+    "TIMELINE",
+    "MODEL",
+    "IN",
+    "OUT",
+    "LATENCY",
+    "STARTED",
+    "REPLAYS",
+]
+
+
+def _total_row(name: str, totals: dict[str, Any]) -> list[object]:
+    """A footer line of ``model-calls``: how many calls, and their tokens in and out."""
+    calls = _many(totals["calls"], "call")
+    tokens = [totals["input_tokens"], totals["output_tokens"]]
+    return [" ", name, calls, "", "", "", *tokens, "", "", ""]
 
 
 def _latency(ms: float) -> str:
