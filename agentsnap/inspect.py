@@ -752,12 +752,16 @@ async def show_snapshot(
                 "agent", agent, f"snapshot {snapshot.id} recorded no agent {agent!r}"
             )
         document["channels"] = [c for c in document["channels"] if agent in (c["src"], c["dst"])]
-    await _calls_since_previous(store, snapshot, document, ledger)
+    await _calls_since_previous(store, snapshot, document, agent, ledger)
     return document
 
 
 async def _calls_since_previous(
-    store: Store, snapshot: Snapshot, document: dict[str, Any], ledger: Ledger | None
+    store: Store,
+    snapshot: Snapshot,
+    document: dict[str, Any],
+    agent: str | None,
+    ledger: Ledger | None,
 ) -> None:
     """Put each agent's calls since the previous cut into its entry of ``document``."""
     summaries = await store.list_snapshot_summaries(snapshot.run_id)
@@ -770,7 +774,8 @@ async def _calls_since_previous(
         else {"id": previous.id, "seq": previous.seq, "started_at": _time(previous.started_at)}
     )
     agents = document["agents"]
-    records = await model_calls(store, snapshot.run_id, ledger=ledger) if agents else []
+    # An agent's own calls tell which of them a rollback discarded: read no other's.
+    records = await model_calls(store, snapshot.run_id, agent, ledger) if agents else []
     for name in agents:
         agents[name]["model_calls"] = []
     cuts = following_snapshots(records, summaries)
