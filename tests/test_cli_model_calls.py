@@ -14,7 +14,7 @@ from model_call_run import ModelCallRun, make_model_call_run
 
 from agentsnap import MemoryStore, RunInfo
 from agentsnap.cli import main
-from agentsnap.inspect import model_calls_table, show_snapshot
+from agentsnap.inspect import export_run, model_calls_table, show_snapshot, write_export
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.sql import SqlStore
 
@@ -253,3 +253,15 @@ async def test_the_queries_read_a_ledger_given_to_them() -> None:
     assert without["calls"] == [], "a memory store has no ledger of its own"
     shown = await show_snapshot(store, run.second, ledger=ledger)
     assert identities(shown["agents"]["reviewer"]["model_calls"]) == CALLS[8:]
+
+
+async def test_the_streamed_export_writes_the_model_calls_export_run_lists() -> None:
+    store = MemoryStore()
+    ledger = MemoryLedger()
+    run = await make_model_call_run(store, ledger)
+    document = await export_run(store, run.run_id, ledger)
+    assert len(document["model_calls"]) == len(CALLS)
+    for indent in (None, 2):
+        pieces: list[str] = []
+        await write_export(store, run.run_id, pieces.append, indent=indent, ledger=ledger, page=1)
+        assert "".join(pieces) == json.dumps(document, indent=indent, ensure_ascii=False)
