@@ -571,6 +571,96 @@ def list_tool_calls(run_id: str | None, db: str, status: str | None, as_json: bo
         )
 
 
+@main.command("model-calls")
+@click.argument("run_id")
+@_DB
+@click.option("--agent", default=None, help="Only this agent's calls.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON: {run_id, timeline, calls, totals}."
+)
+def model_calls(run_id: str, db: str, agent: str | None, as_json: bool) -> None:
+    """Print the model calls of run RUN_ID, in the order they were made, with token totals.
+
+    RUN_ID may be a unique prefix of the id. Each call shows its agent, the message its
+    handler was handling, its position among that handler's calls, the timeline it was
+    made on, the model, tokens in and out, latency, start, and how many times a re-executed
+    handler got its answer replayed. A call marked `~` was made on a timeline a rollback
+    discarded: the handler asked again on a later one. With --json, each call is whole,
+    request and answer included.
+    """
+    from agentsnap.inspect import model_calls_table  # noqa: PLC0415
+
+    doc = _read(db, lambda store: model_calls_table(store, run_id, agent))
+    if as_json:
+        _print_json(doc)
+        return
+    calls = doc["calls"]
+    if not calls:
+        who = f" of agent {agent}" if agent else ""
+        click.echo(f"run {doc['run_id']} recorded no model calls{who}")
+        return
+    totals = doc["totals"]
+    rows: list[list[object]] = [
+        [
+            "~" if c["discarded"] else " ",
+            c["agent"],
+            c["message"],
+            c["position"],
+            c["timeline"],
+            c["model"],
+            c["input_tokens"],
+            c["output_tokens"],
+            _latency(c["latency_ms"]),
+            _when(c["started_at"]),
+            c["replays"],
+        ]
+        for c in calls
+    ]
+    by_agent = totals["agents"] if len(totals["agents"]) > 1 else {}
+    footer = [_total_row(name, t) for name, t in by_agent.items()]
+    footer.append(_total_row("total", totals))
+    _print_table(
+        _MODEL_CALL_HEADERS,
+        [*rows, *footer],
+        kinds={"MESSAGE": console.Kind.TEXT, "MODEL": console.Kind.TEXT},
+    )
+    discarded = sum(c["discarded"] for c in calls)
+    if discarded:
+        click.echo(
+            f"~ {_many(discarded, 'call')} of a discarded timeline (asked again after a "
+            f"rollback); the run's latest timeline is {doc['timeline']}"
+        )
+
+
+_MODEL_CALL_HEADERS = [
+    "",  # the mark of a call of a discarded timeline
+    "AGENT",
+    "MESSAGE",
+    "POS",
+    "TIMELINE",
+    "MODEL",
+    "IN",
+    "OUT",
+    "LATENCY",
+    "STARTED",
+    "REPLAYS",
+]
+
+
+def _total_row(name: str, totals: dict[str, Any]) -> list[object]:
+    """A footer line of ``model-calls``: how many calls, and their tokens in and out."""
+    calls = _many(totals["calls"], "call")
+    tokens = [totals["input_tokens"], totals["output_tokens"]]
+    return [" ", name, calls, "", "", "", *tokens, "", "", ""]
+
+
+def _latency(ms: float) -> str:
+    """``0.4 ms``, ``840 ms``, ``12.5 s``."""
+    if ms < 10:
+        return f"{ms:.1f} ms"
+    return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
 @tools.command("resolve")
 @click.argument("key")
 @_DB
@@ -1184,10 +1274,31 @@ def show(snapshot_id: str, db: str, agent: str | None, as_json: bool) -> None:
         click.echo(f"  received: {_counters(cut['received'])}")
         for key, value in cut["state"].items():
             click.echo(f"  {key}: {_value(value)}")
+        _show_model_calls(cut["model_calls"], doc["previous"])
     messages = [(c["src"], c["dst"], m) for c in doc["channels"] for m in c["messages"]]
     click.echo(f"in flight: {len(messages)}")
     for src, dst, m in messages:
         click.echo(f"  {src} -> {dst} #{m['seq']} {m['kind']}: {_value(m['payload'])}")
+
+
+def _show_model_calls(calls: list[dict[str, Any]], previous: dict[str, Any] | None) -> None:
+    """An agent's model calls since the previous cut, one line each, under a count."""
+    if not calls:
+        return
+    since = "the run began" if previous is None else f"snapshot {previous['seq']}"
+    tokens_in = sum(c["input_tokens"] for c in calls)
+    tokens_out = sum(c["output_tokens"] for c in calls)
+    click.echo(
+        f"  model calls since {since}: {len(calls)} ({tokens_in} tokens in, {tokens_out} out)"
+    )
+    for c in calls:
+        mark = "~" if c["discarded"] else " "
+        answer = c["answer"] if len(c["answer"]) <= 60 else c["answer"][:57] + "..."
+        click.echo(
+            f"   {mark}{c['message']} #{c['position']} timeline {c['timeline']}  "
+            f"{c['model'] or '-'}  {c['input_tokens']}/{c['output_tokens']} tokens  "
+            f"{_latency(c['latency_ms'])}: {answer}"
+        )
 
 
 @main.command()
@@ -1966,7 +2077,7 @@ def _commands(group: click.Group, path: str = "") -> Iterator[tuple[str, click.C
             yield here, command
 
 
-_TABLES = frozenset({"runs", "snapshots", "rollbacks", "checkpoints", "tools list"})
+_TABLES = frozenset({"runs", "snapshots", "rollbacks", "checkpoints", "tools list", "model-calls"})
 """The commands that print tables, and so take ``--wide``."""
 
 _TIMES = frozenset(

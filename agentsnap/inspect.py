@@ -27,9 +27,11 @@ The export document is described, key by key, in ``docs/reference/export.md``.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentsnap.exceptions import NotFoundError
@@ -38,6 +40,7 @@ from agentsnap.journal import JournalReader, read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
 from agentsnap.limits import check_run_id
 from agentsnap.messages import ENVIRONMENT
+from agentsnap.model_calls import ModelCallLog
 from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
 from agentsnap.store.graph import GraphCheckpointIndex
 from agentsnap.store.ledger import ledger_for
@@ -48,22 +51,36 @@ if TYPE_CHECKING:
 
     from agentsnap.ledger import Ledger, LedgerEntry
     from agentsnap.messages import JsonInput
-    from agentsnap.records import JournalMessage, RollbackInfo, RunLease, Snapshot
+    from agentsnap.model_calls import ModelCallRecord
+    from agentsnap.records import (
+        JournalMessage,
+        RollbackInfo,
+        RunLease,
+        Snapshot,
+        SnapshotSummary,
+    )
     from agentsnap.store import Store
 
 __all__ = [
     "EXPORT_FORMAT",
     "BisectResult",
     "agent_history_table",
+    "answer_line",
     "bisect_run",
+    "call_summary",
     "diff_snapshots",
     "diff_states",
+    "discarded_calls",
     "export_run",
+    "following_snapshots",
     "fork_run",
     "graph_checkpoints_table",
     "is_empty_diff",
     "ledger_calls",
     "ledger_calls_table",
+    "model_call_totals",
+    "model_calls",
+    "model_calls_table",
     "resolve_run",
     "resolve_snapshot",
     "rollbacks_table",
@@ -82,8 +99,9 @@ async def export_run(store: Store, run_id: str, ledger: Ledger | None = None) ->
     """Everything a store holds about a run, as one JSON-ready document.
 
     The ``"messages"`` key is present only when the run kept a journal. ``"tool_calls"``
-    lists the run's side-effecting tool calls from ``ledger``: by default the ledger in the
-    store's database (an ``SqlStore``'s), none for other stores.
+    lists the run's side-effecting tool calls from ``ledger``, and ``"model_calls"`` its
+    model calls (see [`model_calls`][agentsnap.inspect.model_calls]): by default the ledger
+    in the store's database (an ``SqlStore``'s), none for other stores.
 
     Raises:
         NotFoundError: The store holds no such run.
@@ -98,6 +116,9 @@ async def export_run(store: Store, run_id: str, ledger: Ledger | None = None) ->
     }
     document["tool_calls"] = [
         _tool_call(entry) for entry in await _ledger_calls(store, run_id, ledger)
+    ]
+    document["model_calls"] = [
+        _model_call(record) for record in await model_calls(store, run_id, ledger=ledger)
     ]
     segments = await store.load_journal(run_id)
     if segments:
@@ -121,7 +142,8 @@ async def write_export(
     ensure_ascii=False)`` writes. Snapshots are read ``page`` at a time and the journal a
     few segments at a time (see [`JournalReader`][agentsnap.journal.JournalReader]), so
     what is held does not grow with the run, bar 16 bytes a journaled message. The journal
-    is read through, and checked, before anything is written.
+    is read through, and checked, before anything is written. The run's model calls are
+    read in one list (the model call log has no paged read), each written as it is encoded.
 
     Raises:
         NotFoundError: The store holds no such run.
@@ -147,12 +169,20 @@ async def write_export(
         async for message in journal.messages():
             yield _message(message)
 
+    records = await model_calls(store, run_id, ledger=ledger)
+    records.reverse()
+
+    async def calls() -> AsyncIterator[dict[str, Any]]:
+        while records:  # each record let go once written
+            yield _model_call(records.pop())
+
     parts: list[tuple[str, Any]] = [
         ("format", EXPORT_FORMAT),
         ("run", _run(run)),
         ("snapshots", snapshots()),
         ("rollbacks", rollbacks),
         ("tool_calls", tool_calls),
+        ("model_calls", calls()),
     ]
     if journal.segments:
         parts.append(("messages", messages()))
@@ -222,6 +252,138 @@ def _tool_call(entry: LedgerEntry) -> dict[str, Any]:
         "created_at": _time(entry.created_at),
         "updated_at": _time(entry.updated_at),
     }
+
+
+async def model_calls(
+    store: Store, run_id: str, agent: str | None = None, ledger: Ledger | None = None
+) -> list[ModelCallRecord]:
+    """A run's model calls (of ``agent``, when given), in the order they were made.
+
+    Args:
+        store: The store holding the run.
+        run_id: The run's full id.
+        agent: Only this agent's calls.
+        ledger: Where the calls are recorded (a ledger that is a
+            [`ModelCallLog`][agentsnap.model_calls.ModelCallLog]); by default the ledger in
+            the store's database (an ``SqlStore``'s), none for other stores.
+    """
+    if ledger is not None:
+        if not isinstance(ledger, ModelCallLog):
+            return []
+        return await ledger.list_model_calls(run_id, agent)
+    opened = ledger_for(store, create=False)
+    if opened is None:
+        return []
+    try:
+        if not isinstance(opened, ModelCallLog):
+            return []
+        return await opened.list_model_calls(run_id, agent)
+    finally:
+        await opened.close()
+
+
+def _model_call(record: ModelCallRecord) -> dict[str, Any]:
+    return {
+        "run": record.run_id,
+        "agent": record.agent,
+        "message": record.message_id,
+        "position": record.position,
+        "timeline": record.timeline,
+        "model": record.model,
+        "input_tokens": record.input_tokens,
+        "output_tokens": record.output_tokens,
+        "started_at": _time(record.started_at),
+        "latency_ms": record.latency_ms,
+        "replays": record.replays,
+        "request": record.request,
+        "response": record.response,
+    }
+
+
+def discarded_calls(records: Sequence[ModelCallRecord]) -> list[bool]:
+    """For each call, whether it was made on a timeline a rollback discarded.
+
+    A rollback starts a new timeline and the handlers it sends back are executed again, so
+    a call whose agent, message and position have a call on a later timeline belongs to a
+    discarded one (its answer reached no state that stands).
+    """
+    latest: dict[tuple[str, str, int], int] = {}
+    for r in records:
+        place = (r.agent, r.message_id, r.position)
+        latest[place] = max(latest.get(place, r.timeline), r.timeline)
+    return [r.timeline < latest[(r.agent, r.message_id, r.position)] for r in records]
+
+
+def answer_line(response: dict[str, Any]) -> str:
+    """The first line of a recorded answer's text, else what it holds instead."""
+    text = response.get("text")
+    if isinstance(text, str):
+        for line in text.splitlines():
+            if line.strip():
+                return line.strip()
+    calls = response.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        names = [c.get("name", "?") if isinstance(c, dict) else "?" for c in calls]
+        return "tool calls: " + ", ".join(str(n) for n in names)
+    output = response.get("output")
+    if output is not None:
+        return json.dumps(output, ensure_ascii=False, sort_keys=True)
+    return ""
+
+
+def call_summary(record: ModelCallRecord, discarded: bool) -> dict[str, Any]:
+    """A model call as a listing shows it: without its request and answer.
+
+    As in the export document, without ``"request"`` and ``"response"``, plus
+    ``"discarded"`` (see [`discarded_calls`][agentsnap.inspect.discarded_calls]) and
+    ``"answer"``, the answer's first line (see [`answer_line`][agentsnap.inspect.answer_line]).
+    """
+    row = _model_call(record)
+    del row["request"], row["response"]
+    return {**row, "discarded": discarded, "answer": answer_line(record.response)}
+
+
+def model_call_totals(records: Sequence[ModelCallRecord]) -> dict[str, Any]:
+    """How many ``records`` and their tokens, in all and by agent.
+
+    Returns:
+        ``{"calls", "input_tokens", "output_tokens", "agents": {agent: {"calls",
+        "input_tokens", "output_tokens"}}}``.
+    """
+    agents: dict[str, dict[str, int]] = {}
+    for r in records:
+        mine = agents.setdefault(r.agent, {"calls": 0, "input_tokens": 0, "output_tokens": 0})
+        mine["calls"] += 1
+        mine["input_tokens"] += r.input_tokens
+        mine["output_tokens"] += r.output_tokens
+    return {
+        "calls": len(records),
+        "input_tokens": sum(r.input_tokens for r in records),
+        "output_tokens": sum(r.output_tokens for r in records),
+        "agents": dict(sorted(agents.items())),
+    }
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def following_snapshots(
+    records: Sequence[ModelCallRecord], snapshots: Sequence[SnapshotSummary]
+) -> list[SnapshotSummary | None]:
+    """For each call, the first of ``snapshots`` started when or after the call started.
+
+    That is the cut a call leads to: the calls "made since the previous cut" of a snapshot
+    are those that started after the snapshot before it started (the run's start for the
+    first) and before it started itself. ``None`` for a call that started after every one.
+    """
+    ordered = sorted(snapshots, key=lambda s: (_utc(s.started_at), s.seq))
+    starts = [_utc(s.started_at) for s in ordered]
+    found: list[SnapshotSummary | None] = []
+    for record in records:
+        at = bisect.bisect_left(starts, _utc(record.started_at))
+        found.append(ordered[at] if at < len(ordered) else None)
+    return found
 
 
 def _time(moment: datetime | None) -> str | None:
@@ -497,6 +659,47 @@ async def ledger_calls_table(
     ]
 
 
+async def model_calls_table(
+    store: Store, run_prefix: str, agent: str | None = None, ledger: Ledger | None = None
+) -> dict[str, Any]:
+    """A run's model calls (id or unique prefix; of ``agent``, when given), with totals.
+
+    Returns:
+        ``{"run_id", "timeline", "calls", "totals"}``. ``calls`` lists the calls in the
+        order they were made, each as in the export document plus ``"discarded"``: whether
+        the call was made on a timeline a rollback discarded (the same agent, message and
+        position have a call on a later timeline: the handler was executed again).
+        ``timeline`` is the latest timeline a call of the run was made on. ``totals``
+        counts the calls listed and their tokens, in all and by agent: ``{"calls",
+        "input_tokens", "output_tokens", "agents": {agent: {"calls", "input_tokens",
+        "output_tokens"}}}``; a discarded call counts (the model was asked), a replay
+        does not (it was not).
+
+    Raises:
+        NotFoundError: No such run, or the prefix is ambiguous, or the run knows no agent
+            ``agent`` (none of its calls or snapshots names it).
+    """
+    run = await resolve_run(store, run_prefix)
+    records = await model_calls(store, run.id, ledger=ledger)
+    rows = [
+        (r, {**_model_call(r), "discarded": discarded})
+        for r, discarded in zip(records, discarded_calls(records), strict=True)
+    ]
+    timeline = max((r.timeline for r in records), default=0)
+    if agent is not None:
+        if not any(r.agent == agent for r in records):
+            summaries = await store.list_snapshot_summaries(run.id)
+            if not any(agent in s.agents for s in summaries):
+                raise NotFoundError("agent", agent, f"run {run.id} has no agent {agent!r}")
+        rows = [(r, row) for r, row in rows if r.agent == agent]
+    return {
+        "run_id": run.id,
+        "timeline": timeline,
+        "calls": [row for _, row in rows],
+        "totals": model_call_totals([r for r, _ in rows]),
+    }
+
+
 async def _as_reported(store: Store, entries: list[LedgerEntry]) -> list[LedgerEntry]:
     """``entries``, those whose owner stopped shown as unknown."""
     leases: dict[str, RunLease | None] = {}
@@ -515,15 +718,25 @@ async def _as_reported(store: Store, entries: list[LedgerEntry]) -> list[LedgerE
 
 
 async def show_snapshot(
-    store: Store, snapshot_prefix: str, agent: str | None = None
+    store: Store, snapshot_prefix: str, agent: str | None = None, ledger: Ledger | None = None
 ) -> dict[str, Any]:
-    """One snapshot: its agents' states and counters and the messages in flight.
+    """One snapshot: its agents' states, counters and model calls, the messages in flight.
 
     With ``agent``, only that agent's part and the channels into or out of it. A damaged
     snapshot is shown with what could be read, ``"status": "damaged"``, the reason in
     ``"error"`` and the processes whose part is missing or unreadable in
     ``"damaged_agents"`` (such a process, asked for with ``agent``, has no entry in
     ``"agents"``).
+
+    Each agent's entry has ``"model_calls"``: the calls of that agent that started after
+    the run's previous snapshot started (``"previous"``: its ``id``, ``seq`` and
+    ``started_at``, or ``None`` for the first snapshot, whose calls are those since the
+    run began) and before this one started (see
+    [`following_snapshots`][agentsnap.inspect.following_snapshots]), from ``ledger``
+    (by default the ledger in the store's database, none for other stores). Each call is
+    as in the export document without its request and answer, plus ``"discarded"`` (as in
+    [`model_calls_table`][agentsnap.inspect.model_calls_table]) and ``"answer"``: the
+    first line of the answer's text.
 
     Raises:
         NotFoundError: No such snapshot (or the prefix is ambiguous), or the snapshot did
@@ -544,7 +757,36 @@ async def show_snapshot(
                 "agent", agent, f"snapshot {snapshot.id} recorded no agent {agent!r}"
             )
         document["channels"] = [c for c in document["channels"] if agent in (c["src"], c["dst"])]
+    await _calls_since_previous(store, snapshot, document, agent, ledger)
     return document
+
+
+async def _calls_since_previous(
+    store: Store,
+    snapshot: Snapshot,
+    document: dict[str, Any],
+    agent: str | None,
+    ledger: Ledger | None,
+) -> None:
+    """Put each agent's calls since the previous cut into its entry of ``document``."""
+    summaries = await store.list_snapshot_summaries(snapshot.run_id)
+    starts = sorted(summaries, key=lambda s: (_utc(s.started_at), s.seq))
+    mine = next((i for i, s in enumerate(starts) if s.id == snapshot.id), None)
+    previous = starts[mine - 1] if mine else None
+    document["previous"] = (
+        None
+        if previous is None
+        else {"id": previous.id, "seq": previous.seq, "started_at": _time(previous.started_at)}
+    )
+    agents = document["agents"]
+    # An agent's own calls tell which of them a rollback discarded: read no other's.
+    records = await model_calls(store, snapshot.run_id, agent, ledger) if agents else []
+    for name in agents:
+        agents[name]["model_calls"] = []
+    cuts = following_snapshots(records, summaries)
+    for record, cut, discarded in zip(records, cuts, discarded_calls(records), strict=True):
+        if cut is not None and cut.id == snapshot.id and record.agent in agents:
+            agents[record.agent]["model_calls"].append(call_summary(record, discarded))
 
 
 async def diff_snapshots(

@@ -167,6 +167,7 @@ LISTS_OR_SHOWS = {
     "fork",
     "db current",
     "tools list",
+    "model-calls",
 }
 
 
@@ -599,6 +600,7 @@ EVERY_COMMAND = {
     "demo",
     "tools list",
     "tools resolve",
+    "model-calls",
     "runs",
     "runs delete",
     "runs prune",

@@ -28,12 +28,20 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agentsnap.exceptions import NotFoundError
+from agentsnap.inspect import (
+    answer_line,
+    discarded_calls,
+    following_snapshots,
+    model_call_totals,
+    model_calls,
+)
 from agentsnap.journal import decode_segment
 from agentsnap.messages import ENVIRONMENT
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from agentsnap.ledger import Ledger
     from agentsnap.records import RollbackInfo, Snapshot
     from agentsnap.store import Store
 
@@ -43,6 +51,7 @@ __all__ = [
     "Window",
     "build_index",
     "micros",
+    "model_calls_view",
 ]
 
 NO_TIME = -(2**63)
@@ -541,3 +550,87 @@ async def build_index(store: Store, run_id: str, rollbacks: list[RollbackInfo]) 
         pairs.append((rollback, cut))
     index.mark_discarded(pairs)
     return index
+
+
+async def model_calls_view(
+    store: Store,
+    run_id: str,
+    ledger: Ledger | None = None,
+    *,
+    agent: str | None = None,
+    snapshot: Snapshot | None = None,
+) -> dict[str, Any]:
+    """A run's model calls for the inspector: of one agent, or those before one cut.
+
+    Each call is tied to the cut it leads to: the first snapshot started when or after the
+    call started (see [`following_snapshots`][agentsnap.inspect.following_snapshots]), so
+    that a cut's calls are those made since the previous cut.
+
+    Args:
+        store: The store holding the run.
+        run_id: The run's full id.
+        ledger: Where the calls are recorded; by default the ledger in the store's database.
+        agent: Only this agent's calls.
+        snapshot: Only the calls made since the cut before this snapshot, by the agents this
+            snapshot recorded.
+
+    Returns:
+        ``{"calls", "totals", "timeline", "previous"}``: each call with ``agent, message,
+        position, timeline, model, input_tokens, output_tokens, latency_ms, started_at_us,
+        replays, discarded, answer`` (the answer's first line), ``request``, ``response``
+        and the cut it leads to (``snapshot_id``, ``snapshot_seq``, ``None`` after the last
+        one); ``totals`` as [`model_call_totals`][agentsnap.inspect.model_call_totals]
+        counts the calls returned; ``timeline``, the latest a call of the run was made on;
+        ``previous``, with ``snapshot``, the cut before it (``id``, ``seq``,
+        ``started_at_us``) or ``None``.
+    """
+    records = await model_calls(store, run_id, ledger=ledger)
+    summaries = await store.list_snapshot_summaries(run_id) if records or snapshot else []
+    cuts = following_snapshots(records, summaries)
+    previous = None
+    if snapshot is not None:
+        ordered = sorted(summaries, key=lambda s: (micros(s.started_at), s.seq))
+        mine = next((i for i, s in enumerate(ordered) if s.id == snapshot.id), 0)
+        if mine:
+            before = ordered[mine - 1]
+            previous = {
+                "id": before.id,
+                "seq": before.seq,
+                "started_at_us": micros(before.started_at),
+            }
+    rows = []
+    kept = []
+    for record, cut, discarded in zip(records, cuts, discarded_calls(records), strict=True):
+        if agent is not None and record.agent != agent:
+            continue
+        if snapshot is not None and (
+            cut is None or cut.id != snapshot.id or record.agent not in snapshot.agents
+        ):
+            continue
+        kept.append(record)
+        rows.append(
+            {
+                "agent": record.agent,
+                "message": record.message_id,
+                "position": record.position,
+                "timeline": record.timeline,
+                "model": record.model,
+                "input_tokens": record.input_tokens,
+                "output_tokens": record.output_tokens,
+                "latency_ms": record.latency_ms,
+                "started_at_us": micros(record.started_at),
+                "replays": record.replays,
+                "discarded": discarded,
+                "answer": answer_line(record.response),
+                "request": record.request,
+                "response": record.response,
+                "snapshot_id": None if cut is None else cut.id,
+                "snapshot_seq": None if cut is None else cut.seq,
+            }
+        )
+    return {
+        "calls": rows,
+        "totals": model_call_totals(kept),
+        "timeline": max((r.timeline for r in records), default=0),
+        "previous": previous,
+    }

@@ -66,7 +66,7 @@ from agentsnap.ledger import ToolCallStatus
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import SnapshotStatus
 from agentsnap.ui.conditions import Condition
-from agentsnap.ui.queries import RunIndex, build_index, micros
+from agentsnap.ui.queries import RunIndex, build_index, micros, model_calls_view
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -654,6 +654,21 @@ def create_app(
         page = entries[offset : offset + limit]
         index = (await indexes.get(found)).index if page else None
         return {"calls": [_call(e, index) for e in page], "total": len(entries)}
+
+    # --- model calls ---
+
+    @app.get("/api/runs/{run}/model-calls", summary="The run's model calls, by agent or cut")
+    async def list_model_calls(
+        run: str,
+        agent: Annotated[str | None, Query(description="Only this agent's calls.")] = None,
+        snapshot: Annotated[
+            str | None,
+            Query(description="Only the calls made since the cut before this snapshot."),
+        ] = None,
+    ) -> Any:
+        found = await resolve_run(store, run)
+        cut = None if snapshot is None else await in_run(found, snapshot)
+        return _json(await model_calls_view(store, found.id, ledger, agent=agent, snapshot=cut))
 
     # --- fork and bisect ---
 

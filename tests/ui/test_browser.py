@@ -441,3 +441,36 @@ def test_the_exported_page_draws_the_run_without_a_server(
     assert window(page) == (start, end)
     no_script_ran(page)
     assert not problems
+
+
+def test_a_cut_and_an_agent_show_their_model_calls(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    base = f"/api/runs/{runs.demo}"
+    snapshots = api(served, page, f"{base}/snapshots")["snapshots"]
+    sid, since = next(
+        (s["id"], found)
+        for s in snapshots
+        if (found := api(served, page, f"{base}/model-calls?snapshot={s['id']}"))["calls"]
+    )
+    open_view(page, served, f"/runs/{runs.demo}/snapshots/{sid}")
+    section = page.locator(".model-calls-since")
+    assert section.get_attribute("data-count") == str(len(since["calls"]))
+    rows = section.locator("table.model-calls tbody tr")
+    assert rows.count() == len(since["calls"])
+    call = since["calls"][0]
+    first = rows.first
+    assert call["agent"] in first.inner_text()
+    assert call["model"] in first.inner_text()
+    first.locator("details.model-call > summary").click()
+    assert first.locator("details.model-call[open] > .json").count() == 2, "request and answer"
+
+    agent = call["agent"]
+    mine = api(served, page, f"{base}/model-calls?agent={agent}")["calls"]
+    history = {s["id"] for s in api(served, page, f"{base}/agents/{agent}/history")["snapshots"]}
+    shown = [c for c in mine if c["snapshot_id"] is None or c["snapshot_id"] in history]
+    open_view(page, served, f"/runs/{runs.demo}/agents/{agent}")
+    assert page.locator("table.model-calls tbody tr").count() == len(shown) > 0
+    discarded = sum(c["discarded"] for c in shown)
+    assert page.locator("table.model-calls tr.discarded").count() == discarded
+    assert not problems

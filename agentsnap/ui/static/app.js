@@ -1598,8 +1598,60 @@ async function loadSnapshot(runId, sid, signal) {
   return snapshotCache.get(key);
 }
 
+// Model calls: what agents asked their models, shown under a cut or an agent's history.
+
+function fmtLatency(ms) {
+  if (ms < 10) return `${ms.toFixed(1)} ms`;
+  return ms >= 10000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms)} ms`;
+}
+
+/** A small table of model calls; each answer opens to the whole request and answer. */
+function modelCallsTable(calls, options = {}) {
+  const headers = [options.agent ? "Agent" : null, "Message", "Pos", "Timeline", "Model", "Tokens in/out", "Latency", "Answer"].filter(Boolean);
+  const rows = calls.map((c) =>
+    el(
+      "tr",
+      { class: c.discarded ? "discarded" : "", dataset: { agent: c.agent, position: c.position, timeline: c.timeline } },
+      options.agent ? el("td", { text: c.agent }) : null,
+      el("td", { class: "mono", text: c.message }),
+      el("td", { class: "num", text: c.position }),
+      el("td", { class: "num" }, String(c.timeline), c.discarded ? [" ", el("span", { class: "badge discarded", text: "discarded" })] : null),
+      el("td", { text: c.model ?? "-" }),
+      el("td", { class: "num", text: `${c.input_tokens} / ${c.output_tokens}` }),
+      el("td", { class: "num", text: fmtLatency(c.latency_ms) }),
+      el(
+        "td",
+        { class: "answer" },
+        el(
+          "details",
+          { class: "model-call" },
+          el("summary", { text: excerpt(c.answer || "(no text)", 120) }),
+          el("div", { class: "muted", text: `started ${fmtTime(c.started_at_us)}${c.replays ? ` · replayed ${c.replays}×` : ""}` }),
+          el("h4", { text: "Request" }),
+          jsonTree(c.request, { open: 4 }),
+          el("h4", { text: "Answer" }),
+          jsonTree(c.response, { open: 2 }),
+        ),
+      ),
+    ),
+  );
+  return el(
+    "table",
+    { class: "model-calls" },
+    el("thead", null, el("tr", null, headers.map((h) => el("th", { text: h })))),
+    el("tbody", null, rows),
+  );
+}
+
+function tokenTotals(totals) {
+  return `${totals.calls} call(s) · ${totals.input_tokens} tokens in · ${totals.output_tokens} out`;
+}
+
 async function cutPanel(panel, run, sid, signal) {
-  const snap = await loadSnapshot(run.detail.id, sid, signal);
+  const [snap, calls] = await Promise.all([
+    loadSnapshot(run.detail.id, sid, signal),
+    api(`${runPath(run.detail.id)}/model-calls${query({ snapshot: sid })}`, { signal }),
+  ]);
   if (signal.aborted) return;
   const id = enc(run.detail.id);
   const others = run.snapshots.filter((s) => s.id !== snap.id);
@@ -1648,13 +1700,35 @@ async function cutPanel(panel, run, sid, signal) {
     snap.error ? el("p", { class: "error-box", text: snap.error }) : null,
     actions,
     el("div", { class: "cut-grid" }, el("div", null, el("h3", { text: "Agents" }), agents), el("div", null, el("h3", { text: "Channels (messages in flight)" }), channels.length ? channels : el("p", { class: "muted", text: "No message was in flight." }))),
+    el(
+      "section",
+      { class: "model-calls-since", dataset: { count: calls.calls.length } },
+      el("h3", { text: `Model calls since ${calls.previous ? `S${calls.previous.seq}` : "the run began"}` }),
+      calls.calls.length
+        ? [el("p", { class: "facts", text: tokenTotals(calls.totals) }), modelCallsTable(calls.calls, { agent: true })]
+        : el("p", { class: "muted", text: "No model call since the previous cut." }),
+    ),
   );
 }
 
 async function agentPanel(panel, run, agent, signal) {
-  const body = await api(`${runPath(run.detail.id)}/agents/${enc(agent)}/history`, { signal });
+  const [body, calls] = await Promise.all([
+    api(`${runPath(run.detail.id)}/agents/${enc(agent)}/history`, { signal }),
+    api(`${runPath(run.detail.id)}/model-calls${query({ agent })}`, { signal }),
+  ]);
   if (signal.aborted) return;
   const id = enc(run.detail.id);
+  const byCut = new Map();
+  for (const c of calls.calls) {
+    const key = c.snapshot_id ?? "";
+    if (!byCut.has(key)) byCut.set(key, []);
+    byCut.get(key).push(c);
+  }
+  const callsOf = (key, label) => {
+    const mine = byCut.get(key) || [];
+    if (!mine.length) return null;
+    return el("div", { class: "model-calls-since", dataset: { count: mine.length } }, el("h4", { text: `${label}: ${mine.length} model call(s)` }), modelCallsTable(mine));
+  };
   let previous = null;
   const items = body.snapshots.map((s) => {
     const prev = previous;
@@ -1672,10 +1746,18 @@ async function agentPanel(panel, run, agent, signal) {
         s.changed ? el("span", { class: "badge changed", text: "changed" }) : el("span", { class: "muted", text: "unchanged" }),
         prev ? [" ", link(`#/runs/${id}/diff${query({ a: prev.id, b: s.id, agent })}`, `diff with S${prev.seq}`)] : null,
       ),
+      callsOf(s.id, prev ? `Since S${prev.seq}` : "Before this cut"),
       jsonTree(s.state, { open: 1 }),
     );
   });
-  put(clear(panel), el("h2", null, "History of ", el("span", { class: "agent-name", text: body.agent })), items.length ? items : el("p", { class: "muted", text: "No snapshot records this agent." }));
+  const after = callsOf("", "After the last cut");
+  put(
+    clear(panel),
+    el("h2", null, "History of ", el("span", { class: "agent-name", text: body.agent })),
+    calls.calls.length ? el("p", { class: "facts", text: `Model calls: ${tokenTotals(calls.totals)}` }) : null,
+    items.length ? items : el("p", { class: "muted", text: "No snapshot records this agent." }),
+    after,
+  );
 }
 
 async function messagePanel(panel, run, src, dst, seq, signal) {
