@@ -163,9 +163,11 @@ def traced_open(self):
     def trace(statement):
         text = " ".join(statement.split())
         head = text.split(" ", 1)[0].upper()
-        if head in ("SELECT", "PRAGMA") or text == last[0]:
+        # The trace shows each row's values: the rows of one executemany are one statement.
+        shape = text.split(" VALUES", 1)[0]
+        if head in ("SELECT", "PRAGMA") or shape == last[0]:
             return
-        last[0] = text
+        last[0] = shape
         if head == "COMMIT":
             first = writer_snapshot[0]
             writer_snapshot[0] = False
