@@ -205,7 +205,32 @@ def _response(answer: Answer) -> ModelResponse:
     return answer if isinstance(answer, ModelResponse) else ModelResponse(text=answer)
 
 
-class ScriptedModel:
+class _RuleModel:
+    """What the rule-answering test models share: both protocols, over one ``_answer``."""
+
+    prompts: list[str]
+
+    async def complete(self, prompt: str) -> str:
+        """The text of the answer to ``prompt``.
+
+        Raises:
+            ScheduleError: No rule matches; the message shows the start of the prompt.
+        """
+        return (await self._answer(prompt)).text
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        """The answer to the conversation, read as one prompt (one line per message).
+
+        Raises:
+            ScheduleError: No rule matches.
+        """
+        return await self._answer(prompt_of(request))
+
+    async def _answer(self, prompt: str) -> ModelResponse:
+        raise NotImplementedError
+
+
+class ScriptedModel(_RuleModel):
     """A stand-in for a language model: canned answers, chosen by what the prompt contains.
 
     The first rule whose text occurs in the prompt gives the answer, so the same prompt always
@@ -246,22 +271,6 @@ class ScriptedModel:
         self.name = name
         self.prompts: list[str] = []
 
-    async def complete(self, prompt: str) -> str:
-        """The text of the first rule that matches ``prompt``.
-
-        Raises:
-            ScheduleError: No rule matches; the message shows the start of the prompt.
-        """
-        return (await self._answer(prompt)).text
-
-    async def respond(self, request: ModelRequest) -> ModelResponse:
-        """The answer of the first rule that matches the conversation.
-
-        Raises:
-            ScheduleError: No rule matches.
-        """
-        return await self._answer(prompt_of(request))
-
     async def _answer(self, prompt: str) -> ModelResponse:
         self.prompts.append(prompt)
         if self.delay:
@@ -278,7 +287,7 @@ class ScriptedModel:
         )
 
 
-class SampledModel:
+class SampledModel(_RuleModel):
     """A stand-in for a sampled language model: each call picks one of several answers.
 
     Like a real model at a temperature above zero, asking twice gets different words (or
@@ -324,22 +333,6 @@ class SampledModel:
         self.name = name
         self.calls = 0
         self.prompts: list[str] = []
-
-    async def complete(self, prompt: str) -> str:
-        """The text of one answer of the first rule that matches ``prompt``.
-
-        Raises:
-            ScheduleError: No rule matches.
-        """
-        return (await self._answer(prompt)).text
-
-    async def respond(self, request: ModelRequest) -> ModelResponse:
-        """One answer of the first rule that matches the conversation.
-
-        Raises:
-            ScheduleError: No rule matches.
-        """
-        return await self._answer(prompt_of(request))
 
     async def _answer(self, prompt: str) -> ModelResponse:
         self.calls += 1

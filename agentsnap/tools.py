@@ -494,17 +494,10 @@ class Tool(Generic[R]):
             return await self._uninterrupted(
                 self._once(ledger, info, values, args_json, printed, timeline=timeline)
             )
+        diverged = self._diverged(ledger, args_json, timeline)
         try:
             return await self._uninterrupted(
-                self._once(
-                    ledger,
-                    info,
-                    values,
-                    args_json,
-                    printed,
-                    timeline=timeline,
-                    diverged=self._diverged(ledger, args_json, timeline),
-                )
+                self._once(ledger, info, values, args_json, printed, timeline, diverged)
             )
         except _NewEffect:
             pass
@@ -516,15 +509,7 @@ class Tool(Generic[R]):
         info = dataclasses.replace(info, key=key)
         record.key = key
         return await self._uninterrupted(
-            self._once(
-                ledger,
-                info,
-                values,
-                args_json,
-                printed,
-                timeline=timeline,
-                diverged=self._diverged(ledger, args_json, timeline),
-            )
+            self._once(ledger, info, values, args_json, printed, timeline, diverged)
         )
 
     def _diverged(self, ledger: Ledger, arguments: dict[str, JsonValue], timeline: int) -> Diverged:
@@ -564,14 +549,13 @@ class Tool(Generic[R]):
 
         return decide
 
-    async def _once(
+    async def _once(  # noqa: PLR0917
         self,
         ledger: Ledger,
         info: ToolCall,
         values: dict[str, Any],
         args_json: dict[str, JsonValue],
         printed: str,
-        *,
         timeline: int | None = None,
         diverged: Diverged | None = None,
     ) -> Outcome:
