@@ -15,7 +15,8 @@ reservation (``key_from``). Both stand for an outside service: they record the w
 service's ``writes`` table, keyed by the idempotency key they are handed (``INSERT OR
 IGNORE``: the service deduplicates a key, as a payment API does), with the tool and the
 task. The same ``(tool, task)`` under two keys is a write performed twice. Every execution
-of a tool's body is logged in ``executions`` too.
+of a tool's body is logged in ``executions`` too, and every time the model is asked in
+``asks``, with the first line of its prompt (the task, the message and the timeline).
 
 Usage::
 
@@ -35,6 +36,7 @@ import os
 import random
 import sqlite3
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,7 +70,9 @@ SERVICE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS writes (key TEXT PRIMARY KEY, tool TEXT NOT NULL, "
     "task TEXT NOT NULL, pid INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS executions (key TEXT NOT NULL, tool TEXT NOT NULL, "
-    "task TEXT NOT NULL, pid INTEGER NOT NULL)"
+    "task TEXT NOT NULL, pid INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS asks (prompt TEXT NOT NULL, pid INTEGER NOT NULL, "
+    "asked_at REAL NOT NULL)"
 )
 
 
@@ -129,9 +133,18 @@ TOOLS: list[Tool[Any]] = [lookup, cancel, refund]
 
 
 async def sampled_answer(request: ModelRequest) -> ModelResponse:
-    """What a sampled model asks for: other words, counts and orders on every call."""
+    """What a sampled model asks for: other words, counts and orders on every call; each
+    ask is logged."""
+    asked_at = time.time()
+    prompt = request.messages[0].content
+    conn = open_service(Service.path)
+    try:
+        with conn:
+            conn.execute("INSERT INTO asks VALUES (?, ?, ?)", (prompt, os.getpid(), asked_at))
+    finally:
+        conn.close()
     await asyncio.sleep(random.uniform(0, 0.005))
-    task = request.messages[0].content.split()[-1]
+    task = prompt.split()[2]
     reservation = f"R-{task}"
     calls = [
         ModelToolCall(name="rbc_lookup", arguments={"reservation": reservation}, id=f"l{i}")
@@ -163,7 +176,9 @@ class Executor(Agent[AgentState]):
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
         announce_running()
         task = str(message.payload_as(dict[str, str])["task"])
-        prompt = [ChatMessage(role="user", content=f"handle task {task}")]
+        # The message and the timeline name the model call: the test finds its asks by them.
+        asking = f"handle task {task} ({message.id} on timeline {ctx.timeline})"
+        prompt = [ChatMessage(role="user", content=asking)]
         prompt += [ChatMessage(role="user", content=f.text()) for f in ctx.feedback[-1:]]
         answer = await ctx.chat(self.model, prompt, tools=TOOLS)
         results = await run_tool_calls(ctx, answer, TOOLS)

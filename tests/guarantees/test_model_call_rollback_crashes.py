@@ -13,6 +13,8 @@ again, until a child finishes. Then:
 * no write was performed twice: each ``(tool, task)`` is in the service's table under one
   idempotency key, whatever the redos after rollbacks and the re-executions after resumes
   asked for, and every write of every task happened;
+* no model call was asked again after its answer was recorded (a handler re-executed after a
+  resume, on the timeline its call was recorded on, gets the recorded answer);
 * every task was reported, once, in the final state;
 * every stored complete snapshot is a consistent cut, and the run is stored as succeeded.
 
@@ -28,13 +30,14 @@ import contextlib
 import os
 import random
 import sqlite3
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
 from agentsnap import RunStatus, SnapshotStatus
 from agentsnap.store.sql import SqlStore
+from agentsnap.store.sql_ledger import SqlLedger
 
 from .rollback_crash_workflow import SERVICE_SCHEMA, WRITE_TOOLS
 from .test_crash_resume import BACKENDS, SEED, Crashes, database, stored_run
@@ -74,6 +77,31 @@ def execution_count(service: Path) -> int:
     with contextlib.closing(sqlite3.connect(service, timeout=60)) as conn:
         ((count,),) = conn.execute("SELECT count(*) FROM executions").fetchall()
     return int(count)
+
+
+def model_call_problems(url: str, run_id: str, service: Path) -> tuple[list[str], int]:
+    """Model calls asked again after their answer was recorded (the prompt names the message
+    and the timeline), and how many recorded answers were replayed."""
+    ledger = SqlLedger(url, create=False)
+    try:
+        calls = asyncio.run(ledger.list_model_calls(run_id))
+    finally:
+        asyncio.run(ledger.close())
+    with contextlib.closing(sqlite3.connect(service, timeout=60)) as conn:
+        asks = conn.execute("SELECT prompt, asked_at FROM asks").fetchall()
+    asked: dict[str, list[float]] = defaultdict(list)
+    for prompt, at in asks:
+        asked[str(prompt)].append(float(at))
+    problems = []
+    for call in calls:
+        prompt = str(call.asked().messages[0].content)
+        done = call.finished_at.timestamp()
+        again = [at for at in asked[prompt] if at > done + 0.001]
+        if again:
+            problems.append(
+                f"{prompt!r} was asked {len(again)} more time(s) after its answer was recorded"
+            )
+    return problems, sum(call.replays for call in calls)
 
 
 def write_problems(service: Path) -> list[str]:
@@ -138,6 +166,8 @@ def test_rollbacks_of_a_sampled_executor_never_write_twice_across_kills(
     )
     result = crashes.run(KILLS_PER_RUN)
     problems = write_problems(crashes.service)
+    asked_again, replays = model_call_problems(url, crashes.run_id, crashes.service)
+    problems += asked_again
     status, cut = asyncio.run(stored_run(url, crashes.run_id))
     problems += cut
     if status is not RunStatus.SUCCEEDED:
@@ -152,6 +182,7 @@ def test_rollbacks_of_a_sampled_executor_never_write_twice_across_kills(
     killed = sum(line.startswith("killed") for line in crashes.log)
     print(
         f"{backend} run {crashes.run_id}: {killed} kills, {rollbacks} rollbacks, "
+        f"{replays} model answers replayed, "
         f"{execution_count(crashes.service)} tool executions for "
         f"{write_count(crashes.service)} writes"
     )
