@@ -397,6 +397,11 @@ class Context(Generic[S]):
                 when the database answers, rather than act on an answer a crash would lose.
         """
         request = request_of(messages, tools=tools, output_schema=output_schema, settings=settings)
+        if isinstance(model, BoundModel):
+            # A model kept on the agent records its calls itself: asked through it, this call
+            # would be recorded twice, at two positions, and a replay (which never reaches the
+            # inner record) would give the handler's next call this call's answer.
+            model = model.model
         message = self.message
         log = self.model_calls
         if message is None or log is None:
