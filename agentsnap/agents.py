@@ -410,6 +410,12 @@ class Context(Generic[S]):
         self.position = position + 1
         line = self.line
         timeline = 0 if line is None else line.timeline
+        replay = self.replay
+        if replay is not None and replay.written < timeline:
+            # The timeline is durable before a call is recorded on it: a run resumed after a
+            # crash goes on with it, instead of starting another timeline of the same number
+            # whose calls would get this one's answers.
+            await replay.flush()
         response, _ = await recorded_call(
             log,
             request,

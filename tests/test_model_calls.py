@@ -451,3 +451,47 @@ async def test_a_model_kept_on_the_agent_and_passed_to_chat_is_recorded_once(
         (0, "answer 1 to first", 1),
         (1, "answer 2 to second", 1),
     ]
+
+
+async def test_a_model_is_asked_on_a_new_timeline_only_once_that_timeline_is_stored(
+    tmp_path: Path,
+) -> None:
+    """A run resumed after a crash goes on with the newest stored timeline; a model call
+    recorded on a newer one would be answered again by the resumed run's next rollback, which
+    starts a timeline of the same number."""
+    url = f"sqlite:///{tmp_path / 'agentsnap.db'}"
+    run_id = "cd" * 16
+    store = SqlStore(url)
+    asked: list[tuple[int, int]] = []
+    rejections: list[str] = []
+
+    async def answer(request: ModelRequest) -> str:
+        timeline = int(str(request.messages[-1].content).split()[-1])
+        stored = max(s.timeline for s in await store.load_replay(run_id))
+        asked.append((timeline, stored))
+        return "a draft"
+
+    class Drafter(Agent[AgentState]):
+        def __init__(self) -> None:
+            super().__init__("drafter")
+            self.model = FunctionModel(answer)
+
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            text = await self.model.complete(f"draft on timeline {ctx.timeline}")
+            ctx.send("reviewer", {"draft": text}, kind="draft")
+
+    class Reviewer(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            if len(rejections) < 2:
+                rejections.append(message.id)
+                ctx.reject("drafter", "again")
+
+    try:
+        async with Runtime(store=store, run_id=run_id) as runtime:
+            runtime.add(Drafter())
+            runtime.add(Reviewer("reviewer"))
+            runtime.send("drafter", {})
+            await runtime.run_until_idle()
+    finally:
+        await store.close()
+    assert asked == [(0, 0), (1, 1), (2, 2)]
