@@ -397,6 +397,11 @@ class Context(Generic[S]):
                 when the database answers, rather than act on an answer a crash would lose.
         """
         request = request_of(messages, tools=tools, output_schema=output_schema, settings=settings)
+        if isinstance(model, BoundModel):
+            # A model kept on the agent records its calls itself: asked through it, this call
+            # would be recorded twice, at two positions, and a replay (which never reaches the
+            # inner record) would give the handler's next call this call's answer.
+            model = model.model
         message = self.message
         log = self.model_calls
         if message is None or log is None:
@@ -405,6 +410,12 @@ class Context(Generic[S]):
         self.position = position + 1
         line = self.line
         timeline = 0 if line is None else line.timeline
+        replay = self.replay
+        if replay is not None and replay.written < timeline:
+            # The timeline is durable before a call is recorded on it: a run resumed after a
+            # crash goes on with it, instead of starting another timeline of the same number
+            # whose calls would get this one's answers.
+            await replay.flush()
         response, _ = await recorded_call(
             log,
             request,

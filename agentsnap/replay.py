@@ -178,6 +178,8 @@ class ReplayLog:
         """The newest timeline an earlier process of the run was on, once resumed (-1: the
         run began in this process): model calls of a later timeline have no recorded answer
         to look for."""
+        self.written = -1
+        """The newest timeline a written segment belongs to (-1: none written yet)."""
         self.deliveries: list[Channel] = []
         self.every = every
         self._write = write
@@ -230,7 +232,7 @@ class ReplayLog:
                 call writes it again.
         """
         want = self._appended()
-        while self._durable < want:
+        while self._durable < want or self._unwritten:  # a timeline's marker holds no entry
             writing = self._writing
             if writing is None:
                 self._take()
@@ -260,6 +262,7 @@ class ReplayLog:
                 await self._write(segment)
                 self._unwritten.popleft()
                 self._durable = max(self._durable, upto)
+                self.written = max(self.written, segment.timeline)
         finally:
             self._writing = None
 

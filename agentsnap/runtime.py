@@ -1203,7 +1203,7 @@ class Runtime:
             self._replaying = True
             self._delivered = None
         if self._replay is not None:
-            self._replay.timeline = self._replay.resumed = plan.timeline
+            self._replay.timeline = self._replay.resumed = self._replay.written = plan.timeline
         # Model calls of the timeline the run stopped on may be recorded: look for them.
         self._line.resumed = self._line.timeline
         if plan.deliveries or plan.inputs:

@@ -4,6 +4,7 @@ asked again after a rollback; effects keyed by the call, not by the model's word
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from agentsnap.ledger import Ledger, call_key
 from agentsnap.model_calls import ModelCallLog, recorded_call
 from agentsnap.models import ChatMessage, LangChainModel, ModelRequest, ModelToolCall
 from agentsnap.store.ledger import MemoryLedger
+from agentsnap.store.sql import SqlStore
 from agentsnap.testing import FunctionModel, SampledModel, ScriptedModel
 from agentsnap.tools import run_tool_calls
 
@@ -398,3 +400,98 @@ async def test_only_models_kept_on_an_agent_are_recorded() -> None:
     assert isinstance(holder.model, BoundModel)
     assert isinstance(holder.sampler, BoundModel)
     assert holder.state.memory["said"] == "hi"
+
+
+async def test_a_model_kept_on_the_agent_and_passed_to_chat_is_recorded_once(
+    tmp_path: Path,
+) -> None:
+    """``ctx.chat(self.model, ...)``: one record per call, so a resumed handler's second call
+    gets the second answer, not the first."""
+    url = f"sqlite:///{tmp_path / 'agentsnap.db'}"
+    asked: list[str] = []
+
+    def answer(request: ModelRequest) -> str:
+        asked.append(str(request.messages[-1].content))
+        return f"answer {len(asked)} to {request.messages[-1].content}"
+
+    class Asker(Agent[AgentState]):
+        def __init__(self, fail: bool) -> None:
+            super().__init__("asker")
+            self.model = FunctionModel(answer)
+            self.fail = fail
+
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            first = await ctx.chat(self.model, "first")
+            second = await ctx.chat(self.model, "second")
+            self.state.memory["answers"] = [first.text, second.text]
+            if self.fail:
+                raise RuntimeError("stopped after the model calls")
+
+    answers = []
+    for attempt in (1, 2):
+        store = SqlStore(url)
+        try:
+            runtime = Runtime(store=store, run_id="ab" * 16)
+            async with runtime:
+                asker = runtime.add(Asker(fail=attempt == 1))
+                if attempt == 1:
+                    runtime.send("asker", {})
+                else:
+                    await runtime.resume()  # re-executes the failed handler, same timeline
+                await runtime.run_until_idle(raise_failures=False)
+                ledger = runtime.ledger
+                assert isinstance(ledger, ModelCallLog)
+                calls = await ledger.list_model_calls(runtime.run_id)
+            answers.append(asker.state.memory["answers"])
+        finally:
+            await store.close()
+    assert asked == ["first", "second"], "the resumed handler was not asked again"
+    assert answers[1] == answers[0] == ["answer 1 to first", "answer 2 to second"]
+    assert [(c.position, c.answer().text, c.replays) for c in calls] == [
+        (0, "answer 1 to first", 1),
+        (1, "answer 2 to second", 1),
+    ]
+
+
+async def test_a_model_is_asked_on_a_new_timeline_only_once_that_timeline_is_stored(
+    tmp_path: Path,
+) -> None:
+    """A run resumed after a crash goes on with the newest stored timeline; a model call
+    recorded on a newer one would be answered again by the resumed run's next rollback, which
+    starts a timeline of the same number."""
+    url = f"sqlite:///{tmp_path / 'agentsnap.db'}"
+    run_id = "cd" * 16
+    store = SqlStore(url)
+    asked: list[tuple[int, int]] = []
+    rejections: list[str] = []
+
+    async def answer(request: ModelRequest) -> str:
+        timeline = int(str(request.messages[-1].content).split()[-1])
+        stored = max(s.timeline for s in await store.load_replay(run_id))
+        asked.append((timeline, stored))
+        return "a draft"
+
+    class Drafter(Agent[AgentState]):
+        def __init__(self) -> None:
+            super().__init__("drafter")
+            self.model = FunctionModel(answer)
+
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            text = await self.model.complete(f"draft on timeline {ctx.timeline}")
+            ctx.send("reviewer", {"draft": text}, kind="draft")
+
+    class Reviewer(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            if len(rejections) < 2:
+                rejections.append(message.id)
+                ctx.reject("drafter", "again")
+
+    try:
+        async with Runtime(store=store, run_id=run_id) as runtime:
+            runtime.add(Drafter())
+            runtime.add(Reviewer("reviewer"))
+            runtime.send("drafter", {})
+            await runtime.run_until_idle()
+    finally:
+        await store.close()
+    assert asked == [(0, 0), (1, 1), (2, 2)]

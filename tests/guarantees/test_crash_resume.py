@@ -184,6 +184,14 @@ class Crashes:
     """What was wrong right after a kill."""
     effects_before_last: int = 0
     """Effects recorded by the service when the last child started."""
+    script: Path = WORKFLOW
+    """The workflow the children run (same command line as ``crash_workflow.py``)."""
+    effects: int = field(default_factory=lambda: len(expected_effects()))
+    """How many effects a complete run has."""
+    count: Callable[[Path], int] = effect_count
+    """How many effects the service recorded so far."""
+    delay: float = 0.06
+    """Longest "delay" kill moment after the first delivery (a whole run takes about 0.15 s)."""
 
     def describe(self) -> str:
         return (
@@ -197,7 +205,7 @@ class Crashes:
         args = ["--resume"] if resume else []
         with out.open("wb") as stdout, err.open("wb") as stderr:
             process = subprocess.Popen(
-                workflow(self.url, self.service, self.run_id, *args),
+                [sys.executable, str(self.script), self.url, str(self.service), self.run_id, *args],
                 cwd=ROOT,
                 stdout=stdout,
                 stderr=stderr,
@@ -221,14 +229,14 @@ class Crashes:
         """Wait for a random moment to kill ``child``; ``None`` when it exited first."""
         mode = self.rng.choice(["effects", "delay", "early"] if resume else ["effects", "delay"])
         if mode == "effects":
-            before = effect_count(self.service)
-            step = max(1, (len(expected_effects()) - before) // (left + 1))
+            before = self.count(self.service)
+            step = max(1, (self.effects - before) // (left + 1))
             target = before + self.rng.randint(1, step)
             extra = self.rng.uniform(0, 0.005)
-            reached = self.wait_for(child, lambda: effect_count(self.service) >= target)
+            reached = self.wait_for(child, lambda: self.count(self.service) >= target)
             where = f"after effect {target} (+{extra * 1000:.1f} ms)"
         elif mode == "delay":
-            extra = self.rng.uniform(0, 0.06)  # a whole run takes about 0.15 s
+            extra = self.rng.uniform(0, self.delay)
             reached = self.wait_for(child, lambda: "RUNNING" in child.out.read_text())
             where = f"{extra * 1000:.0f} ms after its first delivery"
         else:
@@ -249,7 +257,7 @@ class Crashes:
         resume = False
         while True:
             child = self.spawn(resume)
-            before = effect_count(self.service)
+            before = self.count(self.service)
             left = kills - sum(line.startswith("killed") for line in self.log)
             what = "resume" if resume else "first run"
             if left > 0:
@@ -258,7 +266,7 @@ class Crashes:
                 finally:
                     returncode = child.kill()
                 if returncode == -signal.SIGKILL:
-                    after = effect_count(self.service)
+                    after = self.count(self.service)
                     self.log.append(f"killed {what} {where}: effects {before} -> {after}")
                     status, _ = asyncio.run(stored_run(self.url, self.run_id))
                     if status is RunStatus.SUCCEEDED:
