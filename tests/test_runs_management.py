@@ -288,6 +288,8 @@ async def test_a_deleted_run_leaves_nothing_behind_and_its_fork_lives_on(
                 assert await ledger.record_model_call(model_call(run_id, position))
     finally:
         await ledger.close()
+    exported = await export_run(store, fork.id)
+    assert len(exported["model_calls"]) == 2
 
     before = all_rows(database.url)
     gone = {first.run_id}
