@@ -27,7 +27,6 @@ model calls live in the same database as its side-effecting tool calls.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import typing
@@ -199,8 +198,3 @@ async def recorded_call(
         if first is not None:
             return ModelResponse.model_validate(first), True
     return response, False
-
-
-def replace_replays(record: ModelCallRecord, replays: int) -> ModelCallRecord:
-    """``record`` with another replay count."""
-    return dataclasses.replace(record, replays=replays)
