@@ -36,8 +36,10 @@ from agentsnap import (
 )
 from agentsnap.journal import read_journal
 from agentsnap.ledger import ToolCallStatus
+from agentsnap.model_calls import ModelCallLog
 from agentsnap.store.spool import Spool
 from agentsnap.store.sql import SqlStore
+from agentsnap.testing import SampledModel
 
 # Retries that give up quickly, so that an outage outlasts them.
 BRIEF = StoreRetry(timeout=1.0, deadline=0.2, first_wait=0.01, max_wait=0.05)
@@ -235,3 +237,54 @@ async def test_policy_snapshots_are_skipped_while_the_store_is_behind(tmp_path: 
     # other is started behind it (without back-pressure: one per 10 ms, some 50 by now).
     assert behind == 1
     assert while_hung == 2
+
+
+class NotingRelay(Relay):
+    """A relay that asks a sampled model for a note before each hop's effect."""
+
+    def __init__(self, name: str, peer: str) -> None:
+        super().__init__(name, peer)
+        self.model = SampledModel([("note", [f"note {i}" for i in range(1000)])])
+
+    async def handle(self, message: Message, ctx: Context[Hops]) -> None:
+        chain, hop = get(message.payload, "chain", str), get(message.payload, "hop", int)
+        note = await self.model.complete(f"note for {chain}:{hop}")
+        await noted_hop(ctx, chain=chain, hop=hop, note=note)
+        ctx.state.done.append(f"{chain}:{hop}")
+        if hop < HOPS:
+            ctx.send(self.peer, {"chain": chain, "hop": hop + 1})
+
+
+@tool(side_effect=True)
+async def noted_hop(chain: str, hop: int, note: str) -> int:
+    """The outside world, told a sampled model's note with each hop."""
+    await asyncio.sleep(0.01)
+    effects[chain, hop] += 1
+    return hop
+
+
+async def test_a_model_call_the_database_could_not_record_is_redone_and_no_effect_twice(
+    tmp_path: Path,
+) -> None:
+    effects.clear()
+    url = f"sqlite:///{tmp_path / 'agentsnap.db'}"
+    outage = asyncio.Event()
+    store = SqlStore(url, retry=BRIEF)
+    async with Runtime(store=store, snapshot_policy=SnapshotPolicy(every_deliveries=5)) as runtime:
+        runtime.add(NotingRelay("ping", "pong"))
+        runtime.add(NotingRelay("pong", "ping"))
+        refused = fail_while(runtime.ledger, "_record_once", outage)
+        fail_while(runtime.ledger, "_claim_once", outage)
+        await start_chains(runtime)
+        await asyncio.gather(runtime.run_until_idle(), outage_of(0.6, outage))
+        ledger = runtime.ledger
+        assert isinstance(ledger, ModelCallLog)
+        calls = await ledger.list_model_calls(runtime.run_id)
+    await store.close()
+
+    assert refused, "the outage hit no model call"  # and claims, when a handler got so far
+    assert effects == expected(), "every hop once, though its note was worded anew"
+    assert any(r.source == "database" for r in runtime.rollbacks)
+    assert runtime.failures == []
+    recorded = {c.asked().messages[0].content for c in calls}
+    assert recorded == {f"note for {c}:{h}" for c, h in expected()}
