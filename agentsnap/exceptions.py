@@ -285,21 +285,26 @@ class HandlerFailed(RunError):
 
     The original exception is the ``__cause__``. The other agents kept running.
 
+    An agent's [`on_rollback`][agentsnap.Agent.on_rollback] that raises is one too, with no
+    message: the other agents' hooks still run, and the run goes on.
+
     Attributes:
         agent: The agent whose handler raised.
-        message: The message it was handling.
+        message: The message it was handling; ``None`` for ``on_rollback``.
     """
 
-    def __init__(self, agent: str, message: Message, error: BaseException) -> None:
+    def __init__(self, agent: str, message: Message | None, error: BaseException) -> None:
         self.agent = agent
         self.message = message
         # The context first, as a sentence of its own: the error's text may end in advice.
         text = str(error).strip()
         raised = f"{type(error).__name__}: {text}" if text else type(error).__name__
-        super().__init__(
-            f"agent {agent!r} failed while handling message {message.id} "
-            f"(kind {message.kind!r}). {raised}"
+        where = (
+            "in on_rollback after a rollback"
+            if message is None
+            else f"while handling message {message.id} (kind {message.kind!r})"
         )
+        super().__init__(f"agent {agent!r} failed {where}. {raised}")
 
 
 class SnapshotFailed(RunError):

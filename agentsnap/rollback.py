@@ -52,13 +52,11 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -67,9 +65,7 @@ import tenacity
 
 from agentsnap.exceptions import (
     ConfigurationError,
-    OutputRejected,
     RollbackExhausted,
-    RunError,
     SnapshotDamaged,
 )
 from agentsnap.messages import ENVIRONMENT, Message
@@ -79,12 +75,10 @@ from agentsnap.state import HasState
 if TYPE_CHECKING:
     from agentsnap.bus import Bus
     from agentsnap.replay import InputLog
-    from agentsnap.snapshot import SnapshotCoordinator
 
 __all__ = [
     "RetryBudget",
     "RetryPolicy",
-    "RollbackManager",
     "current_cut",
     "earlier_targets",
     "recorded_messages",
@@ -174,8 +168,8 @@ class _Site:
 class RetryBudget:
     """The retry policy's accounts: failures per rejected output (episode), rollbacks per run.
 
-    One authority keeps them: a runtime's [`RollbackManager`][agentsnap.rollback.RollbackManager],
-    or the coordinator of a run spread over processes.
+    One authority keeps them: a runtime's recovery, or the coordinator of a run spread over
+    processes.
 
     Args:
         policy: The retry policy.
@@ -385,233 +379,3 @@ def earlier_targets(
             continue  # left behind by that rollback
         earlier.append(snapshot)
     return sorted(earlier, key=lambda s: s.seq, reverse=True)
-
-
-Restore = Callable[[Snapshot], int]
-
-
-class RollbackManager:
-    """Carries out rollbacks for a runtime and keeps count of failures per site.
-
-    The runtime owns one; applications use ``Runtime.rollback`` and ``Runtime.check``.
-
-    Args:
-        run_id: The run.
-        bus: Its bus.
-        coordinator: Its snapshot coordinator.
-        policy: The retry policy.
-        restore: Puts the runtime back on a snapshot; returns the messages dropped.
-        load: Reads a snapshot from the store.
-        save: Records a rollback in the store.
-    """
-
-    def __init__(
-        self,
-        run_id: str,
-        bus: Bus,
-        *,
-        coordinator: SnapshotCoordinator,
-        policy: RetryPolicy,
-        restore: Restore,
-        load: Callable[[str], Awaitable[Snapshot]],
-        save: Callable[[RollbackInfo], Awaitable[None]],
-    ) -> None:
-        self.run_id = run_id
-        self._bus = bus
-        self._coordinator = coordinator
-        self._policy = policy
-        self._restore = restore
-        self._load = load
-        self._save = save
-        self._budget = RetryBudget(policy)
-        self.open = self._budget.open
-        """The episodes under way, by the message whose handling ends them once it passes
-        (see [`passed`][agentsnap.rollback.RollbackManager.passed]); usually empty."""
-        self.history: list[RollbackInfo] = []
-        """Every rollback of this runtime, oldest first."""
-        self.exhausted: RunError | None = None
-        """Set when the run stopped: the retry policy gave up (``RollbackExhausted``), or
-        the snapshot to go back to is damaged in the store (``SnapshotDamaged``)."""
-
-    async def quiesce(self) -> None:
-        """Pause the bus, cancel the handlers under way, and wait until none runs.
-
-        Their work is thrown away by the rollback, so they are not awaited to the end: a
-        handler awaiting a model is cancelled at once. One inside a side-effecting tool call
-        finishes that call first, so its outcome is in the ledger (see
-        [`Tool`][agentsnap.tools.Tool]).
-        """
-        scheduler = self._bus.scheduler
-        scheduler.pause()
-        reason = "the run rolled back before the snapshot completed"
-        self._coordinator.abort_all(reason)
-        # A scheduler written before ``interrupt`` existed lets the handlers finish.
-        interrupt = getattr(scheduler, "interrupt", None)
-        if interrupt is not None:
-            for endpoint in self._bus.endpoints.values():
-                if endpoint.busy:
-                    interrupt(endpoint)
-        delay = 0.0
-        while any(endpoint.busy for endpoint in self._bus.endpoints.values()):
-            await asyncio.sleep(delay)
-            delay = min(delay * 2 or 0.0005, 0.05)
-        # A handler that finished meanwhile may have started one more.
-        self._coordinator.abort_all(reason)
-        await self._coordinator.drain()
-
-    def passed(self, message: Message) -> bool:
-        """``message`` was handled without a rejection: the episodes it was redoing end.
-
-        Returns whether any did.
-        """
-        return self._budget.passed((message.src, message.dst, message.seq))
-
-    async def reject(
-        self, rejection: OutputRejected, handling: Message | None = None
-    ) -> RollbackInfo | None:
-        """Roll back for a rejected output; ``None`` when the run stops instead.
-
-        ``handling`` is the message being handled when the output was rejected: the episode's
-        failures count until a handling of it passes.
-
-        The run stops (``exhausted`` says why, and the bus is left paused) when the retry
-        policy gave up, or when the snapshot to go back to is damaged in the store.
-
-        Raises:
-            ConfigurationError: No complete snapshot this runtime can go back to precedes
-                the rejected output (the run cannot go on: the runtime stops it).
-        """
-        await self.quiesce()
-        handled = None if handling is None else (handling.src, handling.dst, handling.seq)
-        attempt, exhausted, pause = self._budget.spend(
-            rejection.agent, rejection.source, rejection.reason, handled
-        )
-        if exhausted is not None:
-            self.exhausted = exhausted
-            logger.error("%s", self.exhausted)
-            self._drop_everything()
-            return None
-        target = self._coordinator.target_before(rejection.output)
-        endpoint = self._bus.endpoints.get(rejection.agent)
-        if rejection.output is None and rejection.source != "self-evaluation" and endpoint:
-            # A critic rejected the agent's work without naming a message: go back to before
-            # the agent's latest output, not merely to the newest cut.
-            sent = sum(channel.sent for channel in endpoint.outgoing.values())
-            target = self._coordinator.target_before_work_of(rejection.agent, sent) or target
-        if target is None:
-            raise ConfigurationError(
-                f"output of agent {rejection.agent!r} was rejected ({rejection.reason}) but no "
-                "complete snapshot precedes it to roll back to; keep the default snapshot "
-                "policy (a snapshot at the start of the run)"
-            )
-        latest = self._coordinator.latest
-        if latest is not None and latest.id == target:
-            snapshot = latest
-        else:
-            snapshot = await self._load(target)
-        if snapshot.status is not SnapshotStatus.COMPLETE:  # damaged in the store since
-            self.exhausted = SnapshotDamaged(
-                snapshot.id,
-                snapshot.error or snapshot.status.value,
-                f"the run could not roll back to it after {rejection.source} rejected the "
-                f"output of {rejection.agent!r}, and stopped",
-            )
-            logger.error("%s", self.exhausted)
-            self._drop_everything()
-            return None
-        if pause > 0:
-            await asyncio.sleep(pause)
-        return await self._roll_back(
-            snapshot, rejection.agent, rejection.reason, rejection.source, attempt
-        )
-
-    async def restart(self, snapshot: Snapshot, *, own: bool) -> None:
-        """Put a runtime that has not run yet on ``snapshot``.
-
-        ``own`` says whether the snapshot belongs to this run (resume), making it a rollback
-        target, or to another (fork), whose snapshots this run must never go back to.
-        """
-        self._bus.scheduler.pause()
-        self._bus.scheduler.reset()
-        self._restore(snapshot)
-        if own:
-            self._coordinator.restored(snapshot)
-        self._bus.scheduler.resume()
-
-    async def manual(self, snapshot: Snapshot, reason: str) -> RollbackInfo:
-        """Roll back to ``snapshot`` on request.
-
-        Raises:
-            SnapshotDamaged: The snapshot is damaged in the store.
-            ConfigurationError: It failed, belongs to another run, or is too old.
-        """
-        if snapshot.status is SnapshotStatus.DAMAGED:
-            raise SnapshotDamaged(
-                snapshot.id, snapshot.error or "damaged", "the run cannot roll back to it"
-            )
-        if snapshot.status is not SnapshotStatus.COMPLETE:
-            raise ConfigurationError(
-                f"snapshot {snapshot.id} is {snapshot.status.value}; roll back to a complete one"
-            )
-        if snapshot.run_id != self.run_id:
-            raise ConfigurationError(
-                f"snapshot {snapshot.id} belongs to run {snapshot.run_id}, not to this run "
-                f"({self.run_id}); to start from it, fork a new run (Runtime.fork_from)"
-            )
-        oldest = self._coordinator.oldest_target()
-        if oldest is not None and snapshot.seq < oldest[0]:
-            raise ConfigurationError(
-                f"snapshot {snapshot.seq} ({snapshot.id}) is older than the "
-                f"{self._coordinator.max_targets} newest complete snapshots this runtime keeps "
-                "as rollback targets, and the input sent after it is no longer held; fork a "
-                "new run from it instead (Runtime.fork_from)"
-            )
-        await self.quiesce()
-        return await self._roll_back(snapshot, None, reason, "manual", 1)
-
-    async def recover(self, snapshot: Snapshot, reason: str) -> RollbackInfo:
-        """Roll back to ``snapshot`` because work was lost to a database fault.
-
-        A handler could not finish (its tool call or the replay log could not be written
-        before the store's retry deadline); going back to the last cut redoes it, and the
-        ledger makes its effects happen once. No retry budget is used.
-        """
-        await self.quiesce()
-        return await self._roll_back(snapshot, None, reason, "database", 1)
-
-    async def _roll_back(
-        self, snapshot: Snapshot, agent: str | None, reason: str, source: str, attempt: int
-    ) -> RollbackInfo:
-        self._bus.scheduler.reset()
-        discarded = self._restore(snapshot)
-        self._coordinator.restored(snapshot)
-        info = RollbackInfo(
-            id=uuid.uuid4().hex,
-            run_id=self.run_id,
-            snapshot_id=snapshot.id,
-            agent=agent,
-            reason=reason,
-            source=source,
-            attempt=attempt,
-            discarded=discarded,
-        )
-        self.history.append(info)
-        logger.warning(
-            "rolled back to snapshot %d (%s): %s rejected by %s: %s",
-            snapshot.seq,
-            snapshot.id,
-            agent or "-",
-            source,
-            reason,
-        )
-        await self._save(info)
-        return info
-
-    def resume(self) -> None:
-        """Let the bus deliver again."""
-        self._bus.scheduler.resume()
-
-    def _drop_everything(self) -> None:
-        # The queues keep what was in flight when the run stopped, so the counters stay
-        # consistent for inspection; the scheduler forgets it, so nothing is delivered.
-        self._bus.scheduler.reset()

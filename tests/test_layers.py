@@ -12,7 +12,7 @@ function, under ``TYPE_CHECKING``). The layers, from the bottom::
     checks       verdicts, checks, the guard          telemetry, replay: see the bus only
     agents       Agent, Context (a snapshot Initiator protocol, not the coordinator)
     snapshot     the Chandy-Lamport coordinator, its observer protocol
-    rollback     retry policy, the rollback manager, restoring a cut through Bus.restore
+    rollback     retry policy and budget, restoring a cut through Bus.restore, the current cut
     journal      a bus observer writing to the store
     tools        side-effecting tools on the ledger
     distributed  agents hosted over processes: agents, snapshot and rollback on jetstream

@@ -17,7 +17,8 @@ from agentsnap import (
     RuntimeClosedError,
     Snapshot,
 )
-from agentsnap.runtime import _MOVES, _Phase
+from agentsnap._phases import MOVES as _MOVES
+from agentsnap._phases import Phase as _Phase
 
 
 class Sink(Agent[AgentState]):
@@ -41,7 +42,7 @@ class SlowList(MemoryStore):
 
 def phase(runtime: Runtime) -> _Phase:
     """Where ``runtime`` is now (a call, so that type checkers do not narrow it)."""
-    return runtime._phase
+    return runtime._phases.now
 
 
 def test_every_phase_can_reach_closed() -> None:
@@ -67,7 +68,7 @@ async def test_the_phases_of_a_run() -> None:
     await runtime.close()
     assert phase(runtime) is _Phase.CLOSED
     with pytest.raises(AssertionError, match="cannot go from"):
-        runtime._enter(_Phase.RUNNING)
+        runtime._phases.enter(_Phase.RUNNING)
 
     started = Runtime()
     started.add(Sink("sink"))

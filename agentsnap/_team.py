@@ -1,0 +1,399 @@
+"""The delivery kernel: one process's agents, their contexts and guards, how a message is handled.
+
+A [`Runtime`][agentsnap.Runtime] and a host of a run spread over processes
+([`agentsnap.distributed.Host`][agentsnap.distributed.Host]) both deliver through a ``Team``:
+the handler runs inside its span, its outputs pass the checks and the agent's own
+evaluation, a snapshot due while it ran is recorded as it returns, and a snapshot begun
+while it runs can record the agent from before it began (``handling``). What is rare leaves
+the team through `TeamEvents`, which each mode implements: a
+rejected output, work lost to a database that did not answer, a handler that raised, a
+message redone after a rejection that passed. The one-process recovery rolls the run back
+itself; a distributed host reports to its run's coordinator, which orders every process back.
+
+The options that differ between the modes are explicit, and on in both unless a mode cannot
+have them: tracing (a handler span, when telemetry is configured), the replay log (one
+process only: a distributed run's order of deliveries is its stream's), recording inside
+running handlers, and redoing work lost to a database fault.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection, Container, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
+from agentsnap.checks import Guard, OutputCheck
+from agentsnap.exceptions import HandlerFailed, OutputRejected, StoreError
+from agentsnap.messages import Marker, Message
+from agentsnap.model_calls import ModelCallLog
+from agentsnap.rollback import restore_cut
+from agentsnap.snapshot import Handling
+from agentsnap.store.faults import classify
+
+if TYPE_CHECKING:
+    from agentsnap.agents import Timeline
+    from agentsnap.bus import Bus, Channel, Endpoint
+    from agentsnap.ledger import Ledger
+    from agentsnap.once import KnownTools
+    from agentsnap.records import RollbackInfo, Snapshot
+    from agentsnap.replay import InputLog, ReplayLog
+    from agentsnap.snapshot import SnapshotCoordinator
+    from agentsnap.telemetry import Telemetry
+
+__all__ = ["Follower", "Team", "TeamEvents", "lost_to_database"]
+
+logger = logging.getLogger("agentsnap")
+
+
+def lost_to_database(error: BaseException) -> bool:
+    """Whether ``error`` is a database fault that passes (the work can be redone later)."""
+    if not isinstance(error, StoreError):
+        return False
+    fault = classify(error)
+    return fault is not None and fault.transient
+
+
+class TeamEvents(Protocol):
+    """What a team reports of its rare outcomes; each mode of running implements it."""
+
+    def failed(self, failure: HandlerFailed) -> None:
+        """A handler (or an ``on_rollback``) raised; the other agents go on."""
+
+    async def rejected(
+        self, rejection: OutputRejected, generation: int, handling: Message | None
+    ) -> None:
+        """An output was rejected by a handler of ``generation`` (handling ``handling``)."""
+
+    async def lost(self, error: Exception, agent: str, message: Message, generation: int) -> None:
+        """A handler could not finish because the database did not answer in time."""
+
+    def passed(self, message: Message) -> None:
+        """A message being redone after a rejection was handled without one."""
+
+    def snapshot_due(self) -> None:
+        """Another ``every`` deliveries were made (see ``Team.every``)."""
+
+
+class Follower(Protocol):
+    """Follows a resumed run's replay plans: it sees each delivery while they last."""
+
+    def replayed(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:
+        """``endpoint`` took ``message`` off ``channel``."""
+
+
+class Team:
+    """One process's agents and how their messages are handled.
+
+    Args:
+        bus: The process's bus.
+        coordinator: Its snapshot coordinator.
+        run_id: The run.
+        events: Where rare outcomes go.
+        ledger: Where side-effecting tool calls are recorded.
+        tools: The tools the agents called.
+        line: Where the run's current timeline is read.
+        replay: The replay log (``None``: deliveries are not logged).
+        telemetry: Where spans and metrics go (``None``: nowhere).
+
+    Attributes:
+        generation: Raised by each rollback: what a handler of an older generation did is
+            thrown away.
+        redoing: The messages being redone after a rejection (checked for truth on each
+            delivery only).
+        delivered: Where each delivery's channel is logged (the replay log's deliveries), or
+            ``None`` while a follower sees them, or when there is no replay log.
+        follower: Sees each delivery while a resumed run follows its replay plans.
+        gate: Awaited before the next delivery (the run's first cut being stored).
+        every: Deliveries between ``snapshot_due`` reports (0: none).
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        coordinator: SnapshotCoordinator,
+        run_id: str,
+        events: TeamEvents,
+        *,
+        ledger: Ledger,
+        tools: KnownTools,
+        line: Timeline,
+        replay: ReplayLog | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.bus = bus
+        self.coordinator = coordinator
+        self.run_id = run_id
+        self.events = events
+        self.ledger = ledger
+        self.tools = tools
+        self.line = line
+        self.replay = replay
+        self.telemetry = telemetry
+        self._tracing = telemetry if telemetry is not None and telemetry.tracing else None
+        self._model_calls = ledger if isinstance(ledger, ModelCallLog) else None
+        self.agents: dict[str, Agent[Any]] = {}
+        self.contexts: dict[str, Context[Any]] = {}
+        """Each agent's handler context, by name; also in its endpoint's context slot, where
+        a delivery finds it."""
+        self.checks: dict[str, list[OutputCheck]] = {}
+        """The checks declared on each agent's outputs (an agent may not be added yet)."""
+        self.initial: dict[str, str] = {}
+        """The state each agent was added with, as JSON: a cut from before it joined gives
+        it back."""
+        self.generation = 0
+        self.redoing: Container[Message] | Mapping[Any, Any] = {}
+        self.delivered: list[Channel] | None = replay.deliveries if replay is not None else None
+        self.follower: Follower | None = None
+        self.gate: asyncio.Future[None] | None = None
+        self.every = 0
+        self._countdown = 0
+        coordinator.handling = self.handling
+        bus.scheduler.bind(bus, self.deliver)
+
+    # -- agents -----------------------------------------------------------------------------
+
+    def add(self, agent: Agent[Any], endpoint: Endpoint, state_json: str, state_hash: str) -> None:
+        """Make ``agent`` (on ``endpoint``, its state checked as ``state_json``) one of the team."""
+        name = agent.name
+        self.agents[name] = agent
+        self.initial[name] = state_json
+        ctx = self.contexts[name] = endpoint.context = Context(
+            agent, endpoint, self.bus, self.coordinator, self.run_id
+        )
+        ctx.ledger = self.ledger
+        ctx.replay = self.replay
+        ctx.tools = self.tools
+        ctx.model_calls = self._model_calls
+        ctx.line = self.line
+        ctx.telemetry = self.telemetry
+        agent._state_changed = self.coordinator.changed  # assigning agent.state marks it
+        self.coordinator.joined(endpoint, state_hash)
+        self._arm(name)
+
+    def check(self, agent: str, declared: OutputCheck) -> None:
+        """Check ``agent``'s outputs with ``declared`` too (it may be added later)."""
+        self.checks.setdefault(agent, []).append(declared)
+        if agent in self.agents:
+            self._arm(agent)
+
+    def _arm(self, name: str) -> None:
+        """Give ``name``'s context a guard when it has checks or evaluates itself."""
+        self.contexts[name].guard = guard_for(self.agents[name], self.checks.get(name, []))
+
+    # -- delivery ---------------------------------------------------------------------------
+
+    async def deliver(self, channel: Channel) -> None:
+        """Take the next item off ``channel`` and act on it: the kernel of every delivery."""
+        gate = self.gate
+        if gate is not None:
+            generation = self.generation
+            await gate
+            self.gate = None
+            if generation != self.generation:
+                return  # a rollback emptied the channels meanwhile and queued them again
+        item = channel.take()
+        endpoint = channel.receiver
+        snapshots = self.coordinator
+        if type(item) is Marker:
+            snapshots.on_marker(endpoint, channel, item.snapshot)
+            return
+        message: Message = item  # type: ignore[assignment]
+        if snapshots.active:
+            snapshots.on_message(endpoint, channel, message)
+        ctx: Context[Any] = endpoint.context
+        if ctx.keep_before:
+            snapshots.keep_before(endpoint, channel, message)
+        # What bus.delivered() does, written out: this is the hot path of every delivery.
+        channel.delivered += 1
+        on_deliver = self.bus.on_deliver
+        if on_deliver is not None:
+            on_deliver(channel, message)
+        delivered = self.delivered
+        if delivered is not None:
+            delivered.append(channel)  # bounded by the replay log's watch, not here
+        elif self.follower is not None:
+            self.follower.replayed(endpoint, channel, message)
+        ctx.message = message
+        ctx.position = 0
+        endpoint.busy = True
+        generation = self.generation
+        rejected: OutputRejected | None = None
+        lost_to: Exception | None = None
+        tracing = self._tracing
+        guard = ctx.guard
+        try:
+            if tracing is None:
+                await ctx.agent.handle(message, ctx)
+                if guard is not None and guard.evaluates and ctx.rejected is None:
+                    await evaluate_outputs(ctx)
+            else:
+                with tracing.handling(self.run_id, endpoint.name, message):
+                    await ctx.agent.handle(message, ctx)
+                    if guard is not None and guard.evaluates and ctx.rejected is None:
+                        await evaluate_outputs(ctx)
+        except OutputRejected as exc:
+            rejected = exc
+        except Exception as exc:
+            if ctx.rejected is None:
+                if lost_to_database(exc):
+                    lost_to = exc  # redone from the last cut once the database answers
+                else:
+                    self.failed(endpoint.name, message, exc)
+        finally:
+            endpoint.busy = False
+            ctx.message = None
+            # A rejection the handler caught (even with ``except BaseException``) counts.
+            if rejected is None and lost_to is None and ctx.rejected is None:
+                if guard is not None and guard.outputs:
+                    self._handled(ctx, guard, generation)
+                if snapshots.wanted and generation == self.generation:
+                    wanted = snapshots.wanted.get(endpoint.name)
+                    if wanted:
+                        snapshots.record(endpoint, wanted)
+            else:
+                rejected = rejected or ctx.rejected
+                ctx.rejected = None
+                if guard is not None:
+                    # Held back, and now never sent (or sent when the handler is redone,
+                    # after a database fault).
+                    guard.outputs.clear()
+        if generation != self.generation:
+            return  # a rollback threw this handler's work away (and may have cancelled it)
+        if rejected is not None:
+            await self.events.rejected(rejected, generation, message)
+            return
+        if lost_to is not None:
+            await self.events.lost(lost_to, endpoint.name, message, generation)
+            return
+        if self.redoing:
+            self.events.passed(message)
+        if self._countdown:
+            self._countdown -= 1
+            if not self._countdown:
+                self._countdown = self.every
+                self.events.snapshot_due()
+
+    def count_from(self, every: int) -> None:
+        """Report ``snapshot_due`` every ``every`` deliveries from now on (0: never)."""
+        self.every = self._countdown = every
+
+    def _handled(self, ctx: Context[Any], guard: Guard, generation: int) -> None:
+        """Release what a handler held back for self-evaluation, unless it was discarded."""
+        if generation == self.generation:
+            ctx.post_held()
+        else:
+            guard.outputs.clear()  # a rollback threw this handler's work away
+
+    def handling(self, endpoint: Endpoint) -> Handling | None:
+        """What the running handler of ``endpoint`` did so far, for a recording inside it.
+
+        ``None`` when it made a message visible already. An agent found inside a handler at
+        a recording keeps its state as each later handler begins, so that the next
+        recordings need not wait for its handlers either.
+        """
+        ctx = self.contexts.get(endpoint.name)
+        message = None if ctx is None else ctx.message
+        if ctx is None or message is None:
+            return None
+        ctx.keep_before = True
+        channel = endpoint.incoming.get(message.src)
+        if ctx.shown is message or channel is None:
+            return None
+        guard = ctx.guard
+        return Handling(message, channel, tuple(guard.outputs) if guard is not None else ())
+
+    def failed(self, agent: str, message: Message | None, error: Exception) -> None:
+        """Report that ``agent`` raised ``error`` handling ``message`` (``None``: in a hook)."""
+        failure = HandlerFailed(agent, message, error)
+        failure.__cause__ = error
+        logger.error("%s", failure, exc_info=error)
+        self.events.failed(failure)
+
+    # -- rollback ---------------------------------------------------------------------------
+
+    async def quiesce(self, reason: str) -> None:
+        """Pause the bus, cancel the handlers under way, and wait until none runs.
+
+        Their work is thrown away (the generation goes up), so they are not awaited to the
+        end: a handler awaiting a model is cancelled at once. One inside a side-effecting
+        tool call finishes that call first, so its outcome is in the ledger (see
+        [`Tool`][agentsnap.tools.Tool]). The snapshots in progress fail with ``reason``.
+        """
+        scheduler = self.bus.scheduler
+        scheduler.pause()
+        self.generation += 1
+        coordinator = self.coordinator
+        coordinator.abort_all(reason)
+        endpoints = [self.bus.endpoints[name] for name in self.agents]
+        for endpoint in endpoints:
+            if endpoint.busy:
+                scheduler.interrupt(endpoint)
+        delay = 0.0
+        while any(endpoint.busy for endpoint in endpoints):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2 or 0.0005, 0.05)
+        # A handler that finished meanwhile may have started one more.
+        coordinator.abort_all(reason)
+        await coordinator.drain()
+
+    def restore(
+        self,
+        snapshot: Snapshot,
+        *,
+        epoch: int,
+        inputs: InputLog | None,
+        local: Collection[str] | None = None,
+    ) -> int:
+        """Put the team and every channel into it back on ``snapshot``'s cut.
+
+        The snapshots in progress fail; the states are taken as changed; what the handlers
+        held back or rejected is forgotten. ``inputs``: the environment's input, sent again
+        after the cut's messages; ``local``: the processes hosted here, when the run is
+        spread over processes (see [`restore_cut`][agentsnap.rollback.restore_cut]).
+
+        Returns:
+            How many messages queued here were discarded.
+        """
+        coordinator = self.coordinator
+        coordinator.abort_all("the run rolled back before the snapshot completed")
+        coordinator.forget_handlers()
+        coordinator.mark_changed(*self.agents)
+        for ctx in self.contexts.values():
+            ctx.rejected = None
+            if ctx.guard is not None:
+                ctx.guard.outputs.clear()
+        return restore_cut(
+            self.bus,
+            self.agents,
+            snapshot,
+            initial_states=self.initial,
+            epoch=epoch,
+            replay=inputs,
+            local=local,
+        )
+
+    async def after_rollback(self, info: RollbackInfo) -> None:
+        """Tell the agent whose output was rejected why, and call every ``on_rollback``.
+
+        An ``on_rollback`` that raises is a failure of that agent (``TeamEvents.failed``),
+        logged; the other agents' hooks run and the run goes on. An output it sends that a
+        check rejects is dropped (it was checked before it was enqueued: nobody saw it).
+        """
+        if info.agent is not None and info.agent in self.contexts:
+            await self.contexts[info.agent].tell_rollback(info.reason, info.source)
+        changed = self.coordinator.changed
+        for name, agent in self.agents.items():
+            try:
+                await agent.on_rollback(info, self.contexts[name])
+            except OutputRejected as exc:
+                logger.error(
+                    "agent %r sent an output from on_rollback that was rejected, and not sent: %s",
+                    name,
+                    exc,
+                )
+            except Exception as exc:
+                self.failed(name, None, exc)
+            finally:
+                changed.add(name)  # whatever the hook did to the state
