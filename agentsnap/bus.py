@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
@@ -126,6 +126,13 @@ class Channel(Protocol):
         delivered: Messages taken off the channel by the receiver so far.
         closed: Highest snapshot number for which nothing more on this channel can be
             in flight (raised by markers and by messages from a sender that had recorded).
+        in_process: Whether the channel's items and both its ends are in this process, a
+            class attribute: its sender sees everything it holds, and its receiver may be
+            made to record at any moment between two handlers. The snapshot protocol relies
+            on it to close such a channel without a marker when nothing sent before a
+            recording is on it, and to have its receiver record at once instead of at a
+            marker. A channel whose other end (or items) are elsewhere says ``False``: it
+            always takes its marker, in band.
     """
 
     src: str
@@ -134,6 +141,7 @@ class Channel(Protocol):
     sent: int
     delivered: int
     closed: int
+    in_process: ClassVar[bool]
 
     def append(self, item: Item, /) -> None:
         """Put ``item`` at the end of the channel."""
@@ -173,6 +181,9 @@ class LocalChannel:
         "src",
         "take",
     )
+
+    in_process: ClassVar[bool] = True
+    """Its items and both its ends are in this process (see [`Channel`][agentsnap.bus.Channel])."""
 
     def __init__(self, src: str, dst: str, receiver: Endpoint, closed: int) -> None:
         self.src = src

@@ -41,9 +41,10 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
    later was sent after the sender's recording and carries epoch ``>= k``, so a receiver
    that has not recorded yet records before it counts, as it does at a marker. A team
    whose channels are idle therefore costs at most one marker per agent, however many
-   channels connect them. This holds for channels kept in this process
-   ([`LocalChannel`][agentsnap.bus.LocalChannel]); a channel whose receiver runs in another
-   process always takes its marker, since its sender cannot see what it holds.
+   channels connect them. This holds for channels whose items and both ends are in this
+   process (``in_process``, see [`Channel`][agentsnap.bus.Channel]), as a
+   [`LocalChannel`][agentsnap.bus.LocalChannel]'s are; a channel whose receiver runs in
+   another process always takes its marker, since its sender cannot see what it holds.
 4. **Completion.** When every process has recorded ``k`` and every channel is closed for
    ``k``, the snapshot is a consistent cut and is handed to the store; the handle resolves once
    it is written. Several snapshots may be in progress at once; the bus never pauses.
@@ -88,13 +89,12 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import orjson
 
-from agentsnap.bus import LocalChannel
 from agentsnap.exceptions import ConfigurationError, SnapshotFailed, StateNotSerializable
 from agentsnap.handles import SnapshotHandle
 from agentsnap.integrity import cut_problems
@@ -121,7 +121,13 @@ if TYPE_CHECKING:
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.messages import Message
 
-__all__ = ["Handling", "SnapshotCoordinator", "SnapshotObserver", "SnapshotPolicy"]
+__all__ = [
+    "Handling",
+    "SnapshotCoordinator",
+    "SnapshotObserver",
+    "SnapshotPolicy",
+    "SnapshotProgress",
+]
 
 logger = logging.getLogger("agentsnap.snapshot")
 
@@ -226,12 +232,36 @@ class Handling(NamedTuple):
     have their sequence numbers, but do not count as sent at the recording."""
 
 
+class SnapshotProgress(Protocol):
+    """A snapshot in progress, as the coordinator's hooks for subclasses see it: read only.
+
+    The coordinator alone fills it in, as processes record and channels close; see
+    [`store_complete`][agentsnap.snapshot.SnapshotCoordinator.store_complete].
+    """
+
+    @property
+    def handle(self) -> SnapshotHandle:
+        """The snapshot's handle: its id, number and initiator."""
+
+    @property
+    def started_at(self) -> datetime:
+        """When the snapshot started here."""
+
+    @property
+    def cuts(self) -> Mapping[str, AgentCut]:
+        """Each process that has recorded the snapshot: its part of the cut, by name."""
+
+    @property
+    def inflight(self) -> Mapping[Channel, Sequence[RecordedMessage]]:
+        """Per channel, the messages recorded in flight on it so far, oldest first."""
+
+
 class _Progress:
-    """Book-keeping for one snapshot in progress."""
+    """Book-keeping for one snapshot in progress; hooks see it as a ``SnapshotProgress``."""
 
     __slots__ = ("cuts", "handle", "inflight", "started_at", "unclosed", "unrecorded")
 
-    def __init__(self, handle: SnapshotHandle, processes: list[str]) -> None:
+    def __init__(self, handle: SnapshotHandle, processes: Iterable[str]) -> None:
         self.handle = handle
         self.started_at: datetime = utcnow()
         self.unrecorded = set(processes)
@@ -256,6 +286,21 @@ class SnapshotCoordinator:
     reuses the JSON and hash of the others, so a snapshot in which few agents changed costs
     little; [`mark_changed`][agentsnap.snapshot.SnapshotCoordinator.mark_changed] says when
     a state counts as changed.
+
+    **Subclasses** (a coordinator recording only the processes of a run that it hosts, as
+    [`PartCoordinator`][agentsnap.distributed.PartCoordinator] does) change it through the
+    methods declared for them, and never through its private ones:
+    [`recording_processes`][agentsnap.snapshot.SnapshotCoordinator.recording_processes] and
+    [`recording_channels`][agentsnap.snapshot.SnapshotCoordinator.recording_channels] (what
+    a snapshot records here),
+    [`start_recording`][agentsnap.snapshot.SnapshotCoordinator.start_recording] (follow a
+    snapshot numbered elsewhere),
+    [`in_flight_recorded`][agentsnap.snapshot.SnapshotCoordinator.in_flight_recorded] and
+    [`channel_closing`][agentsnap.snapshot.SnapshotCoordinator.channel_closing] (see the
+    channels' state as it is recorded), and
+    [`store_complete`][agentsnap.snapshot.SnapshotCoordinator.store_complete] and
+    [`store_failed`][agentsnap.snapshot.SnapshotCoordinator.store_failed] (where a finished
+    snapshot goes).
     """
 
     def __init__(
@@ -341,7 +386,7 @@ class SnapshotCoordinator:
         self.last_seq = seq = self.last_seq + 1
         name = initiator.name if initiator is not None else ENVIRONMENT
         handle = SnapshotHandle(uuid.uuid4().hex, seq, name)
-        self.active[seq] = _Progress(handle, self.recording_processes())
+        self.start_recording(handle, self.recording_processes())
         if self.observer is not None:
             self.observer.snapshot_started(handle, self.run_id)
         if self.suspended is not None:
@@ -359,9 +404,31 @@ class SnapshotCoordinator:
     def recording_processes(self) -> list[str]:
         """The processes that must record a snapshot begun here: every process on the bus.
 
-        A coordinator of a run spread over processes records only the processes it hosts.
+        For subclasses to override: a coordinator of a run spread over processes records
+        only the processes it hosts.
         """
         return list(self.bus.endpoints)
+
+    def recording_channels(self) -> Iterable[Channel]:
+        """The channels a snapshot waits for once its processes recorded: every channel.
+
+        Each of them must be closed for the snapshot before it completes. For subclasses
+        to override: a coordinator recording part of a run waits only for the channels
+        into the processes it hosts.
+        """
+        return self.bus.channels.values()
+
+    def start_recording(self, handle: SnapshotHandle, processes: Iterable[str]) -> None:
+        """Follow snapshot ``handle.seq`` as in progress, for ``processes`` to record.
+
+        For subclasses whose snapshots are numbered elsewhere (``begin`` calls it for the
+        snapshots it numbers). Nothing is recorded yet: each process records at its first
+        marker of the snapshot (or message of its epoch), and the snapshot completes once
+        they all have and the
+        [`recording_channels`][agentsnap.snapshot.SnapshotCoordinator.recording_channels]
+        are closed for it.
+        """
+        self.active[handle.seq] = _Progress(handle, processes)
 
     def capture(self) -> SnapshotHandle | None:
         """Take a whole snapshot at once, when no handler runs and no snapshot is in progress.
@@ -379,7 +446,8 @@ class SnapshotCoordinator:
             return None
         self.last_seq = seq = self.last_seq + 1
         handle = SnapshotHandle(uuid.uuid4().hex, seq, ENVIRONMENT)
-        progress = self.active[seq] = _Progress(handle, [])
+        self.start_recording(handle, ())
+        progress = self.active[seq]
         if self.observer is not None:
             self.observer.snapshot_started(handle, self.run_id)
         for endpoint in self.bus.endpoints.values():
@@ -598,7 +666,7 @@ class SnapshotCoordinator:
             if (
                 at_rest is not None
                 and receiver.epoch < upto
-                and type(channel) is LocalChannel
+                and channel.in_process
                 and at_rest(receiver)
             ):
                 # Nothing is queued for it: the channel is empty, and the process records
@@ -613,7 +681,7 @@ class SnapshotCoordinator:
             if (
                 # Only a channel kept in this process shows all it holds to its sender; one
                 # whose receiver is elsewhere always takes its marker.
-                type(channel) is LocalChannel
+                channel.in_process
                 and (receiver.epoch >= upto or not (wakes or receiver.busy))
                 and (
                     # Every message sent was taken (and counted), or only markers are queued.
@@ -633,7 +701,7 @@ class SnapshotCoordinator:
                 self._close_queued(channel)
             elif receiver.busy:
                 self._to_record.append((receiver, upto, None))
-            elif returned and type(channel) is LocalChannel:
+            elif returned and channel.in_process:
                 # Between two handlers, so it may record now, as any process may: what the
                 # returning handler sent is then in flight in the cut rather than taken
                 # before the marker.
@@ -774,6 +842,18 @@ class SnapshotCoordinator:
             if recorded is None:
                 return
         progress.inflight.setdefault(channel, []).append(recorded)
+        self.in_flight_recorded(seq, channel, recorded)
+
+    def in_flight_recorded(self, seq: int, channel: Channel, message: RecordedMessage) -> None:
+        """``message`` was recorded in flight on ``channel`` for snapshot ``seq``.
+
+        For subclasses to override (the base does nothing): called for each message its
+        receiver takes off ``channel`` that is in flight for ``seq`` (taken after the
+        receiver recorded ``seq``, before ``channel`` was closed for it; or the message a
+        handler runs on as its process records inside it), and by ``capture`` for the
+        messages queued on a quiet bus. The messages a channel in this process holds when
+        both its ends have recorded are recorded all at once as it is closed, without it.
+        """
 
     def _frozen(self, seq: int, message: Message) -> RecordedMessage | None:
         """``message`` as a snapshot records it, or ``None`` (snapshot ``seq`` fails).
@@ -802,11 +882,22 @@ class SnapshotCoordinator:
         )
 
     def _all_recorded(self, seq: int, progress: _Progress) -> None:
-        progress.unclosed = {ch for ch in self.bus.channels.values() if ch.closed < seq}
+        progress.unclosed = {ch for ch in self.recording_channels() if ch.closed < seq}
         if not progress.unclosed:
             self._complete(seq)
 
+    def channel_closing(self, channel: Channel, upto: int) -> None:
+        """``channel`` is being closed for the snapshots above ``channel.closed`` up to ``upto``.
+
+        For subclasses to override (the base does nothing): called before ``channel.closed``
+        is raised and before any snapshot completes because of it, so ``active`` still holds
+        them. Where no snapshot in progress waits for its channels to close, a channel in
+        this process found empty of the old epoch (and every channel, in ``capture``) has
+        ``closed`` raised without this call.
+        """
+
     def _close(self, channel: Channel, upto: int) -> None:
+        self.channel_closing(channel, upto)
         before = channel.closed
         channel.closed = upto
         complete: list[int] = []
@@ -823,7 +914,17 @@ class SnapshotCoordinator:
     # -- completion -----------------------------------------------------------------------
 
     def _complete(self, seq: int) -> None:
-        progress = self.active.pop(seq)
+        self.store_complete(seq, self.active.pop(seq))
+
+    def store_complete(self, seq: int, progress: SnapshotProgress) -> None:
+        """Hand on snapshot ``seq``, complete: every process recorded it, every channel closed.
+
+        It is out of ``active`` already. The base checks that the cut is consistent (or
+        fails it, through
+        [`store_failed`][agentsnap.snapshot.SnapshotCoordinator.store_failed]) and writes
+        it to the store. For subclasses to override: a coordinator recording part of a run
+        writes its part instead.
+        """
         channels = [
             ChannelRecord(src=ch.src, dst=ch.dst, messages=messages)
             for ch, messages in sorted(
@@ -843,7 +944,7 @@ class SnapshotCoordinator:
             # Never store a cut a rollback or a resume could not stand on.
             reason = "the recorded cut is not consistent: " + "; ".join(problems[:5])
             logger.error("snapshot %d: %s", seq, reason)
-            self._finish(seq, progress, status=SnapshotStatus.FAILED, error=reason)
+            self.store_failed(seq, progress, reason)
             return
         logger.debug("snapshot %d complete", seq)
         self.newest = snapshot
@@ -855,9 +956,9 @@ class SnapshotCoordinator:
         if progress is None:
             return
         logger.warning("snapshot %d failed: %s", seq, reason)
-        self._finish(seq, progress, status=SnapshotStatus.FAILED, error=reason)
+        self.store_failed(seq, progress, reason)
 
-    def _snapshot(self, seq: int, progress: _Progress, **outcome: Any) -> Snapshot:
+    def _snapshot(self, seq: int, progress: SnapshotProgress, **outcome: Any) -> Snapshot:
         handle = progress.handle
         return Snapshot(
             id=handle.id,
@@ -868,14 +969,20 @@ class SnapshotCoordinator:
             **outcome,
         )
 
-    def _finish(self, seq: int, progress: _Progress, **outcome: Any) -> None:
-        self._write_finished(self._snapshot(seq, progress, **outcome), progress.handle)
+    def store_failed(self, seq: int, progress: SnapshotProgress, error: str) -> None:
+        """Hand on snapshot ``seq``, failed because of ``error``; it is out of ``active``.
+
+        The base writes it to the store as failed. For subclasses to override: a
+        coordinator recording part of a run writes its part with the error instead.
+        """
+        snapshot = self._snapshot(seq, progress, status=SnapshotStatus.FAILED, error=error)
+        self._write_finished(snapshot, progress.handle)
 
     def _write_finished(self, snapshot: Snapshot, handle: SnapshotHandle) -> None:
         work: Awaitable[None] = self._write(snapshot, handle)
         if self.observer is not None:
             work = self.observer.snapshot_written(snapshot, handle, work)
-        self._spawn(work)
+        self.spawn_write(work)
 
     def abort_all(self, reason: str) -> None:
         """Fail every snapshot in progress (the runtime is closing or rolling back)."""
@@ -887,7 +994,13 @@ class SnapshotCoordinator:
         """How many finished snapshots are being written to the store now."""
         return len(self._tasks)
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def spawn_write(self, work: Awaitable[None]) -> None:
+        """Run ``work``, the writing of a finished snapshot, in the background.
+
+        [`drain`][agentsnap.snapshot.SnapshotCoordinator.drain] waits for it and
+        [`writing`][agentsnap.snapshot.SnapshotCoordinator.writing] counts it; for
+        subclasses' ``store_complete`` and ``store_failed``, which must not block.
+        """
         task: asyncio.Task[None] = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime
 from agentsnap.bus import AsyncioScheduler, Bus, BusObserver, Channel, Endpoint
@@ -27,6 +27,9 @@ Item = Message | Marker
 
 class ListChannel:
     """A channel on a list, counting what is done to it."""
+
+    # False: every channel takes its snapshot markers, as a channel between processes does.
+    in_process: ClassVar[bool] = False
 
     def __init__(self, src: str, dst: str, receiver: Endpoint, closed: int) -> None:
         self.src = src

@@ -31,7 +31,7 @@ only at its first message would be unknown to the receiver's recording before it
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentsnap.exceptions import ConfigurationError
@@ -40,12 +40,13 @@ from agentsnap.jetstream import IncomingChannel
 from agentsnap.jetstream.codec import channel_subject
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import ChannelOffsets, ChannelRecord, SnapshotPart
-from agentsnap.snapshot import SnapshotCoordinator, _Progress
+from agentsnap.snapshot import SnapshotCoordinator
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.messages import Message
     from agentsnap.records import RecordedMessage
+    from agentsnap.snapshot import SnapshotProgress
     from agentsnap.state import HasState
 
 __all__ = ["PartCoordinator", "WritePart"]
@@ -108,6 +109,11 @@ class PartCoordinator(SnapshotCoordinator):
         """The processes hosted here: they alone record here."""
         return [name for name in self.bus.endpoints if name in self.local]
 
+    def recording_channels(self) -> Iterable[Channel]:
+        """The channels into the processes hosted here: the others are recorded elsewhere."""
+        local = self.local
+        return [ch for ch in self.bus.channels.values() if ch.dst in local]
+
     # -- learning of snapshots --------------------------------------------------------------
 
     def learn(self, upto: int) -> None:
@@ -115,8 +121,7 @@ class PartCoordinator(SnapshotCoordinator):
         processes = self.recording_processes()
         while self.last_seq < upto:
             self.last_seq = seq = self.last_seq + 1
-            handle = SnapshotHandle("", seq, ENVIRONMENT)
-            self.active[seq] = _Progress(handle, processes)
+            self.start_recording(SnapshotHandle("", seq, ENVIRONMENT), processes)
             self._ranges[seq] = {}
 
     def on_marker(self, endpoint: Endpoint, channel: Channel, seq: int) -> None:  # noqa: D102
@@ -150,14 +155,8 @@ class PartCoordinator(SnapshotCoordinator):
 
     # -- channels from other processes ------------------------------------------------------
 
-    def _record_in_flight(
-        self,
-        seq: int,
-        progress: _Progress,
-        channel: Channel,
-        message: Message,
-        recorded: RecordedMessage | None = None,
-    ) -> None:
+    def in_flight_recorded(self, seq: int, channel: Channel, message: RecordedMessage) -> None:
+        """A message from another process in flight for ``seq``: its stream sequence counts."""
         if type(channel) is IncomingChannel:
             ranges = self._ranges.setdefault(seq, {})
             found = ranges.get(channel)
@@ -167,9 +166,9 @@ class PartCoordinator(SnapshotCoordinator):
                 ranges[channel].seqs.append(channel.took)
             else:
                 found.seqs.append(channel.took)
-        super()._record_in_flight(seq, progress, channel, message, recorded)
 
-    def _close(self, channel: Channel, upto: int) -> None:
+    def channel_closing(self, channel: Channel, upto: int) -> None:
+        """A channel from another process closes: the item closing it ends its ranges."""
         if type(channel) is IncomingChannel:
             end = channel.taken  # the item closing it was just taken off it
             for seq, ranges in self._ranges.items():
@@ -179,20 +178,11 @@ class PartCoordinator(SnapshotCoordinator):
                         ranges[channel] = _Range(end, None, end)
                     elif not found.end:
                         found.end = end
-        super()._close(channel, upto)
-
-    def _all_recorded(self, seq: int, progress: _Progress) -> None:
-        local = self.local
-        progress.unclosed = {
-            ch for ch in self.bus.channels.values() if ch.dst in local and ch.closed < seq
-        }
-        if not progress.unclosed:
-            self._complete(seq)
 
     # -- parts ------------------------------------------------------------------------------
 
-    def _complete(self, seq: int) -> None:
-        progress = self.active.pop(seq)
+    def store_complete(self, seq: int, progress: SnapshotProgress) -> None:
+        """Write this worker's part of snapshot ``seq``: its cuts, channels and offsets."""
         ranges = self._ranges.pop(seq, {})
         channels = [
             ChannelRecord(src=ch.src, dst=ch.dst, messages=messages)
@@ -222,16 +212,17 @@ class PartCoordinator(SnapshotCoordinator):
             offsets=offsets,
         )
         logger.debug("%s: part of snapshot %d recorded", self.worker, seq)
-        self._spawn(self._write_part_now(part))
+        self.spawn_write(self._write_part_now(part))
 
-    def _finish(self, seq: int, progress: _Progress, **outcome: Any) -> None:
-        # A snapshot failed here (a state that is not JSON, or the worker is closing): say so
-        # in the part, so that the run's coordinator fails it at once.
+    def store_failed(self, seq: int, progress: SnapshotProgress, error: str) -> None:
+        """Write a part saying why snapshot ``seq`` failed here, to fail it at once.
+
+        A state that is not JSON, or the worker is closing: the run's coordinator fails the
+        snapshot as the part comes.
+        """
         self._ranges.pop(seq, None)
-        part = SnapshotPart(
-            run_id=self.run_id, seq=seq, worker=self.worker, error=outcome.get("error")
-        )
-        self._spawn(self._write_part_now(part))
+        part = SnapshotPart(run_id=self.run_id, seq=seq, worker=self.worker, error=error)
+        self.spawn_write(self._write_part_now(part))
 
     async def _write_part_now(self, part: SnapshotPart) -> None:
         try:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import orjson
 from nats.aio.msg import Msg
@@ -69,6 +69,9 @@ class OutgoingChannel:
         "src",
         "subject",
     )
+
+    in_process: ClassVar[bool] = False
+    """Its receiver is in another process: it always takes its marker."""
 
     def __init__(
         self, transport: JetStreamTransport, src: str, dst: str, receiver: Endpoint, closed: int
@@ -194,6 +197,9 @@ class IncomingChannel:
         "took",
         "took_after",
     )
+
+    in_process: ClassVar[bool] = False
+    """Its sender is in another process: it always takes its marker."""
 
     def __init__(  # noqa: PLR0917 - a channel's fields, as LocalChannel takes them
         self,
