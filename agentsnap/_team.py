@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Container, Mapping
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
@@ -143,7 +143,7 @@ class Team:
         """The state each agent was added with, as JSON: a cut from before it joined gives
         it back."""
         self.generation = 0
-        self.redoing: Container[Message] | Mapping[Any, Any] = {}
+        self.redoing: Collection[object] = ()
         self.delivered: list[Channel] | None = replay.deliveries if replay is not None else None
         self.follower: Follower | None = None
         self.gate: asyncio.Future[None] | None = None

@@ -478,6 +478,8 @@ class DistributedRun:
             self.authority.rejected(request)
         elif "restored" in request:
             self.authority.restored(request)
+        elif "lost" in request:
+            self.authority.lost(request)
         elif "passed" in request:
             self.authority.passed(request)
         elif "hello" in request and msg.reply:

@@ -5,12 +5,15 @@ process of the run is an endpoint of its bus, those hosted here are local, and t
 [`JetStreamTransport`][agentsnap.jetstream.JetStreamTransport] carries the channels to and
 from the others over NATS.
 
-Handlers run as in a [`Runtime`][agentsnap.Runtime]: their outputs pass the app's checks and
-the agent's own ``evaluate``, and side-effecting tools record their calls in the ledger of the
-run's store. A rejected output stops this process's deliveries and is reported (``report``);
-the run's coordinator then orders every process to go back to a cut
+Handlers run on the same delivery kernel as in a [`Runtime`][agentsnap.Runtime]: inside
+their span, their outputs passing the app's checks and the agent's own ``evaluate``, their
+side-effecting tools and model calls recorded in the ledger of the run's store, a snapshot
+recorded inside a long handler. A rejected output, or work lost to a database that did not
+answer, stops this process's deliveries and is reported (``report``, ``report_lost``); the
+run's coordinator then orders every process to go back to a cut
 ([`roll_back`][agentsnap.distributed.Host.roll_back]) and, once all did, to go on
-([`resume`][agentsnap.distributed.Host.resume]).
+([`resume`][agentsnap.distributed.Host.resume]). A handler that raises is a
+[`HandlerFailed`][agentsnap.HandlerFailed] in ``failures``, as in one process.
 """
 
 from __future__ import annotations
@@ -24,20 +27,21 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
-from agentsnap.bus import AsyncioScheduler, Bus, Channel
+from agentsnap._team import Team
+from agentsnap.agents import Agent
+from agentsnap.bus import AsyncioScheduler, Bus
 from agentsnap.distributed.recording import PartCoordinator
-from agentsnap.exceptions import OutputRejected
+from agentsnap.exceptions import HandlerFailed, OutputRejected
 from agentsnap.jetstream import ChannelOffset, JetStreamLink, JetStreamTransport
 from agentsnap.jetstream.codec import encode_token
-from agentsnap.messages import ENVIRONMENT, Marker, Message
-from agentsnap.model_calls import ModelCallLog
+from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.once import KnownTools
 from agentsnap.records import Snapshot, SnapshotStatus, utcnow
 from agentsnap.replay import InputLog
-from agentsnap.rollback import recorded_messages, restore_cut
+from agentsnap.rollback import recorded_messages
 from agentsnap.state import check_round_trip
 from agentsnap.store.ledger import MemoryLedger, ledger_for
+from agentsnap.telemetry import Telemetry, resolve
 
 if TYPE_CHECKING:
     from agentsnap.checks import OutputCheck
@@ -50,7 +54,11 @@ Report = Callable[[OutputRejected, Message | None, int], None]
 """Tells the run's coordinator of a rejected output: the rejection, the message being
 handled, and the generation it happened in."""
 
-__all__ = ["CONTROL", "Host", "Report", "control_subject"]
+ReportLost = Callable[[str, Message, str, int], None]
+"""Tells the run's coordinator that a handler's work was lost to a database fault: the
+agent, the message it was handling, why, and the generation it happened in."""
+
+__all__ = ["CONTROL", "Host", "Report", "ReportLost", "control_subject"]
 
 logger = logging.getLogger("agentsnap.distributed")
 
@@ -99,17 +107,23 @@ class Host:
             [`App.check`][agentsnap.distributed.App.check]).
         ledger: Where side-effecting tool calls are recorded (default: the ledger of the
             store's database; in memory for a store in memory).
+        telemetry: Where spans and metrics go, as for a [`Runtime`][agentsnap.Runtime]: by
+            default the global OpenTelemetry providers when an SDK is installed there.
 
     Attributes:
         bus: The bus.
         transport: The transport on NATS.
         coordinator: Records this process's part of each snapshot.
-        failures: Handler failures, as ``(agent, message id, error)``, oldest first.
+        team: The hosted agents, on the delivery kernel a ``Runtime`` uses.
+        failures: Handler failures (a handler, or an ``on_rollback``, that raised), oldest
+            first.
         ledger: The tool-call ledger.
         tools: The tools the hosted agents called.
         inputs: What the environment sent (in the process hosting it), sent again after a
             rollback from where the cut stands.
         report: Called with each rejected output (a worker sends it to the coordinator).
+        report_lost: Called when a handler's work was lost to a database fault (a worker
+            sends it to the coordinator, which rolls the run back once the database answers).
         rollbacks: The rollbacks this process carried out, oldest first.
     """
 
@@ -125,6 +139,7 @@ class Host:
         environment: bool = False,
         checks: Mapping[str, Sequence[OutputCheck]] | None = None,
         ledger: Ledger | None = None,
+        telemetry: Telemetry | bool | None = None,
     ) -> None:
         self.link = link
         self.store = store
@@ -137,14 +152,12 @@ class Host:
         self.tools = KnownTools()
         self.inputs = InputLog()
         self.report: Report | None = None
+        self.report_lost: ReportLost | None = None
         self.rollbacks: list[RollbackOrder] = []
-        self.passed: Callable[[tuple[str, str, int]], None] | None = None
+        self.report_passed: Callable[[tuple[str, str, int]], None] | None = None
         """Called when a message being redone after a rejection was handled without one."""
         self._redo: set[tuple[str, str, int]] = set()
         self._reported: int | None = None  # the generation whose rejection was reported
-        # Counts quiescences: a handler that began before the latest one was thrown away.
-        self._turn = 0
-        self._initial: dict[str, str] = {}
         self.replay_timeout = 10.0
         """Seconds a rollback waits for a channel's range to come back from the stream
         before it puts back the messages the cut recorded instead."""
@@ -154,34 +167,41 @@ class Host:
         """Channels from other processes a rollback put back from the recorded bodies
         because the stream did not give the range back."""
         self.transport = JetStreamTransport(link, run_id, local)
-        self._timeline = _Generation(self.transport)
         self.scheduler = AsyncioScheduler()
         self.bus = Bus(self.scheduler, self.transport)
         self.coordinator = PartCoordinator(
             self.bus, agents, run_id, worker=worker, local=local, write=self._write_part
         )
-        self.scheduler.bind(self.bus, self._deliver)
-        self.failures: list[tuple[str, str, str]] = []
+        self.transport.on_marker = self.coordinator.marker_arrived
+        self.telemetry = resolve(telemetry)
+        self.coordinator.observer = self.telemetry
+        self.failures: list[HandlerFailed] = []
         self._agents = dict(agents)
-        self._contexts: dict[str, Context[Any]] = {}
         self._control = control_subject(run_id)
+        self.team = Team(
+            self.bus,
+            self.coordinator,
+            run_id,
+            self,
+            ledger=self.ledger,
+            tools=self.tools,
+            line=_Generation(self.transport),
+            telemetry=self.telemetry,
+        )
+        for name, declared in (checks or {}).items():
+            for check in declared:
+                self.team.check(name, check)
         for name in names:
             endpoint = self.bus.add(name, 0)
             agent = self._agents.get(name)
-            if agent is None:
-                continue
-            blob = check_round_trip(name, agent.state)
-            self._initial[name] = blob.json
-            ctx = self._contexts[name] = Context(
-                agent, endpoint, self.bus, self.coordinator, run_id
-            )
-            ctx.guard = guard_for(agent, (checks or {}).get(name, ()))
-            ctx.ledger = self.ledger
-            ctx.tools = self.tools
-            ctx.model_calls = self.ledger if isinstance(self.ledger, ModelCallLog) else None
-            ctx.line = self._timeline
-            agent._state_changed = self.coordinator.changed
-            self.coordinator.joined(endpoint, blob.hash)
+            if agent is not None:
+                blob = check_round_trip(name, agent.state)
+                self.team.add(agent, endpoint, blob.json, blob.hash)
+        tracing = self.telemetry if self.telemetry and self.telemetry.tracing else None
+        if tracing is not None:
+            self.bus.observe(tracing)
+        if self.telemetry is not None:
+            self.telemetry.watch(self.bus)
         # Every channel between a process hosted here and any other exists from the start,
         # so that every recording sends a marker on every channel a message could take.
         endpoints = self.bus.endpoints
@@ -211,6 +231,8 @@ class Host:
             drain: Seconds to wait at most for the server to confirm what is still queued
                 for it (a server that is away confirms nothing).
         """
+        if self.telemetry is not None:
+            self.telemetry.unwatch(self.bus)
         await self.scheduler.close()
         self.coordinator.abort_all(f"worker {self.worker} stopped before recording its part")
         await self.coordinator.drain()
@@ -222,28 +244,6 @@ class Host:
 
     # -- rollback ---------------------------------------------------------------------------
 
-    async def quiesce(self, reason: str) -> None:
-        """Stop delivering, fail the snapshots in progress, and wait until no handler runs.
-
-        Handlers under way are cancelled (their work is thrown away); one inside a
-        side-effecting tool call first lets the call finish and its outcome be recorded in
-        the ledger, as in one process.
-        """
-        scheduler = self.scheduler
-        scheduler.pause()
-        self._turn += 1  # what the handlers under way do now is thrown away
-        self.coordinator.abort_all(reason)
-        endpoints = [self.bus.endpoints[name] for name in self._agents]
-        for endpoint in endpoints:
-            if endpoint.busy:
-                scheduler.interrupt(endpoint)
-        delay = 0.0
-        while any(endpoint.busy for endpoint in endpoints):
-            await asyncio.sleep(delay)
-            delay = min(delay * 2 or 0.0005, 0.05)
-        self.coordinator.abort_all(reason)  # one may have begun while a handler ended
-        await self.coordinator.drain()
-
     async def roll_back(
         self,
         order: RollbackOrder,
@@ -252,10 +252,12 @@ class Host:
     ) -> int:
         """Phase 1 of a rollback: put the processes hosted here back on ``snapshot``'s cut.
 
-        Stops delivering (see [`quiesce`][agentsnap.distributed.Host.quiesce]), moves to the
-        order's generation (what was sent before is dropped from then on), restores the
-        hosted agents' states and every channel's counters from the cut, and puts back the
-        messages the cut recorded in flight on the channels into the hosted processes: on a
+        Stops delivering (the handlers under way are cancelled, as in one process: one
+        inside a side-effecting tool call first lets the call finish and its outcome be
+        recorded in the ledger), moves to the order's generation (what was sent before is
+        dropped from then on), restores the hosted agents' states and every channel's
+        counters from the cut, and puts back the messages the cut recorded in flight on the
+        channels into the hosted processes: on a
         channel from another process, by replaying its recorded stream range (``offsets``,
         from the snapshot's parts), taking in the range's messages although they are of an
         older generation; from the bodies the cut recorded when the stream no longer holds
@@ -271,12 +273,11 @@ class Host:
         Returns:
             How many messages queued here were discarded.
         """
-        await self.quiesce("the run rolled back before the snapshot completed")
+        await self.team.quiesce("the run rolled back before the snapshot completed")
         transport = self.transport
         transport.generation = max(transport.generation, order.generation)
         self.scheduler.reset()
         coordinator = self.coordinator
-        coordinator.forget_handlers()
         epoch = max(order.epoch, coordinator.last_seq)
         coordinator.last_seq = epoch
         cut = snapshot or Snapshot(
@@ -291,23 +292,15 @@ class Host:
         if replays:
             kept = [ch for ch in cut.channels if (ch.src, ch.dst) not in replays]
             cut = cut.model_copy(update={"channels": kept})
-        discarded = restore_cut(
-            self.bus,
-            self._agents,
+        discarded = self.team.restore(
             cut,
-            initial_states=self._initial,
             epoch=epoch,
-            replay=self.inputs if ENVIRONMENT in self.local else None,
+            inputs=self.inputs if ENVIRONMENT in self.local else None,
             local=self.local,
         )
         if replays:
             assert snapshot is not None
             await self._replay(snapshot, replays, epoch)
-        coordinator.mark_changed(*self._agents)
-        for ctx in self._contexts.values():
-            ctx.rejected = None
-            if ctx.guard is not None:
-                ctx.guard.outputs.clear()
         self._reported = None
         self.rollbacks.append(order)
         logger.warning(
@@ -390,7 +383,8 @@ class Host:
         """Phase 2 of a rollback: every process carried it out; deliver again.
 
         The agent whose output was rejected gets the reason as feedback, every hosted agent's
-        [`on_rollback`][agentsnap.Agent.on_rollback] is called, and delivery resumes.
+        [`on_rollback`][agentsnap.Agent.on_rollback] is called (one that raises is a failure
+        of its agent, and the others go on), and delivery resumes.
 
         Args:
             order: The rollback, as carried out by ``roll_back``.
@@ -403,23 +397,9 @@ class Host:
             for name in self.local:
                 endpoint = self.bus.endpoints[name]
                 endpoint.epoch = max(endpoint.epoch, epoch)
-        if order.agent is not None and order.agent in self._contexts:
-            await self._contexts[order.agent].tell_rollback(order.reason, order.source)
-        info = order.info(self.run_id)
-        for name, agent in self._agents.items():
-            try:
-                await agent.on_rollback(info, self._contexts[name])
-            except OutputRejected as exc:  # checked before it was enqueued: nobody saw it
-                logger.error(
-                    "agent %r sent an output from on_rollback that was rejected, and not sent: %s",
-                    name,
-                    exc,
-                )
-            except Exception:
-                logger.exception("agent %r failed in on_rollback", name)
-            finally:
-                coordinator.changed.add(name)
+        await self.team.after_rollback(order.info(self.run_id))
         self._redo = set(order.redo)
+        self.team.redoing = self._redo
         self.scheduler.resume()
 
     def stop(self, reason: str) -> None:
@@ -428,11 +408,20 @@ class Host:
         self.scheduler.reset()
         self.coordinator.abort_all(f"the run stopped: {reason}")
 
-    def _rejected(self, rejection: OutputRejected, message: Message, turn: int) -> None:
-        if turn != self._turn or self._reported is not None:
+    # -- what the team reports (TeamEvents) ---------------------------------------------------
+
+    def failed(self, failure: HandlerFailed) -> None:
+        """A hosted handler (or ``on_rollback``) raised: the other agents go on."""
+        self.failures.append(failure)
+
+    async def rejected(
+        self, rejection: OutputRejected, generation: int, handling: Message | None
+    ) -> None:
+        """An output was rejected here: stop delivering, and tell the run's coordinator."""
+        if generation != self.team.generation or self._reported is not None:
             logger.debug("%s: dropped a rejection of a discarded timeline", self.worker)
             return
-        generation = self._reported = self.transport.generation
+        reported = self._reported = self.transport.generation
         # Stop here at once, before other handlers see what this one did; the coordinator's
         # rollback order (or its stop) follows.
         self.scheduler.pause()
@@ -444,7 +433,38 @@ class Host:
             rejection.reason,
         )
         if self.report is not None:
-            self.report(rejection, message, generation)
+            self.report(rejection, handling, reported)
+
+    async def lost(self, error: Exception, agent: str, message: Message, generation: int) -> None:
+        """A handler here could not finish for a database fault: stop delivering, and tell the
+        run's coordinator, which rolls every process back once the database answers.
+        """  # noqa: D205
+        if generation != self.team.generation or self._reported is not None:
+            logger.debug("%s: dropped a database failure of a discarded timeline", self.worker)
+            return
+        reported = self._reported = self.transport.generation
+        self.scheduler.pause()
+        logger.warning(
+            "%s: agent %r could not finish %s: %s; the run goes back to its last cut once the "
+            "database answers",
+            self.worker,
+            agent,
+            message.id,
+            error,
+        )
+        if self.report_lost is not None:
+            self.report_lost(agent, message, f"the database was unavailable: {error}", reported)
+
+    def passed(self, message: Message) -> None:
+        """A message redone after a rejection passed: its episode ends at the coordinator."""
+        key = (message.src, message.dst, message.seq)
+        if key in self._redo:
+            self._redo.discard(key)
+            if self.report_passed is not None:
+                self.report_passed(key)
+
+    def snapshot_due(self) -> None:
+        """Never reported: the run's coordinator decides when snapshots are taken."""
 
     async def _write_part(self, part: SnapshotPart) -> None:
         await self.store.save_snapshot_part(part)
@@ -453,58 +473,3 @@ class Host:
             await self.link.nc.publish(self._control, notice)
         except Exception as exc:  # the coordinator finds the part in the store anyway
             logger.debug("%s: notice of part %d not sent: %r", self.worker, part.seq, exc)
-
-    async def _deliver(self, channel: Channel) -> None:
-        item = channel.take()
-        endpoint = channel.receiver
-        snapshots = self.coordinator
-        if type(item) is Marker:
-            snapshots.on_marker(endpoint, channel, item.snapshot)
-            return
-        message: Message = item  # type: ignore[assignment]
-        snapshots.on_message(endpoint, channel, message)
-        ctx = self._contexts[endpoint.name]
-        channel.delivered += 1
-        ctx.message = message
-        ctx.position = 0
-        endpoint.busy = True
-        generation = self._turn
-        guard = ctx.guard
-        rejected: OutputRejected | None = None
-        try:
-            await ctx.agent.handle(message, ctx)
-            if guard is not None and guard.evaluates and ctx.rejected is None:
-                await evaluate_outputs(ctx)
-        except OutputRejected as exc:
-            rejected = exc
-        except Exception as exc:
-            if ctx.rejected is None:
-                logger.exception("%s failed handling %s", endpoint.name, message.id)
-                self.failures.append((endpoint.name, message.id, f"{type(exc).__name__}: {exc}"))
-        finally:
-            endpoint.busy = False
-            ctx.message = None
-            # A rejection the handler caught (even with ``except BaseException``) counts.
-            if rejected is None and ctx.rejected is None:
-                if guard is not None and guard.outputs:
-                    if generation == self._turn:
-                        ctx.post_held()
-                    else:
-                        guard.outputs.clear()  # a rollback threw this handler's work away
-                # A recording due while the handler ran is made now that it returned.
-                wanted = snapshots.wanted.get(endpoint.name)
-                if wanted and generation == self._turn:
-                    snapshots.record(endpoint, wanted)
-            else:
-                rejected = rejected or ctx.rejected
-                ctx.rejected = None
-                if guard is not None:
-                    guard.outputs.clear()  # held back, and now never sent
-        if rejected is not None:
-            self._rejected(rejected, message, generation)
-        elif self._redo and generation == self._turn:
-            key = (message.src, message.dst, message.seq)
-            if key in self._redo:
-                self._redo.discard(key)
-                if self.passed is not None:
-                    self.passed(key)

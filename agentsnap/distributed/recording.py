@@ -100,6 +100,7 @@ class PartCoordinator(SnapshotCoordinator):
         self._write_part = write
         # Per snapshot in progress: per channel from another process, its range in flight.
         self._ranges: dict[int, dict[IncomingChannel, _Range]] = {}
+        self._early = 0  # the stream sequence of a marker closing its channel before taken
 
     @staticmethod
     async def _unused(_snapshot: Any) -> None:  # pragma: no cover - parts are written instead
@@ -128,6 +129,32 @@ class PartCoordinator(SnapshotCoordinator):
         if seq > self.last_seq:
             self.learn(seq)
         super().on_marker(endpoint, channel, seq)
+
+    def marker_arrived(self, channel: Channel, seq: int) -> None:
+        """A marker for snapshot ``seq`` arrived on ``channel``, not taken yet.
+
+        A local process inside a handler records now, as any process may at any moment: from
+        before that handler when it made nothing visible yet (*Recording inside a handler*),
+        else as it returns. What it takes off its channels before their markers is then in
+        flight in the cut, as for any process that recorded before its markers came. A
+        marker with nothing ahead of it on its channel is in effect taken at once: the
+        channel closes, with nothing in flight after what the process took already, so the
+        snapshot need not wait for the handler. A process between two handlers takes the
+        marker soon enough.
+        """
+        receiver = channel.receiver
+        if not receiver.busy or receiver.name not in self.local or seq <= channel.closed:
+            return
+        if seq > self.last_seq:
+            self.learn(seq)
+        if seq > receiver.epoch:
+            self.record(receiver, seq)
+        if receiver.epoch >= seq and len(channel) == 1 and type(channel) is IncomingChannel:
+            self._early = channel.next_seq  # the marker's place ends the channel's ranges
+            try:
+                self.on_marker(receiver, channel, seq)
+            finally:
+                self._early = 0
 
     def on_message(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:  # noqa: D102
         if message.epoch > self.last_seq:
@@ -170,7 +197,8 @@ class PartCoordinator(SnapshotCoordinator):
     def channel_closing(self, channel: Channel, upto: int) -> None:
         """A channel from another process closes: the item closing it ends its ranges."""
         if type(channel) is IncomingChannel:
-            end = channel.taken  # the item closing it was just taken off it
+            # The item closing it was just taken off it, or is the marker next on it.
+            end = self._early or channel.taken
             for seq, ranges in self._ranges.items():
                 if channel.closed < seq <= upto and seq in self.active:
                     found = ranges.get(channel)

@@ -44,12 +44,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from agentsnap._team import lost_to_database
 from agentsnap.distributed.orders import (
     MessageKey,
     RollbackOrder,
     broadcast_subject,
     rejection_of,
 )
+from agentsnap.exceptions import StoreError
 from agentsnap.records import RollbackInfo, Snapshot, utcnow
 from agentsnap.rollback import RetryBudget, RetryPolicy
 
@@ -65,6 +67,8 @@ logger = logging.getLogger("agentsnap.distributed")
 
 _REPEAT = 2.0
 """Seconds between repeats of a rollback order some process has not carried out yet."""
+_PROBE_FIRST = 0.1  # seconds between probes of a database that does not answer, at first
+_PROBE_MAX = 5.0
 
 
 class _Rolling:
@@ -190,6 +194,31 @@ class RollbackAuthority:
             return
         self._deciding = True
         self._spawn(self._for_rejection(agent, reason, source, output, handling))
+
+    def lost(self, report: dict[str, Any]) -> None:
+        """A worker reports a handler's work lost to a database that did not answer.
+
+        The run goes back to its last complete cut once the database answers, and redoes
+        the work from there; the ledger makes its effects happen once. No retry budget is
+        used: a database that is away is no fault of the agent's.
+        """
+        try:
+            reason = str(report["lost"])
+            agent = str(report.get("agent", "?"))
+            generation = int(report["generation"])
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("run %s: a malformed report was ignored: %r", self.run_id, exc)
+            return
+        if generation != self.generation or self.busy:
+            self.dropped += 1
+            logger.info(
+                "run %s: %s's work lost to the database joins the rollback under way",
+                self.run_id,
+                agent,
+            )
+            return
+        self._deciding = True
+        self._spawn(self._for_fault(agent, reason))
 
     def restored(self, report: dict[str, Any]) -> None:
         """A worker carried out a rollback order."""
@@ -325,6 +354,38 @@ class RollbackAuthority:
             logger.exception("run %s: the rollback failed", self.run_id)
         finally:
             self._deciding = False
+
+    async def _for_fault(self, agent: str, reason: str) -> None:
+        try:
+            await self._until_store_answers()
+            logger.warning(
+                "run %s: agent %r could not finish its work (%s); the run goes back to its "
+                "last complete cut",
+                self.run_id,
+                agent,
+                reason,
+            )
+            targets = self.targets()
+            await self._roll_back(targets[-1] if targets else None, None, reason, "database", 1)
+        except Exception:
+            logger.exception("run %s: the rollback for a database fault failed", self.run_id)
+        finally:
+            self._deciding = False
+
+    async def _until_store_answers(self) -> None:
+        """Wait until the run's store answers again."""
+        pause = _PROBE_FIRST
+        while True:
+            try:
+                await self._store.get_run(self.run_id)
+            except StoreError as exc:
+                if not lost_to_database(exc):
+                    raise
+                logger.warning("run %s: the database is still unavailable: %s", self.run_id, exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _PROBE_MAX)
+            else:
+                return
 
     async def _recover(self, reason: str) -> None:
         try:

@@ -122,7 +122,8 @@ class Worker:
         checks = {name: app.checks_of(name) for name in hosted}
         self.host = Host(link, store, run_id, app.names, hosted, worker=self.name, checks=checks)
         self.host.report = self._report
-        self.host.passed = self._passed
+        self.host.report_passed = self._passed
+        self.host.report_lost = self._report_lost
         self.rejoined = False
         """Whether the worker's agents ran before it started: the run rolled back for it."""
         self._app = app
@@ -241,6 +242,17 @@ class Worker:
         self._send(
             {
                 "rejected": rejection_to_json(rejection, handling),
+                "generation": generation,
+                "worker": self.name,
+            }
+        )
+
+    def _report_lost(self, agent: str, handling: Message, reason: str, generation: int) -> None:
+        self._send(
+            {
+                "lost": reason,
+                "agent": agent,
+                "handling": [handling.src, handling.dst, handling.seq],
                 "generation": generation,
                 "worker": self.name,
             }

@@ -18,7 +18,7 @@ from agentsnap.exceptions import ConfigurationError, PayloadNotSerializable
 from agentsnap.jetstream.codec import Envelope, decode, decode_token, encode, inbox_subject
 from agentsnap.jetstream.link import JetStreamLink, Published
 from agentsnap.limits import check_run_id
-from agentsnap.messages import ENVIRONMENT, Message
+from agentsnap.messages import ENVIRONMENT, Marker, Message
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
@@ -251,6 +251,14 @@ class IncomingChannel:
             self.taken = seq
         return item
 
+    @property
+    def next_seq(self) -> int:
+        """Stream sequence of the oldest item held: the one taken next (0 for none, or when
+        a restore put it back).
+        """  # noqa: D205
+        marks = self._marks
+        return marks[0][0] if marks else 0
+
     def clear(self) -> None:
         """Drop every item held (what arrives later is still taken in)."""
         self._held.clear()
@@ -372,11 +380,16 @@ class IncomingChannel:
             self.duplicates += 1
             return
         self._key = envelope.key
-        self._held.append(envelope.item)
+        item = envelope.item
+        self._held.append(item)
         self._marks.append((seq, after))
         notify = self._notify
         if notify is not None:
             notify(self)
+        if type(item) is Marker:
+            on_marker = self._transport.on_marker
+            if on_marker is not None:
+                on_marker(self, item.snapshot)
 
 
 class _Inbox:
@@ -600,6 +613,10 @@ class JetStreamTransport:
         self.pull_expires = 30.0
         self.inactive_threshold = 60.0
         self.unroutable = 0
+        self.on_marker: Callable[[Channel, int], None] | None = None
+        """Called as a marker arrives on a channel into a local process (with the channel and
+        the marker's snapshot), before that process takes it: a process busy in a long
+        handler may record the snapshot at once rather than when the handler returns."""
         self._generation = 0
         self._bus: Bus | None = None
         self._scheduler_notify: Callable[[Channel], None] | None = None
