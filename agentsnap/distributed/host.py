@@ -26,10 +26,10 @@ import orjson
 
 from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
 from agentsnap.bus import AsyncioScheduler, Bus, Channel
+from agentsnap.distributed.orders import CONTROL, control_subject
 from agentsnap.distributed.recording import PartCoordinator
 from agentsnap.exceptions import OutputRejected
 from agentsnap.jetstream import ChannelOffset, JetStreamLink, JetStreamTransport
-from agentsnap.jetstream.codec import encode_token
 from agentsnap.messages import ENVIRONMENT, Marker, Message
 from agentsnap.model_calls import ModelCallLog
 from agentsnap.once import KnownTools
@@ -53,17 +53,6 @@ handled, and the generation it happened in."""
 __all__ = ["CONTROL", "Host", "Report", "control_subject"]
 
 logger = logging.getLogger("agentsnap.distributed")
-
-CONTROL = "agentsnap-control"
-"""First token of a run's control subject: outside the run's stream (``agentsnap.<run>.>``),
-so that requests and notices are not stored with the channels."""
-
-
-def control_subject(run_id: str) -> str:
-    """The subject on which a run's workers ask its coordinator for snapshots, and tell it
-    of the parts they wrote (plain NATS, not stored).
-    """  # noqa: D205
-    return f"{CONTROL}.{encode_token(run_id)}"
 
 
 class _Generation:
