@@ -8,7 +8,7 @@ AgentsnapError
 │   ├── UnknownAgentError
 │   ├── StateNotSerializable
 │   ├── PayloadNotSerializable
-│   ├── PayloadInvalid
+│   ├── PayloadInvalid          defined beside Message, in agentsnap.messages
 │   ├── ScheduleError
 │   ├── SnapshotInProgress      also a RuntimeError
 │   ├── ToolArgumentsInvalid
@@ -43,6 +43,12 @@ traceback points at the offending line. Run failures (`RunError`) are reported b
 and carry what is needed to find their cause: the agent, the message, the snapshot. Signals
 (`Signal`) travel from a handler to the runtime, which acts on them; they only reach
 application code when it raises them itself.
+
+Every error is importable from here (and from `agentsnap`). The roots, `AgentsnapError` and
+`ConfigurationError`, are defined in `agentsnap._errors`, which imports nothing, and
+`PayloadInvalid` beside the `Message` it names: this module names `Message` as well (a failed
+handler and a rejected output carry one), so it imports `agentsnap.messages`, never the other
+way round.
 """
 
 from __future__ import annotations
@@ -50,10 +56,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from agentsnap._errors import AgentsnapError, ConfigurationError
+from agentsnap.messages import Message, PayloadInvalid
+
 if TYPE_CHECKING:
     from datetime import datetime
-
-    from agentsnap.messages import Message
 
 __all__ = [
     "AgentsnapError",
@@ -85,14 +92,6 @@ __all__ = [
     "TransportError",
     "UnknownAgentError",
 ]
-
-
-class AgentsnapError(Exception):
-    """Base class of every exception raised by agentsnap."""
-
-
-class ConfigurationError(AgentsnapError):
-    """The program uses agentsnap in a way that cannot work; the message says how to fix it."""
 
 
 class InvalidAgentName(ConfigurationError):
@@ -172,27 +171,6 @@ class PayloadNotSerializable(ConfigurationError):
             f"the payload {sender!r} sent to {recipient!r} is not JSON ({detail}); "
             "send JSON values (dict with str keys, list, str, int, finite float, bool, None) "
             "or a pydantic model"
-        )
-
-
-class PayloadInvalid(ConfigurationError, ValueError):
-    """A message payload does not have the shape its reader expects.
-
-    Raised by [`Message.payload_as`][agentsnap.Message.payload_as]; the pydantic
-    ``ValidationError`` that says what does not fit is the ``__cause__``. Inside a handler it
-    fails the handler like any other exception (see [`HandlerFailed`][agentsnap.HandlerFailed]).
-
-    Attributes:
-        message: The message whose payload was read.
-        expected: Name of the type the payload was read as.
-    """
-
-    def __init__(self, message: Message, expected: str, detail: str) -> None:
-        self.message = message
-        self.expected = expected
-        super().__init__(
-            f"the payload of message {message.id} (kind {message.kind!r}) does not fit "
-            f"{expected}: {detail}; make the sender and the reader agree on its shape"
         )
 
 

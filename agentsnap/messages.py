@@ -1,4 +1,4 @@
-"""Wire types: messages, markers and channel ids.
+"""Wire types: messages, markers and channel ids, and the error reading a payload raises.
 
 A [`Message`][agentsnap.Message] is an immutable envelope. Its id is derived from its place in
 the run, ``src>dst#seq``: the message that takes the same place on the same channel after a
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from agentsnap.exceptions import PayloadInvalid
+from agentsnap._errors import ConfigurationError
 
 __all__ = [
     "ENVIRONMENT",
@@ -24,6 +24,7 @@ __all__ = [
     "JsonValue",
     "Marker",
     "Message",
+    "PayloadInvalid",
     "is_json",
     "json_problem",
 ]
@@ -193,6 +194,27 @@ class Message(NamedTuple):
                 else EMPTY_HEADERS
             ),
             epoch=_int(data.get("epoch", 0)),
+        )
+
+
+class PayloadInvalid(ConfigurationError, ValueError):
+    """A message payload does not have the shape its reader expects.
+
+    Raised by [`Message.payload_as`][agentsnap.Message.payload_as]; the pydantic
+    ``ValidationError`` that says what does not fit is the ``__cause__``. Inside a handler it
+    fails the handler like any other exception (see [`HandlerFailed`][agentsnap.HandlerFailed]).
+
+    Attributes:
+        message: The message whose payload was read.
+        expected: Name of the type the payload was read as.
+    """
+
+    def __init__(self, message: Message, expected: str, detail: str) -> None:
+        self.message = message
+        self.expected = expected
+        super().__init__(
+            f"the payload of message {message.id} (kind {message.kind!r}) does not fit "
+            f"{expected}: {detail}; make the sender and the reader agree on its shape"
         )
 
 

@@ -1,10 +1,12 @@
 """Imports run one way: each layer imports only the layers below it, even for type checking.
 
 Every ``import`` of every module of the package counts, wherever it stands (at the top, in a
-function, under ``TYPE_CHECKING``). The layers, from the bottom::
+function, under ``TYPE_CHECKING``), and no module imports itself through others, even within
+a layer. The layers, from the bottom::
 
-    foundation   exceptions, limits, messages, state, records, handles, integrity, liveness,
-                 semconv, models: data types and rules; they import nothing but each other
+    foundation   _errors, exceptions, limits, messages, state, records, handles, integrity,
+                 liveness, semconv, models: data types and rules; they import nothing but each
+                 other
     store        store/, ledger, once, ownership, fork, model_calls: persistence, the
                  exactly-once machine, forks of stored cuts, recorded model calls
     bus          channels, the transport and observer protocols, schedulers; jetstream, the
@@ -15,15 +17,19 @@ function, under ``TYPE_CHECKING``). The layers, from the bottom::
     rollback     retry policy and budget, restoring a cut through Bus.restore, the current cut
     journal      a bus observer writing to the store
     tools        side-effecting tools on the ledger
-    distributed  agents hosted over processes: agents, snapshot and rollback on jetstream
-    runtime      wires everything; above it only the public face: the package itself,
-                 inspect, timeline, ui, cli, demo, testing, integrations, which nothing below
-                 imports
+    kernel       _team: one process's agents and how a message is handled, in both modes
+    distributed  agents hosted over processes: the kernel, snapshot parts and two-phase
+                 rollback on jetstream
+    runtime      the facade over its collaborators (_phases, _record, _cadence, _following,
+                 _recovery, _closing, which never import it); above it only the public face:
+                 the package itself, inspect, timeline, ui, cli, demo, testing,
+                 integrations, which nothing below imports
 """
 
 from __future__ import annotations
 
 import ast
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -31,6 +37,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "agentsnap"
 
 FOUNDATION = {
+    "agentsnap._errors",
     "agentsnap.exceptions",
     "agentsnap.limits",
     "agentsnap.messages",
@@ -58,6 +65,18 @@ run ownership and forking a run from a stored cut. They know the data types only
 BUS = FOUNDATION | {"agentsnap.bus"}
 AGENTS = BUS | STORE | {"agentsnap.checks", "agentsnap.telemetry", "agentsnap.replay"}
 ROLLBACK = BUS | {"agentsnap.checks", "agentsnap.replay", "agentsnap.snapshot"}
+KERNEL = AGENTS | {"agentsnap.agents", "agentsnap.snapshot", "agentsnap.rollback"}
+RUNTIME_PARTS = {
+    "agentsnap._phases",
+    "agentsnap._record",
+    "agentsnap._cadence",
+    "agentsnap._following",
+    "agentsnap._recovery",
+    "agentsnap._closing",
+}
+"""The runtime's collaborators, each with one job: they know each other and what is below the
+runtime, never the runtime itself."""
+BELOW_RUNTIME = KERNEL | {"agentsnap.journal", "agentsnap.tools", "agentsnap._team"}
 
 CONTRACTS: dict[str, set[str]] = {
     **dict.fromkeys(FOUNDATION, FOUNDATION),
@@ -72,14 +91,11 @@ CONTRACTS: dict[str, set[str]] = {
     "agentsnap.rollback": ROLLBACK,
     "agentsnap.journal": BUS | STORE,
     "agentsnap.tools": AGENTS | {"agentsnap.agents"},
-    "agentsnap.distributed": AGENTS
-    | {
-        "agentsnap.agents",
-        "agentsnap.snapshot",
-        "agentsnap.rollback",
-        "agentsnap.jetstream",
-        "agentsnap.distributed",
-    },
+    "agentsnap._team": KERNEL,
+    "agentsnap.distributed": KERNEL
+    | {"agentsnap._team", "agentsnap.jetstream", "agentsnap.distributed"},
+    **dict.fromkeys(RUNTIME_PARTS, BELOW_RUNTIME | RUNTIME_PARTS),
+    "agentsnap.runtime": BELOW_RUNTIME | RUNTIME_PARTS | {"agentsnap._hints"},
 }
 """For a module (or a package, with everything in it): the only agentsnap modules it may
 import (a package allows its modules too). Modules not named here are above the runtime."""
@@ -103,16 +119,17 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path) -> set[str]:
-    """Every module ``path`` imports; ``from agentsnap import x`` counts as ``agentsnap.x``."""
+    """Every module ``path`` imports; ``from agentsnap import x`` counts as ``agentsnap.x``,
+    and ``from agentsnap.x import y`` as ``agentsnap.x.y`` when that is a module.
+    """
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            if node.module == "agentsnap":
-                found.update(f"agentsnap.{alias.name}" for alias in node.names)
-            else:
-                found.add(node.module)
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if node.module == "agentsnap" or name in MODULES else node.module)
     return found
 
 
@@ -206,3 +223,72 @@ def test_every_module_has_a_place() -> None:
     above |= {"agentsnap.runtime"}
     placed = {m for m in MODULES if _within(m, set(CONTRACTS) | PUBLIC_FACE | above)}
     assert placed == set(MODULES), sorted(set(MODULES) - placed)
+
+
+def imported_modules(module: str) -> set[str]:
+    """The package's modules that ``module`` imports: a name imported from a module (or from a
+    package, whose ``__init__`` it runs) counts as that module, others are left out.
+    """
+    found: set[str] = set()
+    for name in imports(MODULES[module]):
+        owner = name
+        while owner and owner not in MODULES:
+            owner = owner.rpartition(".")[0]
+        if owner and owner != module:
+            found.add(owner)
+    return found
+
+
+def strong_components(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of ``graph`` (Tarjan's algorithm)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for after in sorted(graph[node]):
+            if after not in order:
+                visit(after)
+                low[node] = min(low[node], low[after])
+            elif after in stack:
+                low[node] = min(low[node], order[after])
+        if low[node] == order[node]:
+            component: set[str] = set()
+            while not component or node not in component:
+                component.add(stack.pop())
+            components.append(component)
+
+    for node in sorted(graph):
+        if node not in order:
+            visit(node)
+    return components
+
+
+def circle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest circle of imports through the first module of ``component``, closed."""
+    start = min(component)
+    paths = {start: [start]}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for after in sorted(graph[node] & component):
+            if after == start:
+                return [*paths[node], start]
+            if after not in paths:
+                paths[after] = [*paths[node], after]
+                queue.append(after)
+    raise AssertionError(f"{sorted(component)} is not strongly connected")
+
+
+def test_the_package_has_no_import_circle() -> None:
+    """Each module can be understood (and imported) before those that import it."""
+    graph = {module: imported_modules(module) for module in MODULES}
+    circles = [
+        " -> ".join(circle_in(graph, component))
+        for component in strong_components(graph)
+        if len(component) > 1
+    ]
+    assert not circles, "modules import each other: " + "; ".join(sorted(circles))

@@ -73,8 +73,8 @@ from __future__ import annotations
 
 from agentsnap.distributed.app import App, check_run, load_app
 from agentsnap.distributed.coordinator import DistributedRun, join_parts
-from agentsnap.distributed.host import Host, control_subject
-from agentsnap.distributed.orders import RollbackOrder, broadcast_subject
+from agentsnap.distributed.host import Host
+from agentsnap.distributed.orders import RollbackOrder, broadcast_subject, control_subject
 from agentsnap.distributed.placement import group_of, parse_group, place
 from agentsnap.distributed.recording import PartCoordinator
 from agentsnap.distributed.recovery import RollbackAuthority

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from agentsnap.distributed.app import PROCESSES, App
-from agentsnap.distributed.host import Host, control_subject
+from agentsnap.distributed.host import Host
+from agentsnap.distributed.orders import control_subject
 from agentsnap.distributed.recovery import RollbackAuthority
 from agentsnap.distributed.retention import Retainer, StreamRetention
 from agentsnap.exceptions import ConfigurationError, SnapshotFailed, TransportError

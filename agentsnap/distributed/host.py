@@ -30,10 +30,10 @@ import orjson
 from agentsnap._team import Team
 from agentsnap.agents import Agent
 from agentsnap.bus import AsyncioScheduler, Bus
+from agentsnap.distributed.orders import CONTROL, control_subject
 from agentsnap.distributed.recording import PartCoordinator
 from agentsnap.exceptions import HandlerFailed, OutputRejected
 from agentsnap.jetstream import ChannelOffset, JetStreamLink, JetStreamTransport
-from agentsnap.jetstream.codec import encode_token
 from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.once import KnownTools
 from agentsnap.records import Snapshot, SnapshotStatus, utcnow
@@ -61,17 +61,6 @@ agent, the message it was handling, why, and the generation it happened in."""
 __all__ = ["CONTROL", "Host", "Report", "ReportLost", "control_subject"]
 
 logger = logging.getLogger("agentsnap.distributed")
-
-CONTROL = "agentsnap-control"
-"""First token of a run's control subject: outside the run's stream (``agentsnap.<run>.>``),
-so that requests and notices are not stored with the channels."""
-
-
-def control_subject(run_id: str) -> str:
-    """The subject on which a run's workers ask its coordinator for snapshots, and tell it
-    of the parts they wrote (plain NATS, not stored).
-    """  # noqa: D205
-    return f"{CONTROL}.{encode_token(run_id)}"
 
 
 class _Generation:

@@ -1,4 +1,4 @@
-"""What the processes of a run spread over processes tell each other about rollbacks.
+"""What the processes of a run spread over processes tell each other about rollbacks, and where.
 
 Every message is JSON on plain NATS (not stored in the run's stream). A worker tells the
 run's coordinator on the run's control subject
@@ -30,15 +30,31 @@ from agentsnap.exceptions import OutputRejected
 from agentsnap.jetstream.codec import encode_token
 from agentsnap.records import RollbackInfo
 
-__all__ = ["RollbackOrder", "broadcast_subject", "rejection_of", "rejection_to_json"]
+__all__ = [
+    "CONTROL",
+    "RollbackOrder",
+    "broadcast_subject",
+    "control_subject",
+    "rejection_of",
+    "rejection_to_json",
+]
+
+CONTROL = "agentsnap-control"
+"""First token of a run's control subject: outside the run's stream (``agentsnap.<run>.>``),
+so that requests and notices are not stored with the channels."""
+
+
+def control_subject(run_id: str) -> str:
+    """The subject on which a run's workers ask its coordinator for snapshots, and tell it
+    of the parts they wrote (plain NATS, not stored).
+    """  # noqa: D205
+    return f"{CONTROL}.{encode_token(run_id)}"
 
 
 def broadcast_subject(run_id: str) -> str:
     """The subject on which a run's coordinator tells every process to roll back and resume
     (plain NATS, not stored).
     """  # noqa: D205
-    from agentsnap.distributed.host import CONTROL  # noqa: PLC0415 - one definition
-
     return f"{CONTROL}.{encode_token(run_id)}.all"
 
 

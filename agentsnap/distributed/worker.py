@@ -39,8 +39,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from agentsnap.distributed.app import App, check_run
-from agentsnap.distributed.host import Host, control_subject
-from agentsnap.distributed.orders import RollbackOrder, broadcast_subject, rejection_to_json
+from agentsnap.distributed.host import Host
+from agentsnap.distributed.orders import (
+    RollbackOrder,
+    broadcast_subject,
+    control_subject,
+    rejection_to_json,
+)
 from agentsnap.exceptions import ConfigurationError, TransportError
 from agentsnap.limits import MAX_WORKER_NAME, check_text
 from agentsnap.liveness import owner_id

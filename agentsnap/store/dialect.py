@@ -52,7 +52,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.sql.dml import Insert
 
 from agentsnap.exceptions import ConfigurationError, StoreError
-from agentsnap.store.faults import Fault
+from agentsnap.store._fault_kinds import Fault
 
 __all__ = [
     "DIALECTS",

@@ -49,44 +49,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, TypeVar
 
 import tenacity
 
 from agentsnap.exceptions import ConfigurationError, StoreError
+from agentsnap.store._fault_kinds import Fault
 
 __all__ = ["Fault", "StoreRetry", "classify", "describe"]
 
 logger = logging.getLogger("agentsnap.store")
 
 T = TypeVar("T")
-
-
-class Fault(StrEnum):
-    """What kind of database failure an error is."""
-
-    CONNECTION = "connection"
-    """The connection was lost or refused; a commit in flight may or may not have happened."""
-    UNAVAILABLE = "unavailable"
-    """The server is starting, shutting down, or out of connections or memory."""
-    CONFLICT = "conflict"
-    """A serialization failure or a deadlock: the transaction was rolled back."""
-    LOCKED = "locked"
-    """A lock was not granted in time (another writer holds the database or the row)."""
-    TIMEOUT = "timeout"
-    """The operation took longer than the policy allows (no answer from the database)."""
-    DISK_FULL = "disk_full"
-    """The database's disk is full."""
-    MISSING = "missing"
-    """The database does not exist: it must be created, or the URL fixed; retrying cannot help."""
-    PERMANENT = "permanent"
-    """A constraint, the schema, bad data: retrying cannot help."""
-
-    @property
-    def transient(self) -> bool:
-        """Whether the same operation may succeed if tried again later."""
-        return self not in {Fault.PERMANENT, Fault.MISSING}
 
 
 def classify(error: BaseException) -> Fault | None:
@@ -113,8 +87,8 @@ def _own_fault(error: BaseException) -> Fault | None:
         return Fault.TIMEOUT
     if getattr(error, "connection_invalidated", False):
         return Fault.CONNECTION
-    # Each dialect knows its driver's error codes; the dialect module needs ``Fault`` from
-    # here, so it is imported when first needed.
+    # Each dialect knows its driver's error codes. The dialects are imported when first
+    # needed: they load SQLAlchemy, which ``import agentsnap`` (StoreRetry) does without.
     from agentsnap.store.dialect import driver_fault  # noqa: PLC0415
 
     fault = driver_fault(error)
