@@ -256,7 +256,6 @@ class Runtime:
         phases.coordinator = coordinator
         # Every message the environment sent, replayed after a rollback like a source.
         self._inputs = inputs = InputLog()
-        self._input_buffer = inputs.buffer
         self._replay = (
             ReplayLog(record.append_replay, inputs, every=REPLAY_HOLDS) if replay else None
         )
@@ -527,7 +526,7 @@ class Runtime:
         if not self._phases.taking_input:
             self._before_input()
         message = self._bus.send(self._environment, to, payload, kind, headers)
-        buffer = self._input_buffer
+        buffer = self._inputs.buffer
         buffer.append(message)
         if len(buffer) >= _SEAL_INPUTS_EVERY:
             self._recovery.prune_inputs()

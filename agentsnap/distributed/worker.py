@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from agentsnap.jetstream import JetStreamLink
     from agentsnap.messages import Message
     from agentsnap.store import Store
+    from agentsnap.telemetry import Telemetry
 
 __all__ = ["AgentsHeld", "Worker"]
 
@@ -87,6 +88,9 @@ class Worker:
             once).
         hello_timeout: Seconds to wait for the run's coordinator to answer as the worker
             starts; without an answer it starts as in a new run.
+        telemetry: Where the hosted handlers' spans and the bus's metrics go, as for a
+            [`Runtime`][agentsnap.Runtime]: by default the global OpenTelemetry providers
+            when an SDK is installed there; ``False`` records nothing.
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class Worker:
         nats_patience: float = 60.0,
         wait: float = 0.0,
         hello_timeout: float = 10.0,
+        telemetry: Telemetry | bool | None = None,
     ) -> None:
         hosted = {agent.name: agent for agent in app.agents if agent.name in set(agents)}
         if not hosted:
@@ -125,7 +130,16 @@ class Worker:
         self.wait = wait
         self.hello_timeout = hello_timeout
         checks = {name: app.checks_of(name) for name in hosted}
-        self.host = Host(link, store, run_id, app.names, hosted, worker=self.name, checks=checks)
+        self.host = Host(
+            link,
+            store,
+            run_id,
+            app.names,
+            hosted,
+            worker=self.name,
+            checks=checks,
+            telemetry=telemetry,
+        )
         self.host.report = self._report
         self.host.report_passed = self._passed
         self.host.report_lost = self._report_lost
