@@ -26,7 +26,7 @@ import inspect
 import json
 import logging
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeGuard, TypeVar
 
 from pydantic import BaseModel
@@ -39,6 +39,7 @@ from agentsnap.model_calls import recorded_call
 from agentsnap.models import (
     ChatMessage,
     ChatModel,
+    ModelRequest,
     ModelResponse,
     ToolCallingModel,
     ToolSpec,
@@ -402,10 +403,39 @@ class Context(Generic[S]):
             # would be recorded twice, at two positions, and a replay (which never reaches the
             # inner record) would give the handler's next call this call's answer.
             model = model.model
+        chosen = model
+        return await self.model_call(request, lambda r: ask(chosen, r))
+
+    async def model_call(
+        self,
+        request: ModelRequest,
+        ask: Callable[[ModelRequest], Awaitable[ModelResponse]],
+    ) -> ModelResponse:
+        """Make one model call a recorded step, however the model is asked.
+
+        What [`chat`][agentsnap.Context.chat] does with a model it is given, for code that
+        asks a model its own way: an agent SDK's integration, whose SDK builds the request
+        and reads the answer. ``ask`` is awaited only when no answer is recorded for this
+        call's identity (the run, this agent, the message being handled, the call's
+        position in this handler, the run's timeline); its answer is in the store before it
+        is returned. An integration keeps the SDK's own form of the request and the answer
+        in their ``native`` fields, and gives the SDK back the recorded one on a replay.
+
+        Args:
+            request: The request, as it is recorded (and shown by ``agentsnap model-calls``).
+            ask: Asks the model.
+
+        Returns:
+            The answer (recorded, or replayed).
+
+        Raises:
+            StoreError: The answer could not be recorded; the handler fails and is redone
+                when the database answers, rather than act on an answer a crash would lose.
+        """
         message = self.message
         log = self.model_calls
         if message is None or log is None:
-            return await ask(model, request)
+            return await ask(request)
         position = self.position
         self.position = position + 1
         line = self.line
@@ -419,7 +449,7 @@ class Context(Generic[S]):
         response, _ = await recorded_call(
             log,
             request,
-            lambda r: ask(model, r),
+            ask,
             run_id=self.run_id,
             agent=self.agent.name,
             message_id=message.id,

@@ -134,6 +134,9 @@ class ModelRequest(BaseModel):
     """JSON Schema the answer's ``output`` must follow, for structured output."""
     settings: dict[str, JsonValue] = Field(default_factory=dict)
     """Model settings (temperature, max tokens, ...), passed on as they are."""
+    native: dict[str, JsonValue] | None = None
+    """The request as an agent SDK made it, in that SDK's own JSON form, when an integration
+    made the call (see [Agent SDKs](../how-to/agent-sdks.md)); recorded with the call."""
 
 
 class ModelResponse(BaseModel):
@@ -151,6 +154,9 @@ class ModelResponse(BaseModel):
     """Name of the model that answered."""
     usage: Usage = Usage()
     """Tokens used."""
+    native: dict[str, JsonValue] | None = None
+    """The answer in its agent SDK's own JSON form, when an integration made the call: what
+    a replay gives back to that SDK."""
 
     def message(self) -> ChatMessage:
         """The answer as the ``assistant`` message to append to the conversation."""

@@ -276,6 +276,50 @@ class Tool(Generic[R]):
             description if description is not None else inspect.getdoc(fn) or ""
         ).strip()
 
+    @classmethod
+    def from_schema(
+        cls,
+        name: str,
+        parameters: Mapping[str, Any],
+        fn: Callable[[dict[str, Any]], Awaitable[Any]],
+        *,
+        description: str = "",
+        side_effect: bool = False,
+        key_from: Sequence[str] | None = None,
+        on_redo: OnRedo = "recorded",
+        on_divergence: OnDivergence = "raise",
+        rerun_if_unknown: bool = False,
+        lease: float = 60.0,
+        wait: float = 10.0,
+    ) -> Tool[Any]:
+        """A tool that comes as a name, a JSON Schema of its arguments and a function.
+
+        For tools defined elsewhere: an MCP server's, or an agent SDK's. ``fn`` is awaited
+        with the arguments as one dictionary; what it returns must be JSON. The call goes
+        through the ledger like a decorated tool's when ``side_effect`` is true (its key
+        bound to the call: the run, the agent, the message being handled, and the n-th call
+        of this tool in the handler, or the ``key_from`` arguments). The arguments are
+        checked against the schema's ``required`` and, when it forbids others,
+        ``properties``; the rest of the schema is for whoever defined the tool to enforce.
+
+        Raises:
+            ConfigurationError: ``parameters`` is not an ``object`` schema, ``fn`` is not
+                an async function, or an option is wrong as for [`tool`][agentsnap.tool].
+        """
+        return _SchemaTool(
+            name,
+            parameters,
+            fn,
+            description=description,
+            side_effect=side_effect,
+            key_from=key_from,
+            on_redo=on_redo,
+            on_divergence=on_divergence,
+            rerun_if_unknown=rerun_if_unknown,
+            lease=lease,
+            wait=wait,
+        )
+
     def __repr__(self) -> str:
         where = f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
         return f"<Tool {self.name!r}{' side_effect' if self.side_effect else ''} of {where}>"
@@ -714,6 +758,81 @@ class Tool(Generic[R]):
 
 
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
+
+
+class _SchemaTool(Tool[Any]):
+    """A tool whose arguments are a JSON object described by a schema (see ``from_schema``)."""
+
+    def __init__(
+        self,
+        name: str,
+        parameters: Mapping[str, Any],
+        fn: Callable[[dict[str, Any]], Awaitable[Any]],
+        *,
+        key_from: Sequence[str] | None,
+        **options: Any,
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+        ):
+            raise ConfigurationError(
+                f"Tool.from_schema({name!r}) takes an async function of the arguments"
+            )
+        schema = dict(parameters) if isinstance(parameters, Mapping) else None
+        if schema is None or schema.get("type", "object") != "object":
+            raise ConfigurationError(
+                f"the arguments of tool {name!r} must be described by an 'object' JSON Schema, "
+                f"got {parameters!r}"
+            )
+
+        async def arguments() -> None:  # the signature of the base: none of its own
+            """Stands in for ``fn``, whose arguments the schema describes."""
+
+        super().__init__(arguments, name=name, **options)
+        properties = schema.get("properties") or {}
+        self.fn = fn
+        self._returns = None  # any JSON
+        self._load = None
+        self._schema = schema
+        self._names = [str(n) for n in properties] if isinstance(properties, Mapping) else []
+        required = schema.get("required") or []
+        self._required = [str(n) for n in required] if isinstance(required, list) else []
+        self._closed = schema.get("additionalProperties") is False
+        if key_from is not None:
+            if not self.side_effect:
+                raise ConfigurationError(
+                    f"tool {self.name!r} declares key_from= but not side_effect=True; only "
+                    "side-effecting calls have keys"
+                )
+            chosen = (key_from,) if isinstance(key_from, str) else tuple(key_from)
+            unknown = [n for n in chosen if n not in self._names]
+            if unknown or not chosen:
+                raise ConfigurationError(
+                    f"key_from= of tool {self.name!r} names {list(chosen)!r}, but its "
+                    f"arguments are {sorted(self._names)!r}; name one or more of them"
+                )
+            self.key_from = chosen
+
+    def arguments_schema(self) -> dict[str, Any]:
+        return dict(self._schema)
+
+    def _validate(self, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
+        missing = [n for n in self._required if n not in arguments]
+        if missing:
+            raise ToolArgumentsInvalid(self.name, f"missing required {', '.join(missing)}")
+        if self._closed:
+            extra = sorted(n for n in arguments if n not in self._names)
+            if extra:
+                raise ToolArgumentsInvalid(self.name, f"unexpected {', '.join(extra)}")
+        try:
+            args_json: dict[str, Any] = _ANY.dump_python(dict(arguments), mode="json")
+            printed = fingerprint(args_json)
+        except (PydanticSerializationError, TypeError, ValueError) as exc:
+            raise ToolArgumentsInvalid(self.name, f"they are not JSON: {_first_line(exc)}") from exc
+        return dict(arguments), args_json, printed
+
+    async def _call_fn(self, values: dict[str, Any], info: ToolCall, attempt: int) -> Any:
+        return await self.fn(values)
 
 
 async def run_tool_calls(
