@@ -312,7 +312,7 @@ def test_the_install_section_names_every_extra_and_the_wheel_that_is_built() -> 
     install = _section(README.read_text(encoding="utf-8"), "Install")
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
-    extras = set(re.findall(r"^\| `([a-z]+)` \|", install, re.M))
+    extras = set(re.findall(r"^\| `([a-z][a-z-]*)` \|", install, re.M))
     assert extras == set(pyproject["project"]["optional-dependencies"])
     version = pyproject["project"]["version"]
     assert f"dist/agentsnap-{version}-py3-none-any.whl" in install
