@@ -136,7 +136,7 @@ class ModelRequest(BaseModel):
     """Model settings (temperature, max tokens, ...), passed on as they are."""
     native: dict[str, JsonValue] | None = None
     """The request as an agent SDK made it, in that SDK's own JSON form, when an integration
-    made the call (see [Agent SDKs](../how-to/agent-sdks.md)); recorded with the call."""
+    made the call (see [Model calls](../concepts/model-calls.md)); recorded with the call."""
 
 
 class ModelResponse(BaseModel):
