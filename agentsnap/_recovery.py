@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from agentsnap._phases import Phase, Phases
@@ -508,14 +508,36 @@ class Recovery:
                 len(plan.inputs),
                 plan.deliveries,
             )
-        await self.restart(snapshot, own=True)
+        await self.restart(snapshot, own=True, rollbacks=rollbacks)
         return snapshot
 
-    async def restart(self, snapshot: Snapshot, *, own: bool) -> None:
+    async def _tell_again(self, rollbacks: Sequence[RollbackInfo]) -> None:
+        """Give each agent again the feedback its rejected outputs got before the stop.
+
+        Feedback lives in the agents' contexts, not in their states: without this, a redo
+        re-executed after a resume would not know why its first try was rejected. The
+        newest rollback of an agent also lists the effects its undone work performed.
+        """
+        contexts = self.team.contexts
+        told = sorted((r for r in rollbacks if r.agent in contexts), key=lambda r: r.at)
+        last = {info.agent: info.id for info in told}
+        for info in told:
+            assert info.agent is not None
+            ctx = contexts[info.agent]
+            if last[info.agent] == info.id:
+                await ctx.tell_rollback(info.reason, info.source)
+            else:
+                ctx.add_feedback(info.reason, info.source)
+
+    async def restart(
+        self, snapshot: Snapshot, *, own: bool, rollbacks: Sequence[RollbackInfo] = ()
+    ) -> None:
         """Put a runtime that has not run yet on ``snapshot``.
 
         ``own`` says whether the snapshot belongs to this run (resume), making it a rollback
-        target, or to another (fork), whose snapshots this run must never go back to.
+        target, or to another (fork), whose snapshots this run must never go back to. The
+        agents get the feedback of the run's earlier ``rollbacks`` before anything is
+        delivered.
         """
         scheduler = self._bus.scheduler
         scheduler.pause()
@@ -523,6 +545,7 @@ class Recovery:
         self._restore(snapshot)
         if own:
             self._coordinator.restored(snapshot)
+        await self._tell_again(rollbacks)
         scheduler.resume()
 
     def _rollback_targets(

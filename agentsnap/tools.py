@@ -281,7 +281,7 @@ class Tool(Generic[R]):
         cls,
         name: str,
         parameters: Mapping[str, Any],
-        fn: Callable[[dict[str, Any]], Awaitable[Any]],
+        fn: Callable[..., Awaitable[Any]],
         *,
         description: str = "",
         side_effect: bool = False,
@@ -295,7 +295,9 @@ class Tool(Generic[R]):
         """A tool that comes as a name, a JSON Schema of its arguments and a function.
 
         For tools defined elsewhere: an MCP server's, or an agent SDK's. ``fn`` is awaited
-        with the arguments as one dictionary; what it returns must be JSON. The call goes
+        with the arguments as one dictionary, after a [`ToolCall`][agentsnap.ToolCall] when
+        it takes two parameters (``fn(call, arguments)``: the call's idempotency key, to hand
+        to the service that deduplicates by it); what it returns must be JSON. The call goes
         through the ledger like a decorated tool's when ``side_effect`` is true (its key
         bound to the call: the run, the agent, the message being handled, and the n-th call
         of this tool in the handler, or the ``key_from`` arguments). The arguments are
@@ -767,7 +769,7 @@ class _SchemaTool(Tool[Any]):
         self,
         name: str,
         parameters: Mapping[str, Any],
-        fn: Callable[[dict[str, Any]], Awaitable[Any]],
+        fn: Callable[..., Awaitable[Any]],
         *,
         key_from: Sequence[str] | None,
         **options: Any,
@@ -791,6 +793,11 @@ class _SchemaTool(Tool[Any]):
         super().__init__(arguments, name=name, **options)
         properties = schema.get("properties") or {}
         self.fn = fn
+        try:
+            takes = len(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):  # no signature to read: the arguments alone
+            takes = 1
+        self._wants_call = takes >= 2
         self._returns = None  # any JSON
         self._load = None
         self._schema = schema
@@ -832,6 +839,8 @@ class _SchemaTool(Tool[Any]):
         return dict(arguments), args_json, printed
 
     async def _call_fn(self, values: dict[str, Any], info: ToolCall, attempt: int) -> Any:
+        if self._wants_call:
+            return await self.fn(dataclasses.replace(info, attempt=attempt), values)
         return await self.fn(values)
 
 

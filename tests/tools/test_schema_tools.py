@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from agentsnap import Agent, AgentState, ConfigurationError, Context, Message, Runtime, Tool
+from agentsnap import (
+    Agent,
+    AgentState,
+    ConfigurationError,
+    Context,
+    Message,
+    Runtime,
+    Tool,
+    ToolCall,
+)
 from agentsnap.exceptions import ToolArgumentsInvalid
 from agentsnap.models import ChatMessage, ModelRequest, ModelResponse
 
@@ -115,3 +124,20 @@ async def test_a_model_call_made_its_own_way_is_recorded_with_its_native_form() 
     assert mailer.asked == 1
     assert [c.request["native"] for c in calls] == [{"sdk": "example", "prompt": "write"}]
     assert [c.response["native"] for c in calls] == [{"parts": [{"text": "hello"}]}]
+
+
+async def test_a_schema_tool_taking_the_call_is_handed_its_idempotency_key() -> None:
+    keys: list[str | None] = []
+
+    async def send(call: ToolCall, arguments: dict[str, Any]) -> str:
+        keys.append(call.key)
+        return f"sent to {arguments['to']}"
+
+    tool = Tool.from_schema("send_email", SCHEMA, send, side_effect=True)
+    async with Runtime() as runtime:
+        runtime.add(Mailer("mailer", tool, ["hello"]))
+        runtime.add(Sink("sink"))
+        runtime.send("mailer", "write")
+        await runtime.run_until_idle()
+        entries = await runtime.ledger.list_calls(runtime.run_id)
+    assert keys == [entries[0].key]
