@@ -53,6 +53,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
         ],
     ],
     "langgraph_agents.py": [[]],
+    "mcp_tools.py": [[]],
     "payments.py": [["--orders", "2"]],
     "research_team.py": [[]],
 }
@@ -62,6 +63,7 @@ SUCCESS: dict[str, str] = {
     "bank_transfers.py": "all snapshots consistent",
     "distributed_bank.py": "all snapshots consistent",
     "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
+    "mcp_tools.py": "the transfer reached the bank once, across the rollback",
     "payments.py": "every order charged exactly once",
     "research_team.py": "the team recovered from the rejected draft",
 }
@@ -87,8 +89,16 @@ def with_services(args: list[str]) -> list[str]:
     return given
 
 
+HELPERS = {"mcp_server.py"}
+"""Modules an example starts (a server), not examples of their own."""
+
+
 def discover() -> list[str]:
-    return sorted(path.name for path in EXAMPLES.glob("*.py") if not path.name.startswith("_"))
+    return sorted(
+        path.name
+        for path in EXAMPLES.glob("*.py")
+        if not path.name.startswith("_") and path.name not in HELPERS
+    )
 
 
 def run_params() -> list[object]:
