@@ -52,6 +52,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
             "POSTGRES",
         ],
     ],
+    "langchain_agent.py": [[]],
     "langgraph_agents.py": [[]],
     "payments.py": [["--orders", "2"]],
     "research_team.py": [[]],
@@ -61,6 +62,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
 SUCCESS: dict[str, str] = {
     "bank_transfers.py": "all snapshots consistent",
     "distributed_bank.py": "all snapshots consistent",
+    "langchain_agent.py": "the answer was redone after the review, and the order was refunded once",
     "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
     "payments.py": "every order charged exactly once",
     "research_team.py": "the team recovered from the rejected draft",
