@@ -323,11 +323,11 @@ class AgentsnapMiddleware(AgentMiddleware):
         batch = self._batches.get(key)
         if batch is None:
             batch = self._batches[key] = _Batch(order)
-        for earlier in order[: order.index(call_id)]:
-            await batch.done[earlier].wait()
         try:
+            for earlier in order[: order.index(call_id)]:
+                await batch.done[earlier].wait()
             yield
-        finally:
+        finally:  # a call that fails, or is cancelled while it waits, lets the next one go
             batch.done[call_id].set()
             batch.finished += 1
             if batch.finished >= len(order):
