@@ -52,6 +52,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
             "POSTGRES",
         ],
     ],
+    "langchain_agent.py": [[]],
     "langgraph_agents.py": [[]],
     "mcp_tools.py": [[]],
     "payments.py": [["--orders", "2"]],
@@ -62,6 +63,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
 SUCCESS: dict[str, str] = {
     "bank_transfers.py": "all snapshots consistent",
     "distributed_bank.py": "all snapshots consistent",
+    "langchain_agent.py": "the answer was redone after the review, and the order was refunded once",
     "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
     "mcp_tools.py": "the transfer reached the bank once, across the rollback",
     "payments.py": "every order charged exactly once",
