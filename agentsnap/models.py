@@ -136,7 +136,8 @@ class ModelRequest(BaseModel):
     """Model settings (temperature, max tokens, ...), passed on as they are."""
     native: dict[str, JsonValue] | None = None
     """The request as an agent SDK made it, in that SDK's own JSON form, when an integration
-    made the call (see [Agent SDKs](../how-to/agent-sdks.md)); recorded with the call."""
+    made the call (see [the OpenAI Agents SDK](../how-to/openai-agents.md)); recorded with
+    the call."""
 
 
 class ModelResponse(BaseModel):

@@ -53,6 +53,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
         ],
     ],
     "langgraph_agents.py": [[]],
+    "openai_agents_agent.py": [[]],
     "payments.py": [["--orders", "2"]],
     "research_team.py": [[]],
 }
@@ -62,6 +63,7 @@ SUCCESS: dict[str, str] = {
     "bank_transfers.py": "all snapshots consistent",
     "distributed_bank.py": "all snapshots consistent",
     "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
+    "openai_agents_agent.py": "the answer was fixed after the review, and the refund was made once",
     "payments.py": "every order charged exactly once",
     "research_team.py": "the team recovered from the rejected draft",
 }

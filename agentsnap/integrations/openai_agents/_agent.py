@@ -146,8 +146,10 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         run_config: The SDK's run configuration (its ``model``, if set, is recorded too).
         max_turns: The SDK's bound on model calls per message.
         context: The SDK's run context object, passed to every run.
-        snapshot_at_handoff: Start a snapshot as a handoff is sent, so that the handoff is
-            in flight in a cut (the conversation it carries, stored).
+        snapshot_at_handoff: Start a snapshot as a handoff is sent (the default), so that the
+            handoff is in flight in a cut, the conversation it carries stored, and a later
+            rejection of the target's output goes back to it instead of asking this agent's
+            model again.
         state: The initial state.
 
     Raises:
@@ -166,7 +168,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         run_config: RunConfig | None = None,
         max_turns: int = 10,
         context: Any = None,
-        snapshot_at_handoff: bool = False,
+        snapshot_at_handoff: bool = True,
         state: OpenAIAgentState | None = None,
     ) -> None:
         if not isinstance(agent, SDKAgent):

@@ -61,7 +61,7 @@ def team(
     run_config: RunConfig | None = None,
     max_turns: int = 10,
     context: Any = None,
-    snapshot_at_handoff: bool = False,
+    snapshot_at_handoff: bool = True,
 ) -> dict[str, OpenAIAgent]:
     """Register an SDK agent and every SDK agent it can hand off to, each as an agent.
 
@@ -78,7 +78,7 @@ def team(
         run_config: The SDK's run configuration, for every agent.
         max_turns: The SDK's bound on model calls per message.
         context: The SDK's run context object.
-        snapshot_at_handoff: Start a snapshot as each handoff is sent.
+        snapshot_at_handoff: Start a snapshot as each handoff is sent (the default).
 
     Returns:
         The registered agents, by agentsnap name (the starting agent's first).

@@ -11,7 +11,6 @@ if TYPE_CHECKING:
     from agents.memory.session_settings import SessionSettings
 
     from agentsnap.agents import Agent
-    from agentsnap.integrations.openai_agents._agent import OpenAIAgentState
 
 __all__ = ["AgentsnapSession"]
 
@@ -27,20 +26,22 @@ class AgentsnapSession:
     restored state is the session's too.
 
     Args:
-        agent: The agent whose state holds the items (an ``OpenAIAgentState``).
+        agent: The agent whose state holds the items: an ``OpenAIAgentState``, or any
+            state with an ``items`` list.
 
     Attributes:
         session_id: The agent's name.
         session_settings: The SDK's session settings (none: the SDK's defaults).
     """
 
-    def __init__(self, agent: Agent[OpenAIAgentState]) -> None:
+    def __init__(self, agent: Agent[Any]) -> None:
         self._agent = agent
         self.session_id = agent.name
         self.session_settings: SessionSettings | None = None
 
-    def _items(self) -> list[dict[str, Any]]:
-        return self._agent.state.items
+    def _kept(self) -> list[dict[str, Any]]:
+        kept: list[dict[str, Any]] = self._agent.state.items
+        return kept
 
     def _changed(self) -> None:
         # An assignment marks the state changed for the next snapshot, wherever it happens.
@@ -48,18 +49,18 @@ class AgentsnapSession:
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The conversation, oldest first; the latest ``limit`` items when given."""
-        items = self._items()
+        items = self._kept()
         chosen = items if limit is None else items[-limit:] if limit > 0 else []
         return [dict(item) for item in chosen]  # type: ignore[misc]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Add items at the end of the conversation."""
-        self._items().extend(as_json(dict(item)) for item in items)
+        self._kept().extend(as_json(dict(item)) for item in items)
         self._changed()
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the latest item, or ``None`` when there is none."""
-        items = self._items()
+        items = self._kept()
         if not items:
             return None
         item = items.pop()
@@ -68,5 +69,5 @@ class AgentsnapSession:
 
     async def clear_session(self) -> None:
         """Forget the conversation."""
-        self._items().clear()
+        self._kept().clear()
         self._changed()
