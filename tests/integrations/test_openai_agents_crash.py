@@ -98,8 +98,21 @@ async def stored(url: str, run_id: str) -> tuple[RunStatus, list[tuple[int, int,
     return status, [(c.timeline, c.position, c.replays) for c in calls]
 
 
-def test_a_recorded_model_call_is_replayed_after_sigkill_and_resume(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'agentsnap.db'}"
+def database(backend: str, tmp_path: Path) -> str:
+    if backend == "postgres":
+        from postgres_db import postgres_url_or_skip
+
+        return postgres_url_or_skip()
+    return f"sqlite:///{tmp_path / 'agentsnap.db'}"
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_recorded_model_call_is_replayed_after_sigkill_and_resume(
+    tmp_path: Path, backend: str
+) -> None:
+    url = database(backend, tmp_path)
     service = make_service(tmp_path)
     run_id = uuid.uuid4().hex
     # Ask 1: the model asks for the email (recorded), which is sent; ask 2 hangs: killed.
