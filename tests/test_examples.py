@@ -55,6 +55,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
     "langchain_agent.py": [[]],
     "langgraph_agents.py": [[]],
     "mcp_tools.py": [[]],
+    "openai_agents_agent.py": [[]],
     "payments.py": [["--orders", "2"]],
     "research_team.py": [[]],
 }
@@ -66,6 +67,7 @@ SUCCESS: dict[str, str] = {
     "langchain_agent.py": "the answer was redone after the review, and the order was refunded once",
     "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
     "mcp_tools.py": "the transfer reached the bank once, across the rollback",
+    "openai_agents_agent.py": "the answer was fixed after the review, and the refund was made once",
     "payments.py": "every order charged exactly once",
     "research_team.py": "the team recovered from the rejected draft",
 }

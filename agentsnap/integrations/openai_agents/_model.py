@@ -1,0 +1,362 @@
+"""The SDK's model behind agentsnap's recording: every model call is a recorded step."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from agents.items import ModelResponse as SDKResponse
+from agents.models.interface import Model, ModelProvider, ModelTracing
+from agents.models.multi_provider import MultiProvider
+from agents.tool import FunctionTool
+from agents.usage import Usage as SDKUsage
+from openai.types.responses import ResponseOutputItem
+from pydantic import TypeAdapter
+from pydantic_core import to_jsonable_python
+
+from agentsnap.exceptions import ConfigurationError
+from agentsnap.integrations._running import current
+from agentsnap.models import (
+    ChatMessage,
+    ModelRequest,
+    ModelResponse,
+    ModelToolCall,
+    ToolSpec,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from agents.agent_output import AgentOutputSchemaBase
+    from agents.handoffs import Handoff
+    from agents.items import TResponseInputItem, TResponseStreamEvent
+    from agents.model_settings import ModelSettings
+    from agents.tool import Tool as SDKTool
+    from openai.types.responses.response_prompt_param import ResponsePromptParam
+
+__all__ = ["RecordedModel", "as_json"]
+
+_OUTPUT_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseOutputItem)
+_USAGE: TypeAdapter[SDKUsage] = TypeAdapter(SDKUsage)
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as JSON data: pydantic models and dataclasses by their fields, else its repr.
+
+    Args:
+        value: What the SDK holds or returns (input items, a final output).
+
+    Returns:
+        JSON data (dicts, lists, strings, numbers, booleans, ``None``).
+    """
+    return to_jsonable_python(value, by_alias=True, exclude_none=False, fallback=repr)
+
+
+class RecordedModel(Model):
+    """An SDK ``Model`` whose calls are recorded steps of the agentsnap handler running it.
+
+    [`OpenAIAgent`][agentsnap.integrations.openai_agents.OpenAIAgent] puts one in place of
+    the model of every SDK agent it runs, so the SDK's own agent code is unchanged. Each
+    ``get_response`` goes through
+    [`Context.model_call`][agentsnap.Context.model_call]: the SDK's request and answer are
+    kept as JSON in ``native`` (and shown as messages, tool calls and usage by ``agentsnap
+    model-calls``), a handler re-executed after a crash gets the recorded answer, rebuilt
+    into the SDK's ``ModelResponse``, without asking the model, and after a rollback the
+    model is asked again.
+
+    Args:
+        model: The SDK model, or its name (``"gpt-4.1"``), resolved by ``provider`` the
+            first time the model is really asked: a replayed call needs no client.
+        provider: Resolves a model name; the SDK's ``MultiProvider`` by default.
+
+    Raises:
+        ConfigurationError: ``model`` is neither an SDK ``Model`` nor a name.
+    """
+
+    def __init__(self, model: Model | str | None, provider: ModelProvider | None = None) -> None:
+        if isinstance(model, RecordedModel):
+            provider = provider or model._provider
+            model = model._model
+        if model is not None and not isinstance(model, (Model, str)):
+            raise ConfigurationError(
+                f"RecordedModel takes an SDK Model or a model name, got {type(model).__name__}"
+            )
+        self._model: Model | str | None = model
+        self._provider: ModelProvider | None = provider
+
+    @property
+    def name(self) -> str | None:
+        """The model's name, when it is known."""
+        if isinstance(self._model, str):
+            return self._model
+        named = getattr(self._model, "model", None)
+        return named if isinstance(named, str) else None
+
+    def resolved(self) -> Model:
+        """The SDK model itself, resolved from its name if need be."""
+        if not isinstance(self._model, Model):
+            provider = self._provider if self._provider is not None else MultiProvider()
+            self._model = provider.get_model(self._model)
+        return self._model
+
+    async def get_response(  # noqa: PLR0917 - the SDK's signature
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[SDKTool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff[Any, Any]],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: ResponsePromptParam | None,
+    ) -> SDKResponse:
+        """Ask the model through the running handler's recording (see the class)."""
+        ctx = current("a model call of the OpenAI Agents SDK")
+        request = _request(
+            system_instructions,
+            input,
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            previous_response_id=previous_response_id,
+            conversation_id=conversation_id,
+        )
+
+        async def ask(_: ModelRequest) -> ModelResponse:
+            answer = await self.resolved().get_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=previous_response_id,
+                conversation_id=conversation_id,
+                prompt=prompt,
+            )
+            return _response(answer, self.name)
+
+        return sdk_response(await ctx.model_call(request, ask))
+
+    def stream_response(  # noqa: PLR0917 - the SDK's signature
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[SDKTool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff[Any, Any]],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: ResponsePromptParam | None,
+    ) -> AsyncIterator[TResponseStreamEvent]:
+        """Not offered: a streamed answer is not a recorded step.
+
+        Raises:
+            ConfigurationError: Always; run the agent with ``Runner.run``, not
+                ``Runner.run_streamed``.
+        """
+        raise ConfigurationError(
+            "an agent run by agentsnap records whole answers: use Runner.run, not "
+            "Runner.run_streamed (the OpenAIAgent does)"
+        )
+
+    async def close(self) -> None:
+        """Close the SDK model, if it was resolved."""
+        if isinstance(self._model, Model):
+            await self._model.close()
+
+
+def sdk_response(response: ModelResponse) -> SDKResponse:
+    """The SDK's ``ModelResponse`` from a recorded answer's ``native`` form.
+
+    Raises:
+        ConfigurationError: The answer was not recorded by this integration.
+    """
+    native = response.native
+    if not isinstance(native, Mapping) or native.get("sdk") != "openai-agents":
+        raise ConfigurationError(
+            "a recorded model answer is not one of the OpenAI Agents SDK: the handler asked "
+            "another model at this place before; a run must keep its agents' code"
+        )
+    output = native.get("output")
+    usage = native.get("usage")
+    raw_usage = native.get("raw_usage")
+    return SDKResponse(
+        output=[_OUTPUT_ITEM.validate_python(item) for item in output or ()]
+        if isinstance(output, list)
+        else [],
+        usage=_USAGE.validate_python(usage) if isinstance(usage, Mapping) else SDKUsage(),
+        response_id=_text_or_none(native.get("response_id")),
+        request_id=_text_or_none(native.get("request_id")),
+        raw_usage=dict(raw_usage) if isinstance(raw_usage, Mapping) else None,
+    )
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _response(answer: SDKResponse, model: str | None) -> ModelResponse:
+    """The SDK's answer as agentsnap records it: the inspector's fields, and ``native``."""
+    output = [
+        _OUTPUT_ITEM.dump_python(item, mode="json", by_alias=True, exclude_unset=True)
+        for item in answer.output
+    ]
+    texts: list[str] = []
+    calls: list[ModelToolCall] = []
+    for item in output:
+        kind = item.get("type")
+        if kind == "message":
+            texts.extend(
+                str(part.get("text") or part.get("refusal") or "")
+                for part in item.get("content") or ()
+                if isinstance(part, Mapping)
+            )
+        elif kind == "function_call":
+            calls.append(
+                ModelToolCall(
+                    name=str(item.get("name", "")),
+                    arguments=_arguments(item.get("arguments")),
+                    id=str(item.get("call_id") or ""),
+                )
+            )
+    usage = answer.usage
+    return ModelResponse(
+        text="".join(texts),
+        tool_calls=tuple(calls),
+        model=model,
+        usage=Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens),
+        native={
+            "sdk": "openai-agents",
+            "output": output,
+            "usage": _USAGE.dump_python(usage, mode="json"),
+            "response_id": answer.response_id,
+            "request_id": answer.request_id,
+            "raw_usage": as_json(answer.raw_usage),
+        },
+    )
+
+
+def _arguments(raw: object) -> dict[str, Any]:
+    """A function call's arguments as an object (a model may send broken JSON)."""
+    if not isinstance(raw, str) or not raw:
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {"arguments": raw}
+    return parsed if isinstance(parsed, dict) else {"arguments": parsed}
+
+
+def _request(  # noqa: PLR0917 - the SDK's call, field by field
+    system_instructions: str | None,
+    items: str | list[TResponseInputItem],
+    model_settings: ModelSettings,
+    tools: list[SDKTool],
+    output_schema: AgentOutputSchemaBase | None,
+    handoffs: list[Handoff[Any, Any]],
+    *,
+    previous_response_id: str | None,
+    conversation_id: str | None,
+) -> ModelRequest:
+    """The SDK's request as agentsnap records it: messages and tools, and ``native``."""
+    offered = [
+        ToolSpec(
+            name=t.name,
+            description=t.description,
+            parameters=as_json(t.params_json_schema),
+        )
+        for t in tools
+        if isinstance(t, FunctionTool)
+    ]
+    offered += [
+        ToolSpec(
+            name=h.tool_name,
+            description=h.tool_description,
+            parameters=as_json(h.input_json_schema) or {"type": "object", "properties": {}},
+        )
+        for h in handoffs
+    ]
+    schema = (
+        as_json(output_schema.json_schema())
+        if output_schema is not None and not output_schema.is_plain_text()
+        else None
+    )
+    native_input = as_json(items)
+    messages = (
+        [ChatMessage(role="system", content=system_instructions)] if system_instructions else []
+    )
+    messages += _messages(native_input)
+    return ModelRequest(
+        messages=tuple(messages),
+        tools=tuple(offered),
+        output_schema=schema,
+        settings=as_json(model_settings.to_json_dict()),
+        native={
+            "sdk": "openai-agents",
+            "system_instructions": system_instructions,
+            "input": native_input,
+            "model_settings": as_json(model_settings.to_json_dict()),
+            "tools": [getattr(t, "name", type(t).__name__) for t in tools],
+            "handoffs": [h.tool_name for h in handoffs],
+            "output_schema": schema,
+            "previous_response_id": previous_response_id,
+            "conversation_id": conversation_id,
+        },
+    )
+
+
+def _messages(items: Any) -> list[ChatMessage]:
+    """The SDK's input items as chat messages, for reading (``native`` keeps them whole)."""
+    if isinstance(items, str):
+        return [ChatMessage(role="user", content=items)]
+    messages: list[ChatMessage] = []
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, Mapping):
+            continue
+        kind = item.get("type")
+        role = item.get("role")
+        if kind == "function_call":
+            call = ModelToolCall(
+                name=str(item.get("name", "")),
+                arguments=_arguments(item.get("arguments")),
+                id=str(item.get("call_id") or ""),
+            )
+            messages.append(ChatMessage(role="assistant", tool_calls=(call,)))
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append(
+                ChatMessage(
+                    role="tool",
+                    content=output if isinstance(output, str) else json.dumps(output),
+                    tool_call_id=str(item.get("call_id") or "") or None,
+                )
+            )
+        elif role in ("user", "assistant", "system", "developer"):
+            messages.append(
+                ChatMessage(
+                    role="system" if role == "developer" else role,
+                    content=_content(item.get("content")),
+                )
+            )
+    return messages
+
+
+def _content(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text") or part.get("refusal") or "")
+            for part in content
+            if isinstance(part, Mapping)
+        )
+    return ""
