@@ -55,6 +55,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
     "langgraph_agents.py": [[]],
     "payments.py": [["--orders", "2"]],
     "research_team.py": [[]],
+    "redaction.py": [[]],
 }
 
 # What each example prints when all its checks pass.
@@ -63,6 +64,7 @@ SUCCESS: dict[str, str] = {
     "distributed_bank.py": "all snapshots consistent",
     "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
     "payments.py": "every order charged exactly once",
+    "redaction.py": "the card number is nowhere in the database",
     "research_team.py": "the team recovered from the rejected draft",
 }
 TIMEOUT = 60
