@@ -21,6 +21,7 @@ from agentsnap.exceptions import (
     OwnershipLost,
     PayloadInvalid,
     PayloadNotSerializable,
+    RedactedValueNeeded,
     RollbackExhausted,
     RunError,
     RunOwnedError,
@@ -63,6 +64,7 @@ from agentsnap.records import (
     Snapshot,
     SnapshotStatus,
 )
+from agentsnap.redaction import Redaction
 from agentsnap.rollback import RetryPolicy
 from agentsnap.runtime import Runtime
 from agentsnap.snapshot import SnapshotPolicy
@@ -117,6 +119,8 @@ __all__ = [
     "PayloadNotSerializable",
     "PlanStep",
     "RecordedMessage",
+    "RedactedValueNeeded",
+    "Redaction",
     "ReplaySegment",
     "RetryPolicy",
     "RollbackExhausted",

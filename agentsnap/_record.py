@@ -17,15 +17,21 @@ from agentsnap._phases import NOT_STARTED, WITHOUT_CUT, Phases
 from agentsnap.exceptions import ConfigurationError, NotFoundError, OwnershipLost, StoreError
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import ReplaySegment, RollbackInfo, RunInfo, Snapshot
+from agentsnap.redaction import unredact_snapshot
 
 if TYPE_CHECKING:
     from agentsnap.agents import Agent
     from agentsnap.journal import Journal
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue
+    from agentsnap.redaction import Redaction
     from agentsnap.store import Store
 
 __all__ = ["RunRecord", "finished_error"]
+
+KEPT_CUTS = 100
+"""With a redaction, how many recent cuts are kept unredacted in memory to roll back to (as
+many as the snapshot coordinator keeps as rollback targets)."""
 
 logger = logging.getLogger("agentsnap")
 
@@ -70,6 +76,8 @@ class RunRecord:
         metadata: Recorded with the run.
         name: Recorded with the run.
         tags: Recorded with the run.
+        redaction: Applied to each snapshot before it is written (see
+            [`agentsnap.redaction`][agentsnap.redaction]); the cut kept in memory is not.
 
     Attributes:
         created: The store holds the run (this runtime recorded it, or found it).
@@ -95,8 +103,13 @@ class RunRecord:
         metadata: dict[str, Any],
         name: str | None,
         tags: dict[str, str],
+        redaction: Redaction | None = None,
     ) -> None:
         self.store = store
+        self.redaction = redaction
+        # With a redaction, the store holds cuts that need secrets to go back to: the
+        # recent ones are kept here as they were, for the rollbacks of this process.
+        self._kept: dict[str, Snapshot] = {}
         self.run_id = run_id
         self.named = named
         self.metadata = metadata
@@ -230,7 +243,15 @@ class RunRecord:
     async def persist(self, snapshot: Snapshot) -> None:
         """Write a completed snapshot, then the rollback records the store refused before."""
         await self.ensure()
-        await self.store.save_snapshot(snapshot)
+        redaction = self.redaction
+        if redaction is None:
+            await self.store.save_snapshot(snapshot)
+        else:
+            await self.store.save_snapshot(redaction.snapshot(snapshot))
+            kept = self._kept
+            kept[snapshot.id] = snapshot
+            if len(kept) > KEPT_CUTS:
+                del kept[next(iter(kept))]
         if self.unsaved_rollbacks:
             try:
                 while self.unsaved_rollbacks:  # oldest first
@@ -238,6 +259,22 @@ class RunRecord:
                     del self.unsaved_rollbacks[0]
             except StoreError as exc:
                 logger.warning("run %s: rollback records still not written: %s", self.run_id, exc)
+
+    async def load_snapshot(self, snapshot_id: str) -> Snapshot:
+        """A snapshot of the run to go back to: as it was taken, when this process took it.
+
+        One read back from the store has the values it holds redacted given back by the
+        redaction's ``secret`` provider.
+
+        Raises:
+            NotFoundError: The store holds no such snapshot.
+            RedactedValueNeeded: It holds a value stored redacted that no provider gives.
+        """
+        kept = self._kept.get(snapshot_id)
+        if kept is not None:
+            return kept
+        snapshot = await self.store.load_snapshot(snapshot_id)
+        return unredact_snapshot(snapshot, self.redaction, doing=f"roll back to {snapshot_id}")
 
     async def append_replay(self, segment: ReplaySegment) -> None:
         """Write a segment of the replay log."""
@@ -251,6 +288,8 @@ class RunRecord:
         could not write is kept and written later: after the next snapshot, or at close
         (spooled if the database is still away).
         """
+        if self.redaction is not None:
+            info = info.model_copy(update={"reason": self.redaction.text(info.reason)})
         try:
             await self.ensure()
             await self.store.save_rollback(info)

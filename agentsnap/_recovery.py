@@ -29,6 +29,7 @@ from agentsnap.exceptions import (
 )
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RollbackInfo, SnapshotStatus
+from agentsnap.redaction import unredact_snapshot
 from agentsnap.replay import plan_replay
 from agentsnap.rollback import RetryBudget, RetryPolicy, current_cut, earlier_targets
 
@@ -123,6 +124,8 @@ class Recovery:
         self._line = line
         self._following: Following | None = None
         self._telemetry = telemetry
+        redaction = record.redaction
+        self._redact = redaction.text if redaction is not None else None
         self._budget = RetryBudget(policy)
         self.redoing = self._budget.open
         """The episodes under way, by the message whose handling ends them once it passes;
@@ -201,7 +204,9 @@ class Recovery:
             async with self.lock:
                 work = self._reject(rejection, handling)
                 if self._telemetry is not None:
-                    work = self._telemetry.rolling_back(work, self.run_id, rejection=rejection)
+                    work = self._telemetry.rolling_back(
+                        work, self.run_id, rejection=rejection, redact=self._redact
+                    )
                 info = await work
                 if info is None:
                     self._phases.stop(self.exhausted)
@@ -257,7 +262,9 @@ class Recovery:
                 await self._pace_fault_rollbacks()
                 work = self._redo(coordinator.latest or target, reason)
                 if self._telemetry is not None:
-                    work = self._telemetry.rolling_back(work, self.run_id, reason=reason)
+                    work = self._telemetry.rolling_back(
+                        work, self.run_id, reason=reason, redact=self._redact
+                    )
                 await self.after_rollback(await work)
         finally:
             self.rolling_back = False
@@ -350,7 +357,7 @@ class Recovery:
         if latest is not None and latest.id == target:
             snapshot = latest
         else:
-            snapshot = await self._record.store.load_snapshot(target)
+            snapshot = await self._record.load_snapshot(target)
         if snapshot.status is not SnapshotStatus.COMPLETE:  # damaged in the store since
             self.exhausted = SnapshotDamaged(
                 snapshot.id,
@@ -389,13 +396,15 @@ class Recovery:
                 snapshot = latest
             else:
                 assert snapshot_id is not None
-                snapshot = await self._record.store.load_snapshot(snapshot_id)
+                snapshot = await self._record.load_snapshot(snapshot_id)
             self.rolling_back = True
             self.team.generation += 1
             try:
                 work = self._manual(snapshot, reason)
                 if self._telemetry is not None:
-                    work = self._telemetry.rolling_back(work, self.run_id, reason=reason)
+                    work = self._telemetry.rolling_back(
+                        work, self.run_id, reason=reason, redact=self._redact
+                    )
                 info = await work
                 await self.after_rollback(info)
             finally:
@@ -492,6 +501,9 @@ class Recovery:
             if handle is None:  # pragma: no cover - a fresh runtime is always quiet
                 raise ConfigurationError(f"run {self.run_id} cannot be resumed: the bus is busy")
             snapshot = await handle
+        snapshot = unredact_snapshot(
+            snapshot, self._record.redaction, doing=f"resume run {self.run_id}"
+        )
         plan = plan_replay(segments, snapshot)
         inputs, before = self._rollback_targets(snapshots, rollbacks, segments, snapshot, plan)
         self._inputs.restore(inputs, before)

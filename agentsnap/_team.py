@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from agentsnap.ledger import Ledger
     from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo, Snapshot
+    from agentsnap.redaction import Redaction
     from agentsnap.replay import InputLog, ReplayLog
     from agentsnap.snapshot import SnapshotCoordinator
     from agentsnap.telemetry import Telemetry
@@ -96,6 +97,8 @@ class Team:
         line: Where the run's current timeline is read.
         replay: The replay log (``None``: deliveries are not logged).
         telemetry: Where spans and metrics go (``None``: nowhere).
+        redaction: What the agents' tool calls and model calls record redacted, and what
+            gives back the values a restored cut holds redacted (``None``: nothing).
 
     Attributes:
         generation: Raised by each rollback: what a handler of an older generation did is
@@ -121,6 +124,7 @@ class Team:
         line: Timeline,
         replay: ReplayLog | None = None,
         telemetry: Telemetry | None = None,
+        redaction: Redaction | None = None,
     ) -> None:
         self.bus = bus
         self.coordinator = coordinator
@@ -131,6 +135,7 @@ class Team:
         self.line = line
         self.replay = replay
         self.telemetry = telemetry
+        self.redaction = redaction
         self._tracing = telemetry if telemetry is not None and telemetry.tracing else None
         self._model_calls = ledger if isinstance(ledger, ModelCallLog) else None
         self.agents: dict[str, Agent[Any]] = {}
@@ -168,6 +173,7 @@ class Team:
         ctx.model_calls = self._model_calls
         ctx.line = self.line
         ctx.telemetry = self.telemetry
+        ctx.redaction = self.redaction
         agent._state_changed = self.coordinator.changed  # assigning agent.state marks it
         self.coordinator.joined(endpoint, state_hash)
         self._arm(name)
@@ -372,6 +378,7 @@ class Team:
             epoch=epoch,
             replay=inputs,
             local=local,
+            redaction=self.redaction,
         )
 
     async def after_rollback(self, info: RollbackInfo) -> None:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from agentsnap.model_calls import ModelCallLog
     from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo
+    from agentsnap.redaction import Redaction
     from agentsnap.replay import ReplayLog
     from agentsnap.telemetry import Telemetry
 
@@ -292,6 +293,7 @@ class Context(Generic[S]):
         "message",
         "model_calls",
         "position",
+        "redaction",
         "rejected",
         "replay",
         "run_id",
@@ -334,6 +336,9 @@ class Context(Generic[S]):
         self.telemetry: Telemetry | None = None
         """Where the run's spans and metrics go, or ``None`` when nothing is recorded (set by
         the runtime)."""
+        self.redaction: Redaction | None = None
+        """What the run keeps out of what it records (see
+        [`agentsnap.redaction`][agentsnap.redaction]), or ``None`` (set by the runtime)."""
         self.shown: Message | None = None
         """The message whose handler made a message visible to another agent, the latest
         such: while it is ``message``, the running handler cannot be recorded from before
@@ -456,6 +461,7 @@ class Context(Generic[S]):
             position=position,
             timeline=timeline,
             look_up=line is None or timeline <= line.resumed,
+            redaction=self.redaction,
         )
         return response
 

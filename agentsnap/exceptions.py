@@ -22,6 +22,7 @@ AgentsnapError
     ├── HandlerFailed
     ├── SnapshotFailed
     ├── SnapshotDamaged
+    ├── RedactedValueNeeded     a resume or rollback needs a value the store keeps redacted
     ├── StoreError
     │   └── SchemaOutOfDate
     ├── RollbackExhausted
@@ -74,6 +75,7 @@ __all__ = [
     "OwnershipLost",
     "PayloadInvalid",
     "PayloadNotSerializable",
+    "RedactedValueNeeded",
     "RunError",
     "RunOwnedError",
     "RuntimeClosedError",
@@ -320,6 +322,50 @@ class SnapshotDamaged(RunError):
             f"snapshot {snapshot_id} is damaged in the store, so {what}: {reason}. Inspect it "
             f"with `agentsnap show {snapshot_id}`; a new run can be forked from an intact "
             "snapshot"
+        )
+
+
+class RedactedValueNeeded(RunError):
+    """A resume or a rollback needs a value that the store keeps only as a redaction marker.
+
+    The run's [`Redaction`][agentsnap.Redaction] replaced it before it was
+    written, and agentsnap never restores a marker by itself: its ``secret`` provider must
+    give the value back (one that hashes to the marker), or the run cannot go back to that
+    cut.
+
+    Attributes:
+        kind: What held the value: ``"state"``, ``"payload"``, ``"tool_result"``,
+            ``"model_answer"``...
+        owner: The agent (or the tool) it belongs to.
+        path: Its place, as dotted keys.
+        marker: The marker the store holds.
+    """
+
+    def __init__(
+        self, kind: str, owner: str, path: str, marker: str, doing: str, *, provided: bool
+    ) -> None:
+        self.kind = kind
+        self.owner = owner
+        self.path = path
+        self.marker = marker
+        what = {
+            "state": f"the state of agent {owner!r}, field {path or '(all of it)'}",
+            "payload": f"a message to agent {owner!r}, payload key {path or '(all of it)'}",
+            "tool_result": f"the recorded result of tool {owner!r} at {path or '(all of it)'}",
+            "model_answer": f"a recorded model answer of agent {owner!r} at {path or '(all)'}",
+        }.get(kind, f"{kind} of {owner!r} at {path}")
+        if provided:
+            todo = (
+                "the redaction's secret provider gave a value that does not hash to the "
+                "marker (another value, or another redaction key): give the value the run had"
+            )
+        else:
+            todo = (
+                "pass Redaction(secret=...) a provider that returns it (it is called with a "
+                "Where naming the agent, the place and the marker), or stop redacting it"
+            )
+        super().__init__(
+            f"cannot {doing}: {what} is stored redacted ({marker}) and is needed; {todo}"
         )
 
 

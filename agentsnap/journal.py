@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from agentsnap.bus import Bus, Channel
     from agentsnap.messages import Message
+    from agentsnap.redaction import Redaction
     from agentsnap.store import Store
 
 __all__ = ["Journal", "JournalReader", "SegmentColumns", "decode_segment", "read_journal"]
@@ -88,6 +89,7 @@ class Journal(BusObserver):
         *,
         interval: float = 0.25,
         segment_size: int = 64,
+        redaction: Redaction | None = None,
     ) -> None:
         if not interval > 0:
             raise ConfigurationError(
@@ -100,6 +102,7 @@ class Journal(BusObserver):
         self._bus = bus
         self._store = store
         self._run_id = run_id
+        self._redaction = redaction
         self._interval = interval
         self._pending: list[JournalSegment] = []
         self._lock = asyncio.Lock()
@@ -157,7 +160,7 @@ class Journal(BusObserver):
         """
         sends, self._sends = self._sends, []
         self._pending.extend(
-            _send_segment(channel.src, channel.dst, messages, at)
+            _send_segment(channel.src, channel.dst, messages, at, self._redaction)
             for channel, messages, at in _by_channel(sends)
         )
 
@@ -166,7 +169,7 @@ class Journal(BusObserver):
         sends, self._sends = self._sends, []
         deliveries, self._deliveries = self._deliveries, []
         segments = [
-            _send_segment(channel.src, channel.dst, messages, at)
+            _send_segment(channel.src, channel.dst, messages, at, self._redaction)
             for channel, messages, at in _by_channel(sends)
         ]
         segments.extend(
@@ -265,8 +268,12 @@ def _by_channel(log: list[Any]) -> list[tuple[Channel, list[Any], list[Any]]]:
     return [(channel, found[0::2], found[1::2]) for channel, found in pairs.items()]
 
 
-def _send_segment(src: str, dst: str, messages: list[Message], at: list[int]) -> JournalSegment:
+def _send_segment(
+    src: str, dst: str, messages: list[Message], at: list[int], redaction: Redaction | None
+) -> JournalSegment:
     _, _, seqs, kinds, payloads, headers, epochs = zip(*messages, strict=True)
+    if redaction is not None:
+        payloads = tuple(redaction.payload(dst, payload) for payload in payloads)
     columns: dict[str, Any] = {
         "seq": _sequence(seqs),
         "kind": _constant(kinds),

@@ -39,6 +39,7 @@ from agentsnap.exceptions import StoreError
 from agentsnap.messages import JsonValue
 from agentsnap.models import ModelRequest, ModelResponse
 from agentsnap.records import utcnow
+from agentsnap.redaction import Redaction, unredact
 
 __all__ = ["ModelCallLog", "ModelCallRecord", "recorded_call"]
 
@@ -148,6 +149,7 @@ async def recorded_call(
     position: int,
     timeline: int,
     look_up: bool = True,
+    redaction: Redaction | None = None,
 ) -> tuple[ModelResponse, bool]:
     """The answer recorded for this call's identity, or ``ask``'s answer, recorded first.
 
@@ -157,6 +159,10 @@ async def recorded_call(
     process can have recorded in (a call of a new run, or after a rollback in this process):
     the call is recorded, and its identity being taken meanwhile is still found.
 
+    With a ``redaction``, the request and the answer are recorded redacted (see
+    [`agentsnap.redaction`][agentsnap.redaction]); an answer read back that holds markers
+    gets their values from its ``secret`` provider, or the call raises.
+
     Returns:
         The answer, and whether it was replayed from the log (the model was not asked).
 
@@ -164,6 +170,7 @@ async def recorded_call(
         StoreError: The log cannot be read or written now; when the answer cannot be
             written, the handler fails (and is redone once the database answers) rather than
             act on an answer that a crash would lose.
+        RedactedValueNeeded: A recorded answer holds a marker no provider gives back.
     """
     if look_up:
         found = await log.find_model_answer(run_id, agent, message_id, position, timeline)
@@ -172,19 +179,23 @@ async def recorded_call(
                 await log.replayed_model_call(run_id, agent, message_id, position, timeline)
             except StoreError as exc:  # a count for the inspector; the answer is what matters
                 logger.debug("could not count a replay of a model call: %s", exc)
-            return ModelResponse.model_validate(found), True
+            return _answer(found, agent, redaction), True
     started = utcnow()
     clock = time.perf_counter()
     response = await ask(request)
     latency = (time.perf_counter() - clock) * 1000.0
+    asked = request.model_dump(mode="json", exclude_defaults=True)
+    answer = response.model_dump(mode="json", exclude_defaults=True)
+    if redaction is not None:
+        asked, answer = redaction.model_call(agent, asked, answer)
     record = ModelCallRecord(
         run_id=run_id,
         agent=agent,
         message_id=message_id,
         position=position,
         timeline=timeline,
-        request=request.model_dump(mode="json", exclude_defaults=True),
-        response=response.model_dump(mode="json", exclude_defaults=True),
+        request=asked,
+        response=answer,
         model=response.model,
         input_tokens=response.usage.input_tokens,
         output_tokens=response.usage.output_tokens,
@@ -196,5 +207,11 @@ async def recorded_call(
         # a process still finishing): the first answer is the one every execution gets.
         first = await log.find_model_answer(run_id, agent, message_id, position, timeline)
         if first is not None:
-            return ModelResponse.model_validate(first), True
+            return _answer(first, agent, redaction), True
     return response, False
+
+
+def _answer(found: dict[str, JsonValue], agent: str, redaction: Redaction | None) -> ModelResponse:
+    """A recorded answer, its redacted parts given back by the redaction's provider."""
+    value = unredact(found, "model_answer", agent, redaction, doing="replay a model answer")
+    return ModelResponse.model_validate(value)

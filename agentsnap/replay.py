@@ -43,6 +43,7 @@ from agentsnap.state import compact_json
 if TYPE_CHECKING:
     from agentsnap.bus import Channel
     from agentsnap.messages import JsonInput
+    from agentsnap.redaction import Redaction
 
 __all__ = ["InputLog", "ReplayLog", "ReplayPlan", "plan_replay"]
 
@@ -64,12 +65,15 @@ class InputLog:
         buffer: Messages not sealed yet, oldest first; append new ones here.
     """
 
-    __slots__ = ("_base", "_sealed", "buffer", "sealed")
+    __slots__ = ("_base", "_sealed", "buffer", "redaction", "sealed")
 
     def __init__(self) -> None:
         self.buffer: list[Message] = []
         self.sealed: Callable[[int, str], None] | None = None
         """Called with each piece sealed: how many messages, their rows as JSON."""
+        self.redaction: Redaction | None = None
+        """Applied to the payloads of the rows ``sealed`` is given (the rows kept here, to
+        send again after a rollback in this process, are not redacted)."""
         # (how many messages, their rows as JSON), oldest first; _base is the position in
         # the run of the first message held.
         self._sealed: list[tuple[int, str]] = []
@@ -95,6 +99,11 @@ class InputLog:
             self._sealed.append((len(rows), text))
             buffer.clear()
             if self.sealed is not None:
+                redaction = self.redaction
+                if redaction is not None:
+                    text = compact_json(
+                        [(r[0], *r[1:3], redaction.payload(str(r[0]), r[3]), *r[4:]) for r in rows]
+                    )
                 self.sealed(len(rows), text)
 
     def forget(self, before: Mapping[str, int] | None) -> None:

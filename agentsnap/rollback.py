@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -70,6 +71,8 @@ from agentsnap.exceptions import (
 )
 from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.records import ChannelRecord, RollbackInfo, Snapshot, SnapshotStatus
+from agentsnap.redaction import MARKED as _MARKED
+from agentsnap.redaction import Redaction, find_markers, unredact
 from agentsnap.state import HasState
 
 if TYPE_CHECKING:
@@ -265,6 +268,7 @@ def restore_cut(
     epoch: int,
     replay: InputLog | None,
     local: Collection[str] | None = None,
+    redaction: Redaction | None = None,
 ) -> int:
     """Put every agent and channel back on ``snapshot``'s cut; return the messages dropped.
 
@@ -276,8 +280,13 @@ def restore_cut(
     there: ``agents`` are those of them, only the channels into them get their messages in
     flight back, and the cut may name processes hosted elsewhere.
 
+    A cut read back from the store may hold redaction markers (see
+    [`agentsnap.redaction`][agentsnap.redaction]): ``redaction``'s ``secret`` provider gives
+    their values back; a marker it cannot give stops the restore before anything changed.
+
     Raises:
         ConfigurationError: The snapshot names a process that is not registered.
+        RedactedValueNeeded: A state or a message needs a value stored redacted.
     """
     for name in snapshot.agents:
         if local is None and name != ENVIRONMENT and name not in agents:
@@ -285,10 +294,16 @@ def restore_cut(
                 f"snapshot {snapshot.id} holds agent {name!r}, which is not registered; "
                 "register the same agents as the run that took it"
             )
+    doing = f"go back to snapshot {snapshot.seq} of run {snapshot.run_id}"
+    states = {}
     for name, agent in agents.items():
         cut = snapshot.agents.get(name)
         text = cut.state_json if cut is not None else initial_states[name]
-        agent.state = agent.state_type.model_validate_json(text)
+        if _MARKED in text:
+            value = unredact(json.loads(text), "state", name, redaction, doing=doing)
+            states[name] = agent.state_type.model_validate(value)
+        else:
+            states[name] = agent.state_type.model_validate_json(text)
     environment = snapshot.agents.get(ENVIRONMENT)
     in_flight = [
         recorded_messages(record)
@@ -301,6 +316,13 @@ def restore_cut(
         for sent in replay.after(environment.sent if environment is not None else {}):
             inputs.setdefault(sent.dst, []).append(sent)
     in_flight.extend(inputs.values())
+    for messages in in_flight:
+        for i, m in enumerate(messages):
+            if find_markers(m.payload):
+                payload = unredact(m.payload, "payload", m.dst, redaction, doing=doing)
+                messages[i] = m._replace(payload=payload)
+    for name, agent in agents.items():
+        agent.state = states[name]
     return bus.restore(
         epoch, {name: (cut.sent, cut.received) for name, cut in snapshot.agents.items()}, in_flight
     )

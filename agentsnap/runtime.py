@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from agentsnap.messages import JsonInput
+    from agentsnap.redaction import Redaction
     from agentsnap.store import Store
 
 __all__ = ["Runtime", "interrupted_message"]
@@ -182,6 +183,14 @@ class Runtime:
             the run is resumed or by ``agentsnap db recover``. By default beside an SQLite
             file (``<file>.spool``), else under ``~/.local/state/agentsnap/spool`` (see
             [`agentsnap.store.spool`][agentsnap.store.spool]).
+        redact: What the run must never write (see
+            [`agentsnap.redaction`][agentsnap.redaction]): applied to each snapshot, journal
+            segment, replay-log input, ledger record, model call and span reason before it
+            is written, never to the values the agents hold. A resume, or a rollback to a
+            cut read back from the store, that needs a redacted value gets it from the
+            policy's ``secret`` provider, or raises
+            [`RedactedValueNeeded`][agentsnap.RedactedValueNeeded]. Off (``None``) by
+            default, at no cost.
 
     Attributes:
         run_id: Id of this run.
@@ -212,6 +221,7 @@ class Runtime:
         replay: bool = True,
         lease: float = 15.0,
         spool: str | Path | None = None,
+        redact: Redaction | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
         self.store: Store = store if store is not None else MemoryStore()
@@ -226,7 +236,7 @@ class Runtime:
         self._environment = bus.environment
         if journal is None:  # a store kept in a database keeps the journal too
             journal = isinstance(getattr(self.store, "url", None), str)
-        self._journal = Journal(bus, self.store, self.run_id) if journal else None
+        self._journal = Journal(bus, self.store, self.run_id, redaction=redact) if journal else None
         agents: dict[str, Agent[Any]] = {}
         self._agents = agents
         # Without an SDK this is None, and the hot paths pay one None check per message.
@@ -245,6 +255,7 @@ class Runtime:
             metadata=dict(metadata or {}),
             name=name,
             tags=tags,
+            redaction=redact,
         )
         self._snapshots = coordinator = SnapshotCoordinator(
             bus, agents, self.run_id, record.persist
@@ -256,6 +267,7 @@ class Runtime:
         phases.coordinator = coordinator
         # Every message the environment sent, replayed after a rollback like a source.
         self._inputs = inputs = InputLog()
+        inputs.redaction = redact
         self._replay = (
             ReplayLog(record.append_replay, inputs, every=REPLAY_HOLDS) if replay else None
         )
@@ -284,6 +296,7 @@ class Runtime:
             line=self._replay if self._replay is not None else line,
             replay=self._replay,
             telemetry=self._telemetry,
+            redaction=redact,
         )
         self._following = (
             Following(self.run_id, bus, team, self._replay) if self._replay is not None else None

@@ -407,6 +407,7 @@ class Telemetry(BusObserver):
         *,
         rejection: OutputRejected | None = None,
         reason: str = "",
+        redact: Callable[[str], str] | None = None,
     ) -> _Info:
         """Await the rollback ``work`` inside an ``agentsnap.rollback`` span.
 
@@ -416,6 +417,8 @@ class Telemetry(BusObserver):
             rejection: The rejected output it answers (a child of the handler that rejected
                 it), or ``None`` for a rollback on request (in the current context).
             reason: The reason of a rollback on request.
+            redact: Applied to the reason before it is an attribute (the run's redaction
+                patterns; see [`agentsnap.redaction`][agentsnap.redaction]).
         """
         parent: otel_context.Context | None = None
         attributes: dict[str, AttributeValue] = {CONVERSATION_ID: run_id}
@@ -423,12 +426,12 @@ class Telemetry(BusObserver):
             found = self._rejections.pop(id(rejection), None)
             if found is not None:
                 parent = trace.set_span_in_context(NonRecordingSpan(found))
-            attributes[ROLLBACK_REASON] = rejection.reason
+            reason = rejection.reason
             attributes[ROLLBACK_AGENT] = rejection.agent
             attributes[ROLLBACK_SOURCE] = rejection.source
         else:
-            attributes[ROLLBACK_REASON] = reason
             attributes[ROLLBACK_SOURCE] = "manual"
+        attributes[ROLLBACK_REASON] = reason if redact is None else redact(reason)
         span = self.tracer.start_span(SPAN_ROLLBACK, context=parent, attributes=attributes)
         try:
             with trace.use_span(span, record_exception=True, set_status_on_exception=True):

@@ -68,6 +68,7 @@ from agentsnap.ledger import LedgerEntry, call_key, check_key, fingerprint
 from agentsnap.limits import MAX_TOOL_NAME, check_text
 from agentsnap.models import ChatMessage, ModelResponse, ToolSpec
 from agentsnap.once import Diverged, Outcome, compensate, run_once
+from agentsnap.redaction import unredact
 from agentsnap.state import ToolCallRecord, canonical_json
 from agentsnap.telemetry import tool_call
 
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from agentsnap.agents import Context
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue
+    from agentsnap.redaction import Redaction
 
 __all__ = ["OnDivergence", "OnRedo", "Tool", "ToolCall", "ToolRetry", "run_tool_calls", "tool"]
 
@@ -376,6 +378,14 @@ class Tool(Generic[R]):
         if known is not None:
             known.add(self)
         values, args_json, printed = self._validate(arguments)
+        # What the ledger records and fingerprints: the arguments as the run's redaction
+        # leaves them (the tool itself gets the real values).
+        recorded = args_json
+        redaction = ctx.redaction
+        if redaction is not None:
+            recorded = redaction.tool_arguments(self.name, args_json)
+            if recorded is not args_json:
+                printed = fingerprint(recorded)
         message = ctx.message
         message_id = message.id if message is not None else None
         agent = ctx.agent.name
@@ -391,7 +401,7 @@ class Tool(Generic[R]):
                         "without an idempotency key; pass key= (a string naming this effect)"
                     )
                 if self.key_from is not None:
-                    place = {name: args_json[name] for name in self.key_from if name in args_json}
+                    place = {name: recorded[name] for name in self.key_from if name in recorded}
                 else:
                     # The n-th side-effecting call of this tool in this handler execution:
                     # how many other calls (read-only lookups, other tools) a model chose to
@@ -442,7 +452,7 @@ class Tool(Generic[R]):
                         # What this call depends on is durable before it can have an effect.
                         await replay.flush()
                     outcome = await self._bound_once(
-                        ledger, info, values, args_json, printed, place, timeline, record
+                        ledger, info, values, recorded, printed, place, timeline, record, redaction
                     )
                 else:
                     outcome = await self._run(values, info, 1)
@@ -530,6 +540,7 @@ class Tool(Generic[R]):
         place: int | dict[str, JsonValue] | None,
         timeline: int,
         record: ToolCallRecord,
+        redaction: Redaction | None = None,
     ) -> Outcome:
         """Run a handler's call through the ledger under its key.
 
@@ -538,12 +549,12 @@ class Tool(Generic[R]):
         """
         if place is None:  # an explicit key keeps its meaning: other arguments conflict
             return await self._uninterrupted(
-                self._once(ledger, info, values, args_json, printed, timeline=timeline)
+                self._once(ledger, info, values, args_json, printed, timeline, redaction=redaction)
             )
         diverged = self._diverged(ledger, args_json, timeline)
         try:
             return await self._uninterrupted(
-                self._once(ledger, info, values, args_json, printed, timeline, diverged)
+                self._once(ledger, info, values, args_json, printed, timeline, diverged, redaction)
             )
         except _NewEffect:
             pass
@@ -555,7 +566,7 @@ class Tool(Generic[R]):
         info = dataclasses.replace(info, key=key)
         record.key = key
         return await self._uninterrupted(
-            self._once(ledger, info, values, args_json, printed, timeline, diverged)
+            self._once(ledger, info, values, args_json, printed, timeline, diverged, redaction)
         )
 
     def _diverged(self, ledger: Ledger, arguments: dict[str, JsonValue], timeline: int) -> Diverged:
@@ -604,17 +615,25 @@ class Tool(Generic[R]):
         printed: str,
         timeline: int | None = None,
         diverged: Diverged | None = None,
+        redaction: Redaction | None = None,
     ) -> Outcome:
-        """Run the call through the ledger, at most once for its key."""
+        """Run the call through the ledger, at most once for its key.
+
+        With a ``redaction`` the result is recorded redacted (the caller gets the real one);
+        a recorded result holding markers gets their values from its ``secret`` provider.
+        """
         assert info.key is not None
+        call: Callable[[int], Awaitable[Outcome]] = functools.partial(self._run, values, info)
+        if redaction is not None:
+            call = functools.partial(_redacted_outcome, call, redaction, self.name)
         return await run_once(
             ledger,
             info.key,
             tool=self.name,
             arguments=args_json,
-            call=functools.partial(self._run, values, info),
+            call=call,
             fingerprint=printed,
-            load=self._load,
+            load=functools.partial(_restored_result, self.name, redaction, self._load),
             run_id=info.run_id,
             agent=info.agent,
             message_id=info.message_id,
@@ -842,6 +861,26 @@ class _SchemaTool(Tool[Any]):
         if self._wants_call:
             return await self.fn(dataclasses.replace(info, attempt=attempt), values)
         return await self.fn(values)
+
+
+async def _redacted_outcome(
+    call: Callable[[int], Awaitable[Outcome]], redaction: Redaction, tool: str, attempt: int
+) -> Outcome:
+    """``call``'s outcome with its result as the ledger records it: redacted."""
+    outcome = await call(attempt)
+    result = redaction.tool_result(tool, outcome.result)
+    return outcome if result is outcome.result else outcome._replace(result=result)
+
+
+def _restored_result(
+    tool: str,
+    redaction: Redaction | None,
+    load: Callable[[JsonValue], Any] | None,
+    result: JsonValue,
+) -> Any:
+    """A recorded result, its markers given back by the redaction's provider, then loaded."""
+    value = unredact(result, "tool_result", tool, redaction, doing=f"replay tool {tool!r}")
+    return load(value) if load is not None else value
 
 
 async def run_tool_calls(

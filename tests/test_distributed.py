@@ -7,6 +7,7 @@ processes of a run here; ``test_distributed_processes.py`` runs real worker proc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from agentsnap import (
     Context,
     MemoryStore,
     Message,
+    Redaction,
     Snapshot,
     SnapshotFailed,
 )
@@ -341,6 +343,55 @@ async def test_model_calls_of_a_run_over_hosts_are_recorded_on_the_runs_timeline
             for call in calls:
                 assert memory[call.message_id] == call.answer().text
         await run.close()
+    finally:
+        for worker in workers:
+            await worker.close()
+        await links[0].delete_stream(run.run_id)
+        for link in links:
+            await link.close()
+
+
+async def test_a_redacted_run_over_hosts_stores_only_markers(nats_url: str) -> None:
+    # The app's policy reaches the run's coordinator and a worker that takes it from the
+    # app; another worker is given its own (the same one).
+    policy = Redaction(state=["balance"], payload=["amount"], key="distributed key")
+    store = MemoryStore()
+    app = dataclasses.replace(bank(4), redact=policy)
+    hosts = [{"teller-0", "teller-1"}, {"teller-2", "teller-3"}]
+    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    run = DistributedRun(
+        links[0], store, app, policy=SnapshotPolicy(every_seconds=0.05), part_timeout=30
+    )
+    workers = [
+        Worker(
+            links[1],
+            store,
+            run.run_id,
+            dataclasses.replace(bank(4), redact=policy),
+            hosts[0],
+            name="w0",
+        ),
+        Worker(links[2], store, run.run_id, bank(4), hosts[1], name="w1", redact=policy),
+    ]
+    try:
+        await run.start()
+        for worker in workers:
+            await worker.start()
+        for i in range(8):
+            run.send(f"teller-{i % 4}", {"hops": 10}, kind="go")
+        async with asyncio.timeout(PATIENCE):
+            await run.run_until_idle()
+        await run.close()
+        assert run.complete
+        for snapshot in run.complete:
+            stored = await store.load_snapshot(snapshot.id)
+            for name, cut in stored.agents.items():
+                if name != ENVIRONMENT:
+                    assert str(cut.state["balance"]).startswith("[redacted int hmac:"), name
+            for channel in stored.channels:
+                for message in channel.messages:
+                    amount = (message.payload or {}).get("amount")
+                    assert amount is None or str(amount).startswith("[redacted int hmac:")
     finally:
         for worker in workers:
             await worker.close()

@@ -58,6 +58,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
     "openai_agents_agent.py": [[]],
     "payments.py": [["--orders", "2"]],
     "research_team.py": [[]],
+    "redaction.py": [[]],
 }
 
 # What each example prints when all its checks pass.
@@ -69,6 +70,7 @@ SUCCESS: dict[str, str] = {
     "mcp_tools.py": "the transfer reached the bank once, across the rollback",
     "openai_agents_agent.py": "the answer was fixed after the review, and the refund was made once",
     "payments.py": "every order charged exactly once",
+    "redaction.py": "the card number is nowhere in the database",
     "research_team.py": "the team recovered from the rejected draft",
 }
 TIMEOUT = 60

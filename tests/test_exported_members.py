@@ -13,6 +13,7 @@ import pytest
 import agentsnap
 import agentsnap.ledger
 import agentsnap.once
+import agentsnap.redaction
 import agentsnap.semconv
 import agentsnap.store.ledger
 import agentsnap.telemetry
@@ -61,6 +62,8 @@ EXPECTED_ALL = [
     "PayloadNotSerializable",
     "PlanStep",
     "RecordedMessage",
+    "RedactedValueNeeded",
+    "Redaction",
     "ReplaySegment",
     "RetryPolicy",
     "RollbackExhausted",
@@ -254,6 +257,22 @@ def test_tools_and_the_ledger_import_no_private_names_of_each_other() -> None:
             if name.rpartition(".")[0] in modules and name.rpartition(".")[2].startswith("_")
         }
         assert not private, (module.__name__, private)
+
+
+EXPECTED_REDACTION_ALL = [
+    "MARKED",
+    "Kind",
+    "Redaction",
+    "Secret",
+    "Where",
+    "find_markers",
+    "unredact",
+    "unredact_snapshot",
+]
+
+
+def test_redaction_all_is_pinned() -> None:
+    assert agentsnap.redaction.__all__ == EXPECTED_REDACTION_ALL
 
 
 def test_telemetry_and_semconv_all_are_pinned() -> None:

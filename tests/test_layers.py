@@ -5,8 +5,8 @@ function, under ``TYPE_CHECKING``), and no module imports itself through others,
 a layer. The layers, from the bottom::
 
     foundation   _errors, exceptions, limits, messages, state, records, handles, integrity,
-                 liveness, semconv, models: data types and rules; they import nothing but each
-                 other
+                 liveness, semconv, models, redaction: data types and rules; they import
+                 nothing but each other
     store        store/, ledger, once, ownership, fork, model_calls: persistence, the
                  exactly-once machine, forks of stored cuts, recorded model calls
     bus          channels, the transport and observer protocols, schedulers; jetstream, the
@@ -48,6 +48,7 @@ FOUNDATION = {
     "agentsnap.liveness",
     "agentsnap.semconv",
     "agentsnap.models",
+    "agentsnap.redaction",
 }
 """Data types and rules every layer uses; they import nothing but each other."""
 

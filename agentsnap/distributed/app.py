@@ -31,6 +31,7 @@ from agentsnap.checks import Check, OutputCheck, declare_check
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RunInfo, RunStatus
+from agentsnap.redaction import Redaction
 from agentsnap.rollback import RetryPolicy
 
 __all__ = ["App", "check_run", "load_app"]
@@ -52,12 +53,17 @@ class App:
             long it waits (default: [`RetryPolicy()`][agentsnap.rollback.RetryPolicy]).
         checks: The checks declared with [`check`][agentsnap.distributed.App.check], as
             ``(agent, check)`` in the order declared.
+        redact: What the run must never write (see
+            [`agentsnap.redaction`][agentsnap.redaction]): every worker of the app (unless
+            given its own, ``Worker(..., redact=...)``) and the run's coordinator apply it
+            to what they store.
     """
 
     agents: Sequence[Agent[Any]]
     metadata: dict[str, Any] = field(default_factory=dict)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     checks: list[tuple[str, OutputCheck]] = field(default_factory=list)
+    redact: Redaction | None = None
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

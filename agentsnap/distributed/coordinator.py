@@ -195,7 +195,14 @@ class DistributedRun:
         self._name = name
         self._poll = poll
         self._host = Host(
-            link, store, self.run_id, self.names, {}, worker=COORDINATOR, environment=True
+            link,
+            store,
+            self.run_id,
+            self.names,
+            {},
+            worker=COORDINATOR,
+            environment=True,
+            redaction=app.redact,
         )
         self._pending: dict[int, _Pending] = {}
         self._wake = asyncio.Event()
@@ -561,6 +568,8 @@ class DistributedRun:
         agents = {ENVIRONMENT: AgentCut(state_json=_NOTHING.json, state_hash=_NOTHING.hash)}
         for agent in self._app.agents:
             blob = encode_state(agent.name, agent.state)
+            if self._app.redact is not None:
+                blob = self._app.redact.state_text(agent.name, blob)
             agents[agent.name] = AgentCut(state_json=blob.json, state_hash=blob.hash)
         return Snapshot(
             id=uuid.uuid4().hex,

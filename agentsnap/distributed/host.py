@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from agentsnap.distributed.orders import RollbackOrder
     from agentsnap.ledger import Ledger
     from agentsnap.records import ChannelOffsets, SnapshotPart
+    from agentsnap.redaction import Redaction
     from agentsnap.store import Store
 
 Report = Callable[[OutputRejected, Message | None, int], None]
@@ -98,6 +99,9 @@ class Host:
             store's database; in memory for a store in memory).
         telemetry: Where spans and metrics go, as for a [`Runtime`][agentsnap.Runtime]: by
             default the global OpenTelemetry providers when an SDK is installed there.
+        redaction: Applied to each snapshot part before it is written, to the tool and
+            model calls the hosted agents record, and to the values a restored cut needs
+            (see [`agentsnap.redaction`][agentsnap.redaction]).
 
     Attributes:
         bus: The bus.
@@ -129,8 +133,10 @@ class Host:
         checks: Mapping[str, Sequence[OutputCheck]] | None = None,
         ledger: Ledger | None = None,
         telemetry: Telemetry | bool | None = None,
+        redaction: Redaction | None = None,
     ) -> None:
         self.link = link
+        self.redaction = redaction
         self.store = store
         self.run_id = run_id
         self.worker = worker
@@ -176,6 +182,7 @@ class Host:
             tools=self.tools,
             line=_Generation(self.transport),
             telemetry=self.telemetry,
+            redaction=redaction,
         )
         for name, declared in (checks or {}).items():
             for check in declared:
@@ -456,7 +463,8 @@ class Host:
         """Never reported: the run's coordinator decides when snapshots are taken."""
 
     async def _write_part(self, part: SnapshotPart) -> None:
-        await self.store.save_snapshot_part(part)
+        redaction = self.redaction
+        await self.store.save_snapshot_part(part if redaction is None else redaction.part(part))
         notice = orjson.dumps({"part": part.seq, "worker": part.worker})
         try:
             await self.link.nc.publish(self._control, notice)

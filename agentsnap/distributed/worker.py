@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from agentsnap.exceptions import OutputRejected
     from agentsnap.jetstream import JetStreamLink
     from agentsnap.messages import Message
+    from agentsnap.redaction import Redaction
     from agentsnap.store import Store
     from agentsnap.telemetry import Telemetry
 
@@ -91,6 +92,9 @@ class Worker:
         telemetry: Where the hosted handlers' spans and the bus's metrics go, as for a
             [`Runtime`][agentsnap.Runtime]: by default the global OpenTelemetry providers
             when an SDK is installed there; ``False`` records nothing.
+        redact: What the worker must never write (see
+            [`agentsnap.redaction`][agentsnap.redaction]); by default the app's
+            (``App(redact=...)``). Give every worker of a run the same policy and key.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class Worker:
         wait: float = 0.0,
         hello_timeout: float = 10.0,
         telemetry: Telemetry | bool | None = None,
+        redact: Redaction | None = None,
     ) -> None:
         hosted = {agent.name: agent for agent in app.agents if agent.name in set(agents)}
         if not hosted:
@@ -139,6 +144,7 @@ class Worker:
             worker=self.name,
             checks=checks,
             telemetry=telemetry,
+            redaction=redact if redact is not None else app.redact,
         )
         self.host.report = self._report
         self.host.report_passed = self._passed

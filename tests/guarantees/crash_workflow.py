@@ -29,7 +29,9 @@ file. The first run sends every token from the environment at the start. ``--res
 handler starts, and one JSON line ``{"result": ...}`` at the end. With ``--gate`` it prints
 ``ready`` and waits for a ``go`` line before resuming, prints ``{"resumed": ...}`` or
 ``{"error": ...}`` (then exits with status 3), and waits for another ``go`` before running;
-``--wait`` is passed on to ``resume(wait=...)``.
+``--wait`` is passed on to ``resume(wait=...)``. With ``--redact`` the run keeps the tokens
+out of what it stores (the tools' ``token`` argument and the payloads' ``token`` key are
+redacted), and a resume gets them back from a secret provider that knows every token.
 """
 
 from __future__ import annotations
@@ -52,12 +54,14 @@ from agentsnap import (
     AgentState,
     Context,
     Message,
+    Redaction,
     Runtime,
     SnapshotPolicy,
     ToolCall,
     tool,
 )
 from agentsnap.models import ModelRequest
+from agentsnap.redaction import Where
 from agentsnap.store.sql import SqlStore
 from agentsnap.testing import FunctionModel
 
@@ -79,6 +83,17 @@ ASKS_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS asks (prompt TEXT NOT NULL, answer TEXT NOT NULL, "
     "pid INTEGER NOT NULL, asked_at REAL NOT NULL)"
 )
+
+
+def token_vault(where: Where) -> str | None:
+    """The secret provider of ``--redact``: the token whose marker ``where`` names."""
+    return next((token for token in TOKENS if REDACTION.mark(token) == where.marker), None)
+
+
+REDACTION = Redaction(
+    tool_arguments=["token"], payload=["token"], key="crash test key", secret=token_vault
+)
+"""The policy of ``--redact``."""
 
 
 def first_agent(token: str) -> str:
@@ -234,6 +249,7 @@ async def main(options: argparse.Namespace) -> int:
             store=store,
             run_id=options.run_id,
             snapshot_policy=SnapshotPolicy(every_deliveries=SNAPSHOT_EVERY),
+            redact=REDACTION if options.redact else None,
         )
         async with runtime:
             for name in AGENTS:
@@ -285,6 +301,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("run_id")
     parser.add_argument("--resume", action="store_true", help="resume the run")
     parser.add_argument("--gate", action="store_true", help="wait for 'go' lines (see above)")
+    parser.add_argument("--redact", action="store_true", help="keep the tokens out of the store")
     parser.add_argument(
         "--wait", type=float, default=None, help="resume(wait=...): seconds to wait for an owner"
     )

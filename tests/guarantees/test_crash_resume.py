@@ -192,6 +192,8 @@ class Crashes:
     """How many effects the service recorded so far."""
     delay: float = 0.06
     """Longest "delay" kill moment after the first delivery (a whole run takes about 0.15 s)."""
+    options: tuple[str, ...] = ()
+    """More options for every child."""
 
     def describe(self) -> str:
         return (
@@ -202,7 +204,7 @@ class Crashes:
     def spawn(self, resume: bool) -> Child:
         n = len(self.log)
         out, err = self.workdir / f"child{n}.out", self.workdir / f"child{n}.err"
-        args = ["--resume"] if resume else []
+        args = ["--resume", *self.options] if resume else [*self.options]
         with out.open("wb") as stdout, err.open("wb") as stderr:
             process = subprocess.Popen(
                 [sys.executable, str(self.script), self.url, str(self.service), self.run_id, *args],
@@ -401,6 +403,40 @@ def test_no_effect_happens_twice_across_kills_and_resumes(
         )
     killed = sum(line.startswith("killed") for line in crashes.log)
     assert not problems, "\n".join([*problems, crashes.describe()])
+    assert killed >= KILLS_PER_RUN // 2, f"only {killed} kills landed\n{crashes.describe()}"
+
+
+def test_no_effect_happens_twice_when_its_arguments_are_redacted(tmp_path: Path) -> None:
+    # The ledger fingerprints the redacted arguments: a re-executed call after a kill has
+    # the same markers (the same keyed hash), so it finds its recorded outcome.
+    url = database("sqlite", tmp_path)
+    crashes = Crashes(
+        backend="sqlite",
+        url=url,
+        service=make_service(tmp_path),
+        run_id="redacted" + "0" * 24,
+        rng=random.Random(f"{SEED}:redacted"),
+        workdir=tmp_path,
+        options=("--redact",),
+    )
+    result = crashes.run(KILLS_PER_RUN)
+    problems = effect_problems(crashes.service)
+    if result is not None:
+        problems += state_problems(result)
+    status, cut = asyncio.run(stored_run(url, crashes.run_id))
+    problems += cut
+    if status is not RunStatus.SUCCEEDED:
+        problems.append(f"the run is stored as {status.value}, not succeeded")
+    problems += crashes.problems
+    assert not problems, "\n".join([*problems, crashes.describe()])
+    ledger = SqlLedger(url, create=False)
+    try:
+        calls = asyncio.run(ledger.list_calls(crashes.run_id))
+    finally:
+        asyncio.run(ledger.close())
+    assert calls
+    assert all(str(call.arguments["token"]).startswith("[redacted str hmac:") for call in calls)
+    killed = sum(line.startswith("killed") for line in crashes.log)
     assert killed >= KILLS_PER_RUN // 2, f"only {killed} kills landed\n{crashes.describe()}"
 
 
