@@ -54,6 +54,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
     ],
     "langgraph_agents.py": [[]],
     "payments.py": [["--orders", "2"]],
+    "pydantic_ai_agent.py": [[]],
     "research_team.py": [[]],
 }
 
@@ -63,6 +64,7 @@ SUCCESS: dict[str, str] = {
     "distributed_bank.py": "all snapshots consistent",
     "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
     "payments.py": "every order charged exactly once",
+    "pydantic_ai_agent.py": "the answer was fixed after the review, and the refund happened once",
     "research_team.py": "the team recovered from the rejected draft",
 }
 TIMEOUT = 60
