@@ -57,6 +57,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
     "mcp_tools.py": [[]],
     "openai_agents_agent.py": [[]],
     "payments.py": [["--orders", "2"]],
+    "pydantic_ai_agent.py": [[]],
     "research_team.py": [[]],
     "redaction.py": [[]],
 }
@@ -71,6 +72,7 @@ SUCCESS: dict[str, str] = {
     "openai_agents_agent.py": "the answer was fixed after the review, and the refund was made once",
     "payments.py": "every order charged exactly once",
     "redaction.py": "the card number is nowhere in the database",
+    "pydantic_ai_agent.py": "the answer was fixed after the review, and the refund happened once",
     "research_team.py": "the team recovered from the rejected draft",
 }
 TIMEOUT = 60
