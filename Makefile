@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck docs pytest bench clean
+.PHONY: demo test lint typecheck docs pytest bench langgraph-suite clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit("agentsnap needs Python 3.11 or newer, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -45,6 +45,10 @@ pytest: $(DEV_STAMP)
 
 bench: $(DEV_STAMP)
 	$(BIN)/python benchmarks/bus.py
+
+# LangGraph's own graph tests, every case on AgentsnapSaver (`make test` runs a sample).
+langgraph-suite: $(DEV_STAMP)
+	$(BIN)/python scripts/langgraph_suite.py --full
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis dist build site

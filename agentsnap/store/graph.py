@@ -43,7 +43,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -249,6 +249,38 @@ class GraphReader(Protocol):
     ) -> list[TaskWrites]:
         """The pending writes of the tasks of a checkpoint, one entry per task."""
 
+    def lineage(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> Iterator[StoredCheckpoint]:
+        """A checkpoint (the namespace's newest when ``None``), then its ancestors.
+
+        Parent by parent, nearest first, read a page at a time as the caller goes on: a
+        caller that stops early reads little of a long history. Ends at a checkpoint
+        without a parent, at a parent not stored, or at a checkpoint already given (a
+        checkpoint put again under a descendant makes a loop). Nothing for an unknown
+        checkpoint.
+        """
+
+    def values_at(
+        self, thread_id: str, checkpoint_ns: str, versions: Collection[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[str, bytes]]:
+        """The stored values of these ``(channel, version)`` pairs (empty ones left out).
+
+        Several versions of one channel may be asked for at once; a value stored as a
+        reference to a task's write is read from the write.
+
+        Returns:
+            ``(value_type, value)`` by ``(channel, version)``, for each one found.
+        """
+
+    def writes_at(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_ids: Collection[str]
+    ) -> dict[str, list[TaskWrites]]:
+        """The pending writes of the tasks of these checkpoints, by checkpoint id.
+
+        A checkpoint without writes is left out.
+        """
+
 
 class AsyncGraphReader(Protocol):
     """``GraphReader``'s reads on an asyncio driver, all in one connection."""
@@ -278,6 +310,21 @@ class AsyncGraphReader(Protocol):
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
     ) -> list[TaskWrites]:
         """The pending writes of the tasks of a checkpoint, one entry per task."""
+
+    def lineage(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> AsyncIterator[StoredCheckpoint]:
+        """A checkpoint, then its ancestors, nearest first (see ``GraphReader.lineage``)."""
+
+    async def values_at(
+        self, thread_id: str, checkpoint_ns: str, versions: Collection[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[str, bytes]]:
+        """The stored values of these ``(channel, version)`` pairs (empty ones left out)."""
+
+    async def writes_at(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_ids: Collection[str]
+    ) -> dict[str, list[TaskWrites]]:
+        """The pending writes of the tasks of these checkpoints, by checkpoint id."""
 
 
 class GraphCheckpointStore(Protocol):

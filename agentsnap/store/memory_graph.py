@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -113,6 +113,44 @@ class _Reader:
                 for key, (task_path, writes) in self._store.writes.items()
                 if key[:3] == (thread_id, checkpoint_ns, checkpoint_id)
             ]
+
+    def lineage(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> Iterator[StoredCheckpoint]:
+        with self._store.lock:
+            checkpoints = self._store.checkpoints
+            if not checkpoint_id:
+                newest = self.checkpoint(thread_id, checkpoint_ns, None)
+                checkpoint_id = None if newest is None else newest.checkpoint_id
+            found: list[StoredCheckpoint] = []
+            seen: set[str] = set()
+            while checkpoint_id and checkpoint_id not in seen:
+                row = checkpoints.get((thread_id, checkpoint_ns, checkpoint_id))
+                if row is None:
+                    break
+                seen.add(checkpoint_id)
+                found.append(row)
+                checkpoint_id = row.parent_checkpoint_id
+        yield from found
+
+    def values_at(
+        self, thread_id: str, checkpoint_ns: str, versions: Collection[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[str, bytes]]:
+        found: dict[tuple[str, str], tuple[str, bytes]] = {}
+        for channel, version in versions:
+            for _, value_type, value in self.values(thread_id, checkpoint_ns, {channel: version}):
+                found[channel, version] = (value_type, value)
+        return found
+
+    def writes_at(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_ids: Collection[str]
+    ) -> dict[str, list[TaskWrites]]:
+        found: dict[str, list[TaskWrites]] = {}
+        for checkpoint_id in set(checkpoint_ids):
+            writes = self.task_writes(thread_id, checkpoint_ns, checkpoint_id)
+            if writes:
+                found[checkpoint_id] = writes
+        return found
 
 
 class MemoryGraphStore:

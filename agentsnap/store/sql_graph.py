@@ -10,7 +10,15 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, cast
 
@@ -23,6 +31,7 @@ from sqlalchemy import (
     delete,
     event,
     select,
+    text,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -155,6 +164,81 @@ _PG_SELECT_TASK_WRITES = (
 )
 
 
+_PG_SELECT_WRITES_AT = (
+    f"SELECT checkpoint_id, task_id, task_path, writes FROM {_writes.name} "  # noqa: S608
+    "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = ANY(%s)"
+)
+
+
+def _lineage_sql(placeholder: Callable[[str], str]) -> str:
+    """A page of a checkpoint's lineage: the checkpoint, then its ancestors, nearest first.
+
+    A recursive query that follows ``parent_checkpoint_id`` (not the order of ids, which
+    are time-ordered only within one process), each step one lookup of the primary key.
+    The depth bound (``last``) ends the recursion even where parents make a loop.
+    ``placeholder`` spells a named parameter for the driver.
+    """
+    t, ns, start, last = (placeholder(name) for name in ("t", "ns", "start", "last"))
+    columns = ", ".join(column.name for column in _checkpoints.columns)
+    parent_columns = ", ".join(f"c.{column.name}" for column in _checkpoints.columns)
+    return (
+        f"WITH RECURSIVE lineage({columns}, depth) AS ("  # noqa: S608 (names of ours)
+        f"SELECT {columns}, 0 FROM {_checkpoints.name} "
+        f"WHERE thread_id = {t} AND checkpoint_ns = {ns} AND checkpoint_id = {start} "
+        f"UNION ALL SELECT {parent_columns}, l.depth + 1 "
+        f"FROM lineage l JOIN {_checkpoints.name} c ON c.thread_id = {t} "
+        f"AND c.checkpoint_ns = {ns} AND c.checkpoint_id = l.parent_checkpoint_id "
+        f"WHERE l.depth < {last}) "
+        f"SELECT {columns} FROM lineage ORDER BY depth"
+    )
+
+
+_LINEAGE = text(_lineage_sql(lambda name: f":{name}"))
+_PG_LINEAGE = _lineage_sql(lambda name: f"%({name})s")
+_LINEAGE_PAGES = (8, 32, 128, 512)
+"""Checkpoints read per page of a lineage: growing, so a short walk reads little."""
+
+_BATCH = 500
+"""Values bound in one ``IN (…)`` list (well under SQLite's limit on bound values)."""
+
+
+class _Lineage:
+    """Follows a lineage page by page: which checkpoint starts the next page, and loops."""
+
+    def __init__(self, thread_id: str, checkpoint_ns: str, start: str) -> None:
+        self._key = {"t": thread_id, "ns": checkpoint_ns}
+        self._pages = 0
+        self._seen: set[str] = set()
+        self.parameters: dict[str, Any] | None = self._page(start)
+        """The next page's parameters, or ``None`` once the lineage has ended."""
+
+    def _page(self, start: str) -> dict[str, Any]:
+        size = _LINEAGE_PAGES[min(self._pages, len(_LINEAGE_PAGES) - 1)]
+        self._pages += 1
+        return {**self._key, "start": start, "last": size - 1}
+
+    def take(self, rows: Sequence[Sequence[Any]]) -> list[StoredCheckpoint]:
+        """The checkpoints of a page read with ``parameters``, up to a loop if there is one."""
+        assert self.parameters is not None
+        size = self.parameters["last"] + 1
+        found: list[StoredCheckpoint] = []
+        for row in rows:
+            checkpoint = StoredCheckpoint(*row)
+            if checkpoint.checkpoint_id in self._seen:
+                self.parameters = None
+                return found
+            self._seen.add(checkpoint.checkpoint_id)
+            found.append(checkpoint)
+        parent = found[-1].parent_checkpoint_id if found else None
+        self.parameters = self._page(parent) if parent and len(rows) == size else None
+        return found
+
+
+def _batches(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), _BATCH):
+        yield items[start : start + _BATCH]
+
+
 def _checkpoint_query(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Select[Any]:
     query = select(_checkpoints).where(
         _checkpoints.c.thread_id == thread_id, _checkpoints.c.checkpoint_ns == checkpoint_ns
@@ -190,9 +274,11 @@ def _checkpoints_query(
     return query
 
 
-def _values_query(thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]) -> Select[Any]:
+def _values_query(
+    thread_id: str, checkpoint_ns: str, channels: Iterable[str], versions: Iterable[str]
+) -> Select[Any]:
     # Only the versions wanted (with other channels' at those versions, dropped by
-    # ``_wanted_values``), rather than every version the thread ever had; a value that
+    # ``_resolved``), rather than every version the thread ever had; a value that
     # refers to a task's write comes with the task's writes.
     return (
         select(
@@ -207,8 +293,8 @@ def _values_query(thread_id: str, checkpoint_ns: str, versions: Mapping[str, str
         .where(
             _blobs.c.thread_id == thread_id,
             _blobs.c.checkpoint_ns == checkpoint_ns,
-            _blobs.c.channel.in_(list(versions)),
-            _blobs.c.version.in_(sorted(set(versions.values()))),
+            _blobs.c.channel.in_(sorted(set(channels))),
+            _blobs.c.version.in_(sorted(set(versions))),
         )
     )
 
@@ -217,8 +303,15 @@ def _wanted_values(
     rows: Iterable[Sequence[Any]], versions: Mapping[str, str]
 ) -> list[tuple[str, str, bytes]]:
     """The values of ``versions`` among rows of ``_values_query``, references resolved."""
-    wanted = set(versions.items())
-    found: list[tuple[str, str, bytes]] = []
+    found = _resolved(rows, set(versions.items()))
+    return [(channel, *value) for (channel, _), value in found.items()]
+
+
+def _resolved(
+    rows: Iterable[Sequence[Any]], wanted: Collection[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[str, bytes]]:
+    """The values of the ``wanted`` pairs among rows of ``_values_query``, references resolved."""
+    found: dict[tuple[str, str], tuple[str, bytes]] = {}
     for channel, version, value_type, stored, write_idx, writes in rows:
         if (channel, version) not in wanted or value_type == EMPTY:
             continue
@@ -228,7 +321,7 @@ def _wanted_values(
             value = None if writes is None else written_value(writes, write_idx)
             if value is None:
                 continue
-        found.append((channel, value_type, value))
+        found[channel, version] = (value_type, value)
     return found
 
 
@@ -271,7 +364,9 @@ class _Reader:
     ) -> list[tuple[str, str, bytes]]:
         if not versions:
             return []
-        rows = self._connection.execute(_values_query(thread_id, checkpoint_ns, versions))
+        rows = self._connection.execute(
+            _values_query(thread_id, checkpoint_ns, versions, versions.values())
+        )
         return _wanted_values(rows, versions)
 
     def task_writes(
@@ -280,6 +375,46 @@ class _Reader:
         rows = self._connection.execute(_task_writes_query(thread_id, checkpoint_ns, checkpoint_id))
         return [TaskWrites(*row) for row in rows]
 
+    def lineage(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> Iterator[StoredCheckpoint]:
+        if not checkpoint_id:
+            newest = self.checkpoint(thread_id, checkpoint_ns, None)
+            if newest is None:
+                return
+            checkpoint_id = newest.checkpoint_id
+        walk = _Lineage(thread_id, checkpoint_ns, checkpoint_id)
+        while walk.parameters is not None:
+            rows = self._connection.execute(_LINEAGE, walk.parameters).all()
+            yield from walk.take(rows)
+
+    def values_at(
+        self, thread_id: str, checkpoint_ns: str, versions: Collection[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[str, bytes]]:
+        wanted = set(versions)
+        found: dict[tuple[str, str], tuple[str, bytes]] = {}
+        channels = {channel for channel, _ in wanted}
+        for batch in _batches(sorted({version for _, version in wanted})):
+            query = _values_query(thread_id, checkpoint_ns, channels, batch)
+            found.update(_resolved(self._connection.execute(query), wanted))
+        return found
+
+    def writes_at(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_ids: Collection[str]
+    ) -> dict[str, list[TaskWrites]]:
+        found: dict[str, list[TaskWrites]] = {}
+        for batch in _batches(sorted(set(checkpoint_ids))):
+            query = select(
+                _writes.c.checkpoint_id, _writes.c.task_id, _writes.c.task_path, _writes.c.writes
+            ).where(
+                _writes.c.thread_id == thread_id,
+                _writes.c.checkpoint_ns == checkpoint_ns,
+                _writes.c.checkpoint_id.in_(batch),
+            )
+            for checkpoint_id, *row in self._connection.execute(query):
+                found.setdefault(checkpoint_id, []).append(TaskWrites(*row))
+        return found
+
 
 class _AsyncReader:
     """An ``AsyncGraphReader`` on one of psycopg's async connections (PostgreSQL)."""
@@ -287,7 +422,7 @@ class _AsyncReader:
     def __init__(self, connection: Any) -> None:
         self._connection = connection
 
-    async def _rows(self, sql: str, parameters: Sequence[Any]) -> list[Any]:
+    async def _rows(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
         async with self._connection.cursor(binary=True) as cursor:
             await cursor.execute(sql, parameters)
             return cast(list[Any], await cursor.fetchall())
@@ -348,6 +483,48 @@ class _AsyncReader:
     ) -> list[TaskWrites]:
         rows = await self._rows(_PG_SELECT_TASK_WRITES, (thread_id, checkpoint_ns, checkpoint_id))
         return [TaskWrites(*row) for row in rows]
+
+    async def lineage(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> AsyncIterator[StoredCheckpoint]:
+        if not checkpoint_id:
+            newest = await self.checkpoint(thread_id, checkpoint_ns, None)
+            if newest is None:
+                return
+            checkpoint_id = newest.checkpoint_id
+        walk = _Lineage(thread_id, checkpoint_ns, checkpoint_id)
+        while walk.parameters is not None:
+            for checkpoint in walk.take(await self._rows(_PG_LINEAGE, walk.parameters)):
+                yield checkpoint
+
+    async def values_at(
+        self, thread_id: str, checkpoint_ns: str, versions: Collection[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[str, bytes]]:
+        wanted = set(versions)
+        if not wanted:
+            return {}
+        rows = await self._rows(
+            _PG_SELECT_VALUES,
+            (
+                thread_id,
+                checkpoint_ns,
+                sorted({channel for channel, _ in wanted}),
+                sorted({version for _, version in wanted}),
+            ),
+        )
+        return _resolved(rows, wanted)
+
+    async def writes_at(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_ids: Collection[str]
+    ) -> dict[str, list[TaskWrites]]:
+        found: dict[str, list[TaskWrites]] = {}
+        if checkpoint_ids:
+            rows = await self._rows(
+                _PG_SELECT_WRITES_AT, (thread_id, checkpoint_ns, sorted(set(checkpoint_ids)))
+            )
+            for checkpoint_id, *row in rows:
+                found.setdefault(checkpoint_id, []).append(TaskWrites(*row))
+        return found
 
 
 class _PgConnections:

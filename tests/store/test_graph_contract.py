@@ -283,3 +283,53 @@ def test_deleting_a_thread_deletes_values_and_the_writes_they_refer_to(
         assert reader.values("t", "", {"a": "v1"}) == []
         assert reader.values("t", "", {"a": "v2"}) == []
         assert reader.task_writes("t", "", "1") == []
+
+
+def test_a_lineage_follows_parents_nearest_first(graphs: GraphCheckpointStore) -> None:
+    graphs.put_checkpoint(_checkpoint("1"), [])
+    graphs.put_checkpoint(_checkpoint("2", "1"), [])
+    graphs.put_checkpoint(_checkpoint("3", "2"), [])
+    graphs.put_checkpoint(_checkpoint("4", "2"), [])  # a branch beside 3
+    graphs.put_checkpoint(_checkpoint("9", "1", ns="sub"), [])
+    with graphs.reading() as reader:
+        assert [c.checkpoint_id for c in reader.lineage("t", "", "3")] == ["3", "2", "1"]
+        assert [c.checkpoint_id for c in reader.lineage("t", "", None)] == ["4", "2", "1"]
+        assert next(reader.lineage("t", "", "2")) == _checkpoint("2", "1")
+        assert [c.checkpoint_id for c in reader.lineage("t", "sub", None)] == ["9"]
+        assert list(reader.lineage("t", "", "8")) == []
+        assert list(reader.lineage("u", "", None)) == []
+    # Put again under a descendant, a checkpoint's parents make a loop: given once each.
+    graphs.put_checkpoint(_checkpoint("1", "3"), [])
+    with graphs.reading() as reader:
+        assert [c.checkpoint_id for c in reader.lineage("t", "", "3")] == ["3", "2", "1"]
+
+
+def test_a_long_lineage_is_read_whole(graphs: GraphCheckpointStore) -> None:
+    ids = [f"{number:04}" for number in range(1000)]
+    for parent, checkpoint_id in zip([None, *ids], ids, strict=False):
+        graphs.put_checkpoint(_checkpoint(checkpoint_id, parent), [])
+    with graphs.reading() as reader:
+        assert [c.checkpoint_id for c in reader.lineage("t", "", None)] == ids[::-1]
+
+
+def test_values_and_writes_are_read_for_many_versions_and_checkpoints(
+    graphs: GraphCheckpointStore,
+) -> None:
+    _referring_history(graphs)
+    graphs.put_checkpoint(
+        _checkpoint("3", "2"), [_value("a", "v3", None), _value("b", "v3", b"bee")]
+    )
+    graphs.put_task_writes(("t", "", "3", "other"), "~p", b"w3", _no_merge)
+    with graphs.reading() as reader:
+        wanted = {("a", "v1"), ("a", "v2"), ("a", "v3"), ("b", "v3"), ("b", "v1"), ("c", "v9")}
+        assert reader.values_at("t", "", wanted) == {
+            ("a", "v1"): ("bytes", b"one"),
+            ("a", "v2"): ("bytes", b"two"),  # from the write it refers to
+            ("b", "v3"): ("bytes", b"bee"),
+        }
+        assert reader.values_at("t", "", set()) == {}
+        assert reader.writes_at("t", "", ["1", "2", "3"]) == {
+            "1": [("task", "", _written(b"two"))],
+            "3": [("other", "~p", b"w3")],
+        }
+        assert reader.writes_at("t", "", []) == {}

@@ -7,7 +7,7 @@ import builtins
 import contextlib
 import random
 import threading
-from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import orjson
@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     PendingWrite,
     get_checkpoint_id,
     get_checkpoint_metadata,
@@ -27,6 +28,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from agentsnap.exceptions import ConfigurationError
+from agentsnap.integrations.langgraph._history import DeltaWalk, achunks, chunks
 from agentsnap.integrations.langgraph._rows import (
     EMPTY,
     JSON,
@@ -238,6 +240,75 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         found = await reader.values(thread_id, checkpoint_ns, stored)
         writes = await reader.task_writes(thread_id, checkpoint_ns, checkpoint_id)
         return self._assemble(row, checkpoint, found, writes, metadata)
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """What LangGraph rebuilds the value of each ``DeltaChannel`` at a checkpoint from.
+
+        For each channel, the walk goes up the checkpoint's ancestors, parent by parent (a
+        branch's history is its own, not that of the branches beside it), to the nearest
+        one that holds a value of the channel: a snapshot LangGraph stored, or a plain
+        value from before the channel was a ``DeltaChannel``. That value is the ``seed``;
+        the ``writes`` are the channel's writes at the ancestors walked, the seed's own
+        included, oldest first, and within one checkpoint in LangGraph's
+        ``writes_sort_key`` order. The checkpoint's own writes are pending, not history.
+        A walk that reaches the thread's first checkpoint gives no seed (the channel
+        starts empty). The ancestors are read with a recursive query, a few at a time,
+        and the walk stops as soon as every channel has its seed.
+
+        Args:
+            config: The checkpoint (the namespace's newest without a ``checkpoint_id``).
+            channels: The channels; none gives an empty mapping.
+
+        Returns:
+            Each channel's writes and seed; no writes and no seed for every channel of an
+            unknown checkpoint.
+        """
+        if not channels:
+            return {}
+        configurable = config["configurable"]
+        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        walk = DeltaWalk(channels, self._decoded_versions)
+        with self._storage.reading() as reader:
+            lineage = reader.lineage(thread_id, checkpoint_ns, get_checkpoint_id(config) or None)
+            next(lineage, None)  # the checkpoint itself
+            for ancestors in chunks(lineage):
+                walk.visit(reader.values_at(thread_id, checkpoint_ns, walk.wanted(ancestors)))
+                if walk.done:
+                    break
+            writes = reader.writes_at(thread_id, checkpoint_ns, walk.walked())
+        return walk.histories(writes, self._load_value)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Asynchronous [`get_delta_channel_history`][agentsnap.integrations.langgraph.AgentsnapSaver.get_delta_channel_history]."""  # noqa: E501
+        native = self._native()
+        if native is None:
+            return await asyncio.to_thread(
+                lambda: self.get_delta_channel_history(config=config, channels=channels)
+            )
+        if not channels:
+            return {}
+        configurable = config["configurable"]
+        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        walk = DeltaWalk(channels, self._decoded_versions)
+        async with native.areading() as reader:
+            lineage = reader.lineage(thread_id, checkpoint_ns, get_checkpoint_id(config) or None)
+            await anext(lineage, None)  # the checkpoint itself
+            async for ancestors in achunks(lineage):
+                found = await reader.values_at(thread_id, checkpoint_ns, walk.wanted(ancestors))
+                walk.visit(found)
+                if walk.done:
+                    break
+            writes = await reader.writes_at(thread_id, checkpoint_ns, walk.walked())
+        return walk.histories(writes, self._load_value)
+
+    def _decoded_versions(self, row: StoredCheckpoint) -> tuple[dict[str, Any], dict[str, str]]:
+        """A stored checkpoint's values kept in its row, and the versions of the others."""
+        checkpoint, stored = self._stored_checkpoint(row)
+        return checkpoint.get("channel_values") or {}, stored
 
     def _stored_checkpoint(self, row: StoredCheckpoint) -> tuple[Any, dict[str, str]]:
         """A stored checkpoint, decoded, and the versions of its values stored as rows."""
