@@ -719,7 +719,7 @@ async def test_run_until_idle_without_raising_failures() -> None:
         await runtime.run_until_idle(raise_failures=False)
 
         assert [f.agent for f in runtime.failures] == ["flaky", "flaky"]
-        assert [f.message.seq for f in runtime.failures] == [1, 2]
+        assert [f.message.seq if f.message else None for f in runtime.failures] == [1, 2]
         assert all(isinstance(f.__cause__, ValueError) for f in runtime.failures)
         assert runtime.agents["other"].state.count == 1
 

@@ -555,6 +555,7 @@ async def test_a_handler_that_raises_is_recorded_as_handler_failed(mode: Mode) -
     failure = failures[0]
     assert isinstance(failure, HandlerFailed), f"recorded as {failure!r}"
     assert failure.agent == "picky"
+    assert failure.message is not None
     assert failure.message.src == "intake"
     assert failure.message.payload == {"n": 1, "bad": True}
     assert isinstance(failure.__cause__, ValueError)
