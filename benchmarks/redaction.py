@@ -41,7 +41,7 @@ class Account(AgentState):
 class Clerk(Agent[Account]):
     async def handle(self, message: Message, ctx: Context[Account]) -> None:
         ctx.state.count += 1
-        ctx.state.card = message.payload["card"]
+        ctx.state.card = message.payload_as(dict[str, str])["card"]
 
 
 def policy() -> Redaction:
@@ -80,7 +80,9 @@ async def main(options: argparse.Namespace) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         plain = await setup(f"sqlite:///{Path(tmp) / 'plain.db'}", options.agents, None)
         redacted = await setup(f"sqlite:///{Path(tmp) / 'red.db'}", options.agents, policy())
-        on, off, diff = [], [], []
+        on: list[float] = []
+        off: list[float] = []
+        diff: list[float] = []
         for r in range(options.rounds):
             pair = [(redacted, on), (plain, off)]
             if r % 2:

@@ -101,7 +101,9 @@ async def main(db: str) -> int:
     print(f"rollbacks: {result.rollbacks}, refunds made: {len(REFUNDS)}")
     newest = snapshots[-1].agents["billing"].state
     assert isinstance(newest, dict)
-    print(f"billing's conversation in the last cut: {len(newest['items'])} items")
+    items = newest["items"]
+    assert isinstance(items, list)
+    print(f"billing's conversation in the last cut: {len(items)} items")
     ok = (
         result.last_agent == "billing"
         and "Sorry" in str(result.final_output)

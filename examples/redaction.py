@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from agentsnap import (
     Agent,
@@ -54,6 +54,14 @@ class Till(AgentState):
     receipts: list[str] = Field(default_factory=list)
 
 
+class Order(BaseModel):
+    """What the cashier is sent: an order, the card to charge and the amount."""
+
+    order: str
+    card: str
+    amount: int
+
+
 @tool(side_effect=True)
 async def charge(card: str, amount: int) -> str:
     """Charge ``amount`` to ``card`` (a payment service would get the call's key)."""
@@ -69,10 +77,12 @@ class Cashier(Agent[Till]):
         self.model = ScriptedModel([("receipt", "Thank you for your order.")])
 
     async def handle(self, message: Message, ctx: Context[Till]) -> None:
-        order, card, amount = (message.payload[k] for k in ("order", "card", "amount"))
-        ctx.state.order, ctx.state.card = order, card
-        text = await ctx.complete(self.model, f"Write a receipt for card {card}, {amount} EUR")
-        await charge(ctx, card=card, amount=amount)
+        order = message.payload_as(Order)
+        ctx.state.order, ctx.state.card = order.order, order.card
+        text = await ctx.complete(
+            self.model, f"Write a receipt for card {order.card}, {order.amount} EUR"
+        )
+        await charge(ctx, card=order.card, amount=order.amount)
         ctx.state.receipts.append(text)
 
 

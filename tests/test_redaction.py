@@ -60,10 +60,11 @@ class Cashier(Agent[Till]):
         self.model = ScriptedModel([("receipt", "thanks")])
 
     async def handle(self, message: Message, ctx: Context[Till]) -> None:
-        card = message.payload["card"]
+        payload = message.payload_as(dict[str, Any])
+        card = payload["card"]
         ctx.state.card = card
         ctx.state.note = await ctx.complete(self.model, f"Write a receipt for card {card}")
-        await charge(ctx, card=card, amount=message.payload["amount"])
+        await charge(ctx, card=card, amount=payload["amount"])
         ctx.state.done += 1
         ctx.send("clerk", {"card": card, "ok": True})
 
@@ -190,7 +191,12 @@ def test_paths_match_by_their_end_and_patterns_mask_text() -> None:
     redaction = Redaction(
         state=["customer.email", "payer.pin"], patterns=[r"\d{4} \d{4} \d{4} \d{4}"], key=KEY
     )
-    state = {"customer": {"email": "a@b.c"}, "email": "kept", "pin": 1, "note": f"card {CARD}"}
+    state: dict[str, Any] = {
+        "customer": {"email": "a@b.c"},
+        "email": "kept",
+        "pin": 1,
+        "note": f"card {CARD}",
+    }
     redacted = redaction.value("state", "payer", state)
     assert redacted["customer"]["email"].startswith("[redacted str")
     assert redacted["email"] == "kept"
@@ -227,10 +233,11 @@ def test_a_restore_asks_the_secret_provider_and_checks_its_answer() -> None:
 
 class Doubter(Agent[Till]):
     async def handle(self, message: Message, ctx: Context[Till]) -> None:
-        ctx.state.card = message.payload["card"]
+        payload = message.payload_as(dict[str, Any])
+        ctx.state.card = payload["card"]
         ctx.state.done += 1
-        if ctx.state.done == 1 and message.payload.get("doubt"):
-            raise OutputRejected("doubter", "try again")
+        if ctx.state.done == 1 and payload.get("doubt"):
+            raise OutputRejected("doubter", "try again", "self-evaluation")
 
 
 def test_an_automatic_rollback_uses_the_cut_in_memory(tmp_path: Path) -> None:

@@ -32,12 +32,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
+# tests/ (as pytest puts it on sys.path), so the helpers import as the tests import them.
+sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from agents import Agent as SDKAgent
 from agents import RunConfig
 from agents.testing import assistant_message, function_call
-from openai_agents_models import FunctionSDKModel, answered_tool, text_of
 
 from agentsnap import (
     Agent,
@@ -52,6 +52,7 @@ from agentsnap import (
 from agentsnap.integrations._running import running
 from agentsnap.integrations.openai_agents import OpenAIAgent, as_sdk_tool
 from agentsnap.store.sql import SqlStore
+from integrations.openai_agents_models import FunctionSDKModel, answered_tool, text_of
 
 SERVICE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL, text TEXT NOT NULL, "

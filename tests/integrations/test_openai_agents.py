@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from agents import Agent as SDKAgent
@@ -104,7 +104,7 @@ async def test_model_calls_are_recorded_with_the_sdks_request_and_answer() -> No
     assert [m.role for m in asked.messages] == ["user", "assistant", "tool"]
     assert [t.name for t in asked.tools] == ["weather"]
     assert asked.native is not None
-    assert asked.native["input"][0] == {  # type: ignore[index]
+    assert asked.native["input"][0] == {
         "role": "user",
         "content": "Weather in Paris?",
     }
@@ -206,8 +206,9 @@ async def test_a_handoff_travels_as_a_message_in_a_cut(tmp_path: Path) -> None:
     assert isinstance(payload, dict)
     assert payload["from"] == "triage"
     conversation = payload["input"]
+    assert isinstance(conversation, list)
     assert conversation[0] == {"role": "user", "content": "I was charged twice."}
-    assert conversation[-2]["name"] == "transfer_to_billing"
+    assert cast(dict[str, Any], conversation[-2])["name"] == "transfer_to_billing"
     triage_state = OpenAIAgentState.model_validate(cut.agents["triage"].state)
     assert triage_state.handed_off_to == "billing"
     billing_state = agents["billing"].state
