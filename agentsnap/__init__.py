@@ -10,6 +10,8 @@ from agentsnap.bus import AsyncioScheduler, Scheduler
 from agentsnap.checks import Verdict
 from agentsnap.exceptions import (
     AgentsnapError,
+    AnswerInvalid,
+    ApprovalDenied,
     ConfigurationError,
     DuplicateAgentError,
     EffectDiverged,
@@ -21,6 +23,9 @@ from agentsnap.exceptions import (
     OwnershipLost,
     PayloadInvalid,
     PayloadNotSerializable,
+    RequestExpired,
+    RequestNotPending,
+    RequestRejected,
     RollbackExhausted,
     RunError,
     RunOwnedError,
@@ -63,6 +68,7 @@ from agentsnap.records import (
     Snapshot,
     SnapshotStatus,
 )
+from agentsnap.requests import Approval, HumanRequest
 from agentsnap.rollback import RetryPolicy
 from agentsnap.runtime import Runtime
 from agentsnap.snapshot import SnapshotPolicy
@@ -84,6 +90,9 @@ __all__ = [
     "AgentState",
     "AgentVersion",
     "AgentsnapError",
+    "AnswerInvalid",
+    "Approval",
+    "ApprovalDenied",
     "AsyncioScheduler",
     "ChannelId",
     "ChannelRecord",
@@ -96,6 +105,7 @@ __all__ = [
     "Feedback",
     "GraphCheckpoint",
     "HandlerFailed",
+    "HumanRequest",
     "IdempotencyConflict",
     "InvalidAgentName",
     "JournalMessage",
@@ -118,6 +128,9 @@ __all__ = [
     "PlanStep",
     "RecordedMessage",
     "ReplaySegment",
+    "RequestExpired",
+    "RequestNotPending",
+    "RequestRejected",
     "RetryPolicy",
     "RollbackExhausted",
     "RollbackInfo",

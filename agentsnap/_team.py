@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
@@ -28,6 +28,7 @@ from agentsnap.checks import Guard, OutputCheck
 from agentsnap.exceptions import HandlerFailed, OutputRejected, StoreError
 from agentsnap.messages import Marker, Message
 from agentsnap.model_calls import ModelCallLog
+from agentsnap.requests import RequestLog
 from agentsnap.rollback import restore_cut
 from agentsnap.snapshot import Handling
 from agentsnap.store.faults import classify
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo, Snapshot
     from agentsnap.replay import InputLog, ReplayLog
+    from agentsnap.requests import Approval
     from agentsnap.snapshot import SnapshotCoordinator
     from agentsnap.telemetry import Telemetry
 
@@ -96,6 +98,7 @@ class Team:
         line: Where the run's current timeline is read.
         replay: The replay log (``None``: deliveries are not logged).
         telemetry: Where spans and metrics go (``None``: nowhere).
+        approvals: Which tools' calls need a person's approval, by tool name.
 
     Attributes:
         generation: Raised by each rollback: what a handler of an older generation did is
@@ -121,6 +124,7 @@ class Team:
         line: Timeline,
         replay: ReplayLog | None = None,
         telemetry: Telemetry | None = None,
+        approvals: Mapping[str, Approval] | None = None,
     ) -> None:
         self.bus = bus
         self.coordinator = coordinator
@@ -133,6 +137,9 @@ class Team:
         self.telemetry = telemetry
         self._tracing = telemetry if telemetry is not None and telemetry.tracing else None
         self._model_calls = ledger if isinstance(ledger, ModelCallLog) else None
+        self._requests = ledger if isinstance(ledger, RequestLog) else None
+        self.approvals: Mapping[str, Approval] = dict(approvals or {})
+        """Which tools' calls need a person's approval, by tool name (the runtime's policy)."""
         self.agents: dict[str, Agent[Any]] = {}
         self.contexts: dict[str, Context[Any]] = {}
         """Each agent's handler context, by name; also in its endpoint's context slot, where
@@ -166,6 +173,8 @@ class Team:
         ctx.replay = self.replay
         ctx.tools = self.tools
         ctx.model_calls = self._model_calls
+        ctx.requests = self._requests
+        ctx.approvals = self.approvals
         ctx.line = self.line
         ctx.telemetry = self.telemetry
         agent._state_changed = self.coordinator.changed  # assigning agent.state marks it
