@@ -1801,11 +1801,24 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
     is_flag=True,
     help="Let the page fork runs (with edited states); read-only otherwise.",
 )
-def ui(db: str, host: str, port: int, open_browser: bool | None, allow_fork: bool) -> None:
+@click.option(
+    "--allow-answer",
+    is_flag=True,
+    help="Let the page answer requests to people (approve, deny, answer); off otherwise.",
+)
+def ui(  # noqa: PLR0917
+    db: str,
+    host: str,
+    port: int,
+    open_browser: bool | None,
+    allow_fork: bool,
+    allow_answer: bool,
+) -> None:
     """Serve the web inspector for the runs in the database, until Ctrl-C.
 
     It listens on this machine only (127.0.0.1) unless --host says otherwise; anyone who
-    can reach the address can read the runs (and fork them with --allow-fork). The API is
+    can reach the address can read the runs (fork them with --allow-fork, answer their
+    requests to people with --allow-answer). The API is
     described at /docs. Needs the ui extra: pip install 'agentsnap[ui]'.
     """
     import socket  # noqa: PLC0415
@@ -1840,11 +1853,13 @@ def ui(db: str, host: str, port: int, open_browser: bool | None, allow_fork: boo
     if host not in _LOOPBACK:
         click.echo(
             f"warning: listening on {host}, not only on this machine: anyone who can reach it "
-            "can read these runs" + (" and fork them" if allow_fork else ""),
+            "can read these runs"
+            + (" and fork them" if allow_fork else "")
+            + (" and answer their requests" if allow_answer else ""),
             err=True,
         )
     store = SqlStore(db, create=False, retry=_RETRY)
-    app = create_app(store, allow_fork=allow_fork, close_store=True)
+    app = create_app(store, allow_fork=allow_fork, allow_answer=allow_answer, close_store=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     if open_browser is None:
         open_browser = sys.stdout is not None and sys.stdout.isatty()
