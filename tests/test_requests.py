@@ -24,6 +24,7 @@ from agentsnap import (
     RequestExpired,
     RequestNotPending,
     RequestRejected,
+    RunStatus,
     Runtime,
     tool,
 )
@@ -256,3 +257,23 @@ async def test_asking_outside_a_handler_is_a_clear_error() -> None:
         runtime.add(Asker("asker"))
         with pytest.raises(ConfigurationError, match="from a handler"):
             await runtime.context("asker").ask("hello?")
+
+
+async def test_a_runtime_closed_while_a_handler_waits_leaves_its_run_interrupted() -> None:
+    store, ledger = MemoryStore(), MemoryLedger()
+    async with Runtime(store=store, ledger=ledger) as runtime:
+        runtime.add(Gate("gate"))
+        runtime.send("gate", "order 9")
+        running = asyncio.create_task(runtime.run_until_idle())
+        (asked,) = await pending(runtime)
+        running.cancel()
+    run = await store.get_run(runtime.run_id)
+    assert run.status == RunStatus.INTERRUPTED
+    assert "waited for a person" in (run.status_reason or "")
+    await answer(store, asked.id, "later", ledger=ledger)
+    async with Runtime(store=store, ledger=ledger, run_id=runtime.run_id) as again:
+        gate = again.add(Gate("gate"))
+        await again.resume()
+        await asyncio.wait_for(again.run_until_idle(), 10)
+        assert gate.state.memory["verdicts"] == ["later"]
+    assert (await store.get_run(runtime.run_id)).status == RunStatus.SUCCEEDED
