@@ -10,6 +10,8 @@ from agentsnap.bus import AsyncioScheduler, Scheduler
 from agentsnap.checks import Verdict
 from agentsnap.exceptions import (
     AgentsnapError,
+    AnswerInvalid,
+    ApprovalDenied,
     ConfigurationError,
     DuplicateAgentError,
     EffectDiverged,
@@ -22,6 +24,9 @@ from agentsnap.exceptions import (
     PayloadInvalid,
     PayloadNotSerializable,
     RedactedValueNeeded,
+    RequestExpired,
+    RequestNotPending,
+    RequestRejected,
     RollbackExhausted,
     RunError,
     RunOwnedError,
@@ -65,6 +70,7 @@ from agentsnap.records import (
     SnapshotStatus,
 )
 from agentsnap.redaction import Redaction
+from agentsnap.requests import Approval, HumanRequest
 from agentsnap.rollback import RetryPolicy
 from agentsnap.runtime import Runtime
 from agentsnap.snapshot import SnapshotPolicy
@@ -86,6 +92,9 @@ __all__ = [
     "AgentState",
     "AgentVersion",
     "AgentsnapError",
+    "AnswerInvalid",
+    "Approval",
+    "ApprovalDenied",
     "AsyncioScheduler",
     "ChannelId",
     "ChannelRecord",
@@ -98,6 +107,7 @@ __all__ = [
     "Feedback",
     "GraphCheckpoint",
     "HandlerFailed",
+    "HumanRequest",
     "IdempotencyConflict",
     "InvalidAgentName",
     "JournalMessage",
@@ -122,6 +132,9 @@ __all__ = [
     "RedactedValueNeeded",
     "Redaction",
     "ReplaySegment",
+    "RequestExpired",
+    "RequestNotPending",
+    "RequestRejected",
     "RetryPolicy",
     "RollbackExhausted",
     "RollbackInfo",

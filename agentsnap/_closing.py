@@ -19,6 +19,7 @@ from agentsnap.ledger import ToolCallStatus, owner_id
 from agentsnap.messages import Message
 from agentsnap.once import reconcile, recorded, unrecorded
 from agentsnap.records import RunStatus, utcnow
+from agentsnap.requests import waiting_in
 from agentsnap.store.spool import (
     AppendJournal,
     AppendReplay,
@@ -141,6 +142,7 @@ class Closer:
     ) -> None:
         self.run_id = run_id
         self._bus = bus
+        self._asking = 0  # handlers of the run waiting on a person as it closed
         self._coordinator = coordinator
         self._phases = phases
         self._record = record
@@ -229,6 +231,8 @@ class Closer:
         if self._following is not None:
             self._following.unwatch()
         self._cadence.last(live)  # none while a handler is half-way (a cancelled run)
+        # Handlers waiting on a person are stopped here; their run is not done.
+        self._asking = waiting_in(self.run_id)
         await self._bus.scheduler.close()
         coordinator = self._coordinator
         coordinator.abort_all("the runtime was closed before the snapshot completed")
@@ -341,6 +345,12 @@ class Closer:
         if cancelled is not None:
             how = "Ctrl-C" if isinstance(cancelled, KeyboardInterrupt) else "task cancelled"
             return RunStatus.CANCELLED, f"{how}; resume() continues it"
+        if self._asking:
+            return RunStatus.INTERRUPTED, (
+                f"closed while {self._asking} handler{'s' * (self._asking != 1)} waited for "
+                "a person's answer; resume() continues it, and the answers given meanwhile "
+                "reach them"
+            )
         channels = self._bus.channels.values()
         if any(channels):
             queued = sum(type(item) is Message for ch in channels for item in ch)

@@ -31,6 +31,7 @@ from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RollbackInfo, SnapshotStatus
 from agentsnap.redaction import unredact_snapshot
 from agentsnap.replay import plan_replay
+from agentsnap.requests import withdraw_discarded
 from agentsnap.rollback import RetryBudget, RetryPolicy, current_cut, earlier_targets
 
 if TYPE_CHECKING:
@@ -465,9 +466,13 @@ class Recovery:
         # Every rollback starts a new timeline, before it is recorded.
         if self._replay is not None:
             self._replay.new_timeline()
+            timeline = self._replay.timeline
         else:
             self._line.timeline += 1
+            timeline = self._line.timeline
         await self._record.save_rollback(info)
+        # Nothing waits on the requests the left timeline asked: their handlers' work is gone.
+        await withdraw_discarded(self._ledger, self.run_id, timeline, info.id)
         return info
 
     def _restore(self, snapshot: Snapshot) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
@@ -28,6 +28,7 @@ from agentsnap.checks import Guard, OutputCheck
 from agentsnap.exceptions import HandlerFailed, OutputRejected, StoreError
 from agentsnap.messages import Marker, Message
 from agentsnap.model_calls import ModelCallLog
+from agentsnap.requests import RequestLog
 from agentsnap.rollback import restore_cut
 from agentsnap.snapshot import Handling
 from agentsnap.store.faults import classify
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from agentsnap.records import RollbackInfo, Snapshot
     from agentsnap.redaction import Redaction
     from agentsnap.replay import InputLog, ReplayLog
+    from agentsnap.requests import Approval
     from agentsnap.snapshot import SnapshotCoordinator
     from agentsnap.telemetry import Telemetry
 
@@ -99,6 +101,7 @@ class Team:
         telemetry: Where spans and metrics go (``None``: nowhere).
         redaction: What the agents' tool calls and model calls record redacted, and what
             gives back the values a restored cut holds redacted (``None``: nothing).
+        approvals: Which tools' calls need a person's approval, by tool name.
 
     Attributes:
         generation: Raised by each rollback: what a handler of an older generation did is
@@ -125,6 +128,7 @@ class Team:
         replay: ReplayLog | None = None,
         telemetry: Telemetry | None = None,
         redaction: Redaction | None = None,
+        approvals: Mapping[str, Approval] | None = None,
     ) -> None:
         self.bus = bus
         self.coordinator = coordinator
@@ -138,6 +142,9 @@ class Team:
         self.redaction = redaction
         self._tracing = telemetry if telemetry is not None and telemetry.tracing else None
         self._model_calls = ledger if isinstance(ledger, ModelCallLog) else None
+        self._requests = ledger if isinstance(ledger, RequestLog) else None
+        self.approvals: Mapping[str, Approval] = dict(approvals or {})
+        """Which tools' calls need a person's approval, by tool name (the runtime's policy)."""
         self.agents: dict[str, Agent[Any]] = {}
         self.contexts: dict[str, Context[Any]] = {}
         """Each agent's handler context, by name; also in its endpoint's context slot, where
@@ -171,6 +178,8 @@ class Team:
         ctx.replay = self.replay
         ctx.tools = self.tools
         ctx.model_calls = self._model_calls
+        ctx.requests = self._requests
+        ctx.approvals = self.approvals
         ctx.line = self.line
         ctx.telemetry = self.telemetry
         ctx.redaction = self.redaction

@@ -25,15 +25,24 @@ import abc
 import inspect
 import json
 import logging
+import time
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeGuard, TypeVar
 
 from pydantic import BaseModel
 
 from agentsnap.bus import check_agent_name
 from agentsnap.checks import Guard, failure_reason
-from agentsnap.exceptions import ConfigurationError, OutputRejected, StoreError
+from agentsnap.exceptions import (
+    ApprovalDenied,
+    ConfigurationError,
+    OutputRejected,
+    RequestExpired,
+    RequestRejected,
+    StoreError,
+)
 from agentsnap.messages import ENVIRONMENT, JsonValue
 from agentsnap.model_calls import recorded_call
 from agentsnap.models import (
@@ -47,7 +56,19 @@ from agentsnap.models import (
     request_of,
 )
 from agentsnap.once import effects_done
-from agentsnap.state import AgentState
+from agentsnap.records import utcnow
+from agentsnap.requests import (
+    APPROVAL,
+    QUESTION,
+    Approval,
+    HumanRequest,
+    OnDeadline,
+    approval_question,
+    deadline_of,
+    request_id,
+    wait_for_answer,
+)
+from agentsnap.state import AgentState, plain_canonical_json
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Endpoint
@@ -60,6 +81,7 @@ if TYPE_CHECKING:
     from agentsnap.records import RollbackInfo
     from agentsnap.redaction import Redaction
     from agentsnap.replay import ReplayLog
+    from agentsnap.requests import RequestLog
     from agentsnap.telemetry import Telemetry
 
 __all__ = [
@@ -286,6 +308,7 @@ class Context(Generic[S]):
         "_feedback",
         "_snapshots",
         "agent",
+        "approvals",
         "guard",
         "keep_before",
         "ledger",
@@ -296,6 +319,7 @@ class Context(Generic[S]):
         "redaction",
         "rejected",
         "replay",
+        "requests",
         "run_id",
         "shown",
         "telemetry",
@@ -351,9 +375,15 @@ class Context(Generic[S]):
         models are asked without recording."""
         self.line: Timeline | None = None
         """Where the run's current timeline is read (set by the runtime)."""
+        self.requests: RequestLog | None = None
+        """Where the handler's requests to people are kept (set by the runtime); ``None``:
+        ``ask`` cannot be used."""
+        self.approvals: Mapping[str, Approval] = {}
+        """The runtime's approval policy: which tools' calls need a person's approval (set by
+        the runtime)."""
         self.position = 0
-        """How many model calls the running handler made so far (reset by the runtime as
-        each handler begins)."""
+        """How many recorded steps (model calls, requests to people) the running handler
+        made so far (reset by the runtime as each handler begins)."""
         _bind_models(self)
 
     @property
@@ -464,6 +494,188 @@ class Context(Generic[S]):
             redaction=self.redaction,
         )
         return response
+
+    async def ask(
+        self,
+        question: JsonValue,
+        *,
+        schema: Mapping[str, JsonValue] | None = None,
+        who: str | None = None,
+        deadline: float | timedelta | datetime | None = None,
+        on_deadline: OnDeadline = "fail",
+        default: JsonValue = None,
+    ) -> JsonValue:
+        """Ask a person and wait for the answer; a durable step, as a model call is.
+
+        The request is in the store before the handler waits, keyed by the run, this agent,
+        the message being handled, the step's position in this handler and the run's
+        timeline (see [Ask a person before acting](../how-to/ask-a-person.md)). It is
+        answered from any process: ``agentsnap answer REQUEST --json '...'``,
+        [`agentsnap.inspect.answer`][agentsnap.inspect.answer], the inspector's HTTP API.
+        A handler re-executed after a crash and ``resume()`` finds the same request, and its
+        answer if it was given meanwhile, even while no process ran. After a rollback the
+        request is withdrawn, and the redone handler asks again.
+
+        While the handler waits, a snapshot records the agent from before the handler, with
+        its message in flight (unless the handler already sent a message another agent can
+        see: ask before sending). So a cut taken during the wait holds the request as it
+        holds the message: a rollback or a fork to it asks again.
+
+        Args:
+            question: What to ask: text, or any JSON the person's tools show.
+            schema: JSON Schema the answer must fit (checked when it is given).
+            who: Who may answer, a free label (a team, a role, a person).
+            deadline: Seconds (or a ``timedelta``) from now, or a ``datetime``, when
+                ``on_deadline`` applies if nobody answered. Kept with the request: a
+                re-executed handler keeps the first deadline.
+            on_deadline: ``"fail"`` (the default: ``RequestExpired``, the handler fails and
+                so the run), ``"default"`` (the answer is ``default``), or ``"reject"``
+                (``RequestRejected``).
+            default: The answer the deadline gives with ``on_deadline="default"``.
+
+        Returns:
+            The answer, as JSON.
+
+        Raises:
+            RequestRejected: The person turned the request down (``--deny``), or the
+                deadline passed with ``on_deadline="reject"``.
+            RequestExpired: The deadline passed with ``on_deadline="fail"``.
+            ConfigurationError: Called outside a handler, or the runtime's ledger keeps no
+                requests, or an argument is not of a kind this takes.
+            StoreError: The request could not be stored or read; the handler fails and is
+                redone when the database answers.
+        """
+        if schema is not None and not isinstance(schema, Mapping):
+            raise ConfigurationError(f"ask(schema=...) takes a JSON Schema object, got {schema!r}")
+        request = await self._ask_person(
+            QUESTION,
+            question,
+            schema=None if schema is None else dict(schema),
+            who=who,
+            deadline=deadline,
+            on_deadline=on_deadline,
+            default=default,
+        )
+        if request.status == "rejected":
+            raise RequestRejected(request.id, request.reason or "declined")
+        if request.status == "expired" and request.on_deadline == "fail":
+            assert request.deadline is not None
+            raise RequestExpired(request.id, request.deadline)
+        return request.answer
+
+    async def approve_call(
+        self, tool: str, arguments: dict[str, JsonValue], key: str | None, approval: Approval
+    ) -> HumanRequest:
+        """Wait for a person to approve a side-effecting call; the tool calls it.
+
+        Asked as [`ask`][agentsnap.Context.ask] asks (a durable step), before the call is
+        claimed in the ledger.
+
+        Returns:
+            The approved request.
+
+        Raises:
+            ApprovalDenied: The call was denied (or its deadline passed, as the approval
+                declared).
+            RequestExpired: The deadline passed with ``on_deadline="fail"``.
+        """
+        request = await self._ask_person(
+            APPROVAL,
+            approval_question(tool, arguments, key),
+            schema=None,
+            who=approval.who,
+            deadline=approval.deadline,
+            on_deadline=approval.on_deadline,
+            default=approval.default,
+        )
+        if request.status == "expired" and request.on_deadline == "fail":
+            assert request.deadline is not None
+            raise RequestExpired(request.id, request.deadline)
+        if not request.approved:
+            raise ApprovalDenied(tool, key, request.id, request.reason or "denied")
+        return request
+
+    async def _ask_person(
+        self,
+        kind: str,
+        question: JsonValue,
+        *,
+        schema: dict[str, JsonValue] | None,
+        who: str | None,
+        deadline: float | timedelta | datetime | None,
+        on_deadline: OnDeadline,
+        default: JsonValue,
+    ) -> HumanRequest:
+        """Store a request at this step's identity (or find it), and wait until it closes."""
+        message = self.message
+        log = self.requests
+        if message is None or not self._endpoint.busy:
+            raise ConfigurationError(
+                "a request to a person is asked from a handler (it is a step of the handler, "
+                "redone with it); send a message to an agent that asks instead"
+            )
+        if log is None:
+            raise ConfigurationError(
+                "this runtime's ledger keeps no requests to people: use the default ledger, "
+                "MemoryLedger or SqlLedger"
+            )
+        if on_deadline not in ("default", "reject", "fail"):
+            raise ConfigurationError(
+                f"on_deadline= is 'default', 'reject' or 'fail', got {on_deadline!r}"
+            )
+        try:
+            plain_canonical_json(question)
+            plain_canonical_json(default)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"a request's question and default are JSON: {exc}") from None
+        position = self.position
+        self.position = position + 1
+        line = self.line
+        timeline = 0 if line is None else line.timeline
+        replay = self.replay
+        if replay is not None and (replay.written < timeline or replay.pending()):
+            # The order of deliveries that led here is durable before a person can see the
+            # request: a resumed run reaches the same step, under the same id.
+            await replay.flush()
+        now = utcnow()
+        agent = self.agent.name
+        asked = HumanRequest(
+            id=request_id(self.run_id, agent, message.id, position, timeline),
+            run_id=self.run_id,
+            agent=agent,
+            message_id=message.id,
+            position=position,
+            timeline=timeline,
+            kind=kind,
+            question=question,
+            asked_at=now,
+            schema=schema,
+            who=who,
+            deadline=deadline_of(deadline, now),
+            on_deadline=on_deadline,
+            default=default,
+        )
+        stored = await log.add_request(asked)
+        telemetry = self.telemetry
+        if telemetry is not None:
+            telemetry.request_asked(
+                self.run_id, agent, stored.id, kind, who, stored.status, stored is not asked
+            )
+        if not stored.pending:
+            return stored
+        clock = time.perf_counter()
+        if telemetry is not None:
+            telemetry.request_waiting(kind, 1)
+        try:
+            done = await wait_for_answer(log, stored)
+        finally:
+            if telemetry is not None:
+                telemetry.request_waiting(kind, -1)
+        if telemetry is not None:
+            telemetry.request_answered(
+                self.run_id, agent, done.id, kind, done.status, time.perf_counter() - clock
+            )
+        return done
 
     async def complete(self, model: ChatModel | ToolCallingModel, prompt: str) -> str:
         """Ask ``model`` about ``prompt`` and get the text of its answer; recorded as

@@ -12,7 +12,9 @@ AgentsnapError
 │   ├── ScheduleError
 │   ├── SnapshotInProgress      also a RuntimeError
 │   ├── ToolArgumentsInvalid
-│   └── IdempotencyConflict
+│   ├── IdempotencyConflict
+│   ├── AnswerInvalid           an answer does not fit its request's schema
+│   └── RequestNotPending       answering a request that is no longer waiting
 ├── NotFoundError               an id that the store does not hold
 ├── SpoolError                  the local spool of refused writes cannot be read (see
 │                               agentsnap.store.spool)
@@ -29,6 +31,9 @@ AgentsnapError
     ├── RunOwnedError
     ├── OwnershipLost
     ├── ToolFailed
+    │   └── ApprovalDenied      a person denied a side-effecting call
+    ├── RequestRejected         a person (or a deadline) turned a request down
+    ├── RequestExpired          a request's deadline passed, and it fails the run
     ├── EffectDiverged
     ├── ToolInProgress
     ├── ToolOutcomeUnknown
@@ -65,6 +70,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentsnapError",
+    "AnswerInvalid",
+    "ApprovalDenied",
     "ConfigurationError",
     "DuplicateAgentError",
     "EffectDiverged",
@@ -76,6 +83,9 @@ __all__ = [
     "PayloadInvalid",
     "PayloadNotSerializable",
     "RedactedValueNeeded",
+    "RequestExpired",
+    "RequestNotPending",
+    "RequestRejected",
     "RunError",
     "RunOwnedError",
     "RuntimeClosedError",
@@ -657,4 +667,111 @@ class ToolOutcomeUnknown(RunError):
             f"happened: `agentsnap tools resolve {key} --result JSON` (or --error TEXT), or "
             "agentsnap.ledger.resolve(); a tool that passes its key to the service may declare "
             "@tool(rerun_if_unknown=True) to be run again instead"
+        )
+
+
+class ApprovalDenied(ToolFailed):
+    """A person denied a side-effecting call that needs approval; the tool did not run.
+
+    An ordinary failed output of the handler: the agent catches it and tries something
+    else, or lets it fail the handler; its checks, feedback and rollback apply as for any
+    failure. Nothing was claimed in the ledger, so the call's key stays free.
+
+    Attributes:
+        request_id: The approval request that was denied.
+        reason: Why, in the words of whoever denied it.
+    """
+
+    def __init__(self, tool: str, key: str | None, request_id: str, reason: str) -> None:
+        self.request_id = request_id
+        self.reason = reason
+        self.tool = tool
+        self.key = key
+        self.error_type = "ApprovalDenied"
+        self.detail = reason
+        self.transient = False
+        self.replayed = False
+        self.attempts = 0
+        RunError.__init__(
+            self,
+            f"tool {tool!r} was not approved (request {request_id}): {reason}; it did not run "
+            "and nothing was claimed in the ledger",
+        )
+
+
+class RequestRejected(RunError):
+    """A request to a person was turned down instead of answered.
+
+    [`Context.ask`][agentsnap.Context.ask] raises it when the person declined to answer
+    (``agentsnap answer REQUEST --deny --reason ...``), or when the request's deadline
+    passed and it declared ``on_deadline="reject"``.
+
+    Attributes:
+        request_id: The request.
+        reason: Why.
+    """
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        self.request_id = request_id
+        self.reason = reason
+        super().__init__(f"request {request_id} was rejected: {reason}")
+
+
+class RequestExpired(RunError):
+    """A request's deadline passed unanswered, and it declared ``on_deadline="fail"``.
+
+    Raised in the handler that asked, so the handler fails and the run ends failed.
+
+    Attributes:
+        request_id: The request.
+        deadline: When it was due.
+    """
+
+    def __init__(self, request_id: str, deadline: datetime) -> None:
+        self.request_id = request_id
+        self.deadline = deadline
+        super().__init__(
+            f"request {request_id} was not answered by its deadline, "
+            f"{deadline.isoformat(timespec='seconds')}; the run fails, as the request declared "
+            '(ask with on_deadline="default" or "reject" to let the handler go on)'
+        )
+
+
+class RequestNotPending(AgentsnapError):
+    """A request cannot be answered: it is no longer waiting for an answer.
+
+    Attributes:
+        request_id: The request.
+        status: What became of it: ``answered``, ``rejected``, ``expired`` or ``withdrawn``.
+    """
+
+    def __init__(self, request_id: str, status: str, detail: str = "") -> None:
+        self.request_id = request_id
+        self.status = status
+        why = {
+            "withdrawn": (
+                "a rollback discarded the timeline it was asked on, so nothing waits for its "
+                "answer; answer the request the redone handler asked instead "
+                "(agentsnap requests RUN --pending)"
+            ),
+            "expired": "its deadline passed and its declared outcome was applied",
+        }.get(status, "it was answered already; an answer is given once")
+        super().__init__(f"request {request_id} is {status}: {detail or why}")
+
+
+class AnswerInvalid(ConfigurationError):
+    """An answer does not fit its request: the schema the asker gave, or the request's kind.
+
+    Attributes:
+        request_id: The request.
+        problems: What is wrong, one line each.
+    """
+
+    def __init__(self, request_id: str, problems: list[str]) -> None:
+        self.request_id = request_id
+        self.problems = problems
+        shown = "; ".join(problems[:5])
+        super().__init__(
+            f"the answer to request {request_id} is not valid: {shown}; answer with a value "
+            "that fits the request's schema (agentsnap requests shows it)"
         )

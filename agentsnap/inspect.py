@@ -32,9 +32,9 @@ import dataclasses
 import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from agentsnap.exceptions import NotFoundError
+from agentsnap.exceptions import ConfigurationError, NotFoundError
 from agentsnap.fork import fork_snapshot
 from agentsnap.journal import JournalReader, read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
@@ -42,15 +42,16 @@ from agentsnap.limits import check_run_id
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.model_calls import ModelCallLog
 from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
+from agentsnap.requests import HumanRequest, RequestLog, answer_request, carry_requests
 from agentsnap.store.graph import GraphCheckpointIndex
 from agentsnap.store.ledger import ledger_for
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Mapping
+    from collections.abc import Awaitable, Callable, Collection, Mapping
     from datetime import datetime
 
     from agentsnap.ledger import Ledger, LedgerEntry
-    from agentsnap.messages import JsonInput
+    from agentsnap.messages import JsonInput, JsonValue
     from agentsnap.model_calls import ModelCallRecord
     from agentsnap.records import (
         JournalMessage,
@@ -65,9 +66,12 @@ __all__ = [
     "EXPORT_FORMAT",
     "BisectResult",
     "agent_history_table",
+    "answer",
     "answer_line",
+    "approve",
     "bisect_run",
     "call_summary",
+    "deny",
     "diff_snapshots",
     "diff_states",
     "discarded_calls",
@@ -78,6 +82,7 @@ __all__ = [
     "is_empty_diff",
     "ledger_calls",
     "ledger_calls_table",
+    "list_requests",
     "model_call_totals",
     "model_calls",
     "model_calls_table",
@@ -90,6 +95,8 @@ __all__ = [
     "tool_calls_table",
     "write_export",
 ]
+
+T = TypeVar("T")
 
 EXPORT_FORMAT = 1
 """Version of the export document's layout, in its ``"format"`` key."""
@@ -987,9 +994,144 @@ async def fork_run(
     if run_id is not None:
         check_run_id(run_id)
     snapshot = await resolve_snapshot(store, snapshot_prefix)
-    return await fork_snapshot(
+    run = await fork_snapshot(
         store, snapshot, run_id=run_id, metadata=metadata, states=states, name=name
     )
+    opened = ledger_for(store, create=False)
+    if opened is not None:
+        try:
+            await carry_requests(opened, snapshot, run.id)
+        finally:
+            await opened.close()
+    return run
+
+
+# --- Requests to people: listing and answering them, from any process ---
+
+
+async def _request_log(
+    store: Store, ledger: Ledger | None, use: Callable[[RequestLog], Awaitable[T]]
+) -> T:
+    """``use`` the request log: ``ledger``, or the ledger in the store's database."""
+    if ledger is not None:
+        if not isinstance(ledger, RequestLog):
+            raise ConfigurationError(f"{ledger!r} keeps no requests to people")
+        return await use(ledger)
+    opened = ledger_for(store, create=False)
+    if opened is None:
+        raise ConfigurationError(
+            "this store keeps no requests to people of its own: pass the runtime's ledger "
+            "(runtime.ledger) to answer from the run's process, or use an SqlStore"
+        )
+    try:
+        assert isinstance(opened, RequestLog)
+        return await use(opened)
+    finally:
+        await opened.close()
+
+
+def _keeps_requests(store: Store) -> bool:
+    """Whether the store's database keeps requests (an ``SqlStore``: its ledger does)."""
+    return isinstance(getattr(store, "url", None), str)
+
+
+async def list_requests(
+    store: Store,
+    run_id: str | None = None,
+    *,
+    pending: bool = False,
+    ledger: Ledger | None = None,
+) -> list[HumanRequest]:
+    """The requests to people of a run (of every run, with ``None``), oldest first.
+
+    Args:
+        store: The store holding the runs.
+        run_id: The run's full id, or ``None`` for every run.
+        pending: Only the requests that wait for an answer.
+        ledger: Where the requests are kept; by default the ledger in the store's database
+            (an ``SqlStore``'s). A run on a store in memory has its runtime's ledger
+            (``runtime.ledger``).
+    """
+    if ledger is None and not _keeps_requests(store):
+        return []
+    return await _request_log(store, ledger, lambda log: log.list_requests(run_id, pending=pending))
+
+
+async def answer(
+    store: Store,
+    request_id: str,
+    value: JsonValue = None,
+    *,
+    approve: bool | None = None,
+    reason: str | None = None,
+    by: str | None = None,
+    ledger: Ledger | None = None,
+) -> HumanRequest:
+    """Answer a pending request to a person, from any process (``agentsnap answer``).
+
+    The answer is written to the store; the handler waiting on it gets it when it next
+    looks (at once in this process, within a couple of seconds in another), or, when no
+    process runs the run, when it is resumed. A question takes ``value``, checked against
+    the request's schema; an approval takes ``approve`` (``True``, or ``False`` with a
+    ``reason`` the agent can act on).
+
+    Args:
+        store: The store holding the run.
+        request_id: The request's id (``agentsnap requests`` lists them).
+        value: The answer to a question, as JSON.
+        approve: For an approval: approve or deny; for a question, ``False`` turns it down
+            (the handler's ``ask`` raises ``RequestRejected``).
+        reason: Why (a denial's reason reaches the agent).
+        by: Who answers, recorded with the answer.
+        ledger: Where the request is kept (see [`list_requests`][agentsnap.inspect.list_requests]).
+
+    Returns:
+        The request, answered.
+
+    Raises:
+        NotFoundError: No request has this id.
+        RequestNotPending: It was answered already, expired, or withdrawn by a rollback.
+        AnswerInvalid: The answer does not fit the request's schema, or its kind.
+    """
+    return await _request_log(
+        store,
+        ledger,
+        lambda log: answer_request(
+            log, request_id, answer=value, approve=approve, reason=reason, by=by
+        ),
+    )
+
+
+async def approve(
+    store: Store,
+    request_id: str,
+    *,
+    reason: str | None = None,
+    by: str | None = None,
+    ledger: Ledger | None = None,
+) -> HumanRequest:
+    """Approve a pending approval request: the waiting call goes on to the ledger and runs.
+
+    See [`answer`][agentsnap.inspect.answer].
+    """
+    return await answer(store, request_id, approve=True, reason=reason, by=by, ledger=ledger)
+
+
+async def deny(
+    store: Store,
+    request_id: str,
+    reason: str,
+    *,
+    by: str | None = None,
+    ledger: Ledger | None = None,
+) -> HumanRequest:
+    """Deny a pending approval request (or turn a question down) with a reason.
+
+    The waiting call raises [`ApprovalDenied`][agentsnap.ApprovalDenied] with ``reason``
+    (a question's ``ask`` raises [`RequestRejected`][agentsnap.RequestRejected]). See
+    [`answer`][agentsnap.inspect.answer].
+    """
+    return await answer(store, request_id, approve=False, reason=reason, by=by, ledger=ledger)
 
 
 _STATE_PARTS = ("memory", "plan", "tool_calls")

@@ -62,6 +62,7 @@ from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.once import KnownTools
 from agentsnap.records import RollbackInfo, RunStatus, Snapshot
 from agentsnap.replay import InputLog, ReplayLog
+from agentsnap.requests import Approval, ApprovalPolicy, approval_of, carry_requests
 from agentsnap.rollback import RetryPolicy
 from agentsnap.snapshot import SnapshotCoordinator, SnapshotPolicy
 from agentsnap.state import check_round_trip
@@ -191,6 +192,12 @@ class Runtime:
             policy's ``secret`` provider, or raises
             [`RedactedValueNeeded`][agentsnap.RedactedValueNeeded]. Off (``None``) by
             default, at no cost.
+        approvals: Tools whose side-effecting calls wait for a person's approval before
+            they are claimed in the ledger, by tool name: ``True``, a predicate on the
+            call's arguments (``lambda a: a["amount"] > 100``), or an
+            [`Approval`][agentsnap.requests.Approval] (who, deadline). A call needs
+            approval when the tool's own ``approval=`` or this policy says so (see [Ask a
+            person before acting](../how-to/ask-a-person.md)).
 
     Attributes:
         run_id: Id of this run.
@@ -222,6 +229,7 @@ class Runtime:
         lease: float = 15.0,
         spool: str | Path | None = None,
         redact: Redaction | None = None,
+        approvals: Mapping[str, ApprovalPolicy] | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
         self.store: Store = store if store is not None else MemoryStore()
@@ -297,6 +305,7 @@ class Runtime:
             replay=self._replay,
             telemetry=self._telemetry,
             redaction=redact,
+            approvals=_approvals(approvals),
         )
         self._following = (
             Following(self.run_id, bus, team, self._replay) if self._replay is not None else None
@@ -754,7 +763,8 @@ class Runtime:
         [`fork_run`][agentsnap.inspect.fork_run] (and ``agentsnap fork``) forks one: it
         records its parent run and snapshot, and gets a copy of the snapshot as its snapshot
         1, its own cut to roll back to; then it is resumed from that copy. The original run
-        is not touched.
+        is not touched. The requests to people that the cut holds (asked by handlers whose
+        message is in flight there) are copied into the new run, pending.
 
         Returns:
             The snapshot the new run starts from (the other run's).
@@ -786,9 +796,20 @@ class Runtime:
             tags=record.tags,
             recorded=record.created,  # started: the run is recorded, with no snapshot
         )
+        await carry_requests(self.ledger, snapshot, self.run_id)
         await self._resume("fork_from()", None)
         return snapshot
 
     async def list_snapshots(self) -> list[Snapshot]:
         """Every snapshot of this run held by the store, in the order they were started."""
         return await self.store.list_snapshots(self.run_id)
+
+
+def _approvals(policy: Mapping[str, ApprovalPolicy] | None) -> dict[str, Approval]:
+    """The runtime's approval policy, each tool's rule as an ``Approval``."""
+    rules: dict[str, Approval] = {}
+    for tool, rule in (policy or {}).items():
+        approval = approval_of(rule)
+        if approval is not None:
+            rules[tool] = approval
+    return rules

@@ -83,6 +83,7 @@ def _metric(name: str, instrument: str, unit: str, description: str) -> str:
 _MSG = "send, deliver"
 _SNAP = "agentsnap.snapshot"
 _ROLL = "agentsnap.rollback"
+_REQ = "agentsnap.request, agentsnap.answer"
 
 SPAN_INVOKE_AGENT: Final = _span(
     "invoke_agent",
@@ -111,15 +112,28 @@ SPAN_SNAPSHOT: Final = _span(
 SPAN_ROLLBACK: Final = _span(
     _ROLL, "", "internal", "A rollback; child of the `invoke_agent` that rejected the output."
 )
+SPAN_REQUEST: Final = _span(
+    "agentsnap.request",
+    "agentsnap.request.kind",
+    "internal",
+    "A handler asks a person (a question, or an approval before a side effect); ends once the "
+    "request is stored. The wait for the answer is the gap until its `agentsnap.answer`.",
+)
+SPAN_ANSWER: Final = _span(
+    "agentsnap.answer",
+    "agentsnap.request.kind",
+    "internal",
+    "The handler gets what became of its request: an answer, a rejection, its deadline.",
+)
 
 OPERATION_NAME: Final = _attr(
     "gen_ai.operation.name", "invoke_agent, execute_tool", "`invoke_agent` or `execute_tool`."
 )
-AGENT_NAME: Final = _attr("gen_ai.agent.name", "invoke_agent, execute_tool", "The agent.")
+AGENT_NAME: Final = _attr("gen_ai.agent.name", f"invoke_agent, execute_tool, {_REQ}", "The agent.")
 AGENT_ID: Final = _attr("gen_ai.agent.id", "invoke_agent", "The agent's name (unique in a run).")
 CONVERSATION_ID: Final = _attr(
     "gen_ai.conversation.id",
-    f"invoke_agent, execute_tool, deliver, {_SNAP}, {_ROLL}",
+    f"invoke_agent, execute_tool, deliver, {_SNAP}, {_ROLL}, {_REQ}",
     "The run id.",
 )
 TOOL_NAME: Final = _attr("gen_ai.tool.name", "execute_tool; tool metrics", "The tool.")
@@ -199,6 +213,26 @@ ROLLBACK_DISCARDED: Final = _attr(
 ROLLBACK_OUTCOME: Final = _attr(
     "agentsnap.rollback.outcome", _ROLL, "`rolled_back`, or `exhausted`: the run stopped."
 )
+REQUEST_ID: Final = _attr("agentsnap.request.id", _REQ, "The request's id.")
+REQUEST_KIND: Final = _attr(
+    "agentsnap.request.kind",
+    f"{_REQ}; agentsnap.requests.pending",
+    "`question` (`ctx.ask`) or `approval` (a side-effecting call).",
+)
+REQUEST_WHO: Final = _attr("agentsnap.request.who", _REQ, "Who may answer, as the asker said.")
+REQUEST_STATUS: Final = _attr(
+    "agentsnap.request.status",
+    _REQ,
+    "`pending` (asked), then `answered`, `rejected` or `expired`.",
+)
+REQUEST_REPLAYED: Final = _attr(
+    "agentsnap.request.replayed",
+    "agentsnap.request",
+    "A re-executed handler found its request stored already (perhaps answered).",
+)
+REQUEST_WAITED: Final = _attr(
+    "agentsnap.request.waited", "agentsnap.answer", "Seconds this handler waited for the answer."
+)
 
 EVENT_MARKER: Final = _event(
     "agentsnap.snapshot.marker", _SNAP, "A marker of the snapshot came off a channel."
@@ -243,6 +277,13 @@ METRIC_QUEUE_DEPTH: Final = _metric(
     "gauge",
     "{message}",
     "Items waiting on the channels to each agent, over the live runtimes.",
+)
+
+METRIC_PENDING_REQUESTS: Final = _metric(
+    "agentsnap.requests.pending",
+    "updowncounter",
+    "{request}",
+    "Requests to people that handlers of the live runtimes wait on.",
 )
 
 

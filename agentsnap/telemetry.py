@@ -88,6 +88,7 @@ from agentsnap.semconv import (
     MESSAGING_SYSTEM,
     METRIC_DEDUPLICATED,
     METRIC_IN_FLIGHT,
+    METRIC_PENDING_REQUESTS,
     METRIC_QUEUE_DEPTH,
     METRIC_ROLLBACKS,
     METRIC_SNAPSHOT_DURATION,
@@ -98,6 +99,12 @@ from agentsnap.semconv import (
     OPERATION_NAME,
     OPERATION_TYPE,
     PROCESS,
+    REQUEST_ID,
+    REQUEST_KIND,
+    REQUEST_REPLAYED,
+    REQUEST_STATUS,
+    REQUEST_WAITED,
+    REQUEST_WHO,
     ROLLBACK_AGENT,
     ROLLBACK_ATTEMPT,
     ROLLBACK_DISCARDED,
@@ -116,9 +123,11 @@ from agentsnap.semconv import (
     SNAPSHOT_INITIATOR,
     SNAPSHOT_SEQ,
     SNAPSHOT_STATUS,
+    SPAN_ANSWER,
     SPAN_DELIVER,
     SPAN_EXECUTE_TOOL,
     SPAN_INVOKE_AGENT,
+    SPAN_REQUEST,
     SPAN_ROLLBACK,
     SPAN_SEND,
     SPAN_SNAPSHOT,
@@ -242,6 +251,9 @@ class Telemetry(BusObserver):
         self._rollbacks = counter(*_metric_names(METRIC_ROLLBACKS))
         self._tool_calls = counter(*_metric_names(METRIC_TOOL_CALLS))
         self._deduplicated = counter(*_metric_names(METRIC_DEDUPLICATED))
+        self._pending_requests = meter.create_up_down_counter(
+            *_metric_names(METRIC_PENDING_REQUESTS)
+        )
         name, unit, description = _metric_names(METRIC_QUEUE_DEPTH)
         meter.create_observable_gauge(
             name, [self._observe_queues], unit=unit, description=description
@@ -456,6 +468,64 @@ class Telemetry(BusObserver):
             return info
         finally:
             span.end()
+
+    # -- requests to people -----------------------------------------------------------------
+
+    def request_asked(  # noqa: PLR0917
+        self,
+        run_id: str,
+        agent: str,
+        request_id: str,
+        kind: str,
+        who: str | None,
+        status: str,
+        replayed: bool,
+    ) -> None:
+        """A handler's request is stored: its ``agentsnap.request`` span, already ended."""
+        if not self.tracing:
+            return
+        attributes: dict[str, AttributeValue] = {
+            CONVERSATION_ID: run_id,
+            AGENT_NAME: agent,
+            REQUEST_ID: request_id,
+            REQUEST_KIND: kind,
+            REQUEST_STATUS: status,
+            REQUEST_REPLAYED: replayed,
+        }
+        if who is not None:
+            attributes[REQUEST_WHO] = who
+        self.tracer.start_span(f"{SPAN_REQUEST} {kind}", attributes=attributes).end()
+
+    def request_waiting(self, kind: str, count: int) -> None:
+        """``count`` more (or, negative, fewer) handlers wait on a request of ``kind``."""
+        self._pending_requests.add(count, {REQUEST_KIND: kind})
+
+    def request_answered(  # noqa: PLR0917
+        self,
+        run_id: str,
+        agent: str,
+        request_id: str,
+        kind: str,
+        status: str,
+        waited: float,
+    ) -> None:
+        """A handler got what became of its request: its ``agentsnap.answer`` span.
+
+        A rejection or a deadline is an outcome the handler acts on, not an error of the span.
+        """
+        if not self.tracing:
+            return
+        self.tracer.start_span(
+            f"{SPAN_ANSWER} {kind}",
+            attributes={
+                CONVERSATION_ID: run_id,
+                AGENT_NAME: agent,
+                REQUEST_ID: request_id,
+                REQUEST_KIND: kind,
+                REQUEST_STATUS: status,
+                REQUEST_WAITED: waited,
+            },
+        ).end()
 
     # -- tools ------------------------------------------------------------------------------
 

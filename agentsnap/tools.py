@@ -69,6 +69,7 @@ from agentsnap.limits import MAX_TOOL_NAME, check_text
 from agentsnap.models import ChatMessage, ModelResponse, ToolSpec
 from agentsnap.once import Diverged, Outcome, compensate, run_once
 from agentsnap.redaction import unredact
+from agentsnap.requests import Approval, ApprovalPolicy, approval_of
 from agentsnap.state import ToolCallRecord, canonical_json
 from agentsnap.telemetry import tool_call
 
@@ -188,6 +189,7 @@ class Tool(Generic[R]):
         on_redo: What a redo after a rollback does with other arguments at the same place.
         on_divergence: What a re-execution after a crash does with other arguments.
         description: What the tool does, for a model (default: the function's docstring).
+        approval: When a call waits for a person's approval, or ``None``.
     """
 
     def __init__(  # noqa: PLR0917
@@ -205,6 +207,7 @@ class Tool(Generic[R]):
         on_redo: OnRedo = "recorded",
         on_divergence: OnDivergence = "raise",
         description: str | None = None,
+        approval: ApprovalPolicy = False,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(f"@tool decorates a function, got {type(fn).__name__}")
@@ -272,6 +275,13 @@ class Tool(Generic[R]):
                     f"arguments are {sorted(self._names)!r}; name one or more of them"
                 )
         self.key_from: tuple[str, ...] | None = None if key_from is None else tuple(key_from)
+        self.approval: Approval | None = approval_of(approval)
+        if self.approval is not None and not side_effect:
+            raise ConfigurationError(
+                f"tool {self.name!r} declares approval= but not side_effect=True; a call "
+                "waits for approval before it is claimed in the ledger, so only "
+                "side-effecting calls can need one"
+            )
         self.on_redo: OnRedo = on_redo
         self.on_divergence: OnDivergence = on_divergence
         self.description = (
@@ -445,6 +455,11 @@ class Tool(Generic[R]):
         )
         try:
             with traced:
+                if ledger is not None and message is not None:
+                    approval = self._approval(ctx, args_json)
+                    if approval is not None:
+                        # Before the claim: a denied call leaves its key free.
+                        await ctx.approve_call(self.name, args_json, key, approval)
                 if ledger is not None:
                     assert key is not None
                     replay = ctx.replay
@@ -523,6 +538,13 @@ class Tool(Generic[R]):
         check_key(key)
         outcome = await self._once(ledger, info, values, args_json, printed)
         return typing.cast("R", outcome.value)
+
+    def _approval(self, ctx: Context[Any], arguments: dict[str, JsonValue]) -> Approval | None:
+        """How this call asks for approval, if the tool or the runtime's policy wants one."""
+        for rule in (self.approval, ctx.approvals.get(self.name)):
+            if rule is not None and rule.needed(arguments):
+                return rule
+        return None
 
     def _no_key(self) -> str:
         return (
@@ -1059,6 +1081,7 @@ def tool(
     on_redo: OnRedo = "recorded",
     on_divergence: OnDivergence = "raise",
     description: str | None = None,
+    approval: ApprovalPolicy = False,
 ) -> _Decorator: ...
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -1076,6 +1099,7 @@ def tool(
     on_redo: OnRedo = "recorded",
     on_divergence: OnDivergence = "raise",
     description: str | None = None,
+    approval: ApprovalPolicy = False,
 ) -> Any:
     """Make a function (sync or async) a tool agents call from their handlers.
 
@@ -1117,6 +1141,13 @@ def tool(
             it had before, with other arguments: see
             [`OnDivergence`][agentsnap.tools.OnDivergence] (default ``"raise"``).
         description: What the tool does, as a model is told (default: the docstring).
+        approval: A call from a handler waits for a person's approval before it is claimed
+            in the ledger: ``True``, a predicate on the call's arguments (as JSON), or an
+            [`Approval`][agentsnap.requests.Approval] (who, deadline and its outcome). A
+            denial raises [`ApprovalDenied`][agentsnap.ApprovalDenied], a ``ToolFailed``
+            the agent sees; nothing is claimed. Each call asks on its own, so each answer
+            binds to one call (see [Ask a person before acting](../how-to/ask-a-person.md)).
+            Only for side-effecting tools.
 
     Returns:
         A [`Tool`][agentsnap.Tool] (or a decorator making one, when called with options).
@@ -1139,6 +1170,7 @@ def tool(
         "on_redo": on_redo,
         "on_divergence": on_divergence,
         "description": description,
+        "approval": approval,
     }
     if fn is not None:
         return Tool(fn, **options)

@@ -601,6 +601,8 @@ EVERY_COMMAND = {
     "tools list",
     "tools resolve",
     "model-calls",
+    "requests",
+    "answer",
     "runs",
     "runs delete",
     "runs prune",
@@ -643,6 +645,7 @@ PRINTS_TIMES = {
     "rollbacks",  # AT
     "checkpoints",  # CREATED
     "tools list",  # UPDATED
+    "requests",  # ASKED
 }
 """The commands whose text shows times: local, or UTC with ``--utc``."""
 

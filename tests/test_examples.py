@@ -21,6 +21,7 @@ EXAMPLES = ROOT / "examples"
 # Small, quick argument sets for each example: one run per entry. A new example needs an entry
 # here (an empty list of arguments, [[]], if its defaults are already quick).
 EXAMPLE_ARGS: dict[str, list[list[str]]] = {
+    "approvals.py": [[]],
     "bank_transfers.py": [
         ["--agents", "4", "--transfers", "200", "--snapshot-every", "20", "--seed", "3"],
         [
@@ -64,6 +65,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
 
 # What each example prints when all its checks pass.
 SUCCESS: dict[str, str] = {
+    "approvals.py": "each approved refund paid exactly once, the denied one never",
     "bank_transfers.py": "all snapshots consistent",
     "distributed_bank.py": "all snapshots consistent",
     "langchain_agent.py": "the answer was redone after the review, and the order was refunded once",

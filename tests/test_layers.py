@@ -7,8 +7,9 @@ a layer. The layers, from the bottom::
     foundation   _errors, exceptions, limits, messages, state, records, handles, integrity,
                  liveness, semconv, models, redaction: data types and rules; they import
                  nothing but each other
-    store        store/, ledger, once, ownership, fork, model_calls: persistence, the
-                 exactly-once machine, forks of stored cuts, recorded model calls
+    store        store/, ledger, once, ownership, fork, model_calls, requests: persistence,
+                 the exactly-once machine, forks of stored cuts, recorded model calls,
+                 requests to people
     bus          channels, the transport and observer protocols, schedulers; jetstream, the
                  transport carrying channels between processes on NATS (bus-level only)
     checks       verdicts, checks, the guard          telemetry, replay: see the bus only
@@ -59,6 +60,7 @@ STORE = {
     "agentsnap.ownership",
     "agentsnap.fork",
     "agentsnap.model_calls",
+    "agentsnap.requests",
 }
 """Persistence: the store package, the ledger protocols, the exactly-once state machine,
 run ownership and forking a run from a stored cut. They know the data types only."""

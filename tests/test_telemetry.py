@@ -163,6 +163,15 @@ class Failing(Agent[AgentState]):
         raise ValueError("bad input")
 
 
+class Asking(Agent[AgentState]):
+    """Asks a person, who never answers: the deadline gives the default."""
+
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        self.state.memory["answer"] = await ctx.ask(
+            "ok?", who="ops", deadline=0.02, on_deadline="default", default="yes"
+        )
+
+
 PAID: list[int] = []
 
 
@@ -757,8 +766,10 @@ async def test_everything_recorded_is_named_in_the_table(otel: Recorded) -> None
     async with Runtime(telemetry=otel.telemetry) as runtime:
         runtime.add(Failing("broken"))
         runtime.add(Cashier("cashier"))
+        runtime.add(Asking("asking"))
         runtime.send("broken", None)
         runtime.send("cashier", {"key": "names-1", "city": ""})
+        runtime.send("asking", None)
         await within(runtime.run_until_idle(raise_failures=False))
 
     spans = {e.name for e in NAMES if e.kind == "span"}
@@ -783,6 +794,33 @@ async def test_everything_recorded_is_named_in_the_table(otel: Recorded) -> None
         assert name in metrics
         for point in points:
             assert set(point.attributes) <= attributes
+
+
+async def test_asking_a_person_is_two_spans_with_the_wait_between(otel: Recorded) -> None:
+    async with Runtime(telemetry=otel.telemetry) as runtime:
+        runtime.add(Asking("asking"))
+        runtime.send("asking", None)
+        await within(runtime.run_until_idle())
+    asked = otel.one("agentsnap.request question")
+    answered = otel.one("agentsnap.answer question")
+    invoke = otel.one("invoke_agent asking")
+    for span in (asked, answered):
+        assert span.parent is not None
+        assert span.parent.span_id == invoke.context.span_id
+        assert span.status.status_code is StatusCode.UNSET  # a deadline is not an error
+    assert asked.attributes is not None
+    assert answered.attributes is not None
+    assert asked.attributes["agentsnap.request.who"] == "ops"
+    assert asked.attributes["agentsnap.request.status"] == "pending"
+    assert answered.attributes["agentsnap.request.status"] == "expired"
+    assert answered.attributes["agentsnap.request.id"] == asked.attributes["agentsnap.request.id"]
+    assert float(answered.attributes["agentsnap.request.waited"]) >= 0.01  # type: ignore[arg-type]
+    assert asked.end_time is not None
+    assert answered.start_time is not None
+    assert answered.start_time > asked.end_time  # the wait is the gap between them
+    (pending,) = otel.metrics()["agentsnap.requests.pending"]
+    assert pending.value == 0  # up while it waited, down once it got the outcome
+    assert pending.attributes == {"agentsnap.request.kind": "question"}
 
 
 def test_the_documentation_lists_the_names() -> None:

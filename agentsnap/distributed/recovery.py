@@ -53,6 +53,7 @@ from agentsnap.distributed.orders import (
 )
 from agentsnap.exceptions import StoreError
 from agentsnap.records import RollbackInfo, Snapshot, utcnow
+from agentsnap.requests import withdraw_discarded
 from agentsnap.rollback import RetryBudget, RetryPolicy
 
 if TYPE_CHECKING:
@@ -480,6 +481,8 @@ class RollbackAuthority:
             await self._store.save_rollback(info)
         except Exception:
             logger.exception("run %s: rollback %s was not recorded", self.run_id, info.id)
+        # The requests of the generations left wait for nobody: their handlers' work is gone.
+        await withdraw_discarded(self._host.ledger, self.run_id, generation, info.id)
         self.history.append(info)
         await self._host.resume(order, epoch)
         self._rolling = None

@@ -22,8 +22,11 @@ from typing import TYPE_CHECKING
 
 from agentsnap.ledger import Change, Ledger, LedgerEntry, ToolCallStatus
 from agentsnap.model_calls import ModelCallRecord
+from agentsnap.requests import HumanRequest, RequestStatus
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from agentsnap.messages import JsonValue
     from agentsnap.store.faults import StoreRetry
     from agentsnap.store.sql_ledger import SqlLedger
@@ -34,6 +37,10 @@ __all__ = ["MemoryLedger", "ledger_for"]
 class MemoryLedger:
     """A [`Ledger`][agentsnap.ledger.Ledger] in a dictionary, for one process.
 
+    Also a [`ModelCallLog`][agentsnap.model_calls.ModelCallLog] and a
+    [`RequestLog`][agentsnap.requests.RequestLog]: its requests can be answered only from its
+    own process (with [`agentsnap.inspect.answer`][agentsnap.inspect.answer] given the ledger).
+
     Every method runs without awaiting anything, so each is atomic among the tasks of one
     event loop, as the SQL ledger's statements are among connections.
     """
@@ -41,6 +48,7 @@ class MemoryLedger:
     def __init__(self) -> None:
         self._entries: dict[str, LedgerEntry] = {}
         self._model_calls: dict[tuple[str, str, str, int, int], ModelCallRecord] = {}
+        self._requests: dict[str, HumanRequest] = {}
 
     def __repr__(self) -> str:
         return f"MemoryLedger({len(self._entries)} entries)"
@@ -127,6 +135,58 @@ class MemoryLedger:
             if c.run_id == run_id and (agent is None or c.agent == agent)
         ]
         return sorted(calls, key=lambda c: (c.started_at, c.agent, c.position))
+
+    async def add_request(self, request: HumanRequest) -> HumanRequest:  # noqa: D102
+        return self._requests.setdefault(request.id, request)
+
+    async def find_request(self, request_id: str) -> HumanRequest | None:  # noqa: D102
+        return self._requests.get(request_id)
+
+    async def settle_request(  # noqa: D102
+        self,
+        request_id: str,
+        status: RequestStatus,
+        *,
+        answer: JsonValue,
+        reason: str | None,
+        by: str | None,
+        at: datetime,
+    ) -> bool:
+        found = self._requests.get(request_id)
+        if found is None or not found.pending:
+            return False
+        self._requests[request_id] = dataclasses.replace(
+            found, status=status, answer=answer, reason=reason, answered_by=by, answered_at=at
+        )
+        return True
+
+    async def withdraw_requests(  # noqa: D102
+        self, run_id: str, before_timeline: int, *, by: str, at: datetime
+    ) -> list[str]:
+        withdrawn = [
+            r.id
+            for r in self._requests.values()
+            if r.run_id == run_id and r.pending and r.timeline < before_timeline
+        ]
+        for found in withdrawn:
+            self._requests[found] = dataclasses.replace(
+                self._requests[found],
+                status="withdrawn",
+                reason="a rollback discarded the timeline it was asked on",
+                answered_by=by,
+                answered_at=at,
+            )
+        return withdrawn
+
+    async def list_requests(  # noqa: D102
+        self, run_id: str | None = None, *, pending: bool = False
+    ) -> list[HumanRequest]:
+        found = [
+            r
+            for r in self._requests.values()
+            if (run_id is None or r.run_id == run_id) and (r.pending or not pending)
+        ]
+        return sorted(found, key=lambda r: (r.asked_at, r.position, r.id))
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -4,7 +4,8 @@
 everything they own: their snapshots (agent states and counters, messages in flight), journal,
 replay log, rollbacks, lease and tags, their side-effecting tool calls in the ledger
 (``agentsnap_tool_calls`` rows filed under the run), their model calls and the messages of
-those calls' requests (``agentsnap_model_calls`` and ``agentsnap_model_bodies``), the LangGraph
+those calls' requests (``agentsnap_model_calls`` and ``agentsnap_model_bodies``), their
+requests to people (``agentsnap_requests``), the LangGraph
 checkpoints of their graph agents' threads (see
 [`agentsnap.store.langgraph`][agentsnap.store.langgraph]), and the stored agent states that no
 snapshot of another run refers to any more. A state that another run's
@@ -90,6 +91,7 @@ from agentsnap.store.sql import SqlStore, engine_options
 from agentsnap.store.tables import (
     AgentLeaseRow,
     Base,
+    HumanRequestRow,
     JournalRow,
     ModelBodyRow,
     ModelCallRow,
@@ -131,6 +133,7 @@ _table = {
         ToolCallRow,
         ModelCallRow,
         ModelBodyRow,
+        HumanRequestRow,
         StateBlobRow,
         StateSchemaRow,
         SnapshotPartRow,
@@ -155,6 +158,7 @@ _BY_RUN: tuple[Table, ...] = tuple(
         ToolCallRow,
         ModelCallRow,
         ModelBodyRow,
+        HumanRequestRow,
         SnapshotPartRow,
         AgentLeaseRow,
     )
@@ -509,6 +513,7 @@ _REPORTED = (
     ToolCallRow.__tablename__,
     ModelCallRow.__tablename__,
     ModelBodyRow.__tablename__,
+    HumanRequestRow.__tablename__,
     SnapshotPartRow.__tablename__,
     AgentLeaseRow.__tablename__,
     LANGGRAPH_ROWS,

@@ -1,4 +1,4 @@
-"""SqlLedger: tool calls in ``agentsnap_tool_calls``, model calls in ``agentsnap_model_calls``.
+"""SqlLedger: tool calls, model calls and requests to people, beside the runs.
 
 Example:
     ```python
@@ -64,6 +64,10 @@ messages of its request that the run has not stored yet (``agentsnap_model_bodie
 message once per run by its hash; see ``ModelCallRow``). On SQLite it runs on the event
 loop's connection in ``BEGIN IMMEDIATE``, handed to the ledger's thread when the database is
 locked, as a claim is; a fenced run's lease is read inside it (``FOR SHARE`` on PostgreSQL).
+
+**Requests to people** (the [`RequestLog`][agentsnap.requests.RequestLog] protocol) are rows
+of ``agentsnap_requests``, each operation one statement (see ``HumanRequestRow``); they are
+rare and a person is slow, so they take the ordinary path: the ledger's thread on SQLite.
 """
 
 from __future__ import annotations
@@ -98,7 +102,9 @@ from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.ledger import Change, LedgerEntry, ToolCallStatus
 from agentsnap.liveness import lost
 from agentsnap.model_calls import ModelCallRecord
+from agentsnap.requests import HumanRequest, RequestStatus
 from agentsnap.store import _model_calls as model_rows
+from agentsnap.store import _requests as request_rows
 from agentsnap.store.dialect import async_url, connect_sqlite, sqlite_setup, sync_url
 from agentsnap.store.faults import StoreRetry
 from agentsnap.store.migrate import SchemaGate
@@ -545,6 +551,76 @@ class SqlLedger:
         """A run's model calls (of one agent, when given), in the order they were made."""
         return await self._retried(
             "read the model calls of run {1!r}", self._read, model_rows.list_calls, run_id, agent
+        )
+
+    # -- requests to people (the RequestLog protocol) ---------------------------------------
+
+    async def add_request(self, request: HumanRequest) -> HumanRequest:
+        """Store ``request`` unless its id is taken; the stored request either way.
+
+        Not fenced: a request is keyed by its step, so a process that lost the run asking
+        again adds nothing, and an answer reaches whichever process waits on it.
+        """
+        return await self._retried(
+            "store request {1.id} of {1.agent!r}", self._read, request_rows.add, request
+        )
+
+    async def find_request(self, request_id: str) -> HumanRequest | None:
+        """The request with this id, or ``None``."""
+        return await self._retried("read request {1!r}", self._read, request_rows.find, request_id)
+
+    async def settle_request(
+        self,
+        request_id: str,
+        status: RequestStatus,
+        *,
+        answer: JsonValue,
+        reason: str | None,
+        by: str | None,
+        at: datetime,
+    ) -> bool:
+        """Close a pending request (see [`RequestLog`][agentsnap.requests.RequestLog]).
+
+        Returns:
+            Whether it was pending. A retry after a lost answer finds it closed, so reads it
+            back: the close is this caller's when it holds this caller's time and status.
+        """
+        operation = request_rows.settle
+        what = f"answer request {request_id!r}"
+
+        async def once(again: bool) -> bool:
+            if again:
+                found = await self._run("read a request", request_rows.find, request_id)
+                if found is not None and not found.pending:
+                    return found.status == status and found.answered_at == at
+            return await self._run(
+                "answer a request", operation, request_id, status, answer, reason, by, at
+            )
+
+        return await self.retry.call(
+            what, once, where=self._where, bounded=self._engine is not None
+        )
+
+    async def withdraw_requests(
+        self, run_id: str, before_timeline: int, *, by: str, at: datetime
+    ) -> list[str]:
+        """Withdraw the run's pending requests of earlier timelines; their ids."""
+        return await self._retried(
+            "withdraw the requests of run {1!r}",
+            self._read,
+            request_rows.withdraw,
+            run_id,
+            before_timeline,
+            by,
+            at,
+        )
+
+    async def list_requests(
+        self, run_id: str | None = None, *, pending: bool = False
+    ) -> list[HumanRequest]:
+        """The requests of a run (of every run, with ``None``), oldest first."""
+        return await self._retried(
+            "read the requests", self._read, request_rows.list_requests, run_id, pending
         )
 
     async def _transaction(

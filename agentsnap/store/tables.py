@@ -450,6 +450,42 @@ class ModelBodyRow(Base):
     body: Mapped[str] = mapped_column(Text)
 
 
+class HumanRequestRow(Base):
+    """A request to a person: a question a handler asked, or an approval a tool call awaits.
+
+    ``id`` is derived from the step's identity (run, agent, message, position, timeline; see
+    [`agentsnap.requests`][agentsnap.requests]), so a re-executed handler finds its request
+    by it; the identity is kept beside it, and a run's requests are found through the
+    ``(run_id, asked_at)`` index. ``status`` is ``pending`` until an answer, a rejection, the
+    deadline or a rollback closes it; a close is one ``UPDATE … WHERE status = 'pending'``,
+    so exactly one of several answers racing wins. No foreign key to the runs, as for the
+    tool calls: the ledger may be in another database than the run.
+    """
+
+    __tablename__ = "agentsnap_requests"
+    __table_args__ = (Index("ix_agentsnap_requests_run_id_asked_at", "run_id", "asked_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64))
+    agent: Mapped[str] = mapped_column(String(128))
+    message_id: Mapped[str] = mapped_column(String(300))
+    position: Mapped[int] = mapped_column(Integer)
+    timeline: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    question: Mapped[Any] = mapped_column(Json())
+    answer_schema: Mapped[Any] = mapped_column(Json())
+    who: Mapped[str | None] = mapped_column(Text)
+    deadline: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    on_deadline: Mapped[str] = mapped_column(String(16))
+    default_answer: Mapped[Any] = mapped_column(Json())
+    status: Mapped[str] = mapped_column(String(16))
+    answer: Mapped[Any] = mapped_column(Json())
+    reason: Mapped[str | None] = mapped_column(Text)
+    answered_by: Mapped[str | None] = mapped_column(Text)
+    asked_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    answered_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
 class LangGraphCheckpointRow(Base):
     """A LangGraph checkpoint, without its channel values (those are in the blobs).
 

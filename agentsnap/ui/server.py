@@ -10,7 +10,8 @@ reasons that agents wrote are returned as data, never as markup.
 Nothing here imports or runs user code: a fork's edited states are checked against the JSON
 schemas stored with the run, and bisect takes a condition (a path, an operator and a value,
 see [`agentsnap.ui.conditions`][agentsnap.ui.conditions]) rather than a function. The only
-request that writes is the fork, and only when the app was created with ``allow_fork=True``.
+requests that write are the fork, only when the app was created with ``allow_fork=True``,
+and an answer to a request to a person, only with ``allow_answer=True``.
 
 Example:
     ```python
@@ -55,10 +56,12 @@ from agentsnap.exceptions import (
     StateInvalid,
 )
 from agentsnap.inspect import (
+    answer,
     bisect_run,
     diff_snapshots,
     fork_run,
     ledger_calls,
+    list_requests,
     resolve_run,
     resolve_snapshot,
 )
@@ -73,6 +76,7 @@ if TYPE_CHECKING:
 
     from agentsnap.ledger import Ledger, LedgerEntry
     from agentsnap.records import RollbackInfo, RunInfo, Snapshot
+    from agentsnap.requests import HumanRequest
     from agentsnap.store import Store
 
 __all__ = ["STATIC", "create_app"]
@@ -141,6 +145,15 @@ class _Indexes:
 
 
 # --- What the API returns -----------------------------------------------------------------
+
+
+def _request(request: HumanRequest) -> dict[str, Any]:
+    """A request on the wire: its JSON, its times in microseconds (``*_us``)."""
+    shown = request.to_json()
+    for name in ("asked_at", "answered_at", "deadline"):
+        shown[f"{name}_us"] = _us(getattr(request, name))
+        del shown[name]
+    return shown
 
 
 def _us(moment: Any) -> int | None:
@@ -233,6 +246,20 @@ class ForkRequest(BaseModel):
     name: str | None = Field(default=None, description="The new run's name.")
 
 
+class AnswerRequest(BaseModel):
+    """The body of an answer to a request to a person."""
+
+    answer: Any = Field(default=None, description="The answer to a question, as JSON.")
+    approve: bool | None = Field(
+        default=None,
+        description="For an approval: approve (true) or deny (false); false turns a question down.",
+    )
+    reason: str | None = Field(
+        default=None, description="Why; a denial's reason reaches the agent."
+    )
+    by: str | None = Field(default=None, description="Who answers, recorded with the answer.")
+
+
 class BisectRequest(BaseModel):
     """The body of a bisect: a condition on ``{agent: state}`` that holds while all is well."""
 
@@ -248,6 +275,7 @@ def create_app(
     store: Store,
     *,
     allow_fork: bool = False,
+    allow_answer: bool = False,
     ledger: Ledger | None = None,
     close_store: bool = False,
 ) -> FastAPI:
@@ -256,6 +284,8 @@ def create_app(
     Args:
         store: Where the runs are.
         allow_fork: Accept ``POST /api/runs/{run}/fork`` (refused with 403 otherwise).
+        allow_answer: Accept ``POST /api/requests/{id}/answer``: answering requests to
+            people (refused with 403 otherwise).
         ledger: Where the runs' tool calls are; by default the ledger in the store's
             database (an ``SqlStore``'s), none for other stores.
         close_store: Close ``store`` when the app shuts down (a server that opened the
@@ -669,6 +699,43 @@ def create_app(
         found = await resolve_run(store, run)
         cut = None if snapshot is None else await in_run(found, snapshot)
         return _json(await model_calls_view(store, found.id, ledger, agent=agent, snapshot=cut))
+
+    # --- requests to people ---
+
+    @app.get("/api/requests", summary="Requests to people, of every run")
+    async def all_requests(
+        pending: Annotated[bool, Query(description="Only those that wait.")] = False,
+    ) -> dict[str, Any]:
+        found = await list_requests(store, None, pending=pending, ledger=ledger)
+        return {"requests": [_request(r) for r in found], "can_answer": allow_answer}
+
+    @app.get("/api/runs/{run}/requests", summary="The run's requests to people, oldest first")
+    async def run_requests(
+        run: str,
+        pending: Annotated[bool, Query(description="Only those that wait.")] = False,
+    ) -> dict[str, Any]:
+        found = await resolve_run(store, run)
+        listed = await list_requests(store, found.id, pending=pending, ledger=ledger)
+        return {"requests": [_request(r) for r in listed], "can_answer": allow_answer}
+
+    @app.post("/api/requests/{request_id}/answer", summary="Answer a request to a person")
+    async def answer_one(
+        request_id: str, request: Annotated[AnswerRequest, Body()]
+    ) -> dict[str, Any]:
+        if not allow_answer:
+            raise HTTPException(
+                403, "answering is off: start the inspector with `agentsnap ui --allow-answer`"
+            )
+        done = await answer(
+            store,
+            request_id,
+            request.answer,
+            approve=request.approve,
+            reason=request.reason,
+            by=request.by,
+            ledger=ledger,
+        )
+        return {"request": _request(done)}
 
     # --- fork and bisect ---
 
