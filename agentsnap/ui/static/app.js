@@ -1327,7 +1327,7 @@ class SpaceTime {
 // --- Views ----------------------------------------------------------------------------------
 
 const view = () => document.getElementById("view");
-const state = { run: null, timeline: null, timelineRun: null, route: null, controller: null };
+const state = { run: null, timeline: null, timelineRun: null, route: null, controller: null, flash: null };
 
 function statusBadge(status) {
   return el("span", { class: `badge s-${String(status).replace(/[^a-z_]/gi, "")}`, text: status });
@@ -1378,7 +1378,12 @@ async function runsView(main, params, signal) {
   const status = params.get("status") || "";
   const tag = params.get("tag") || "";
   const offset = Number(params.get("offset") || 0);
-  const body = await api(`/api/runs${query({ q, status, tag, limit: 100, offset })}`, { signal });
+  const [body, waiting] = await Promise.all([
+    api(`/api/runs${query({ q, status, tag, limit: 100, offset })}`, { signal }),
+    api("/api/requests?pending=true", { signal }).catch(() => null),
+  ]);
+  const pendingByRun = new Map();
+  for (const r of (waiting && waiting.requests) || []) pendingByRun.set(r.run_id, (pendingByRun.get(r.run_id) || 0) + 1);
   const form = el(
     "form",
     {
@@ -1407,7 +1412,13 @@ async function runsView(main, params, signal) {
       el("td", null, link(`#/runs/${enc(run.id)}`, run.name || shortId(run.id), "run-link")),
       el("td", { class: "mono", text: shortId(run.id) }),
       el("td", null, tags(run.tags)),
-      el("td", null, statusBadge(run.status), run.reason ? el("div", { class: "reason", text: run.reason }) : null),
+      el(
+        "td",
+        null,
+        statusBadge(run.status),
+        pendingByRun.get(run.id) ? [" ", link(`#/runs/${enc(run.id)}/requests`, `${pendingByRun.get(run.id)} waiting for a person`, "badge pending-requests")] : null,
+        run.reason ? el("div", { class: "reason", text: run.reason }) : null,
+      ),
       el("td", { text: fmtTime(run.created_at_us) }),
       el("td", { text: fmtTime(run.updated_at_us) }),
       el("td", { class: "num", text: run.snapshots }),
@@ -1451,8 +1462,9 @@ async function loadRun(runId, signal) {
   return state.run;
 }
 
-function runHeader(run) {
+function runHeader(run, requests) {
   const d = run.detail;
+  const waiting = requests ? requests.requests.filter((r) => r.status === "pending").length : 0;
   const id = enc(d.id);
   const lineage = el("div", { class: "lineage" });
   if (d.parent_run_id) {
@@ -1473,6 +1485,7 @@ function runHeader(run) {
     ["", "Timeline"],
     ["snapshots", "Snapshots"],
     ["tools", "Tools"],
+    ["requests", waiting ? `Requests (${waiting} waiting)` : "Requests"],
     ["diff", "Diff"],
     ["bisect", "Bisect"],
   ];
@@ -1491,6 +1504,9 @@ function runHeader(run) {
       tags(d.tags),
     ),
     lineage,
+    waiting
+      ? el("p", { class: "requests-alert", role: "alert" }, `${waiting} request(s) wait for a person: `, link(`#/runs/${id}/requests`, "see and answer them"))
+      : null,
     el("nav", { class: "tabs" }, tabs.map(([path, label]) => link(`#/runs/${id}${path ? `/${path}` : ""}`, label, "tab"))),
   );
 }
@@ -1499,8 +1515,14 @@ async function runView(main, parts, params, signal) {
   const runId = parts[0];
   const run = await loadRun(runId, signal);
   if (signal.aborted) return;
+  // Asked each time: requests change while the run waits (a store without them has none).
+  const requests = await api(`${runPath(run.detail.id)}/requests`, { signal }).catch((error) => {
+    if (error && error.name === "AbortError") throw error;
+    return null;
+  });
+  if (signal.aborted) return;
   const section = parts[1] || "";
-  const header = runHeader(run);
+  const header = runHeader(run, requests);
   const tabKey = section === "agents" || section === "messages" ? "" : section === "fork" ? "snapshots" : section;
   for (const tab of header.querySelectorAll("a.tab")) {
     const target = tab.getAttribute("href").split("/")[3] || "";
@@ -1526,6 +1548,8 @@ async function runView(main, parts, params, signal) {
     await messagePanel(panel, run, parts[2], parts[3], parts[4], signal);
   } else if (section === "tools") {
     await toolsPanel(panel, run, params, signal);
+  } else if (section === "requests") {
+    await requestsPanel(panel, run, requests);
   } else if (section === "diff") {
     await diffPanel(panel, run, params, signal);
   } else if (section === "fork" && parts[2]) {
@@ -1828,6 +1852,288 @@ async function toolsPanel(panel, run, params, signal) {
       el("tbody", null, rows),
     ),
     el("p", { class: "muted" }, `${body.calls.length} of ${body.total} call(s)`, offset + body.calls.length < body.total ? [" · ", link(`#/runs/${id}/tools${query({ status, tool, q, offset: offset + 200 })}`, "next page")] : null),
+  );
+}
+
+// Requests to people.
+
+const ON_DEADLINE = {
+  fail: "then the handler fails, and so the run",
+  reject: "then it is turned down",
+};
+
+function deadlineText(r) {
+  if (r.deadline_us === null || r.deadline_us === undefined) return "none";
+  let then = ON_DEADLINE[r.on_deadline] || `then ${r.on_deadline}`;
+  if (r.on_deadline === "default") {
+    then = r.kind === "approval" ? `then ${r.default ? "approved" : "denied"} by default` : `then the default answer ${excerpt(r.default, 80)}`;
+  }
+  const overdue = r.status === "pending" && r.deadline_us < Date.now() * 1000 ? " (past: applied when the run next looks)" : "";
+  return `${fmtTime(r.deadline_us)}, ${then}${overdue}`;
+}
+
+/** The question as text, or a tree of its JSON; an approval as its tool and arguments. */
+function questionView(r) {
+  const q = r.question;
+  if (r.kind === "approval" && q && typeof q === "object" && !Array.isArray(q) && "tool" in q) {
+    return el(
+      "div",
+      { class: "question" },
+      el("p", null, "Call ", el("code", { class: "tool-name", text: String(q.tool) }), " with:"),
+      jsonTree(q.arguments ?? null, { open: 3 }),
+      q.key ? el("p", { class: "muted" }, "idempotency key ", el("code", { text: String(q.key) })) : null,
+    );
+  }
+  if (typeof q === "string") return el("div", { class: "question" }, el("p", { class: "question-text", text: q }));
+  return el("div", { class: "question" }, jsonTree(q, { open: 3 }));
+}
+
+/** The top-level properties of an object schema when each is simple enough for one input. */
+function simpleFields(schema) {
+  if (!schema || typeof schema !== "object" || schema.type !== "object") return null;
+  const properties = schema.properties;
+  if (!properties || typeof properties !== "object" || !Object.keys(properties).length) return null;
+  if (schema.$ref || schema.anyOf || schema.oneOf || schema.allOf) return null;
+  const required = new Set(schema.required || []);
+  const fields = [];
+  for (const [name, sub] of Object.entries(properties)) {
+    if (!sub || typeof sub !== "object" || sub.$ref || sub.anyOf || sub.oneOf || sub.allOf) return null;
+    let kind = null;
+    if (Array.isArray(sub.enum) && sub.enum.every((v) => v === null || typeof v !== "object")) kind = "enum";
+    else if (["string", "integer", "number", "boolean"].includes(sub.type)) kind = sub.type;
+    if (!kind) return null;
+    fields.push({ name, schema: sub, kind, required: required.has(name) });
+  }
+  return fields;
+}
+
+/** What the person types the answer in: an input per simple property, else JSON text. */
+function answerEditor(r, onChange) {
+  const schema = r.schema;
+  const fields = simpleFields(schema);
+  if (fields) {
+    const inputs = fields.map((f) => {
+      const attrs = { name: `field-${f.name}`, "aria-label": f.name, dataset: { field: f.name }, oninput: onChange, onchange: onChange };
+      let input;
+      if (f.kind === "enum" || f.kind === "boolean") {
+        const options = f.kind === "enum" ? f.schema.enum : [true, false];
+        input = el("select", attrs, el("option", { value: "", text: "-" }), options.map((v) => el("option", { value: JSON.stringify(v), text: typeof v === "string" ? v : JSON.stringify(v) })));
+      } else if (f.kind === "integer" || f.kind === "number") {
+        input = el("input", { ...attrs, type: "number", step: f.kind === "integer" ? "1" : "any" });
+      } else {
+        input = el("input", { ...attrs, type: "text" });
+      }
+      const label = el(
+        "label",
+        { class: "answer-field" },
+        el("span", { class: "field-name", text: f.schema.title || f.name }),
+        f.required ? el("span", { class: "required", text: " *" }) : null,
+        input,
+        f.schema.description ? el("span", { class: "muted", text: f.schema.description }) : null,
+      );
+      return { field: f, input, label };
+    });
+    return {
+      node: el("div", { class: "answer-fields" }, inputs.map((i) => i.label)),
+      read() {
+        const value = {};
+        const problems = [];
+        for (const { field, input } of inputs) {
+          const raw = input.value;
+          if (raw === "") continue;
+          if (field.kind === "enum" || field.kind === "boolean") value[field.name] = JSON.parse(raw);
+          else if (field.kind === "integer" || field.kind === "number") {
+            const n = Number(raw);
+            if (Number.isNaN(n)) problems.push({ path: `$.${field.name}`, message: "must be a number" });
+            else value[field.name] = n;
+          } else value[field.name] = raw;
+        }
+        return { value, problems: problems.length ? problems : validateSchema(schema, value) };
+      },
+    };
+  }
+  const area = el("textarea", {
+    class: "json-edit answer-json",
+    name: "answer",
+    spellcheck: "false",
+    rows: 4,
+    "aria-label": "Answer as JSON",
+    placeholder: schema ? "the answer as JSON, fitting the schema above" : 'the answer as JSON: "text in double quotes", a number, an object…',
+    oninput: onChange,
+  });
+  return {
+    node: area,
+    read() {
+      if (!area.value.trim()) return { value: undefined, problems: [{ path: "$", message: "write the answer as JSON" }] };
+      let value;
+      try {
+        value = JSON.parse(area.value);
+      } catch (error) {
+        return { value: undefined, problems: [{ path: "$", message: `not JSON: ${error.message}` }] };
+      }
+      return { value, problems: schema ? validateSchema(schema, value) : [] };
+    },
+  };
+}
+
+function answerForm(r) {
+  const result = el("div", { class: "answer-result", role: "status" });
+  const problems = el("ul", { class: "problems" });
+  const by = el("input", { name: "by", placeholder: "your name (recorded with the answer)", "aria-label": "Answered by", value: localStorage.getItem("agentsnap.by") || "" });
+  const reason = el("input", { name: "reason", class: "reason-input", placeholder: r.kind === "approval" ? "reason (the agent gets it; needed to deny)" : "reason, to decline", "aria-label": "Reason" });
+  const buttons = [];
+
+  const send = async (body) => {
+    for (const b of buttons) b.disabled = true;
+    clear(result);
+    const name = by.value.trim();
+    if (name) localStorage.setItem("agentsnap.by", name);
+    try {
+      const done = await api(`/api/requests/${enc(r.id)}/answer`, { method: "POST", body: { ...body, by: name || null } });
+      state.flash = { id: r.id, status: done.request.status };
+      state.run = null;
+      route();
+    } catch (error) {
+      if (error.status === 403) {
+        put(result, el("p", { class: "error-box", role: "alert", text: "This server does not answer requests: start it with `agentsnap ui --allow-answer`." }));
+      } else if (error.status === 422) {
+        put(result, el("p", { class: "error-box server-refusal", role: "alert" }, el("strong", { text: "The server refused the answer: " }), error.message));
+      } else if (error.status === 409) {
+        put(result, el("p", { class: "error-box", role: "alert" }, error.message, " ", el("button", { type: "button", class: "refresh", text: "Refresh", onclick: () => route() })));
+      } else {
+        put(result, errorBox(error));
+      }
+      check();
+    }
+  };
+
+  let editor = null;
+  let submit = null;
+  const check = () => {
+    if (!editor) {
+      for (const b of buttons) b.disabled = false;
+      return true;
+    }
+    const { problems: found } = editor.read();
+    clear(problems);
+    for (const p of found) put(problems, el("li", null, el("code", { text: p.path }), " ", p.message));
+    for (const b of buttons) b.disabled = false;
+    submit.disabled = found.length > 0;
+    return found.length === 0;
+  };
+
+  const needReason = () => {
+    if (reason.value.trim()) return true;
+    clear(result);
+    put(result, el("p", { class: "error-box", role: "alert", text: "Give a reason: the agent gets it." }));
+    reason.focus();
+    return false;
+  };
+
+  let controls;
+  if (r.kind === "approval") {
+    const approve = el("button", { type: "button", class: "primary approve", text: "Approve", onclick: () => send({ approve: true, reason: reason.value.trim() || null }) });
+    const deny = el("button", { type: "button", class: "deny", text: "Deny", onclick: () => needReason() && send({ approve: false, reason: reason.value.trim() }) });
+    buttons.push(approve, deny);
+    controls = [el("div", { class: "actions" }, reason, by), el("div", { class: "actions" }, approve, deny)];
+  } else {
+    editor = answerEditor(r, () => check());
+    submit = el("button", { type: "submit", class: "primary answer", text: "Answer" });
+    const decline = el("button", { type: "button", class: "decline", text: "Decline", onclick: () => needReason() && send({ approve: false, reason: reason.value.trim() }) });
+    buttons.push(submit, decline);
+    controls = [
+      r.schema ? null : el("p", { class: "muted", text: "No schema: any JSON is an answer." }),
+      editor.node,
+      problems,
+      el("div", { class: "actions" }, by, submit),
+      el("div", { class: "actions" }, reason, decline),
+    ];
+  }
+  const form = el(
+    "form",
+    {
+      class: "answer-form",
+      onsubmit: (event) => {
+        event.preventDefault();
+        if (!editor || !check()) return;
+        send({ answer: editor.read().value });
+      },
+    },
+    controls,
+    result,
+  );
+  check();
+  return form;
+}
+
+function requestCard(r, canAnswer) {
+  const pending = r.status === "pending";
+  const settled = pending
+    ? null
+    : el(
+        "div",
+        { class: "settled" },
+        el(
+          "p",
+          null,
+          statusBadge(r.status),
+          r.kind === "approval" && r.status === "answered" ? el("strong", { text: " approved" }) : null,
+          r.kind === "approval" && r.status === "rejected" ? el("strong", { text: " denied" }) : null,
+          " by ",
+          el("span", { class: "answered-by", text: r.answered_by ?? "-" }),
+          " at ",
+          el("span", { class: "answered-at", text: fmtTime(r.answered_at_us) }),
+        ),
+        r.reason ? el("p", { class: "reason" }, "reason: ", el("span", { class: "reason-text", text: r.reason })) : null,
+        r.kind !== "approval" && r.status !== "withdrawn" && r.status !== "rejected" ? el("div", { class: "answer" }, el("h4", { text: "Answer" }), jsonTree(r.answer, { open: 3 })) : null,
+      );
+  return el(
+    "article",
+    { class: `request ${pending ? "pending" : "settled"}`, dataset: { request: r.id, status: r.status, kind: r.kind } },
+    el(
+      "h3",
+      null,
+      el("span", { class: "badge kind", text: r.kind }),
+      " ",
+      statusBadge(r.status),
+      " from ",
+      link(`#/runs/${enc(r.run_id)}/agents/${enc(r.agent)}`, r.agent, "agent-link"),
+      " ",
+      el("span", { class: "mono muted", text: r.id }),
+    ),
+    el(
+      "dl",
+      { class: "request-facts" },
+      el("dt", { text: "Asked" }),
+      el("dd", { text: fmtTime(r.asked_at_us) }),
+      el("dt", { text: "Who may answer" }),
+      el("dd", { class: "who", text: r.who ?? "anyone" }),
+      el("dt", { text: "Deadline" }),
+      el("dd", { class: "deadline", text: deadlineText(r) }),
+    ),
+    questionView(r),
+    r.schema ? el("details", { class: "schema" }, el("summary", { text: "Answer schema" }), jsonTree(r.schema, { open: 4 })) : null,
+    settled,
+    pending && canAnswer ? answerForm(r) : null,
+  );
+}
+
+async function requestsPanel(panel, run, requests) {
+  const body = requests || { requests: [], can_answer: false };
+  const waiting = body.requests.filter((r) => r.status === "pending");
+  const history = body.requests.filter((r) => r.status !== "pending").reverse();
+  const flash = state.flash;
+  state.flash = null;
+  put(
+    clear(panel),
+    el("h2", null, "Waiting for a person ", el("button", { type: "button", class: "refresh", text: "Refresh", onclick: () => route() })),
+    flash ? el("p", { class: "ok-box answer-done", role: "status", text: `Request ${shortId(flash.id)} is now ${flash.status}.` }) : null,
+    waiting.length && !body.can_answer
+      ? el("p", { class: "warn answer-off", text: "This server does not answer requests: start it with `agentsnap ui --allow-answer` to answer them here, or use `agentsnap answer ID`." })
+      : null,
+    waiting.length ? waiting.map((r) => requestCard(r, body.can_answer)) : el("p", { class: "muted", text: "No request waits." }),
+    el("h2", { text: "History" }),
+    history.length ? history.map((r) => requestCard(r, false)) : el("p", { class: "muted", text: "No request was answered, turned down, withdrawn or expired." }),
   );
 }
 
