@@ -61,6 +61,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
     "pydantic_ai_agent.py": [[]],
     "research_team.py": [[]],
     "redaction.py": [[]],
+    "sdk_team.py": [[]],
 }
 
 # What each example prints when all its checks pass.
@@ -76,6 +77,7 @@ SUCCESS: dict[str, str] = {
     "redaction.py": "the card number is nowhere in the database",
     "pydantic_ai_agent.py": "the answer was fixed after the review, and the refund happened once",
     "research_team.py": "the team recovered from the rejected draft",
+    "sdk_team.py": "the critic's rejection took the whole team back, and the email went out once",
 }
 TIMEOUT = 60
 SERVICES = {"--nats": "nats", "--db": "postgres"}
@@ -99,7 +101,7 @@ def with_services(args: list[str]) -> list[str]:
     return given
 
 
-HELPERS = {"mcp_server.py"}
+HELPERS = {"mail_server.py", "mcp_server.py"}
 """Modules an example starts (a server), not examples of their own."""
 
 
