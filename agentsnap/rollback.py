@@ -71,6 +71,7 @@ from agentsnap.exceptions import (
 from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.records import ChannelRecord, RollbackInfo, Snapshot, SnapshotStatus
 from agentsnap.state import HasState
+from agentsnap.versions import read_state
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus
@@ -276,8 +277,13 @@ def restore_cut(
     there: ``agents`` are those of them, only the channels into them get their messages in
     flight back, and the cut may name processes hosted elsewhere.
 
+    A state stored with an older version of its agent's state class is read through the
+    class's upcasters (see [`agentsnap.versions`][agentsnap.versions]).
+
     Raises:
         ConfigurationError: The snapshot names a process that is not registered.
+        StateNotReadable: A stored state cannot be read by its agent's state class as the
+            code declares it now; no agent and no channel was changed.
     """
     for name in snapshot.agents:
         if local is None and name != ENVIRONMENT and name not in agents:
@@ -285,10 +291,17 @@ def restore_cut(
                 f"snapshot {snapshot.id} holds agent {name!r}, which is not registered; "
                 "register the same agents as the run that took it"
             )
+    # Every state is read before any is replaced: a state the code cannot read (see
+    # agentsnap.versions) leaves every agent as it was.
+    states = {}
     for name, agent in agents.items():
         cut = snapshot.agents.get(name)
-        text = cut.state_json if cut is not None else initial_states[name]
-        agent.state = agent.state_type.model_validate_json(text)
+        if cut is None:  # registered after the cut: its initial state, of the current class
+            states[name] = agent.state_type.model_validate_json(initial_states[name])
+        else:
+            states[name] = read_state(name, agent.state_type, cut.state_json, cut.state_version)
+    for name, agent in agents.items():
+        agent.state = states[name]
     environment = snapshot.agents.get(ENVIRONMENT)
     in_flight = [
         recorded_messages(record)

@@ -85,6 +85,7 @@ EXPECTED_ALL = [
     "SnapshotPolicy",
     "SnapshotStatus",
     "StateInvalid",
+    "StateNotReadable",
     "StateNotSerializable",
     "Store",
     "StoreError",
@@ -104,6 +105,7 @@ EXPECTED_ALL = [
     "Verdict",
     "__version__",
     "tool",
+    "upcaster",
 ]
 
 EXPECTED_TESTING_ALL = [

@@ -57,6 +57,7 @@ from agentsnap.records import (
 )
 from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.state import StateBlob, encode_state
+from agentsnap.versions import state_version
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -561,7 +562,11 @@ class DistributedRun:
         agents = {ENVIRONMENT: AgentCut(state_json=_NOTHING.json, state_hash=_NOTHING.hash)}
         for agent in self._app.agents:
             blob = encode_state(agent.name, agent.state)
-            agents[agent.name] = AgentCut(state_json=blob.json, state_hash=blob.hash)
+            agents[agent.name] = AgentCut(
+                state_json=blob.json,
+                state_hash=blob.hash,
+                state_version=state_version(type(agent.state)),
+            )
         return Snapshot(
             id=uuid.uuid4().hex,
             run_id=self.run_id,
