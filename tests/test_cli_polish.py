@@ -612,6 +612,7 @@ EVERY_COMMAND = {
     "checkpoints",
     "fork",
     "bisect",
+    "states check",
     "ui",
     "worker",
 }

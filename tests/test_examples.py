@@ -55,6 +55,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
     "langgraph_agents.py": [[]],
     "payments.py": [["--orders", "2"]],
     "research_team.py": [[]],
+    "state_versions.py": [[]],
 }
 
 # What each example prints when all its checks pass.
@@ -64,6 +65,7 @@ SUCCESS: dict[str, str] = {
     "langgraph_agents.py": "the quote was fixed after the review, and the stock was reserved once",
     "payments.py": "every order charged exactly once",
     "research_team.py": "the team recovered from the rejected draft",
+    "state_versions.py": "the runs stored before the deploy resume and fork under version 2",
 }
 TIMEOUT = 60
 SERVICES = {"--nats": "nats", "--db": "postgres"}

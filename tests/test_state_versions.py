@@ -9,6 +9,7 @@ declares no upcaster from version 1: a state stored by version 1 is then a clear
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,7 +33,6 @@ from agentsnap.cli import main
 from agentsnap.inspect import check_stored_states, diff_snapshots, fork_run, show_snapshot
 from agentsnap.store import migrate
 from agentsnap.store.sql import SqlStore
-from agentsnap.testing import ScriptedScheduler
 from agentsnap.versions import VERSION_KEY, read_state, state_version, upcast
 
 # -- the state class, in three versions --------------------------------------------------------
@@ -51,10 +51,10 @@ class TallyV2(AgentState):
     seen: list[int] = Field(default_factory=list)  # new
 
     @upcaster(from_version=1)
-    def from_1(state: dict[str, Any]) -> dict[str, Any]:
-        state["total"] = state.pop("count")
-        state["limit"] = int(state["limit"])
-        return state
+    def from_1(self: dict[str, Any]) -> dict[str, Any]:
+        self["total"] = self.pop("count")
+        self["limit"] = int(self["limit"])
+        return self
 
 
 class TallyV3(AgentState):
@@ -63,25 +63,35 @@ class TallyV3(AgentState):
     total: int = 0
 
     @upcaster(from_version=2)
-    def from_2(state: dict[str, Any]) -> dict[str, Any]:
-        del state["limit"], state["seen"]
-        return state
+    def from_2(self: dict[str, Any]) -> dict[str, Any]:
+        del self["limit"], self["seen"]
+        return self
+
+
+class Stopped(Exception):
+    pass
 
 
 class AdderV1(Agent[TallyV1]):
     async def handle(self, message: Message, ctx: Context[TallyV1]) -> None:
-        self.state.count += message.payload
+        amount = message.payload
+        assert isinstance(amount, int)
+        self.state.count += amount
 
 
 class AdderV2(Agent[TallyV2]):
     async def handle(self, message: Message, ctx: Context[TallyV2]) -> None:
-        self.state.total += message.payload
-        self.state.seen.append(message.payload)
+        amount = message.payload
+        assert isinstance(amount, int)
+        self.state.total += amount
+        self.state.seen.append(amount)
 
 
 class AdderV3(Agent[TallyV3]):
     async def handle(self, message: Message, ctx: Context[TallyV3]) -> None:
-        self.state.total += message.payload
+        amount = message.payload
+        assert isinstance(amount, int)
+        self.state.total += amount
 
 
 def app_v2() -> list[Agent[Any]]:
@@ -102,14 +112,14 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 async def stored_by_v1(store: SqlStore) -> tuple[str, str]:
-    """A run of version 1, left interrupted with 7 in flight; its run id, and the cut at 5."""
-    scheduler = ScriptedScheduler()
-    async with Runtime(store=store, scheduler=scheduler) as runtime:
-        adder = runtime.add(AdderV1("adder", TallyV1(limit="50")))
-        runtime.send("adder", 5)
-        await scheduler.deliver("$env", "adder")
-        kept = await runtime.snapshot()
-        runtime.send("adder", 7)  # queued at close: the run is left to resume
+    """A run of version 1 that stopped (failed) at 5; its run id, and its cut at 5."""
+    with contextlib.suppress(Stopped):
+        async with Runtime(store=store) as runtime:
+            adder = runtime.add(AdderV1("adder", TallyV1(limit="50")))
+            runtime.send("adder", 5)
+            await runtime.run_until_idle()
+            kept = await runtime.snapshot()
+            raise Stopped  # the process stops: the run is left to resume
     assert adder.state.count == 5
     assert kept.agents["adder"].state_version == 1
     assert kept.agents["adder"].state == {
@@ -150,7 +160,8 @@ def test_an_unreadable_state_names_the_agent_both_versions_and_the_missing_step(
         1,
     )
     assert "agent 'adder'" in str(error)
-    assert "version 1" in str(error) and "TallyV3 version 3" in str(error)
+    assert "version 1" in str(error)
+    assert "TallyV3 version 3" in str(error)
     assert "no upcaster from version 1 to 2" in str(error)
     assert "@upcaster(from_version=1)" in str(error)
     with pytest.raises(StateNotReadable, match="newer version of TallyV2"):
@@ -168,8 +179,8 @@ def test_versions_and_upcasters_are_checked_as_the_class_is_defined() -> None:
             version: ClassVar[int] = 2
 
             @upcaster(from_version=2)
-            def from_2(state: dict[str, Any]) -> dict[str, Any]:
-                return state
+            def from_2(self: dict[str, Any]) -> dict[str, Any]:
+                return self
 
     with pytest.raises(ConfigurationError, match="whole number"):
 
@@ -191,6 +202,8 @@ def test_a_version_1_run_resumes_and_rolls_back_under_version_2(db: str) -> None
             runtime = Runtime(store=store, run_id=run_id)
             adder = runtime.add(AdderV2("adder"))
             await runtime.resume()
+            assert adder.state == TallyV2(total=5, limit=50, seen=[])
+            runtime.send("adder", 7)
             await runtime.run_until_idle()
             assert adder.state == TallyV2(total=12, limit=50, seen=[7])
             now = await runtime.snapshot()
@@ -253,6 +266,7 @@ def test_a_version_1_snapshot_shows_and_diffs_under_version_2(db: str) -> None:
             runtime = Runtime(store=store, run_id=run_id)
             runtime.add(AdderV2("adder"))
             await runtime.resume()
+            runtime.send("adder", 7)
             await runtime.run_until_idle()
             later = await runtime.snapshot()
             await runtime.close()
@@ -264,12 +278,18 @@ def test_a_version_1_snapshot_shows_and_diffs_under_version_2(db: str) -> None:
             shown = await show_snapshot(store, kept, models=models)
             entry = shown["agents"]["adder"]
             assert (entry["state_version"], entry["read_as"]) == (1, 2)
-            assert entry["state"]["total"] == 5 and entry["state"]["limit"] == 50
+            assert entry["state"]["total"] == 5
+            assert entry["state"]["limit"] == 50
 
             diffed = await diff_snapshots(store, kept, later.id, models=models)
             (adder,) = [a for a in diffed["agents"] if a["agent"] == "adder"]
             assert (adder["a_version"], adder["b_version"], adder["change"]) == (1, 2, "changed")
-            assert set(adder["fields"]) == {"total", "seen"}  # not count, nor limit
+            fields = adder["fields"]  # not count, nor limit: both read as version 2
+            assert (fields["added"], fields["removed"]) == ({}, {})
+            assert fields["changed"] == {
+                "total": {"old": 5, "new": 12},
+                "seen": {"old": [], "new": [7]},
+            }
         finally:
             await store.close()
 
@@ -289,7 +309,8 @@ def test_an_unreadable_stored_state_stops_a_resume_with_the_clear_error(db: str)
             assert (caught.value.agent, caught.value.step) == ("adder", 1)
             assert adder.state.total == 99  # left as it was
             rows = await check_stored_states(store, {"adder": TallyV3}, run_id)
-            assert [(r["stored_version"], r["unreadable"]) for r in rows] == [(1, 1)]
+            # Two states: the one the run started with, and the one at 5.
+            assert [(r["stored_version"], r["unreadable"]) for r in rows] == [(1, 2)]
             assert "no upcaster from version 1 to 2" in rows[0]["error"]
         finally:
             await store.close()
@@ -317,7 +338,9 @@ def test_states_check_reports_what_the_code_can_read(
     assert good.exit_code == 0, good.output
     assert "every stored state is readable" in good.output
 
-    bad = runner.invoke(main, ["states", "check", "--db", db, "--app", "test_state_versions:app_v3"])
+    bad = runner.invoke(
+        main, ["states", "check", "--db", db, "--app", "test_state_versions:app_v3"]
+    )
     assert bad.exit_code == 1, bad.output
     assert "no upcaster from version 1 to 2" in bad.output
 
@@ -328,7 +351,8 @@ def test_states_check_reports_what_the_code_can_read(
     (row,) = json.loads(as_json.output)
     assert row["run_id"] == run_id
     assert (row["agent"], row["stored_version"], row["current_version"]) == ("adder", 1, 3)
-    assert row["snapshots"] == [1, 2, 3] and row["unreadable"] == 1
+    assert row["snapshots"][0] == 1
+    assert (row["readable"], row["unreadable"]) == (0, 2)
 
     shown = runner.invoke(
         main, ["show", "--db", db, "--app", "test_state_versions:app_v3", "--json", run_id[:4]]
@@ -343,7 +367,8 @@ def test_states_check_reports_what_the_code_can_read(
     assert json.loads(shown.output)["agents"]["adder"]["state"]["total"] == 5
     text = runner.invoke(main, ["show", first, "--db", db, "--app", "test_state_versions:app_v3"])
     assert text.exit_code == 0, text.output
-    assert "version 1" in text.output and "no upcaster from version 1 to 2" in text.output
+    assert "version 1" in text.output
+    assert "no upcaster from version 1 to 2" in text.output
 
 
 # -- rows stored before versions were recorded -------------------------------------------------
