@@ -38,6 +38,7 @@ from agentsnap.exceptions import (
     SnapshotFailed,
     SnapshotInProgress,
     StateInvalid,
+    StateNotReadable,
     StateNotSerializable,
     StoreError,
     ToolArgumentsInvalid,
@@ -78,6 +79,7 @@ from agentsnap.state import AgentState, PlanStep, ToolCallRecord
 from agentsnap.store import MemoryStore, Store
 from agentsnap.store.faults import StoreRetry
 from agentsnap.tools import Tool, ToolCall, ToolRetry, tool
+from agentsnap.versions import upcaster
 
 __version__ = "0.1.0"
 
@@ -158,6 +160,7 @@ __all__ = [
     "SnapshotPolicy",
     "SnapshotStatus",
     "StateInvalid",
+    "StateNotReadable",
     "StateNotSerializable",
     "Store",
     "StoreError",
@@ -177,4 +180,5 @@ __all__ = [
     "Verdict",
     "__version__",
     "tool",
+    "upcaster",
 ]

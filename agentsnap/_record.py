@@ -5,8 +5,6 @@ the writes that need the run recorded first.
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -18,6 +16,7 @@ from agentsnap.exceptions import ConfigurationError, NotFoundError, OwnershipLos
 from agentsnap.ownership import RunOwnership
 from agentsnap.records import ReplaySegment, RollbackInfo, RunInfo, Snapshot
 from agentsnap.redaction import unredact_snapshot
+from agentsnap.versions import state_schema
 
 if TYPE_CHECKING:
     from agentsnap.agents import Agent
@@ -34,18 +33,6 @@ KEPT_CUTS = 100
 many as the snapshot coordinator keeps as rollback targets)."""
 
 logger = logging.getLogger("agentsnap")
-
-
-@functools.cache
-def _state_schema(model: type[BaseModel]) -> dict[str, JsonValue] | None:
-    """The JSON schema of a state model, or ``None`` when pydantic cannot write one."""
-    try:
-        schema: dict[str, JsonValue] = model.model_json_schema()
-        json.dumps(schema, allow_nan=False)
-    except Exception as exc:  # a field type without a JSON schema: edits go unchecked
-        logger.debug("no JSON schema for state model %s: %s", model.__name__, exc)
-        return None
-    return schema
 
 
 def finished_error(run: RunInfo) -> ConfigurationError:
@@ -170,6 +157,8 @@ class RunRecord:
         """Record the state schemas of the agents registered since the last time.
 
         An inspector checks edited states against them without importing this program.
+        Each records the version of its state class (under
+        [`VERSION_KEY`][agentsnap.versions.VERSION_KEY]).
         """
         new = [name for name in self._agents if name not in self._schemas_saved]
         if not new:
@@ -180,7 +169,7 @@ class RunRecord:
             schemas: dict[str, dict[str, JsonValue]] = {}
             for name in new:
                 model: type[BaseModel] = type(self._agents[name].state)
-                schema = _state_schema(model)
+                schema = state_schema(model)
                 if schema is not None:
                     schemas[name] = schema
             if schemas:

@@ -29,6 +29,8 @@ from agentsnap.records import RunStatus
 from agentsnap.store.faults import StoreRetry
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from agentsnap.demo import DemoResult
     from agentsnap.ledger import Ledger
     from agentsnap.records import RunInfo, Snapshot
@@ -821,6 +823,32 @@ def answer_command(  # noqa: PLR0917
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
+_APP = click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    metavar="MODULE:FACTORY",
+    help="Read the states as this app's state classes read them now, through their "
+    "upcasters: a factory returning an agentsnap.distributed.App or a list of agents (the "
+    "current directory is importable).",
+)
+
+
+def _state_models(app_spec: str | None) -> dict[str, type[BaseModel]] | None:
+    """The state classes of the app ``--app`` names, by agent name (``None`` without one)."""
+    if app_spec is None:
+        return None
+    from agentsnap.distributed.app import load_app  # noqa: PLC0415
+    from agentsnap.exceptions import ConfigurationError  # noqa: PLC0415
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return load_app(app_spec).state_models()
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--app") from exc
+
+
 # -- runs: list, delete, prune ---------------------------------------------------------------
 
 _RUN_STATUSES = tuple(status.value for status in RunStatus)
@@ -1364,16 +1392,19 @@ def snapshots(run_id: str, db: str, as_json: bool) -> None:
 @click.argument("snapshot_id")
 @_DB
 @click.option("--agent", default=None, help="Only this agent and its channels.")
+@_APP
 @_JSON
-def show(snapshot_id: str, db: str, agent: str | None, as_json: bool) -> None:
+def show(snapshot_id: str, db: str, agent: str | None, app_spec: str | None, as_json: bool) -> None:
     """Print snapshot SNAPSHOT_ID: each agent's state and counters, messages in flight.
 
     A snapshot damaged in the database is printed as damaged, with what is wrong and what
-    could still be read.
+    could still be read. Each state is printed as stored, with the version of its class it
+    was stored with; with --app, as the app's state classes read it now.
     """
     from agentsnap.inspect import show_snapshot  # noqa: PLC0415
 
-    doc = _read(db, lambda store: show_snapshot(store, snapshot_id, agent))
+    models = _state_models(app_spec)
+    doc = _read(db, lambda store: show_snapshot(store, snapshot_id, agent, models=models))
     if as_json:
         _print_json(doc)
         return
@@ -1388,7 +1419,12 @@ def show(snapshot_id: str, db: str, agent: str | None, as_json: bool) -> None:
     elif doc["error"]:
         click.echo(f"error: {doc['error']}")
     for name, cut in doc["agents"].items():
-        click.echo(f"agent {name}  (state {cut['state_hash'][:12]})")
+        version = f"version {cut['state_version']}"
+        if cut.get("read_as", cut["state_version"]) != cut["state_version"]:
+            version += f", read as version {cut['read_as']}"
+        click.echo(f"agent {name}  (state {cut['state_hash'][:12]}, {version})")
+        if "unreadable" in cut:
+            click.echo(console.paint_warning(f"  ! {cut['unreadable']}"))
         click.echo(f"  sent: {_counters(cut['sent'])}")
         click.echo(f"  received: {_counters(cut['received'])}")
         for key, value in cut["state"].items():
@@ -1398,6 +1434,76 @@ def show(snapshot_id: str, db: str, agent: str | None, as_json: bool) -> None:
     click.echo(f"in flight: {len(messages)}")
     for src, dst, m in messages:
         click.echo(f"  {src} -> {dst} #{m['seq']} {m['kind']}: {_value(m['payload'])}")
+
+
+@main.group()
+def states() -> None:
+    """Stored agent states, as the current code reads them."""
+
+
+@states.command("check")
+@click.argument("run_id", required=False)
+@_DB
+@click.option(
+    "--app",
+    "app_spec",
+    required=True,
+    metavar="MODULE:FACTORY",
+    help="The code to check against: a factory returning an agentsnap.distributed.App or a "
+    "list of agents (the current directory is importable).",
+)
+@_JSON
+def check(run_id: str | None, db: str, app_spec: str, as_json: bool) -> None:
+    """Report which stored states of RUN (or of every run) the app's state classes can read.
+
+    Every agent's state in every complete snapshot is read as a resume, rollback or fork
+    would read it: through the upcasters of its state class, from the version it was
+    stored with to the version the class is at now. One row per run, agent and stored
+    version. The exit status is 1 when some state cannot be read, 0 otherwise.
+    """
+    from agentsnap.inspect import check_stored_states  # noqa: PLC0415
+
+    models = _state_models(app_spec)
+    assert models is not None
+    rows = _read(db, lambda store: check_stored_states(store, models, run_id))
+    bad = [row for row in rows if row["unreadable"]]
+    _print_rows(
+        rows,
+        as_json,
+        {
+            "RUN": "run_id",
+            "AGENT": "agent",
+            "STORED": "stored_version",
+            "NOW": lambda r: "-" if r["current_version"] is None else r["current_version"],
+            "SNAPSHOTS": lambda r: _seqs(r["snapshots"]),
+            "READABLE": "readable",
+            "UNREADABLE": "unreadable",
+        },
+        notes=lambda r: None if r["error"] is None else f"! {r['error']}",
+    )
+    if not as_json:
+        if not rows:
+            click.echo("no stored states")
+        elif not bad:
+            click.echo("every stored state is readable")
+        else:
+            click.echo(f"{len(bad)} of {len(rows)} rows hold states the code cannot read")
+    if bad:
+        raise click.exceptions.Exit(1)
+
+
+def _seqs(seqs: list[int]) -> str:
+    """Snapshot numbers in short: ``1-4,7``."""
+    parts: list[str] = []
+    start = previous = None
+    for seq in [*sorted(seqs), None]:
+        if seq is not None and previous is not None and seq == previous + 1:
+            previous = seq
+            continue
+        if start is not None:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = seq
+    return ",".join(parts)
 
 
 def _show_model_calls(calls: list[dict[str, Any]], previous: dict[str, Any] | None) -> None:
@@ -1425,16 +1531,28 @@ def _show_model_calls(calls: list[dict[str, Any]], previous: dict[str, Any] | No
 @click.argument("snapshot_b")
 @_DB
 @click.option("--agent", default=None, help="Only this agent.")
+@_APP
 @_JSON
-def diff(snapshot_a: str, snapshot_b: str, db: str, agent: str | None, as_json: bool) -> None:
+def diff(  # noqa: PLR0917
+    snapshot_a: str,
+    snapshot_b: str,
+    db: str,
+    agent: str | None,
+    app_spec: str | None,
+    as_json: bool,
+) -> None:
     """Show how each agent's state changed from SNAPSHOT_A to SNAPSHOT_B.
 
     The snapshots may be of two runs (a fork and the run it came from, say): the first line
-    then names the run of each.
+    then names the run of each. With --app, states stored with an older version of their
+    class are compared as the app's state classes read them now.
     """
     from agentsnap.inspect import diff_snapshots  # noqa: PLC0415
 
-    doc = _read(db, lambda store: diff_snapshots(store, snapshot_a, snapshot_b, agent))
+    models = _state_models(app_spec)
+    doc = _read(
+        db, lambda store: diff_snapshots(store, snapshot_a, snapshot_b, agent, models=models)
+    )
     if as_json:
         _print_json(doc)
         return
@@ -1603,6 +1721,14 @@ def _edits(edits: tuple[str, ...]) -> dict[str, Any]:
 )
 @click.option("--name", default=None, help="The new run's name.")
 @_DB
+@click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    metavar="MODULE:FACTORY",
+    help="Validate the --edit states against this app's state classes, as they are now "
+    "(else against the schemas stored with RUN); the current directory is importable.",
+)
 @_JSON
 def fork(  # noqa: PLR0917
     target: str,
@@ -1610,14 +1736,17 @@ def fork(  # noqa: PLR0917
     edits: tuple[str, ...],
     name: str | None,
     db: str,
+    app_spec: str | None,
     as_json: bool,
 ) -> None:
     """Add a run that starts from snapshot --snapshot of RUN, and print its id.
 
     The new run records its parent run and snapshot and gets a copy of the snapshot as its
     snapshot 1, with the states given by --edit in place of the recorded ones (each checked
-    against the agent's state schema stored with the run). Nothing runs: continue it from a
-    program that registers the same agents, with `Runtime(store=..., run_id=NEW_RUN).resume()`.
+    against the agent's state schema stored with the run, or with --app against the agent's
+    state class as it is now, and recorded with its version). Nothing runs: continue it from
+    a program that registers the same agents, with
+    `Runtime(store=..., run_id=NEW_RUN).resume()`.
 
     `agentsnap fork SNAPSHOT` (without --snapshot) forks from that snapshot, whatever its run.
     """
@@ -1625,6 +1754,7 @@ def fork(  # noqa: PLR0917
     from agentsnap.inspect import fork_run, resolve_run, resolve_snapshot  # noqa: PLC0415
 
     states = _edits(edits)
+    models = _state_models(app_spec)
 
     async def go(store: SqlStore) -> RunInfo:
         chosen = target
@@ -1636,7 +1766,7 @@ def fork(  # noqa: PLR0917
                     f"snapshot {snapshot.id} belongs to run {snapshot.run_id}, not to {run.id}"
                 )
             chosen = snapshot.id
-        return await fork_run(store, chosen, states=states or None, name=name)
+        return await fork_run(store, chosen, states=states or None, name=name, models=models)
 
     try:
         run = _read(db, go)
@@ -1645,7 +1775,10 @@ def fork(  # noqa: PLR0917
         if isinstance(cause, StateInvalid):
             lines = [f"  {p['agent']} at {p['path']}: {p['message']}" for p in cause.problems]
             raise click.ClickException(
-                "the edited states do not match the agents' state schemas:\n" + "\n".join(lines)
+                "the edited states do not match the agents' state "
+                + ("classes" if models else "schemas")
+                + ":\n"
+                + "\n".join(lines)
             ) from cause
         raise
     if as_json:
@@ -1806,6 +1939,7 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
     is_flag=True,
     help="Let the page answer requests to people (approve, deny, answer); off otherwise.",
 )
+@_APP
 def ui(  # noqa: PLR0917
     db: str,
     host: str,
@@ -1813,13 +1947,15 @@ def ui(  # noqa: PLR0917
     open_browser: bool | None,
     allow_fork: bool,
     allow_answer: bool,
+    app_spec: str | None,
 ) -> None:
     """Serve the web inspector for the runs in the database, until Ctrl-C.
 
     It listens on this machine only (127.0.0.1) unless --host says otherwise; anyone who
     can reach the address can read the runs (fork them with --allow-fork, answer their
-    requests to people with --allow-answer). The API is
-    described at /docs. Needs the ui extra: pip install 'agentsnap[ui]'.
+    requests to people with --allow-answer). The API is described at /docs. With --app,
+    states are shown as the app's state classes read them now, and edited states of a fork
+    are validated against them. Needs the ui extra: pip install 'agentsnap[ui]'.
     """
     import socket  # noqa: PLC0415
 
@@ -1831,6 +1967,7 @@ def ui(  # noqa: PLR0917
     from agentsnap.store.sql import SqlStore  # noqa: PLC0415
     from agentsnap.ui.server import create_app  # noqa: PLC0415
 
+    models = _state_models(app_spec)
     _read(db, lambda store: store.list_runs(limit=1))  # a clear error without a schema
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -1859,7 +1996,13 @@ def ui(  # noqa: PLR0917
             err=True,
         )
     store = SqlStore(db, create=False, retry=_RETRY)
-    app = create_app(store, allow_fork=allow_fork, allow_answer=allow_answer, close_store=True)
+    app = create_app(
+        store,
+        allow_fork=allow_fork,
+        allow_answer=allow_answer,
+        close_store=True,
+        models=models,
+    )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     if open_browser is None:
         open_browser = sys.stdout is not None and sys.stdout.isatty()

@@ -7,6 +7,7 @@ AgentsnapError
 │   ├── DuplicateAgentError
 │   ├── UnknownAgentError
 │   ├── StateNotSerializable
+│   ├── StateNotReadable        a stored state the current state class cannot read
 │   ├── PayloadNotSerializable
 │   ├── PayloadInvalid          defined beside Message, in agentsnap.messages
 │   ├── ScheduleError
@@ -95,6 +96,7 @@ __all__ = [
     "SnapshotFailed",
     "SnapshotInProgress",
     "StateInvalid",
+    "StateNotReadable",
     "StateNotSerializable",
     "StoreError",
     "ToolArgumentsInvalid",
@@ -170,6 +172,47 @@ class StateNotSerializable(ConfigurationError):
             f"{where} cannot be stored as JSON ({detail}); "
             "agent state must be JSON: use JSON types (str, int, float, bool, None, list, dict) "
             "or pydantic models of them"
+        )
+
+
+class StateNotReadable(ConfigurationError):
+    """A stored agent state that the agent's state class, as the code now declares it, cannot read.
+
+    A state is stored with the version of its class (see
+    [`agentsnap.versions`][agentsnap.versions]) and read through the class's upcasters, one
+    version at a time. This is raised when a step of that chain is missing or fails, when the
+    stored state is of a newer version than the class, or when the state, upcast, does not
+    validate. Resume, rollback, fork and the inspector raise it before anything changes.
+
+    Attributes:
+        agent: The agent whose state it is.
+        model: The name of the agent's state class.
+        stored_version: The version the state was stored with.
+        current_version: The version the class declares now.
+        step: The version the failing step starts from: the upcaster that is missing (or that
+            failed) goes from ``step`` to ``step + 1``; ``None`` when no step is at fault.
+        detail: What went wrong, in one line.
+    """
+
+    def __init__(
+        self,
+        agent: str,
+        model: str,
+        stored_version: int,
+        current_version: int,
+        *,
+        step: int | None,
+        detail: str,
+    ) -> None:
+        self.agent = agent
+        self.model = model
+        self.stored_version = stored_version
+        self.current_version = current_version
+        self.step = step
+        self.detail = detail
+        super().__init__(
+            f"the stored state of agent {agent!r} (version {stored_version}) cannot be read "
+            f"as {model} version {current_version}: {detail}"
         )
 
 

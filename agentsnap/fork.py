@@ -32,11 +32,14 @@ import json
 import uuid
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ValidationError
+
 from agentsnap.exceptions import ConfigurationError, SnapshotDamaged, StateInvalid
 from agentsnap.limits import check_run_id, check_run_labels
 from agentsnap.messages import ENVIRONMENT, type_name
 from agentsnap.records import RunInfo, RunStatus, Snapshot, SnapshotStatus, utcnow
 from agentsnap.state import StateBlob, canonical_json
+from agentsnap.versions import schema_version, state_schema, state_version
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
     from agentsnap.messages import JsonInput, JsonValue
     from agentsnap.store import Store
 
-__all__ = ["check_forkable", "check_states", "fork_snapshot", "forked_cut"]
+__all__ = ["check_forkable", "check_states", "fork_snapshot", "forked_cut", "validate_states"]
 
 
 def _where(path: object) -> str:
@@ -116,6 +119,42 @@ def check_states(
     return problems
 
 
+def validate_states(
+    states: Mapping[str, JsonInput], models: Mapping[str, type[BaseModel]]
+) -> list[dict[str, str]]:
+    """What is wrong with edited agent states, validated against the agents' state classes.
+
+    Each state is validated from its JSON, as a restore validates it, against the class
+    ``models`` names for its agent (the current version of it); agents ``models`` does not
+    name are not checked here.
+
+    Returns:
+        One ``{"agent", "path", "message"}`` per problem, as
+        [`check_states`][agentsnap.fork.check_states] gives them; empty when every state
+        is valid.
+    """
+    problems: list[dict[str, str]] = []
+    for name, state in states.items():
+        model = models.get(name)
+        if model is None or not isinstance(state, dict):
+            continue  # not a JSON object: forked_cut says so
+        try:
+            model.model_validate_json(canonical_json(state))
+        except ValidationError as exc:
+            problems.extend(
+                {
+                    "agent": name,
+                    "path": _where(error["loc"]),
+                    "message": f"{error['msg']} (as {model.__name__} version "
+                    f"{state_version(model)} reads it)",
+                }
+                for error in exc.errors()
+            )
+        except (TypeError, ValueError):
+            continue  # not JSON: forked_cut says so
+    return problems
+
+
 def check_forkable(snapshot: Snapshot) -> None:
     """Raise unless a run can be forked from ``snapshot``.
 
@@ -134,7 +173,10 @@ def check_forkable(snapshot: Snapshot) -> None:
 
 
 def forked_cut(
-    snapshot: Snapshot, run_id: str, states: Mapping[str, JsonInput] | None = None
+    snapshot: Snapshot,
+    run_id: str,
+    states: Mapping[str, JsonInput] | None = None,
+    versions: Mapping[str, int] | None = None,
 ) -> Snapshot:
     """The fork's snapshot 1: a copy of ``snapshot`` for run ``run_id``, under a new id.
 
@@ -144,6 +186,8 @@ def forked_cut(
         states: New states of some agents of the cut, by agent name, replacing the recorded
             ones (each a JSON object, stored as canonical JSON with its content hash). The
             runtime that resumes the fork loads them into the agents' state models.
+        versions: The version of the state class each new state is of, by agent name (an
+            agent not named keeps the version its recorded state was stored with).
 
     Raises:
         SnapshotDamaged: The snapshot is damaged in the store.
@@ -187,8 +231,9 @@ def forked_cut(
                 }
             )
             continue
+        version = (versions or {}).get(name, agents[name].state_version)
         agents[name] = agents[name].model_copy(
-            update={"state_json": blob.json, "state_hash": blob.hash}
+            update={"state_json": blob.json, "state_hash": blob.hash, "state_version": version}
         )
     if problems:
         raise StateInvalid(problems)
@@ -216,6 +261,7 @@ async def fork_snapshot(
     tags: Mapping[str, str] | None = None,
     states: Mapping[str, JsonInput] | None = None,
     recorded: bool = False,
+    models: Mapping[str, type[BaseModel]] | None = None,
 ) -> RunInfo:
     """Record a run forked from ``snapshot``: its parent, and a copy of the cut as snapshot 1.
 
@@ -230,12 +276,18 @@ async def fork_snapshot(
         name: The new run's name.
         tags: The new run's tags.
         states: New states of some agents, by name, replacing the recorded ones in the
-            fork's snapshot 1 (see [`forked_cut`][agentsnap.fork.forked_cut]); each is
-            checked against the agent's state schema stored with the parent run, when
-            there is one (see [`check_states`][agentsnap.fork.check_states]).
+            fork's snapshot 1 (see [`forked_cut`][agentsnap.fork.forked_cut]). A new state
+            is one of the current version of the agent's state class: it is validated
+            against the class in ``models`` and recorded with its version; for an agent
+            ``models`` does not name, it is checked against the agent's state schema stored
+            with the parent run, when there is one (see
+            [`check_states`][agentsnap.fork.check_states]), and recorded with the version
+            that schema records.
         recorded: The store already holds run ``run_id``, with no snapshot yet (a runtime
             that started it): only its parent and its snapshot 1 are recorded, and
             ``metadata``, ``name`` and ``tags`` are not used.
+        models: The current state classes, by agent name (an app's, or a runtime's agents'
+            ``state_type``); their schemas are recorded with the fork.
 
     Returns:
         The new run, as the store holds it.
@@ -261,12 +313,26 @@ async def fork_snapshot(
         tags=checked_tags,
         status=RunStatus.CREATED,
     )
-    first = forked_cut(snapshot, run.id, states)
+    models = models or {}
     schemas = await store.load_state_schemas(snapshot.run_id)
+    versions: dict[str, int] = {}
+    for agent in states or {}:
+        model = models.get(agent)
+        if model is not None:
+            versions[agent] = state_version(model)
+        else:  # of the version of the schema it is checked against
+            stored = schema_version(schemas.get(agent))
+            if stored is not None:
+                versions[agent] = stored
+    first = forked_cut(snapshot, run.id, states, versions)
     if states:
-        problems = check_states(states, schemas)
+        problems = check_states({a: s for a, s in states.items() if a not in models}, schemas)
+        problems += validate_states({a: s for a, s in states.items() if a in models}, models)
         if problems:
             raise StateInvalid(problems)
+    schemas.update(
+        {name: schema for name, model in models.items() if (schema := state_schema(model))}
+    )
     if recorded:
         await store.set_parent(run.id, snapshot.run_id, snapshot.id)
     else:

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from agentsnap.exceptions import ConfigurationError, NotFoundError
+from agentsnap.exceptions import ConfigurationError, NotFoundError, StateNotReadable
 from agentsnap.fork import fork_snapshot
 from agentsnap.journal import JournalReader, read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
@@ -45,15 +45,19 @@ from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
 from agentsnap.requests import HumanRequest, RequestLog, answer_request, carry_requests
 from agentsnap.store.graph import GraphCheckpointIndex
 from agentsnap.store.ledger import ledger_for
+from agentsnap.versions import check_state, read_state_json, state_version
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Collection, Mapping
     from datetime import datetime
 
+    from pydantic import BaseModel
+
     from agentsnap.ledger import Ledger, LedgerEntry
     from agentsnap.messages import JsonInput, JsonValue
     from agentsnap.model_calls import ModelCallRecord
     from agentsnap.records import (
+        AgentCut,
         JournalMessage,
         RollbackInfo,
         RunLease,
@@ -71,6 +75,7 @@ __all__ = [
     "approve",
     "bisect_run",
     "call_summary",
+    "check_stored_states",
     "deny",
     "diff_snapshots",
     "diff_states",
@@ -86,6 +91,7 @@ __all__ = [
     "model_call_totals",
     "model_calls",
     "model_calls_table",
+    "read_cut",
     "resolve_run",
     "resolve_snapshot",
     "rollbacks_table",
@@ -439,6 +445,7 @@ def _snapshot(snapshot: Snapshot) -> dict[str, Any]:
             name: {
                 "state": cut.state,
                 "state_hash": cut.state_hash,
+                "state_version": cut.state_version,
                 "sent": cut.sent,
                 "received": cut.received,
             }
@@ -725,9 +732,19 @@ async def _as_reported(store: Store, entries: list[LedgerEntry]) -> list[LedgerE
 
 
 async def show_snapshot(
-    store: Store, snapshot_prefix: str, agent: str | None = None, ledger: Ledger | None = None
+    store: Store,
+    snapshot_prefix: str,
+    agent: str | None = None,
+    ledger: Ledger | None = None,
+    *,
+    models: Mapping[str, type[BaseModel]] | None = None,
 ) -> dict[str, Any]:
     """One snapshot: its agents' states, counters and model calls, the messages in flight.
+
+    Each agent's entry has ``"state_version"``, the version of its state class the state was
+    stored with. With ``models`` (the current state classes, by agent name: see
+    [`read_cut`][agentsnap.inspect.read_cut]) the state of each agent they name is shown as
+    that class reads it now, through its upcasters.
 
     With ``agent``, only that agent's part and the channels into or out of it. A damaged
     snapshot is shown with what could be read, ``"status": "damaged"``, the reason in
@@ -752,6 +769,9 @@ async def show_snapshot(
     snapshot = await resolve_snapshot(store, snapshot_prefix)
     document = _snapshot(snapshot)
     document["run_id"] = snapshot.run_id
+    if models:
+        for name, cut in snapshot.agents.items():
+            document["agents"][name].update(read_cut(name, cut, models))
     if agent is not None:
         if agent in snapshot.damaged_agents:
             document["agents"] = {}
@@ -797,9 +817,19 @@ async def _calls_since_previous(
 
 
 async def diff_snapshots(
-    store: Store, a_prefix: str, b_prefix: str, agent: str | None = None
+    store: Store,
+    a_prefix: str,
+    b_prefix: str,
+    agent: str | None = None,
+    *,
+    models: Mapping[str, type[BaseModel]] | None = None,
 ) -> dict[str, Any]:
     """What changed in each agent's state from snapshot A to snapshot B.
+
+    With ``models`` (the current state classes, by agent name) the states of the agents they
+    name are compared as those classes read them now (see
+    [`read_cut`][agentsnap.inspect.read_cut]): a state stored with an older version is
+    upcast first, so a renamed field is not shown as changed.
 
     Each agent's entry says whether it was ``"added"``, ``"removed"``, ``"changed"`` or
     ``"unchanged"`` and, field by field, what differs (see ``diff_states``). An agent whose
@@ -832,17 +862,21 @@ async def diff_snapshots(
             change = "added"
         elif new is None:
             change = "removed"
-        elif old.state_hash == new.state_hash:
+        elif old.state_hash == new.state_hash and old.state_version == new.state_version:
             change = "unchanged"
         else:
             change = "changed"
+        before = None if old is None else _read_state(name, old, models)
+        after = None if new is None else _read_state(name, new, models)
+        if change == "changed" and before == after:
+            change = "unchanged"  # the same state, once both are read as the code reads them
         agents.append(
             {
                 "agent": name,
                 "change": change,
-                **diff_states(
-                    None if old is None else old.state, None if new is None else new.state
-                ),
+                "a_version": None if old is None else old.state_version,
+                "b_version": None if new is None else new.state_version,
+                **diff_states(before, after),
             }
         )
     return {
@@ -854,6 +888,126 @@ async def diff_snapshots(
         "b_damaged": _damage(b),
         "agents": agents,
     }
+
+
+def read_cut(agent: str, cut: AgentCut, models: Mapping[str, type[BaseModel]]) -> dict[str, Any]:
+    """An agent's stored state as the current code reads it, for an inspector's views.
+
+    ``models`` are the current state classes, by agent name (an app's:
+    [`App.state_models`][agentsnap.distributed.App.state_models]). For an agent they name,
+    the state is read through its class's upcasters (see
+    [`agentsnap.versions`][agentsnap.versions]).
+
+    Returns:
+        ``{}`` for an agent ``models`` does not name (and the environment). Else
+        ``"read_as"``, the version the class is at now, and either ``"state"``, the state as
+        the class reads it, as JSON, or ``"unreadable"``, why the class cannot read it (the
+        stored state is then left as it is).
+    """
+    model = models.get(agent)
+    if model is None or agent == ENVIRONMENT:
+        return {}
+    current = state_version(model)
+    try:
+        return {
+            "state": read_state_json(agent, model, cut.state_json, cut.state_version),
+            "read_as": current,
+        }
+    except StateNotReadable as exc:
+        return {"read_as": current, "unreadable": str(exc)}
+
+
+def _read_state(
+    agent: str, cut: AgentCut, models: Mapping[str, type[BaseModel]] | None
+) -> dict[str, Any]:
+    """The state to compare: as the code reads it, when it can; else as stored."""
+    if models:
+        read = read_cut(agent, cut, models)
+        if "state" in read:
+            state: dict[str, Any] = read["state"]
+            return state
+    return cut.state
+
+
+async def check_stored_states(
+    store: Store, models: Mapping[str, type[BaseModel]], run_prefix: str | None = None
+) -> list[dict[str, Any]]:
+    """Which stored states of a run (or of every run) the current state classes can read.
+
+    Every agent's state in every complete snapshot is read as a resume, rollback or fork
+    would read it (see [`read_state`][agentsnap.versions.read_state]); a state stored in
+    several snapshots is read once.
+
+    Args:
+        store: Where the runs are.
+        models: The current state classes, by agent name (an app's:
+            [`App.state_models`][agentsnap.distributed.App.state_models]).
+        run_prefix: The run (an id or a unique prefix); every run when omitted.
+
+    Returns:
+        One row per run, agent and stored version, in the runs' order: ``"run_id"``,
+        ``"agent"``, ``"stored_version"``, ``"current_version"`` (``None`` for an agent
+        ``models`` does not name), ``"snapshots"`` (the numbers of the snapshots holding
+        such states), ``"readable"`` (how many distinct states the code reads),
+        ``"unreadable"`` (how many it cannot) and ``"error"`` (why, for the first state it
+        cannot read; ``None`` when it reads them all).
+
+    Raises:
+        NotFoundError: No such run, or the prefix is ambiguous.
+    """
+    if run_prefix is None:
+        runs = await store.list_runs()
+    else:
+        runs = [await resolve_run(store, run_prefix)]
+    seen: dict[tuple[str, str, int], StateNotReadable | None] = {}
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        groups: dict[tuple[str, int], dict[str, Any]] = {}
+        for snapshot in await store.list_snapshots(run.id):
+            if snapshot.status is not SnapshotStatus.COMPLETE:
+                continue
+            for name, cut in snapshot.agents.items():
+                if name == ENVIRONMENT:
+                    continue
+                model = models.get(name)
+                row = groups.get((name, cut.state_version))
+                if row is None:
+                    row = groups[name, cut.state_version] = {
+                        "run_id": run.id,
+                        "agent": name,
+                        "stored_version": cut.state_version,
+                        "current_version": None if model is None else state_version(model),
+                        "snapshots": [],
+                        "readable": 0,
+                        "unreadable": 0,
+                        "error": None,
+                        "_hashes": set(),
+                    }
+                row["snapshots"].append(snapshot.seq)
+                if cut.state_hash in row["_hashes"]:
+                    continue
+                row["_hashes"].add(cut.state_hash)
+                if model is None:
+                    problem: str | None = (
+                        f"the code has no agent {name!r}: a resume of run {run.id} needs it "
+                        "registered"
+                    )
+                else:
+                    read = (name, cut.state_hash, cut.state_version)
+                    if read not in seen:
+                        seen[read] = check_state(name, model, cut.state_json, cut.state_version)
+                    found = seen[read]
+                    problem = None if found is None else str(found)
+                if problem is None:
+                    row["readable"] += 1
+                else:
+                    row["unreadable"] += 1
+                    row["error"] = row["error"] or problem
+        for group in sorted(groups):
+            row = groups[group]
+            del row["_hashes"]
+            rows.append(row)
+    return rows
 
 
 def _damage(snapshot: Snapshot) -> str | None:
@@ -962,6 +1116,7 @@ async def fork_run(
     metadata: Mapping[str, JsonInput] | None = None,
     states: Mapping[str, JsonInput] | None = None,
     name: str | None = None,
+    models: Mapping[str, type[BaseModel]] | None = None,
 ) -> RunInfo:
     """Add a run that starts from a complete snapshot (id or unique prefix) of another run.
 
@@ -980,6 +1135,9 @@ async def fork_run(
         states: New states of some agents, by agent name, replacing their recorded states
             in the new run's snapshot 1 (each a JSON object the agent's state model loads).
         name: The new run's name.
+        models: The current state classes, by agent name: an edited state of an agent they
+            name is validated against its class and recorded with its version (see
+            [`fork_snapshot`][agentsnap.fork.fork_snapshot]).
 
     Returns:
         The new run.
@@ -995,7 +1153,7 @@ async def fork_run(
         check_run_id(run_id)
     snapshot = await resolve_snapshot(store, snapshot_prefix)
     run = await fork_snapshot(
-        store, snapshot, run_id=run_id, metadata=metadata, states=states, name=name
+        store, snapshot, run_id=run_id, metadata=metadata, states=states, name=name, models=models
     )
     opened = ledger_for(store, create=False)
     if opened is not None:

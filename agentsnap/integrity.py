@@ -163,11 +163,14 @@ class SnapshotReader:
         state_hash: str,
         sent: str | None,
         received: str | None,
+        *,
+        state_version: int = 1,
     ) -> None:
         """One process's part of a snapshot: its state's hash and its counters' JSON text.
 
         A state not given with [`blob`][agentsnap.integrity.SnapshotReader.blob] before is
-        missing from the store.
+        missing from the store. ``state_version`` is the version of the state class the state
+        was written with.
         """
         problems: list[str] = []
         state = self._state_problem(state_hash)
@@ -192,6 +195,7 @@ class SnapshotReader:
             state_hash=state_hash,
             sent=counters[0],
             received=counters[1],
+            state_version=state_version,
         )
 
     def problem(self, snapshot_id: str, problem: str) -> None:

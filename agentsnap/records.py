@@ -122,6 +122,10 @@ class AgentCut(BaseModel):
     """Messages sent on each outgoing channel, by receiver, at the recording point."""
     received: dict[str, int] = Field(default_factory=dict)
     """Messages received on each incoming channel, by sender, at the recording point."""
+    state_version: int = 1
+    """The version of the agent's state class the state was written with (see
+    [`agentsnap.versions`][agentsnap.versions]); 1 for states stored before versions were
+    recorded, and for the environment."""
 
     @cached_property
     def state(self) -> dict[str, JsonValue]:

@@ -74,6 +74,7 @@ from agentsnap.records import ChannelRecord, RollbackInfo, Snapshot, SnapshotSta
 from agentsnap.redaction import MARKED as _MARKED
 from agentsnap.redaction import Redaction, find_markers, unredact
 from agentsnap.state import HasState
+from agentsnap.versions import read_state
 
 if TYPE_CHECKING:
     from agentsnap.bus import Bus
@@ -283,10 +284,14 @@ def restore_cut(
     A cut read back from the store may hold redaction markers (see
     [`agentsnap.redaction`][agentsnap.redaction]): ``redaction``'s ``secret`` provider gives
     their values back; a marker it cannot give stops the restore before anything changed.
+    A state stored with an older version of its agent's state class is read through the
+    class's upcasters (see [`agentsnap.versions`][agentsnap.versions]).
 
     Raises:
         ConfigurationError: The snapshot names a process that is not registered.
         RedactedValueNeeded: A state or a message needs a value stored redacted.
+        StateNotReadable: A stored state cannot be read by its agent's state class as the
+            code declares it now; no agent and no channel was changed.
     """
     for name in snapshot.agents:
         if local is None and name != ENVIRONMENT and name not in agents:
@@ -294,16 +299,21 @@ def restore_cut(
                 f"snapshot {snapshot.id} holds agent {name!r}, which is not registered; "
                 "register the same agents as the run that took it"
             )
+    # Every state is read before any is replaced: a state the code cannot read (see
+    # agentsnap.versions), or a redacted value nobody gives back, leaves every agent as it
+    # was.
     doing = f"go back to snapshot {snapshot.seq} of run {snapshot.run_id}"
     states = {}
     for name, agent in agents.items():
         cut = snapshot.agents.get(name)
-        text = cut.state_json if cut is not None else initial_states[name]
+        if cut is None:  # registered after the cut: its initial state, of the current class
+            states[name] = agent.state_type.model_validate_json(initial_states[name])
+            continue
+        text = cut.state_json
         if _MARKED in text:
             value = unredact(json.loads(text), "state", name, redaction, doing=doing)
-            states[name] = agent.state_type.model_validate(value)
-        else:
-            states[name] = agent.state_type.model_validate_json(text)
+            text = json.dumps(value)
+        states[name] = read_state(name, agent.state_type, text, cut.state_version)
     environment = snapshot.agents.get(ENVIRONMENT)
     in_flight = [
         recorded_messages(record)

@@ -113,6 +113,7 @@ from agentsnap.state import (
     canonical_json,
     encode_checked,
 )
+from agentsnap.versions import state_version
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -809,7 +810,13 @@ class SnapshotCoordinator:
         # Built from values made here, of the model's types: validating them again would
         # only copy them.
         cut = AgentCut.model_construct(
-            state_json=blob.json, state_hash=blob.hash, sent=sent, received=received
+            state_json=blob.json,
+            state_hash=blob.hash,
+            sent=sent,
+            received=received,
+            state_version=1
+            if name == ENVIRONMENT
+            else state_version(type(self._agents[name].state)),
         )
         self._cuts[name] = cut
         return cut

@@ -27,6 +27,7 @@ from pydantic_core import PydanticSerializationError
 
 from agentsnap.exceptions import StateNotSerializable
 from agentsnap.messages import JsonInput, JsonValue
+from agentsnap.versions import versions_of
 
 __all__ = [
     "AgentState",
@@ -93,6 +94,12 @@ class AgentState(BaseModel):
     Subclass it with your own fields; every field must hold JSON (directly or through pydantic
     models), since snapshots store state as JSON.
 
+    A subclass may declare a version, ``version: ClassVar[int] = 2`` (1 when it declares
+    none), and upcasters from its older versions
+    ([`@upcaster(from_version=1)`][agentsnap.upcaster]): states stored by an older version
+    of the class are read through them (see [`agentsnap.versions`][agentsnap.versions]).
+    Both are checked as the class is defined.
+
     Example:
         ```python
         from agentsnap import AgentState
@@ -110,6 +117,17 @@ class AgentState(BaseModel):
     """The steps the agent intends to take."""
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     """Every tool call the agent made, in order."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """Check the subclass's version and upcasters as it is defined.
+
+        Raises:
+            ConfigurationError: The version or an upcaster is not valid (see
+                [`versions_of`][agentsnap.versions.versions_of]).
+        """
+        super().__pydantic_init_subclass__(**kwargs)
+        versions_of(cls)
 
 
 class HasState(Protocol):

@@ -97,6 +97,7 @@ def test_fork_adds_a_run_that_resume_continues(db: str) -> None:
         name: {
             "state": cut.state,
             "state_hash": cut.state_hash,
+            "state_version": cut.state_version,
             "sent": cut.sent,
             "received": cut.received,
         }

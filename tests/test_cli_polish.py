@@ -614,6 +614,7 @@ EVERY_COMMAND = {
     "checkpoints",
     "fork",
     "bisect",
+    "states check",
     "ui",
     "worker",
 }

@@ -62,6 +62,7 @@ EXAMPLE_ARGS: dict[str, list[list[str]]] = {
     "research_team.py": [[]],
     "redaction.py": [[]],
     "sdk_team.py": [[]],
+    "state_versions.py": [[]],
 }
 
 # What each example prints when all its checks pass.
@@ -78,6 +79,7 @@ SUCCESS: dict[str, str] = {
     "pydantic_ai_agent.py": "the answer was fixed after the review, and the refund happened once",
     "research_team.py": "the team recovered from the rejected draft",
     "sdk_team.py": "the critic's rejection took the whole team back, and the email went out once",
+    "state_versions.py": "the runs stored before the deploy resume and fork under version 2",
 }
 TIMEOUT = 60
 SERVICES = {"--nats": "nats", "--db": "postgres"}

@@ -95,6 +95,7 @@ EXPECTED_ALL = [
     "SnapshotPolicy",
     "SnapshotStatus",
     "StateInvalid",
+    "StateNotReadable",
     "StateNotSerializable",
     "Store",
     "StoreError",
@@ -114,6 +115,7 @@ EXPECTED_ALL = [
     "Verdict",
     "__version__",
     "tool",
+    "upcaster",
 ]
 
 EXPECTED_TESTING_ALL = [

@@ -4,9 +4,9 @@ Every ``import`` of every module of the package counts, wherever it stands (at t
 function, under ``TYPE_CHECKING``), and no module imports itself through others, even within
 a layer. The layers, from the bottom::
 
-    foundation   _errors, exceptions, limits, messages, state, records, handles, integrity,
-                 liveness, semconv, models, redaction: data types and rules; they import
-                 nothing but each other
+    foundation   _errors, exceptions, limits, messages, state, versions, records, handles,
+                 integrity, liveness, semconv, models, redaction: data types and rules; they
+                 import nothing but each other
     store        store/, ledger, once, ownership, fork, model_calls, requests: persistence,
                  the exactly-once machine, forks of stored cuts, recorded model calls,
                  requests to people
@@ -50,6 +50,7 @@ FOUNDATION = {
     "agentsnap.semconv",
     "agentsnap.models",
     "agentsnap.redaction",
+    "agentsnap.versions",
 }
 """Data types and rules every layer uses; they import nothing but each other."""
 

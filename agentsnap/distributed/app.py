@@ -110,6 +110,15 @@ class App:
             (agent, declare_check(kind, schema=schema, check=check, name=name, where="App.check()"))
         )
 
+    def state_models(self) -> dict[str, type[BaseModel]]:
+        """Each agent's state class, by agent name: what reads the run's stored states.
+
+        ``agentsnap states check``, ``show``, ``diff``, ``fork`` and ``ui`` take an app
+        (``--app``) for these: stored states are read through their upcasters (see
+        [`agentsnap.versions`][agentsnap.versions]).
+        """
+        return {agent.name: agent.state_type for agent in self.agents}
+
     def checks_of(self, agent: str) -> list[OutputCheck]:
         """The checks declared on ``agent``, in order."""
         return [declared for name, declared in self.checks if name == agent]

@@ -57,6 +57,7 @@ from agentsnap.records import (
 )
 from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.state import StateBlob, encode_state
+from agentsnap.versions import state_version
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -570,7 +571,11 @@ class DistributedRun:
             blob = encode_state(agent.name, agent.state)
             if self._app.redact is not None:
                 blob = self._app.redact.state_text(agent.name, blob)
-            agents[agent.name] = AgentCut(state_json=blob.json, state_hash=blob.hash)
+            agents[agent.name] = AgentCut(
+                state_json=blob.json,
+                state_hash=blob.hash,
+                state_version=state_version(type(agent.state)),
+            )
         return Snapshot(
             id=uuid.uuid4().hex,
             run_id=self.run_id,

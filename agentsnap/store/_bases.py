@@ -39,9 +39,9 @@ REMEMBERED_PARTS = 100_000
 """Most processes' parts remembered over every run's base; the runs written to longest ago
 are forgotten first (their next snapshot is full)."""
 
-AgentRow = tuple[str, str, str, str, str]
-"""``(snapshot id, process, state hash, sent, received)``: one ``agentsnap_snapshot_agents``
-row, counters as JSON text."""
+AgentRow = tuple[str, str, str, str, str, int]
+"""``(snapshot id, process, state hash, sent, received, state version)``: one
+``agentsnap_snapshot_agents`` row, counters as JSON text."""
 
 
 class RowPlan(NamedTuple):
@@ -92,7 +92,12 @@ class Bases:
                 held = parts.get(row[1])
                 if held is not None:
                     shared += 1
-                    if held[2] == row[2] and held[3] == row[3] and held[4] == row[4]:
+                    if (
+                        held[2] == row[2]
+                        and held[3] == row[3]
+                        and held[4] == row[4]
+                        and held[5] == row[5]
+                    ):
                         continue
                 own.append(row)
                 if len(own) > most:

@@ -81,6 +81,7 @@ class MemoryStore:
                 state_hash=cut.state_hash,
                 sent=cut.sent,
                 received=cut.received,
+                state_version=cut.state_version,
             )
             for name, cut in snapshot.agents.items()
         }

@@ -460,7 +460,7 @@ class SqlStore:
             held = texts.get(name)
             if held is None or held[0] is not cut:
                 held = texts[name] = (cut, _counters(cut.sent), _counters(cut.received))
-            rows.append((snapshot_id, name, cut.state_hash, held[1], held[2]))
+            rows.append((snapshot_id, name, cut.state_hash, held[1], held[2], cut.state_version))
         return rows
 
     async def _write_rows(self, rows: SnapshotRows) -> None:
@@ -1191,6 +1191,7 @@ class SqlStore:
             _agents.c.state_hash,
             type_coerce(_agents.c.sent, Text()).label("sent"),
             type_coerce(_agents.c.received, Text()).label("received"),
+            _agents.c.state_version,
             literal_column("1").label("own"),
         ).where(_agents.c.snapshot_id.in_(ids))
         query: Select[Any] | CompoundSelect[Any] = own
@@ -1205,6 +1206,7 @@ class SqlStore:
                     based.c.state_hash,
                     type_coerce(based.c.sent, Text()),
                     type_coerce(based.c.received, Text()),
+                    based.c.state_version,
                     literal_column("0"),
                 )
                 .join(based, based.c.snapshot_id == _snapshots.c.base_id)
@@ -1226,7 +1228,14 @@ class SqlStore:
         del loaded
         held = dict.fromkeys(deltas, 0)
         for cut in cuts:
-            reader.cut(cut.snapshot_id, cut.agent, cut.state_hash, cut.sent, cut.received)
+            reader.cut(
+                cut.snapshot_id,
+                cut.agent,
+                cut.state_hash,
+                cut.sent,
+                cut.received,
+                state_version=cut.state_version,
+            )
             if cut.own and cut.snapshot_id in held:
                 held[cut.snapshot_id] += 1
         for snapshot_id, count in held.items():
@@ -1307,7 +1316,9 @@ def _statements(mark: str, dialect: Dialect) -> Statements:
             ],
         ),
         blobs=insert(_blobs, ["hash", "state", "lists", "roots"], " ON CONFLICT (hash) DO NOTHING"),
-        agents=insert(_agents, ["snapshot_id", "agent", "state_hash", "sent", "received"]),
+        agents=insert(
+            _agents, ["snapshot_id", "agent", "state_hash", "sent", "received", "state_version"]
+        ),
         messages=insert(
             _messages, ["snapshot_id", "src", "dst", "seq", "kind", "payload", "headers", "epoch"]
         ),

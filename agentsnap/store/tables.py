@@ -210,7 +210,9 @@ class StateChunkRow(Base):
 
 
 class SnapshotAgentRow(Base):
-    """One process's part of a snapshot: its state (by hash) and its channel counters."""
+    """One process's part of a snapshot: its state (by hash), the version of the state class
+    it was written with, and its channel counters.
+    """  # noqa: D205
 
     __tablename__ = "agentsnap_snapshot_agents"
 
@@ -223,6 +225,7 @@ class SnapshotAgentRow(Base):
     )
     sent: Mapped[dict[str, int]] = mapped_column(Json())
     received: Mapped[dict[str, int]] = mapped_column(Json())
+    state_version: Mapped[int] = mapped_column(Integer, server_default=text("1"))
 
 
 class SnapshotMessageRow(Base):

@@ -62,6 +62,7 @@ from agentsnap.inspect import (
     fork_run,
     ledger_calls,
     list_requests,
+    read_cut,
     resolve_run,
     resolve_snapshot,
 )
@@ -72,7 +73,7 @@ from agentsnap.ui.conditions import Condition
 from agentsnap.ui.queries import RunIndex, build_index, micros, model_calls_view
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Mapping
 
     from agentsnap.ledger import Ledger, LedgerEntry
     from agentsnap.records import RollbackInfo, RunInfo, Snapshot
@@ -278,6 +279,7 @@ def create_app(
     allow_answer: bool = False,
     ledger: Ledger | None = None,
     close_store: bool = False,
+    models: Mapping[str, type[BaseModel]] | None = None,
 ) -> FastAPI:
     """The inspector's app over ``store``.
 
@@ -290,7 +292,13 @@ def create_app(
             database (an ``SqlStore``'s), none for other stores.
         close_store: Close ``store`` when the app shuts down (a server that opened the
             store for the app); by default the caller closes it.
+        models: The current state classes, by agent name (an app's
+            [`state_models`][agentsnap.distributed.App.state_models]): states are shown as
+            they read them now, through their upcasters, and a fork's edited states are
+            validated against them (see [`read_cut`][agentsnap.inspect.read_cut]). Each
+            state also says the version it was stored with (``"state_version"``).
     """
+    models = dict(models or {})
     indexes = _Indexes(store)
 
     @contextlib.asynccontextmanager
@@ -474,7 +482,9 @@ def create_app(
                 name: {
                     "state": cut.state,
                     "state_hash": cut.state_hash,
+                    "state_version": cut.state_version,
                     "counters": {"sent": cut.sent, "received": cut.received},
+                    **read_cut(name, cut, models),
                 }
                 for name, cut in sorted(snapshot.agents.items())
             },
@@ -519,6 +529,8 @@ def create_app(
                     "state_hash": state_hash,
                     "changed": state_hash is not None and state_hash != previous,
                     "state": None if cut is None else cut.state,
+                    "state_version": None if cut is None else cut.state_version,
+                    **({} if cut is None else read_cut(agent, cut, models)),
                 }
             )
             if state_hash is not None:
@@ -535,7 +547,7 @@ def create_app(
         found = await resolve_run(store, run)
         first = await in_run(found, a)
         second = await in_run(found, b)
-        raw = await diff_snapshots(store, first.id, second.id, agent)
+        raw = await diff_snapshots(store, first.id, second.id, agent, models=models)
         return _diff(raw, first, second)
 
     # --- messages ---
@@ -747,7 +759,9 @@ def create_app(
             )
         found = await resolve_run(store, run)
         snapshot = await in_run(found, request.snapshot)
-        made = await fork_run(store, snapshot.id, states=request.states or None, name=request.name)
+        made = await fork_run(
+            store, snapshot.id, states=request.states or None, name=request.name, models=models
+        )
         return {"run": _run(made, *await counts(made))}
 
     @app.post("/api/runs/{run}/bisect", summary="The first snapshot where a condition fails")

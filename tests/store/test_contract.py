@@ -1061,6 +1061,6 @@ async def test_a_runtime_records_its_agents_state_schemas(store: Store) -> None:
         await runtime.run_until_idle()
     schemas = await store.load_state_schemas(runtime.run_id)
     assert set(schemas) == {"early", "late"}
-    assert schemas["early"] == DraftState.model_json_schema()
+    assert schemas["early"] == {**DraftState.model_json_schema(), "x-state-version": 1}
     drafts = get(get(schemas["late"], "properties", dict), "drafts", dict)
     assert drafts["type"] == "array"
