@@ -1419,10 +1419,11 @@ def show(snapshot_id: str, db: str, agent: str | None, app_spec: str | None, as_
     elif doc["error"]:
         click.echo(f"error: {doc['error']}")
     for name, cut in doc["agents"].items():
-        version = f"version {cut['state_version']}"
+        # A state's version is shown once its class declares one (1 is the default).
+        version = f", version {cut['state_version']}" if cut["state_version"] != 1 else ""
         if cut.get("read_as", cut["state_version"]) != cut["state_version"]:
-            version += f", read as version {cut['read_as']}"
-        click.echo(f"agent {name}  (state {cut['state_hash'][:12]}, {version})")
+            version = f", version {cut['state_version']}, read as version {cut['read_as']}"
+        click.echo(f"agent {name}  (state {cut['state_hash'][:12]}{version})")
         if "unreadable" in cut:
             click.echo(console.paint_warning(f"  ! {cut['unreadable']}"))
         click.echo(f"  sent: {_counters(cut['sent'])}")

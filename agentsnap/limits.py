@@ -91,6 +91,8 @@ COLUMNS: Final[Mapping[str, int]] = {
     "agentsnap_model_calls.run_id": MAX_RUN_ID,
     "agentsnap_model_calls.agent": MAX_AGENT_NAME,
     "agentsnap_model_bodies.run_id": MAX_RUN_ID,
+    "agentsnap_requests.run_id": MAX_RUN_ID,
+    "agentsnap_requests.agent": MAX_AGENT_NAME,
     "agentsnap_snapshot_parts.run_id": MAX_RUN_ID,
     "agentsnap_snapshot_parts.worker": MAX_WORKER_NAME,
     "agentsnap_agent_leases.run_id": MAX_RUN_ID,

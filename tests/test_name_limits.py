@@ -62,6 +62,11 @@ INTERNAL = {
     "agentsnap_tool_calls.owner",
     "agentsnap_model_calls.message_id",  # src>dst#seq, as for the tool calls
     "agentsnap_model_bodies.hash",  # a SHA-256
+    "agentsnap_requests.id",  # a hash of the request's identity
+    "agentsnap_requests.message_id",  # src>dst#seq, as for the tool calls
+    "agentsnap_requests.kind",  # question or approval
+    "agentsnap_requests.on_deadline",  # default, reject or fail
+    "agentsnap_requests.status",
     "agentsnap_lg_checkpoints.checkpoint_type",
     "agentsnap_lg_checkpoints.meta_type",
     "agentsnap_lg_blobs.value_type",

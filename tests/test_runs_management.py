@@ -45,6 +45,7 @@ from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent
 from agentsnap.ledger import owner_id
 from agentsnap.messages import JsonValue
 from agentsnap.model_calls import ModelCallRecord
+from agentsnap.requests import HumanRequest
 from agentsnap.records import SnapshotPart, utcnow
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.retention import (
@@ -286,6 +287,20 @@ async def test_a_deleted_run_leaves_nothing_behind_and_its_fork_lives_on(
         for run_id in (first.run_id, fork.id):
             for position in range(2):
                 assert await ledger.record_model_call(model_call(run_id, position))
+            # What a handler's question to a person leaves: its request.
+            await ledger.add_request(
+                HumanRequest(
+                    id=f"{run_id[:8]}-ask",
+                    run_id=run_id,
+                    agent="shop",
+                    message_id="inbox>shop#1",
+                    position=2,
+                    timeline=0,
+                    kind="question",
+                    question="may I?",
+                    asked_at=utcnow(),
+                )
+            )
     finally:
         await ledger.close()
     exported = await export_run(store, fork.id)
