@@ -18,14 +18,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from agentsnap._phases import Phase, Phases
-from agentsnap._team import lost_to_database
+from agentsnap._team import PROBE_FIRST, PROBE_MAX, until_answers
 from agentsnap.exceptions import (
     ConfigurationError,
     HandlerFailed,
     OutputRejected,
     RunError,
     SnapshotDamaged,
-    StoreError,
 )
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RollbackInfo, SnapshotStatus
@@ -51,8 +50,6 @@ __all__ = ["Line", "Recovery"]
 
 logger = logging.getLogger("agentsnap")
 
-_PROBE_FIRST = 0.1  # seconds between probes of a database that does not answer, at first
-_PROBE_MAX = 5.0
 _PROBE_KEY = "agentsnap:probe"  # a ledger key read to see whether the ledger answers
 
 
@@ -277,8 +274,8 @@ class Recovery:
         such rollbacks, doubling the pause while they keep coming.
         """
         now = time.monotonic()
-        if now - self._last_fault_rollback < 2 * _PROBE_MAX:
-            self._fault_pause = min(self._fault_pause * 2 or _PROBE_FIRST, _PROBE_MAX)
+        if now - self._last_fault_rollback < 2 * PROBE_MAX:
+            self._fault_pause = min(self._fault_pause * 2 or PROBE_FIRST, PROBE_MAX)
             await asyncio.sleep(self._fault_pause)
         else:
             self._fault_pause = 0.0
@@ -286,20 +283,16 @@ class Recovery:
 
     async def _until_store_answers(self) -> bool:
         """Wait until the store and the ledger answer again; False if the run ended first."""
-        pause = _PROBE_FIRST
-        while not self._phases.closed and self._record.lost is None:
-            try:
-                await self._record.store.get_run(self.run_id)
-                await self._ledger.get(_PROBE_KEY)
-            except StoreError as exc:
-                if not lost_to_database(exc):
-                    raise
-                logger.warning("run %s: the database is still unavailable: %s", self.run_id, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, _PROBE_MAX)
-            else:
-                return True
-        return False
+
+        async def probe() -> None:
+            await self._record.store.get_run(self.run_id)
+            await self._ledger.get(_PROBE_KEY)
+
+        return await until_answers(
+            probe,
+            self.run_id,
+            lambda: not self._phases.closed and self._record.lost is None,
+        )
 
     # -- rolling back -----------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
@@ -45,9 +45,20 @@ if TYPE_CHECKING:
     from agentsnap.snapshot import SnapshotCoordinator
     from agentsnap.telemetry import Telemetry
 
-__all__ = ["Follower", "Team", "TeamEvents", "lost_to_database"]
+__all__ = [
+    "PROBE_FIRST",
+    "PROBE_MAX",
+    "Follower",
+    "Team",
+    "TeamEvents",
+    "lost_to_database",
+    "until_answers",
+]
 
 logger = logging.getLogger("agentsnap")
+
+PROBE_FIRST = 0.1  # seconds between probes of a database that does not answer, at first
+PROBE_MAX = 5.0
 
 
 def lost_to_database(error: BaseException) -> bool:
@@ -56,6 +67,32 @@ def lost_to_database(error: BaseException) -> bool:
         return False
     fault = classify(error)
     return fault is not None and fault.transient
+
+
+async def until_answers(
+    probe: Callable[[], Awaitable[object]], run_id: str, going: Callable[[], bool] | None = None
+) -> bool:
+    """Probe the database until it answers, backing off; ``False`` if ``going`` turned false.
+
+    The one wait for a database that does not answer, in both modes: before a run goes back
+    to its last cut to redo work a database fault cut off.
+
+    Raises:
+        StoreError: The probe failed for a reason that does not pass.
+    """
+    pause = PROBE_FIRST
+    while going is None or going():
+        try:
+            await probe()
+        except StoreError as exc:
+            if not lost_to_database(exc):
+                raise
+            logger.warning("run %s: the database is still unavailable: %s", run_id, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, PROBE_MAX)
+        else:
+            return True
+    return False
 
 
 class TeamEvents(Protocol):

@@ -44,14 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from agentsnap._team import lost_to_database
+from agentsnap._team import until_answers
 from agentsnap.distributed.orders import (
     MessageKey,
     RollbackOrder,
     broadcast_subject,
     rejection_of,
 )
-from agentsnap.exceptions import StoreError
 from agentsnap.records import RollbackInfo, Snapshot, utcnow
 from agentsnap.requests import withdraw_discarded
 from agentsnap.rollback import RetryBudget, RetryPolicy
@@ -68,8 +67,6 @@ logger = logging.getLogger("agentsnap.distributed")
 
 _REPEAT = 2.0
 """Seconds between repeats of a rollback order some process has not carried out yet."""
-_PROBE_FIRST = 0.1  # seconds between probes of a database that does not answer, at first
-_PROBE_MAX = 5.0
 
 
 class _Rolling:
@@ -358,7 +355,7 @@ class RollbackAuthority:
 
     async def _for_fault(self, agent: str, reason: str) -> None:
         try:
-            await self._until_store_answers()
+            await until_answers(lambda: self._store.get_run(self.run_id), self.run_id)
             logger.warning(
                 "run %s: agent %r could not finish its work (%s); the run goes back to its "
                 "last complete cut",
@@ -372,21 +369,6 @@ class RollbackAuthority:
             logger.exception("run %s: the rollback for a database fault failed", self.run_id)
         finally:
             self._deciding = False
-
-    async def _until_store_answers(self) -> None:
-        """Wait until the run's store answers again."""
-        pause = _PROBE_FIRST
-        while True:
-            try:
-                await self._store.get_run(self.run_id)
-            except StoreError as exc:
-                if not lost_to_database(exc):
-                    raise
-                logger.warning("run %s: the database is still unavailable: %s", self.run_id, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, _PROBE_MAX)
-            else:
-                return
 
     async def _recover(self, reason: str) -> None:
         try:
