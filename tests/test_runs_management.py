@@ -45,8 +45,8 @@ from agentsnap.integrations.langgraph import AgentsnapSaver, GraphAgent
 from agentsnap.ledger import owner_id
 from agentsnap.messages import JsonValue
 from agentsnap.model_calls import ModelCallRecord
-from agentsnap.requests import HumanRequest
 from agentsnap.records import SnapshotPart, utcnow
+from agentsnap.requests import HumanRequest
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.retention import (
     LANGGRAPH_ROWS,
