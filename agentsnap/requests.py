@@ -62,6 +62,7 @@ __all__ = [
     "answer_request",
     "approval_of",
     "approval_question",
+    "approval_rules",
     "carry_requests",
     "check_answer",
     "deadline_of",
@@ -139,6 +140,20 @@ def approval_of(policy: ApprovalPolicy | None) -> Approval | None:
     raise ConfigurationError(
         f"approval= takes True, a predicate on the call's arguments, or an Approval, got {policy!r}"
     )
+
+
+def approval_rules(policy: Mapping[str, ApprovalPolicy] | None) -> dict[str, Approval]:
+    """A run's approval policy (by tool name), each tool's rule as an ``Approval``.
+
+    Raises:
+        ConfigurationError: A rule is none of the forms ``approval_of`` takes.
+    """
+    rules: dict[str, Approval] = {}
+    for tool, rule in (policy or {}).items():
+        approval = approval_of(rule)
+        if approval is not None:
+            rules[tool] = approval
+    return rules
 
 
 _STEP_ID_CHARS = 24

@@ -62,7 +62,7 @@ from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.once import KnownTools
 from agentsnap.records import RollbackInfo, RunStatus, Snapshot
 from agentsnap.replay import InputLog, ReplayLog
-from agentsnap.requests import Approval, ApprovalPolicy, approval_of, carry_requests
+from agentsnap.requests import ApprovalPolicy, approval_rules, carry_requests
 from agentsnap.rollback import RetryPolicy
 from agentsnap.snapshot import SnapshotCoordinator, SnapshotPolicy
 from agentsnap.state import check_round_trip
@@ -305,7 +305,7 @@ class Runtime:
             replay=self._replay,
             telemetry=self._telemetry,
             redaction=redact,
-            approvals=_approvals(approvals),
+            approvals=approval_rules(approvals),
         )
         self._following = (
             Following(self.run_id, bus, team, self._replay) if self._replay is not None else None
@@ -803,13 +803,3 @@ class Runtime:
     async def list_snapshots(self) -> list[Snapshot]:
         """Every snapshot of this run held by the store, in the order they were started."""
         return await self.store.list_snapshots(self.run_id)
-
-
-def _approvals(policy: Mapping[str, ApprovalPolicy] | None) -> dict[str, Approval]:
-    """The runtime's approval policy, each tool's rule as an ``Approval``."""
-    rules: dict[str, Approval] = {}
-    for tool, rule in (policy or {}).items():
-        approval = approval_of(rule)
-        if approval is not None:
-            rules[tool] = approval
-    return rules

@@ -12,9 +12,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from test_distributed import PATIENCE, nats_url  # noqa: F401  # the fixture
 
 from agentsnap import Agent, AgentState, Context, Message, tool
@@ -38,8 +40,25 @@ class Desk(Agent[AgentState]):
         self.state.memory["outcome"] = await refund(ctx, order=order)
 
 
+@tool(side_effect=True, name="distributed_plain_refund")
+async def plain_refund(order: str) -> str:
+    PAID.append(order)
+    return f"refunded {order}"
+
+
+class PlainDesk(Agent[AgentState]):
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        order = cast("dict[str, Any]", message.payload)["order"]
+        self.state.memory["outcome"] = await plain_refund(ctx, order=order)
+
+
 def desks() -> App:
     return App(agents=[Desk("desk")])
+
+
+def policy_desks() -> App:
+    """The tool declares no approval: the app's policy asks for one."""
+    return App(agents=[PlainDesk("desk")], approvals={"distributed_plain_refund": True})
 
 
 def cli(db: str, *args: str) -> str:
@@ -55,15 +74,18 @@ def cli(db: str, *args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.parametrize("make_app", [desks, policy_desks], ids=["tool-approval", "app-policy"])
 async def test_a_workers_request_is_answered_from_another_process(
     nats_url: str,  # noqa: F811
     tmp_path: Path,
+    make_app: Callable[[], App],
 ) -> None:
+    PAID.clear()
     db = f"sqlite:///{tmp_path / 'runs.db'}"
     store = SqlStore(db)
     links = [await JetStreamLink.connect(nats_url) for _ in range(2)]
-    run = DistributedRun(links[0], store, desks(), part_timeout=30)
-    app = desks()
+    run = DistributedRun(links[0], store, make_app(), part_timeout=30)
+    app = make_app()
     worker = Worker(links[1], store, run.run_id, app, ["desk"], name="w0")
     try:
         await run.start()

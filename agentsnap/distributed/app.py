@@ -20,7 +20,7 @@ app.check("writer", kind="draft", schema=Draft)
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from agentsnap.exceptions import ConfigurationError
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RunInfo, RunStatus
 from agentsnap.redaction import Redaction
+from agentsnap.requests import ApprovalPolicy
 from agentsnap.rollback import RetryPolicy
 
 __all__ = ["App", "check_run", "load_app"]
@@ -57,6 +58,10 @@ class App:
             [`agentsnap.redaction`][agentsnap.redaction]): every worker of the app (unless
             given its own, ``Worker(..., redact=...)``) and the run's coordinator apply it
             to what they store.
+        approvals: Tools whose side-effecting calls wait for a person's approval before
+            they are claimed in the ledger, by tool name, as
+            [`Runtime(approvals=...)`][agentsnap.Runtime] takes them: every worker of the
+            app applies it, besides each tool's own ``approval=``.
     """
 
     agents: Sequence[Agent[Any]]
@@ -64,6 +69,7 @@ class App:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     checks: list[tuple[str, OutputCheck]] = field(default_factory=list)
     redact: Redaction | None = None
+    approvals: Mapping[str, ApprovalPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

@@ -38,6 +38,7 @@ from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.once import KnownTools
 from agentsnap.records import Snapshot, SnapshotStatus, utcnow
 from agentsnap.replay import InputLog
+from agentsnap.requests import ApprovalPolicy, approval_rules
 from agentsnap.rollback import recorded_messages
 from agentsnap.state import check_round_trip
 from agentsnap.store.ledger import MemoryLedger, ledger_for
@@ -102,6 +103,8 @@ class Host:
         redaction: Applied to each snapshot part before it is written, to the tool and
             model calls the hosted agents record, and to the values a restored cut needs
             (see [`agentsnap.redaction`][agentsnap.redaction]).
+        approvals: Tools whose side-effecting calls wait for a person's approval, by tool
+            name (the app's ``approvals``), as the kernel applies them in one process.
 
     Attributes:
         bus: The bus.
@@ -134,6 +137,7 @@ class Host:
         ledger: Ledger | None = None,
         telemetry: Telemetry | bool | None = None,
         redaction: Redaction | None = None,
+        approvals: Mapping[str, ApprovalPolicy] | None = None,
     ) -> None:
         self.link = link
         self.redaction = redaction
@@ -183,6 +187,7 @@ class Host:
             line=_Generation(self.transport),
             telemetry=self.telemetry,
             redaction=redaction,
+            approvals=approval_rules(approvals),
         )
         for name, declared in (checks or {}).items():
             for check in declared:

@@ -145,6 +145,7 @@ class Worker:
             checks=checks,
             telemetry=telemetry,
             redaction=redact if redact is not None else app.redact,
+            approvals=app.approvals,
         )
         self.host.report = self._report
         self.host.report_passed = self._passed
