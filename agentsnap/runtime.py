@@ -321,6 +321,7 @@ class Runtime:
             failures=self.failures,
         )
         recovery.attach(team, cadence, self._following)
+        record.interrupt = team.quiesce  # a cancelled run's handlers stop where they are
         self._closer = Closer(
             self.run_id,
             bus=bus,
@@ -733,6 +734,8 @@ class Runtime:
             raise await record.unknown_run() from None
         if run.status is RunStatus.SUCCEEDED:
             raise finished_error(run)
+        if run.cancel_requested is not None:  # resuming a run withdraws a request to stop it
+            await self.store.request_cancel(self.run_id, None)
         await record.own(wait=2 * record.ownership.ttl if wait is None else wait)
         # Another resume may have taken the run over, finished it and let go meanwhile.
         run = await self.store.get_run(self.run_id)
@@ -742,6 +745,8 @@ class Runtime:
             raise finished_error(run)
         if run.status is not RunStatus.RUNNING:  # it runs again, until it is closed
             await self.store.finish_run(self.run_id, RunStatus.RUNNING, None)
+        if run.traceback is not None:
+            await self.store.save_traceback(self.run_id, None)
         await mark_orphaned(self.ledger, self.store, self.run_id)
         await self.start()
         recovery.raise_if_stopped()

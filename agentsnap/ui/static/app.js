@@ -471,6 +471,8 @@ const STATUS_COLOURS = {
   retryable: "#c80",
   abandoned: "#999",
   compensating: "#a6a",
+  cancelled: "#999",
+  interrupted: "#c80",
 };
 
 function niceStep(rough) {
@@ -1398,7 +1400,8 @@ async function runsView(main, params, signal) {
     el(
       "select",
       { name: "status", "aria-label": "Status" },
-      ["", "running", "completed", "succeeded", "failed", "interrupted", "abandoned"].map((s) =>
+      // The values of agentsnap.RunStatus, which the API's status filter takes.
+      ["", "running", "succeeded", "failed", "interrupted", "cancelled", "created"].map((s) =>
         el("option", { value: s, text: s || "any status", selected: s === status }),
       ),
     ),
