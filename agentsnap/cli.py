@@ -2281,12 +2281,14 @@ def _input_value(text: str) -> Any:
         ) from exc
 
 
-def _act(db: str, action: Callable[[SqlStore], Awaitable[T]]) -> T:
-    """Run ``action`` with a store on ``db`` that may write (its schema is created if new)."""
+def _act(db: str, action: Callable[[SqlStore], Awaitable[T]], *, create: bool = False) -> T:
+    """Run ``action`` with a store on ``db`` that writes (``create``: a database and its
+    schema are created if there is none).
+    """  # noqa: D205
     from agentsnap.store.sql import SqlStore  # noqa: PLC0415
 
     async def go() -> T:
-        store = SqlStore(db)
+        store = SqlStore(db, create=create)
         try:
             return await action(store)
         finally:
@@ -2363,6 +2365,7 @@ def run_command(  # noqa: PLR0917 - click passes the options positionally
         lambda store: run_app(
             store, app, payload, to=to, run_id=run_id, name=name, started=started
         ),
+        create=True,
     )
     _outcome(run, as_json)
 

@@ -1605,12 +1605,20 @@ async def cancel_run(
 
     Raises:
         NotFoundError: No run's id starts with ``run_prefix``, or several do.
-        ConfigurationError: The run has ended (succeeded, failed or cancelled already).
+        ConfigurationError: The run has ended (succeeded, failed or cancelled already),
+            or it is spread over processes (only one-process runs are cancelled so).
     """
+    from agentsnap.distributed.app import PROCESSES  # noqa: PLC0415 (a metadata key only)
+
     run = await resolve_run(store, run_prefix)
     if run.status in {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}:
         raise ConfigurationError(
             f"run {run.id} has ended ({run.status.value}): nothing runs to cancel"
+        )
+    if PROCESSES in run.metadata:
+        raise ConfigurationError(
+            f"run {run.id} is spread over processes, whose coordinator does not look for "
+            "cancel requests: stop the program running its DistributedRun instead"
         )
     await store.request_cancel(run.id, reason)
     if run.status is not RunStatus.RUNNING:  # nobody owns it to see the request

@@ -120,8 +120,9 @@ class RunInfo(BaseModel):
     """Why the run ended as it did, in one line: what failed, or what interrupted it."""
     traceback: str | None = None
     """For a failed run, the tracebacks of what failed (each handler failure, then the
-    exception that ended the run), exception chains included, as text of at most
-    [`TRACEBACK_LIMIT`][agentsnap.records.TRACEBACK_LIMIT] characters; ``None`` otherwise."""
+    exception that ended the run), exception chains included, as text of at most 16,000
+    characters (the beginning and the end kept); ``None`` otherwise, and once the run is
+    resumed."""
     cancel_requested: str | None = None
     """Why someone asked the run to stop (``agentsnap cancel``), while its owner has not
     stopped it yet; ``None`` when nobody asked, or once the run was resumed."""

@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
+
+from agentsnap.cli import main
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -74,6 +77,13 @@ class Payroll:
             text=True,
         )
 
+    def read(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """A command run in this process (the commands that only read need no process)."""
+        result = CliRunner(env={"NO_COLOR": "1"}).invoke(main, [*args, "--db", self.db])
+        return subprocess.CompletedProcess(
+            args, result.exit_code, stdout=result.stdout, stderr=result.stderr
+        )
+
     def paid(self) -> list[tuple[str, str]]:
         """``(key, employee)`` of each payment the service recorded."""
         if not self.service.exists():
@@ -85,7 +95,7 @@ class Payroll:
         return len(self.progress.read_text().splitlines()) if self.progress.exists() else 0
 
     def json(self, *args: str) -> Any:
-        done = self.run(*args, "--json")
+        done = self.read(*args, "--json")
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
@@ -160,7 +170,7 @@ def test_a_run_killed_mid_run_is_finished_by_resume_with_each_payment_once(
     (run,) = payroll.json("runs")
     assert (run["id"], run["status"], run["traceback"]) == (run_id, "succeeded", None)
 
-    again = payroll.run("resume", run_id, "--app", "payroll_app:make_app")
+    again = payroll.read("resume", run_id, "--app", "payroll_app:make_app")
     assert again.returncode != 0
     assert f"run {run_id} already finished (succeeded" in again.stderr
 
@@ -169,7 +179,7 @@ def test_resume_says_what_is_wrong(payroll: Payroll) -> None:
     done = payroll.run("run", "--app", "payroll_app:make_app", "--input", '{"employees": 1}')
     assert done.returncode == 0, done.stderr
 
-    unknown = payroll.run("resume", "f" * 32, "--app", "payroll_app:make_app")
+    unknown = payroll.read("resume", "f" * 32, "--app", "payroll_app:make_app")
     assert unknown.returncode != 0
     assert "no run" in unknown.stderr.lower()
     assert "Traceback" not in unknown.stderr
@@ -179,15 +189,15 @@ def test_resume_says_what_is_wrong(payroll: Payroll) -> None:
         ("no_such_module:make_app", "cannot import the app's module 'no_such_module'"),
         ("payroll_app:nothing", "has no factory 'nothing'"),
     ]:
-        bad = payroll.run("run", "--app", app, "--input", "{}")
+        bad = payroll.read("run", "--app", app, "--input", "{}")
         assert bad.returncode == 2, bad.stderr
         assert says in bad.stderr
         assert "--app" in bad.stderr
 
-    wrong_input = payroll.run("run", "--app", "payroll_app:make_app", "--input", "{oops")
+    wrong_input = payroll.read("run", "--app", "payroll_app:make_app", "--input", "{oops")
     assert wrong_input.returncode == 2
     assert "--input is not JSON" in wrong_input.stderr
-    wrong_agent = payroll.run(
+    wrong_agent = payroll.read(
         "run", "--app", "payroll_app:make_app", "--input", "{}", "--to", "boss"
     )
     assert wrong_agent.returncode == 1
@@ -212,11 +222,11 @@ def test_cancel_stops_a_running_process_and_resume_finishes_the_run(payroll: Pay
     ) as running:
         wait_until(lambda: payroll.progress_lines() >= 1, "a payment", running)
 
-        owned = payroll.run("resume", run_id, "--app", "payroll_app:make_app")
+        owned = payroll.read("resume", run_id, "--app", "payroll_app:make_app")
         assert owned.returncode != 0
         assert f"run {run_id} is owned by" in owned.stderr
 
-        asked = payroll.run("cancel", run_id, "--reason", "payday moved")
+        asked = payroll.read("cancel", run_id, "--reason", "payday moved")
         assert asked.returncode == 0, asked.stderr
         assert "cancel requested" in asked.stdout
 
@@ -229,7 +239,7 @@ def test_cancel_stops_a_running_process_and_resume_finishes_the_run(payroll: Pay
     assert "payday moved" in run["status_reason"]
     assert [employee for _, employee in payroll.paid()] == ["e0"]
 
-    cancelled_again = payroll.run("cancel", run_id)
+    cancelled_again = payroll.read("cancel", run_id)
     assert cancelled_again.returncode != 0
     assert "has ended (cancelled)" in cancelled_again.stderr
 
@@ -259,14 +269,14 @@ def test_a_failed_run_keeps_its_tracebacks(payroll: Payroll) -> None:
     assert "The above exception was the direct cause of the following exception" in traceback
     assert "HandlerFailed: agent 'payer' failed while handling message clerk>payer#2" in traceback
 
-    listed = payroll.run("runs", "--status", "failed")
+    listed = payroll.read("runs", "--status", "failed")
     why = next(line for line in listed.stdout.splitlines() if "why:" in line)
     assert "(at payroll_app.py:" in why
     assert "in pay)" in why
-    assert "KeyError" in payroll.run("runs", "--traceback").stdout
+    assert "KeyError" in payroll.read("runs", "--traceback").stdout
 
     snapshots = payroll.json("snapshots", run_id)
-    shown = payroll.run("show", snapshots[0]["id"])
+    shown = payroll.read("show", snapshots[0]["id"])
     assert "run failed: HandlerFailed" in shown.stdout
     assert "KeyError: 'boom'" in shown.stdout
 
@@ -298,7 +308,7 @@ def test_events_lists_each_handler_execution(payroll: Payroll) -> None:
     assert payroll.json("events", run_id, "--kind", "paid") == [
         r for r in rows if r["agent"] == "auditor"
     ]
-    table = payroll.run("events", run_id)
+    table = payroll.read("events", run_id)
     assert table.returncode == 0
     assert table.stdout.splitlines()[0].split()[:4] == ["#", "STARTED", "AGENT", "TOOK"]
     assert "pay succeeded" in table.stdout
