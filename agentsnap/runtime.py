@@ -51,6 +51,7 @@ from agentsnap.exceptions import (
     DuplicateAgentError,
     HandlerFailed,
     NotFoundError,
+    RunCancelled,
     UnknownAgentError,
 )
 from agentsnap.fork import check_forkable, fork_snapshot
@@ -513,11 +514,14 @@ class Runtime:
 
         Ctrl-C (``KeyboardInterrupt``) or a cancelled task (``CancelledError``, which is
         what ``asyncio.run`` raises in the main task on Ctrl-C) records the run as
-        cancelled, so ``resume()`` continues it; any other exception records it as failed,
-        with the exception as its reason.
+        cancelled, so ``resume()`` continues it, and so does
+        [`RunCancelled`][agentsnap.RunCancelled] (the run was cancelled on request); any
+        other exception records it as failed, with the exception as its reason.
         """
         if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
             await self._closer.close(failed=None, cancelled=exc)
+        elif isinstance(exc, RunCancelled):  # cancelled on request: recorded as such
+            await self._closer.close(failed=None)
         else:
             await self._closer.close(failed=exc)
 

@@ -74,18 +74,23 @@ class Failing(Agent[AgentState]):
 async def test_a_cancel_request_stops_the_running_owner_and_resume_finishes(store: Store) -> None:
     hold = asyncio.Event()
     hold.set()
-    async with Runtime(store=store, lease=0.3) as runtime:
-        worker = runtime.add(Worker("worker", hold))
-        runtime.send("worker", 5, kind="job")
-        running = asyncio.ensure_future(runtime.run_until_idle())
-        await worker.started.wait()
-        requested = await cancel_run(store, runtime.run_id[:8], "the customer left")
-        assert requested.status is RunStatus.RUNNING
-        assert requested.cancel_requested == "the customer left"
-        with pytest.raises(RunCancelled) as raised:
+    runtime = Runtime(store=store, lease=6.0)  # renewed, and the request seen, every 2 s
+    worker = runtime.add(Worker("worker", hold))
+
+    async def run_and_cancel() -> None:
+        async with runtime:  # RunCancelled leaves the block: the run is still cancelled
+            runtime.send("worker", 5, kind="job")
+            running = asyncio.ensure_future(runtime.run_until_idle())
+            await worker.started.wait()
+            requested = await cancel_run(store, runtime.run_id[:8], "the customer left")
+            assert requested.status is RunStatus.RUNNING
+            assert requested.cancel_requested == "the customer left"
             await running
-        assert raised.value.reason == "the customer left"
-        assert worker.interrupted == 1  # the handler under way was cancelled where it waited
+
+    with pytest.raises(RunCancelled) as raised:
+        await run_and_cancel()
+    assert raised.value.reason == "the customer left"
+    assert worker.interrupted == 1  # the handler under way was cancelled where it waited
     run = await store.get_run(runtime.run_id)
     assert run.status is RunStatus.CANCELLED
     assert run.status_reason is not None
@@ -95,7 +100,7 @@ async def test_a_cancel_request_stops_the_running_owner_and_resume_finishes(stor
     with pytest.raises(ConfigurationError, match=r"has ended \(cancelled\)"):
         await cancel_run(store, runtime.run_id)
 
-    async with Runtime(store=store, run_id=runtime.run_id, lease=0.3) as again:
+    async with Runtime(store=store, run_id=runtime.run_id) as again:
         resumed = again.add(Worker("worker"))
         await again.resume()
         await again.run_until_idle()
