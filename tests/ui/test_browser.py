@@ -255,10 +255,14 @@ def test_a_fork_with_a_valid_edited_state(
     assert created.inner_text() == "edited fork"
     assert f"S{chosen['seq']}" in page.locator(".fork-result").inner_text()
     created.click()
-    page.wait_for_selector("#view[data-loaded='true'] .run-header")
+    # The fork page's header also matches until the new run's page replaces it: wait for the
+    # new run's own header, which names its parent.
+    page.wait_for_function(f"() => (location.hash.split('/')[2] || '') !== '{runs.counters}'")
+    page.wait_for_selector(
+        "#view[data-loaded='true'] .run-header .lineage:has-text('forked from')"
+    )
     fork_id = page.evaluate("() => location.hash.split('/')[2]")
     assert fork_id != runs.counters
-    assert "forked from" in page.locator(".run-header .lineage").inner_text()
     fork = api(served, page, f"/api/runs/{fork_id}")
     assert fork["parent_run_id"] == runs.counters
     assert fork["parent_snapshot_id"] == chosen["id"]
