@@ -69,6 +69,7 @@ from agentsnap.inspect import (
 from agentsnap.ledger import ToolCallStatus
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import SnapshotStatus
+from agentsnap.ui._live import LiveTokens
 from agentsnap.ui.conditions import Condition
 from agentsnap.ui.queries import RunIndex, build_index, micros, model_calls_view
 
@@ -300,6 +301,7 @@ def create_app(
     """
     models = dict(models or {})
     indexes = _Indexes(store)
+    tokens = LiveTokens(store, ledger)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -398,6 +400,17 @@ def create_app(
             for r in page
         ]
         return {"runs": rows, "total": len(runs)}
+
+    @app.get("/api/live", summary="Tokens that change when the runs, or one run, change")
+    async def live(
+        run: Annotated[str | None, Query(description="Also this run's token.")] = None,
+    ) -> dict[str, Any]:
+        found = None if run is None else await resolve_run(store, run)
+        return {
+            "runs": await tokens.runs(),
+            "run": None if found is None else await tokens.run(found),
+            "running": None if found is None else found.status.value == "running",
+        }
 
     @app.get("/api/runs/{run}", summary="One run, with its span, agents, forks and schemas")
     async def get_run(run: str) -> dict[str, Any]:

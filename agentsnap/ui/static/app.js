@@ -757,8 +757,36 @@ class SpaceTime {
     return { from, to, size };
   }
 
+  /**
+   * Take a newer picture of the run (a live page redrawn): its extent, agents and cuts. A
+   * view that showed the run's end keeps following it; one the user moved away stays put.
+   */
+  update(run, snapshots) {
+    if (run === this.run) return;
+    const [oldStart, oldEnd] = this.extent();
+    const margin = (oldEnd - oldStart) * 0.02;
+    const whole = this.view.from <= oldStart && this.view.to >= oldEnd;
+    const following = this.view.to >= oldEnd - margin;
+    this.run = run;
+    this.snapshots = snapshots || [];
+    this.ensureAgents(run.agents || []);
+    if (this.source.cache) this.source.cache.clear();
+    this.stale = true;
+    if (whole) {
+      this.reset(true);
+      return;
+    }
+    if (following) {
+      const [, end] = this.extent();
+      const shift = end - oldEnd;
+      this.view = { from: this.view.from + shift, to: this.view.to + shift };
+    }
+    this.changed(true);
+  }
+
   needsFetch() {
     const data = this.data;
+    if (this.stale) return true;
     if (!data || data.axis !== this.axis) return true;
     const covers = data.from <= this.view.from && data.to >= this.view.to;
     if (!covers) return true;
@@ -801,6 +829,7 @@ class SpaceTime {
   accept(data) {
     if (data.axis !== this.axis) return;
     this.data = data;
+    this.stale = false;
     this.info.classList.remove("error");
     const names = new Set();
     this.activity = new Map();
@@ -1357,13 +1386,20 @@ async function route() {
   const main = view();
   main.dataset.loaded = "false";
   setStatus("");
+  // Taken before the data it stands for: a change in between only costs one more redraw.
+  const token = liveToken(parts, controller.signal);
   try {
     if (parts[0] !== "runs" || parts.length === 1) {
       await runsView(main, params, controller.signal);
     } else {
       await runView(main, parts.slice(1), params, controller.signal);
     }
-    if (!controller.signal.aborted) main.dataset.loaded = "true";
+    if (!controller.signal.aborted) {
+      live.drawn = await token;
+      live.stale = false;
+      showLive();
+      main.dataset.loaded = "true";
+    }
   } catch (error) {
     if (error && error.name === "AbortError") return;
     clear(main).appendChild(errorBox(error));
@@ -1562,7 +1598,10 @@ async function runView(main, parts, params, signal) {
 }
 
 function timelineFor(run) {
-  if (state.timeline && state.timelineRun === run.detail.id) return state.timeline;
+  if (state.timeline && state.timelineRun === run.detail.id) {
+    state.timeline.update(run.detail, run.snapshots);
+    return state.timeline;
+  }
   const id = enc(run.detail.id);
   const timeline = new SpaceTime({
     run: run.detail,
@@ -2447,9 +2486,127 @@ function staticPage(data) {
   main.dataset.loaded = "true";
 }
 
+// --- Live ---------------------------------------------------------------------------------------
+
+// A page follows what it shows: it asks the server for a token (GET /api/live) about once a
+// second while a run runs (every few seconds otherwise) and redraws when the token moved on.
+// A view with a form the user may be filling (a fork, a diff's choice, a bisect, an answer
+// being typed) is never redrawn under them: the indicator offers the newer data instead.
+const LIVE_FAST_MS = 1000;
+const LIVE_SLOW_MS = 5000;
+const live = { paused: false, drawn: null, stale: false, running: false, failed: false, timer: 0, busy: false, node: null };
+
+function liveRun(parts) {
+  return parts[0] === "runs" && parts.length > 1 ? parts[1] : null;
+}
+
+async function liveToken(parts, signal) {
+  const run = liveRun(parts);
+  try {
+    const body = await api(`/api/live${query({ run })}`, { signal });
+    live.running = run === null || body.running === true;
+    live.failed = false;
+    return run === null ? body.runs : body.run;
+  } catch (error) {
+    if (error && error.name === "AbortError") throw error;
+    live.failed = true;
+    return null;
+  }
+}
+
+function redrawable(main) {
+  const { parts } = parseHash();
+  const section = parts[0] === "runs" && parts.length > 1 ? parts[2] || "" : "list";
+  if (!["list", "", "snapshots", "agents", "messages", "tools", "requests"].includes(section)) return false;
+  const active = document.activeElement;
+  if (active && active !== document.body && main.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName)) return false;
+  return !main.querySelector("[data-dirty='true']");
+}
+
+async function redraw() {
+  state.run = null;
+  const y = window.scrollY;
+  await route();
+  window.scrollTo(0, y);
+}
+
+async function liveTick() {
+  live.timer = 0;
+  const main = view();
+  if (!live.paused && !document.hidden && !live.busy && main && main.dataset.loaded === "true") {
+    live.busy = true;
+    const routed = location.hash;
+    try {
+      const token = await liveToken(parseHash().parts);
+      if (location.hash === routed && main.dataset.loaded === "true" && token !== null && token !== live.drawn) {
+        if (redrawable(main)) await redraw();
+        else live.stale = true;
+      }
+    } catch {
+      // An aborted poll: the page moved on, the next tick asks again.
+    } finally {
+      live.busy = false;
+    }
+  }
+  showLive();
+  live.timer = setTimeout(liveTick, live.running ? LIVE_FAST_MS : LIVE_SLOW_MS);
+}
+
+function showLive() {
+  const node = live.node;
+  if (!node) return;
+  const mode = live.paused ? "paused" : live.failed ? "offline" : live.stale ? "stale" : "live";
+  node.dataset.state = mode;
+  const text = {
+    live: live.running ? "live" : "live (idle)",
+    paused: "paused",
+    offline: "server unreachable",
+    stale: "newer data",
+  }[mode];
+  const label = node.querySelector(".live-text");
+  label.textContent = text;
+  node.querySelector(".live-pause").textContent = live.paused ? "Resume" : "Pause";
+  node.querySelector(".live-reload").hidden = !live.stale;
+}
+
+function startLive() {
+  const header = document.querySelector("header.top");
+  if (!header) return;
+  live.node = el(
+    "span",
+    { class: "live", id: "live", title: "The page follows the runs as they change" },
+    el("span", { class: "live-dot", "aria-hidden": "true" }),
+    el("span", { class: "live-text", role: "status" }),
+    el("button", {
+      type: "button",
+      class: "live-reload",
+      text: "Reload",
+      hidden: true,
+      onclick: () => redraw(),
+    }),
+    el("button", {
+      type: "button",
+      class: "live-pause",
+      text: "Pause",
+      onclick: () => {
+        live.paused = !live.paused;
+        showLive();
+      },
+    }),
+  );
+  header.insertBefore(live.node, document.getElementById("status"));
+  // A form the user typed into is theirs until they send it or leave the page.
+  view().addEventListener("input", (event) => {
+    const form = event.target.closest && event.target.closest("form");
+    if (form) form.dataset.dirty = "true";
+  });
+  showLive();
+  live.timer = setTimeout(liveTick, LIVE_FAST_MS);
+}
+
 // --- Start ------------------------------------------------------------------------------------
 
-window.agentsnap = { SpaceTime, EmbeddedSource, ServerSource, validateSchema, jsonTree, timeline: null, route };
+window.agentsnap = { SpaceTime, EmbeddedSource, ServerSource, validateSchema, jsonTree, timeline: null, route, live };
 
 function start() {
   const embedded = document.getElementById("agentsnap-data");
@@ -2458,6 +2615,7 @@ function start() {
     return;
   }
   window.addEventListener("hashchange", route);
+  startLive();
   document.addEventListener("keydown", (event) => {
     const target = event.target;
     if (target !== document.body || !state.timeline || !state.timeline.root.isConnected) return;
