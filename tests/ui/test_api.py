@@ -560,3 +560,29 @@ async def test_a_run_without_a_journal_has_snapshots_and_no_messages(store: Stor
         for snapshot in snapshots:
             for place in snapshot["recorded"].values():
                 assert place == {"at_us": snapshot["started_at_us"], "lc": 0}
+
+
+async def test_live_tokens_move_on_when_a_run_changes_and_only_then(runs: Runs) -> None:
+    app = create_app(runs.store, ledger=runs.ledger)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://inspector") as client:
+        async with Runtime(store=runs.store, name="followed", journal=True) as runtime:
+            runtime.add(Shipper("shipper"))
+            first = await get(client, "/api/live", run=runtime.run_id)
+            assert first["running"] is True
+            again = await get(client, "/api/live", run=runtime.run_id)
+            assert again == first, "nothing changed: the same tokens"
+            runtime.send("shipper", "p3")
+            await runtime.run_until_idle()
+            await runtime.snapshot()
+            moved = await get(client, "/api/live", run=runtime.run_id)
+            assert moved["run"] != first["run"], "a message, a tool call and a snapshot"
+            assert moved["runs"] != first["runs"], "the list counts the run's snapshots"
+            other = await get(client, "/api/live", run=runs.demo)
+            assert other["running"] is False
+        ended = await get(client, "/api/live", run=runtime.run_id)
+        assert ended["run"] != moved["run"]
+        assert ended["runs"] != moved["runs"]
+        assert ended["running"] is False
+        assert (await get(client, "/api/live"))["run"] is None
+        await get(client, "/api/live", expect=404, run="no-such-run")
