@@ -258,9 +258,7 @@ def test_a_fork_with_a_valid_edited_state(
     # The fork page's header also matches until the new run's page replaces it: wait for the
     # new run's own header, which names its parent.
     page.wait_for_function(f"() => (location.hash.split('/')[2] || '') !== '{runs.counters}'")
-    page.wait_for_selector(
-        "#view[data-loaded='true'] .run-header .lineage:has-text('forked from')"
-    )
+    page.wait_for_selector("#view[data-loaded='true'] .run-header .lineage:has-text('forked from')")
     fork_id = page.evaluate("() => location.hash.split('/')[2]")
     assert fork_id != runs.counters
     fork = api(served, page, f"/api/runs/{fork_id}")
@@ -477,4 +475,26 @@ def test_a_cut_and_an_agent_show_their_model_calls(
     assert page.locator("table.model-calls tbody tr").count() == len(shown) > 0
     discarded = sum(c["discarded"] for c in shown)
     assert page.locator("table.model-calls tr.discarded").count() == discarded
+    assert not problems
+
+
+def test_a_diff_from_the_cut_page_is_older_against_newer_and_shows_empty_strings(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    snapshots = api(served, page, f"/api/runs/{runs.counters}/snapshots")["snapshots"]
+    complete = [s for s in snapshots if s["status"] == "complete"]
+    first, last = complete[0], complete[-1]
+    state = api(served, page, f"/api/runs/{runs.counters}/snapshots/{first['id']}")
+    assert state["agents"]["alpha"]["state"]["label"] == "", "the first cut is before any work"
+    # From the first cut's page, compare with the last: the diff is first -> last.
+    open_view(page, served, f"/runs/{runs.counters}/snapshots/{first['id']}")
+    page.select_option("select[aria-label='Compare with']", last["id"])
+    page.click("button:has-text('Diff with this cut')")
+    page.wait_for_function("() => location.hash.includes('/diff?')")
+    page.wait_for_selector("#view[data-loaded='true'] .agent-diff")
+    assert f"a={first['id']}&b={last['id']}" in page.evaluate("() => location.hash")
+    label = page.locator(".agent-diff[data-agent='alpha'] table.changes tr", has_text="label")
+    assert label.locator("td").nth(2).inner_text() == '""'
+    # Long values wrap inside the page: nothing makes it scroll sideways.
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
     assert not problems

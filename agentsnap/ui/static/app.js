@@ -75,6 +75,11 @@ function fmtSpan(us) {
   return `${Math.round(us)} µs`;
 }
 
+// A value as JSON, so that a string shows its quotes: "" is seen, not an empty cell.
+function excerptJson(value, limit = 160) {
+  return excerpt(JSON.stringify(value) ?? "undefined", limit);
+}
+
 function excerpt(value, limit = 160) {
   let text;
   try {
@@ -1322,6 +1327,9 @@ class SpaceTime {
       const [x, y] = local(event);
       const found = this.find(x, y);
       if (!found) return;
+      // The click takes the page elsewhere: the tip about what was under the pointer goes.
+      this.tip.hidden = true;
+      this.hover = null;
       if (found.kind === "cut") {
         this.selectedCut = found.item.id;
         this.invalidate();
@@ -1732,7 +1740,12 @@ async function cutPanel(panel, run, sid, signal) {
           el("button", {
             type: "button",
             text: "Diff with this cut",
-            onclick: () => (location.hash = `#/runs/${id}/diff${query({ a: pick.value, b: snap.id })}`),
+            onclick: () => {
+              // Older against newer, whichever of the two was picked first.
+              const other = run.snapshots.find((s) => s.id === pick.value);
+              const [a, b] = other && other.seq > snap.seq ? [snap.id, other.id] : [pick.value, snap.id];
+              location.hash = `#/runs/${id}/diff${query({ a, b })}`;
+            },
           }),
         ]
       : null,
@@ -2231,7 +2244,7 @@ function changeList(diff) {
       "tbody",
       null,
       rows.map(([change, where, before, after]) =>
-        el("tr", { class: change }, el("td", { text: change }), el("td", { class: "mono", text: where }), el("td", { class: "mono", text: before === undefined ? "" : excerpt(before, 200) }), el("td", { class: "mono", text: after === undefined ? "" : excerpt(after, 200) })),
+        el("tr", { class: change }, el("td", { text: change }), el("td", { class: "mono", text: where }), el("td", { class: "mono", text: before === undefined ? "" : excerptJson(before, 200) }), el("td", { class: "mono", text: after === undefined ? "" : excerptJson(after, 200) })),
       ),
     ),
   );
