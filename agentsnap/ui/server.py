@@ -55,6 +55,7 @@ from agentsnap.exceptions import (
     SnapshotDamaged,
     StateInvalid,
 )
+from agentsnap.fork import MessageEdits
 from agentsnap.inspect import (
     answer,
     bisect_run,
@@ -246,6 +247,10 @@ class ForkRequest(BaseModel):
         default_factory=dict, description="New states of some agents, by agent name."
     )
     name: str | None = Field(default=None, description="The new run's name.")
+    messages: MessageEdits = Field(
+        default_factory=MessageEdits,
+        description="Messages in flight to drop (by id), edit (new payloads by id) or add.",
+    )
 
 
 class AnswerRequest(BaseModel):
@@ -773,7 +778,12 @@ def create_app(
         found = await resolve_run(store, run)
         snapshot = await in_run(found, request.snapshot)
         made = await fork_run(
-            store, snapshot.id, states=request.states or None, name=request.name, models=models
+            store,
+            snapshot.id,
+            states=request.states or None,
+            name=request.name,
+            models=models,
+            messages=request.messages or None,
         )
         return {"run": _run(made, *await counts(made))}
 
