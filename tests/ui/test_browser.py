@@ -498,3 +498,41 @@ def test_a_diff_from_the_cut_page_is_older_against_newer_and_shows_empty_strings
     # Long values wrap inside the page: nothing makes it scroll sideways.
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
     assert not problems
+
+
+def test_a_fork_with_a_message_in_flight_dropped_and_one_added(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    snapshots = api(served, page, f"/api/runs/{runs.demo}/snapshots")["snapshots"]
+    chosen = next(s for s in snapshots if s["status"] == "complete" and s["in_flight"])
+    cut = api(served, page, f"/api/runs/{runs.demo}/snapshots/{chosen['id']}")
+    flying = [m for c in cut["channels"] for m in c["in_flight"]]
+    dropped = flying[0]
+    open_view(page, served, f"/runs/{runs.demo}/fork/{cut['id']}")
+    section = page.locator(".fork-messages")
+    assert f"Messages in flight ({len(flying)})" in section.locator("h3").inner_text()
+    page.check(f"input.drop-message[data-message='{dropped['id']}']")
+    assert section.locator(
+        f".fork-message[data-message='{dropped['id']}'] .badge"
+    ).inner_text() == ("dropped")
+    page.select_option("select[aria-label='New message from']", "$env")
+    page.select_option("select[aria-label='New message to']", dropped["dst"])
+    page.fill("textarea[aria-label='New message payload']", "not json")
+    page.click("button.add-message")
+    submit = page.locator("form.fork-form button[type=submit]")
+    assert submit.is_disabled(), "an added payload that is not JSON"
+    page.locator(".fork-message.added textarea").fill('{"added": "in the page"}')
+    assert submit.is_enabled()
+    page.fill("input[name=name]", "fork with edited messages")
+    submit.click()
+    created = page.locator("a.fork-link")
+    created.wait_for()
+    fork_id = (created.get_attribute("href") or "").split("/")[2]
+    (first,) = api(served, page, f"/api/runs/{fork_id}/snapshots")["snapshots"]
+    copy = api(served, page, f"/api/runs/{fork_id}/snapshots/{first['id']}")
+    forked = [m for c in copy["channels"] for m in c["in_flight"]]
+    expected = [m["payload"] for m in flying[1:]] + [{"added": "in the page"}]
+    assert sorted(json.dumps(m["payload"]) for m in forked) == sorted(map(json.dumps, expected))
+    (added,) = [m for m in forked if m["src"] == "$env"]
+    assert added["dst"] == dropped["dst"]
+    assert not problems

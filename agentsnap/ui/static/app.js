@@ -2326,9 +2326,11 @@ async function forkPanel(panel, run, sid, signal) {
   const result = el("div", { class: "fork-result", role: "status" });
   const nameInput = el("input", { name: "name", placeholder: "name of the fork (optional)", "aria-label": "Fork name" });
 
+  let messages = null;
   const check = () => {
     let ok = true;
     for (const editor of editors.values()) ok = editor.validate() && ok;
+    if (messages) ok = messages.validate() && ok;
     submit.disabled = !ok;
     return ok;
   };
@@ -2381,6 +2383,8 @@ async function forkPanel(panel, run, sid, signal) {
     return el("div", { class: "fork-agent", dataset: { agent: name } }, el("h3", null, el("span", { text: name }), " ", badge, schemas[name] ? null : el("span", { class: "muted", text: " (no stored schema: checked by the server)" })), area, problems);
   });
 
+  messages = forkMessages(snap, () => check());
+
   const form = el(
     "form",
     {
@@ -2393,7 +2397,7 @@ async function forkPanel(panel, run, sid, signal) {
         submit.disabled = true;
         clear(result);
         try {
-          const body = await api(`${runPath(run.detail.id)}/fork`, { method: "POST", body: { snapshot: snap.id, states, name: nameInput.value || null } });
+          const body = await api(`${runPath(run.detail.id)}/fork`, { method: "POST", body: { snapshot: snap.id, states, name: nameInput.value || null, messages: messages.edits() } });
           const fork = body.run;
           state.run = null;
           put(result, 
@@ -2406,8 +2410,9 @@ async function forkPanel(panel, run, sid, signal) {
           } else if (error.status === 422) {
             put(result, el("p", { class: "error-box", text: error.message }));
             for (const p of error.body.problems || []) {
-              const editor = editors.get(p.agent);
+              const editor = String(p.path || "").startsWith("message ") ? null : editors.get(p.agent);
               if (editor) editor.serverProblems([p]);
+              else if (String(p.path || "").startsWith("message ")) messages.serverProblem(p);
               else put(result, el("p", { class: "error-box", text: `${p.agent ?? ""} ${p.path ?? ""} ${p.message}` }));
             }
           } else {
@@ -2420,11 +2425,116 @@ async function forkPanel(panel, run, sid, signal) {
     },
     el("p", { class: "muted", text: "Edit the states to start the fork from (JSON; checked against each agent's schema as you type). Unchanged agents keep their recorded state." }),
     blocks,
+    messages.root,
     el("div", { class: "actions" }, nameInput, submit),
     result,
   );
   put(clear(panel), el("h2", { text: `Fork from S${snap.seq}` }), run.detail.allow_fork === false ? el("p", { class: "error-box", text: "This server does not allow forks: start it with `agentsnap ui --allow-fork`." }) : form);
   check();
+}
+
+/**
+ * The fork form's messages in flight: each can be dropped or given another payload, and
+ * messages can be added between the cut's agents. The server checks them again.
+ */
+function forkMessages(snap, onChange) {
+  const agents = Object.keys(snap.agents).filter((a) => a !== "$env").sort();
+  const rows = [];
+  const problems = el("ul", { class: "problems" });
+  const flying = snap.channels.flatMap((c) => c.in_flight);
+  for (const m of flying) {
+    const original = JSON.stringify(m.payload, null, 2);
+    const drop = el("input", { type: "checkbox", class: "drop-message", "aria-label": `Drop ${m.id}`, dataset: { message: m.id } });
+    const area = el("textarea", { class: "json-edit message-edit", spellcheck: "false", rows: Math.min(8, original.split("\n").length + 1), "aria-label": `Payload of ${m.id}`, dataset: { message: m.id } });
+    area.value = original;
+    const badge = el("span", { class: "badge" });
+    const row = el("div", { class: "fork-message", dataset: { message: m.id } }, el("h4", null, el("code", { text: m.id }), " ", el("span", { class: "muted", text: m.kind }), " ", badge), el("label", null, drop, " drop it (never delivered in the fork)"), area);
+    drop.addEventListener("change", () => {
+      area.disabled = drop.checked;
+      onChange();
+    });
+    area.addEventListener("input", () => onChange());
+    rows.push({ kind: "flying", id: m.id, drop, area, original, badge, row });
+  }
+  const list = el("div", { class: "fork-messages-list" }, rows.map((r) => r.row));
+  const src = el("select", { "aria-label": "New message from" }, ["$env", ...agents].map((a) => el("option", { value: a, text: a })));
+  const dst = el("select", { "aria-label": "New message to" }, agents.map((a) => el("option", { value: a, text: a })));
+  const addArea = el("textarea", { class: "json-edit", rows: 3, spellcheck: "false", "aria-label": "New message payload" });
+  addArea.value = "{}";
+  const addButton = el("button", {
+    type: "button",
+    class: "add-message",
+    text: "Add this message",
+    onclick: () => {
+      const original = addArea.value;
+      const area = el("textarea", { class: "json-edit message-edit", rows: 3, spellcheck: "false", "aria-label": `Payload of the new message ${src.value}>${dst.value}` });
+      area.value = original;
+      const badge = el("span", { class: "badge" });
+      const entry = { kind: "added", src: src.value, dst: dst.value, area, original, badge, row: null };
+      const remove = el("button", { type: "button", text: "Remove", onclick: () => { rows.splice(rows.indexOf(entry), 1); entry.row.remove(); onChange(); } });
+      entry.row = el("div", { class: "fork-message added", dataset: { added: `${src.value}>${dst.value}` } }, el("h4", null, el("code", { text: `${src.value}>${dst.value}` }), " ", el("span", { class: "muted", text: "added, after those in flight" }), " ", badge, " ", remove), area);
+      area.addEventListener("input", () => onChange());
+      rows.push(entry);
+      list.appendChild(entry.row);
+      onChange();
+    },
+  });
+  const root = el(
+    "section",
+    { class: "fork-messages" },
+    el("h3", { text: `Messages in flight (${flying.length})` }),
+    flying.length ? null : el("p", { class: "muted", text: "None at this cut." }),
+    list,
+    agents.length ? el("div", { class: "add-message-form" }, el("span", { text: "Add a message from " }), src, el("span", { text: " to " }), dst, addArea, addButton) : null,
+    problems,
+  );
+  const parse = (entry) => {
+    try {
+      entry.value = JSON.parse(entry.area.value);
+      entry.badge.textContent = entry.kind === "added" ? "added" : entry.area.value === entry.original ? "" : "edited";
+      entry.badge.className = entry.badge.textContent ? "badge ok" : "badge";
+      entry.area.classList.remove("invalid");
+      return true;
+    } catch (error) {
+      entry.badge.textContent = "not JSON";
+      entry.badge.className = "badge invalid";
+      entry.area.classList.add("invalid");
+      return false;
+    }
+  };
+  return {
+    root,
+    validate() {
+      clear(problems);
+      let ok = true;
+      for (const entry of rows) {
+        if (entry.kind === "flying" && entry.drop.checked) {
+          entry.badge.textContent = "dropped";
+          entry.badge.className = "badge invalid";
+          entry.row.classList.add("dropped");
+          continue;
+        }
+        if (entry.row) entry.row.classList.remove("dropped");
+        ok = parse(entry) && ok;
+      }
+      return ok;
+    },
+    edits() {
+      const out = { drop: [], edit: {}, add: [] };
+      for (const entry of rows) {
+        if (entry.kind === "flying") {
+          if (entry.drop.checked) out.drop.push(entry.id);
+          else if (entry.area.value !== entry.original) out.edit[entry.id] = entry.value;
+        } else {
+          out.add.push({ src: entry.src, dst: entry.dst, payload: entry.value });
+        }
+      }
+      return out;
+    },
+    serverProblem(p) {
+      put(problems, el("li", { class: "server" }, "server: ", el("code", { text: p.path }), " ", p.message));
+    },
+  };
 }
 
 // Bisect.
