@@ -540,3 +540,30 @@ def test_a_fork_with_a_message_in_flight_dropped_and_one_added(
     (added,) = [m for m in forked if m["src"] == "$env"]
     assert added["dst"] == dropped["dst"]
     assert not problems
+
+
+def test_the_topology_shows_who_talks_to_whom_and_filters_the_lanes(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    topology = api(served, page, f"/api/runs/{runs.counters}/topology")
+    counts = {(c["src"], c["dst"]): c["messages"] for c in topology["channels"]}
+    assert counts[("alpha", "beta")] > 0
+    assert counts[("$env", "alpha")] > 0
+    open_view(page, served, f"/runs/{runs.counters}")
+    graph = page.locator(".topology-graph")
+    assert graph.locator(".topology-agent").count() == len(topology["agents"])
+    edge = graph.locator(".topology-edge[data-src='alpha'][data-dst='beta']")
+    assert f"{counts[('alpha', 'beta')]} message(s)" in (edge.locator("title").text_content() or "")
+    lanes = page.locator(".lane-label")
+    every = lanes.count()
+    edge.dispatch_event("click")
+    page.wait_for_function("() => document.querySelectorAll('.lane-label').length === 2")
+    assert sorted(lanes.all_inner_texts()) == ["alpha", "beta"]
+    assert "alpha and beta" in page.locator(".topology-focus").inner_text()
+    page.click("button.topology-all")
+    page.wait_for_function(f"() => document.querySelectorAll('.lane-label').length === {every}")
+    # An agent: itself and the agents it talks with.
+    graph.locator(".topology-agent[data-agent='beta']").dispatch_event("click")
+    page.wait_for_function("() => document.querySelectorAll('.lane-label').length === 2")
+    assert sorted(lanes.all_inner_texts()) == ["alpha", "beta"]
+    assert not problems
