@@ -54,7 +54,7 @@ from agentsnap.exceptions import (
     RunCancelled,
     UnknownAgentError,
 )
-from agentsnap.fork import check_forkable, fork_snapshot
+from agentsnap.fork import check_forkable, fork_snapshot, tools_of
 from agentsnap.handles import SnapshotHandle
 from agentsnap.journal import Journal
 from agentsnap.ledger import Ledger, mark_orphaned
@@ -751,6 +751,8 @@ class Runtime:
             await self.store.finish_run(self.run_id, RunStatus.RUNNING, None)
         if run.traceback is not None:
             await self.store.save_traceback(self.run_id, None)
+        if tools_of(run) == "dry":
+            self._team.make_dry()
         await mark_orphaned(self.ledger, self.store, self.run_id)
         await self.start()
         recovery.raise_if_stopped()
