@@ -9,13 +9,14 @@ accepts anything). The model apologises only once a rejection is in its conversa
 
 The outside world is a SQLite file: ``effects`` gets one row per email actually sent, with
 its idempotency key; ``asks`` one row per time the model is asked, with the step (``call``
-or ``answer``) and the run's timeline. With ``--hang-at N`` the model hangs at this
+or ``answer``) and the run's timeline. With ``--sdk-tool`` the email goes through the SDK's
+own ``@function_tool``, declared nowhere: the agent puts it through the ledger by default. With ``--hang-at N`` the model hangs at this
 process's N-th ask, once it is logged, for the test to kill the process there.
 
 Usage::
 
     python tests/integrations/openai_agents_child.py URL SERVICE RUN_ID [--resume]
-        [--hang-at N] [--accept-all]
+        [--hang-at N] [--accept-all] [--sdk-tool]
 
 The process prints one JSON line ``{"result": ...}`` when the run is idle.
 """
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from agents import Agent as SDKAgent
 from agents import RunConfig
+from agents import function_tool as sdk_function_tool
 from agents.testing import assistant_message, function_call
 
 from agentsnap import (
@@ -86,6 +88,18 @@ def send_email(call: ToolCall, to: str, text: str) -> str:
     return f"sent to {to}"
 
 
+@sdk_function_tool(name_override="send_email")
+def send_email_sdk(to: str, text: str) -> str:
+    """Send an email (the SDK's own tool: nothing declares its effect)."""
+    conn = service()
+    try:
+        with conn:
+            conn.execute("INSERT INTO effects VALUES (?, ?, ?)", ("sdk", text, os.getpid()))
+    finally:
+        conn.close()
+    return f"sent to {to}"
+
+
 async def sampled(items: list[dict[str, Any]]) -> list[Any]:
     """A model at a temperature above zero: other words on every call."""
     step = "answer" if answered_tool(items) else "call"
@@ -127,24 +141,26 @@ class Critic(Agent[AgentState]):
         self.state.memory["accepted"] = output
 
 
-def writer() -> OpenAIAgent:
+def writer(sdk_tool: bool) -> OpenAIAgent:
     sdk_agent = SDKAgent(
         name="writer",
         instructions="Tell people what they need to know, by email.",
         model=FunctionSDKModel(sampled, name="sampled"),
-        tools=[as_sdk_tool(send_email)],
+        tools=[send_email_sdk if sdk_tool else as_sdk_tool(send_email)],
     )
     return OpenAIAgent(
         "writer", sdk_agent, reply_to="critic", run_config=RunConfig(tracing_disabled=True)
     )
 
 
-async def main(url: str, run_id: str, resume: bool, accept_all: bool) -> dict[str, Any]:
+async def main(
+    url: str, run_id: str, resume: bool, accept_all: bool, sdk_tool: bool
+) -> dict[str, Any]:
     store = SqlStore(url)
     Critic.accept_all = accept_all
     runtime = Runtime(store=store, run_id=run_id, retry=RetryPolicy.attempts(5))
     async with runtime:
-        agent = runtime.add(writer())
+        agent = runtime.add(writer(sdk_tool))
         critic = runtime.add(Critic("critic"))
         if resume:
             await runtime.resume()
@@ -167,8 +183,9 @@ if __name__ == "__main__":
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--hang-at", type=int, default=0)
     parser.add_argument("--accept-all", action="store_true")
+    parser.add_argument("--sdk-tool", action="store_true")
     args = parser.parse_args()
     Settings.service = args.service
     Settings.hang_at = args.hang_at
-    result = asyncio.run(main(args.url, args.run_id, args.resume, args.accept_all))
+    result = asyncio.run(main(args.url, args.run_id, args.resume, args.accept_all, args.sdk_tool))
     print(json.dumps({"result": result}), flush=True)

@@ -137,23 +137,27 @@ def test_a_recorded_model_call_is_replayed_after_sigkill_and_resume(
 
 
 @pytest.mark.parametrize(
-    ("hang_at", "replayed"),
+    ("hang_at", "replayed", "tool"),
     [
-        pytest.param(2, True, id="before-the-first-answer"),
-        pytest.param(3, False, id="as-the-redo-asks-again"),
-        pytest.param(4, True, id="before-the-redos-answer"),
+        pytest.param(2, True, "agentsnap", id="before-the-first-answer"),
+        pytest.param(3, False, "agentsnap", id="as-the-redo-asks-again"),
+        pytest.param(4, True, "agentsnap", id="before-the-redos-answer"),
+        # The SDK's own @function_tool, declared nowhere: ledger-backed by default.
+        pytest.param(2, True, "sdk", id="sdk-tool-before-the-first-answer"),
+        pytest.param(4, True, "sdk", id="sdk-tool-before-the-redos-answer"),
     ],
 )
 def test_an_email_is_sent_once_across_a_rollback_and_a_crash(
-    tmp_path: Path, hang_at: int, replayed: bool
+    tmp_path: Path, hang_at: int, replayed: bool, tool: str
 ) -> None:
     url = f"sqlite:///{tmp_path / 'agentsnap.db'}"
     service = make_service(tmp_path)
     run_id = uuid.uuid4().hex
-    first = spawn(url, service, run_id, "--hang-at", str(hang_at))
+    options = ("--sdk-tool",) if tool == "sdk" else ()
+    first = spawn(url, service, run_id, "--hang-at", str(hang_at), *options)
     kill_at_ask(first, service, hang_at)
 
-    result = finish(spawn(url, service, run_id, "--resume"))
+    result = finish(spawn(url, service, run_id, "--resume", *options))
 
     # Every email the service received, by idempotency key: one, once.
     effects = rows(service, "SELECT key, text FROM effects")

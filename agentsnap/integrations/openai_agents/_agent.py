@@ -23,7 +23,7 @@ from agentsnap.exceptions import AgentsnapError, ConfigurationError
 from agentsnap.integrations._running import handling
 from agentsnap.integrations.openai_agents._model import RecordedModel, as_json
 from agentsnap.integrations.openai_agents._session import AgentsnapSession
-from agentsnap.integrations.openai_agents._tools import ledgered
+from agentsnap.integrations.openai_agents._tools import ledgered, through_agentsnap
 from agentsnap.messages import ENVIRONMENT, JsonValue, Message
 from agentsnap.state import AgentState
 
@@ -123,10 +123,13 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
     - its handoffs as messages: a handoff to another SDK agent stops the run and sends the
       conversation, as the target would see it, to the agentsnap agent wrapping the target
       (kind ``"handoff"``), which goes on from there;
-    - the tools named in ``side_effects`` through the ledger
-      ([`ledgered`][agentsnap.integrations.openai_agents.ledgered]); tools made with
-      [`function_tool`][agentsnap.integrations.openai_agents.function_tool] go through
-      agentsnap already.
+    - every function tool through the ledger
+      ([`ledgered`][agentsnap.integrations.openai_agents.ledgered]), unless it is named in
+      ``read_only``: a redo after a rollback or a resume gets the recorded result instead
+      of running it again. Tools made with
+      [`function_tool`][agentsnap.integrations.openai_agents.function_tool],
+      [`as_sdk_tool`][agentsnap.integrations.openai_agents.as_sdk_tool] or ``ledgered``
+      go through agentsnap already, as they declare.
 
     The final output is kept in the state and sent as an ``"output"`` message
     ([`outputs`][agentsnap.integrations.openai_agents.OpenAIAgent.outputs]) to the
@@ -140,8 +143,9 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         handoffs: The agentsnap agent wrapping each handoff target, by the target SDK
             agent's name; by default [`agent_name`][agentsnap.integrations.openai_agents.agent_name]
             of it.
-        side_effects: Names of the SDK agent's function tools that change the world: their
-            calls go through the ledger.
+        read_only: Names of the SDK agent's function tools that do not change the world
+            (lookups, searches): they run directly, again on a redo. Every other function
+            tool is ledger-backed.
         reply_to: Where the final output goes when the message does not say.
         run_config: The SDK's run configuration (its ``model``, if set, is recorded too).
         max_turns: The SDK's bound on model calls per message.
@@ -153,8 +157,9 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         state: The initial state.
 
     Raises:
-        ConfigurationError: ``agent`` is not an SDK agent, or ``side_effects`` names a tool
-            the SDK agent does not have as a function tool.
+        ConfigurationError: ``agent`` is not an SDK agent, ``read_only`` names a tool the
+            SDK agent does not have as a function tool, or the SDK agent has
+            ``mcp_servers`` (their tools would bypass the ledger).
     """
 
     def __init__(
@@ -163,7 +168,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         agent: SDKAgent[Any],
         *,
         handoffs: Mapping[str, str] | None = None,
-        side_effects: Collection[str] = (),
+        read_only: Collection[str] = (),
         reply_to: str | None = None,
         run_config: RunConfig | None = None,
         max_turns: int = 10,
@@ -202,22 +207,36 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         """The agentsnap agent each handoff goes to, by the target SDK agent's name."""
         self.runnable = agent.clone(
             model=RecordedModel(model, config.model_provider),
-            tools=self._tools(agent, side_effects),
+            tools=self._tools(agent, read_only),
             handoffs=[self._handoff(h, handoffs or {}) for h in agent.handoffs],
         )
         """The SDK agent as it runs: recorded model, ledgered tools, handoffs as messages."""
 
-    def _tools(self, agent: SDKAgent[Any], side_effects: Collection[str]) -> list[Any]:
+    def _tools(self, agent: SDKAgent[Any], read_only: Collection[str]) -> list[Any]:
+        if isinstance(read_only, str):
+            raise ConfigurationError(
+                f"read_only of agent {self.name!r} takes tool names, got the string "
+                f"{read_only!r}; pass [{read_only!r}]"
+            )
+        if agent.mcp_servers:
+            raise ConfigurationError(
+                f"SDK agent {agent.name!r} has mcp_servers, whose tools the SDK calls without "
+                "agentsnap's ledger; give the agent the servers' tools instead: "
+                "tools=[as_sdk_tool(t) for t in await mcp_tools(session)] "
+                "(agentsnap.integrations.mcp)"
+            )
         names = {t.name for t in agent.tools if isinstance(t, FunctionTool)}
-        unknown = sorted(set(side_effects) - names)
+        unknown = sorted(set(read_only) - names)
         if unknown:
             raise ConfigurationError(
-                f"side_effects of agent {self.name!r} names {unknown!r}, which are not "
+                f"read_only of agent {self.name!r} names {unknown!r}, which are not "
                 f"function tools of SDK agent {agent.name!r} (its function tools: "
                 f"{sorted(names)!r})"
             )
         return [
-            ledgered(t) if isinstance(t, FunctionTool) and t.name in side_effects else t
+            t
+            if not isinstance(t, FunctionTool) or through_agentsnap(t) or t.name in read_only
+            else ledgered(t)
             for t in agent.tools
         ]
 

@@ -57,7 +57,7 @@ def team(
     starting_agent: SDKAgent[Any],
     *,
     reply_to: str | None = None,
-    side_effects: Collection[str] = (),
+    read_only: Collection[str] = (),
     run_config: RunConfig | None = None,
     max_turns: int = 10,
     context: Any = None,
@@ -74,7 +74,8 @@ def team(
         runtime: The runtime to register them in.
         starting_agent: The SDK agent that takes the input.
         reply_to: Where the final outputs go by default.
-        side_effects: Names of function tools that change the world, in any of the agents.
+        read_only: Names of function tools that do not change the world, in any of the
+            agents; every other function tool is ledger-backed.
         run_config: The SDK's run configuration, for every agent.
         max_turns: The SDK's bound on model calls per message.
         context: The SDK's run context object.
@@ -102,12 +103,12 @@ def team(
         waiting.extend(_targets(sdk_agent))
     made: dict[str, OpenAIAgent] = {}
     for name, sdk_agent in found.items():
-        names = {t.name for t in getattr(sdk_agent, "tools", ()) if hasattr(t, "name")}
+        names = {getattr(t, "name", None) for t in sdk_agent.tools}
         made[name] = runtime.add(
             OpenAIAgent(
                 name,
                 sdk_agent,
-                side_effects=[n for n in side_effects if n in names],
+                read_only=[n for n in read_only if n in names],
                 reply_to=reply_to,
                 run_config=run_config,
                 max_turns=max_turns,
@@ -152,7 +153,7 @@ class AgentsnapRunner:
         store: Store | None = None,
         run_id: str | None = None,
         retry: RetryPolicy | None = None,
-        side_effects: Collection[str] = (),
+        read_only: Collection[str] = (),
         run_config: RunConfig | None = None,
         max_turns: int = 10,
         context: Any = None,
@@ -167,7 +168,8 @@ class AgentsnapRunner:
                 in memory by default.
             run_id: The run's id (a new one by default).
             retry: The bound on rollbacks, as for [`Runtime`][agentsnap.Runtime].
-            side_effects: Names of function tools that change the world.
+            read_only: Names of function tools that do not change the world (every other
+                function tool is ledger-backed).
             run_config: The SDK's run configuration.
             max_turns: The SDK's bound on model calls per message.
             context: The SDK's run context object.
@@ -180,7 +182,7 @@ class AgentsnapRunner:
         runtime = Runtime(store=store, run_id=run_id, retry=retry)
         async with runtime:
             agents = cls._register(
-                runtime, starting_agent, side_effects, run_config, max_turns, context
+                runtime, starting_agent, read_only, run_config, max_turns, context
             )
             if setup is not None:
                 setup(runtime, agents)
@@ -197,7 +199,7 @@ class AgentsnapRunner:
         store: Store,
         run_id: str,
         retry: RetryPolicy | None = None,
-        side_effects: Collection[str] = (),
+        read_only: Collection[str] = (),
         run_config: RunConfig | None = None,
         max_turns: int = 10,
         context: Any = None,
@@ -214,7 +216,8 @@ class AgentsnapRunner:
             store: The store holding the run.
             run_id: The run's id.
             retry: The bound on rollbacks.
-            side_effects: Names of function tools that change the world.
+            read_only: Names of function tools that do not change the world (every other
+                function tool is ledger-backed).
             run_config: The SDK's run configuration.
             max_turns: The SDK's bound on model calls per message.
             context: The SDK's run context object.
@@ -226,7 +229,7 @@ class AgentsnapRunner:
         runtime = Runtime(store=store, run_id=run_id, retry=retry)
         async with runtime:
             agents = cls._register(
-                runtime, starting_agent, side_effects, run_config, max_turns, context
+                runtime, starting_agent, read_only, run_config, max_turns, context
             )
             if setup is not None:
                 setup(runtime, agents)
@@ -238,7 +241,7 @@ class AgentsnapRunner:
     def _register(  # noqa: PLR0917
         runtime: Runtime,
         starting_agent: SDKAgent[Any],
-        side_effects: Collection[str],
+        read_only: Collection[str],
         run_config: RunConfig | None,
         max_turns: int,
         context: Any,
@@ -246,7 +249,7 @@ class AgentsnapRunner:
         agents = team(
             runtime,
             starting_agent,
-            side_effects=side_effects,
+            read_only=read_only,
             run_config=run_config,
             max_turns=max_turns,
             context=context,
