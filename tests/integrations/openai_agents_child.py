@@ -9,9 +9,10 @@ accepts anything). The model apologises only once a rejection is in its conversa
 
 The outside world is a SQLite file: ``effects`` gets one row per email actually sent, with
 its idempotency key; ``asks`` one row per time the model is asked, with the step (``call``
-or ``answer``) and the run's timeline. With ``--sdk-tool`` the email goes through the SDK's
-own ``@function_tool``, declared nowhere: the agent puts it through the ledger by default. With ``--hang-at N`` the model hangs at this
-process's N-th ask, once it is logged, for the test to kill the process there.
+or ``answer``) and the run's timeline. With ``--hang-at N`` the model hangs at this
+process's N-th ask, once it is logged, for the test to kill the process there. With
+``--sdk-tool`` the email goes through the SDK's own ``@function_tool``, declared nowhere:
+the agent puts it through the ledger by default.
 
 Usage::
 

@@ -15,7 +15,11 @@ never imports the SDK; importing this module does, and raises
 - [`function_tool`][agentsnap.integrations.openai_agents.function_tool],
   [`as_sdk_tool`][agentsnap.integrations.openai_agents.as_sdk_tool] and
   [`ledgered`][agentsnap.integrations.openai_agents.ledgered] make SDK tools whose calls go
-  through agentsnap's tools, and so, for side effects, through the ledger.
+  through agentsnap's tools, and so, for side effects, through the ledger; an
+  ``OpenAIAgent`` puts every function tool not declared ``read_only`` through it.
+- An output guardrail that trips is a rejection: the team rolls back and the agent retries,
+  told the guardrail's reason
+  ([`guardrail_verdict`][agentsnap.integrations.openai_agents.guardrail_verdict]).
 
 Example:
     ```python
@@ -39,6 +43,7 @@ from agentsnap.integrations.openai_agents._agent import (
     OpenAIAgentState,
     Outgoing,
     agent_name,
+    guardrail_verdict,
 )
 from agentsnap.integrations.openai_agents._model import RecordedModel, as_json
 from agentsnap.integrations.openai_agents._runner import (
@@ -63,6 +68,7 @@ __all__ = [
     "as_json",
     "as_sdk_tool",
     "function_tool",
+    "guardrail_verdict",
     "ledgered",
     "team",
 ]

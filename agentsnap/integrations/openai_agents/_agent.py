@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from agents import Agent as SDKAgent
 from agents import RunConfig, Runner
+from agents.exceptions import OutputGuardrailTripwireTriggered
 from agents.handoffs import Handoff, handoff
 from agents.items import ModelResponse as SDKResponse
 from agents.models.interface import Model
@@ -27,7 +28,7 @@ from agentsnap.integrations.openai_agents._tools import ledgered, through_agents
 from agentsnap.messages import ENVIRONMENT, JsonValue, Message
 from agentsnap.state import AgentState
 
-__all__ = ["OpenAIAgent", "OpenAIAgentState", "Outgoing", "agent_name"]
+__all__ = ["OpenAIAgent", "OpenAIAgentState", "Outgoing", "agent_name", "guardrail_verdict"]
 
 
 class OpenAIAgentState(AgentState):
@@ -50,6 +51,9 @@ class OpenAIAgentState(AgentState):
     feedback_seen: int = 0
     """How many of the agent's feedback items (``ctx.feedback``) its conversation holds;
     the others go into the next input."""
+    last_response_id: str | None = None
+    """With ``chain_responses``: the id of the provider's last response, from which the
+    next run continues (the conversation is kept at the provider, not in ``items``)."""
 
 
 class Outgoing(NamedTuple):
@@ -135,7 +139,11 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
     ([`outputs`][agentsnap.integrations.openai_agents.OpenAIAgent.outputs]) to the
     message's ``reply_to``, else to ``reply_to`` given here, else back to the agent that
     asked. A check, a schema, a critic or ``evaluate`` that rejects it rolls the team back;
-    this agent runs the message again with the reason added to its input.
+    this agent runs the message again with the reason added to its input. So does one of
+    the SDK agent's output guardrails that trips (``OutputGuardrailTripwireTriggered``): its
+    ``output_info`` is the reason
+    ([`guardrail_verdict`][agentsnap.integrations.openai_agents.guardrail_verdict]), within
+    the run's retry budget.
 
     Args:
         name: The agentsnap agent's name (by default the SDK agent's, made valid).
@@ -154,6 +162,14 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
             handoff is in flight in a cut, the conversation it carries stored, and a later
             rejection of the target's output goes back to it instead of asking this agent's
             model again.
+        chain_responses: Keep the conversation at the provider (the Responses API's
+            ``previous_response_id``) instead of in the session. The state records the id
+            of the last response (``last_response_id``); each run continues from it. A
+            response id names the conversation up to that response and the provider keeps
+            every one, so a rollback, which restores the cut's id, continues from the cut's
+            point and the undone answers are never built on. ``conversation_id`` (the
+            Conversations API) is refused: a conversation object at the provider is changed
+            in place, and a rollback cannot undo that.
         state: The initial state.
 
     Raises:
@@ -174,6 +190,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         max_turns: int = 10,
         context: Any = None,
         snapshot_at_handoff: bool = True,
+        chain_responses: bool = False,
         state: OpenAIAgentState | None = None,
     ) -> None:
         if not isinstance(agent, SDKAgent):
@@ -194,6 +211,8 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         """The SDK's run context object."""
         self.snapshot_at_handoff = snapshot_at_handoff
         """Whether a handoff starts a snapshot."""
+        self.chain_responses = chain_responses
+        """Whether the conversation is kept at the provider, chained by response ids."""
         config = run_config if run_config is not None else RunConfig()
         model: Model | str | None = agent.model
         if config.model is not None:
@@ -272,10 +291,10 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
                 result = await Runner.run(
                     self.runnable,
                     given,
-                    session=self.session,
                     run_config=self.run_config,
                     max_turns=self.max_turns,
                     context=self.context,
+                    **self._conversation(),
                 )
         except _HandedOff as handed:
             state.feedback_seen = len(ctx.feedback)
@@ -289,6 +308,11 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
             if self.snapshot_at_handoff:
                 ctx.snapshot()
             return
+        except OutputGuardrailTripwireTriggered as tripped:
+            # The SDK's judge of the final output said no: a rejection like a check's, so
+            # the team goes back to the last cut and this agent retries, told why.
+            name, reason = guardrail_verdict(tripped)
+            ctx.reject(self.name, reason, source=f"guardrail {name}")
         except Exception as exc:
             inner = _agentsnap_error(exc)
             if inner is not None and inner is not exc:
@@ -296,10 +320,20 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
             raise
         state.feedback_seen = len(ctx.feedback)
         state.handed_off_to = None
+        if self.chain_responses:
+            state.last_response_id = result.last_response_id
         state.output = as_json(result.final_output)
         state.runs += 1
         for outgoing in self.outputs(result, message, ctx):
             ctx.send(outgoing.to, outgoing.payload, kind=outgoing.kind)
+
+    def _conversation(self) -> dict[str, Any]:
+        """Where the SDK keeps the conversation: the session, or the provider's chain."""
+        if not self.chain_responses:
+            return {"session": self.session}
+        # The first run starts the chain; every later one continues from the state's id.
+        previous = self.state.last_response_id
+        return {"previous_response_id": previous, "auto_previous_response_id": previous is None}
 
     def sdk_input(self, message: Message, ctx: Context[OpenAIAgentState]) -> str | list[Any]:
         """The SDK agent's input for a message; override it to shape the input.
@@ -398,6 +432,31 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
             "by": self.name,
         }
         return (Outgoing(target, payload, "output"),)
+
+
+def guardrail_verdict(tripped: OutputGuardrailTripwireTriggered) -> tuple[str, str]:
+    """The name of the output guardrail that tripped, and its reason, for the feedback.
+
+    The reason is the guardrail's ``output_info``: a string as it is, the ``reason`` of an
+    object (a dict or a pydantic model with a ``reason`` field) or else its JSON; with no
+    ``output_info``, a sentence naming the guardrail.
+
+    Args:
+        tripped: What the SDK raised.
+
+    Returns:
+        ``(name, reason)``.
+    """
+    result = tripped.guardrail_result
+    name = result.guardrail.get_name()
+    info = as_json(result.output.output_info)
+    if isinstance(info, str) and info.strip():
+        return name, info
+    if isinstance(info, Mapping) and isinstance(info.get("reason"), str) and info["reason"]:
+        return name, str(info["reason"])
+    if info is None or info == "":
+        return name, f"the output guardrail {name!r} rejected the answer"
+    return name, json.dumps(info, ensure_ascii=False)
 
 
 def _agentsnap_error(exc: BaseException) -> BaseException | None:

@@ -64,6 +64,11 @@ class RecordedModel(Model):
     into the SDK's ``ModelResponse``, without asking the model, and after a rollback the
     model is asked again.
 
+    A ``previous_response_id`` is recorded with the request; a ``conversation_id`` is
+    refused ([`ConfigurationError`][agentsnap.ConfigurationError]), since a rollback cannot
+    undo what the provider's conversation object holds (chain responses instead:
+    ``OpenAIAgent(..., chain_responses=True)``).
+
     Args:
         model: The SDK model, or its name (``"gpt-4.1"``), resolved by ``provider`` the
             first time the model is really asked: a replayed call needs no client.
@@ -113,8 +118,13 @@ class RecordedModel(Model):
         conversation_id: str | None,
         prompt: ResponsePromptParam | None,
     ) -> SDKResponse:
-        """Ask the model through the running handler's recording (see the class)."""
+        """Ask the model through the running handler's recording (see the class).
+
+        Raises:
+            ConfigurationError: ``conversation_id`` is given (see the class).
+        """
         ctx = current("a model call of the OpenAI Agents SDK")
+        _refuse_conversation(conversation_id)
         request = _request(
             system_instructions,
             input,
@@ -172,6 +182,18 @@ class RecordedModel(Model):
         """Close the SDK model, if it was resolved."""
         if isinstance(self._model, Model):
             await self._model.close()
+
+
+def _refuse_conversation(conversation_id: str | None) -> None:
+    if conversation_id is not None:
+        raise ConfigurationError(
+            f"a run of agentsnap cannot use conversation_id={conversation_id!r}: the "
+            "provider changes a conversation object in place, and a rollback cannot undo "
+            "what it holds. Keep the conversation in the agent's state (the default "
+            "session), or chain responses by id: OpenAIAgent(..., chain_responses=True), "
+            "whose state records the last response id so that a rollback continues from "
+            "the cut's response"
+        )
 
 
 def sdk_response(response: ModelResponse) -> SDKResponse:

@@ -62,6 +62,7 @@ def team(
     max_turns: int = 10,
     context: Any = None,
     snapshot_at_handoff: bool = True,
+    chain_responses: bool = False,
 ) -> dict[str, OpenAIAgent]:
     """Register an SDK agent and every SDK agent it can hand off to, each as an agent.
 
@@ -80,6 +81,9 @@ def team(
         max_turns: The SDK's bound on model calls per message.
         context: The SDK's run context object.
         snapshot_at_handoff: Start a snapshot as each handoff is sent (the default).
+        chain_responses: Keep each agent's conversation at the provider, chained by
+            response ids kept in its state (see
+            [`OpenAIAgent`][agentsnap.integrations.openai_agents.OpenAIAgent]).
 
     Returns:
         The registered agents, by agentsnap name (the starting agent's first).
@@ -114,6 +118,7 @@ def team(
                 max_turns=max_turns,
                 context=context,
                 snapshot_at_handoff=snapshot_at_handoff,
+                chain_responses=chain_responses,
             )
         )
     return made
@@ -157,6 +162,7 @@ class AgentsnapRunner:
         run_config: RunConfig | None = None,
         max_turns: int = 10,
         context: Any = None,
+        chain_responses: bool = False,
         setup: Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None = None,
     ) -> TeamResult:
         """Run ``starting_agent`` on ``input`` until its team is idle.
@@ -173,6 +179,8 @@ class AgentsnapRunner:
             run_config: The SDK's run configuration.
             max_turns: The SDK's bound on model calls per message.
             context: The SDK's run context object.
+            chain_responses: Keep the conversations at the provider, chained by response
+                ids kept in the agents' states.
             setup: Called with the runtime and the team before the input is sent: declare
                 checks (``runtime.check(name, kind="output", check=...)``), add critics.
 
@@ -182,7 +190,13 @@ class AgentsnapRunner:
         runtime = Runtime(store=store, run_id=run_id, retry=retry)
         async with runtime:
             agents = cls._register(
-                runtime, starting_agent, read_only, run_config, max_turns, context
+                runtime,
+                starting_agent,
+                read_only,
+                run_config,
+                max_turns,
+                context,
+                chain_responses,
             )
             if setup is not None:
                 setup(runtime, agents)
@@ -203,6 +217,7 @@ class AgentsnapRunner:
         run_config: RunConfig | None = None,
         max_turns: int = 10,
         context: Any = None,
+        chain_responses: bool = False,
         setup: Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None = None,
     ) -> TeamResult:
         """Continue a stored run of ``starting_agent``'s team, after a crash.
@@ -221,6 +236,7 @@ class AgentsnapRunner:
             run_config: The SDK's run configuration.
             max_turns: The SDK's bound on model calls per message.
             context: The SDK's run context object.
+            chain_responses: As for ``run``.
             setup: As for ``run``.
 
         Returns:
@@ -229,7 +245,13 @@ class AgentsnapRunner:
         runtime = Runtime(store=store, run_id=run_id, retry=retry)
         async with runtime:
             agents = cls._register(
-                runtime, starting_agent, read_only, run_config, max_turns, context
+                runtime,
+                starting_agent,
+                read_only,
+                run_config,
+                max_turns,
+                context,
+                chain_responses,
             )
             if setup is not None:
                 setup(runtime, agents)
@@ -245,6 +267,7 @@ class AgentsnapRunner:
         run_config: RunConfig | None,
         max_turns: int,
         context: Any,
+        chain_responses: bool,
     ) -> dict[str, OpenAIAgent]:
         agents = team(
             runtime,
@@ -253,6 +276,7 @@ class AgentsnapRunner:
             run_config=run_config,
             max_turns=max_turns,
             context=context,
+            chain_responses=chain_responses,
         )
         if OUTPUTS in agents:
             raise ConfigurationError(
