@@ -12,12 +12,13 @@ its idempotency key; ``asks`` one row per time the model is asked, with the step
 or ``answer``) and the run's timeline. With ``--hang-at N`` the model hangs at this
 process's N-th ask, once it is logged, for the test to kill the process there. With
 ``--sdk-tool`` the email goes through the SDK's own ``@function_tool``, declared nowhere:
-the agent puts it through the ledger by default.
+the agent puts it through the ledger by default. With ``--stream`` the writer runs
+streamed, and the result lists the model's stream events this process saw.
 
 Usage::
 
     python tests/integrations/openai_agents_child.py URL SERVICE RUN_ID [--resume]
-        [--hang-at N] [--accept-all] [--sdk-tool]
+        [--hang-at N] [--accept-all] [--sdk-tool] [--stream]
 
 The process prints one JSON line ``{"result": ...}`` when the run is idle.
 """
@@ -69,6 +70,15 @@ class Settings:
     service = ""
     hang_at = 0
     asked = 0
+    streamed: list[list[str | None]] | None = None
+
+
+def streamed(agent: str, event: Any) -> None:
+    """Keeps the model's stream events this process saw: their type, and an item's type."""
+    assert Settings.streamed is not None
+    if event.type == "raw_response_event":
+        item = getattr(event.data, "item", None)
+        Settings.streamed.append([event.data.type, getattr(item, "type", None)])
 
 
 def service() -> sqlite3.Connection:
@@ -150,7 +160,11 @@ def writer(sdk_tool: bool) -> OpenAIAgent:
         tools=[send_email_sdk if sdk_tool else as_sdk_tool(send_email)],
     )
     return OpenAIAgent(
-        "writer", sdk_agent, reply_to="critic", run_config=RunConfig(tracing_disabled=True)
+        "writer",
+        sdk_agent,
+        reply_to="critic",
+        run_config=RunConfig(tracing_disabled=True),
+        on_event=streamed if Settings.streamed is not None else None,
     )
 
 
@@ -173,6 +187,7 @@ async def main(
         "accepted": critic.state.memory.get("accepted"),
         "tool_calls": [c.status for c in agent.state.tool_calls],
         "items": len(agent.state.items),
+        "streamed": Settings.streamed,
     }
 
 
@@ -185,8 +200,10 @@ if __name__ == "__main__":
     parser.add_argument("--hang-at", type=int, default=0)
     parser.add_argument("--accept-all", action="store_true")
     parser.add_argument("--sdk-tool", action="store_true")
+    parser.add_argument("--stream", action="store_true")
     args = parser.parse_args()
     Settings.service = args.service
     Settings.hang_at = args.hang_at
+    Settings.streamed = [] if args.stream else None
     result = asyncio.run(main(args.url, args.run_id, args.resume, args.accept_all, args.sdk_tool))
     print(json.dumps({"result": result}), flush=True)

@@ -5,7 +5,8 @@ never imports the SDK; importing this module does, and raises
 [`MissingExtraError`][agentsnap.integrations.MissingExtraError] when it is missing.
 
 - [`AgentsnapRunner`][agentsnap.integrations.openai_agents.AgentsnapRunner] runs an SDK agent
-  and the agents it hands off to as a run (``run``, and ``resume`` after a crash).
+  and the agents it hands off to as a run (``run``, ``run_streamed``, and ``resume`` after
+  a crash).
 - [`OpenAIAgent`][agentsnap.integrations.openai_agents.OpenAIAgent] runs one SDK agent as an
   agentsnap agent: every model call a recorded step
   ([`RecordedModel`][agentsnap.integrations.openai_agents.RecordedModel]), its session in
@@ -39,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised with the SDK uninstal
     raise MissingExtraError("openai-agents", "openai-agents") from exc
 
 from agentsnap.integrations.openai_agents._agent import (
+    OnEvent,
     OpenAIAgent,
     OpenAIAgentState,
     Outgoing,
@@ -50,6 +52,7 @@ from agentsnap.integrations.openai_agents._runner import (
     OUTPUTS,
     AgentsnapRunner,
     TeamResult,
+    TeamStream,
     team,
 )
 from agentsnap.integrations.openai_agents._session import AgentsnapSession
@@ -59,11 +62,13 @@ __all__ = [
     "OUTPUTS",
     "AgentsnapRunner",
     "AgentsnapSession",
+    "OnEvent",
     "OpenAIAgent",
     "OpenAIAgentState",
     "Outgoing",
     "RecordedModel",
     "TeamResult",
+    "TeamStream",
     "agent_name",
     "as_json",
     "as_sdk_tool",

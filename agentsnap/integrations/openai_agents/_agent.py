@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from typing import Any, NamedTuple, TypeAlias
 
 from agents import Agent as SDKAgent
 from agents import RunConfig, Runner
@@ -14,7 +23,8 @@ from agents.exceptions import OutputGuardrailTripwireTriggered
 from agents.handoffs import Handoff, handoff
 from agents.items import ModelResponse as SDKResponse
 from agents.models.interface import Model
-from agents.result import RunResult
+from agents.result import RunResultBase
+from agents.stream_events import StreamEvent
 from agents.tool import FunctionTool
 from pydantic import BaseModel, Field
 
@@ -28,7 +38,20 @@ from agentsnap.integrations.openai_agents._tools import ledgered, through_agents
 from agentsnap.messages import ENVIRONMENT, JsonValue, Message
 from agentsnap.state import AgentState
 
-__all__ = ["OpenAIAgent", "OpenAIAgentState", "Outgoing", "agent_name", "guardrail_verdict"]
+__all__ = [
+    "OnEvent",
+    "OpenAIAgent",
+    "OpenAIAgentState",
+    "Outgoing",
+    "agent_name",
+    "guardrail_verdict",
+]
+
+
+OnEvent: TypeAlias = Callable[[str, StreamEvent], Awaitable[None] | None]
+"""Takes the stream events of an SDK agent run streamed: the agentsnap agent's name and
+the SDK's event (``raw_response_event``, ``run_item_stream_event``,
+``agent_updated_stream_event``)."""
 
 
 class OpenAIAgentState(AgentState):
@@ -107,8 +130,9 @@ class _HandOver(Model):
         items = [{"role": "user", "content": given}] if isinstance(given, str) else given
         raise _HandedOff(self.target, as_json(list(items)))
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-        raise ConfigurationError("an agent run by agentsnap does not stream")
+    async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        await self.get_response(*args, **kwargs)  # raises _HandedOff
+        yield  # pragma: no cover - an async generator, as the SDK iterates it
 
 
 class OpenAIAgent(Agent[OpenAIAgentState]):
@@ -170,6 +194,14 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
             point and the undone answers are never built on. ``conversation_id`` (the
             Conversations API) is refused: a conversation object at the provider is changed
             in place, and a rollback cannot undo that.
+        on_event: Run the SDK agent streamed (``Runner.run_streamed``) and hand every
+            stream event to this function, with this agent's name, as it comes. Each
+            model call is still one recorded step, recorded once its stream is complete; a
+            replayed call streams its recorded answer
+            ([`RecordedModel.stream_response`][agentsnap.integrations.openai_agents.RecordedModel.stream_response]).
+            Events of a handler that a rollback throws away have been handed on already:
+            a consumer that shows them should start the agent's answer again at its next
+            ``agent_updated_stream_event``.
         state: The initial state.
 
     Raises:
@@ -191,6 +223,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         context: Any = None,
         snapshot_at_handoff: bool = True,
         chain_responses: bool = False,
+        on_event: OnEvent | None = None,
         state: OpenAIAgentState | None = None,
     ) -> None:
         if not isinstance(agent, SDKAgent):
@@ -213,6 +246,8 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         """Whether a handoff starts a snapshot."""
         self.chain_responses = chain_responses
         """Whether the conversation is kept at the provider, chained by response ids."""
+        self.on_event = on_event
+        """Where the stream events go, when the SDK agent runs streamed."""
         config = run_config if run_config is not None else RunConfig()
         model: Model | str | None = agent.model
         if config.model is not None:
@@ -288,14 +323,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         state = self.state
         try:
             with handling(ctx):
-                result = await Runner.run(
-                    self.runnable,
-                    given,
-                    run_config=self.run_config,
-                    max_turns=self.max_turns,
-                    context=self.context,
-                    **self._conversation(),
-                )
+                result = await self._run(given)
         except _HandedOff as handed:
             state.feedback_seen = len(ctx.feedback)
             state.handed_off_to = handed.target
@@ -326,6 +354,31 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         state.runs += 1
         for outgoing in self.outputs(result, message, ctx):
             ctx.send(outgoing.to, outgoing.payload, kind=outgoing.kind)
+
+    async def _run(self, given: str | list[Any]) -> RunResultBase:
+        """Run the SDK agent, streamed when there is an ``on_event``."""
+        if self.on_event is None:
+            return await Runner.run(
+                self.runnable,
+                given,
+                run_config=self.run_config,
+                max_turns=self.max_turns,
+                context=self.context,
+                **self._conversation(),
+            )
+        streamed = Runner.run_streamed(
+            self.runnable,
+            given,
+            run_config=self.run_config,
+            max_turns=self.max_turns,
+            context=self.context,
+            **self._conversation(),
+        )
+        async for event in streamed.stream_events():
+            handed = self.on_event(self.name, event)
+            if inspect.isawaitable(handed):
+                await handed
+        return streamed
 
     def _conversation(self) -> dict[str, Any]:
         """Where the SDK keeps the conversation: the session, or the provider's chain."""
@@ -404,7 +457,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         return None
 
     def outputs(
-        self, result: RunResult, message: Message, ctx: Context[OpenAIAgentState]
+        self, result: RunResultBase, message: Message, ctx: Context[OpenAIAgentState]
     ) -> Iterable[Outgoing]:
         """The messages to send once the SDK agent answered; override it to route them.
 
@@ -416,7 +469,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         the run back as from any handler.
 
         Args:
-            result: The SDK's result.
+            result: The SDK's result (a ``RunResultStreaming`` when streamed).
             message: The message the SDK agent ran on.
             ctx: The agent's context.
 
