@@ -268,8 +268,8 @@ def test_names_and_mistakes() -> None:
     with pytest.raises(ConfigurationError, match="takes tool names"):
         OpenAIAgent(None, sdk_agent, read_only="nope")
     with pytest.raises(ConfigurationError, match="mcp_servers"):
-        OpenAIAgent(None, sdk_agent.clone(mcp_servers=[object()]))  # type: ignore[list-item]
-    made = durable_tool(lambda x: x)  # type: ignore[arg-type,return-value]
+        OpenAIAgent(None, sdk_agent.clone(mcp_servers=[object()]))
+    made = durable_tool(lambda x: x)
     with pytest.raises(ConfigurationError, match="goes through agentsnap already"):
         ledgered(made)
     with pytest.raises(ConfigurationError, match="SDK FunctionTool"):

@@ -150,7 +150,9 @@ def test_a_streamed_call_recorded_before_a_crash_streams_its_recorded_answer(
     asked = rows(service, "SELECT step, timeline FROM asks")
     assert Counter(asked) == {("call", 0): 1, ("answer", 0): 2}  # the call: not asked again
     assert len(rows(service, "SELECT key FROM effects")) == 1
-    events = [tuple(e) for e in result["streamed"]]  # type: ignore[union-attr]
+    seen = result["streamed"]
+    assert isinstance(seen, list)
+    events = [tuple(e) for e in seen]
     # The resumed process streamed the recorded call (made from its record: the function
     # call added and done, the response completed), then the answer the model streamed.
     added = [item for kind, item in events if kind == "response.output_item.added"]

@@ -74,7 +74,7 @@ def payout_tool(jobs: Jobs, noted: asyncio.Event) -> object:
     async def payout(call: ToolCall, amount: int) -> str:
         progress = await call.noted()
         if isinstance(progress, dict) and isinstance(progress.get("job"), str):
-            return await jobs.result(progress["job"])
+            return await jobs.result(str(progress["job"]))
         if call.attempt > 1:
             raise ToolOutcomeUnknown(str(call.key), call.tool, None)
         job = jobs.start(amount)

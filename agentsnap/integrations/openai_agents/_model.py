@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import typing
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -228,13 +229,17 @@ class RecordedModel(Model):
                 conversation_id=conversation_id,
                 prompt=prompt,
             )
-            async with contextlib.aclosing(events):
+            try:
                 async for event in events:
                     live.put_nowait(event)
                     if isinstance(event, ResponseCompletedEvent):
                         completed = event.response
                     elif isinstance(event, ResponseOutputItemDoneEvent):
                         done.append(event.item)
+            finally:
+                close = getattr(events, "aclose", None)
+                if close is not None:
+                    await close()
             if completed is None:
                 raise ModelBehaviorError(
                     "the model's stream ended without a response.completed event: there is "
@@ -313,8 +318,9 @@ def replayed_events(answer: SDKResponse, model: str | None) -> list[TResponseStr
         The events, numbered in order.
     """
     usage = answer.usage
+    # Constructed, not validated: the SDK's answers may have no id, a Response must.
     response = Response.model_construct(
-        id=answer.response_id,
+        id=typing.cast("str", answer.response_id),
         created_at=0.0,
         model=model or "recorded",
         object="response",
