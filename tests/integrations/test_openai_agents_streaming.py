@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 from agents import Agent as SDKAgent
-from agents import RunConfig, function_tool
+from agents import (
+    GuardrailFunctionOutput,
+    RunConfig,
+    RunContextWrapper,
+    function_tool,
+    output_guardrail,
+)
 from agents.stream_events import StreamEvent
 from agents.testing import assistant_message, function_call
 
@@ -139,3 +145,25 @@ async def test_a_streamed_handoff_travels_as_a_message() -> None:
     assert agents["billing"].state.output == "Refunded 30 EUR."
     assert deltas(events) == ["Refunded ", "30 ", "EUR."]
     assert next(n for n, e in events if e.type == "raw_response_event") == "triage"
+
+
+async def test_a_guardrail_tripped_in_a_streamed_run_rolls_back_too() -> None:
+    @output_guardrail(name="no_promises")
+    async def no_promises(
+        context: RunContextWrapper[Any], agent: SDKAgent[Any], output: Any
+    ) -> GuardrailFunctionOutput:
+        return GuardrailFunctionOutput(
+            output_info="never promise a date", tripwire_triggered="promise" in str(output)
+        )
+
+    def answer(items: list[dict[str, Any]]) -> list[Any]:
+        if "never promise a date" in text_of(items):
+            return [assistant_message("Around Friday.")]
+        return [assistant_message("I promise: Friday.")]
+
+    clerk = SDKAgent(name="clerk", model=FunctionSDKModel(answer), output_guardrails=[no_promises])
+    stream = AgentsnapRunner.run_streamed(clerk, "When?", run_config=QUIET)
+    events = [pair async for pair in stream.stream_events()]
+    assert stream.result.final_output == "Around Friday."
+    assert stream.result.rollbacks == 1
+    assert "".join(deltas(events)) == "I promise: Friday.Around Friday."
