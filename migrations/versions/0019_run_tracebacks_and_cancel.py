@@ -5,8 +5,8 @@ failures and of the exception that ended it, size-bounded) and ``cancel_requeste
 null: why someone asked the run to stop, until its owner stops it or it is resumed). Rows
 stored before read null in both. The downgrade drops both columns, and what they held.
 
-Revision ID: 0018
-Revises: 0017
+Revision ID: 0019
+Revises: 0018
 Create Date: 2026-12-02
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0018"
-down_revision: str | None = "0017"
+revision: str = "0019"
+down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
