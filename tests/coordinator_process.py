@@ -1,0 +1,89 @@
+"""A run's coordinator as a process of its own, to be killed and taken over by the tests.
+
+```text
+python tests/coordinator_process.py NATS DB RUN new CHAINS HOPS   # create the run, feed it
+python tests/coordinator_process.py NATS DB RUN take-over         # take it over
+```
+
+It coordinates the bank of ``distributed_effects.py`` with a snapshot every tenth of a
+second until the run is idle, then closes the run and exits 0. It prints, one a line and
+flushed: ``fed`` once the input is in the run's stream (``new``), ``took-over`` once it holds
+the run (``take-over``), ``complete SEQ TIME`` for every snapshot it completes (``TIME``: the
+wall clock, for the takeover benchmark), ``idle`` at the end; and ``fenced`` with exit status
+3 when another coordinator took the run over from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+
+from distributed_effects import chain_start, make_app
+
+from agentsnap.distributed import DistributedRun
+from agentsnap.exceptions import OwnershipLost
+from agentsnap.jetstream import JetStreamLink
+from agentsnap.records import RunStatus
+from agentsnap.snapshot import SnapshotPolicy
+from agentsnap.store.sql import SqlStore
+
+LEASE = 2.0
+"""Seconds the coordinator's lease holds: a suspended one is taken over that long after."""
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+async def report(run: DistributedRun) -> None:
+    seen = len(run.complete)
+    while True:
+        for snapshot in run.complete[seen:]:
+            say(f"complete {snapshot.seq} {time.time():.6f}")
+        seen = len(run.complete)
+        await asyncio.sleep(0.005)
+
+
+async def main(nats: str, db: str, run_id: str, mode: str, *rest: str) -> int:
+    link = await JetStreamLink.connect(nats)
+    store = SqlStore(db)
+    policy = SnapshotPolicy(every_seconds=0.1)
+    try:
+        if mode == "new":
+            run = DistributedRun(
+                link, store, make_app(), run_id=run_id, policy=policy, part_timeout=8, lease=LEASE
+            )
+        else:
+            run = DistributedRun.take_over(
+                link, store, make_app(), run_id, wait=60, policy=policy, part_timeout=8, lease=LEASE
+            )
+        await run.start()
+        reporter = asyncio.ensure_future(report(run))
+        if mode == "new":
+            chains, hops = int(rest[0]), int(rest[1])
+            for chain in range(chains):
+                run.send(chain_start(chain), {"chain": chain, "hops": hops}, kind="go")
+            await run.flush()
+            say("fed")
+        else:
+            say("took-over")
+        try:
+            await run.run_until_idle()
+        except OwnershipLost as exc:
+            say(f"fenced: {exc}")
+            await run.close(RunStatus.FAILED)
+            return 3
+        reporter.cancel()
+        say("idle")
+        await run.close()
+        return 0
+    finally:
+        await store.close()
+        await link.close()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sys.exit(asyncio.run(main(*sys.argv[1:])))
