@@ -1,16 +1,17 @@
 """A run's coordinator as a process of its own, to be killed and taken over by the tests.
 
 ```text
-python tests/coordinator_process.py NATS DB RUN new CHAINS HOPS   # create the run, feed it
-python tests/coordinator_process.py NATS DB RUN take-over         # take it over
+python tests/coordinator_process.py NATS DB RUN DONE new CHAINS HOPS   # create the run, feed it
+python tests/coordinator_process.py NATS DB RUN DONE take-over         # take it over
 ```
 
 It coordinates the bank of ``distributed_effects.py`` with a snapshot every tenth of a
-second until the run is idle, then closes the run and exits 0. It prints, one a line and
-flushed: ``fed`` once the input is in the run's stream (``new``), ``took-over`` once it holds
-the run (``take-over``), ``complete SEQ TIME`` for every snapshot it completes (``TIME``: the
-wall clock, for the takeover benchmark), ``idle`` at the end; and ``fenced`` with exit status
-3 when another coordinator took the run over from it.
+second until the run is idle; then, once the file ``DONE`` exists, it closes the run and
+exits 0 (so that it may still be killed, and the run taken over, once the run is idle). It
+prints, one a line and flushed: ``fed`` once the input is in the run's stream (``new``),
+``took-over`` once it holds the run (``take-over``), ``complete SEQ TIME`` for every snapshot
+it completes (``TIME``: the wall clock, for the takeover benchmark), ``idle`` once the run is
+idle; and ``fenced`` with exit status 3 when another coordinator took the run over from it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import logging
 import sys
 import time
+from pathlib import Path
 
 from distributed_effects import chain_start, make_app
 
@@ -37,6 +39,11 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+def wait_for(path: Path) -> None:
+    while not path.exists():
+        time.sleep(0.02)
+
+
 async def report(run: DistributedRun) -> None:
     seen = len(run.complete)
     while True:
@@ -46,7 +53,7 @@ async def report(run: DistributedRun) -> None:
         await asyncio.sleep(0.005)
 
 
-async def main(nats: str, db: str, run_id: str, mode: str, *rest: str) -> int:
+async def main(nats: str, db: str, run_id: str, done: str, mode: str, *rest: str) -> int:
     link = await JetStreamLink.connect(nats)
     store = SqlStore(db)
     policy = SnapshotPolicy(every_seconds=0.1)
@@ -75,8 +82,9 @@ async def main(nats: str, db: str, run_id: str, mode: str, *rest: str) -> int:
             say(f"fenced: {exc}")
             await run.close(RunStatus.FAILED)
             return 3
-        reporter.cancel()
         say("idle")
+        await asyncio.to_thread(wait_for, Path(done))
+        reporter.cancel()
         await run.close()
         return 0
     finally:
