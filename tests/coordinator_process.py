@@ -9,9 +9,11 @@ It coordinates the bank of ``distributed_effects.py`` with a snapshot every tent
 second until the run is idle; then, once the file ``DONE`` exists, it closes the run and
 exits 0 (so that it may still be killed, and the run taken over, once the run is idle). It
 prints, one a line and flushed: ``fed`` once the input is in the run's stream (``new``),
-``took-over`` once it holds the run (``take-over``), ``complete SEQ TIME`` for every snapshot
-it completes (``TIME``: the wall clock, for the takeover benchmark), ``idle`` once the run is
-idle; and ``fenced`` with exit status 3 when another coordinator took the run over from it.
+``waiting`` as it starts waiting for the run's lease and ``took-over`` once it holds the run
+(``take-over``: a standby, started while the coordinator it replaces still runs),
+``complete SEQ TIME`` for every snapshot it completes (``TIME``: the wall clock), ``idle``
+once the run is idle; and ``fenced`` with exit status 3 when another coordinator took the
+run over from it.
 """
 
 from __future__ import annotations
@@ -39,11 +41,6 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def wait_for(path: Path) -> None:
-    while not path.exists():
-        time.sleep(0.02)
-
-
 async def report(run: DistributedRun) -> None:
     seen = len(run.complete)
     while True:
@@ -63,9 +60,18 @@ async def main(nats: str, db: str, run_id: str, done: str, mode: str, *rest: str
                 link, store, make_app(), run_id=run_id, policy=policy, part_timeout=8, lease=LEASE
             )
         else:
+            # A standby: it waits for the run's coordinator to stop, then takes over.
             run = DistributedRun.take_over(
-                link, store, make_app(), run_id, wait=60, policy=policy, part_timeout=8, lease=LEASE
+                link,
+                store,
+                make_app(),
+                run_id,
+                wait=600,
+                policy=policy,
+                part_timeout=8,
+                lease=LEASE,
             )
+            say("waiting")
         await run.start()
         reporter = asyncio.ensure_future(report(run))
         if mode == "new":
@@ -83,7 +89,13 @@ async def main(nats: str, db: str, run_id: str, done: str, mode: str, *rest: str
             await run.close(RunStatus.FAILED)
             return 3
         say("idle")
-        await asyncio.to_thread(wait_for, Path(done))
+        finish = Path(done)
+        while not await asyncio.to_thread(finish.exists):
+            if run.fenced is not None:  # replaced while it waited
+                say(f"fenced: {run.fenced}")
+                await run.close(RunStatus.FAILED)
+                return 3
+            await asyncio.sleep(0.02)
         reporter.cancel()
         await run.close()
         return 0

@@ -8,10 +8,6 @@ the idempotency key ``run:chain:hops``), and, while hops remain, sends a fixed a
 fixed peer, both functions of the chain and the hop: the same transfer is made again after a
 rollback or a crash. Money is only moved, so every consistent cut holds the initial total.
 
-With ``BANK_DERIVED=1`` the odd chains book without an explicit key: the ledger derives it
-from the call's identity (run, agent, message handled, position), the same when the transfer
-is made again.
-
 ``BANK_POISON`` (``"c:h,c:h"``) names transfers whose sender makes them careless (the check
 ``careful`` rejects them) until it learns better: until it got feedback, or saw a rollback;
 with ``BANK_STUBBORN=1`` it never learns.
@@ -37,7 +33,6 @@ TELLERS = int(os.environ.get("BANK_TELLERS", "9"))
 BALANCE = 1_000
 EFFECTS = "bank_effects"
 STUBBORN = os.environ.get("BANK_STUBBORN") == "1"
-DERIVED = os.environ.get("BANK_DERIVED") == "1"
 
 
 def poisoned() -> set[tuple[int, int]]:
@@ -117,10 +112,7 @@ class Teller(Agent[TellerState]):
         run, chain, hops = ctx.run_id, transfer.chain, transfer.hops
         key = f"{run}:{chain}:{hops}"
         try:
-            if DERIVED and chain % 2:
-                await book(ctx, run=run, chain=chain, hops=hops, teller=self.name)
-            else:
-                await book(ctx, key=key, run=run, chain=chain, hops=hops, teller=self.name)
+            await book(ctx, key=key, run=run, chain=chain, hops=hops, teller=self.name)
         except ToolOutcomeUnknown:
             # The worker that made the call was killed during it: the world knows.
             if not await booked(run, chain, hops):

@@ -1,16 +1,16 @@
 """A run spread over processes outlives its coordinator: another one takes it over.
 
 The process test runs the bank of ``distributed_effects.py`` on three ``agentsnap worker``
-processes, its coordinator a process of its own (``coordinator_process.py``). The coordinator
-is killed (SIGKILL) at random moments, and each time a new one takes the run over; once, it is
-suspended (SIGSTOP) instead, taken over, and woken up again (SIGCONT): it must find out that it
-was replaced and stop, its writes refused. The run must finish: every transfer booked exactly
-once in a table outside the ledger (half of them under keys the ledger derives), every ledger
-entry settled, every stored complete snapshot a consistent cut holding the bank's money, and
-every snapshot a dead coordinator began and never completed stored as failed, saying why.
+processes, its coordinator a process of its own (``coordinator_process.py``). The
+coordinator is killed (SIGKILL) at random moments, and each time a new one takes the run
+over; once, it is suspended (SIGSTOP) instead, taken over, and woken up again (SIGCONT): it
+must find out that it was replaced and stop, its writes refused. The run must finish: every
+transfer booked exactly once in a table outside the ledger, every ledger entry settled,
+every stored complete snapshot a consistent cut holding the bank's money, and every snapshot
+a dead coordinator began and never completed stored as failed, saying why.
 
-``AGENTSNAP_TAKEOVER_KILLS`` sets how many coordinators are killed (10 by default; more for a
-nightly run).
+``AGENTSNAP_TAKEOVER_KILLS`` sets how many coordinators are killed (10 by default; more for
+a nightly run).
 
 The in-process test shows the fencing alone: a coordinator whose lease was taken over stops
 acting for the run, and its writes are refused.
@@ -75,7 +75,6 @@ def env(postgres_url: str) -> dict[str, str]:
         **os.environ,
         "PYTHONPATH": path,
         "BANK_TELLERS": str(TELLERS),
-        "BANK_DERIVED": "1",
         "AGENTSNAP_EFFECTS_URL": postgres_url,
     }
 
@@ -144,8 +143,12 @@ async def test_a_coordinator_killed_at_random_moments_is_taken_over_and_the_run_
             workers.append(await Process.start(log, environ, *args))
         for worker in workers:
             await worker.until_said(" hosts ")
+        # A standby coordinator waits for the run's lease all along: it takes over as soon as
+        # the coordinator is killed (or, suspended, stops renewing its lease).
+        standby = await coordinator("take-over")
         busy = 0
         for kill in range(1, KILLS + 1):
+            await standby.until_said("waiting")
             # A random moment: during a snapshot, a rollback, the takeover's own rollback, or
             # once the run is idle (the coordinator then waits to be told to close it).
             await asyncio.sleep(rng.uniform(0.05, 1.0))
@@ -153,18 +156,19 @@ async def test_a_coordinator_killed_at_random_moments_is_taken_over_and_the_run_
             if kill == SUSPEND_AT:
                 stale = current
                 stale.process.send_signal(signal.SIGSTOP)
-                current = await coordinator("take-over")
-                await current.until_said("took-over")
+                await standby.until_said("took-over")
                 stale.process.send_signal(signal.SIGCONT)
                 assert await asyncio.wait_for(stale.process.wait(), PATIENCE) == 3, (
                     stale.log.read_text()[-3000:]
                 )
                 assert stale.said("fenced")
-                continue
-            current.process.kill()
-            await current.process.wait()
-            current = await coordinator("take-over")
-            await current.until_said("took-over")
+            else:
+                current.process.kill()
+                await current.process.wait()
+                await standby.until_said("took-over")
+            current, standby = standby, await coordinator("take-over")
+        standby.process.kill()
+        await standby.process.wait()
         await current.until_said("idle")
         done.touch()
         code = await asyncio.wait_for(current.process.wait(), PATIENCE)
