@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import statistics
 import sys
@@ -178,7 +179,7 @@ async def measure(nats: str, db: str, rounds: int, logs: Path) -> dict[str, Any]
         for n in range(WORKERS):
             args = ["-m", "agentsnap", "worker", "--nats", nats, "--db", db]
             args += ["--app", "distributed_takeover:make_app", "--run", run_id]
-            args += ["--group", f"{n}/{WORKERS}"]
+            args += ["--agents", ",".join(f"relay-{i}" for i in range(n, RELAYS, WORKERS))]
             worker = await Child.start(logs / f"worker-{n}.log", *args)
             children.append(worker)
             await worker.until("worker ")
@@ -226,6 +227,7 @@ async def measure(nats: str, db: str, rounds: int, logs: Path) -> dict[str, Any]
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--coordinator":
         nats, db, run_id, mode = sys.argv[2:6]
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         asyncio.run(coordinate(nats, db, run_id, mode))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
