@@ -39,7 +39,13 @@ from nats_server import SHARED_URL, reachable, unavailable
 from teller_app import bank
 from teller_app import money_in as bank_money
 
-from agentsnap import OwnershipLost, SnapshotFailed
+from agentsnap import (
+    ConfigurationError,
+    NotFoundError,
+    OwnershipLost,
+    RunOwnedError,
+    SnapshotFailed,
+)
 from agentsnap.distributed import DistributedRun, Worker
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
@@ -305,5 +311,33 @@ async def test_a_coordinator_replaced_while_it_ran_is_fenced_out(
         for store in stores:
             await store.close()
         await links[0].delete_stream(old.run_id)
+        for link in links:
+            await link.close()
+
+
+async def test_a_live_coordinator_is_not_taken_over_and_an_ended_run_not_at_all(
+    nats_url: str, sqlite_url: str
+) -> None:
+    links = [await JetStreamLink.connect(nats_url) for _ in range(2)]
+    stores = [SqlStore(sqlite_url) for _ in range(2)]
+    first = DistributedRun(links[0], stores[0], bank(3), lease=1.0)
+    try:
+        await first.start()
+        # It renews its lease: a standby that waits no longer than this gives up.
+        standby = DistributedRun.take_over(links[1], stores[1], bank(3), first.run_id, wait=1.5)
+        with pytest.raises(RunOwnedError):
+            await standby.start()
+        assert first.fenced is None
+        await first.close()
+        late = DistributedRun.take_over(links[1], stores[1], bank(3), first.run_id, wait=1.0)
+        with pytest.raises(ConfigurationError, match="ended"):
+            await late.start()
+        with pytest.raises(NotFoundError):
+            await DistributedRun.take_over(links[1], stores[1], bank(3), "no-such-run").start()
+        assert (await stores[1].get_run(first.run_id)).status is RunStatus.SUCCEEDED
+    finally:
+        for store in stores:
+            await store.close()
+        await links[0].delete_stream(first.run_id)
         for link in links:
             await link.close()
