@@ -403,9 +403,13 @@ class DistributedRun:
                 )
             )
             lease = await self._ownership.acquire(refuse_live=True)
-        self._ownership.start_heartbeat(self._lost)
         if self._taking_over is not None:
-            await self._read_back(lease.token, lease.owner)
+            try:
+                await self._read_back(lease.token, lease.owner)
+            except BaseException:
+                await self._ownership.release()  # another may try again at once
+                raise
+        self._ownership.start_heartbeat(self._lost)
         await self._host.start()
         self._subscription = await self._link.nc.subscribe(
             control_subject(self.run_id), cb=self._on_control
