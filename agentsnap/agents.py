@@ -309,6 +309,7 @@ class Context(Generic[S]):
         "_snapshots",
         "agent",
         "approvals",
+        "dry_tools",
         "guard",
         "keep_before",
         "ledger",
@@ -381,6 +382,9 @@ class Context(Generic[S]):
         self.approvals: Mapping[str, Approval] = {}
         """The runtime's approval policy: which tools' calls need a person's approval (set by
         the runtime)."""
+        self.dry_tools = False
+        """The run's side-effecting tools are dry: calls are recorded, tools do not run (set
+        by the runtime, for a what-if fork)."""
         self.position = 0
         """How many recorded steps (model calls, requests to people) the running handler
         made so far (reset by the runtime as each handler begins)."""
@@ -769,7 +773,7 @@ class Context(Generic[S]):
                 self._bus.post(self._endpoint, message)
             guard.outputs.clear()
 
-    def reject(self, agent: str, reason: str) -> NoReturn:
+    def reject(self, agent: str, reason: str, *, source: str | None = None) -> NoReturn:
         """Reject another agent's output, as a critic: the run rolls back and ``agent`` is told.
 
         The rejected output is the message being handled when it came from ``agent``;
@@ -780,6 +784,9 @@ class Context(Generic[S]):
         Args:
             agent: The agent whose work is rejected.
             reason: Why, in words that agent can act on.
+            source: What rejected it, as the feedback and the rollback's record name it
+                (default: this agent's name); an integration names the SDK's judge here
+                (``"guardrail no_promises"``).
 
         Raises:
             OutputRejected: Always, for a registered agent; the runtime handles it.
@@ -794,7 +801,9 @@ class Context(Generic[S]):
                 "is rejected"
             )
         output = self.message if self.message is not None and self.message.src == agent else None
-        rejection = OutputRejected(agent, reason, self.agent.name, output)
+        rejection = OutputRejected(
+            agent, reason, source if source is not None else self.agent.name, output
+        )
         if self._endpoint.busy:
             self.rejected = rejection
         raise rejection
