@@ -327,6 +327,7 @@ class Worker:
         self._send(
             {
                 "restored": order.generation,
+                "epoch": self.host.coordinator.last_seq,
                 "worker": self.name,
                 "agents": self.agents,
                 "discarded": discarded,
