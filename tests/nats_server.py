@@ -52,7 +52,7 @@ def free_port() -> int:
 
 
 class OwnServer:
-    """A ``nats-server -js`` of a test's own, on a free port of ``host``, storing under ``store``."""
+    """A ``nats-server -js`` of a test's own: a free port of ``host``, storing under ``store``."""
 
     def __init__(self, binary: str, store: Path, host: str = "127.0.0.1") -> None:
         self.binary = binary

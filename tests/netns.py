@@ -157,23 +157,31 @@ def _remove(pid: int, token: str, state: Path) -> None:
         _run(["ip", "link", "delete", f"as{token}{letter}b"], check=False)
     # Routes that cut a host off in the root namespace outlive the bridges: the nets say whose.
     nets_file = state / "nets"
-    nets = [ipaddress.IPv4Network(n) for n in nets_file.read_text().split()] if nets_file.exists() else []
-    for line in _run(["ip", "-o", "route", "show", "type", "unreachable"], check=False).stdout.splitlines():
+    nets = (
+        [ipaddress.IPv4Network(n) for n in nets_file.read_text().split()]
+        if nets_file.exists()
+        else []
+    )
+    for line in _run(
+        ["ip", "-o", "route", "show", "type", "unreachable"], check=False
+    ).stdout.splitlines():
         words = line.split()
         with contextlib.suppress(ValueError, IndexError):
-            if any(ipaddress.ip_network(words[1]).subnet_of(net) for net in nets):
+            if any(ipaddress.IPv4Network(words[1]).subnet_of(net) for net in nets):
                 _run(["ip", "route", "del", *words[:2]], check=False)
     _kill_services(state)
     shutil.rmtree(state, ignore_errors=True)
 
 
 class OwnPostgres:
-    """A PostgreSQL cluster of a test's own: ``initdb`` under ``directory``, listening on
-    ``address`` (and a socket in ``directory``) on a free port, until ``stop``.
+    """A PostgreSQL cluster of a test's own, under ``directory``, on ``address``.
+
+    ``start`` runs ``initdb`` and starts the server on a free port of ``address`` (and a
+    socket in ``directory``), trusting the clients on the networks it is connected to.
 
     It runs as the ``postgres`` user (the server refuses root), with ``fsync`` off: nothing
     here survives the test, and the server itself is never crashed.
-    """  # noqa: D205
+    """
 
     def __init__(self, directory: Path, address: str) -> None:
         found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
@@ -195,6 +203,8 @@ class OwnPostgres:
         shutil.chown(self.directory, "postgres", "postgres")
         self._as_postgres("initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8",
                           "--no-sync", "--no-instructions")  # fmt: skip
+        with (data / "pg_hba.conf").open("a") as hba:  # the hosts connect over the bridge
+            hba.write("host all all samenet trust\n")
         options = f"-c listen_addresses={self.address} -p {self.port} -k {self.directory} "
         options += "-c fsync=off -c full_page_writes=off -c max_connections=200"
         self._as_postgres("pg_ctl", "-D", str(data), "-l", str(self.directory / "log"), "-w",
@@ -209,14 +219,16 @@ class OwnPostgres:
 
 
 class Hosts:
-    """``count`` hosts (network namespaces), with a NATS server and a PostgreSQL cluster
-    reached over their links. A context manager: everything goes on leaving it.
+    """``count`` hosts (network namespaces), and a NATS server and a PostgreSQL cluster.
+
+    The hosts reach the services over their links. A context manager: everything goes on
+    leaving it (or on ``close``).
 
     Attributes:
         nats: The test's NATS server (JetStream on), on the NATS bridge; ``nats.url``.
         postgres: The test's PostgreSQL cluster, on the PostgreSQL bridge; ``postgres.url``.
         namespaces: Each host's network namespace, by host number.
-    """  # noqa: D205
+    """
 
     def __init__(self, count: int) -> None:
         self.count = count
@@ -224,8 +236,11 @@ class Hosts:
         self.state = STATE / f"{os.getpid()}-{self.token}"
         self.namespaces = [f"{PREFIX}{os.getpid()}-{self.token}-{n}" for n in range(count)]
         self.nets = dict(zip(_LETTER, _free_subnets(len(_LETTER)), strict=True))
-        self.nats: OwnServer | None = None
-        self.postgres: OwnPostgres | None = None
+        binary = server_binary()
+        if binary is None:
+            raise RuntimeError("no nats-server binary (install the nats-server package)")
+        self.nats = OwnServer(binary, self.state / "jetstream", host=self.address("nats"))
+        self.postgres = OwnPostgres(self.state / "postgres", self.address("postgres"))
         self._impaired: dict[tuple[int, Service], How] = {}
 
     # -- names and addresses ----------------------------------------------------------------
@@ -278,13 +293,7 @@ class Hosts:
                 address = f"{self.address(service, host)}/{net.prefixlen}"
                 ip("-n", namespace, "addr", "add", address, "dev", inside)
                 ip("-n", namespace, "link", "set", inside, "up")
-        binary = server_binary()
-        if binary is None:
-            raise RuntimeError("no nats-server binary (install the nats-server package)")
-        self.nats = OwnServer(binary, self.state / "jetstream", host=self.address("nats"))
-        self.nats.start()
-        (self.state / "nats.pid").write_text(str(self.nats.pid))
-        self.postgres = OwnPostgres(self.state / "postgres", self.address("postgres"))
+        self.start_nats()
         self.postgres.start()
         for host in range(self.count):
             for service in self.nets:
@@ -304,14 +313,21 @@ class Hosts:
             self.heal()  # the routes in the root namespace go with the bridges' nets
         for namespace in self.namespaces:
             _kill_namespace(namespace)
-        if self.nats is not None:
-            with contextlib.suppress(Exception):
-                self.nats.stop()
-        if self.postgres is not None:
-            self.postgres.stop()
+        with contextlib.suppress(Exception):
+            self.nats.stop()
+        self.postgres.stop()
         _remove(os.getpid(), self.token, self.state)
 
     # -- using them -------------------------------------------------------------------------
+
+    def start_nats(self) -> None:
+        """Start the NATS server (again: same address, port and storage)."""
+        self.nats.start()
+        (self.state / "nats.pid").write_text(str(self.nats.pid))
+
+    def stop_nats(self) -> None:
+        """Stop the NATS server, as an operator restarting it does (SIGTERM)."""
+        self.nats.stop()
 
     def command(self, host: int, argv: list[str]) -> list[str]:
         """``argv`` as run on host ``host`` (in its network namespace)."""
@@ -350,7 +366,6 @@ class Hosts:
 
     def reaches(self, host: int, service: Service) -> bool:
         """Whether host ``host`` can open a connection to ``service`` now (one second)."""
-        assert self.nats is not None and self.postgres is not None
         port = self.nats.port if service == "nats" else self.postgres.port
         probe = (
             "import socket\n"
