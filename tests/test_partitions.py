@@ -64,7 +64,9 @@ NIGHTLY = os.environ.get("AGENTSNAP_PARTITIONS") == "nightly"
 PATIENCE = 600.0 if NIGHTLY else 150.0
 """Seconds a step may take (never reached when green)."""
 TELLERS = 9
-HOSTS = 3
+GROUPS = 3
+HOSTS = GROUPS + 1
+"""A host per group of tellers, and a spare host for a worker taking over a group."""
 TOTAL = TELLERS * BALANCE
 HOPS = 12
 LEASE = 10.0 if NIGHTLY else 2.0
@@ -118,13 +120,13 @@ def schedule(rng: random.Random) -> list[Fault]:
     if not NIGHTLY:
         hows: list[How] = ["down", "unreachable", "down"]
         return [
-            Fault(rng.randrange(HOSTS), services, rng.uniform(2.0, 4.0), how)
+            Fault(rng.randrange(GROUPS), services, rng.uniform(2.0, 4.0), how)
             for services, how in zip(kinds, hows, strict=True)
         ]
     count = int(os.environ.get("AGENTSNAP_PARTITIONS_FAULTS", "12"))
     return [
         Fault(
-            rng.randrange(HOSTS),
+            rng.randrange(GROUPS),
             rng.choice(kinds),
             rng.uniform(2.0, 30.0),
             rng.choice(["down", "unreachable"]),
@@ -153,11 +155,13 @@ class Workers:
             "AGENTSNAP_EFFECTS_URL": self.hosts.postgres.url,
         }
 
-    async def start(self, host: int) -> None:
+    async def start(self, host: int, group: int | None = None, wait: float = 0.0) -> None:
+        """Start a worker on host ``host`` for group ``group`` (by default the host's)."""
         log = self.logs[host] = self.tmp / f"worker-{host}.log"
         args = ["--nats", self.hosts.nats.url, "--db", self.hosts.postgres.url]
         args += ["--app", "distributed_effects:make_app", "--run", self.run_id]
-        args += ["--group", f"{host}/{HOSTS}", "--lease", str(LEASE), "--nats-patience", "300"]
+        args += ["--group", f"{host if group is None else group}/{GROUPS}"]
+        args += ["--lease", str(LEASE), "--nats-patience", "300", "--wait", str(wait)]
         argv = self.hosts.command(host, [sys.executable, "-m", "agentsnap", "worker", *args])
         with log.open("wb") as out:
             self.processes[host] = await asyncio.create_subprocess_exec(
@@ -178,9 +182,12 @@ class Workers:
         for process in self.processes.values():
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
+        for host, process in self.processes.items():
             code = await asyncio.wait_for(process.wait(), PATIENCE)
-            assert code == 0, self.text()
+            assert code == 0 or host in self.replaced, self.text()
+
+    replaced: frozenset[int] = frozenset()
+    """Hosts whose worker another one replaced: it stops as it can."""
 
     async def kill(self) -> None:
         for process in self.processes.values():
@@ -312,8 +319,8 @@ async def run_bank(
     workers = Workers(hosts, run.run_id, tmp_path)
     try:
         await run.start()
-        for host in range(HOSTS):
-            await workers.start(host)
+        for group in range(GROUPS):
+            await workers.start(group)
         await workers.until_up()
         await run.snapshot()
         feeding = asyncio.ensure_future(feed(run, history, rng))
@@ -376,3 +383,39 @@ async def test_a_run_over_hosts_goes_on_after_its_nats_server_restarts(
         await check(store, hosts.postgres.url, run, last, history)
     finally:
         history.report("nats-restart")
+
+
+async def test_a_worker_cut_from_postgres_past_its_lease_is_replaced_and_does_nothing_visible(
+    hosts: Hosts, store: SqlStore, tmp_path: Path
+) -> None:
+    """Split brain: the old worker still reaches NATS while a new one hosts its tellers."""
+    rng = random.Random()
+    history = History()
+    group = rng.randrange(GROUPS)
+    spare = GROUPS
+
+    async def nemesis(run: DistributedRun, workers: Workers) -> None:
+        await asyncio.sleep(rng.uniform(0.5, 1.5))
+        history.faults.append(f"host {group} cut from postgres past its lease; replaced")
+        before = len(run.rollbacks)
+        hosts.cut(group, ("postgres",), rng.choice(["down", "unreachable"]))
+        try:
+            await workers.start(spare, group, wait=PATIENCE)
+            workers.replaced = frozenset([group])
+            await until(lambda: " hosts " in workers.logs[spare].read_text(), "taken over", workers)
+            await until(lambda: len(run.rollbacks) > before, "the run recovered", workers)
+            await asyncio.sleep(rng.uniform(0.5, 3.0))
+        finally:
+            hosts.heal(group)
+        # The old worker learns that its claim went to another and stops.
+        old = workers.processes[group]
+        await asyncio.wait_for(old.wait(), PATIENCE)
+        seen = len(run.complete)
+        await until(lambda: len(run.complete) > seen + 1, "a snapshot after the heal", workers)
+
+    run, last = await run_bank(hosts, store, tmp_path, history, nemesis)
+    try:
+        await check(store, hosts.postgres.url, run, last, history)
+    finally:
+        history.report("takeover")
+    assert "lost its agents" in (tmp_path / f"worker-{group}.log").read_text()
