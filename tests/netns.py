@@ -206,12 +206,18 @@ class OwnPostgres:
         with (data / "pg_hba.conf").open("a") as hba:  # the hosts connect over the bridge
             hba.write("host all all samenet trust\n")
         options = f"-c listen_addresses={self.address} -p {self.port} -k {self.directory} "
-        options += "-c fsync=off -c full_page_writes=off -c max_connections=200"
+        options += "-c fsync=off -c full_page_writes=off -c max_connections=200 "
+        options += "-c log_lock_waits=on"  # a lock held by a host cut off shows in the log
         self._as_postgres("pg_ctl", "-D", str(data), "-l", str(self.directory / "log"), "-w",
                           "-t", "60", "-o", options, "start")  # fmt: skip
 
+    def log_tail(self, size: int = 4000) -> str:
+        """The end of the server's log (for a failing test's message)."""
+        log = self.directory / "log"
+        return log.read_text(errors="replace")[-size:] if log.exists() else ""
+
     def stop(self) -> None:
-        """Stop the server (fast shutdown); nothing when it is not running."""
+        """Stop the server (at once); nothing when it is not running."""
         data = self.directory / "data"
         if (data / "postmaster.pid").exists():
             _run(["runuser", "-u", "postgres", "--", str(self.bin / "pg_ctl"), "-D", str(data),

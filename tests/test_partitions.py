@@ -30,12 +30,14 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psycopg
 import pytest
 from distributed_effects import (
     BALANCE,
@@ -135,6 +137,12 @@ def schedule(rng: random.Random) -> list[Fault]:
     ]
 
 
+def worker_environment() -> dict[str, str]:
+    """This process's environment, with the repository and the tests importable."""
+    path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
 class Workers:
     """The run's worker processes: worker ``n`` on host ``n``, each with its log."""
 
@@ -146,10 +154,8 @@ class Workers:
         self.logs: dict[int, Path] = {}
 
     def env(self) -> dict[str, str]:
-        path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
         return {
-            **os.environ,
-            "PYTHONPATH": path,
+            **worker_environment(),
             "BANK_TELLERS": str(TELLERS),
             "BANK_POISON": "",
             "AGENTSNAP_EFFECTS_URL": self.hosts.postgres.url,
@@ -169,9 +175,8 @@ class Workers:
             )
 
     def text(self) -> str:
-        return "\n".join(
-            f"--- worker {n}\n{log.read_text()[-4000:]}" for n, log in self.logs.items()
-        )
+        logs = [f"--- worker {n}\n{log.read_text()[-4000:]}" for n, log in self.logs.items()]
+        return "\n".join([*logs, f"--- postgres\n{self.hosts.postgres.log_tail()}"])
 
     async def until_up(self) -> None:
         await until(
@@ -385,6 +390,46 @@ async def test_a_run_over_hosts_goes_on_after_its_nats_server_restarts(
         history.report("nats-restart")
 
 
+def test_a_client_cut_off_in_a_transaction_does_not_keep_its_rows_locked(hosts: Hosts) -> None:
+    """The server ends the session of a client it no longer hears from inside a transaction.
+
+    A store's connections ask for it (``idle_in_transaction_session_timeout``): otherwise
+    the rows a cut-off worker was updating (its agents' leases) stay locked for as long as
+    the dead connection lives, and no worker can take its agents over.
+    """
+    url = hosts.postgres.url
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE leased (agent text PRIMARY KEY, owner text)")
+        conn.execute("INSERT INTO leased VALUES ('teller-0', 'old')")
+    script = (
+        "import psycopg, time\n"
+        "from agentsnap.store.faults import StoreRetry\n"
+        "from agentsnap.store.sql import engine_options\n"
+        f"url = {url!r}\n"
+        "args = engine_options(url, StoreRetry(timeout=1.0))['connect_args']\n"
+        "conn = psycopg.connect(url, **args)\n"
+        "conn.execute(\"UPDATE leased SET owner = 'old' WHERE agent = 'teller-0'\")\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    argv = hosts.command(0, [sys.executable, "-c", script])
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, env=worker_environment()) as old:
+        try:
+            assert old.stdout is not None
+            assert old.stdout.readline() == b"locked\n"
+            hosts.cut(0, ("postgres",))
+            with psycopg.connect(url, autocommit=True, options="-c lock_timeout=60000") as conn:
+                conn.execute("UPDATE leased SET owner = 'new' WHERE agent = 'teller-0'")
+                row = conn.execute("SELECT owner FROM leased").fetchone()
+                idle = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                ).fetchone()
+        finally:
+            old.kill()
+    assert row == ("new",)
+    assert idle == (0,)
+
+
 async def test_a_worker_cut_from_postgres_past_its_lease_is_replaced_and_does_nothing_visible(
     hosts: Hosts, store: SqlStore, tmp_path: Path
 ) -> None:
@@ -396,9 +441,10 @@ async def test_a_worker_cut_from_postgres_past_its_lease_is_replaced_and_does_no
 
     async def nemesis(run: DistributedRun, workers: Workers) -> None:
         await asyncio.sleep(rng.uniform(0.5, 1.5))
-        history.faults.append(f"host {group} cut from postgres past its lease; replaced")
+        how: How = rng.choice(["down", "unreachable"])
+        history.faults.append(f"host {group} cut from postgres ({how}) past its lease; replaced")
         before = len(run.rollbacks)
-        hosts.cut(group, ("postgres",), rng.choice(["down", "unreachable"]))
+        hosts.cut(group, ("postgres",), how)
         try:
             await workers.start(spare, group, wait=PATIENCE)
             workers.replaced = frozenset([group])
