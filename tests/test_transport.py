@@ -325,7 +325,9 @@ async def test_closing_the_scheduler_ends_a_delivery_a_rollback_interrupted() ->
     finish = asyncio.Event()
 
     async def deliver(channel: Channel) -> None:
-        bus.delivered(channel, channel.take())
+        message = channel.take()
+        assert type(message) is Message
+        bus.delivered(channel, message)
         a.busy = True
         try:
             started.set()
