@@ -57,7 +57,6 @@ from agentsnap.integrations._running import handling
 from agentsnap.integrations.pydantic_ai._agent import Outgoing, PydanticAIAgent, PydanticAIState
 from agentsnap.integrations.pydantic_ai._durability import (
     AgentsnapDurability,
-    RecordedModel,
     ToolOptions,
     idempotency_key,
 )
@@ -68,7 +67,6 @@ __all__ = [
     "Outgoing",
     "PydanticAIAgent",
     "PydanticAIState",
-    "RecordedModel",
     "ToolOptions",
     "agentsnap_toolset",
     "handling",
