@@ -344,27 +344,6 @@ async def test_mcp_tools_go_through_the_ledger_unless_read_only() -> None:
     assert [e.tool for e in await ledger.list_calls(runtime.run_id)] == ["reserve"]
 
 
-class Streamer(Agent[AgentState]):
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.agent = durable(TestModel())
-
-    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
-        with handling(ctx):
-            async with self.agent.run_stream("hi") as stream:
-                await stream.get_output()
-
-
-async def test_a_streamed_request_in_a_handler_is_refused() -> None:
-    async with Runtime() as runtime:
-        runtime.add(Streamer("streamer"))
-        runtime.send("streamer", "go")
-        with pytest.raises(HandlerFailed) as failed:
-            await runtime.run_until_idle()
-    assert isinstance(failed.value.__cause__, ConfigurationError)
-    assert "streamed" in str(failed.value.__cause__)
-
-
 def test_a_pydantic_ai_agent_is_required() -> None:
     with pytest.raises(ConfigurationError, match="pydantic-ai agent"):
         PydanticAIAgent("x", object())  # type: ignore[arg-type]

@@ -32,13 +32,20 @@ from pydantic_ai.exceptions import (
     ToolFailedError,
     ToolRetryError,
 )
+from pydantic_ai.exceptions import ToolFailed as PydanticToolFailed
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.settings import ModelSettings
-from pydantic_ai.tools import RunContext, ToolDefinition
+from pydantic_ai.tools import (
+    DeferredToolRequests,
+    DeferredToolResults,
+    RunContext,
+    ToolDefinition,
+    ToolDenied,
+)
 
 from agentsnap.agents import Context
-from agentsnap.exceptions import ConfigurationError, ToolFailed
+from agentsnap.exceptions import ApprovalDenied, ConfigurationError, RequestRejected, ToolFailed
 from agentsnap.integrations._running import current, running
 from agentsnap.integrations.pydantic_ai._convert import (
     as_json,
@@ -46,7 +53,9 @@ from agentsnap.integrations.pydantic_ai._convert import (
     recorded_request,
     recorded_response,
 )
+from agentsnap.messages import JsonValue
 from agentsnap.models import ModelRequest, ModelResponse
+from agentsnap.requests import Approval, ApprovalPolicy, approval_of
 from agentsnap.tools import OnDivergence, OnRedo, Tool
 
 __all__ = ["AgentsnapDurability", "ToolOptions", "idempotency_key"]
@@ -110,6 +119,10 @@ class ToolOptions:
         rerun_if_unknown: Running the tool again after an unknown outcome is safe.
         lease: Seconds a claim holds.
         wait: Seconds a call waits for the same key in progress elsewhere.
+        approval: A call waits for a person's approval before it is claimed (``True``, a
+            predicate on the arguments, or an [`Approval`][agentsnap.requests.Approval]
+            saying who approves and by when); for a tool declared
+            ``requires_approval=True`` in pydantic-ai, how its approval is asked.
     """
 
     key_from: Sequence[str] | None = None
@@ -118,6 +131,7 @@ class ToolOptions:
     rerun_if_unknown: bool = False
     lease: float = 60.0
     wait: float = 10.0
+    approval: ApprovalPolicy = False
 
 
 _LEDGER_TOOLS: dict[tuple[str, ToolOptions, str], Tool[Any]] = {}
@@ -143,6 +157,7 @@ def _ledger_tool(name: str, options: ToolOptions, schema: Mapping[str, Any]) -> 
             rerun_if_unknown=options.rerun_if_unknown,
             lease=options.lease,
             wait=options.wait,
+            approval=options.approval,
         )
     return found
 
@@ -369,6 +384,53 @@ class AgentsnapDurability(BaseDurabilityCapability[Any]):
         finally:
             _REPLAYING.reset(token)
 
+    async def handle_deferred_tool_calls(
+        self, ctx: RunContext[Any], *, requests: DeferredToolRequests
+    ) -> DeferredToolResults | None:
+        """Ask people for what deferred tool calls wait on, as durable requests of the handler.
+
+        A call of a tool declared ``requires_approval=True`` (or raising ``ApprovalRequired``)
+        waits for an approval request ([`Context.approve_call`][agentsnap.Context.approve_call],
+        asked as ``ToolOptions.approval`` says, by default of anyone without deadline); once
+        approved it runs through the ledger, and a denial's reason goes to the model. A call
+        deferred for an outside result (an external tool, ``CallDeferred``) is a question
+        ([`Context.ask`][agentsnap.Context.ask]) whose answer is the call's result; a
+        declined question is a failed call the model is told about. Either request is in the
+        store before the handler waits; it is answered with ``agentsnap answer``, and a
+        re-executed handler finds it. Outside a handler the calls are left to pydantic-ai
+        (``DeferredToolRequests`` as output).
+        """
+        handler_ctx = running()
+        if handler_ctx is None:
+            return None
+        results = DeferredToolResults()
+        for call in requests.approvals:
+            options = self.tools.get(call.tool_name, ToolOptions())
+            approval = approval_of(options.approval) or Approval()
+            try:
+                await handler_ctx.approve_call(
+                    call.tool_name, as_json(call.args_as_dict()), None, approval
+                )
+            except ApprovalDenied as exc:
+                results.approvals[call.tool_call_id] = ToolDenied(
+                    f"A person denied the call: {exc.reason}"
+                )
+            else:
+                results.approvals[call.tool_call_id] = True
+        for call in requests.calls:
+            question: JsonValue = {
+                "tool": call.tool_name,
+                "arguments": as_json(call.args_as_dict()),
+                "kind": requests.kind(call.tool_call_id),
+            }
+            try:
+                results.calls[call.tool_call_id] = await handler_ctx.ask(question)
+            except RequestRejected as exc:
+                results.calls[call.tool_call_id] = PydanticToolFailed(
+                    f"The call was declined: {exc.reason}"
+                )
+        return results
+
     async def wrap_tool_execute(
         self,
         ctx: RunContext[Any],
@@ -409,10 +471,11 @@ class AgentsnapDurability(BaseDurabilityCapability[Any]):
     def changes_world(self, tool_def: ToolDefinition) -> bool:
         """Whether a call of this tool goes through the ledger.
 
-        Function tools (from any toolset) do, unless named in ``read_only``, annotated
+        Function tools (from any toolset, ``requires_approval`` ones too) do, unless named
+        in ``read_only``, annotated
         ``readOnlyHint`` (MCP), or agentsnap tools that call the ledger themselves.
         """
-        if tool_def.kind != "function" or tool_def.name in self.read_only:
+        if tool_def.kind not in ("function", "unapproved") or tool_def.name in self.read_only:
             return False
         metadata = tool_def.metadata or {}
         if metadata.get("agentsnap") is not None:
