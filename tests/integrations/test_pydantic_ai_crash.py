@@ -10,7 +10,9 @@ outside table keyed by the idempotency key it was handed. Then:
   kill was replayed;
 * the refund happened once, under the key of the ledger's entry, across the rollback (the
   redo worded it otherwise) and the crash;
-* the critic accepted the answer written with its feedback.
+* the critic accepted the answer written with its feedback;
+* streamed (``--stream``, an event-stream handler): every asking of the model was streamed to
+  the handler once, and no replayed answer again; no tool call's event was handed over twice.
 """
 
 from __future__ import annotations
@@ -61,17 +63,19 @@ def kill_when_hanging(process: subprocess.Popen[str]) -> None:
     assert process.returncode == -signal.SIGKILL
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "streamed"])
 @pytest.mark.parametrize("hang_at", ["effect", "critic"])
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
 async def test_a_killed_run_resumes_with_recorded_answers_and_one_effect(
-    tmp_path: Path, hang_at: str, backend: str
+    tmp_path: Path, hang_at: str, backend: str, stream: bool
 ) -> None:
     url = postgres_url_or_skip() if backend == "postgres" else f"sqlite:///{tmp_path / 'a.db'}"
     service, asks = tmp_path / "service.db", tmp_path / "asks.jsonl"
+    events = tmp_path / "events.jsonl"
     run_id = uuid.uuid4().hex
-    common = (url, str(service), str(asks), run_id)
+    common = (url, str(service), str(asks), run_id, *(("--stream", str(events)) if stream else ()))
     with child(*common, "--hang-at", hang_at) as first:
         kill_when_hanging(first)
     asked_before = len(asks.read_text().splitlines())
@@ -103,3 +107,10 @@ async def test_a_killed_run_resumes_with_recorded_answers_and_one_effect(
         rows = db.execute("SELECT key, effect FROM effects").fetchall()
     (entry,) = entries
     assert rows == [(entry.key, "refund:A17")]
+
+    if stream:
+        handed = [json.loads(line) for line in events.read_text().splitlines()]
+        # Each asking streamed once to the handler (one part per answer); replays not at all.
+        assert sum(e["kind"] == "part_start" for e in handed) == asked
+        calls = [e["call"] for e in handed if e["kind"] == "function_tool_call"]
+        assert calls and len(set(calls)) == len(calls), handed
