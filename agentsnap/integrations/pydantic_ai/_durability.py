@@ -6,7 +6,7 @@ import contextvars
 import copy
 import json
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Self, cast
 
 from pydantic_ai import messages as pai
@@ -325,7 +325,7 @@ class AgentsnapDurability(BaseDurabilityCapability[Any]):
     engine_spec = DurabilityEngineSpec(
         engine_name="agentsnap",
         durable_unit_noun="recorded step",
-        durable_container_noun="agentsnap handler",
+        durable_container_noun="handler of an agentsnap agent",
         codec=IDENTITY_CODEC,
         # Tools are not wrapped in units: a call that changes the world goes through the
         # ledger (wrap_tool_execute), the rest runs as it is.
@@ -445,6 +445,8 @@ class AgentsnapDurability(BaseDurabilityCapability[Any]):
             return await handler(args)
         handler_ctx = current(f"pydantic-ai tool {tool_def.name!r}, which goes through the ledger,")
         options = self.tools.get(tool_def.name, ToolOptions())
+        if tool_def.kind == "unapproved":  # approved already (handle_deferred_tool_calls)
+            options = replace(options, approval=False)
         tool = _ledger_tool(tool_def.name, options, tool_def.parameters_json_schema)
 
         async def execute() -> Any:
