@@ -107,7 +107,8 @@ async def streamed(
         yield part.content[:8]
         yield part.content[8:]
     else:
-        assert isinstance(part, ToolCallPart) and isinstance(part.args, str)
+        assert isinstance(part, ToolCallPart)
+        assert isinstance(part.args, str)
         yield {0: DeltaToolCall(part.tool_name, part.args[:10])}
         yield {0: DeltaToolCall(None, part.args[10:])}
 
@@ -115,10 +116,12 @@ async def streamed(
 async def log_events(ctx: RunContext[None], events: AsyncIterable[AgentStreamEvent]) -> None:
     """Log each event handed over: its kind, and the tool call it is about."""
     async for event in events:
-        call = getattr(event, "tool_call_id", None)
-        with open(Options.events, "a", encoding="utf-8") as log:
-            line = {"pid": os.getpid(), "kind": event.event_kind, "call": call}
-            log.write(json.dumps(line) + "\n")
+        log_event(event.event_kind, getattr(event, "tool_call_id", None))
+
+
+def log_event(kind: str, call: str | None) -> None:
+    with open(Options.events, "a", encoding="utf-8") as log:
+        log.write(json.dumps({"pid": os.getpid(), "kind": kind, "call": call}) + "\n")
 
 
 def clerk_agent() -> PydanticAgent[None, str]:
@@ -126,7 +129,9 @@ def clerk_agent() -> PydanticAgent[None, str]:
         tools={"refund": ToolOptions(rerun_if_unknown=True)},
         event_stream_handler=log_events if Options.events else None,
     )
-    model = FunctionModel(answer, stream_function=streamed if Options.events else None)
+    model = FunctionModel(answer)
+    if Options.events:
+        model = FunctionModel(answer, stream_function=streamed)
     agent = PydanticAgent(model, capabilities=[durability])
 
     @agent.tool_plain

@@ -51,7 +51,6 @@ from agentsnap.integrations.pydantic_ai import (
     PydanticAIAgent,
     ToolOptions,
     agentsnap_toolset,
-    handling,
 )
 from agentsnap.integrations.pydantic_ai._convert import rebuilt_response, recorded_response
 from agentsnap.store import Store

@@ -47,7 +47,7 @@ from agentsnap.integrations.pydantic_ai import (
 )
 from agentsnap.requests import Approval, HumanRequest
 from agentsnap.store import Store
-from agentsnap.store.ledger import ledger_for
+from agentsnap.store.ledger import MemoryLedger, ledger_for
 from agentsnap.store.sql_ledger import SqlLedger
 
 
@@ -105,9 +105,7 @@ async def test_a_model_chosen_at_run_time_is_the_one_recorded(
     by_name = Options("by_name", agent, model="other")
     overriding = Overriding("overriding")
     default = PydanticAIAgent("default", agent)
-    runtime = await run_agents(
-        sql_store, sql_ledger, by_instance, by_name, overriding, default
-    )
+    runtime = await run_agents(sql_store, sql_ledger, by_instance, by_name, overriding, default)
     assert by_instance.state.output == by_name.state.output == "from the other model"
     assert overriding.state.memory["output"] == "from the other model"
     assert default.state.output == "default"
@@ -194,12 +192,13 @@ async def test_run_sync_runs_outside_a_handler_and_is_refused_inside_one() -> No
             with handling(ctx):
                 agent.run_sync("hi")
 
-    async with Runtime() as runtime:
+    ledger = MemoryLedger()
+    async with Runtime(ledger=ledger) as runtime:
         runtime.add(Syncing("syncing"))
         runtime.send("syncing", "go")
         with pytest.raises(HandlerFailed) as failed:
             await runtime.run_until_idle()
-        assert await runtime.ledger.list_model_calls(runtime.run_id) == []
+    assert await ledger.list_model_calls(runtime.run_id) == []
     assert isinstance(failed.value.__cause__, RuntimeError)
     assert "already running" in str(failed.value.__cause__)
 
@@ -245,7 +244,10 @@ async def test_a_tool_requiring_approval_waits_for_a_person(verdict: str) -> Non
         (request,) = await pending(runtime)
         assert (request.kind, request.who) == ("approval", "finance")
         question: Any = request.question
-        assert (question["tool"], question["arguments"]) == ("pay", {"invoice": "I-9", "amount": 40})
+        assert (question["tool"], question["arguments"]) == (
+            "pay",
+            {"invoice": "I-9", "amount": 40},
+        )
         assert paid == []  # nothing ran before the answer
         if verdict == "approve":
             await approve(runtime.store, request.id, ledger=runtime.ledger)
@@ -331,8 +333,8 @@ async def test_tools_of_several_toolsets_each_reach_their_own_and_the_ledger(
     )
 
     @agent.toolset(id="per_run")
-    def per_run(ctx: RunContext[None]) -> FunctionToolset[None]:
-        made = FunctionToolset[None]()
+    def per_run(ctx: RunContext[object]) -> FunctionToolset[object]:
+        made = FunctionToolset[object]()
         made.add_function(recorder("made"), name="made")
         return made
 

@@ -113,4 +113,5 @@ async def test_a_killed_run_resumes_with_recorded_answers_and_one_effect(
         # Each asking streamed once to the handler (one part per answer); replays not at all.
         assert sum(e["kind"] == "part_start" for e in handed) == asked
         calls = [e["call"] for e in handed if e["kind"] == "function_tool_call"]
-        assert calls and len(set(calls)) == len(calls), handed
+        assert calls
+        assert len(set(calls)) == len(calls), handed

@@ -30,6 +30,7 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime
 from agentsnap.integrations.pydantic_ai import AgentsnapDurability, PydanticAIAgent, handling
+from agentsnap.messages import JsonValue
 from agentsnap.store import Store
 from agentsnap.store.ledger import MemoryLedger, ledger_for
 from agentsnap.store.sql_ledger import SqlLedger
@@ -104,10 +105,11 @@ class Streaming(Agent[AgentState]):
         with handling(ctx):
             if self.how == "run_stream":
                 async with self.agent.run_stream("book a room") as stream:
-                    memory["chunks"] = [c async for c in stream.stream_text(delta=True)]
+                    chunks: list[JsonValue] = [c async for c in stream.stream_text(delta=True)]
+                    memory["chunks"] = chunks
                     memory["output"] = await stream.get_output()
             elif self.how == "run_stream_events":
-                kinds: list[str] = []
+                kinds: list[JsonValue] = []
                 async with self.agent.run_stream_events("book a room") as events:
                     async for event in events:
                         kinds.append(type(event).__name__)
@@ -116,7 +118,7 @@ class Streaming(Agent[AgentState]):
                 memory["kinds"] = kinds
             else:
                 async with self.agent.iter("book a room") as run:
-                    nodes = [type(node).__name__ async for node in run]
+                    nodes: list[JsonValue] = [type(node).__name__ async for node in run]
                 assert run.result is not None
                 memory["nodes"], memory["output"] = nodes, run.result.output
 
@@ -156,9 +158,12 @@ async def test_each_streaming_entry_point_records_its_requests(
             (booked,) = streamer.state.tool_calls
             assert (booked.tool, booked.status, booked.arguments) == ("book", "ok", {"room": "12"})
         # The caller's stream gives the recorded response once it is complete.
-        assert "".join(streamers["run_stream"].state.memory["chunks"]) == "Room 12 is booked."
-        assert "AgentRunResultEvent" in streamers["run_stream_events"].state.memory["kinds"]
-        assert "ModelRequestNode" in streamers["iter"].state.memory["nodes"]
+        chunks: Any = streamers["run_stream"].state.memory["chunks"]
+        assert "".join(chunks) == "Room 12 is booked."
+        kinds: Any = streamers["run_stream_events"].state.memory["kinds"]
+        assert "AgentRunResultEvent" in kinds
+        nodes: Any = streamers["iter"].state.memory["nodes"]
+        assert "ModelRequestNode" in nodes
     finally:
         await ledger.close()
 

@@ -248,7 +248,8 @@ async def _model_request(
     # The base's cache identity of a model request: (model id, messages, settings, parameters,
     # run context).
     _, messages, settings, parameters, _ = cache_key
-    assert isinstance(messages, list) and isinstance(parameters, ModelRequestParameters)
+    assert isinstance(messages, list)
+    assert isinstance(parameters, ModelRequestParameters)
     asked: list[tuple[ModelResponse, pai.ModelResponse]] = []
 
     async def ask(_: ModelRequest) -> ModelResponse:
@@ -376,7 +377,9 @@ class AgentsnapDurability(BaseDurabilityCapability[Any]):
         """The backend that runs pydantic-ai's durable units in the running handler."""
         return self._backend
 
-    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
+    async def wrap_run(
+        self, ctx: RunContext[Any], *, handler: WrapRunHandler
+    ) -> AgentRunResult[Any]:
         """Run the agent, its tools one at a time, while a handler runs it."""
         token = _REPLAYING.set([False])
         try:
