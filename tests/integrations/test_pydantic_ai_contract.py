@@ -266,6 +266,36 @@ async def test_a_tool_requiring_approval_waits_for_a_person(verdict: str) -> Non
         assert entries == []
 
 
+async def test_tool_options_give_any_tool_an_approval_before_its_claim() -> None:
+    """``ToolOptions(approval=...)``: a plain pydantic-ai tool waits for a person as an
+    agentsnap tool declared ``approval=`` does, its key in the question."""
+    paid: list[str] = []
+    durability = AgentsnapDurability(
+        tools={"pay": ToolOptions(approval=lambda a: a["amount"] > 10)}
+    )
+    agent = PydanticAgent(FunctionModel(paying), capabilities=[durability])
+
+    @agent.tool_plain
+    def pay(invoice: str, amount: int) -> str:
+        """Pay an invoice."""
+        paid.append(invoice)
+        return f"paid {amount} on {invoice}"
+
+    async with Runtime() as runtime:
+        clerk = runtime.add(PydanticAIAgent("clerk", agent))
+        runtime.send("clerk", "pay the invoice")
+        running = asyncio.create_task(runtime.run_until_idle())
+        (request,) = await pending(runtime)
+        question: Any = request.question
+        assert paid == []
+        await approve(runtime.store, request.id, ledger=runtime.ledger)
+        await asyncio.wait_for(running, 30)
+        (entry,) = await runtime.ledger.list_calls(runtime.run_id)
+    assert (request.kind, question["tool"], question["key"]) == ("approval", "pay", entry.key)
+    assert paid == ["I-9"]
+    assert clerk.state.output == "pay: paid 40 on I-9"
+
+
 async def test_an_external_tool_call_is_a_question_whose_answer_is_its_result() -> None:
     """``test_dbos_agent_run_in_workflow_with_runtime_external_toolset``: the call is
     deferred to the world; agentsnap asks a person for its result."""
