@@ -10,6 +10,11 @@ answer without an apology: the run rolls back and the clerk is asked again with 
 its prompt, and its redo calls ``refund`` in other words (and its arguments in another order,
 at random too).
 
+``--mcp LISTINGS`` serves ``refund`` from an MCP server (in the process, as a ``MCPToolset``)
+whose every tool listing is logged in ``LISTINGS``; its tool cannot get the key (the server
+runs it in a task of its own), so its effect is keyed by the note: the test runs it with
+``--hang-at critic``, once every effect is done.
+
 ``--stream`` gives the clerk an event-stream handler, so that its model requests are streamed
 (``FunctionModel(stream_function=...)``): each event handed to the handler is logged in
 ``EVENTS``, so that the test sees which were handed over twice.
@@ -22,7 +27,7 @@ Usage::
 
     python tests/integrations/pydantic_ai_crash_run.py URL SERVICE ASKS RUN_ID --hang-at effect
     python tests/integrations/pydantic_ai_crash_run.py URL SERVICE ASKS RUN_ID --resume
-    (either with ``--stream EVENTS``)
+    (either with ``--stream EVENTS`` or ``--mcp LISTINGS``)
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ import sys
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
+from mcp.server.mcpserver import MCPServer
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import RunContext
+from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import (
     AgentStreamEvent,
     ModelMessage,
@@ -48,6 +55,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+from pydantic_ai.toolsets import ToolsetTool
 
 from agentsnap import Agent, AgentState, Context, Message, Runtime
 from agentsnap.integrations.pydantic_ai import (
@@ -72,6 +80,7 @@ class Options:
     asks = ""
     hang_at = ""
     events = ""
+    listings = ""
 
 
 def hang() -> None:
@@ -132,6 +141,8 @@ def clerk_agent() -> PydanticAgent[None, str]:
     model = FunctionModel(answer)
     if Options.events:
         model = FunctionModel(answer, stream_function=streamed)
+    if Options.listings:
+        return PydanticAgent(model, toolsets=[ListedShop(shop())], capabilities=[durability])
     agent = PydanticAgent(model, capabilities=[durability])
 
     @agent.tool_plain
@@ -151,6 +162,36 @@ def clerk_agent() -> PydanticAgent[None, str]:
     return agent
 
 
+def shop() -> MCPServer:
+    """The MCP server refunding orders: one effect per order and note."""
+    server = MCPServer("shop")
+
+    @server.tool()
+    def refund(order: str, note: str) -> str:
+        """Refund an order."""
+        with sqlite3.connect(Options.service) as db:
+            db.execute(
+                "INSERT OR IGNORE INTO effects VALUES (?, ?, ?, ?)",
+                (f"{order}:{note}", f"refund:{order}", note, os.getpid()),
+            )
+        return f"refunded {order}"
+
+    return server
+
+
+class ListedShop(MCPToolset[None]):
+    """The shop's toolset, logging each listing of its tools."""
+
+    async def get_tools(self, ctx: RunContext[None]) -> dict[str, ToolsetTool[None]]:
+        log_listing()
+        return await super().get_tools(ctx)
+
+
+def log_listing() -> None:
+    with open(Options.listings, "a", encoding="utf-8") as log:
+        log.write(json.dumps({"pid": os.getpid()}) + "\n")
+
+
 class Critic(Agent[AgentState]):
     async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
         text = str(message.payload)
@@ -165,6 +206,7 @@ class Critic(Agent[AgentState]):
 async def main(options: argparse.Namespace) -> int:
     Options.service, Options.asks = options.service, options.asks
     Options.events = options.stream or ""
+    Options.listings = options.mcp or ""
     Options.hang_at = "" if options.resume else options.hang_at
     with sqlite3.connect(Options.service) as db:
         db.execute(SERVICE_SCHEMA)
@@ -196,6 +238,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("run_id")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stream", metavar="EVENTS", help="stream, logging events in EVENTS")
+    parser.add_argument("--mcp", metavar="LISTINGS", help="refund by MCP, logging listings")
     parser.add_argument("--hang-at", choices=["effect", "critic", "none"], default="none")
     return parser.parse_args(argv)
 
