@@ -382,6 +382,30 @@ async def test_tools_of_several_toolsets_each_reach_their_own_and_the_ledger(
     assert {t.name for t in first.asked().tools} == {"look", "write", "made", "given"}
 
 
+async def test_toolsets_overridden_for_a_run_replace_the_agent_own() -> None:
+    """``test_dbos_agent_override_toolsets_in_workflow``, ``..._override_tools``."""
+    done: list[str] = []
+    own = FunctionToolset(id="own")
+    own.add_function(lambda what: done.append(f"own:{what}"), name="own_tool")
+    replacement = FunctionToolset(id="replacement")
+    replacement.add_function(lambda what: done.append(f"new:{what}"), name="new_tool")
+    agent = PydanticAgent(TestModel(), toolsets=[own], capabilities=[AgentsnapDurability()])
+
+    class Overriding(Agent[AgentState]):
+        async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+            with handling(ctx), agent.override(toolsets=[replacement]):
+                await agent.run("go")
+
+    ledger = MemoryLedger()
+    async with Runtime(ledger=ledger) as runtime:
+        overriding = runtime.add(Overriding("overriding"))
+        runtime.send("overriding", "go")
+        await runtime.run_until_idle()
+    assert done == ["new:a"]
+    assert [c.tool for c in overriding.state.tool_calls] == ["new_tool"]
+    assert [e.tool for e in await ledger.list_calls(runtime.run_id)] == ["new_tool"]
+
+
 class Booking(BaseModel):
     room: str
     nights: int

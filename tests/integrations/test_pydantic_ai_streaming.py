@@ -189,6 +189,22 @@ async def test_the_event_stream_handler_gets_the_live_stream_once() -> None:
     assert called.part.tool_call_id == returned.tool_call_id
 
 
+async def test_iter_hands_the_events_of_its_run_to_the_handler() -> None:
+    """``test_dbos_agent_iter_in_workflow_fires_event_stream_handler``."""
+    model, events = Streamed(), Events()
+    agent = booking_agent(model, events)
+    ledger = MemoryLedger()
+    async with Runtime(ledger=ledger) as runtime:
+        streamer = runtime.add(Streaming("iterating", agent, "iter"))
+        runtime.send("iterating", "go")
+        await runtime.run_until_idle()
+    assert streamer.state.memory["output"] == "Room 12 is booked."
+    assert await recorded(ledger, runtime.run_id) == [("", ["book"]), ("Room 12 is booked.", [])]
+    (called,) = events.kinds(FunctionToolCallEvent)
+    (returned,) = events.kinds(FunctionToolResultEvent)
+    assert called.part.tool_call_id == returned.tool_call_id
+
+
 async def test_outside_a_handler_streaming_is_pydantic_ai_own() -> None:
     events = Events()
     # Outside a handler nothing is recorded and a tool changing the world has no call to be
