@@ -2,8 +2,9 @@
 
 The cases of that suite that apply to an engine whose steps run in the handler's own process:
 a model chosen at run time, ``deps`` given per run and overridden, ``run_sync``, tool approval
-and deferred calls, several toolsets (given with the agent, made per run, given at run time),
-an output tool and its validator asking for a retry, usage limits, an agent without a model.
+and deferred calls, several toolsets (given with the agent, made per run, given at run time,
+overridden), an output tool and its validator asking for a retry, usage limits, an agent
+without a model.
 Each runs in an agentsnap handler on the SQL store, with recorded model calls, the ledger
 holding the tool calls that changed the world. ``test_pydantic_ai.py`` holds the first part
 (a simple run, tools with structured output and ``deps``, model settings, ``ModelRetry``, a
