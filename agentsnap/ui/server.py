@@ -55,7 +55,7 @@ from agentsnap.exceptions import (
     SnapshotDamaged,
     StateInvalid,
 )
-from agentsnap.fork import MessageEdits
+from agentsnap.fork import MessageEdits, ToolsMode
 from agentsnap.inspect import (
     answer,
     bisect_run,
@@ -250,6 +250,11 @@ class ForkRequest(BaseModel):
     messages: MessageEdits = Field(
         default_factory=MessageEdits,
         description="Messages in flight to drop (by id), edit (new payloads by id) or add.",
+    )
+    tools: ToolsMode = Field(
+        default="dry",
+        description="dry: a what-if fork whose side-effecting calls are recorded and return "
+        "the tools' stand-ins; live: they run for real when the fork is continued.",
     )
 
 
@@ -784,6 +789,7 @@ def create_app(
             name=request.name,
             models=models,
             messages=request.messages or None,
+            tools=request.tools,
         )
         return {"run": _run(made, *await counts(made))}
 

@@ -528,6 +528,10 @@ def test_a_fork_with_a_message_in_flight_dropped_and_one_added(
     created = page.locator("a.fork-link")
     created.wait_for()
     fork_id = (created.get_attribute("href") or "").split("/")[2]
+    # What-if by default: the fork's tools are dry, and the page says how to go on.
+    assert "Its tools are dry" in page.locator(".fork-next").inner_text()
+    assert f'run_id="{fork_id}"' in page.locator(".fork-next code").inner_text()
+    assert api(served, page, f"/api/runs/{fork_id}")["metadata"] == {"agentsnap.tools": "dry"}
     (first,) = api(served, page, f"/api/runs/{fork_id}/snapshots")["snapshots"]
     copy = api(served, page, f"/api/runs/{fork_id}/snapshots/{first['id']}")
     forked = [m for c in copy["channels"] for m in c["in_flight"]]

@@ -1874,7 +1874,7 @@ async function toolsPanel(panel, run, params, signal) {
     el(
       "select",
       { name: "status", "aria-label": "Status" },
-      ["", "succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
+      ["", "succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating", "compensated", "compensation_failed", "dry"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
     ),
     el("button", { type: "submit", text: "Filter" }),
   );
@@ -2325,6 +2325,12 @@ async function forkPanel(panel, run, sid, signal) {
   const submit = el("button", { type: "submit", class: "primary", text: "Create fork" });
   const result = el("div", { class: "fork-result", role: "status" });
   const nameInput = el("input", { name: "name", placeholder: "name of the fork (optional)", "aria-label": "Fork name" });
+  const toolsSelect = el(
+    "select",
+    { name: "tools", "aria-label": "Tools when the fork runs" },
+    el("option", { value: "dry", text: "dry: record side effects, run none (what-if)", selected: true }),
+    el("option", { value: "live", text: "live: side effects run for real" }),
+  );
 
   let messages = null;
   const check = () => {
@@ -2397,12 +2403,22 @@ async function forkPanel(panel, run, sid, signal) {
         submit.disabled = true;
         clear(result);
         try {
-          const body = await api(`${runPath(run.detail.id)}/fork`, { method: "POST", body: { snapshot: snap.id, states, name: nameInput.value || null, messages: messages.edits() } });
+          const body = await api(`${runPath(run.detail.id)}/fork`, { method: "POST", body: { snapshot: snap.id, states, name: nameInput.value || null, messages: messages.edits(), tools: toolsSelect.value } });
           const fork = body.run;
           state.run = null;
           put(result, 
             el("p", { class: "ok-box" }, "Created run ", link(`#/runs/${enc(fork.id)}`, fork.name || shortId(fork.id), "fork-link"), ` from S${snap.seq} of run `, link(`#/runs/${enc(run.detail.id)}`, run.detail.name || shortId(run.detail.id)), "."),
             el("p", { class: "lineage", text: `lineage: ${shortId(fork.parent_run_id)} @ S${snap.seq} → ${shortId(fork.id)}` }),
+            el(
+              "p",
+              { class: "fork-next muted" },
+              toolsSelect.value === "dry"
+                ? "Its tools are dry: when it runs, side-effecting calls are recorded with their arguments and return the tools' stand-ins; nothing reaches the world. "
+                : "Its tools are live: when it runs, side-effecting calls run for real, under new keys (a fork is another run). ",
+              "Nothing runs yet: continue it from a program that registers the same agents, with ",
+              el("code", { text: `Runtime(store=..., run_id="${fork.id}").resume()` }),
+              ".",
+            ),
           );
         } catch (error) {
           if (error.status === 403) {
@@ -2426,7 +2442,7 @@ async function forkPanel(panel, run, sid, signal) {
     el("p", { class: "muted", text: "Edit the states to start the fork from (JSON; checked against each agent's schema as you type). Unchanged agents keep their recorded state." }),
     blocks,
     messages.root,
-    el("div", { class: "actions" }, nameInput, submit),
+    el("div", { class: "actions" }, nameInput, toolsSelect, submit),
     result,
   );
   put(clear(panel), el("h2", { text: `Fork from S${snap.seq}` }), run.detail.allow_fork === false ? el("p", { class: "error-box", text: "This server does not allow forks: start it with `agentsnap ui --allow-fork`." }) : form);
