@@ -531,7 +531,9 @@ def test_a_fork_with_a_message_in_flight_dropped_and_one_added(
     fork_id = (created.get_attribute("href") or "").split("/")[2]
     # What-if by default: the fork's tools are dry, and the page says how to go on.
     assert "Its tools are dry" in page.locator(".fork-next").inner_text()
-    assert f'run_id="{fork_id}"' in page.locator(".fork-next code").inner_text()
+    commands = page.locator(".fork-next code").all_inner_texts()
+    assert f"agentsnap resume {fork_id} --app MODULE:FACTORY" in commands
+    assert f'Runtime(store=..., run_id="{fork_id}").resume()' in commands
     assert api(served, page, f"/api/runs/{fork_id}")["metadata"] == {"agentsnap.tools": "dry"}
     (first,) = api(served, page, f"/api/runs/{fork_id}/snapshots")["snapshots"]
     copy = api(served, page, f"/api/runs/{fork_id}/snapshots/{first['id']}")

@@ -2565,7 +2565,9 @@ async function forkPanel(panel, run, sid, signal) {
               toolsSelect.value === "dry"
                 ? "Its tools are dry: when it runs, side-effecting calls are recorded with their arguments and return the tools' stand-ins; nothing reaches the world. "
                 : "Its tools are live: when it runs, side-effecting calls run for real, under new keys (a fork is another run). ",
-              "Nothing runs yet: continue it from a program that registers the same agents, with ",
+              "Nothing runs yet: continue it with ",
+              el("code", { text: `agentsnap resume ${fork.id} --app MODULE:FACTORY` }),
+              ", or from a program that registers the same agents, with ",
               el("code", { text: `Runtime(store=..., run_id="${fork.id}").resume()` }),
               ".",
             ),
