@@ -662,6 +662,8 @@ class SnapshotCoordinator:
         # its number.
         waiting = any(progress.unclosed is not None for progress in self.active.values())
         at_rest = self.at_rest if wakes else None
+        # Receivers of messages the handler holds back: numbered, visible after the recording.
+        holding = {message.dst for message in held} if held else None
         for channel in endpoint.outgoing.values():
             receiver = channel.receiver
             if (
@@ -696,6 +698,10 @@ class SnapshotCoordinator:
                     self._close(channel, upto)
                 else:
                     channel.closed = upto
+                continue
+            if not channel.in_process and not self.marker_needed(
+                channel, upto, holding is not None and channel.dst in holding
+            ):
                 continue
             self.bus.post_marker(channel, upto)
             if receiver.epoch > channel.closed:
@@ -902,6 +908,30 @@ class SnapshotCoordinator:
         this process found empty of the old epoch (and every channel, in ``capture``) has
         ``closed`` raised without this call.
         """
+
+    def marker_needed(self, channel: Channel, upto: int, holding: bool) -> bool:
+        """Whether a recording up to ``upto`` sends its marker on ``channel``.
+
+        Asked, as the sender of ``channel`` records, for a channel whose items are not all in
+        this process (``in_process`` false), where the base always sends one. For subclasses
+        to override: a coordinator whose receivers learn where the channel's snapshots end
+        in another way (the count of messages its sender had sent, see
+        [`PartCoordinator`][agentsnap.distributed.PartCoordinator]) skips it. ``holding``:
+        the sender's running handler holds back a message for the channel (numbered before
+        the recording, made visible after it): only the marker, ahead of it, keeps it out of
+        the cut.
+        """
+        return True
+
+    def close(self, channel: Channel, upto: int) -> None:
+        """Close ``channel`` for every snapshot up to ``upto``: nothing more is in flight on it.
+
+        For subclasses that learn where a channel's messages in flight end otherwise than by
+        its marker: the messages its receiver took after recording and before this are its
+        state in the cut. Does nothing when the channel is closed up to ``upto`` already.
+        """
+        if upto > channel.closed:
+            self._close(channel, upto)
 
     def _close(self, channel: Channel, upto: int) -> None:
         self.channel_closing(channel, upto)
