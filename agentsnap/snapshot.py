@@ -43,8 +43,10 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
    whose channels are idle therefore costs at most one marker per agent, however many
    channels connect them. This holds for channels whose items and both ends are in this
    process (``in_process``, see [`Channel`][agentsnap.bus.Channel]), as a
-   [`LocalChannel`][agentsnap.bus.LocalChannel]'s are; a channel whose receiver runs in
-   another process always takes its marker, since its sender cannot see what it holds.
+   [`LocalChannel`][agentsnap.bus.LocalChannel]'s are. A channel whose receiver runs in
+   another process takes its marker unless
+   [`marker_needed`][agentsnap.snapshot.SnapshotCoordinator.marker_needed] says otherwise
+   (a run spread over processes closes its idle channels by count instead).
 4. **Completion.** When every process has recorded ``k`` and every channel is closed for
    ``k``, the snapshot is a consistent cut and is handed to the store; the handle resolves once
    it is written. Several snapshots may be in progress at once; the bus never pauses.

@@ -7,25 +7,36 @@ the run it hosts (``local``). It runs the protocol for them only:
 - it learns of snapshot ``k`` from the first marker ``k`` (or message of epoch ``>= k``) that
   reaches one of its processes, as any process of the protocol does; snapshots are numbered
   by the run's coordinator alone, so every worker agrees on the numbers;
-- a local process records at that first marker, and sends markers on every outgoing channel,
-  whether its receiver is local or in another process (an
-  [`OutgoingChannel`][agentsnap.jetstream.OutgoingChannel] publishes the marker in band);
+- a local process records at that first marker, and sends markers on its outgoing channels
+  (an [`OutgoingChannel`][agentsnap.jetstream.OutgoingChannel] publishes the marker in band):
+  on a channel to another process only if a message was numbered on it since the process's
+  previous recording, or its running handler holds one back for it
+  ([`marker_needed`][agentsnap.distributed.PartCoordinator.marker_needed]); the
+  environment's channels always take theirs;
+- once every local process has recorded ``k``, the worker tells the other processes what
+  its agents' cuts say they had sent on each channel to another process that ever carried a
+  message (``tell``, one notice per snapshot);
 - a channel into a local process from another process
-  ([`IncomingChannel`][agentsnap.jetstream.IncomingChannel]) is closed for ``k`` only when its
-  marker ``k`` (or a message sent after its sender recorded ``k``) is taken off it: the
-  in-process shortcut that closes a channel when both ends recorded applies to channels
-  whose two ends run here, since a remote sender's recording is not seen here. Its messages
-  in flight are recorded as their receiver takes them, as for any channel, together with
-  their **stream-sequence range**: from the first of them to the item that closed the channel
-  ([`ChannelOffsets`][agentsnap.distributed.ChannelOffsets]);
+  ([`IncomingChannel`][agentsnap.jetstream.IncomingChannel]) is closed for ``k`` when its
+  marker ``k`` (or a message sent after its sender recorded ``k``) is taken off it, or **by
+  count**: once its receiver took as many messages off it as a notice of ``k`` (or of a
+  later snapshot) says its sender had sent
+  ([`heard`][agentsnap.distributed.PartCoordinator.heard]). The in-process shortcut that
+  closes a channel when both ends recorded applies to channels whose two ends run here,
+  since a remote sender's recording is not seen here. Its messages in flight are recorded
+  as their receiver takes them, as for any channel, together with their **stream-sequence
+  range**: from the first of them to the item that closed the channel, or to the last of
+  them when a count closed it ([`ChannelOffsets`][agentsnap.distributed.ChannelOffsets]);
 - once every local process has recorded ``k`` and every channel into them is closed for
   ``k``, the part (cuts, channels in flight, offsets) is handed to ``write`` (the store, in
   one transaction); a part that cannot be recorded (a state that is not JSON) is written with
   its error, which fails the snapshot.
 
 Every channel between a local process and another process exists from the start (the worker
-makes them), so that a marker goes on every channel a message could take: a channel made
-only at its first message would be unknown to the receiver's recording before it.
+makes them), so that every channel a message could take is known to the recordings at both
+of its ends: a channel made only at its first message would be unknown to the receiver's
+recording before it. Why a count closes a channel where its marker would have: the concepts
+page *Channel state as offsets*, *Markers only where messages went*.
 """
 
 from __future__ import annotations
