@@ -658,7 +658,9 @@ async def control_traffic(nats_url: str, agents: int) -> dict[str, Any]:
     links = [await JetStreamLink.connect(nats_url) for _ in range(MARKER_WORKERS + 1)]
     run = DistributedRun(links[0], store, app, part_timeout=3600)
     workers = [
-        Worker(link, store, run.run_id, peers_app(agents), names, name=f"w{w}")
+        # The hosts share this process's loop: a long lease, so that a loop busy with a
+        # thousand agents' recordings is not taken for a dead worker.
+        Worker(link, store, run.run_id, peers_app(agents), names, name=f"w{w}", lease=3600)
         for w, (link, names) in enumerate(zip(links[1:], placed, strict=True))
     ]
     try:
@@ -724,6 +726,9 @@ async def measure_markers(nats_url: str, sizes: list[int], patience: float) -> d
                 results.append(await control_traffic(nats_url, agents))
         except TimeoutError:
             results.append({"agents": agents, "not_finished": f"not done in {patience:.0f} s"})
+        except SnapshotFailed as exc:
+            results.append({"agents": agents, "not_finished": str(exc)[:300]})
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
         gc.collect()
     return {
         **workloads.environment("agentsnap distributed markers", "markers"),
