@@ -664,8 +664,6 @@ class SnapshotCoordinator:
         # its number.
         waiting = any(progress.unclosed is not None for progress in self.active.values())
         at_rest = self.at_rest if wakes else None
-        # Receivers of messages the handler holds back: numbered, visible after the recording.
-        holding = {message.dst for message in held} if held else None
         for channel in endpoint.outgoing.values():
             receiver = channel.receiver
             if (
@@ -701,9 +699,7 @@ class SnapshotCoordinator:
                 else:
                     channel.closed = upto
                 continue
-            if not channel.in_process and not self.marker_needed(
-                channel, upto, holding is not None and channel.dst in holding
-            ):
+            if not channel.in_process and not self.marker_needed(channel, upto):
                 continue
             self.bus.post_marker(channel, upto)
             if receiver.epoch > channel.closed:
@@ -911,17 +907,14 @@ class SnapshotCoordinator:
         ``closed`` raised without this call.
         """
 
-    def marker_needed(self, channel: Channel, upto: int, holding: bool) -> bool:
+    def marker_needed(self, channel: Channel, upto: int) -> bool:
         """Whether a recording up to ``upto`` sends its marker on ``channel``.
 
         Asked, as the sender of ``channel`` records, for a channel whose items are not all in
         this process (``in_process`` false), where the base always sends one. For subclasses
         to override: a coordinator whose receivers learn where the channel's snapshots end
         in another way (the count of messages its sender had sent, see
-        [`PartCoordinator`][agentsnap.distributed.PartCoordinator]) skips it. ``holding``:
-        the sender's running handler holds back a message for the channel (numbered before
-        the recording, made visible after it): only the marker, ahead of it, keeps it out of
-        the cut.
+        [`PartCoordinator`][agentsnap.distributed.PartCoordinator]) skips it.
         """
         return True
 

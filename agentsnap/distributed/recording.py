@@ -10,9 +10,8 @@ the run it hosts (``local``). It runs the protocol for them only:
 - a local process records at that first marker, and sends markers on its outgoing channels
   (an [`OutgoingChannel`][agentsnap.jetstream.OutgoingChannel] publishes the marker in band):
   on a channel to another process only if a message was numbered on it since the process's
-  previous recording, or its running handler holds one back for it
-  ([`marker_needed`][agentsnap.distributed.PartCoordinator.marker_needed]); the
-  environment's channels always take theirs;
+  previous recording ([`marker_needed`][agentsnap.distributed.PartCoordinator.marker_needed]);
+  the environment's channels always take theirs;
 - once every local process has recorded ``k``, the worker tells the other processes what
   its agents' cuts say they had sent on each channel to another process that ever carried a
   message (``tell``, one notice per snapshot);
@@ -203,13 +202,12 @@ class PartCoordinator(SnapshotCoordinator):
 
     # -- channels closed by count -----------------------------------------------------------
 
-    def marker_needed(self, channel: Channel, upto: int, holding: bool) -> bool:
+    def marker_needed(self, channel: Channel, upto: int) -> bool:
         """Only a channel that carried a message since its sender's last recording takes one.
 
         A channel to another process on which nothing was numbered since its sender last
-        recorded, and for which the sender's handler holds nothing back, is closed by count
-        at its receiver (see the module's description); the environment's channels always
-        take theirs, since they tell each agent to record.
+        recorded is closed by count at its receiver (see the module's description); the
+        environment's channels always take theirs, since they tell each agent to record.
         """
         if self.tell is None or channel.src == ENVIRONMENT or type(channel) is not OutgoingChannel:
             return True
@@ -217,7 +215,7 @@ class PartCoordinator(SnapshotCoordinator):
         numbered = channel.sent
         before = self._numbered.get(key, 0)
         self._numbered[key] = numbered
-        if numbered != before or holding:
+        if numbered != before:
             return True
         self.markers_skipped += 1
         return False
