@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -1785,6 +1785,14 @@ def _message_edits(
     help="Put a message from SRC to DST in flight, after those on its channel, with the "
     "payload in FILE (JSON). Repeatable; quote it in a shell.",
 )
+@click.option(
+    "--tools",
+    type=click.Choice(["dry", "live"]),
+    default="dry",
+    show_default=True,
+    help="dry: a what-if fork, whose side-effecting calls are recorded as dry and return "
+    "the tools' stand-ins, and nothing reaches the world; live: they run for real.",
+)
 @click.option("--name", default=None, help="The new run's name.")
 @_DB
 @click.option(
@@ -1803,6 +1811,7 @@ def fork(  # noqa: PLR0917
     drop_messages: tuple[str, ...],
     edit_messages: tuple[str, ...],
     add_messages: tuple[str, ...],
+    tools: Literal["dry", "live"],
     name: str | None,
     db: str,
     app_spec: str | None,
@@ -1815,8 +1824,10 @@ def fork(  # noqa: PLR0917
     against the agent's state schema stored with the run, or with --app against the agent's
     state class as it is now, and recorded with its version), and its messages in flight
     changed by --drop-message, --edit-message and --add-message (the cut stays consistent:
-    a dropped message's later ones move up, and its sender's count goes down). Nothing
-    runs: continue it from
+    a dropped message's later ones move up, and its sender's count goes down). By default
+    the fork's tools are dry (--tools dry): when it is continued, its side-effecting calls
+    are recorded with their arguments and return the tools' stand-ins, and nothing reaches
+    the world; --tools live makes them run for real. Nothing runs: continue it from
     a program that registers the same agents, with
     `Runtime(store=..., run_id=NEW_RUN).resume()`.
 
@@ -1840,7 +1851,13 @@ def fork(  # noqa: PLR0917
                 )
             chosen = snapshot.id
         return await fork_run(
-            store, chosen, states=states or None, name=name, models=models, messages=messages
+            store,
+            chosen,
+            states=states or None,
+            name=name,
+            models=models,
+            messages=messages,
+            tools=tools,
         )
 
     try:

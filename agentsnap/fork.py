@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -58,14 +58,31 @@ if TYPE_CHECKING:
     from agentsnap.store import Store
 
 __all__ = [
+    "TOOLS_KEY",
     "MessageEdits",
     "NewMessage",
+    "ToolsMode",
     "check_forkable",
     "check_states",
     "fork_snapshot",
     "forked_cut",
+    "tools_of",
     "validate_states",
 ]
+
+ToolsMode = Literal["live", "dry"]
+"""How a fork's side-effecting tools behave when it runs: ``"live"``, they run for real
+(under new keys: a fork is another run); ``"dry"``, they do not run, each call is recorded
+in the ledger as ``dry`` with its arguments and returns the tool's declared stand-in
+(``@tool(dry_run=...)``)."""
+
+TOOLS_KEY = "agentsnap.tools"
+"""The key of a run's metadata that says its tools are dry (``"dry"``)."""
+
+
+def tools_of(run: RunInfo) -> ToolsMode:
+    """Whether ``run``'s side-effecting tools are live or dry (a what-if fork)."""
+    return "dry" if run.metadata.get(TOOLS_KEY) == "dry" else "live"
 
 
 class NewMessage(BaseModel):
@@ -436,6 +453,7 @@ async def fork_snapshot(
     recorded: bool = False,
     models: Mapping[str, type[BaseModel]] | None = None,
     messages: MessageEdits | None = None,
+    tools: ToolsMode = "live",
 ) -> RunInfo:
     """Record a run forked from ``snapshot``: its parent, and a copy of the cut as snapshot 1.
 
@@ -464,6 +482,10 @@ async def fork_snapshot(
             ``state_type``); their schemas are recorded with the fork.
         messages: Messages in flight to drop, edit or add in the fork's snapshot 1 (see
             [`MessageEdits`][agentsnap.fork.MessageEdits]).
+        tools: ``"dry"`` for a what-if fork whose side-effecting tools do not run (see
+            [`ToolsMode`][agentsnap.fork.ToolsMode]); recorded in the run's metadata under
+            [`TOOLS_KEY`][agentsnap.fork.TOOLS_KEY], where the runtime that resumes the fork
+            finds it.
 
     Returns:
         The new run, as the store holds it.
@@ -482,11 +504,21 @@ async def fork_snapshot(
     elif recorded:
         raise ConfigurationError("fork_snapshot(recorded=True) needs the run_id of the run")
     checked_name, checked_tags = check_run_labels(name, tags)
+    if tools not in ("live", "dry"):
+        raise ConfigurationError(f'tools= is "live" or "dry", got {tools!r}')
+    if tools == "dry" and recorded:
+        raise ConfigurationError(
+            "a fork into a run already started cannot make its tools dry: fork with "
+            'fork_run(..., tools="dry") and resume the new run'
+        )
+    metadata = dict(metadata or {})
+    if tools == "dry":
+        metadata[TOOLS_KEY] = "dry"
     run = RunInfo(
         id=run_id or uuid.uuid4().hex,
         parent_run_id=snapshot.run_id,
         parent_snapshot_id=snapshot.id,
-        metadata=dict(metadata or {}),
+        metadata=metadata,
         name=checked_name,
         tags=checked_tags,
         status=RunStatus.CREATED,

@@ -35,7 +35,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StateNotReadable
-from agentsnap.fork import MessageEdits, fork_snapshot
+from agentsnap.fork import MessageEdits, ToolsMode, fork_snapshot
 from agentsnap.journal import JournalReader, read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
 from agentsnap.limits import check_run_id
@@ -1118,6 +1118,7 @@ async def fork_run(
     name: str | None = None,
     models: Mapping[str, type[BaseModel]] | None = None,
     messages: MessageEdits | None = None,
+    tools: ToolsMode = "live",
 ) -> RunInfo:
     """Add a run that starts from a complete snapshot (id or unique prefix) of another run.
 
@@ -1141,6 +1142,10 @@ async def fork_run(
             [`fork_snapshot`][agentsnap.fork.fork_snapshot]).
         messages: Messages in flight to drop, edit or add in the new run's snapshot 1 (see
             [`MessageEdits`][agentsnap.fork.MessageEdits]).
+        tools: ``"live"`` (the default): the fork's side-effecting tools run for real when
+            it is continued, under new keys; ``"dry"``: a what-if fork, whose calls are
+            recorded as ``dry`` with their arguments and return the tools' stand-ins (see
+            [`ToolsMode`][agentsnap.fork.ToolsMode]).
 
     Returns:
         The new run.
@@ -1164,6 +1169,7 @@ async def fork_run(
         name=name,
         models=models,
         messages=messages,
+        tools=tools,
     )
     opened = ledger_for(store, create=False)
     if opened is not None:

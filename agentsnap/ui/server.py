@@ -55,7 +55,7 @@ from agentsnap.exceptions import (
     SnapshotDamaged,
     StateInvalid,
 )
-from agentsnap.fork import MessageEdits
+from agentsnap.fork import MessageEdits, ToolsMode
 from agentsnap.inspect import (
     answer,
     bisect_run,
@@ -72,7 +72,13 @@ from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import SnapshotStatus
 from agentsnap.ui._live import LiveTokens
 from agentsnap.ui.conditions import Condition
-from agentsnap.ui.queries import RunIndex, build_index, micros, model_calls_view
+from agentsnap.ui.queries import (
+    RunIndex,
+    build_index,
+    channel_counts,
+    micros,
+    model_calls_view,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -250,6 +256,11 @@ class ForkRequest(BaseModel):
     messages: MessageEdits = Field(
         default_factory=MessageEdits,
         description="Messages in flight to drop (by id), edit (new payloads by id) or add.",
+    )
+    tools: ToolsMode = Field(
+        default="dry",
+        description="dry: a what-if fork whose side-effecting calls are recorded and return "
+        "the tools' stand-ins; live: they run for real when the fork is continued.",
     )
 
 
@@ -458,6 +469,11 @@ def create_app(
             "forks": forks,
             "schemas": await schemas(found.id),
         }
+
+    @app.get("/api/runs/{run}/topology", summary="Who talks to whom: messages per channel")
+    async def topology(run: str) -> dict[str, Any]:
+        found = await resolve_run(store, run)
+        return channel_counts((await indexes.get(found)).index)
 
     # --- snapshots ---
 
@@ -784,6 +800,7 @@ def create_app(
             name=request.name,
             models=models,
             messages=request.messages or None,
+            tools=request.tools,
         )
         return {"run": _run(made, *await counts(made))}
 

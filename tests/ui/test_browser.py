@@ -528,6 +528,10 @@ def test_a_fork_with_a_message_in_flight_dropped_and_one_added(
     created = page.locator("a.fork-link")
     created.wait_for()
     fork_id = (created.get_attribute("href") or "").split("/")[2]
+    # What-if by default: the fork's tools are dry, and the page says how to go on.
+    assert "Its tools are dry" in page.locator(".fork-next").inner_text()
+    assert f'run_id="{fork_id}"' in page.locator(".fork-next code").inner_text()
+    assert api(served, page, f"/api/runs/{fork_id}")["metadata"] == {"agentsnap.tools": "dry"}
     (first,) = api(served, page, f"/api/runs/{fork_id}/snapshots")["snapshots"]
     copy = api(served, page, f"/api/runs/{fork_id}/snapshots/{first['id']}")
     forked = [m for c in copy["channels"] for m in c["in_flight"]]
@@ -535,4 +539,31 @@ def test_a_fork_with_a_message_in_flight_dropped_and_one_added(
     assert sorted(json.dumps(m["payload"]) for m in forked) == sorted(map(json.dumps, expected))
     (added,) = [m for m in forked if m["src"] == "$env"]
     assert added["dst"] == dropped["dst"]
+    assert not problems
+
+
+def test_the_topology_shows_who_talks_to_whom_and_filters_the_lanes(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    topology = api(served, page, f"/api/runs/{runs.counters}/topology")
+    counts = {(c["src"], c["dst"]): c["messages"] for c in topology["channels"]}
+    assert counts[("alpha", "beta")] > 0
+    assert counts[("$env", "alpha")] > 0
+    open_view(page, served, f"/runs/{runs.counters}")
+    graph = page.locator(".topology-graph")
+    assert graph.locator(".topology-agent").count() == len(topology["agents"])
+    edge = graph.locator(".topology-edge[data-src='alpha'][data-dst='beta']")
+    assert f"{counts[('alpha', 'beta')]} message(s)" in (edge.locator("title").text_content() or "")
+    lanes = page.locator(".lane-label")
+    every = lanes.count()
+    edge.dispatch_event("click")
+    page.wait_for_function("() => document.querySelectorAll('.lane-label').length === 2")
+    assert sorted(lanes.all_inner_texts()) == ["alpha", "beta"]
+    assert "alpha and beta" in page.locator(".topology-focus").inner_text()
+    page.click("button.topology-all")
+    page.wait_for_function(f"() => document.querySelectorAll('.lane-label').length === {every}")
+    # An agent: itself and the agents it talks with.
+    graph.locator(".topology-agent[data-agent='beta']").dispatch_event("click")
+    page.wait_for_function("() => document.querySelectorAll('.lane-label').length === 2")
+    assert sorted(lanes.all_inner_texts()) == ["alpha", "beta"]
     assert not problems

@@ -594,8 +594,15 @@ class SpaceTime {
 
   // --- lanes ---
 
+  /** Show only these agents' lanes (``null``: every agent), as the topology asks. */
+  focus(names) {
+    this.only = names && names.length ? new Set(names) : null;
+    this.root.dataset.focus = this.only ? [...this.only].sort().join(",") : "";
+    this.layout();
+  }
+
   rowsFor() {
-    const agents = [...this.agents];
+    const agents = this.only ? this.agents.filter((name) => this.only.has(name)) : [...this.agents];
     const count = (name) => this.activity.get(name) || 0;
     if (this.sort === "activity") agents.sort((a, b) => count(b) - count(a) || (a < b ? -1 : 1));
     else agents.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
@@ -1581,6 +1588,9 @@ async function runView(main, parts, params, signal) {
   if (showTimeline) state.timeline.invalidate();
   if (section === "") {
     put(panel, el("p", { class: "muted", text: "Click a snapshot's cut for every agent's state at it, an agent's name for its history, an arrow for its message. Wheel or +/- zoom, drag or arrows pan, 0 resets." }));
+    const topology = await api(`${runPath(run.detail.id)}/topology`, { signal });
+    if (signal.aborted) return;
+    main.insertBefore(topologyView(topology, state.timeline), state.timeline.root);
   } else if (section === "snapshots" && parts[2]) {
     state.timeline.select(parts[2]);
     await cutPanel(panel, run, parts[2], signal);
@@ -1603,6 +1613,106 @@ async function runView(main, parts, params, signal) {
   } else {
     put(panel, errorBox(new Error(`nothing here: #${location.hash.slice(1)}; go back to the run`)));
   }
+}
+
+// --- Topology: who talks to whom ------------------------------------------------------------
+
+const TOPOLOGY_MAX = 60; // agents drawn; the busiest ones when a run has more
+
+/**
+ * The run's agents on a circle and an arrow per channel, thicker with its messages. Clicking
+ * an agent shows only it and the agents it talks with in the space-time view; clicking an
+ * arrow, only its two ends; "All agents" shows every lane again.
+ */
+function topologyView(topology, timeline) {
+  const traffic = new Map();
+  for (const c of topology.channels) {
+    traffic.set(c.src, (traffic.get(c.src) || 0) + c.messages);
+    traffic.set(c.dst, (traffic.get(c.dst) || 0) + c.messages);
+  }
+  let agents = [...new Set([...topology.agents, ...traffic.keys()])];
+  const hidden = Math.max(0, agents.length - TOPOLOGY_MAX);
+  if (hidden) agents = agents.sort((a, b) => (traffic.get(b) || 0) - (traffic.get(a) || 0)).slice(0, TOPOLOGY_MAX);
+  agents.sort();
+  const size = 360;
+  const radius = agents.length > 1 ? size / 2 - 50 : 0;
+  const at = new Map(agents.map((name, i) => {
+    const angle = (2 * Math.PI * i) / Math.max(1, agents.length) - Math.PI / 2;
+    return [name, [size / 2 + radius * Math.cos(angle), size / 2 + radius * Math.sin(angle)]];
+  }));
+  const NS = "http://www.w3.org/2000/svg";
+  const svgEl = (tag, attrs, text) => {
+    const node = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  };
+  const svg = svgEl("svg", { class: "topology-graph", viewBox: `0 0 ${size} ${size}`, width: size, height: size, role: "img", "aria-label": "Who talks to whom" });
+  const defs = svgEl("defs");
+  const marker = svgEl("marker", { id: "topology-arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" });
+  marker.appendChild(svgEl("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#8a93a6" }));
+  defs.appendChild(marker);
+  svg.appendChild(defs);
+  const note = el("span", { class: "muted topology-focus" });
+  const show = (names, what) => {
+    timeline.focus(names);
+    note.textContent = names ? `The space-time view shows ${what}.` : "";
+    all.hidden = !names;
+  };
+  const all = el("button", { type: "button", class: "topology-all", text: "All agents", hidden: !timeline.only, onclick: () => show(null) });
+  if (timeline.only) note.textContent = `The space-time view shows ${[...timeline.only].sort().join(", ")}.`;
+  const most = Math.max(1, ...topology.channels.map((c) => c.messages));
+  for (const c of topology.channels) {
+    const from = at.get(c.src);
+    const to = at.get(c.dst);
+    if (!from || !to || c.src === c.dst) continue;
+    // Shortened at both ends so that the arrow stops at the node; bent a little so that
+    // the two directions of a pair do not overlap.
+    const [x1, y1] = from;
+    const [x2, y2] = to;
+    const dx = x2 - x1;
+    const dy = y2 - y1;
+    const length = Math.hypot(dx, dy) || 1;
+    const [ux, uy] = [dx / length, dy / length];
+    const [sx, sy] = [x1 + ux * 14, y1 + uy * 14];
+    const [ex, ey] = [x2 - ux * 14, y2 - uy * 14];
+    const [cx, cy] = [(sx + ex) / 2 - uy * 14, (sy + ey) / 2 + ux * 14];
+    const width = 1 + 4 * Math.log2(1 + c.messages) / Math.log2(1 + most);
+    const edge = svgEl("path", {
+      d: `M ${sx} ${sy} Q ${cx} ${cy} ${ex} ${ey}`,
+      class: "topology-edge",
+      "stroke-width": width.toFixed(1),
+      "marker-end": "url(#topology-arrow)",
+      "data-src": c.src,
+      "data-dst": c.dst,
+      tabindex: 0,
+    });
+    edge.appendChild(svgEl("title", {}, `${c.src} → ${c.dst}: ${c.messages} message(s)${c.discarded ? `, ${c.discarded} undone by rollbacks` : ""}`));
+    edge.addEventListener("click", () => show([c.src, c.dst], `${c.src} and ${c.dst}`));
+    svg.appendChild(edge);
+    svg.appendChild(svgEl("text", { x: cx, y: cy, class: "topology-count" }, String(c.messages)));
+  }
+  for (const name of agents) {
+    const [x, y] = at.get(name);
+    const neighbours = new Set([name]);
+    for (const c of topology.channels) {
+      if (c.src === name) neighbours.add(c.dst);
+      if (c.dst === name) neighbours.add(c.src);
+    }
+    const node = svgEl("g", { class: "topology-agent", "data-agent": name, tabindex: 0 });
+    node.appendChild(svgEl("circle", { cx: x, cy: y, r: 11 }));
+    node.appendChild(svgEl("text", { x, y: y + (y < size / 2 ? -16 : 26), "text-anchor": "middle" }, name));
+    node.appendChild(svgEl("title", {}, `${name}: ${traffic.get(name) || 0} message(s) sent or received`));
+    node.addEventListener("click", () => show([...neighbours], `${name} and the agents it talks with`));
+    svg.appendChild(node);
+  }
+  return el(
+    "details",
+    { class: "topology", open: true },
+    el("summary", null, "Who talks to whom", hidden ? el("span", { class: "muted", text: ` (the ${TOPOLOGY_MAX} busiest agents of ${agents.length + hidden})` }) : null),
+    topology.channels.length ? svg : el("p", { class: "muted", text: "No message journaled yet." }),
+    el("div", { class: "topology-actions" }, all, note),
+  );
 }
 
 function timelineFor(run) {
@@ -1874,7 +1984,7 @@ async function toolsPanel(panel, run, params, signal) {
     el(
       "select",
       { name: "status", "aria-label": "Status" },
-      ["", "succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
+      ["", "succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating", "compensated", "compensation_failed", "dry"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
     ),
     el("button", { type: "submit", text: "Filter" }),
   );
@@ -2325,6 +2435,12 @@ async function forkPanel(panel, run, sid, signal) {
   const submit = el("button", { type: "submit", class: "primary", text: "Create fork" });
   const result = el("div", { class: "fork-result", role: "status" });
   const nameInput = el("input", { name: "name", placeholder: "name of the fork (optional)", "aria-label": "Fork name" });
+  const toolsSelect = el(
+    "select",
+    { name: "tools", "aria-label": "Tools when the fork runs" },
+    el("option", { value: "dry", text: "dry: record side effects, run none (what-if)", selected: true }),
+    el("option", { value: "live", text: "live: side effects run for real" }),
+  );
 
   let messages = null;
   const check = () => {
@@ -2397,12 +2513,22 @@ async function forkPanel(panel, run, sid, signal) {
         submit.disabled = true;
         clear(result);
         try {
-          const body = await api(`${runPath(run.detail.id)}/fork`, { method: "POST", body: { snapshot: snap.id, states, name: nameInput.value || null, messages: messages.edits() } });
+          const body = await api(`${runPath(run.detail.id)}/fork`, { method: "POST", body: { snapshot: snap.id, states, name: nameInput.value || null, messages: messages.edits(), tools: toolsSelect.value } });
           const fork = body.run;
           state.run = null;
           put(result, 
             el("p", { class: "ok-box" }, "Created run ", link(`#/runs/${enc(fork.id)}`, fork.name || shortId(fork.id), "fork-link"), ` from S${snap.seq} of run `, link(`#/runs/${enc(run.detail.id)}`, run.detail.name || shortId(run.detail.id)), "."),
             el("p", { class: "lineage", text: `lineage: ${shortId(fork.parent_run_id)} @ S${snap.seq} → ${shortId(fork.id)}` }),
+            el(
+              "p",
+              { class: "fork-next muted" },
+              toolsSelect.value === "dry"
+                ? "Its tools are dry: when it runs, side-effecting calls are recorded with their arguments and return the tools' stand-ins; nothing reaches the world. "
+                : "Its tools are live: when it runs, side-effecting calls run for real, under new keys (a fork is another run). ",
+              "Nothing runs yet: continue it from a program that registers the same agents, with ",
+              el("code", { text: `Runtime(store=..., run_id="${fork.id}").resume()` }),
+              ".",
+            ),
           );
         } catch (error) {
           if (error.status === 403) {
@@ -2426,7 +2552,7 @@ async function forkPanel(panel, run, sid, signal) {
     el("p", { class: "muted", text: "Edit the states to start the fork from (JSON; checked against each agent's schema as you type). Unchanged agents keep their recorded state." }),
     blocks,
     messages.root,
-    el("div", { class: "actions" }, nameInput, submit),
+    el("div", { class: "actions" }, nameInput, toolsSelect, submit),
     result,
   );
   put(clear(panel), el("h2", { text: `Fork from S${snap.seq}` }), run.detail.allow_fork === false ? el("p", { class: "error-box", text: "This server does not allow forks: start it with `agentsnap ui --allow-fork`." }) : form);
