@@ -43,8 +43,10 @@ that injects work) keeps an *epoch*: the highest snapshot number it has recorded
    whose channels are idle therefore costs at most one marker per agent, however many
    channels connect them. This holds for channels whose items and both ends are in this
    process (``in_process``, see [`Channel`][agentsnap.bus.Channel]), as a
-   [`LocalChannel`][agentsnap.bus.LocalChannel]'s are; a channel whose receiver runs in
-   another process always takes its marker, since its sender cannot see what it holds.
+   [`LocalChannel`][agentsnap.bus.LocalChannel]'s are. A channel whose receiver runs in
+   another process takes its marker unless
+   [`marker_needed`][agentsnap.snapshot.SnapshotCoordinator.marker_needed] says otherwise
+   (a run spread over processes closes its idle channels by count instead).
 4. **Completion.** When every process has recorded ``k`` and every channel is closed for
    ``k``, the snapshot is a consistent cut and is handed to the store; the handle resolves once
    it is written. Several snapshots may be in progress at once; the bus never pauses.
@@ -697,6 +699,8 @@ class SnapshotCoordinator:
                 else:
                     channel.closed = upto
                 continue
+            if not channel.in_process and not self.marker_needed(channel, upto):
+                continue
             self.bus.post_marker(channel, upto)
             if receiver.epoch > channel.closed:
                 self._close_queued(channel)
@@ -902,6 +906,27 @@ class SnapshotCoordinator:
         this process found empty of the old epoch (and every channel, in ``capture``) has
         ``closed`` raised without this call.
         """
+
+    def marker_needed(self, channel: Channel, upto: int) -> bool:
+        """Whether a recording up to ``upto`` sends its marker on ``channel``.
+
+        Asked, as the sender of ``channel`` records, for a channel whose items are not all in
+        this process (``in_process`` false), where the base always sends one. For subclasses
+        to override: a coordinator whose receivers learn where the channel's snapshots end
+        in another way (the count of messages its sender had sent, see
+        [`PartCoordinator`][agentsnap.distributed.PartCoordinator]) skips it.
+        """
+        return True
+
+    def close(self, channel: Channel, upto: int) -> None:
+        """Close ``channel`` for every snapshot up to ``upto``: nothing more is in flight on it.
+
+        For subclasses that learn where a channel's messages in flight end otherwise than by
+        its marker: the messages its receiver took after recording and before this are its
+        state in the cut. Does nothing when the channel is closed up to ``upto`` already.
+        """
+        if upto > channel.closed:
+            self._close(channel, upto)
 
     def _close(self, channel: Channel, upto: int) -> None:
         self.channel_closing(channel, upto)

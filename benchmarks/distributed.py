@@ -29,6 +29,18 @@ after its ``--lease`` of 2 s; not measured with ``--quick``, ``null`` then);
 cut recorded, and a round of chains sent after it finished), ``null`` with
 ``recovery_reason`` when no rollback is recorded within 40 s (or with ``--quick``).
 
+``--markers`` measures instead the control traffic of one snapshot of a run of 60, 300 and
+1,000 agents (``--sizes`` to choose) on 3 workers, where each agent sends to 3 others (the
+next three in a ring, one of them at random each time; placed by ``--group N/3``, so most
+of those channels cross processes): the workers run as hosts in this process, each with its
+own NATS connection, bus and scheduler, on a store in memory. Every agent starts a chain of
+3 hops; a snapshot begun right then (``busy``) and one taken once the run is idle
+(``quiet``) are counted: the markers published on channels between processes, the notices
+of cuts, and the part notices (one per process), with the channels that carried a message,
+the time each snapshot took and the time the run took to start. A size that does not start
+and take its snapshots within ``--patience`` seconds (600 by default) is reported as not
+finished.
+
 ``--profile`` adds rounds on a run over 2 workers, the first of which runs under
 ``cProfile`` from the first message it takes until it stops (the ``AGENTSNAP_BENCH_PROFILE``
 variable names the file it writes), with its own time split by where it is spent and its
@@ -51,19 +63,21 @@ import gc
 import json
 import os
 import pstats
+import random
 import signal
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import workloads
 
-from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotFailed
+from agentsnap import Agent, AgentState, Context, Message, Runtime, Snapshot, SnapshotFailed
 from agentsnap.distributed import App, DistributedRun
 from agentsnap.snapshot import SnapshotPolicy
 
@@ -559,6 +573,195 @@ async def profiled_worker(
     }
 
 
+# -- control traffic per snapshot ------------------------------------------------------------
+
+MARKER_SIZES = (60, 300, 1000)
+MARKER_WORKERS = 3
+MARKER_PEERS = 3
+
+
+class PeerState(AgentState):
+    handled: int = 0
+
+
+class Peer(Agent[PeerState]):
+    """Passes each chain on to one of its peers, at random, until its hops run out."""
+
+    def __init__(self, name: str, peers: list[str]) -> None:
+        super().__init__(name, PeerState())
+        self.peers = peers
+        self.rng = random.Random(name)
+
+    async def handle(self, message: Message, ctx: Context[PeerState]) -> None:
+        self.state.handled += 1
+        payload = message.payload
+        assert isinstance(payload, dict)
+        hops = payload["hops"]
+        assert isinstance(hops, int)
+        if hops > 0:
+            ctx.send(self.rng.choice(self.peers), {"hops": hops - 1}, kind="hop")
+
+
+def peers_app(agents: int) -> App:
+    names = [f"peer-{i}" for i in range(agents)]
+    return App(
+        agents=[
+            Peer(name, [names[(i + k) % agents] for k in range(1, MARKER_PEERS + 1)])
+            for i, name in enumerate(names)
+        ]
+    )
+
+
+class _Traffic:
+    """Markers and notices of cuts, counted per snapshot number as they are sent here."""
+
+    markers: ClassVar[Counter[int]] = Counter()
+    notices: ClassVar[Counter[int]] = Counter()
+    installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls.installed:
+            return
+        cls.installed = True
+        from agentsnap.bus import Bus
+        from agentsnap.jetstream import JetStreamTransport
+
+        post_marker = Bus.post_marker
+
+        def counted_marker(bus: Bus, channel: Any, snapshot: int) -> None:
+            if type(channel).__name__ == "OutgoingChannel":
+                cls.markers[snapshot] += 1
+            post_marker(bus, channel, snapshot)
+
+        Bus.post_marker = counted_marker  # type: ignore[method-assign,assignment]
+        tell = getattr(JetStreamTransport, "tell_cut", None)
+        if tell is not None:  # before notices of cuts, every channel took its marker
+
+            def counted_notice(transport: Any, notice: Any) -> None:
+                cls.notices[notice["cut"]] += 1
+                tell(transport, notice)
+
+            JetStreamTransport.tell_cut = counted_notice  # type: ignore[method-assign,assignment]
+
+
+async def control_traffic(nats_url: str, agents: int) -> dict[str, Any]:
+    """One size: start the run, send a chain to every agent, count a busy and a quiet cut."""
+    from agentsnap import MemoryStore
+    from agentsnap.distributed import Worker, group_of
+    from agentsnap.jetstream import JetStreamLink
+
+    _Traffic.install()
+    _Traffic.markers.clear()  # each run numbers its snapshots from 1
+    _Traffic.notices.clear()
+    started = time.perf_counter()
+    store = MemoryStore()
+    app = peers_app(agents)
+    placed = [[n for n in app.names if group_of(n, MARKER_WORKERS) == w] for w in range(3)]
+    links = [await JetStreamLink.connect(nats_url) for _ in range(MARKER_WORKERS + 1)]
+    run = DistributedRun(links[0], store, app, part_timeout=3600)
+    workers = [
+        # The hosts share this process's loop: a long lease, so that a loop busy with a
+        # thousand agents' recordings is not taken for a dead worker.
+        Worker(link, store, run.run_id, peers_app(agents), names, name=f"w{w}", lease=3600)
+        for w, (link, names) in enumerate(zip(links[1:], placed, strict=True))
+    ]
+    try:
+        await run.start()
+        for worker in workers:
+            await worker.start()
+        setup = time.perf_counter() - started
+        for name in app.names:
+            run.send(name, {"hops": 3}, kind="go")
+        clock = time.perf_counter()
+        busy = await run.snapshot().wait()
+        busy_s = time.perf_counter() - clock
+        await run.run_until_idle()
+        clock = time.perf_counter()
+        quiet = await run.snapshot().wait()
+        quiet_s = time.perf_counter() - clock
+        carried = sum(
+            1
+            for worker in workers
+            for channel in worker.host.transport.outgoing.values()
+            if channel.sent
+        )
+    finally:
+        for worker in workers:
+            await worker.close()
+        with contextlib.suppress(Exception):
+            await run.close()
+        with contextlib.suppress(Exception):
+            await links[0].delete_stream(run.run_id)
+        for link in links:
+            await link.close()
+    between = sum(len(names) * (agents - len(names)) for names in placed)
+    parts = MARKER_WORKERS + 1
+
+    def cut(snapshot: Snapshot, seconds: float) -> dict[str, Any]:
+        markers = _Traffic.markers[snapshot.seq]
+        notices = _Traffic.notices[snapshot.seq]
+        return {
+            "markers": markers,
+            "notices": notices,
+            "part_notices": parts,
+            "control_messages": markers + notices + parts,
+            "snapshot_ms": round(seconds * 1000, 1),
+        }
+
+    return {
+        "agents": agents,
+        "workers": MARKER_WORKERS,
+        "peers": MARKER_PEERS,
+        "channels_between_workers": between,
+        "channels_that_carried_messages": carried,
+        "busy": cut(busy, busy_s),
+        "quiet": cut(quiet, quiet_s),
+        "start_s": round(setup, 2),
+    }
+
+
+async def measure_markers(nats_url: str, sizes: list[int], patience: float) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    for agents in sizes:
+        try:
+            async with asyncio.timeout(patience):
+                results.append(await control_traffic(nats_url, agents))
+        except TimeoutError:
+            results.append({"agents": agents, "not_finished": f"not done in {patience:.0f} s"})
+        except SnapshotFailed as exc:
+            results.append({"agents": agents, "not_finished": str(exc)[:300]})
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        gc.collect()
+    return {
+        **workloads.environment("agentsnap distributed markers", "markers"),
+        "nats_url": nats_url,
+        "sizes": results,
+    }
+
+
+def markers_table(results: dict[str, Any]) -> str:
+    lines = [
+        f"control traffic of one snapshot, {MARKER_WORKERS} workers, each agent sending to "
+        f"{MARKER_PEERS} others ({results['nats_url']})",
+        "  agents  channels between workers  carried  |  busy: markers notices control ms"
+        "  |  quiet: markers notices control ms  |  start s",
+    ]
+    for size in results["sizes"]:
+        if "not_finished" in size:
+            lines.append(f"  {size['agents']:>6}  {size['not_finished']}")
+            continue
+        busy, quiet = size["busy"], size["quiet"]
+        lines.append(
+            f"  {size['agents']:>6}  {size['channels_between_workers']:>24,}  "
+            f"{size['channels_that_carried_messages']:>7,}  |  {busy['markers']:>13,} "
+            f"{busy['notices']:>7} {busy['control_messages']:>7,} {busy['snapshot_ms']:>7}"
+            f"  |  {quiet['markers']:>14,} {quiet['notices']:>7} "
+            f"{quiet['control_messages']:>7,} {quiet['snapshot_ms']:>7}  |  {size['start_s']:>7}"
+        )
+    return "\n".join(lines)
+
+
 def table(results: dict[str, Any]) -> str:
     def ratio(key: str) -> str:
         low, high = results[f"{key}_spread"]
@@ -613,7 +816,28 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="also profile one worker process with cProfile"
     )
+    parser.add_argument(
+        "--markers",
+        action="store_true",
+        help="measure the control traffic per snapshot of 60, 300 and 1,000 agents instead",
+    )
+    parser.add_argument(
+        "--sizes",
+        default=",".join(map(str, MARKER_SIZES)),
+        help="with --markers: the numbers of agents, comma-separated",
+    )
+    parser.add_argument(
+        "--patience",
+        type=float,
+        default=600.0,
+        help="with --markers: seconds a size may take before it counts as not finished",
+    )
     args = parser.parse_args()
+    if args.markers:
+        sizes = [int(size) for size in args.sizes.split(",")]
+        results = asyncio.run(measure_markers(args.nats, sizes, args.patience))
+        workloads.report(results, args.json, markers_table)
+        return
     if not args.db or not args.db.startswith("postgresql"):
         parser.error("--db must name a PostgreSQL database (every process shares it)")
     results = asyncio.run(

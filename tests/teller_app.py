@@ -21,6 +21,8 @@ from agentsnap.distributed import App
 from agentsnap.messages import ENVIRONMENT
 
 TELLERS = int(os.environ.get("BANK_TELLERS", "9"))
+PEERS = int(os.environ.get("BANK_PEERS", "0"))
+"""How many tellers each teller sends to (the next ones, in a ring); 0 for every other."""
 BALANCE = 1_000
 
 
@@ -58,18 +60,27 @@ def names(tellers: int = TELLERS) -> list[str]:
     return [f"teller-{i}" for i in range(tellers)]
 
 
-def bank(tellers: int = TELLERS) -> App:
-    """``tellers`` tellers, each with the same starting balance."""
+def bank(tellers: int = TELLERS, peers: int = 0) -> App:
+    """``tellers`` tellers, each with the same starting balance.
+
+    Each sends to every other teller, or with ``peers`` to the ``peers`` tellers after it.
+    """
     everyone = names(tellers)
+
+    def peers_of(i: int) -> list[str]:
+        if peers:
+            return [everyone[(i + k) % tellers] for k in range(1, peers + 1)]
+        return [n for n in everyone if n != everyone[i]]
+
     return App(
-        agents=[Teller(name, [n for n in everyone if n != name]) for name in everyone],
+        agents=[Teller(name, peers_of(i)) for i, name in enumerate(everyone)],
         metadata={"example": "teller_app"},
     )
 
 
 def make_app() -> App:
-    """Every teller of the bank (``BANK_TELLERS`` of them), each with the same balance."""
-    return bank()
+    """Every teller of the bank (``BANK_TELLERS`` of them, ``BANK_PEERS`` peers each)."""
+    return bank(peers=PEERS)
 
 
 def money_in(snapshot: Snapshot) -> int:

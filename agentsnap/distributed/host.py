@@ -172,6 +172,9 @@ class Host:
             self.bus, agents, run_id, worker=worker, local=local, write=self._write_part
         )
         self.transport.on_marker = self.coordinator.marker_arrived
+        # Channels idle since their sender's last recording close by count, without a marker.
+        self.transport.on_cut = self.coordinator.heard
+        self.coordinator.tell = self.transport.tell_cut
         self.telemetry = resolve(telemetry)
         self.coordinator.observer = self.telemetry
         self.failures: list[HandlerFailed] = []

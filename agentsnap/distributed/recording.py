@@ -7,25 +7,35 @@ the run it hosts (``local``). It runs the protocol for them only:
 - it learns of snapshot ``k`` from the first marker ``k`` (or message of epoch ``>= k``) that
   reaches one of its processes, as any process of the protocol does; snapshots are numbered
   by the run's coordinator alone, so every worker agrees on the numbers;
-- a local process records at that first marker, and sends markers on every outgoing channel,
-  whether its receiver is local or in another process (an
-  [`OutgoingChannel`][agentsnap.jetstream.OutgoingChannel] publishes the marker in band);
+- a local process records at that first marker, and sends markers on its outgoing channels
+  (an [`OutgoingChannel`][agentsnap.jetstream.OutgoingChannel] publishes the marker in band):
+  on a channel to another process only if a message was numbered on it since the process's
+  previous recording ([`marker_needed`][agentsnap.distributed.PartCoordinator.marker_needed]);
+  the environment's channels always take theirs;
+- once every local process has recorded ``k``, the worker tells the other processes what
+  its agents' cuts say they had sent on each channel to another process that ever carried a
+  message (``tell``, one notice per snapshot);
 - a channel into a local process from another process
-  ([`IncomingChannel`][agentsnap.jetstream.IncomingChannel]) is closed for ``k`` only when its
-  marker ``k`` (or a message sent after its sender recorded ``k``) is taken off it: the
-  in-process shortcut that closes a channel when both ends recorded applies to channels
-  whose two ends run here, since a remote sender's recording is not seen here. Its messages
-  in flight are recorded as their receiver takes them, as for any channel, together with
-  their **stream-sequence range**: from the first of them to the item that closed the channel
-  ([`ChannelOffsets`][agentsnap.distributed.ChannelOffsets]);
+  ([`IncomingChannel`][agentsnap.jetstream.IncomingChannel]) is closed for ``k`` when its
+  marker ``k`` (or a message sent after its sender recorded ``k``) is taken off it, or **by
+  count**: once its receiver took as many messages off it as a notice of ``k`` (or of a
+  later snapshot) says its sender had sent
+  ([`heard`][agentsnap.distributed.PartCoordinator.heard]). The in-process shortcut that
+  closes a channel when both ends recorded applies to channels whose two ends run here,
+  since a remote sender's recording is not seen here. Its messages in flight are recorded
+  as their receiver takes them, as for any channel, together with their **stream-sequence
+  range**: from the first of them to the item that closed the channel, or to the last of
+  them when a count closed it ([`ChannelOffsets`][agentsnap.distributed.ChannelOffsets]);
 - once every local process has recorded ``k`` and every channel into them is closed for
   ``k``, the part (cuts, channels in flight, offsets) is handed to ``write`` (the store, in
   one transaction); a part that cannot be recorded (a state that is not JSON) is written with
   its error, which fails the snapshot.
 
 Every channel between a local process and another process exists from the start (the worker
-makes them), so that a marker goes on every channel a message could take: a channel made
-only at its first message would be unknown to the receiver's recording before it.
+makes them), so that every channel a message could take is known to the recordings at both
+of its ends: a channel made only at its first message would be unknown to the receiver's
+recording before it. Why a count closes a channel where its marker would have: the concepts
+page *Channel state as offsets*, *Markers only where messages went*.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.handles import SnapshotHandle
-from agentsnap.jetstream import IncomingChannel
+from agentsnap.jetstream import IncomingChannel, JetStreamTransport, OutgoingChannel
 from agentsnap.jetstream.codec import channel_subject
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import ChannelOffsets, ChannelRecord, SnapshotPart
@@ -101,6 +111,25 @@ class PartCoordinator(SnapshotCoordinator):
         # Per snapshot in progress: per channel from another process, its range in flight.
         self._ranges: dict[int, dict[IncomingChannel, _Range]] = {}
         self._early = 0  # the stream sequence of a marker closing its channel before taken
+        self.tell: Callable[[dict[str, Any]], None] | None = None
+        """Sends a notice of a recording to every other process of the run (the transport's
+        [`tell_cut`][agentsnap.jetstream.JetStreamTransport.tell_cut]), whose
+        [`heard`][agentsnap.distributed.PartCoordinator.heard] takes it in. While ``None``,
+        every channel to another process takes its marker at every recording."""
+        self.markers_skipped = 0
+        """Markers not sent: channels to another process idle since their sender's last
+        recording, closed by count instead."""
+        # Per channel to another process, how many messages its sender had numbered at its
+        # last recording.
+        self._numbered: dict[tuple[str, str], int] = {}
+        # Snapshots whose recording here is not yet told to the other processes, with how
+        # many processes record them here.
+        self._untold: dict[int, int] = {}
+        # Per channel from another process: the snapshot a notice closes it up to, once its
+        # receiver took that many messages off it.
+        self._counts: dict[IncomingChannel, tuple[int, int]] = {}
+        self._counting = False  # a channel closes by count: no item of its own closes it
+        self._receivers = sorted(name for name in self.local if name != ENVIRONMENT)
 
     @staticmethod
     async def _unused(_snapshot: Any) -> None:  # pragma: no cover - parts are written instead
@@ -159,7 +188,131 @@ class PartCoordinator(SnapshotCoordinator):
     def on_message(self, endpoint: Endpoint, channel: Channel, message: Message) -> None:  # noqa: D102
         if message.epoch > self.last_seq:
             self.learn(message.epoch)
+        counted = self._counts.get(channel) if self._counts else None  # type: ignore[call-overload]
+        if counted is None or message.seq < counted[1]:
+            super().on_message(endpoint, channel, message)
+            return
+        upto = counted[0]
+        if endpoint.epoch < upto and upto > channel.closed:
+            # The last message its sender had sent at its recording: the receiver records
+            # first (as any process may), so that it is in flight rather than taken.
+            self.record(endpoint, upto)
         super().on_message(endpoint, channel, message)
+        self._close_counted(channel, upto)  # type: ignore[arg-type]
+
+    # -- channels closed by count -----------------------------------------------------------
+
+    def marker_needed(self, channel: Channel, upto: int) -> bool:
+        """Only a channel that carried a message since its sender's last recording takes one.
+
+        A channel to another process on which nothing was numbered since its sender last
+        recorded is closed by count at its receiver (see the module's description); the
+        environment's channels always take theirs, since they tell each agent to record.
+        """
+        if self.tell is None or channel.src == ENVIRONMENT or type(channel) is not OutgoingChannel:
+            return True
+        key = (channel.src, channel.dst)
+        numbered = channel.sent
+        before = self._numbered.get(key, 0)
+        self._numbered[key] = numbered
+        if numbered != before:
+            return True
+        self.markers_skipped += 1
+        return False
+
+    def start_recording(self, handle: SnapshotHandle, processes: Iterable[str]) -> None:  # noqa: D102
+        processes = list(processes)
+        super().start_recording(handle, processes)
+        if self.tell is not None and processes:
+            self._untold[handle.seq] = len(processes)
+
+    def record(  # noqa: D102
+        self, endpoint: Endpoint, upto: int, taking: tuple[Channel, Message] | None = None
+    ) -> None:
+        super().record(endpoint, upto, taking)
+        if self._untold:
+            for seq, expected in list(self._untold.items()):
+                progress = self.active.get(seq)
+                if progress is None:
+                    self._untold.pop(seq, None)  # failed (a completed one was told)
+                elif len(progress.cuts) >= expected:
+                    self._tell(seq, progress)
+
+    def _tell(self, seq: int, progress: SnapshotProgress) -> None:
+        """Tell the other processes how many messages each agent here had sent at ``seq``.
+
+        Per agent hosted here, the count of each channel to another process that ever
+        carried a message: any other channel from it had carried none.
+        """
+        self._untold.pop(seq, None)
+        tell = self.tell
+        if tell is None or not self._receivers:
+            return
+        transport = self.bus.transport
+        used = transport.used if isinstance(transport, JetStreamTransport) else {}
+        sent: dict[str, dict[str, int]] = {}
+        for name, cut in progress.cuts.items():
+            if name == ENVIRONMENT:
+                continue
+            counts = cut.sent
+            sent[name] = {dst: counts.get(dst, 0) for dst in used.get(name, ())}
+        tell({"cut": seq, "worker": self.worker, "sent": sent})
+
+    def heard(self, notice: Mapping[str, Any]) -> None:
+        """Another process recorded snapshot ``notice["cut"]``: close its channels by count.
+
+        Each channel from an agent the notice names into an agent hosted here closes, for
+        every snapshot up to that one, once its receiver took as many messages off it as
+        its sender had sent at that recording (at once when it had).
+        """
+        try:
+            upto = int(notice["cut"])
+            sent: Mapping[str, Mapping[str, int]] = notice["sent"]
+            generation = int(notice.get("generation", 0))
+        except (KeyError, TypeError, ValueError):
+            logger.error("%s: dropped a notice that is not one: %.200r", self.worker, notice)
+            return
+        transport = self.bus.transport
+        if isinstance(transport, JetStreamTransport) and generation != transport.generation:
+            return  # from before a rollback (or after one not carried out here yet)
+        if upto > self.last_seq:
+            self.learn(upto)
+        if not self.active or next(iter(self.active)) > upto:
+            return  # nothing in progress here that it closes
+        channels = self.bus.channels
+        receivers = self._receivers
+        for src, counts in sent.items():
+            for dst in receivers:
+                channel = channels.get((src, dst))
+                if type(channel) is not IncomingChannel or channel.closed >= upto:
+                    continue
+                count = counts.get(dst, 0)
+                if channel.delivered >= count:
+                    self._close_counted(channel, upto)
+                    continue
+                pending = self._counts.get(channel)
+                if pending is None or pending[0] < upto:
+                    self._counts[channel] = (upto, count)
+
+    def _close_counted(self, channel: IncomingChannel, upto: int) -> None:
+        """Close ``channel`` up to ``upto``: its receiver took all its sender had sent then."""
+        self._counts.pop(channel, None)
+        if upto <= channel.closed:
+            return
+        receiver = channel.receiver
+        if receiver.epoch < upto:
+            # Recorded first: a handler running on the last of those messages may record
+            # inside it, with that message in flight on the channel (still open).
+            self.record(receiver, upto)
+        self._counting = True
+        try:
+            self.close(channel, upto)
+        finally:
+            self._counting = False
+
+    def forget_handlers(self) -> None:  # noqa: D102
+        super().forget_handlers()
+        self._counts.clear()  # a restore: the counts told before it are of another timeline
 
     def begin(
         self, initiator: Endpoint | None = None, *, at_return: bool = False
@@ -197,13 +350,16 @@ class PartCoordinator(SnapshotCoordinator):
     def channel_closing(self, channel: Channel, upto: int) -> None:
         """A channel from another process closes: the item closing it ends its ranges."""
         if type(channel) is IncomingChannel:
-            # The item closing it was just taken off it, or is the marker next on it.
-            end = self._early or channel.taken
+            counting = self._counting
+            # The item closing it was just taken off it, or is the marker next on it; closed
+            # by count, the range ends after the last message taken.
+            end = channel.taken + 1 if counting else self._early or channel.taken
             for seq, ranges in self._ranges.items():
                 if channel.closed < seq <= upto and seq in self.active:
                     found = ranges.get(channel)
                     if found is None:
-                        ranges[channel] = _Range(end, None, end)
+                        if not counting:  # closed by count with nothing in flight: no range
+                            ranges[channel] = _Range(end, None, end)
                     elif not found.end:
                         found.end = end
 
@@ -211,6 +367,8 @@ class PartCoordinator(SnapshotCoordinator):
 
     def store_complete(self, seq: int, progress: SnapshotProgress) -> None:
         """Write this worker's part of snapshot ``seq``: its cuts, channels and offsets."""
+        if seq in self._untold:
+            self._tell(seq, progress)
         ranges = self._ranges.pop(seq, {})
         channels = [
             ChannelRecord(src=ch.src, dst=ch.dst, messages=messages)
@@ -249,6 +407,7 @@ class PartCoordinator(SnapshotCoordinator):
         snapshot as the part comes.
         """
         self._ranges.pop(seq, None)
+        self._untold.pop(seq, None)
         part = SnapshotPart(run_id=self.run_id, seq=seq, worker=self.worker, error=error)
         self.spawn_write(self._write_part_now(part))
 

@@ -59,6 +59,7 @@ __all__ = [
     "ROOT",
     "Envelope",
     "channel_subject",
+    "cuts_subject",
     "decode",
     "decode_token",
     "encode",
@@ -105,6 +106,13 @@ def channel_subject(run: str, src: str, dst: str) -> str:
 def inbox_subject(run: str, dst: str) -> str:
     """The subjects of every channel into ``dst``, as one wildcard."""
     return f"{ROOT}.{encode_token(run)}.{encode_token(dst)}.*"
+
+
+def cuts_subject(run: str) -> str:
+    """The plain NATS subject (outside the run's stream) on which the processes of ``run``
+    tell each other how many messages their agents had sent at each recording.
+    """  # noqa: D205
+    return f"{ROOT}-cuts.{encode_token(run)}"
 
 
 def run_subjects(run: str) -> str:

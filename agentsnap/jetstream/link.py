@@ -105,6 +105,7 @@ class JetStreamLink:
         self._window = window
         self.max_payload = max_payload
         self.reconnects = 0
+        self._reconnect_listeners: list[Callable[[], None]] = []
         self.disconnected_at: float | None = None
         self._queue: deque[_Entry] = deque()
         self._in_flight: dict[str, _Entry] = {}
@@ -470,6 +471,12 @@ class JetStreamLink:
         self.disconnected_at = None
         # What was in flight when the connection broke may never be answered: send again now.
         self._retry_all()
+        for listener in list(self._reconnect_listeners):
+            listener()
+
+    def on_reconnect(self, listener: Callable[[], None]) -> None:
+        """Have ``listener`` called each time the connection is re-established."""
+        self._reconnect_listeners.append(listener)
 
     async def _on_reply(self, msg: Msg) -> None:
         token = msg.subject[len(self._reply_prefix) :]

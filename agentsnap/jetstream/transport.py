@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import orjson
 from nats.aio.msg import Msg
@@ -15,12 +16,20 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from agentsnap.bus import Bus, Channel, Endpoint, Item, LocalChannel, check_agent_name
 from agentsnap.exceptions import ConfigurationError, PayloadNotSerializable
-from agentsnap.jetstream.codec import Envelope, decode, decode_token, encode, inbox_subject
+from agentsnap.jetstream.codec import (
+    Envelope,
+    cuts_subject,
+    decode,
+    decode_token,
+    encode,
+    inbox_subject,
+)
 from agentsnap.jetstream.link import JetStreamLink, Published
 from agentsnap.limits import check_run_id
 from agentsnap.messages import ENVIRONMENT, Marker, Message
 
 if TYPE_CHECKING:
+    from nats.aio.subscription import Subscription
     from nats.js import JetStreamContext
 
 __all__ = ["ChannelOffset", "IncomingChannel", "JetStreamTransport", "OutgoingChannel"]
@@ -54,6 +63,7 @@ class OutgoingChannel:
     Attributes:
         subject: The channel's subject.
         published: How far publishing got: items unconfirmed, newest stream sequence stored.
+        used: A message was ever sent on it.
     """
 
     __slots__ = (
@@ -68,10 +78,11 @@ class OutgoingChannel:
         "sent",
         "src",
         "subject",
+        "used",
     )
 
     in_process: ClassVar[bool] = False
-    """Its receiver is in another process: it always takes its marker."""
+    """Its receiver is in another process: its sender cannot see what it holds."""
 
     def __init__(
         self, transport: JetStreamTransport, src: str, dst: str, receiver: Endpoint, closed: int
@@ -87,6 +98,7 @@ class OutgoingChannel:
         self._prev: str | None = None
         self._last_seq = 0
         self.subject = ""
+        self.used = False
 
     def append(self, item: Item, /) -> None:
         """Publish ``item`` after everything appended before it.
@@ -98,6 +110,11 @@ class OutgoingChannel:
         transport = self._transport
         if type(item) is Message:
             self._last_seq = item.seq
+            if not self.used:
+                self.used = True
+                transport.used.setdefault(self.src, set()).add(self.dst)
+        else:
+            transport.markers += 1
         subject, headers, body, msg_id = encode(
             transport.run, item, transport.generation, self._last_seq, self._prev
         )
@@ -617,6 +634,21 @@ class JetStreamTransport:
         """Called as a marker arrives on a channel into a local process (with the channel and
         the marker's snapshot), before that process takes it: a process busy in a long
         handler may record the snapshot at once rather than when the handler returns."""
+        self.on_cut: Callable[[dict[str, Any]], None] | None = None
+        """Called with each notice another process of the run sends with
+        [`tell_cut`][agentsnap.jetstream.JetStreamTransport.tell_cut] (while started)."""
+        self.cuts_told = 0
+        """Notices sent with ``tell_cut``."""
+        self.markers = 0
+        """Markers published (on channels to other processes)."""
+        self.used: dict[str, set[str]] = {}
+        """Per local process, the processes elsewhere it has sent a message to."""
+        self._cuts: Subscription | None = None
+        self._cuts_subject = cuts_subject(self.run)
+        self._id = uuid.uuid4().hex
+        self._telling: set[asyncio.Task[None]] = set()
+        self._last_told: bytes | None = None
+        link.on_reconnect(self._tell_again)
         self._generation = 0
         self._bus: Bus | None = None
         self._scheduler_notify: Callable[[Channel], None] | None = None
@@ -701,6 +733,8 @@ class JetStreamTransport:
         if self._started:
             return
         await self.link.ensure_stream(self.run, **stream_limits)  # type: ignore[arg-type]
+        if self.on_cut is not None:
+            self._cuts = await self.link.nc.subscribe(self._cuts_subject, cb=self._heard)
         positions = positions or {}
         for name in sorted(self.local):
             if name == ENVIRONMENT:
@@ -719,7 +753,53 @@ class JetStreamTransport:
         inboxes = list(self._inboxes.values())
         self._inboxes.clear()
         await asyncio.gather(*(inbox.stop() for inbox in inboxes))
+        cuts, self._cuts = self._cuts, None
+        if cuts is not None:
+            with contextlib.suppress(Exception):
+                await cuts.unsubscribe()
         self._started = False
+
+    # -- notices of cuts --------------------------------------------------------------------
+
+    def tell_cut(self, notice: Mapping[str, Any]) -> None:
+        """Send ``notice`` (JSON) to every other process of the run, on plain NATS.
+
+        Not stored, and not retried: a notice lost on the way (the server away) is made up
+        for by the next one, which holds everything a receiver needs from the ones before it
+        (see *Channels closed by count* on the concepts page *Channel state as offsets*).
+        """
+        body = orjson.dumps({**notice, "generation": self._generation, "from": self._id})
+        self.cuts_told += 1
+        self._last_told = body
+        self._send_cut(body)
+
+    def _tell_again(self) -> None:
+        # Published while the connection was down, a notice may be lost: the newest holds
+        # all the older ones said.
+        if self._last_told is not None and self._cuts is not None:
+            self._send_cut(self._last_told)
+
+    def _send_cut(self, body: bytes) -> None:
+        async def send() -> None:
+            try:
+                await self.link.nc.publish(self._cuts_subject, body)
+            except Exception as exc:  # the next notice makes up for it
+                log.debug("notice of a cut not sent: %r", exc)
+
+        task = asyncio.ensure_future(send())
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+
+    async def _heard(self, msg: Msg) -> None:
+        on_cut = self.on_cut
+        try:
+            notice = orjson.loads(msg.data)
+        except orjson.JSONDecodeError:
+            log.error("dropped a notice of a cut on %s: not JSON", msg.subject)
+            return
+        if on_cut is None or not isinstance(notice, dict) or notice.get("from") == self._id:
+            return  # our own
+        on_cut(notice)
 
     async def __aenter__(self) -> JetStreamTransport:
         await self.start()
