@@ -233,7 +233,8 @@ def _postgres_record(*, fenced: bool) -> str:
     ``FOR SHARE`` first, so that no takeover commits before this write does, and the row is
     written only while the lease has the fence's token; the statement returns the lease it
     read, so that a refusal says who holds the run. Parameters: (fenced: the run) the
-    columns of the call's row, (fenced: the token), the run, the hashes, the bodies.
+    columns of the call's row, (fenced: the token), the run, the hashes, the bodies (the
+    arrays in binary, ``%b``: as text, every quote in the bodies would be escaped).
     """
     # Table and column names are the models' constants; values are bound.
     lease = (
@@ -249,7 +250,7 @@ def _postgres_record(*, fenced: bool) -> str:
         f"SELECT {', '.join(['%s'] * len(COLUMNS))}{only_held} "
         f"ON CONFLICT ({', '.join(IDENTITY)}) DO NOTHING RETURNING 1), "
         f"body AS (INSERT INTO {bodies.name} ({', '.join(_BODY_COLUMNS)}) "
-        "SELECT %s, h, b FROM unnest(%s::text[], %s::text[]) AS t(h, b) "
+        "SELECT %s, h, b FROM unnest(%b::text[], %b::text[]) AS t(h, b) "
         "WHERE EXISTS (SELECT 1 FROM call) "
         "ON CONFLICT (run_id, hash) DO NOTHING) "
         f"SELECT EXISTS (SELECT 1 FROM call){read_lease}"

@@ -7,7 +7,9 @@ statement here instead, run in autocommit, so that it is its own transaction: wh
 writes is committed, and whole, when it returns, or nothing is written.
 
 Rows of a batch go in as arrays, one per column, which ``unnest`` turns back into rows; the
-statement's text is then the same for any number of rows, so psycopg prepares it once. Rows
+statement's text is then the same for any number of rows, so psycopg prepares it once. The
+arrays are sent in binary (psycopg's ``%b``): as text, each quote in their JSON would be
+escaped, one regular-expression substitution at a time. Rows
 of several tables go in as data-modifying ``WITH`` queries of one statement: the foreign
 keys between them are checked at the statement's end, when every row is in.
 
@@ -32,6 +34,7 @@ from agentsnap.store.tables import (
     SnapshotMessageRow,
     SnapshotRow,
     StateBlobRow,
+    StateChunkRow,
 )
 
 __all__ = [
@@ -49,6 +52,7 @@ _agents: Table = SnapshotAgentRow.__table__  # type: ignore[assignment]
 _messages: Table = SnapshotMessageRow.__table__  # type: ignore[assignment]
 _journal: Table = JournalRow.__table__  # type: ignore[assignment]
 _leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
+_chunks: Table = StateChunkRow.__table__  # type: ignore[assignment]
 
 _DIALECT = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
 
@@ -68,8 +72,8 @@ def _marks(table: Table, columns: list[str]) -> str:
 
 
 def _arrays(table: Table, columns: list[str]) -> str:
-    """``unnest`` of an array per column, each cast to an array of its column's type."""
-    return f"unnest({', '.join(f'%s::{_type(table.c[name])}[]' for name in columns)})"
+    """``unnest`` of an array per column (sent in binary), each cast to its column's type."""
+    return f"unnest({', '.join(f'%b::{_type(table.c[name])}[]' for name in columns)})"
 
 
 _JOURNAL_COLUMNS = ["src", "dst", "event", "first_seq", "last_seq", "entries"]
@@ -88,6 +92,7 @@ _SNAPSHOT_COLUMNS = [
 _BLOB_COLUMNS = ["hash", "state", "lists", "roots"]
 _AGENT_COLUMNS = ["agent", "state_hash", "sent", "received", "state_version"]
 _MESSAGE_COLUMNS = ["src", "dst", "seq", "kind", "payload", "headers", "epoch"]
+_CHUNK_COLUMNS = ["hash", "height", "body"]
 
 # Table and column names below are the models' constants; values are bound.
 _HOLDS = f"EXISTS (SELECT 1 FROM {_leases.name} WHERE run_id = %s AND token = %s FOR SHARE)"  # noqa: S608
@@ -121,55 +126,67 @@ def _snapshot_statement(*, fenced: bool) -> str:
         if fenced
         else ""
     )
-    only_held = " WHERE EXISTS (SELECT 1 FROM lease WHERE token = %s)" if fenced else ""
+    only_held = " AND EXISTS (SELECT 1 FROM lease WHERE token = %s)" if fenced else ""
     read_lease = ", (SELECT owner FROM lease), (SELECT token FROM lease)" if fenced else ""
     agents = ", ".join(_AGENT_COLUMNS)
     messages = ", ".join(_MESSAGE_COLUMNS)
-    # Every row waits for the snapshot's: a refused snapshot writes nothing.
+    # Every row waits for the snapshot's: a refused snapshot writes nothing. So does one
+    # whose states rely on chunks that are gone (retention deleted them since).
     return (
         f"WITH {lease}"  # noqa: S608
+        f"relied AS (SELECT count(*) = %s AS whole FROM {_chunks.name} "
+        "WHERE hash = ANY(%b::text[])), "
         f"snap AS (INSERT INTO {_snapshots.name} ({', '.join(_SNAPSHOT_COLUMNS)}) "
-        f"SELECT {_marks(_snapshots, _SNAPSHOT_COLUMNS)}{only_held} RETURNING id), "
+        f"SELECT {_marks(_snapshots, _SNAPSHOT_COLUMNS)} "
+        f"WHERE (SELECT whole FROM relied){only_held} RETURNING id), "
         f"blobs AS (INSERT INTO {_blobs.name} ({', '.join(_BLOB_COLUMNS)}) "
         f"SELECT * FROM {_arrays(_blobs, _BLOB_COLUMNS)} "
         "WHERE EXISTS (SELECT 1 FROM snap) ON CONFLICT (hash) DO NOTHING), "
         f"agents AS (INSERT INTO {_agents.name} (snapshot_id, {agents}) "
         f"SELECT snap.id, a.* FROM snap, {_arrays(_agents, _AGENT_COLUMNS)} AS a({agents})), "
         f"messages AS (INSERT INTO {_messages.name} (snapshot_id, {messages}) "
-        f"SELECT snap.id, m.* FROM snap, {_arrays(_messages, _MESSAGE_COLUMNS)} AS m({messages})) "
-        f"SELECT EXISTS (SELECT 1 FROM snap){read_lease}"
+        f"SELECT snap.id, m.* FROM snap, {_arrays(_messages, _MESSAGE_COLUMNS)} AS m({messages})), "
+        f"chunks AS (INSERT INTO {_chunks.name} ({', '.join(_CHUNK_COLUMNS)}) "
+        f"SELECT * FROM {_arrays(_chunks, _CHUNK_COLUMNS)} "
+        "WHERE EXISTS (SELECT 1 FROM snap) ON CONFLICT (hash) DO NOTHING) "
+        "SELECT EXISTS (SELECT 1 FROM snap), (SELECT whole FROM relied)"
+        f"{read_lease}"
     )
 
 
 SNAPSHOT = _snapshot_statement(fenced=False)
-"""Writes a snapshot's row, its new states, its agents' rows and its channels' messages
-(see ``snapshot_values``); returns one row: whether the snapshot was written."""
+"""Writes a snapshot's row, its new states, its agents' rows, its channels' messages and its
+states' new chunks (see ``snapshot_values``), if every chunk its states rely on is stored.
+Returns one row: whether the snapshot was written, and whether those chunks were there."""
 SNAPSHOT_FENCED = _snapshot_statement(fenced=True)
-"""As ``SNAPSHOT`` while the lease has the token: the run, then the snapshot's row, the token,
-then the arrays. Returns whether it was written, and the owner and token of the lease read
-(``NULL``: none)."""
+"""As ``SNAPSHOT`` while the lease has the token. Returns ``SNAPSHOT``'s row, then the owner
+and token of the lease read (``NULL``: none)."""
 
 
-def snapshot_values(
+def snapshot_values(  # noqa: PLR0917 (a statement's parameters, in their order)
     snapshot: tuple[Any, ...],
     blobs: list[tuple[Any, ...]],
     agents: list[tuple[Any, ...]],
     messages: list[tuple[Any, ...]],
+    chunks: list[tuple[str, int, str]],
+    relied: list[str],
     fence: tuple[str, int] | None,
 ) -> tuple[Any, ...]:
     """``SNAPSHOT``'s (or, with ``fence``, ``SNAPSHOT_FENCED``'s) parameters.
 
     The rows are those the store writes in a transaction elsewhere: ``agents`` and
     ``messages`` start with the snapshot's id, which the statement takes from its own row.
+    ``chunks`` are the new chunks, ``relied`` the hashes of the stored ones the states need.
     """
     arrays = (
         *_columns(blobs, len(_BLOB_COLUMNS), 0),
         *_columns(agents, len(_AGENT_COLUMNS), 1),
         *_columns(messages, len(_MESSAGE_COLUMNS), 1),
+        *_columns(chunks, len(_CHUNK_COLUMNS), 0),
     )
     if fence is None:
-        return (*snapshot, *arrays)
-    return (fence[0], *snapshot, fence[1], *arrays)
+        return (len(relied), relied, *snapshot, *arrays)
+    return (fence[0], len(relied), relied, *snapshot, fence[1], *arrays)
 
 
 def _columns(rows: list[tuple[Any, ...]], width: int, skip: int) -> list[list[Any]]:

@@ -441,7 +441,7 @@ class SqlStore:
             assert self._write_lock is not None
             async with self._write_lock:
                 await self._writer.write(rows)
-        elif self._autocommit is not None and rows.chunks is None:
+        elif self._autocommit is not None:
             await self._write_statement(rows)
         else:
             await self._write_rows(rows)
@@ -491,19 +491,33 @@ class SqlStore:
                 await rows.chunks.write_async(conn)
 
     async def _write_statement(self, rows: SnapshotRows) -> None:
-        """Write the snapshot's rows with one statement (PostgreSQL; no chunks to write)."""
+        """Write the snapshot's rows with one statement (PostgreSQL).
+
+        When a chunk the states rely on is gone, nothing is written: the transaction then
+        writes the snapshot with every chunk of its states.
+        """
+        chunks = rows.chunks
         values = one_statement.snapshot_values(
-            rows.snapshot, rows.blobs, rows.agents, rows.messages, rows.fence
+            rows.snapshot,
+            rows.blobs,
+            rows.agents,
+            rows.messages,
+            [] if chunks is None else chunks.rows,
+            [] if chunks is None else chunks.relied,
+            rows.fence,
         )
-        if rows.fence is None:
-            await self._one_statement(one_statement.SNAPSHOT, values)
-            return
-        _, found = await self._one_statement(one_statement.SNAPSHOT_FENCED, values)
+        sql = one_statement.SNAPSHOT if rows.fence is None else one_statement.SNAPSHOT_FENCED
+        _, found = await self._one_statement(sql, values)
         assert found is not None
-        written, owner, token = found[0], found[1], found[2]
-        if not written:
-            run_id, fence = rows.fence
-            raise lost(run_id, fence, None if token is None else (str(owner), int(token)))
+        if found[0]:
+            return
+        if not found[1]:
+            await self._write_rows(rows)
+            return
+        assert rows.fence is not None  # refused with its chunks there: by the fence only
+        run_id, fence = rows.fence
+        owner, token = found[2], found[3]
+        raise lost(run_id, fence, None if token is None else (str(owner), int(token)))
 
     async def _one_statement(
         self, sql: str, values: tuple[Any, ...]
