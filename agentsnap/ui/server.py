@@ -55,6 +55,7 @@ from agentsnap.exceptions import (
     SnapshotDamaged,
     StateInvalid,
 )
+from agentsnap.fork import MessageEdits, ToolsMode
 from agentsnap.inspect import (
     answer,
     bisect_run,
@@ -69,8 +70,15 @@ from agentsnap.inspect import (
 from agentsnap.ledger import ToolCallStatus
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import SnapshotStatus
+from agentsnap.ui._live import LiveTokens
 from agentsnap.ui.conditions import Condition
-from agentsnap.ui.queries import RunIndex, build_index, micros, model_calls_view
+from agentsnap.ui.queries import (
+    RunIndex,
+    build_index,
+    channel_counts,
+    micros,
+    model_calls_view,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -245,6 +253,15 @@ class ForkRequest(BaseModel):
         default_factory=dict, description="New states of some agents, by agent name."
     )
     name: str | None = Field(default=None, description="The new run's name.")
+    messages: MessageEdits = Field(
+        default_factory=MessageEdits,
+        description="Messages in flight to drop (by id), edit (new payloads by id) or add.",
+    )
+    tools: ToolsMode = Field(
+        default="dry",
+        description="dry: a what-if fork whose side-effecting calls are recorded and return "
+        "the tools' stand-ins; live: they run for real when the fork is continued.",
+    )
 
 
 class AnswerRequest(BaseModel):
@@ -300,6 +317,7 @@ def create_app(
     """
     models = dict(models or {})
     indexes = _Indexes(store)
+    tokens = LiveTokens(store, ledger)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -399,6 +417,17 @@ def create_app(
         ]
         return {"runs": rows, "total": len(runs)}
 
+    @app.get("/api/live", summary="Tokens that change when the runs, or one run, change")
+    async def live(
+        run: Annotated[str | None, Query(description="Also this run's token.")] = None,
+    ) -> dict[str, Any]:
+        found = None if run is None else await resolve_run(store, run)
+        return {
+            "runs": await tokens.runs(),
+            "run": None if found is None else await tokens.run(found),
+            "running": None if found is None else found.status.value == "running",
+        }
+
     @app.get("/api/runs/{run}", summary="One run, with its span, agents, forks and schemas")
     async def get_run(run: str) -> dict[str, Any]:
         found = await resolve_run(store, run)
@@ -440,6 +469,11 @@ def create_app(
             "forks": forks,
             "schemas": await schemas(found.id),
         }
+
+    @app.get("/api/runs/{run}/topology", summary="Who talks to whom: messages per channel")
+    async def topology(run: str) -> dict[str, Any]:
+        found = await resolve_run(store, run)
+        return channel_counts((await indexes.get(found)).index)
 
     # --- snapshots ---
 
@@ -760,7 +794,13 @@ def create_app(
         found = await resolve_run(store, run)
         snapshot = await in_run(found, request.snapshot)
         made = await fork_run(
-            store, snapshot.id, states=request.states or None, name=request.name, models=models
+            store,
+            snapshot.id,
+            states=request.states or None,
+            name=request.name,
+            models=models,
+            messages=request.messages or None,
+            tools=request.tools,
         )
         return {"run": _run(made, *await counts(made))}
 
