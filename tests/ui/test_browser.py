@@ -6,6 +6,7 @@ server over real runs, and checks what the page shows or where it went.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -530,7 +531,9 @@ def test_a_fork_with_a_message_in_flight_dropped_and_one_added(
     fork_id = (created.get_attribute("href") or "").split("/")[2]
     # What-if by default: the fork's tools are dry, and the page says how to go on.
     assert "Its tools are dry" in page.locator(".fork-next").inner_text()
-    assert f'run_id="{fork_id}"' in page.locator(".fork-next code").inner_text()
+    commands = page.locator(".fork-next code").all_inner_texts()
+    assert f"agentsnap resume {fork_id} --app MODULE:FACTORY" in commands
+    assert f'Runtime(store=..., run_id="{fork_id}").resume()' in commands
     assert api(served, page, f"/api/runs/{fork_id}")["metadata"] == {"agentsnap.tools": "dry"}
     (first,) = api(served, page, f"/api/runs/{fork_id}/snapshots")["snapshots"]
     copy = api(served, page, f"/api/runs/{fork_id}/snapshots/{first['id']}")
@@ -566,4 +569,31 @@ def test_the_topology_shows_who_talks_to_whom_and_filters_the_lanes(
     graph.locator(".topology-agent[data-agent='beta']").dispatch_event("click")
     page.wait_for_function("() => document.querySelectorAll('.lane-label').length === 2")
     assert sorted(lanes.all_inner_texts()) == ["alpha", "beta"]
+    assert not problems
+
+
+def test_cut_and_rollback_labels_never_overlap_and_stay_whole(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    open_view(page, served, f"/runs/{runs.counters}")
+    wait_drawn(page)
+    drawn = page.evaluate(
+        """() => {
+            const t = window.agentsnap.timeline;
+            return {
+                width: t.width,
+                cuts: t.labelBoxes.map((r) => r.spans),
+                rollbacks: t.rollbackLabelBoxes.map((r) => r.spans),
+                shown: t.labelsShown,
+            };
+        }"""
+    )
+    assert drawn["shown"] >= 1
+    assert sum(len(row) for row in drawn["rollbacks"]) == 1, "the run's one rollback"
+    for row in drawn["cuts"] + drawn["rollbacks"]:
+        ordered = sorted(row)
+        for (_a0, a1), (b0, _b1) in itertools.pairwise(ordered):
+            assert a1 <= b0, f"labels overlap: {ordered}"
+        for start, end in row:
+            assert 0 <= start < end <= drawn["width"], "a label cut by the canvas's edge"
     assert not problems

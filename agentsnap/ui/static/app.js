@@ -460,7 +460,39 @@ class EmbeddedSource {
 // --- The space-time view --------------------------------------------------------------------
 
 const LANE = 30;
-const TOP = 46; // room for the cuts' labels
+const TOP = 58; // room for the cuts' labels (two rows) and the rollbacks' (one row)
+const CUT_LABEL_ROWS = [TOP - 30, TOP - 43]; // baselines, tried in this order
+const ROLLBACK_LABEL_ROW = TOP - 17;
+
+/**
+ * Where labels go on a row of the canvas without overlapping: each placed label keeps its
+ * horizontal span; a label that fits on no row is left out (the hit area and the tooltip
+ * still tell what is there).
+ */
+class LabelRows {
+  constructor(ctx, width, rows) {
+    this.ctx = ctx;
+    this.width = width;
+    this.rows = rows.map((y) => ({ y, spans: [] }));
+  }
+
+  /** Place ``text`` near ``x`` (centred, or after it for ``"left"``); its baseline, or null. */
+  place(text, x, align = "center") {
+    const w = this.ctx.measureText(text).width + 6;
+    let from = align === "left" ? x + 3 : x - w / 2;
+    // Kept whole inside the canvas: a label near the right edge goes to the left of x.
+    if (from + w > this.width) from = align === "left" ? x - 3 - w : this.width - w;
+    if (from < 0) from = 0;
+    for (const row of this.rows) {
+      if (row.spans.some(([a, b]) => from < b && a < from + w)) continue;
+      row.spans.push([from, from + w]);
+      this.ctx.textAlign = "left";
+      this.ctx.fillText(text, from + 3, row.y);
+      return row.y;
+    }
+    return null;
+  }
+}
 const BOTTOM = 30; // room for the time axis
 const PAD = 16;
 const STATUS_COLOURS = {
@@ -476,6 +508,8 @@ const STATUS_COLOURS = {
   retryable: "#c80",
   abandoned: "#999",
   compensating: "#a6a",
+  cancelled: "#999",
+  interrupted: "#c80",
 };
 
 function niceStep(rough) {
@@ -1083,7 +1117,8 @@ class SpaceTime {
     const lines = new Path2D();
     const crosses = new Path2D();
     ctx.fillStyle = "#c33";
-    ctx.textAlign = "left";
+    const rollbackLabels = new LabelRows(ctx, this.width, [ROLLBACK_LABEL_ROW]);
+    this.rollbackLabelBoxes = rollbackLabels.rows;
     for (const r of events.rollbacks || []) {
       const x = this.x(lamport ? r.lc : r.at_us);
       if (x < -10 || x > this.width + 10) continue;
@@ -1096,7 +1131,7 @@ class SpaceTime {
         crosses.moveTo(x + 5, y - 5);
         crosses.lineTo(x - 5, y + 5);
       }
-      ctx.fillText("↺ rollback", x + 3, TOP - 20);
+      rollbackLabels.place("↺ rollback", x, "left");
       this.hits.rollbacks.push([x, r]);
     }
     ctx.strokeStyle = "rgba(204, 51, 51, 0.8)";
@@ -1141,6 +1176,9 @@ class SpaceTime {
   drawCuts(ctx, height) {
     ctx.textAlign = "center";
     ctx.font = "bold 11px system-ui, sans-serif";
+    const labels = new LabelRows(ctx, this.width, CUT_LABEL_ROWS);
+    this.labelsShown = 0;
+    this.labelBoxes = labels.rows;
     for (const snapshot of this.snapshots) {
       const points = this.cutPoints(snapshot);
       const xs = points.map((p) => p[0]);
@@ -1166,8 +1204,9 @@ class SpaceTime {
       if (!complete) ctx.stroke();
       ctx.fillStyle = complete ? "#a50" : "#b88";
       const label = `S${snapshot.seq}${complete ? "" : ` (${snapshot.status})`}`;
-      ctx.fillText(label, points[0][0], TOP - 28);
-      this.hits.cuts.push([[[points[0][0], TOP - 30], [points[0][0], TOP - 14], ...points], snapshot]);
+      const y = labels.place(label, points[0][0]);
+      if (y !== null) this.labelsShown += 1;
+      this.hits.cuts.push([[[points[0][0], (y ?? TOP - 30) - 2], [points[0][0], TOP - 14], ...points], snapshot]);
     }
     ctx.lineWidth = 1;
     ctx.font = "11px system-ui, sans-serif";
@@ -1449,7 +1488,8 @@ async function runsView(main, params, signal) {
     el(
       "select",
       { name: "status", "aria-label": "Status" },
-      ["", "running", "completed", "succeeded", "failed", "interrupted", "abandoned"].map((s) =>
+      // The values of agentsnap.RunStatus, which the API's status filter takes.
+      ["", "running", "succeeded", "failed", "interrupted", "cancelled", "created"].map((s) =>
         el("option", { value: s, text: s || "any status", selected: s === status }),
       ),
     ),
@@ -2525,7 +2565,9 @@ async function forkPanel(panel, run, sid, signal) {
               toolsSelect.value === "dry"
                 ? "Its tools are dry: when it runs, side-effecting calls are recorded with their arguments and return the tools' stand-ins; nothing reaches the world. "
                 : "Its tools are live: when it runs, side-effecting calls run for real, under new keys (a fork is another run). ",
-              "Nothing runs yet: continue it from a program that registers the same agents, with ",
+              "Nothing runs yet: continue it with ",
+              el("code", { text: `agentsnap resume ${fork.id} --app MODULE:FACTORY` }),
+              ", or from a program that registers the same agents, with ",
               el("code", { text: `Runtime(store=..., run_id="${fork.id}").resume()` }),
               ".",
             ),
@@ -2743,7 +2785,7 @@ function staticPage(data) {
 // being typed) is never redrawn under them: the indicator offers the newer data instead.
 const LIVE_FAST_MS = 1000;
 const LIVE_SLOW_MS = 5000;
-const live = { paused: false, drawn: null, stale: false, running: false, failed: false, timer: 0, busy: false, node: null };
+const live = { paused: false, drawn: null, stale: false, running: false, failed: false, timer: 0, busy: false, node: null, cost: 0 };
 
 function liveRun(parts) {
   return parts[0] === "runs" && parts.length > 1 ? parts[1] : null;
@@ -2775,7 +2817,9 @@ function redrawable(main) {
 async function redraw() {
   state.run = null;
   const y = window.scrollY;
+  const start = performance.now();
   await route();
+  live.cost = performance.now() - start;
   window.scrollTo(0, y);
 }
 
@@ -2798,7 +2842,9 @@ async function liveTick() {
     }
   }
   showLive();
-  live.timer = setTimeout(liveTick, live.running ? LIVE_FAST_MS : LIVE_SLOW_MS);
+  // A redraw that took the server long (a big run's index read again) is not asked for
+  // again at once: the page never keeps the server busier than about a quarter of the time.
+  live.timer = setTimeout(liveTick, Math.max(live.running ? LIVE_FAST_MS : LIVE_SLOW_MS, 3 * live.cost));
 }
 
 function showLive() {
