@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Table, bindparam, select, update
-from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects import postgresql, sqlite
 
 from agentsnap.exceptions import StoreError
 from agentsnap.liveness import lost
 from agentsnap.messages import JsonValue
 from agentsnap.model_calls import ModelCallRecord
 from agentsnap.state import content_hash, plain_canonical_json
-from agentsnap.store.dialect import PostgresDialect, SqliteDialect
+from agentsnap.store.dialect import SqliteDialect
 from agentsnap.store.tables import ModelBodyRow, ModelCallRow, RunLeaseRow
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
     "find_call",
     "find_row",
     "list_calls",
-    "record_in_transaction",
+    "record_postgres",
     "record_sqlite",
     "replayed",
     "same_call",
@@ -201,19 +201,21 @@ def same_call(row: Mapping[Any, Any], record: ModelCallRecord) -> bool:
     )
 
 
-# -- writes on PostgreSQL (and through any SQLAlchemy connection) ----------------------------
+# -- writes ----------------------------------------------------------------------------------
 
-_insert_call = (
-    PostgresDialect()
-    .insert_or_ignore(calls, IDENTITY)
-    .execution_options(preserve_rowcount=True)  # psycopg leaves an INSERT's rowcount unset
-)
-_insert_bodies = PostgresDialect().insert_or_ignore(bodies, ("run_id", "hash"))
-_lease_for_share = (
-    select(_leases.c.owner, _leases.c.token)
-    .where(_leases.c.run_id == bindparam("r"))
-    .with_for_update(read=True)
-)
+
+def _binder(column: Any, dialect: Any) -> Callable[[Any], Any]:
+    """What ``dialect``'s driver is given for a value of ``column`` (its type's processing)."""
+    process = column.type.dialect_impl(dialect).bind_processor(dialect)
+    return process if process is not None else _same
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+# -- writes on PostgreSQL ---------------------------------------------------------------------
+
 replayed = (
     update(calls)
     .where(*(calls.c[name] == bindparam(f"w_{name}") for name in IDENTITY))
@@ -222,33 +224,67 @@ replayed = (
 """Count one more replay of the call whose identity is bound as ``w_run_id``, ``w_agent``…"""
 
 
-def record_in_transaction(conn: Connection, stored: StoredCall, fence: int | None) -> bool:
-    """Write ``stored`` in one transaction; whether the call's row was inserted.
+def _postgres_record(*, fenced: bool) -> str:
+    """The one statement that records a call on PostgreSQL, in psycopg's ``%s`` style.
 
-    ``conn`` must not be in autocommit mode. With ``fence``, the run's lease is read ``FOR
-    SHARE`` first, so that no takeover commits before this write does.
+    One statement is one round trip, and in autocommit its own transaction: the call's row,
+    then, only when that row is new, the bodies of its messages (a call already recorded has
+    its own), both committed before the answer comes back. Fenced, the run's lease is read
+    ``FOR SHARE`` first, so that no takeover commits before this write does, and the row is
+    written only while the lease has the fence's token; the statement returns the lease it
+    read, so that a refusal says who holds the run. Parameters: (fenced: the run) the
+    columns of the call's row, (fenced: the token), the run, the hashes, the bodies (the
+    arrays in binary, ``%b``: as text, every quote in the bodies would be escaped).
+    """
+    # Table and column names are the models' constants; values are bound.
+    lease = (
+        f"lease AS (SELECT owner, token FROM {_leases.name} WHERE run_id = %s FOR SHARE), "  # noqa: S608
+        if fenced
+        else ""
+    )
+    only_held = " WHERE EXISTS (SELECT 1 FROM lease WHERE token = %s)" if fenced else ""
+    read_lease = ", (SELECT owner FROM lease), (SELECT token FROM lease)" if fenced else ""
+    return (
+        f"WITH {lease}"  # noqa: S608
+        f"call AS (INSERT INTO {calls.name} ({', '.join(COLUMNS)}) "
+        f"SELECT {', '.join(['%s'] * len(COLUMNS))}{only_held} "
+        f"ON CONFLICT ({', '.join(IDENTITY)}) DO NOTHING RETURNING 1), "
+        f"body AS (INSERT INTO {bodies.name} ({', '.join(_BODY_COLUMNS)}) "
+        "SELECT %s, h, b FROM unnest(%b::text[], %b::text[]) AS t(h, b) "
+        "WHERE EXISTS (SELECT 1 FROM call) "
+        "ON CONFLICT (run_id, hash) DO NOTHING) "
+        f"SELECT EXISTS (SELECT 1 FROM call){read_lease}"
+    )
+
+
+_POSTGRES = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
+_POSTGRES_RECORD = _postgres_record(fenced=False)
+_POSTGRES_RECORD_FENCED = _postgres_record(fenced=True)
+_POSTGRES_BIND = tuple(_binder(calls.c[name], _POSTGRES) for name in COLUMNS)
+
+
+def record_postgres(conn: Connection, stored: StoredCall, fence: int | None) -> bool:
+    """Write ``stored`` with one statement; whether the call's row was inserted.
+
+    ``conn`` must be in autocommit mode: the statement is then its own transaction, committed
+    when this returns. With ``fence``, the row is written only while the run's lease has that
+    token (see ``_postgres_record``).
 
     Raises:
         OwnershipLost: The run's lease has another token than ``fence``; nothing was written.
     """
-    run_id: str = stored.row["run_id"]
-    with conn.begin():
-        if fence is not None:
-            found = conn.execute(_lease_for_share, {"r": run_id}).one_or_none()
-            holder = None if found is None else (found.owner, found.token)
-            if holder is None or holder[1] != fence:
-                raise lost(run_id, fence, holder)
-        inserted = conn.execute(_insert_call, stored.row).rowcount == 1
-        # Bodies only with a new call: a call already recorded has its own.
-        if inserted and stored.bodies:
-            conn.execute(
-                _insert_bodies,
-                [
-                    {"run_id": run_id, "hash": digest, "body": text}
-                    for digest, text in stored.bodies.items()
-                ],
-            )
-    return inserted
+    row = stored.row
+    run_id: str = row["run_id"]
+    values = [bind(row[name]) for bind, name in zip(_POSTGRES_BIND, COLUMNS, strict=True)]
+    texts = (run_id, list(stored.bodies), list(stored.bodies.values()))
+    if fence is None:
+        found = conn.exec_driver_sql(_POSTGRES_RECORD, (*values, *texts)).one()
+        return bool(found[0])
+    found = conn.exec_driver_sql(_POSTGRES_RECORD_FENCED, (run_id, *values, fence, *texts)).one()
+    inserted, owner, token = found
+    if token != fence:
+        raise lost(run_id, fence, None if token is None else (str(owner), int(token)))
+    return bool(inserted)
 
 
 # -- writes on SQLite's own connections ------------------------------------------------------
@@ -264,16 +300,7 @@ def _compiled(statement: Any, columns: Iterable[str]) -> str:
     return str(compiled)
 
 
-def _binder(column: Any) -> Callable[[Any], Any]:
-    process = column.type.dialect_impl(_DIALECT).bind_processor(_DIALECT)
-    return process if process is not None else _same
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-_BIND = tuple(_binder(calls.c[name]) for name in COLUMNS)
+_BIND = tuple(_binder(calls.c[name], _DIALECT) for name in COLUMNS)
 _SQLITE_CALL = _compiled(SqliteDialect().insert_or_ignore(calls, IDENTITY), COLUMNS)
 _SQLITE_BODY = _compiled(
     SqliteDialect().insert_or_ignore(bodies, ("run_id", "hash")), _BODY_COLUMNS

@@ -542,6 +542,11 @@ class ChunkWrites:
         marks = ", ".join([self._mark] * count)
         return f"SELECT hash FROM {_chunks.name} WHERE hash IN ({marks})"  # noqa: S608
 
+    @property
+    def relied(self) -> list[str]:
+        """Hashes of chunks known stored that the new states refer to: checked, not sent."""
+        return sorted(self._relied)
+
     def _relied_batches(self) -> list[tuple[str, ...]]:
         relied = sorted(self._relied)
         return [tuple(relied[i : i + _BATCH]) for i in range(0, len(relied), _BATCH)]

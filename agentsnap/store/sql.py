@@ -92,6 +92,7 @@ from agentsnap.records import (
     utcnow,
 )
 from agentsnap.state import compact_json
+from agentsnap.store import _postgres_writes as one_statement
 from agentsnap.store._bases import AgentRow, Bases
 from agentsnap.store._run_filter import run_filter
 from agentsnap.store._run_query import runs_query
@@ -239,6 +240,13 @@ class SqlStore:
                 self._engine.sync_engine, "connect", sqlite_setup(timeout=self.retry.timeout)
             )
         self._write_lock = asyncio.Lock() if self._dialect.one_writer else None
+        # PostgreSQL: the engine's connections in autocommit (the same pool), for the writes
+        # that are one statement each (see agentsnap.store._postgres_writes).
+        self._autocommit: AsyncEngine | None = (
+            self._engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self._backend == "postgresql"
+            else None
+        )
         # Hashes of states and state chunks known to be stored (committed), so they are not
         # sent again.
         self._known_blobs: set[str] = set()
@@ -447,6 +455,8 @@ class SqlStore:
             assert self._write_lock is not None
             async with self._write_lock:
                 await self._writer.write(rows)
+        elif self._autocommit is not None:
+            await self._write_statement(rows)
         else:
             await self._write_rows(rows)
         # Only now, committed: another snapshot with these states need not send them again,
@@ -493,6 +503,60 @@ class SqlStore:
                 await conn.exec_driver_sql(sql.messages, rows.messages)
             if rows.chunks is not None:
                 await rows.chunks.write_async(conn)
+
+    async def _write_statement(self, rows: SnapshotRows) -> None:
+        """Write the snapshot's rows with one statement (PostgreSQL).
+
+        When a chunk the states rely on is gone, nothing is written: the transaction then
+        writes the snapshot with every chunk of its states.
+        """
+        chunks = rows.chunks
+        values = one_statement.snapshot_values(
+            rows.snapshot,
+            rows.blobs,
+            rows.agents,
+            rows.messages,
+            [] if chunks is None else chunks.rows,
+            [] if chunks is None else chunks.relied,
+            rows.fence,
+        )
+        sql = one_statement.SNAPSHOT if rows.fence is None else one_statement.SNAPSHOT_FENCED
+        _, found = await self._one_statement(sql, values)
+        assert found is not None
+        if found[0]:
+            return
+        if not found[1]:
+            await self._write_rows(rows)
+            return
+        assert rows.fence is not None  # refused with its chunks there: by the fence only
+        run_id, fence = rows.fence
+        owner, token = found[2], found[3]
+        raise lost(run_id, fence, None if token is None else (str(owner), int(token)))
+
+    async def _one_statement(
+        self, sql: str, values: tuple[Any, ...]
+    ) -> tuple[int, tuple[Any, ...] | None]:
+        """Run ``sql`` in autocommit: how many rows it changed, and its first row if it has rows.
+
+        Raises:
+            StoreError: The database could not be reached, or refused the statement (then
+                nothing of it is stored; a constraint violation is its ``__cause__``).
+        """
+        assert self._autocommit is not None
+        try:
+            conn = await self._autocommit.connect()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot reach the database: {exc}") from exc
+        try:
+            result = await conn.exec_driver_sql(sql, values)
+            if not result.returns_rows:
+                return result.rowcount, None
+            found = result.first()
+            return result.rowcount, None if found is None else tuple(found)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"the database refused the write: {exc}") from exc
+        finally:
+            await conn.close()
 
     async def _explain_refusal(self, snapshot: Snapshot) -> None:
         """Turn a constraint violation into what it means, when it is a known one."""
@@ -544,6 +608,9 @@ class SqlStore:
             _journal.c.first_seq == first.first_seq,
         ):
             return  # written in one transaction with the rest, which its answer did not say
+        if self._autocommit is not None:
+            await self._append_journal_statement(run_id, segments)
+            return
         async with self._begin() as conn:
             await self._require_run(conn, run_id)
             await conn.execute(
@@ -562,6 +629,27 @@ class SqlStore:
                 ],
             )
             await self._check_fence(conn, run_id)
+
+    async def _append_journal_statement(
+        self, run_id: str, segments: Sequence[JournalSegment]
+    ) -> None:
+        """Append with one statement (PostgreSQL), which a missing run's foreign key refuses."""
+        values = one_statement.journal_values(run_id, segments)
+        token = self._fences.get(run_id)
+        sql = one_statement.JOURNAL
+        if token is not None:
+            values = (*values, run_id, token)
+            sql = one_statement.JOURNAL_FENCED
+        try:
+            changed, _ = await self._one_statement(sql, values)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):
+                await self._explain_missing_run(run_id)
+            raise
+        if changed == 0:
+            await self._explain_missing_run(run_id)
+            assert token is not None
+            raise lost(run_id, token, await self._holder(run_id))
 
     @_retried("record the state schemas of a run")
     async def save_state_schemas(  # noqa: D102
@@ -622,6 +710,8 @@ class SqlStore:
                 assert self._write_lock is not None
                 async with self._write_lock:
                     changed = await self._writer.execute(statement, values)
+            elif self._autocommit is not None:
+                changed, _ = await self._one_statement(statement, values)
             else:
                 async with self._begin() as conn:
                     changed = (await conn.exec_driver_sql(statement, values)).rowcount

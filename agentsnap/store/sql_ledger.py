@@ -434,7 +434,8 @@ class SqlLedger:
         """Write ``record`` unless a call of its identity is recorded already.
 
         One transaction writes the call's row and the messages of its request that the run
-        has not stored yet (see [`ModelCallLog`][agentsnap.model_calls.ModelCallLog]).
+        has not stored yet (see [`ModelCallLog`][agentsnap.model_calls.ModelCallLog]); on
+        PostgreSQL it is one statement, a single round trip to the server.
 
         Returns:
             Whether it was written (``False``: the identity was taken; the first answer stays).
@@ -471,7 +472,8 @@ class SqlLedger:
             return await self._sqlite.transaction(
                 what, model_rows.record_sqlite, record.run_id, values, texts, fence
             )
-        return await self._transaction(what, model_rows.record_in_transaction, stored, fence)
+        # One statement in autocommit: its own transaction, one round trip.
+        return await self._run(what, model_rows.record_postgres, stored, fence)
 
     async def find_model_call(
         self, run_id: str, agent: str, message_id: str, position: int, timeline: int
@@ -622,20 +624,6 @@ class SqlLedger:
         return await self._retried(
             "read the requests", self._read, request_rows.list_requests, run_id, pending
         )
-
-    async def _transaction(
-        self, what: str, op: Callable[Concatenate[Connection, P], T], *args: P.args, **kw: P.kwargs
-    ) -> T:
-        """Run ``op`` with a PostgreSQL connection out of autocommit: it opens a transaction."""
-        await self._gate.wait()
-        assert self._engine is not None
-        try:
-            async with self._engine.connect() as opened:
-                # Back to autocommit when the connection returns to the pool.
-                conn = await opened.execution_options(isolation_level="READ COMMITTED")
-                return await conn.run_sync(op, *args, **kw)
-        except SQLAlchemyError as exc:
-            raise StoreError(f"the ledger could not {what}: {exc}") from exc
 
     async def _retried(self, what: str, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
         return await self.retry.call(
