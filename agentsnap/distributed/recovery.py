@@ -124,6 +124,10 @@ class RollbackAuthority:
     ) -> None:
         self.run_id = run_id
         self.generation = 0
+        self.timeline = 0
+        """The run's timeline: the generation of the last rollback that was not a recovery
+        (a recovery redoes the timeline's work in the order logged, with its recorded model
+        answers)."""
         self.history: list[RollbackInfo] = []
         self.exhausted: RunError | None = None
         self.dropped = 0
@@ -259,6 +263,7 @@ class RollbackAuthority:
             self._hello_at[name] = now
         answer = {
             "generation": self.generation,
+            "timeline": self.timeline,
             "epoch": self._host.coordinator.last_seq,
             "restore": again and self.exhausted is None,
         }
@@ -405,6 +410,8 @@ class RollbackAuthority:
     ) -> None:
         self.generation += 1
         generation = self.generation
+        if source != "recovery":
+            self.timeline = generation
         self._fail_pending("the run rolled back before the snapshot completed")
         epoch = self._host.coordinator.last_seq
         self._left.append((target.seq if target is not None else 0, epoch))
@@ -418,6 +425,7 @@ class RollbackAuthority:
             source=source,
             attempt=attempt,
             redo=sorted(self._budget.open),
+            timeline=self.timeline,
         )
         rolling = self._rolling = _Rolling(order, target)
         self._deciding = False
@@ -464,7 +472,7 @@ class RollbackAuthority:
         except Exception:
             logger.exception("run %s: rollback %s was not recorded", self.run_id, info.id)
         # The requests of the generations left wait for nobody: their handlers' work is gone.
-        await withdraw_discarded(self._host.ledger, self.run_id, generation, info.id)
+        await withdraw_discarded(self._host.ledger, self.run_id, order.line, info.id)
         self.history.append(info)
         await self._host.resume(order, epoch)
         self._rolling = None
