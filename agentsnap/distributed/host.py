@@ -366,20 +366,21 @@ class Host:
         if replays:
             assert snapshot is not None
             await self._replay(snapshot, replays, epoch)
-        if same:
-            await self._follow(cut)
+        planned = await self._follow(cut) if same else 0
         self._reported = None
         self.rollbacks.append(order)
         logger.warning(
-            "%s: rolled back to %s (generation %d): %s",
+            "%s: rolled back to %s (generation %d, timeline %d%s): %s",
             self.worker,
             f"snapshot {snapshot.seq}" if snapshot is not None else "the start",
             order.generation,
+            order.line,
+            f", {planned} deliveries to redo in the order logged" if same else "",
             order.reason,
         )
         return discarded
 
-    async def _follow(self, cut: Snapshot) -> None:
+    async def _follow(self, cut: Snapshot) -> int:
         """Have the hosted agents redo their deliveries after ``cut`` in the order logged.
 
         A recovery keeps the run on its timeline: every process's agents take their
@@ -387,6 +388,9 @@ class Host:
         get the answers their model calls recorded, send the same messages, and derive the
         same idempotency keys. The order comes from the replay log every worker of the run
         appends to, whichever worker hosted the agents before.
+
+        Returns:
+            How many deliveries the plans name.
         """
         replay, following = self.replay, self.following
         assert replay is not None
@@ -406,10 +410,11 @@ class Host:
                 self.worker,
                 exc,
             )
-            return
+            return 0
         plan = plan_replay(segments, cut, timeline=replay.timeline, agents=self._agents)
         self.followed += plan.deliveries
         following.follow(plan)
+        return plan.deliveries
 
     async def _write_segment(self, segment: ReplaySegment) -> None:
         """Append ``segment`` to the run's replay log, which every worker appends to.
