@@ -45,8 +45,8 @@ from agentsnap.jetstream import JetStreamLink
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import SnapshotStatus
 from agentsnap.snapshot import SnapshotPolicy
-from agentsnap.store.ledger import ledger_for
 from agentsnap.store.sql import SqlStore
+from agentsnap.store.sql_ledger import SqlLedger
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -166,7 +166,9 @@ def handled(snapshot: Snapshot) -> list[str]:
         if name != ENVIRONMENT:
             memory = cut.state.get("memory", {})
             assert isinstance(memory, dict)
-            done += [str(item) for item in memory.get("done", [])]
+            items = memory.get("done", [])
+            assert isinstance(items, list)
+            done += [str(item) for item in items]
     return done
 
 
@@ -186,7 +188,9 @@ async def until_finished(run: DistributedRun, hops: int) -> Snapshot:
     raise AssertionError(f"the run did not finish within {PATIENCE} s")
 
 
-def service_rows(url: str, run_id: str) -> tuple[list[tuple[str, str, int, int]], list[tuple]]:
+def service_rows(
+    url: str, run_id: str
+) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, float]]]:
     """The writes ``(key, tool, task, hop)`` and the asks ``(prompt, asked_at)`` of the run."""
     with psycopg.connect(url, autocommit=True) as conn:
         writes = conn.execute(
@@ -195,7 +199,10 @@ def service_rows(url: str, run_id: str) -> tuple[list[tuple[str, str, int, int]]
         asks = conn.execute(
             f"SELECT prompt, asked_at FROM {ASKS} WHERE prompt LIKE %s", (f"% of {run_id})",)
         ).fetchall()
-    return [(str(k), str(t), int(n), int(h)) for k, t, n, h in writes], list(asks)
+    return (
+        [(str(k), str(t), int(n), int(h)) for k, t, n, h in writes],
+        [(str(prompt), float(at)) for prompt, at in asks],
+    )
 
 
 async def test_workers_killed_mid_run_replay_recorded_answers_and_write_once(
@@ -261,8 +268,7 @@ async def test_workers_killed_mid_run_replay_recorded_answers_and_write_once(
     assert set(seen) == expected, (sorted(expected ^ set(seen)), context)
 
     # No model call asked again after its answer was recorded; recorded answers replayed.
-    ledger = ledger_for(store)
-    assert ledger is not None
+    ledger = SqlLedger(postgres_url, create=False)
     try:
         calls = await ledger.list_model_calls(run.run_id)
     finally:

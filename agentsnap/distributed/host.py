@@ -190,6 +190,9 @@ class Host:
         """Channels from other processes a rollback put back from the recorded bodies
         because the stream did not give the range back."""
         self.transport = JetStreamTransport(link, run_id, local)
+        if agents:
+            # What the agents here send depends on the order they took their messages in.
+            link.before_publish = self._before_publish
         self.scheduler = AsyncioScheduler()
         self.bus = Bus(self.scheduler, self.transport)
         self.coordinator = PartCoordinator(
@@ -286,6 +289,8 @@ class Host:
         replay = self.replay
         if replay is not None:
             assert self.following is not None
+            if self.link.before_publish == self._before_publish:
+                self.link.before_publish = None
             self.following.unwatch()
             try:
                 await replay.flush()  # the order of what was delivered, for a recovery
@@ -415,6 +420,26 @@ class Host:
         self.followed += plan.deliveries
         following.follow(plan)
         return plan.deliveries
+
+    async def _before_publish(self) -> None:
+        """Make the hosted agents' delivery order durable before what they sent leaves.
+
+        Another process's work depends on the messages it receives, and so on the order in
+        which the agents here took theirs: a recovery redoes that order, and the messages
+        sent again carry the same content under the same ids. The replay log's group commit
+        makes this one write for every item queued meanwhile.
+        """
+        replay = self.replay
+        if replay is None or not replay.pending():
+            return
+        try:
+            await replay.flush()
+        except Exception as exc:  # published anyway: the run must not stall on its log
+            logger.warning(
+                "%s: messages published before the order of their deliveries was written: %r",
+                self.worker,
+                exc,
+            )
 
     async def _write_segment(self, segment: ReplaySegment) -> None:
         """Append ``segment`` to the run's replay log, which every worker appends to.
