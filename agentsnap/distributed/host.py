@@ -73,6 +73,28 @@ _APPENDS = 12
 one at the same position at the same moment."""
 
 
+async def _append_shared(store: Store, run_id: str, segment: ReplaySegment) -> None:
+    """Append ``segment`` to the replay log of ``run_id``, which every worker appends to.
+
+    Two workers appending at the same moment may take the same position: the one refused
+    writes again after a moment.
+
+    Raises:
+        StoreError: The store could not write it.
+    """
+    for attempt in range(1, _APPENDS + 1):
+        try:
+            await store.append_replay(run_id, segment)
+            return
+        except StoreError as exc:
+            # A transient fault was retried by the store; one it refused outright, with no
+            # fault to name, is the position taken by another worker's segment.
+            if attempt == _APPENDS or type(exc) is not StoreError or classify(exc) is not None:
+                raise
+            logger.debug("run %s: a replay segment collided; written again: %s", run_id, exc)
+            await asyncio.sleep(random.uniform(0.0, 0.002 * attempt))
+
+
 class _Line:
     """A distributed run's timeline, as its coordinator numbers it.
 
@@ -442,20 +464,7 @@ class Host:
             )
 
     async def _write_segment(self, segment: ReplaySegment) -> None:
-        """Append ``segment`` to the run's replay log, which every worker appends to.
-
-        Two workers appending at the same moment may take the same position: the one that
-        loses writes again after a moment.
-        """
-        for attempt in range(1, _APPENDS + 1):
-            try:
-                await self.store.append_replay(self.run_id, segment)
-                return
-            except StoreError as exc:
-                if attempt == _APPENDS or type(exc) is not StoreError or classify(exc) is not None:
-                    raise
-                logger.debug("%s: replay segment collided, written again: %s", self.worker, exc)
-                await asyncio.sleep(random.uniform(0.0, 0.002 * attempt))
+        await _append_shared(self.store, self.run_id, segment)
 
     async def _replayable(
         self, cut: Snapshot, offsets: Sequence[ChannelOffsets]
