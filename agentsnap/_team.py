@@ -182,6 +182,8 @@ class Team:
         self._requests = ledger if isinstance(ledger, RequestLog) else None
         self.approvals: Mapping[str, Approval] = dict(approvals or {})
         """Which tools' calls need a person's approval, by tool name (the runtime's policy)."""
+        self.dry_tools = False
+        """The run's side-effecting tools are dry (a what-if fork): see ``make_dry``."""
         self.agents: dict[str, Agent[Any]] = {}
         self.contexts: dict[str, Context[Any]] = {}
         """Each agent's handler context, by name; also in its endpoint's context slot, where
@@ -201,6 +203,15 @@ class Team:
         coordinator.handling = self.handling
         bus.scheduler.bind(bus, self.deliver)
 
+    def make_dry(self) -> None:
+        """Make the team's side-effecting tools dry from now on (a what-if fork).
+
+        Their calls are recorded, and the tools do not run.
+        """
+        self.dry_tools = True
+        for ctx in self.contexts.values():
+            ctx.dry_tools = True
+
     # -- agents -----------------------------------------------------------------------------
 
     def add(self, agent: Agent[Any], endpoint: Endpoint, state_json: str, state_hash: str) -> None:
@@ -217,6 +228,7 @@ class Team:
         ctx.model_calls = self._model_calls
         ctx.requests = self._requests
         ctx.approvals = self.approvals
+        ctx.dry_tools = self.dry_tools
         ctx.line = self.line
         ctx.telemetry = self.telemetry
         ctx.redaction = self.redaction

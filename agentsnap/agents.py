@@ -309,6 +309,7 @@ class Context(Generic[S]):
         "_snapshots",
         "agent",
         "approvals",
+        "dry_tools",
         "guard",
         "keep_before",
         "ledger",
@@ -381,6 +382,9 @@ class Context(Generic[S]):
         self.approvals: Mapping[str, Approval] = {}
         """The runtime's approval policy: which tools' calls need a person's approval (set by
         the runtime)."""
+        self.dry_tools = False
+        """The run's side-effecting tools are dry: calls are recorded, tools do not run (set
+        by the runtime, for a what-if fork)."""
         self.position = 0
         """How many recorded steps (model calls, requests to people) the running handler
         made so far (reset by the runtime as each handler begins)."""

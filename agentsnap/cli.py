@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from agentsnap.demo import DemoResult
+    from agentsnap.fork import MessageEdits
     from agentsnap.ledger import Ledger
     from agentsnap.records import RunInfo, Snapshot
     from agentsnap.store.retention import DeleteReport
@@ -1673,6 +1674,26 @@ def _short(checkpoint_id: str | None) -> str | None:
     return None if checkpoint_id is None else checkpoint_id[:18]
 
 
+def _json_file(path: str, param_hint: str, what: str) -> Any:
+    """The JSON in file ``path`` (``-``: standard input), or a usage error naming ``what``."""
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read {path}: {exc.strerror or exc}", param_hint=param_hint
+        ) from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"{path} does not hold JSON ({exc}); give {what} as JSON", param_hint=param_hint
+        ) from exc
+
+
 def _edits(edits: tuple[str, ...]) -> dict[str, Any]:
     """``AGENT=FILE`` options as ``{agent: the JSON in FILE}`` (``-``: standard input)."""
     states: dict[str, Any] = {}
@@ -1685,24 +1706,45 @@ def _edits(edits: tuple[str, ...]) -> dict[str, Any]:
             )
         if agent in states:
             raise click.BadParameter(f"agent {agent!r} is edited twice", param_hint="--edit")
-        try:
-            if path == "-":
-                text = sys.stdin.read()
-            else:
-                with open(path, encoding="utf-8") as file:
-                    text = file.read()
-        except OSError as exc:
-            raise click.BadParameter(
-                f"cannot read {path}: {exc.strerror or exc}", param_hint="--edit"
-            ) from exc
-        try:
-            states[agent] = json.loads(text)
-        except ValueError as exc:
-            raise click.BadParameter(
-                f"{path} does not hold JSON ({exc}); give the agent's state as a JSON object",
-                param_hint="--edit",
-            ) from exc
+        states[agent] = _json_file(path, "--edit", "the agent's state as a JSON object")
     return states
+
+
+def _message_edits(
+    drops: tuple[str, ...], edits: tuple[str, ...], adds: tuple[str, ...]
+) -> MessageEdits | None:
+    """The ``--drop-message``, ``--edit-message`` and ``--add-message`` options, checked."""
+    from agentsnap.fork import MessageEdits, NewMessage  # noqa: PLC0415
+
+    edited: dict[str, Any] = {}
+    for edit in edits:
+        message_id, sep, path = edit.rpartition("=")
+        if not sep or not message_id or not path:
+            raise click.BadParameter(
+                f"{edit!r} is not ID=FILE (a message's id, src>dst#seq, and its new payload "
+                "as JSON in FILE, - for standard input)",
+                param_hint="--edit-message",
+            )
+        if message_id in edited:
+            raise click.BadParameter(
+                f"message {message_id!r} is edited twice", param_hint="--edit-message"
+            )
+        edited[message_id] = _json_file(path, "--edit-message", "the message's payload")
+    added = []
+    for add in adds:
+        channel, sep, path = add.rpartition("=")
+        src, arrow, dst = channel.partition(">")
+        if not sep or not path or not arrow or not src or not dst:
+            raise click.BadParameter(
+                f"{add!r} is not SRC>DST=FILE (the sender, the receiver, and the payload as "
+                "JSON in FILE; quote it in a shell)",
+                param_hint="--add-message",
+            )
+        added.append(
+            NewMessage(src=src, dst=dst, payload=_json_file(path, "--add-message", "the payload"))
+        )
+    edits_made = MessageEdits(drop=list(drops), edit=edited, add=added)
+    return edits_made or None
 
 
 @main.command()
@@ -1720,6 +1762,37 @@ def _edits(edits: tuple[str, ...]) -> dict[str, Any]:
     metavar="AGENT=FILE",
     help="Give AGENT the state in FILE (a JSON object; - for standard input). Repeatable.",
 )
+@click.option(
+    "--drop-message",
+    "drop_messages",
+    multiple=True,
+    metavar="ID",
+    help="Leave out the message in flight with this id (src>dst#seq). Repeatable.",
+)
+@click.option(
+    "--edit-message",
+    "edit_messages",
+    multiple=True,
+    metavar="ID=FILE",
+    help="Give the message in flight ID the payload in FILE (JSON; - for standard input). "
+    "Repeatable.",
+)
+@click.option(
+    "--add-message",
+    "add_messages",
+    multiple=True,
+    metavar="SRC>DST=FILE",
+    help="Put a message from SRC to DST in flight, after those on its channel, with the "
+    "payload in FILE (JSON). Repeatable; quote it in a shell.",
+)
+@click.option(
+    "--tools",
+    type=click.Choice(["dry", "live"]),
+    default="dry",
+    show_default=True,
+    help="dry: a what-if fork, whose side-effecting calls are recorded as dry and return "
+    "the tools' stand-ins, and nothing reaches the world; live: they run for real.",
+)
 @click.option("--name", default=None, help="The new run's name.")
 @_DB
 @click.option(
@@ -1735,6 +1808,10 @@ def fork(  # noqa: PLR0917
     target: str,
     snapshot_id: str | None,
     edits: tuple[str, ...],
+    drop_messages: tuple[str, ...],
+    edit_messages: tuple[str, ...],
+    add_messages: tuple[str, ...],
+    tools: Literal["dry", "live"],
     name: str | None,
     db: str,
     app_spec: str | None,
@@ -1745,7 +1822,12 @@ def fork(  # noqa: PLR0917
     The new run records its parent run and snapshot and gets a copy of the snapshot as its
     snapshot 1, with the states given by --edit in place of the recorded ones (each checked
     against the agent's state schema stored with the run, or with --app against the agent's
-    state class as it is now, and recorded with its version). Nothing runs: continue it from
+    state class as it is now, and recorded with its version), and its messages in flight
+    changed by --drop-message, --edit-message and --add-message (the cut stays consistent:
+    a dropped message's later ones move up, and its sender's count goes down). By default
+    the fork's tools are dry (--tools dry): when it is continued, its side-effecting calls
+    are recorded with their arguments and return the tools' stand-ins, and nothing reaches
+    the world; --tools live makes them run for real. Nothing runs: continue it from
     a program that registers the same agents, with
     `Runtime(store=..., run_id=NEW_RUN).resume()`.
 
@@ -1755,6 +1837,7 @@ def fork(  # noqa: PLR0917
     from agentsnap.inspect import fork_run, resolve_run, resolve_snapshot  # noqa: PLC0415
 
     states = _edits(edits)
+    messages = _message_edits(drop_messages, edit_messages, add_messages)
     models = _state_models(app_spec)
 
     async def go(store: SqlStore) -> RunInfo:
@@ -1767,7 +1850,15 @@ def fork(  # noqa: PLR0917
                     f"snapshot {snapshot.id} belongs to run {snapshot.run_id}, not to {run.id}"
                 )
             chosen = snapshot.id
-        return await fork_run(store, chosen, states=states or None, name=name, models=models)
+        return await fork_run(
+            store,
+            chosen,
+            states=states or None,
+            name=name,
+            models=models,
+            messages=messages,
+            tools=tools,
+        )
 
     try:
         run = _read(db, go)
@@ -1775,9 +1866,15 @@ def fork(  # noqa: PLR0917
         cause = exc.__cause__
         if isinstance(cause, StateInvalid):
             lines = [f"  {p['agent']} at {p['path']}: {p['message']}" for p in cause.problems]
+            of_messages = all(p["path"].startswith("message ") for p in cause.problems)
             raise click.ClickException(
-                "the edited states do not match the agents' state "
-                + ("classes" if models else "schemas")
+                (
+                    "the message edits do not fit the cut (name messages in flight by their "
+                    "id, as `agentsnap show` lists them)"
+                    if of_messages
+                    else "the edited states do not match the agents' state "
+                    + ("classes" if models else "schemas")
+                )
                 + ":\n"
                 + "\n".join(lines)
             ) from cause

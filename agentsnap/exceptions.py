@@ -113,10 +113,14 @@ class InvalidAgentName(ConfigurationError):
 
 
 class StateInvalid(ConfigurationError):
-    """Edited agent states, given to fork a run, are not what the agents' state models accept.
+    """Edits given to fork a run are not valid.
+
+    They are agent states that the agents' state models do not accept, or edits of the
+    messages in flight that do not fit the cut.
 
     Each problem names the agent, the place in its state as a JSONPath-style path (``$`` is
-    the whole state, ``$.memory.notes[0]`` a part of it) and what is wrong there.
+    the whole state, ``$.memory.notes[0]`` a part of it), or ``message ID`` for a message
+    edit (the message's receiver as the agent), and what is wrong there.
 
     Attributes:
         problems: ``{"agent": name, "path": path, "message": text}``, one per problem.
@@ -126,9 +130,25 @@ class StateInvalid(ConfigurationError):
         self.problems = problems
         shown = "; ".join(f"{p['agent']} at {p['path']}: {p['message']}" for p in problems[:5])
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        of_messages = sum(p["path"].startswith("message ") for p in problems)
+        advice = []
+        if of_messages < len(problems):
+            advice.append("fix the state so that it matches the agent's state model")
+        if of_messages:
+            advice.append(
+                "name messages in flight by their id, src>dst#seq, as the cut lists them, "
+                "and add messages only between the cut's agents"
+            )
+        what = (
+            "edited state"
+            if not of_messages
+            else "message edit"
+            if of_messages == len(problems)
+            else "fork's edit"
+        )
         super().__init__(
-            f"the edited state{'s are' if len(problems) > 1 else ' is'} not valid: {shown}{more}; "
-            "fix the state so that it matches the agent's state model"
+            f"the {what}{'s are' if len(problems) > 1 else ' is'} not valid: {shown}{more}; "
+            + "; ".join(advice)
         )
 
 

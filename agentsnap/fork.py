@@ -6,7 +6,8 @@ This is the one way a run is forked. [`fork_run`][agentsnap.inspect.fork_run] (a
 [`Runtime.fork_from`][agentsnap.Runtime.fork_from] records it the same way and resumes it
 at once. Either way the store holds the same run: its parent run and snapshot, and as its
 snapshot 1 the parent's cut under a new id (agent states, counters, messages in flight),
-with the agent states that ``states=`` replaces.
+with the agent states that ``states=`` replaces and the messages in flight that
+``messages=`` edits, drops or adds (see [`MessageEdits`][agentsnap.fork.MessageEdits]).
 
 Example:
     ```python
@@ -30,24 +31,98 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentsnap.exceptions import ConfigurationError, SnapshotDamaged, StateInvalid
 from agentsnap.limits import check_run_id, check_run_labels
-from agentsnap.messages import ENVIRONMENT, type_name
-from agentsnap.records import RunInfo, RunStatus, Snapshot, SnapshotStatus, utcnow
+from agentsnap.messages import ENVIRONMENT, JsonValue, type_name
+from agentsnap.records import (
+    AgentCut,
+    ChannelRecord,
+    RecordedMessage,
+    RunInfo,
+    RunStatus,
+    Snapshot,
+    SnapshotStatus,
+    utcnow,
+)
 from agentsnap.state import StateBlob, canonical_json
 from agentsnap.versions import schema_version, state_schema, state_version
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from agentsnap.messages import JsonInput, JsonValue
+    from agentsnap.messages import JsonInput
     from agentsnap.store import Store
 
-__all__ = ["check_forkable", "check_states", "fork_snapshot", "forked_cut", "validate_states"]
+__all__ = [
+    "TOOLS_KEY",
+    "MessageEdits",
+    "NewMessage",
+    "ToolsMode",
+    "check_forkable",
+    "check_states",
+    "fork_snapshot",
+    "forked_cut",
+    "tools_of",
+    "validate_states",
+]
+
+ToolsMode = Literal["live", "dry"]
+"""How a fork's side-effecting tools behave when it runs: ``"live"``, they run for real
+(under new keys: a fork is another run); ``"dry"``, they do not run, each call is recorded
+in the ledger as ``dry`` with its arguments and returns the tool's declared stand-in
+(``@tool(dry_run=...)``)."""
+
+TOOLS_KEY = "agentsnap.tools"
+"""The key of a run's metadata that says its tools are dry (``"dry"``)."""
+
+
+def tools_of(run: RunInfo) -> ToolsMode:
+    """Whether ``run``'s side-effecting tools are live or dry (a what-if fork)."""
+    return "dry" if run.metadata.get(TOOLS_KEY) == "dry" else "live"
+
+
+class NewMessage(BaseModel):
+    """A message added to a fork's cut, in flight from ``src`` to ``dst``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    src: str
+    """The sender: an agent of the cut, or ``$env`` (the outside world)."""
+    dst: str
+    """The receiver: an agent of the cut."""
+    payload: JsonValue = None
+    """The message's JSON payload."""
+    kind: str = "message"
+    """The message's kind, as a sender would give it."""
+
+
+class MessageEdits(BaseModel):
+    """What a fork changes in the messages its cut holds in flight.
+
+    Messages are named by their id, ``src>dst#seq`` (as `agentsnap show` and the inspector
+    show them). A dropped message is never delivered in the fork: the later messages of its
+    channel move up one place, and the sender's count of messages sent goes down by one, so
+    that the fork's cut stays consistent (what a sender sent is what its receiver got plus
+    what is in flight). An edited message keeps its place with the new payload. An added
+    message goes after those in flight on its channel, as if its sender had sent it last.
+    Every edit is checked before anything is written, and every problem is listed.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    drop: list[str] = Field(default_factory=list)
+    """Ids of messages in flight to leave out."""
+    edit: dict[str, JsonValue] = Field(default_factory=dict)
+    """New payloads, by id of a message in flight."""
+    add: list[NewMessage] = Field(default_factory=list)
+    """Messages to put in flight, each after those already on its channel."""
+
+    def __bool__(self) -> bool:
+        return bool(self.drop or self.edit or self.add)
 
 
 def _where(path: object) -> str:
@@ -172,11 +247,118 @@ def check_forkable(snapshot: Snapshot) -> None:
         )
 
 
+def _problem(message_id: str, agent: str, text: str) -> dict[str, str]:
+    return {"agent": agent, "path": f"message {message_id}", "message": text}
+
+
+def _message_id(src: str, dst: str, seq: int) -> str:
+    return f"{src}>{dst}#{seq}"
+
+
+def edited_channels(
+    snapshot: Snapshot, agents: dict[str, AgentCut], edits: MessageEdits
+) -> tuple[list[ChannelRecord], list[dict[str, str]]]:
+    """The cut's channels with ``edits`` applied, and the problems found (none: applied).
+
+    ``agents`` is updated in place: a sender's count of messages sent follows the messages
+    dropped from and added to its channels.
+    """
+    problems: list[dict[str, str]] = []
+    channels: dict[tuple[str, str], list[RecordedMessage]] = {
+        (c.src, c.dst): list(c.messages) for c in snapshot.channels
+    }
+    known = {m.id: (key, m) for key, messages in channels.items() for m in messages}
+
+    def named(message_id: str, what: str) -> bool:
+        if message_id in known:
+            return True
+        listed = ", ".join(sorted(known)[:10]) or "none"
+        problems.append(
+            _problem(
+                message_id,
+                message_id.partition(">")[2].partition("#")[0] or "?",
+                f"{what} names {message_id!r}, which is not in flight in snapshot "
+                f"{snapshot.id} (in flight: {listed})",
+            )
+        )
+        return False
+
+    for message_id, payload in edits.edit.items():
+        if not named(message_id, "edit"):
+            continue
+        key = known[message_id][0]
+        try:
+            canonical_json(payload)
+        except (TypeError, ValueError) as exc:
+            problems.append(_problem(message_id, key[1], f"the new payload is not JSON: {exc}"))
+            continue
+        channels[key] = [
+            m.model_copy(update={"payload": payload}) if m.id == message_id else m
+            for m in channels[key]
+        ]
+    dropped = [m for m in edits.drop if named(m, "drop")]
+    problems.extend(
+        _problem(message_id, known[message_id][0][1], "it is both dropped and edited")
+        for message_id in dropped
+        if message_id in edits.edit
+    )
+    for n, new in enumerate(edits.add):
+        where = f"add[{n}]"
+        if new.src != ENVIRONMENT and new.src not in agents:
+            problems.append(
+                _problem(where, new.dst, f"its sender {new.src!r} is not an agent of the cut")
+            )
+        if new.dst == ENVIRONMENT or new.dst not in agents:
+            problems.append(
+                _problem(where, new.dst, f"its receiver {new.dst!r} is not an agent of the cut")
+            )
+        if new.src == new.dst:
+            problems.append(_problem(where, new.dst, "an agent sends to itself"))
+        try:
+            canonical_json(new.payload)
+        except (TypeError, ValueError) as exc:
+            problems.append(_problem(where, new.dst, f"its payload is not JSON: {exc}"))
+    if problems:
+        return [], problems
+
+    def counted(src: str, dst: str, change: int) -> None:
+        cut = agents.get(src)
+        if cut is None:  # a cut always holds $env; an agent unknown was refused above
+            return
+        sent = dict(cut.sent)
+        sent[dst] = sent.get(dst, 0) + change
+        agents[src] = cut.model_copy(update={"sent": sent})
+
+    for message_id in dict.fromkeys(dropped):
+        key, _message = known[message_id]
+        channels[key] = [m for m in channels[key] if m.id != message_id]
+        counted(key[0], key[1], -1)
+    for new in edits.add:
+        key = (new.src, new.dst)
+        counted(new.src, new.dst, 1)
+        channels.setdefault(key, []).append(
+            RecordedMessage(id="", seq=0, kind=new.kind, payload=new.payload)
+        )
+    records = []
+    for (src, dst), messages in sorted(channels.items()):
+        if not messages:
+            continue
+        # Numbered again from the receiver's count, so that the channel stays contiguous.
+        start = agents[dst].received.get(src, 0) if dst in agents else 0
+        renumbered = [
+            m.model_copy(update={"seq": start + i, "id": _message_id(src, dst, start + i)})
+            for i, m in enumerate(messages, 1)
+        ]
+        records.append(ChannelRecord(src=src, dst=dst, messages=renumbered))
+    return records, []
+
+
 def forked_cut(
     snapshot: Snapshot,
     run_id: str,
     states: Mapping[str, JsonInput] | None = None,
     versions: Mapping[str, int] | None = None,
+    messages: MessageEdits | None = None,
 ) -> Snapshot:
     """The fork's snapshot 1: a copy of ``snapshot`` for run ``run_id``, under a new id.
 
@@ -188,12 +370,15 @@ def forked_cut(
             runtime that resumes the fork loads them into the agents' state models.
         versions: The version of the state class each new state is of, by agent name (an
             agent not named keeps the version its recorded state was stored with).
+        messages: What to change in the messages in flight (see
+            [`MessageEdits`][agentsnap.fork.MessageEdits]).
 
     Raises:
         SnapshotDamaged: The snapshot is damaged in the store.
         ConfigurationError: The snapshot is not complete.
         StateInvalid: ``states`` names an agent the cut does not hold, or gives a state
-            that is not a JSON object (every problem is listed).
+            that is not a JSON object; or ``messages`` names a message not in flight, or
+            adds one between processes the cut does not hold (every problem is listed).
     """
     check_forkable(snapshot)
     agents = dict(snapshot.agents)
@@ -235,6 +420,10 @@ def forked_cut(
         agents[name] = agents[name].model_copy(
             update={"state_json": blob.json, "state_hash": blob.hash, "state_version": version}
         )
+    channels = snapshot.channels
+    if messages:
+        channels, message_problems = edited_channels(snapshot, agents, messages)
+        problems += message_problems
     if problems:
         raise StateInvalid(problems)
     now = utcnow()
@@ -246,6 +435,7 @@ def forked_cut(
             "started_at": now,
             "completed_at": now,
             "agents": agents,
+            "channels": channels,
         },
         deep=True,
     )
@@ -262,6 +452,8 @@ async def fork_snapshot(
     states: Mapping[str, JsonInput] | None = None,
     recorded: bool = False,
     models: Mapping[str, type[BaseModel]] | None = None,
+    messages: MessageEdits | None = None,
+    tools: ToolsMode = "live",
 ) -> RunInfo:
     """Record a run forked from ``snapshot``: its parent, and a copy of the cut as snapshot 1.
 
@@ -288,6 +480,12 @@ async def fork_snapshot(
             ``metadata``, ``name`` and ``tags`` are not used.
         models: The current state classes, by agent name (an app's, or a runtime's agents'
             ``state_type``); their schemas are recorded with the fork.
+        messages: Messages in flight to drop, edit or add in the fork's snapshot 1 (see
+            [`MessageEdits`][agentsnap.fork.MessageEdits]).
+        tools: ``"dry"`` for a what-if fork whose side-effecting tools do not run (see
+            [`ToolsMode`][agentsnap.fork.ToolsMode]); recorded in the run's metadata under
+            [`TOOLS_KEY`][agentsnap.fork.TOOLS_KEY], where the runtime that resumes the fork
+            finds it.
 
     Returns:
         The new run, as the store holds it.
@@ -297,18 +495,30 @@ async def fork_snapshot(
         ConfigurationError: The snapshot is not complete; ``run_id`` is taken or longer than
             64 characters; or ``name`` or ``tags`` cannot be stored.
         StateInvalid: An edited state is not valid (not an object, not an agent of the cut,
-            or against its schema); every problem is listed.
+            or against its schema), or a message edit is not (a message not in flight, a
+            payload not JSON, an added message between processes the cut does not hold);
+            every problem is listed.
     """
     if run_id is not None:
         check_run_id(run_id)
     elif recorded:
         raise ConfigurationError("fork_snapshot(recorded=True) needs the run_id of the run")
     checked_name, checked_tags = check_run_labels(name, tags)
+    if tools not in ("live", "dry"):
+        raise ConfigurationError(f'tools= is "live" or "dry", got {tools!r}')
+    if tools == "dry" and recorded:
+        raise ConfigurationError(
+            "a fork into a run already started cannot make its tools dry: fork with "
+            'fork_run(..., tools="dry") and resume the new run'
+        )
+    metadata = dict(metadata or {})
+    if tools == "dry":
+        metadata[TOOLS_KEY] = "dry"
     run = RunInfo(
         id=run_id or uuid.uuid4().hex,
         parent_run_id=snapshot.run_id,
         parent_snapshot_id=snapshot.id,
-        metadata=dict(metadata or {}),
+        metadata=metadata,
         name=checked_name,
         tags=checked_tags,
         status=RunStatus.CREATED,
@@ -324,7 +534,7 @@ async def fork_snapshot(
             stored = schema_version(schemas.get(agent))
             if stored is not None:
                 versions[agent] = stored
-    first = forked_cut(snapshot, run.id, states, versions)
+    first = forked_cut(snapshot, run.id, states, versions, messages)
     if states:
         problems = check_states({a: s for a, s in states.items() if a not in models}, schemas)
         problems += validate_states({a: s for a, s in states.items() if a in models}, models)

@@ -35,7 +35,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StateNotReadable
-from agentsnap.fork import fork_snapshot
+from agentsnap.fork import MessageEdits, ToolsMode, fork_snapshot
 from agentsnap.journal import JournalReader, read_journal
 from agentsnap.ledger import ToolCallStatus, is_orphaned
 from agentsnap.limits import check_run_id
@@ -1117,6 +1117,8 @@ async def fork_run(
     states: Mapping[str, JsonInput] | None = None,
     name: str | None = None,
     models: Mapping[str, type[BaseModel]] | None = None,
+    messages: MessageEdits | None = None,
+    tools: ToolsMode = "live",
 ) -> RunInfo:
     """Add a run that starts from a complete snapshot (id or unique prefix) of another run.
 
@@ -1138,6 +1140,12 @@ async def fork_run(
         models: The current state classes, by agent name: an edited state of an agent they
             name is validated against its class and recorded with its version (see
             [`fork_snapshot`][agentsnap.fork.fork_snapshot]).
+        messages: Messages in flight to drop, edit or add in the new run's snapshot 1 (see
+            [`MessageEdits`][agentsnap.fork.MessageEdits]).
+        tools: ``"live"`` (the default): the fork's side-effecting tools run for real when
+            it is continued, under new keys; ``"dry"``: a what-if fork, whose calls are
+            recorded as ``dry`` with their arguments and return the tools' stand-ins (see
+            [`ToolsMode`][agentsnap.fork.ToolsMode]).
 
     Returns:
         The new run.
@@ -1153,7 +1161,15 @@ async def fork_run(
         check_run_id(run_id)
     snapshot = await resolve_snapshot(store, snapshot_prefix)
     run = await fork_snapshot(
-        store, snapshot, run_id=run_id, metadata=metadata, states=states, name=name, models=models
+        store,
+        snapshot,
+        run_id=run_id,
+        metadata=metadata,
+        states=states,
+        name=name,
+        models=models,
+        messages=messages,
+        tools=tools,
     )
     opened = ledger_for(store, create=False)
     if opened is not None:

@@ -112,6 +112,9 @@ class ToolCallStatus(enum.StrEnum):
     """Abandoned, and the compensating action returned; ``compensation`` holds its result."""
     COMPENSATION_FAILED = "compensation_failed"
     """Abandoned, and the compensating action raised; ``compensation`` holds the error."""
+    DRY = "dry"
+    """A call of a run whose tools are dry (a what-if fork): recorded with its arguments,
+    the tool did not run; ``result`` holds the stand-in the call returned."""
 
 
 @dataclass(frozen=True, slots=True)

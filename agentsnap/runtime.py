@@ -53,7 +53,7 @@ from agentsnap.exceptions import (
     NotFoundError,
     UnknownAgentError,
 )
-from agentsnap.fork import check_forkable, fork_snapshot
+from agentsnap.fork import check_forkable, fork_snapshot, tools_of
 from agentsnap.handles import SnapshotHandle
 from agentsnap.journal import Journal
 from agentsnap.ledger import Ledger, mark_orphaned
@@ -742,6 +742,8 @@ class Runtime:
             raise finished_error(run)
         if run.status is not RunStatus.RUNNING:  # it runs again, until it is closed
             await self.store.finish_run(self.run_id, RunStatus.RUNNING, None)
+        if tools_of(run) == "dry":
+            self._team.make_dry()
         await mark_orphaned(self.ledger, self.store, self.run_id)
         await self.start()
         recovery.raise_if_stopped()

@@ -64,10 +64,11 @@ from agentsnap.exceptions import (
     ToolArgumentsInvalid,
     ToolFailed,
 )
-from agentsnap.ledger import LedgerEntry, call_key, check_key, fingerprint
+from agentsnap.ledger import LedgerEntry, ToolCallStatus, call_key, check_key, fingerprint
 from agentsnap.limits import MAX_TOOL_NAME, check_text
 from agentsnap.models import ChatMessage, ModelResponse, ToolSpec
 from agentsnap.once import Diverged, Outcome, compensate, run_once
+from agentsnap.records import utcnow
 from agentsnap.redaction import unredact
 from agentsnap.requests import Approval, ApprovalPolicy, approval_of
 from agentsnap.state import ToolCallRecord, canonical_json
@@ -91,6 +92,11 @@ path did, with other arguments: ``"recorded"`` (the effect that happened stands,
 recorded outcome is returned), ``"new"`` (the new call is a new effect and runs), or
 ``"compensate"`` (the tool's ``compensate`` action undoes the effect that happened, then
 the new call runs)."""
+
+DryRun = Any
+"""What a side-effecting call returns in a run whose tools are dry (a what-if fork, see
+[`fork_run`][agentsnap.inspect.fork_run]): a JSON value, or a function of the call's
+arguments (as JSON) returning one. ``None`` by default."""
 
 OnDivergence = Literal["raise", "recorded"]
 """What a re-execution on the same timeline (after a crash and ``resume()``) does when it
@@ -190,6 +196,7 @@ class Tool(Generic[R]):
         on_divergence: What a re-execution after a crash does with other arguments.
         description: What the tool does, for a model (default: the function's docstring).
         approval: When a call waits for a person's approval, or ``None``.
+        dry_run: What a call returns in a run whose tools are dry, instead of running.
     """
 
     def __init__(  # noqa: PLR0917
@@ -208,6 +215,7 @@ class Tool(Generic[R]):
         on_divergence: OnDivergence = "raise",
         description: str | None = None,
         approval: ApprovalPolicy = False,
+        dry_run: DryRun = None,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(f"@tool decorates a function, got {type(fn).__name__}")
@@ -282,6 +290,12 @@ class Tool(Generic[R]):
                 "waits for approval before it is claimed in the ledger, so only "
                 "side-effecting calls can need one"
             )
+        if dry_run is not None and not side_effect:
+            raise ConfigurationError(
+                f"tool {self.name!r} declares dry_run= but not side_effect=True; only "
+                "side-effecting calls are held back in a run whose tools are dry"
+            )
+        self.dry_run: DryRun = dry_run
         self.on_redo: OnRedo = on_redo
         self.on_divergence: OnDivergence = on_divergence
         self.description = (
@@ -455,6 +469,14 @@ class Tool(Generic[R]):
         )
         try:
             with traced:
+                if ledger is not None and ctx.dry_tools:
+                    assert key is not None
+                    outcome = await self._dry(ledger, info, recorded, printed, timeline)
+                    record.status = "dry"
+                    record.attempts = 0
+                    record.replayed = outcome.replayed
+                    record.result = _summary(outcome.result)
+                    return typing.cast("R", outcome.value)
                 if ledger is not None and message is not None:
                     approval = self._approval(ctx, args_json)
                     if approval is not None:
@@ -538,6 +560,64 @@ class Tool(Generic[R]):
         check_key(key)
         outcome = await self._once(ledger, info, values, args_json, printed)
         return typing.cast("R", outcome.value)
+
+    async def _dry(
+        self,
+        ledger: Ledger,
+        info: ToolCall,
+        arguments: dict[str, JsonValue],
+        printed: str,
+        timeline: int | None,
+    ) -> Outcome:
+        """Record the call as one that would have run, and return the tool's stand-in.
+
+        The entry takes the call's key, so that a re-executed call (after a crash, in the
+        same run) gets the stand-in it got before.
+        """
+        assert info.key is not None
+        stand_in = self.dry_run(dict(arguments)) if callable(self.dry_run) else self.dry_run
+        try:
+            canonical_json(stand_in)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"the dry_run= stand-in of tool {self.name!r} is not JSON ({exc}); give a "
+                "JSON value, or a function of the arguments returning one"
+            ) from exc
+        now = utcnow()
+        entry = LedgerEntry(
+            key=info.key,
+            tool=self.name,
+            fingerprint=printed,
+            arguments=arguments,
+            status=ToolCallStatus.DRY,
+            created_at=now,
+            updated_at=now,
+            run_id=info.run_id,
+            agent=info.agent,
+            message_id=info.message_id,
+            attempts=0,
+            result=stand_in,
+            timeline=timeline,
+        )
+        found = await ledger.claim(entry)
+        if found is None:
+            return Outcome(self._loaded(stand_in), stand_in, 0)
+        if found.status is not ToolCallStatus.DRY:
+            raise ConfigurationError(
+                f"tool {self.name!r} is dry in this run, but its key {info.key!r} already "
+                f"holds a {found.status.value} call: a run's tools are dry from its start or "
+                "not at all"
+            )
+        return Outcome(self._loaded(found.result), found.result, 0, replayed=True)
+
+    def _loaded(self, result: JsonValue) -> Any:
+        """``result`` as the tool's declared return type gives it (as is without one)."""
+        if self._load is None or result is None:
+            return result
+        try:
+            return self._load(result)
+        except ValueError:
+            return result
 
     def _approval(self, ctx: Context[Any], arguments: dict[str, JsonValue]) -> Approval | None:
         """How this call asks for approval, if the tool or the runtime's policy wants one."""
@@ -1082,6 +1162,7 @@ def tool(
     on_divergence: OnDivergence = "raise",
     description: str | None = None,
     approval: ApprovalPolicy = False,
+    dry_run: DryRun = None,
 ) -> _Decorator: ...
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -1100,6 +1181,7 @@ def tool(
     on_divergence: OnDivergence = "raise",
     description: str | None = None,
     approval: ApprovalPolicy = False,
+    dry_run: DryRun = None,
 ) -> Any:
     """Make a function (sync or async) a tool agents call from their handlers.
 
@@ -1148,6 +1230,11 @@ def tool(
             the agent sees; nothing is claimed. Each call asks on its own, so each answer
             binds to one call (see [Ask a person before acting](../how-to/ask-a-person.md)).
             Only for side-effecting tools.
+        dry_run: What a call returns in a run whose tools are dry (a what-if fork made
+            with ``tools="dry"``), where the tool does not run and the call is recorded in
+            the ledger as ``dry`` with its arguments: a JSON value, or a function of the
+            arguments (as JSON) returning one (default ``None``). Only for side-effecting
+            tools.
 
     Returns:
         A [`Tool`][agentsnap.Tool] (or a decorator making one, when called with options).
@@ -1171,6 +1258,7 @@ def tool(
         "on_divergence": on_divergence,
         "description": description,
         "approval": approval,
+        "dry_run": dry_run,
     }
     if fn is not None:
         return Tool(fn, **options)

@@ -160,3 +160,62 @@ async def test_fork_run_refuses_an_incomplete_snapshot_and_a_taken_id() -> None:
     (copy,) = await store.list_snapshots(run.id)
     assert (copy.seq, copy.run_id, copy.status) == (1, run.id, SnapshotStatus.COMPLETE)
     assert len(await store.list_snapshots("a" * 32)) == 2
+
+
+def test_fork_with_messages_in_flight_edited_dropped_and_added(db: str, tmp_path: Path) -> None:
+    async def original() -> Snapshot:
+        store = SqlStore(db)
+        try:
+            return (await run_demo(store, demo_model(delay=0.01))).snapshots[1]
+        finally:
+            await store.close()
+
+    researched = asyncio.run(original())
+    (channel,) = [c for c in researched.channels if c.dst == "writer"]
+    (notes, *_rest) = channel.messages
+    payload = tmp_path / "notes.json"
+    payload.write_text(json.dumps({"notes": ["edited in the CLI"]}))
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps("one more"))
+    forked = CliRunner().invoke(
+        main,
+        [
+            "fork",
+            researched.id,
+            "--edit-message",
+            f"{notes.id}={payload}",
+            "--add-message",
+            f"researcher>writer={extra}",
+            "--db",
+            db,
+        ],
+    )
+    assert forked.exit_code == 0, forked.output
+
+    async def first_cut(run_id: str) -> Snapshot:
+        store = SqlStore(db, create=False)
+        try:
+            (first,) = await store.list_snapshots(run_id)
+            return first
+        finally:
+            await store.close()
+
+    first = asyncio.run(first_cut(forked.output.strip()))
+    (copied,) = [c for c in first.channels if c.dst == "writer"]
+    assert copied.messages[0].payload == {"notes": ["edited in the CLI"]}
+    assert copied.messages[-1].payload == "one more"
+    assert len(copied.messages) == len(channel.messages) + 1
+
+    # A message not in flight: exit 1, the problem named, no run added.
+    refused = CliRunner().invoke(
+        main, ["fork", researched.id, "--drop-message", "writer>critic#99", "--db", db]
+    )
+    assert refused.exit_code == 1
+    assert "the message edits do not fit the cut" in refused.output
+    assert "writer>critic#99" in refused.output
+    # Not SRC>DST=FILE: a usage error.
+    usage = CliRunner().invoke(
+        main, ["fork", researched.id, "--add-message", f"writer={extra}", "--db", db]
+    )
+    assert usage.exit_code == 2
+    assert "is not SRC>DST=FILE" in usage.output

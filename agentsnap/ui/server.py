@@ -55,6 +55,7 @@ from agentsnap.exceptions import (
     SnapshotDamaged,
     StateInvalid,
 )
+from agentsnap.fork import MessageEdits, ToolsMode
 from agentsnap.inspect import (
     answer,
     bisect_run,
@@ -69,6 +70,7 @@ from agentsnap.inspect import (
 from agentsnap.ledger import ToolCallStatus
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import SnapshotStatus
+from agentsnap.ui._live import LiveTokens
 from agentsnap.ui.conditions import Condition
 from agentsnap.ui.queries import RunIndex, build_index, micros, model_calls_view
 
@@ -245,6 +247,15 @@ class ForkRequest(BaseModel):
         default_factory=dict, description="New states of some agents, by agent name."
     )
     name: str | None = Field(default=None, description="The new run's name.")
+    messages: MessageEdits = Field(
+        default_factory=MessageEdits,
+        description="Messages in flight to drop (by id), edit (new payloads by id) or add.",
+    )
+    tools: ToolsMode = Field(
+        default="dry",
+        description="dry: a what-if fork whose side-effecting calls are recorded and return "
+        "the tools' stand-ins; live: they run for real when the fork is continued.",
+    )
 
 
 class AnswerRequest(BaseModel):
@@ -300,6 +311,7 @@ def create_app(
     """
     models = dict(models or {})
     indexes = _Indexes(store)
+    tokens = LiveTokens(store, ledger)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -398,6 +410,17 @@ def create_app(
             for r in page
         ]
         return {"runs": rows, "total": len(runs)}
+
+    @app.get("/api/live", summary="Tokens that change when the runs, or one run, change")
+    async def live(
+        run: Annotated[str | None, Query(description="Also this run's token.")] = None,
+    ) -> dict[str, Any]:
+        found = None if run is None else await resolve_run(store, run)
+        return {
+            "runs": await tokens.runs(),
+            "run": None if found is None else await tokens.run(found),
+            "running": None if found is None else found.status.value == "running",
+        }
 
     @app.get("/api/runs/{run}", summary="One run, with its span, agents, forks and schemas")
     async def get_run(run: str) -> dict[str, Any]:
@@ -760,7 +783,13 @@ def create_app(
         found = await resolve_run(store, run)
         snapshot = await in_run(found, request.snapshot)
         made = await fork_run(
-            store, snapshot.id, states=request.states or None, name=request.name, models=models
+            store,
+            snapshot.id,
+            states=request.states or None,
+            name=request.name,
+            models=models,
+            messages=request.messages or None,
+            tools=request.tools,
         )
         return {"run": _run(made, *await counts(made))}
 

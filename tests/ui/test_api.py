@@ -560,3 +560,86 @@ async def test_a_run_without_a_journal_has_snapshots_and_no_messages(store: Stor
         for snapshot in snapshots:
             for place in snapshot["recorded"].values():
                 assert place == {"at_us": snapshot["started_at_us"], "lc": 0}
+
+
+async def test_live_tokens_move_on_when_a_run_changes_and_only_then(runs: Runs) -> None:
+    app = create_app(runs.store, ledger=runs.ledger)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://inspector") as client:
+        async with Runtime(store=runs.store, name="followed", journal=True) as runtime:
+            runtime.add(Shipper("shipper"))
+            first = await get(client, "/api/live", run=runtime.run_id)
+            assert first["running"] is True
+            again = await get(client, "/api/live", run=runtime.run_id)
+            assert again == first, "nothing changed: the same tokens"
+            runtime.send("shipper", "p3")
+            await runtime.run_until_idle()
+            await runtime.snapshot()
+            moved = await get(client, "/api/live", run=runtime.run_id)
+            assert moved["run"] != first["run"], "a message, a tool call and a snapshot"
+            assert moved["runs"] != first["runs"], "the list counts the run's snapshots"
+            other = await get(client, "/api/live", run=runs.demo)
+            assert other["running"] is False
+        ended = await get(client, "/api/live", run=runtime.run_id)
+        assert ended["run"] != moved["run"]
+        assert ended["runs"] != moved["runs"]
+        assert ended["running"] is False
+        assert (await get(client, "/api/live"))["run"] is None
+        await get(client, "/api/live", expect=404, run="no-such-run")
+
+
+class Relay(Agent[AgentState]):
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        ctx.send("sink", message.payload)
+
+
+class Sink(Agent[AgentState]):
+    async def handle(self, message: Message, ctx: Context[AgentState]) -> None:
+        ctx.state.memory[str(len(ctx.state.memory))] = message.payload
+
+
+async def test_a_fork_with_messages_in_flight_dropped_edited_and_added(
+    forking: httpx.AsyncClient, runs: Runs
+) -> None:
+    async with Runtime(store=runs.store, name="relay") as runtime:
+        runtime.add(Relay("relay"))
+        runtime.add(Sink("sink"))
+        for n in range(4):
+            runtime.send("relay", n)
+        handle = runtime.snapshot()
+        await runtime.run_until_idle()
+        cut = await handle
+    detail = await get(forking, f"/api/runs/{runtime.run_id}/snapshots/{cut.id}")
+    (channel,) = detail["channels"]
+    flying = [m["id"] for m in channel["in_flight"]]
+    assert len(flying) >= 2
+    response = await forking.post(
+        f"/api/runs/{runtime.run_id}/fork",
+        json={
+            "snapshot": cut.id,
+            "messages": {
+                "drop": [flying[0]],
+                "edit": {flying[-1]: "edited"},
+                "add": [{"src": "relay", "dst": "sink", "payload": "added"}],
+            },
+        },
+    )
+    assert response.status_code == 201, response.text
+    run = response.json()["run"]
+    (first,) = (await get(forking, f"/api/runs/{run['id']}/snapshots"))["snapshots"]
+    copy = await get(forking, f"/api/runs/{run['id']}/snapshots/{first['id']}")
+    (forked,) = copy["channels"]
+    payloads = [m["payload"] for m in forked["in_flight"]]
+    assert payloads[-2:] == ["edited", "added"]
+    assert len(payloads) == len(flying) + 1 - 1
+    # A message not in flight: 422 with the problem, and nothing written.
+    total = (await get(forking, "/api/runs"))["total"]
+    response = await forking.post(
+        f"/api/runs/{runtime.run_id}/fork",
+        json={"snapshot": cut.id, "messages": {"drop": ["relay>sink#999"]}},
+    )
+    assert response.status_code == 422, response.text
+    (problem,) = response.json()["problems"]
+    assert problem["path"] == "message relay>sink#999"
+    assert "not in flight" in problem["message"]
+    assert (await get(forking, "/api/runs"))["total"] == total

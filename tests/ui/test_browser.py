@@ -255,10 +255,12 @@ def test_a_fork_with_a_valid_edited_state(
     assert created.inner_text() == "edited fork"
     assert f"S{chosen['seq']}" in page.locator(".fork-result").inner_text()
     created.click()
-    page.wait_for_selector("#view[data-loaded='true'] .run-header")
+    # The fork page's header also matches until the new run's page replaces it: wait for the
+    # new run's own header, which names its parent.
+    page.wait_for_function(f"() => (location.hash.split('/')[2] || '') !== '{runs.counters}'")
+    page.wait_for_selector("#view[data-loaded='true'] .run-header .lineage:has-text('forked from')")
     fork_id = page.evaluate("() => location.hash.split('/')[2]")
     assert fork_id != runs.counters
-    assert "forked from" in page.locator(".run-header .lineage").inner_text()
     fork = api(served, page, f"/api/runs/{fork_id}")
     assert fork["parent_run_id"] == runs.counters
     assert fork["parent_snapshot_id"] == chosen["id"]
@@ -473,4 +475,68 @@ def test_a_cut_and_an_agent_show_their_model_calls(
     assert page.locator("table.model-calls tbody tr").count() == len(shown) > 0
     discarded = sum(c["discarded"] for c in shown)
     assert page.locator("table.model-calls tr.discarded").count() == discarded
+    assert not problems
+
+
+def test_a_diff_from_the_cut_page_is_older_against_newer_and_shows_empty_strings(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    snapshots = api(served, page, f"/api/runs/{runs.counters}/snapshots")["snapshots"]
+    complete = [s for s in snapshots if s["status"] == "complete"]
+    first, last = complete[0], complete[-1]
+    state = api(served, page, f"/api/runs/{runs.counters}/snapshots/{first['id']}")
+    assert state["agents"]["alpha"]["state"]["label"] == "", "the first cut is before any work"
+    # From the first cut's page, compare with the last: the diff is first -> last.
+    open_view(page, served, f"/runs/{runs.counters}/snapshots/{first['id']}")
+    page.select_option("select[aria-label='Compare with']", last["id"])
+    page.click("button:has-text('Diff with this cut')")
+    page.wait_for_function("() => location.hash.includes('/diff?')")
+    page.wait_for_selector("#view[data-loaded='true'] .agent-diff")
+    assert f"a={first['id']}&b={last['id']}" in page.evaluate("() => location.hash")
+    label = page.locator(".agent-diff[data-agent='alpha'] table.changes tr", has_text="label")
+    assert label.locator("td").nth(2).inner_text() == '""'
+    # Long values wrap inside the page: nothing makes it scroll sideways.
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+    assert not problems
+
+
+def test_a_fork_with_a_message_in_flight_dropped_and_one_added(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    snapshots = api(served, page, f"/api/runs/{runs.demo}/snapshots")["snapshots"]
+    chosen = next(s for s in snapshots if s["status"] == "complete" and s["in_flight"])
+    cut = api(served, page, f"/api/runs/{runs.demo}/snapshots/{chosen['id']}")
+    flying = [m for c in cut["channels"] for m in c["in_flight"]]
+    dropped = flying[0]
+    open_view(page, served, f"/runs/{runs.demo}/fork/{cut['id']}")
+    section = page.locator(".fork-messages")
+    assert f"Messages in flight ({len(flying)})" in section.locator("h3").inner_text()
+    page.check(f"input.drop-message[data-message='{dropped['id']}']")
+    assert section.locator(
+        f".fork-message[data-message='{dropped['id']}'] .badge"
+    ).inner_text() == ("dropped")
+    page.select_option("select[aria-label='New message from']", "$env")
+    page.select_option("select[aria-label='New message to']", dropped["dst"])
+    page.fill("textarea[aria-label='New message payload']", "not json")
+    page.click("button.add-message")
+    submit = page.locator("form.fork-form button[type=submit]")
+    assert submit.is_disabled(), "an added payload that is not JSON"
+    page.locator(".fork-message.added textarea").fill('{"added": "in the page"}')
+    assert submit.is_enabled()
+    page.fill("input[name=name]", "fork with edited messages")
+    submit.click()
+    created = page.locator("a.fork-link")
+    created.wait_for()
+    fork_id = (created.get_attribute("href") or "").split("/")[2]
+    # What-if by default: the fork's tools are dry, and the page says how to go on.
+    assert "Its tools are dry" in page.locator(".fork-next").inner_text()
+    assert f'run_id="{fork_id}"' in page.locator(".fork-next code").inner_text()
+    assert api(served, page, f"/api/runs/{fork_id}")["metadata"] == {"agentsnap.tools": "dry"}
+    (first,) = api(served, page, f"/api/runs/{fork_id}/snapshots")["snapshots"]
+    copy = api(served, page, f"/api/runs/{fork_id}/snapshots/{first['id']}")
+    forked = [m for c in copy["channels"] for m in c["in_flight"]]
+    expected = [m["payload"] for m in flying[1:]] + [{"added": "in the page"}]
+    assert sorted(json.dumps(m["payload"]) for m in forked) == sorted(map(json.dumps, expected))
+    (added,) = [m for m in forked if m["src"] == "$env"]
+    assert added["dst"] == dropped["dst"]
     assert not problems

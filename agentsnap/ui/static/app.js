@@ -75,6 +75,11 @@ function fmtSpan(us) {
   return `${Math.round(us)} µs`;
 }
 
+// A value as JSON, so that a string shows its quotes: "" is seen, not an empty cell.
+function excerptJson(value, limit = 160) {
+  return excerpt(JSON.stringify(value) ?? "undefined", limit);
+}
+
 function excerpt(value, limit = 160) {
   let text;
   try {
@@ -757,8 +762,36 @@ class SpaceTime {
     return { from, to, size };
   }
 
+  /**
+   * Take a newer picture of the run (a live page redrawn): its extent, agents and cuts. A
+   * view that showed the run's end keeps following it; one the user moved away stays put.
+   */
+  update(run, snapshots) {
+    if (run === this.run) return;
+    const [oldStart, oldEnd] = this.extent();
+    const margin = (oldEnd - oldStart) * 0.02;
+    const whole = this.view.from <= oldStart && this.view.to >= oldEnd;
+    const following = this.view.to >= oldEnd - margin;
+    this.run = run;
+    this.snapshots = snapshots || [];
+    this.ensureAgents(run.agents || []);
+    if (this.source.cache) this.source.cache.clear();
+    this.stale = true;
+    if (whole) {
+      this.reset(true);
+      return;
+    }
+    if (following) {
+      const [, end] = this.extent();
+      const shift = end - oldEnd;
+      this.view = { from: this.view.from + shift, to: this.view.to + shift };
+    }
+    this.changed(true);
+  }
+
   needsFetch() {
     const data = this.data;
+    if (this.stale) return true;
     if (!data || data.axis !== this.axis) return true;
     const covers = data.from <= this.view.from && data.to >= this.view.to;
     if (!covers) return true;
@@ -801,6 +834,7 @@ class SpaceTime {
   accept(data) {
     if (data.axis !== this.axis) return;
     this.data = data;
+    this.stale = false;
     this.info.classList.remove("error");
     const names = new Set();
     this.activity = new Map();
@@ -1293,6 +1327,9 @@ class SpaceTime {
       const [x, y] = local(event);
       const found = this.find(x, y);
       if (!found) return;
+      // The click takes the page elsewhere: the tip about what was under the pointer goes.
+      this.tip.hidden = true;
+      this.hover = null;
       if (found.kind === "cut") {
         this.selectedCut = found.item.id;
         this.invalidate();
@@ -1357,13 +1394,20 @@ async function route() {
   const main = view();
   main.dataset.loaded = "false";
   setStatus("");
+  // Taken before the data it stands for: a change in between only costs one more redraw.
+  const token = liveToken(parts, controller.signal);
   try {
     if (parts[0] !== "runs" || parts.length === 1) {
       await runsView(main, params, controller.signal);
     } else {
       await runView(main, parts.slice(1), params, controller.signal);
     }
-    if (!controller.signal.aborted) main.dataset.loaded = "true";
+    if (!controller.signal.aborted) {
+      live.drawn = await token;
+      live.stale = false;
+      showLive();
+      main.dataset.loaded = "true";
+    }
   } catch (error) {
     if (error && error.name === "AbortError") return;
     clear(main).appendChild(errorBox(error));
@@ -1562,7 +1606,10 @@ async function runView(main, parts, params, signal) {
 }
 
 function timelineFor(run) {
-  if (state.timeline && state.timelineRun === run.detail.id) return state.timeline;
+  if (state.timeline && state.timelineRun === run.detail.id) {
+    state.timeline.update(run.detail, run.snapshots);
+    return state.timeline;
+  }
   const id = enc(run.detail.id);
   const timeline = new SpaceTime({
     run: run.detail,
@@ -1693,7 +1740,12 @@ async function cutPanel(panel, run, sid, signal) {
           el("button", {
             type: "button",
             text: "Diff with this cut",
-            onclick: () => (location.hash = `#/runs/${id}/diff${query({ a: pick.value, b: snap.id })}`),
+            onclick: () => {
+              // Older against newer, whichever of the two was picked first.
+              const other = run.snapshots.find((s) => s.id === pick.value);
+              const [a, b] = other && other.seq > snap.seq ? [snap.id, other.id] : [pick.value, snap.id];
+              location.hash = `#/runs/${id}/diff${query({ a, b })}`;
+            },
           }),
         ]
       : null,
@@ -1822,7 +1874,7 @@ async function toolsPanel(panel, run, params, signal) {
     el(
       "select",
       { name: "status", "aria-label": "Status" },
-      ["", "succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
+      ["", "succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating", "compensated", "compensation_failed", "dry"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
     ),
     el("button", { type: "submit", text: "Filter" }),
   );
@@ -2192,7 +2244,7 @@ function changeList(diff) {
       "tbody",
       null,
       rows.map(([change, where, before, after]) =>
-        el("tr", { class: change }, el("td", { text: change }), el("td", { class: "mono", text: where }), el("td", { class: "mono", text: before === undefined ? "" : excerpt(before, 200) }), el("td", { class: "mono", text: after === undefined ? "" : excerpt(after, 200) })),
+        el("tr", { class: change }, el("td", { text: change }), el("td", { class: "mono", text: where }), el("td", { class: "mono", text: before === undefined ? "" : excerptJson(before, 200) }), el("td", { class: "mono", text: after === undefined ? "" : excerptJson(after, 200) })),
       ),
     ),
   );
@@ -2273,10 +2325,18 @@ async function forkPanel(panel, run, sid, signal) {
   const submit = el("button", { type: "submit", class: "primary", text: "Create fork" });
   const result = el("div", { class: "fork-result", role: "status" });
   const nameInput = el("input", { name: "name", placeholder: "name of the fork (optional)", "aria-label": "Fork name" });
+  const toolsSelect = el(
+    "select",
+    { name: "tools", "aria-label": "Tools when the fork runs" },
+    el("option", { value: "dry", text: "dry: record side effects, run none (what-if)", selected: true }),
+    el("option", { value: "live", text: "live: side effects run for real" }),
+  );
 
+  let messages = null;
   const check = () => {
     let ok = true;
     for (const editor of editors.values()) ok = editor.validate() && ok;
+    if (messages) ok = messages.validate() && ok;
     submit.disabled = !ok;
     return ok;
   };
@@ -2329,6 +2389,8 @@ async function forkPanel(panel, run, sid, signal) {
     return el("div", { class: "fork-agent", dataset: { agent: name } }, el("h3", null, el("span", { text: name }), " ", badge, schemas[name] ? null : el("span", { class: "muted", text: " (no stored schema: checked by the server)" })), area, problems);
   });
 
+  messages = forkMessages(snap, () => check());
+
   const form = el(
     "form",
     {
@@ -2341,12 +2403,22 @@ async function forkPanel(panel, run, sid, signal) {
         submit.disabled = true;
         clear(result);
         try {
-          const body = await api(`${runPath(run.detail.id)}/fork`, { method: "POST", body: { snapshot: snap.id, states, name: nameInput.value || null } });
+          const body = await api(`${runPath(run.detail.id)}/fork`, { method: "POST", body: { snapshot: snap.id, states, name: nameInput.value || null, messages: messages.edits(), tools: toolsSelect.value } });
           const fork = body.run;
           state.run = null;
           put(result, 
             el("p", { class: "ok-box" }, "Created run ", link(`#/runs/${enc(fork.id)}`, fork.name || shortId(fork.id), "fork-link"), ` from S${snap.seq} of run `, link(`#/runs/${enc(run.detail.id)}`, run.detail.name || shortId(run.detail.id)), "."),
             el("p", { class: "lineage", text: `lineage: ${shortId(fork.parent_run_id)} @ S${snap.seq} → ${shortId(fork.id)}` }),
+            el(
+              "p",
+              { class: "fork-next muted" },
+              toolsSelect.value === "dry"
+                ? "Its tools are dry: when it runs, side-effecting calls are recorded with their arguments and return the tools' stand-ins; nothing reaches the world. "
+                : "Its tools are live: when it runs, side-effecting calls run for real, under new keys (a fork is another run). ",
+              "Nothing runs yet: continue it from a program that registers the same agents, with ",
+              el("code", { text: `Runtime(store=..., run_id="${fork.id}").resume()` }),
+              ".",
+            ),
           );
         } catch (error) {
           if (error.status === 403) {
@@ -2354,8 +2426,9 @@ async function forkPanel(panel, run, sid, signal) {
           } else if (error.status === 422) {
             put(result, el("p", { class: "error-box", text: error.message }));
             for (const p of error.body.problems || []) {
-              const editor = editors.get(p.agent);
+              const editor = String(p.path || "").startsWith("message ") ? null : editors.get(p.agent);
               if (editor) editor.serverProblems([p]);
+              else if (String(p.path || "").startsWith("message ")) messages.serverProblem(p);
               else put(result, el("p", { class: "error-box", text: `${p.agent ?? ""} ${p.path ?? ""} ${p.message}` }));
             }
           } else {
@@ -2368,11 +2441,116 @@ async function forkPanel(panel, run, sid, signal) {
     },
     el("p", { class: "muted", text: "Edit the states to start the fork from (JSON; checked against each agent's schema as you type). Unchanged agents keep their recorded state." }),
     blocks,
-    el("div", { class: "actions" }, nameInput, submit),
+    messages.root,
+    el("div", { class: "actions" }, nameInput, toolsSelect, submit),
     result,
   );
   put(clear(panel), el("h2", { text: `Fork from S${snap.seq}` }), run.detail.allow_fork === false ? el("p", { class: "error-box", text: "This server does not allow forks: start it with `agentsnap ui --allow-fork`." }) : form);
   check();
+}
+
+/**
+ * The fork form's messages in flight: each can be dropped or given another payload, and
+ * messages can be added between the cut's agents. The server checks them again.
+ */
+function forkMessages(snap, onChange) {
+  const agents = Object.keys(snap.agents).filter((a) => a !== "$env").sort();
+  const rows = [];
+  const problems = el("ul", { class: "problems" });
+  const flying = snap.channels.flatMap((c) => c.in_flight);
+  for (const m of flying) {
+    const original = JSON.stringify(m.payload, null, 2);
+    const drop = el("input", { type: "checkbox", class: "drop-message", "aria-label": `Drop ${m.id}`, dataset: { message: m.id } });
+    const area = el("textarea", { class: "json-edit message-edit", spellcheck: "false", rows: Math.min(8, original.split("\n").length + 1), "aria-label": `Payload of ${m.id}`, dataset: { message: m.id } });
+    area.value = original;
+    const badge = el("span", { class: "badge" });
+    const row = el("div", { class: "fork-message", dataset: { message: m.id } }, el("h4", null, el("code", { text: m.id }), " ", el("span", { class: "muted", text: m.kind }), " ", badge), el("label", null, drop, " drop it (never delivered in the fork)"), area);
+    drop.addEventListener("change", () => {
+      area.disabled = drop.checked;
+      onChange();
+    });
+    area.addEventListener("input", () => onChange());
+    rows.push({ kind: "flying", id: m.id, drop, area, original, badge, row });
+  }
+  const list = el("div", { class: "fork-messages-list" }, rows.map((r) => r.row));
+  const src = el("select", { "aria-label": "New message from" }, ["$env", ...agents].map((a) => el("option", { value: a, text: a })));
+  const dst = el("select", { "aria-label": "New message to" }, agents.map((a) => el("option", { value: a, text: a })));
+  const addArea = el("textarea", { class: "json-edit", rows: 3, spellcheck: "false", "aria-label": "New message payload" });
+  addArea.value = "{}";
+  const addButton = el("button", {
+    type: "button",
+    class: "add-message",
+    text: "Add this message",
+    onclick: () => {
+      const original = addArea.value;
+      const area = el("textarea", { class: "json-edit message-edit", rows: 3, spellcheck: "false", "aria-label": `Payload of the new message ${src.value}>${dst.value}` });
+      area.value = original;
+      const badge = el("span", { class: "badge" });
+      const entry = { kind: "added", src: src.value, dst: dst.value, area, original, badge, row: null };
+      const remove = el("button", { type: "button", text: "Remove", onclick: () => { rows.splice(rows.indexOf(entry), 1); entry.row.remove(); onChange(); } });
+      entry.row = el("div", { class: "fork-message added", dataset: { added: `${src.value}>${dst.value}` } }, el("h4", null, el("code", { text: `${src.value}>${dst.value}` }), " ", el("span", { class: "muted", text: "added, after those in flight" }), " ", badge, " ", remove), area);
+      area.addEventListener("input", () => onChange());
+      rows.push(entry);
+      list.appendChild(entry.row);
+      onChange();
+    },
+  });
+  const root = el(
+    "section",
+    { class: "fork-messages" },
+    el("h3", { text: `Messages in flight (${flying.length})` }),
+    flying.length ? null : el("p", { class: "muted", text: "None at this cut." }),
+    list,
+    agents.length ? el("div", { class: "add-message-form" }, el("span", { text: "Add a message from " }), src, el("span", { text: " to " }), dst, addArea, addButton) : null,
+    problems,
+  );
+  const parse = (entry) => {
+    try {
+      entry.value = JSON.parse(entry.area.value);
+      entry.badge.textContent = entry.kind === "added" ? "added" : entry.area.value === entry.original ? "" : "edited";
+      entry.badge.className = entry.badge.textContent ? "badge ok" : "badge";
+      entry.area.classList.remove("invalid");
+      return true;
+    } catch (error) {
+      entry.badge.textContent = "not JSON";
+      entry.badge.className = "badge invalid";
+      entry.area.classList.add("invalid");
+      return false;
+    }
+  };
+  return {
+    root,
+    validate() {
+      clear(problems);
+      let ok = true;
+      for (const entry of rows) {
+        if (entry.kind === "flying" && entry.drop.checked) {
+          entry.badge.textContent = "dropped";
+          entry.badge.className = "badge invalid";
+          entry.row.classList.add("dropped");
+          continue;
+        }
+        if (entry.row) entry.row.classList.remove("dropped");
+        ok = parse(entry) && ok;
+      }
+      return ok;
+    },
+    edits() {
+      const out = { drop: [], edit: {}, add: [] };
+      for (const entry of rows) {
+        if (entry.kind === "flying") {
+          if (entry.drop.checked) out.drop.push(entry.id);
+          else if (entry.area.value !== entry.original) out.edit[entry.id] = entry.value;
+        } else {
+          out.add.push({ src: entry.src, dst: entry.dst, payload: entry.value });
+        }
+      }
+      return out;
+    },
+    serverProblem(p) {
+      put(problems, el("li", { class: "server" }, "server: ", el("code", { text: p.path }), " ", p.message));
+    },
+  };
 }
 
 // Bisect.
@@ -2447,9 +2625,127 @@ function staticPage(data) {
   main.dataset.loaded = "true";
 }
 
+// --- Live ---------------------------------------------------------------------------------------
+
+// A page follows what it shows: it asks the server for a token (GET /api/live) about once a
+// second while a run runs (every few seconds otherwise) and redraws when the token moved on.
+// A view with a form the user may be filling (a fork, a diff's choice, a bisect, an answer
+// being typed) is never redrawn under them: the indicator offers the newer data instead.
+const LIVE_FAST_MS = 1000;
+const LIVE_SLOW_MS = 5000;
+const live = { paused: false, drawn: null, stale: false, running: false, failed: false, timer: 0, busy: false, node: null };
+
+function liveRun(parts) {
+  return parts[0] === "runs" && parts.length > 1 ? parts[1] : null;
+}
+
+async function liveToken(parts, signal) {
+  const run = liveRun(parts);
+  try {
+    const body = await api(`/api/live${query({ run })}`, { signal });
+    live.running = run === null || body.running === true;
+    live.failed = false;
+    return run === null ? body.runs : body.run;
+  } catch (error) {
+    if (error && error.name === "AbortError") throw error;
+    live.failed = true;
+    return null;
+  }
+}
+
+function redrawable(main) {
+  const { parts } = parseHash();
+  const section = parts[0] === "runs" && parts.length > 1 ? parts[2] || "" : "list";
+  if (!["list", "", "snapshots", "agents", "messages", "tools", "requests"].includes(section)) return false;
+  const active = document.activeElement;
+  if (active && active !== document.body && main.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName)) return false;
+  return !main.querySelector("[data-dirty='true']");
+}
+
+async function redraw() {
+  state.run = null;
+  const y = window.scrollY;
+  await route();
+  window.scrollTo(0, y);
+}
+
+async function liveTick() {
+  live.timer = 0;
+  const main = view();
+  if (!live.paused && !document.hidden && !live.busy && main && main.dataset.loaded === "true") {
+    live.busy = true;
+    const routed = location.hash;
+    try {
+      const token = await liveToken(parseHash().parts);
+      if (location.hash === routed && main.dataset.loaded === "true" && token !== null && token !== live.drawn) {
+        if (redrawable(main)) await redraw();
+        else live.stale = true;
+      }
+    } catch {
+      // An aborted poll: the page moved on, the next tick asks again.
+    } finally {
+      live.busy = false;
+    }
+  }
+  showLive();
+  live.timer = setTimeout(liveTick, live.running ? LIVE_FAST_MS : LIVE_SLOW_MS);
+}
+
+function showLive() {
+  const node = live.node;
+  if (!node) return;
+  const mode = live.paused ? "paused" : live.failed ? "offline" : live.stale ? "stale" : "live";
+  node.dataset.state = mode;
+  const text = {
+    live: live.running ? "live" : "live (idle)",
+    paused: "paused",
+    offline: "server unreachable",
+    stale: "newer data",
+  }[mode];
+  const label = node.querySelector(".live-text");
+  label.textContent = text;
+  node.querySelector(".live-pause").textContent = live.paused ? "Resume" : "Pause";
+  node.querySelector(".live-reload").hidden = !live.stale;
+}
+
+function startLive() {
+  const header = document.querySelector("header.top");
+  if (!header) return;
+  live.node = el(
+    "span",
+    { class: "live", id: "live", title: "The page follows the runs as they change" },
+    el("span", { class: "live-dot", "aria-hidden": "true" }),
+    el("span", { class: "live-text", role: "status" }),
+    el("button", {
+      type: "button",
+      class: "live-reload",
+      text: "Reload",
+      hidden: true,
+      onclick: () => redraw(),
+    }),
+    el("button", {
+      type: "button",
+      class: "live-pause",
+      text: "Pause",
+      onclick: () => {
+        live.paused = !live.paused;
+        showLive();
+      },
+    }),
+  );
+  header.insertBefore(live.node, document.getElementById("status"));
+  // A form the user typed into is theirs until they send it or leave the page.
+  view().addEventListener("input", (event) => {
+    const form = event.target.closest && event.target.closest("form");
+    if (form) form.dataset.dirty = "true";
+  });
+  showLive();
+  live.timer = setTimeout(liveTick, LIVE_FAST_MS);
+}
+
 // --- Start ------------------------------------------------------------------------------------
 
-window.agentsnap = { SpaceTime, EmbeddedSource, ServerSource, validateSchema, jsonTree, timeline: null, route };
+window.agentsnap = { SpaceTime, EmbeddedSource, ServerSource, validateSchema, jsonTree, timeline: null, route, live };
 
 function start() {
   const embedded = document.getElementById("agentsnap-data");
@@ -2458,6 +2754,7 @@ function start() {
     return;
   }
   window.addEventListener("hashchange", route);
+  startLive();
   document.addEventListener("keydown", (event) => {
     const target = event.target;
     if (target !== document.body || !state.timeline || !state.timeline.root.isConnected) return;
