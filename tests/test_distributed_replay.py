@@ -58,7 +58,8 @@ HOPS = 5
 TASKS_PER_KILL = 3
 KILLS = int(os.environ.get("AGENTSNAP_DISTRIBUTED_REPLAY_KILLS", "3"))
 SEED = os.environ.get("AGENTSNAP_CRASH_SEED") or str(random.randrange(10**9))
-LEASE = 1.0
+LEASE = 2.0
+"""Seconds a worker's claim holds: a dead worker's agents are taken over once it expires."""
 
 pytestmark = pytest.mark.postgres
 
@@ -172,6 +173,18 @@ def handled(snapshot: Snapshot) -> list[str]:
     return done
 
 
+async def first_cut(run: DistributedRun) -> Snapshot:
+    """A complete snapshot of the run before any task (a busy machine may fail one)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PATIENCE
+    while True:
+        try:
+            return await run.snapshot()
+        except SnapshotFailed:
+            assert loop.time() < deadline, "no snapshot completed"
+            await asyncio.sleep(0.1)
+
+
 async def until_finished(run: DistributedRun, hops: int) -> Snapshot:
     """Take snapshots until one shows every hop handled and nothing in flight."""
     loop = asyncio.get_running_loop()
@@ -221,7 +234,7 @@ async def test_workers_killed_mid_run_replay_recorded_answers_and_write_once(
         await until(lambda: all(" hosts " in log.read_text() for log in logs), "workers up")
         for group in range(GROUPS):
             await workers.spare(group)
-        await run.snapshot()
+        await first_cut(run)
         everyone = names(AGENTS)
         for kill in range(KILLS):
             for _ in range(TASKS_PER_KILL):
