@@ -773,7 +773,7 @@ class Context(Generic[S]):
                 self._bus.post(self._endpoint, message)
             guard.outputs.clear()
 
-    def reject(self, agent: str, reason: str) -> NoReturn:
+    def reject(self, agent: str, reason: str, *, source: str | None = None) -> NoReturn:
         """Reject another agent's output, as a critic: the run rolls back and ``agent`` is told.
 
         The rejected output is the message being handled when it came from ``agent``;
@@ -784,6 +784,9 @@ class Context(Generic[S]):
         Args:
             agent: The agent whose work is rejected.
             reason: Why, in words that agent can act on.
+            source: What rejected it, as the feedback and the rollback's record name it
+                (default: this agent's name); an integration names the SDK's judge here
+                (``"guardrail no_promises"``).
 
         Raises:
             OutputRejected: Always, for a registered agent; the runtime handles it.
@@ -798,7 +801,9 @@ class Context(Generic[S]):
                 "is rejected"
             )
         output = self.message if self.message is not None and self.message.src == agent else None
-        rejection = OutputRejected(agent, reason, self.agent.name, output)
+        rejection = OutputRejected(
+            agent, reason, source if source is not None else self.agent.name, output
+        )
         if self._endpoint.busy:
             self.rejected = rejection
         raise rejection

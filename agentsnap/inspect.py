@@ -260,6 +260,7 @@ def _tool_call(entry: LedgerEntry) -> dict[str, Any]:
         "result": entry.result,
         "error": entry.error,
         "compensation": entry.compensation,
+        "note": entry.note,
         "owner": entry.owner,
         "lease_until": _time(entry.lease_until),
         "created_at": _time(entry.created_at),

@@ -157,6 +157,10 @@ class LedgerEntry:
     """The run's timeline when the key was first claimed (a rollback starts a new one):
     a re-executed call at the same key tells a redo after a rollback (an earlier timeline)
     from a re-execution after a crash (the same timeline)."""
+    note: JsonValue = None
+    """A progress note the running call kept with its claim
+    ([`ToolCall.note`][agentsnap.ToolCall.note]): what a call taken over after its owner
+    stopped needs to go on instead of starting the effect again (a remote job's id)."""
 
 
 class Change(TypedDict, total=False):
@@ -169,6 +173,7 @@ class Change(TypedDict, total=False):
     result: JsonValue
     error: str | None
     compensation: JsonValue
+    note: JsonValue
     updated_at: datetime
 
 

@@ -248,7 +248,10 @@ async def run_once(
         tool: Name of the effect, recorded with the key; a key used by another name is a
             conflict.
         arguments: The call's arguments as JSON, recorded with the key.
-        call: The effect (see ``Call``); it runs at most once per claim it wins.
+        call: The effect (see ``Call``); it runs at most once per claim it wins. A call
+            taken over that raises ``ToolOutcomeUnknown`` (it cannot tell what the attempt
+            before it did: no [`note`][agentsnap.ToolCall.note] to go on) leaves the key
+            ``unknown``.
         fingerprint: The arguments' fingerprint (default:
             [`fingerprint(arguments)`][agentsnap.ledger.fingerprint]).
         load: Turns a recorded result back into the value the caller gets (default: the
@@ -451,7 +454,7 @@ async def _run_claimed(once: _Once, attempt: int) -> Outcome:
     try:
         try:
             outcome = await once.call(attempt)
-        except ToolFailed:
+        except (ToolFailed, ToolOutcomeUnknown):
             raise
         except Exception as exc:
             raise ToolFailed(once.tool, once.key, type(exc).__name__, str(exc)) from exc
@@ -473,8 +476,9 @@ async def _run_claimed(once: _Once, attempt: int) -> Outcome:
         )
         raise
     except BaseException:
-        # Cancelled (or interrupted) while the call ran: whether the effect happened is
-        # unknown, and saying so at once spares other callers the wait for the lease.
+        # Cancelled (or interrupted) while the call ran, or the call itself found it cannot
+        # tell what an earlier attempt did (ToolOutcomeUnknown): whether the effect happened
+        # is unknown, and saying so at once spares other callers the wait for the lease.
         await _shielded(
             once.ledger.update(
                 once.key,

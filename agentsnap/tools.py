@@ -63,8 +63,16 @@ from agentsnap.exceptions import (
     EffectDiverged,
     ToolArgumentsInvalid,
     ToolFailed,
+    ToolOutcomeUnknown,
 )
-from agentsnap.ledger import LedgerEntry, ToolCallStatus, call_key, check_key, fingerprint
+from agentsnap.ledger import (
+    LedgerEntry,
+    ToolCallStatus,
+    call_key,
+    check_key,
+    fingerprint,
+    owner_id,
+)
 from agentsnap.limits import MAX_TOOL_NAME, check_text
 from agentsnap.models import ChatMessage, ModelResponse, ToolSpec
 from agentsnap.once import Diverged, Outcome, compensate, run_once
@@ -167,6 +175,67 @@ class ToolCall:
     """Name of the calling agent."""
     message_id: str | None
     """Id of the message being handled."""
+    ledger: Ledger | None = field(default=None, repr=False, compare=False)
+    """The ledger holding the call's claim (``None`` for a tool without side effects)."""
+
+    async def note(self, progress: JsonValue) -> bool:
+        """Keep a progress note with the call's claim, for a call that takes it over.
+
+        A tool whose effect runs somewhere else for a while (a remote job, an MCP task)
+        notes what it started, say ``{"job": "j-17"}``, once the service accepted it. If
+        the process stops before the outcome is recorded, the call taken over under the same
+        key (after ``resume()``, with ``rerun_if_unknown=True``) reads the note with
+        [`noted`][agentsnap.ToolCall.noted] and polls the job instead of starting the effect
+        again. A later note replaces an earlier one; the note stays with the ledger entry
+        and is shown by ``agentsnap tools``. Notes are not redacted: keep secrets out.
+
+        Args:
+            progress: JSON data.
+
+        Returns:
+            Whether the note was kept: ``False`` when the claim is no longer this call's
+            (its lease ran out and another caller took it over).
+
+        Raises:
+            ConfigurationError: The tool has no side effects (its calls have no claim), or
+                ``progress`` is not JSON.
+        """
+        ledger, key = self._claim("note")
+        try:
+            canonical_json(progress)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"the progress note of tool {self.tool!r} is not JSON ({exc}); note JSON "
+                "values: strings, numbers, lists and objects of them"
+            ) from exc
+        return await ledger.update(
+            key,
+            {"note": progress, "updated_at": utcnow()},
+            statuses=(ToolCallStatus.IN_PROGRESS,),
+            owner=owner_id(),
+        )
+
+    async def noted(self) -> JsonValue:
+        """The progress note kept with the call's claim, or ``None``.
+
+        On a first attempt (``attempt == 1``) there is none yet; a call taken over after
+        its owner stopped finds what that owner [`note`][agentsnap.ToolCall.note]d.
+
+        Raises:
+            ConfigurationError: The tool has no side effects (its calls have no claim).
+        """
+        ledger, key = self._claim("noted")
+        entry = await ledger.get(key)
+        return None if entry is None else entry.note
+
+    def _claim(self, method: str) -> tuple[Ledger, str]:
+        if self.ledger is None or self.key is None:
+            raise ConfigurationError(
+                f"ToolCall.{method}() of tool {self.tool!r}: the tool has no side effects, so "
+                "its calls have no claim in the ledger to keep a note with; declare it "
+                "side_effect=True"
+            )
+        return self.ledger, self.key
 
 
 Compensation = Callable[[LedgerEntry], Any]
@@ -458,7 +527,7 @@ class Tool(Generic[R]):
             attempts=0,
         )
         calls.append(record)
-        info = ToolCall(self.name, key, 1, ctx.run_id, agent, message_id)
+        info = ToolCall(self.name, key, 1, ctx.run_id, agent, message_id, ledger)
         traced = tool_call(
             ctx.telemetry,
             self.name,
@@ -545,7 +614,7 @@ class Tool(Generic[R]):
             ToolOutcomeUnknown: As for a call from a handler.
         """
         values, args_json, printed = self._validate(arguments)
-        info = ToolCall(self.name, key, 1, run_id, agent, None)
+        info = ToolCall(self.name, key, 1, run_id, agent, None, ledger if key else None)
         if not self.side_effect:
             if key is not None:
                 raise ConfigurationError(self._no_key())
@@ -785,6 +854,8 @@ class Tool(Generic[R]):
             else:
                 attempts = 1
                 value = await self._call_fn(values, info, first_attempt)
+        except ToolOutcomeUnknown:
+            raise  # the tool found it cannot know what an earlier attempt did: not a failure
         except Exception as exc:
             raise ToolFailed(
                 self.name,

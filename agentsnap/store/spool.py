@@ -282,6 +282,7 @@ class LedgerChange(BaseModel):
     result: JsonValue = None
     error: str | None = None
     compensation: JsonValue = None
+    note: JsonValue = None
     updated_at: Moment | None = None
 
     @model_validator(mode="after")

@@ -383,7 +383,8 @@ class ToolCallRow(Base):
     [`ToolCallStatus`][agentsnap.ledger.ToolCallStatus]. There is no foreign key to the runs:
     a call may be made outside a run, or through a ledger in another database than the run.
     ``timeline`` is the run's timeline when the key was first claimed (``NULL`` outside a
-    run, and for the rows claimed before the column existed).
+    run, and for the rows claimed before the column existed). ``note`` is the progress note
+    the running call kept with its claim (see [`ToolCall.note`][agentsnap.ToolCall.note]).
     """
 
     __tablename__ = "agentsnap_tool_calls"
@@ -405,6 +406,7 @@ class ToolCallRow(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
     timeline: Mapped[int | None] = mapped_column(Integer)
+    note: Mapped[Any] = mapped_column(Json(), server_default=text("'null'"))
 
 
 class ModelCallRow(Base):

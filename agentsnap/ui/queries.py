@@ -634,3 +634,25 @@ async def model_calls_view(
         "timeline": max((r.timeline for r in records), default=0),
         "previous": previous,
     }
+
+
+def channel_counts(index: RunIndex) -> dict[str, Any]:
+    """Who talks to whom in a run: its agents, and per channel the messages it carried.
+
+    Returns:
+        ``{"agents": [name, ...], "channels": [{"src", "dst", "messages", "discarded"}]}``,
+        channels ordered by ``(src, dst)``; ``discarded`` counts the messages a rollback
+        undid.
+    """
+    sent = [0] * len(index.channels)
+    undone = [0] * len(index.channels)
+    for i, channel in enumerate(index.channel):
+        sent[channel] += 1
+        if index.discarded[i]:
+            undone[channel] += 1
+    channels = [
+        {"src": c.src, "dst": c.dst, "messages": sent[i], "discarded": undone[i]}
+        for i, c in enumerate(index.channels)
+    ]
+    channels.sort(key=lambda c: (c["src"], c["dst"]))
+    return {"agents": sorted(index.agents), "channels": channels}

@@ -72,7 +72,13 @@ from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import SnapshotStatus
 from agentsnap.ui._live import LiveTokens
 from agentsnap.ui.conditions import Condition
-from agentsnap.ui.queries import RunIndex, build_index, micros, model_calls_view
+from agentsnap.ui.queries import (
+    RunIndex,
+    build_index,
+    channel_counts,
+    micros,
+    model_calls_view,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -463,6 +469,11 @@ def create_app(
             "forks": forks,
             "schemas": await schemas(found.id),
         }
+
+    @app.get("/api/runs/{run}/topology", summary="Who talks to whom: messages per channel")
+    async def topology(run: str) -> dict[str, Any]:
+        found = await resolve_run(store, run)
+        return channel_counts((await indexes.get(found)).index)
 
     # --- snapshots ---
 

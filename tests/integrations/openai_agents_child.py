@@ -10,12 +10,15 @@ accepts anything). The model apologises only once a rejection is in its conversa
 The outside world is a SQLite file: ``effects`` gets one row per email actually sent, with
 its idempotency key; ``asks`` one row per time the model is asked, with the step (``call``
 or ``answer``) and the run's timeline. With ``--hang-at N`` the model hangs at this
-process's N-th ask, once it is logged, for the test to kill the process there.
+process's N-th ask, once it is logged, for the test to kill the process there. With
+``--sdk-tool`` the email goes through the SDK's own ``@function_tool``, declared nowhere:
+the agent puts it through the ledger by default. With ``--stream`` the writer runs
+streamed, and the result lists the model's stream events this process saw.
 
 Usage::
 
     python tests/integrations/openai_agents_child.py URL SERVICE RUN_ID [--resume]
-        [--hang-at N] [--accept-all]
+        [--hang-at N] [--accept-all] [--sdk-tool] [--stream]
 
 The process prints one JSON line ``{"result": ...}`` when the run is idle.
 """
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from agents import Agent as SDKAgent
 from agents import RunConfig
+from agents import function_tool as sdk_function_tool
 from agents.testing import assistant_message, function_call
 
 from agentsnap import (
@@ -66,6 +70,15 @@ class Settings:
     service = ""
     hang_at = 0
     asked = 0
+    streamed: list[list[str | None]] | None = None
+
+
+def streamed(agent: str, event: Any) -> None:
+    """Keeps the model's stream events this process saw: their type, and an item's type."""
+    assert Settings.streamed is not None
+    if event.type == "raw_response_event":
+        item = getattr(event.data, "item", None)
+        Settings.streamed.append([event.data.type, getattr(item, "type", None)])
 
 
 def service() -> sqlite3.Connection:
@@ -81,6 +94,18 @@ def send_email(call: ToolCall, to: str, text: str) -> str:
     try:
         with conn:
             conn.execute("INSERT INTO effects VALUES (?, ?, ?)", (call.key, text, os.getpid()))
+    finally:
+        conn.close()
+    return f"sent to {to}"
+
+
+@sdk_function_tool(name_override="send_email")
+def send_email_sdk(to: str, text: str) -> str:
+    """Send an email (the SDK's own tool: nothing declares its effect)."""
+    conn = service()
+    try:
+        with conn:
+            conn.execute("INSERT INTO effects VALUES (?, ?, ?)", ("sdk", text, os.getpid()))
     finally:
         conn.close()
     return f"sent to {to}"
@@ -127,24 +152,30 @@ class Critic(Agent[AgentState]):
         self.state.memory["accepted"] = output
 
 
-def writer() -> OpenAIAgent:
+def writer(sdk_tool: bool) -> OpenAIAgent:
     sdk_agent = SDKAgent(
         name="writer",
         instructions="Tell people what they need to know, by email.",
         model=FunctionSDKModel(sampled, name="sampled"),
-        tools=[as_sdk_tool(send_email)],
+        tools=[send_email_sdk if sdk_tool else as_sdk_tool(send_email)],
     )
     return OpenAIAgent(
-        "writer", sdk_agent, reply_to="critic", run_config=RunConfig(tracing_disabled=True)
+        "writer",
+        sdk_agent,
+        reply_to="critic",
+        run_config=RunConfig(tracing_disabled=True),
+        on_event=streamed if Settings.streamed is not None else None,
     )
 
 
-async def main(url: str, run_id: str, resume: bool, accept_all: bool) -> dict[str, Any]:
+async def main(
+    url: str, run_id: str, resume: bool, accept_all: bool, sdk_tool: bool
+) -> dict[str, Any]:
     store = SqlStore(url)
     Critic.accept_all = accept_all
     runtime = Runtime(store=store, run_id=run_id, retry=RetryPolicy.attempts(5))
     async with runtime:
-        agent = runtime.add(writer())
+        agent = runtime.add(writer(sdk_tool))
         critic = runtime.add(Critic("critic"))
         if resume:
             await runtime.resume()
@@ -156,6 +187,7 @@ async def main(url: str, run_id: str, resume: bool, accept_all: bool) -> dict[st
         "accepted": critic.state.memory.get("accepted"),
         "tool_calls": [c.status for c in agent.state.tool_calls],
         "items": len(agent.state.items),
+        "streamed": Settings.streamed,
     }
 
 
@@ -167,8 +199,11 @@ if __name__ == "__main__":
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--hang-at", type=int, default=0)
     parser.add_argument("--accept-all", action="store_true")
+    parser.add_argument("--sdk-tool", action="store_true")
+    parser.add_argument("--stream", action="store_true")
     args = parser.parse_args()
     Settings.service = args.service
     Settings.hang_at = args.hang_at
-    result = asyncio.run(main(args.url, args.run_id, args.resume, args.accept_all))
+    Settings.streamed = [] if args.stream else None
+    result = asyncio.run(main(args.url, args.run_id, args.resume, args.accept_all, args.sdk_tool))
     print(json.dumps({"result": result}), flush=True)

@@ -1,18 +1,36 @@
 """An SDK ``Model`` for tests: its answers computed from the conversation, no network.
 
+Streamed (``stream_response``), it sends the events a provider sends: the response created,
+each output item added, a message's text word by word, the item done, the response
+completed.
+
 As the SDK's own tests script their models: the answer is a list of the SDK's output items
 (``assistant_message``, ``function_call`` from ``agents.testing``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from agents.items import ModelResponse, TResponseOutputItem, TResponseStreamEvent
 from agents.models.interface import Model
 from agents.usage import Usage
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseCreatedEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+    ResponseTextDeltaEvent,
+    ResponseUsage,
+)
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
 Answer = Callable[[list[dict[str, Any]]], list[TResponseOutputItem] | Awaitable[list[Any]]]
 
@@ -24,6 +42,7 @@ class FunctionSDKModel(Model):
         self.answer = answer
         self.model = name
         self.inputs: list[list[dict[str, Any]]] = []
+        self.streamed = 0
 
     async def get_response(
         self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
@@ -44,8 +63,80 @@ class FunctionSDKModel(Model):
             response_id=None,
         )
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
-        raise NotImplementedError("not streamed in these tests")
+    async def stream_response(
+        self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+    ) -> AsyncIterator[TResponseStreamEvent]:
+        """Streams the answer as a provider does: each message's text word by word."""
+        self.streamed += 1
+        answer = await self.get_response(system_instructions, input, *args, **kwargs)
+        response = Response(
+            id=f"resp_{uuid.uuid4().hex[:16]}",
+            created_at=0,
+            model=self.model,
+            object="response",
+            output=[],
+            parallel_tool_calls=False,
+            tool_choice="auto",
+            tools=[],
+            status="in_progress",
+        )
+        number = 0
+
+        def numbered() -> int:
+            nonlocal number
+            number += 1
+            return number - 1
+
+        yield ResponseCreatedEvent(
+            type="response.created", response=response, sequence_number=numbered()
+        )
+        for index, item in enumerate(answer.output):
+            yield ResponseOutputItemAddedEvent(
+                type="response.output_item.added",
+                item=item,
+                output_index=index,
+                sequence_number=numbered(),
+            )
+            if isinstance(item, ResponseOutputMessage):
+                for part_index, part in enumerate(item.content):
+                    text = getattr(part, "text", "")
+                    for word in re.findall(r"\S+\s*", text):
+                        await asyncio.sleep(0)  # as tokens arrive
+                        yield ResponseTextDeltaEvent(
+                            type="response.output_text.delta",
+                            item_id=item.id,
+                            output_index=index,
+                            content_index=part_index,
+                            delta=word,
+                            logprobs=[],
+                            sequence_number=numbered(),
+                        )
+            yield ResponseOutputItemDoneEvent(
+                type="response.output_item.done",
+                item=item,
+                output_index=index,
+                sequence_number=numbered(),
+            )
+        usage = answer.usage
+        yield ResponseCompletedEvent(
+            type="response.completed",
+            response=response.model_copy(
+                update={
+                    "output": list(answer.output),
+                    "status": "completed",
+                    "usage": ResponseUsage(
+                        input_tokens=usage.input_tokens,
+                        output_tokens=usage.output_tokens,
+                        total_tokens=usage.total_tokens,
+                        input_tokens_details=InputTokensDetails(
+                            cached_tokens=0, cache_write_tokens=0
+                        ),
+                        output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+                    ),
+                }
+            ),
+            sequence_number=numbered(),
+        )
 
 
 def text_of(items: list[dict[str, Any]]) -> str:

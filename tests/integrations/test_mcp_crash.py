@@ -87,12 +87,12 @@ def test_a_resumed_task_call_polls_the_task_instead_of_calling_again(tmp_path: P
         if not db.exists():
             return False
         try:
-            found = rows(db, "SELECT result FROM agentsnap_tool_calls WHERE tool = 'wire'")
+            found = rows(db, "SELECT note FROM agentsnap_tool_calls WHERE tool = 'wire'")
         except sqlite3.OperationalError:  # the tables are not there yet
             return False
         return any(row[0] and "mcp_task" in str(row[0]) for row in found)
 
-    wait_until(task_recorded, "the task id in the claim")
+    wait_until(task_recorded, "the task id noted in the claim")
     kill(first)  # between the task's start and its end
     (task_id,) = rows(bank, "SELECT task_id FROM tasks")[0]
     assert rows(bank, "SELECT COUNT(*) FROM polls WHERE method = 'tasks/result'") == [(0,)]
@@ -103,6 +103,7 @@ def test_a_resumed_task_call_polls_the_task_instead_of_calling_again(tmp_path: P
     assert len(rows(bank, "SELECT * FROM calls WHERE tool = 'wire'")) == 1
     fetched = rows(bank, "SELECT task_id FROM polls WHERE method = 'tasks/result'")
     assert fetched == [(task_id,)]
-    (status, result) = rows(db, "SELECT status, result FROM agentsnap_tool_calls")[0]
+    (status, result, note) = rows(db, "SELECT status, result, note FROM agentsnap_tool_calls")[0]
     assert status == "succeeded"
     assert json.loads(result)["transfer_id"] == 1
+    assert json.loads(note) == {"mcp_task": {"taskId": task_id}}

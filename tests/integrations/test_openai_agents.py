@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -112,14 +113,20 @@ async def test_model_calls_are_recorded_with_the_sdks_request_and_answer() -> No
     assert second.native["sdk"] == "openai-agents"
 
 
-async def test_an_sdk_function_tool_goes_through_the_ledger_once_across_a_rollback() -> None:
+async def test_every_sdk_function_tool_goes_through_the_ledger_unless_read_only() -> None:
     booked: list[str] = []
-    wording = iter(["for two", "a table for 2", "two people"])
+    looked: list[str] = []
+    rng = random.Random()  # a sampled model: other arguments on every call
 
     def answer(items: list[dict[str, Any]]) -> list[Any]:
-        if answered_tool(items):
+        if answered_tool(items) and items[-1].get("call_id") == "b":
             return reply("Booked, sorry for the wait." if "rejected" in text_of(items) else "Ok.")
-        return [function_call("book", {"party": next(wording)}, call_id="b")]
+        if answered_tool(items):
+            party = rng.choice(["for two", "a table for 2", "two people"])
+            return [
+                function_call("book", {"party": f"{party} #{rng.randrange(10**6)}"}, call_id="b")
+            ]
+        return [function_call("free_tables", {"day": rng.choice(["fri", "friday"])}, call_id="f")]
 
     @function_tool
     def book(party: str) -> str:
@@ -127,9 +134,17 @@ async def test_an_sdk_function_tool_goes_through_the_ledger_once_across_a_rollba
         booked.append(party)
         return f"table {len(booked)}"
 
-    sdk_agent = SDKAgent(name="host", model=FunctionSDKModel(answer), tools=[book])
+    @function_tool
+    def free_tables(day: str) -> str:
+        """How many tables are free on a day."""
+        looked.append(day)
+        return "3 free"
+
+    sdk_agent = SDKAgent(name="host", model=FunctionSDKModel(answer), tools=[book, free_tables])
     async with Runtime() as runtime:
-        host = runtime.add(OpenAIAgent(None, sdk_agent, side_effects=["book"], run_config=QUIET))
+        host = runtime.add(
+            OpenAIAgent(None, sdk_agent, read_only=["free_tables"], run_config=QUIET)
+        )
         runtime.check(
             "host", kind="output", check=lambda m: "sorry" in str(m.payload) or "apologise"
         )
@@ -137,9 +152,11 @@ async def test_an_sdk_function_tool_goes_through_the_ledger_once_across_a_rollba
         runtime.send("host", {"input": "Book for two.", "reply_to": "front-desk"})
         await runtime.run_until_idle()
         entries = await runtime.ledger.list_calls(runtime.run_id)
-    assert booked == ["for two"]  # the redo's other wording got the recorded table
-    assert [e.tool for e in entries] == ["book"]
-    assert [c.status for c in host.state.tool_calls] == ["replayed"]
+    assert len(booked) == 1  # the redo's other wording got the recorded table
+    assert len(looked) == 2  # a read-only lookup runs again
+    assert [(e.tool, e.arguments) for e in entries] == [("book", {"party": booked[0]})]
+    # The read-only lookup ran as the SDK's own tool, outside agentsnap's records.
+    assert [(c.tool, c.status) for c in host.state.tool_calls] == [("book", "replayed")]
 
 
 async def test_a_durable_tool_hands_its_function_the_idempotency_key() -> None:
@@ -247,7 +264,14 @@ def test_names_and_mistakes() -> None:
     assert agent_name("Billing agent") == "Billing_agent"
     sdk_agent = SDKAgent(name="a", model=FunctionSDKModel(lambda items: reply("x")))
     with pytest.raises(ConfigurationError, match="not function tools"):
-        OpenAIAgent(None, sdk_agent, side_effects=["nope"])
+        OpenAIAgent(None, sdk_agent, read_only=["nope"])
+    with pytest.raises(ConfigurationError, match="takes tool names"):
+        OpenAIAgent(None, sdk_agent, read_only="nope")
+    with pytest.raises(ConfigurationError, match="mcp_servers"):
+        OpenAIAgent(None, sdk_agent.clone(mcp_servers=[object()]))
+    made = durable_tool(lambda x: x)
+    with pytest.raises(ConfigurationError, match="goes through agentsnap already"):
+        ledgered(made)
     with pytest.raises(ConfigurationError, match="SDK FunctionTool"):
         ledgered(object())  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="OpenAI Agents SDK"):

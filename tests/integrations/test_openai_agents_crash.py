@@ -136,24 +136,56 @@ def test_a_recorded_model_call_is_replayed_after_sigkill_and_resume(
     assert calls == [(0, 0, 1), (0, 1, 0)]
 
 
-@pytest.mark.parametrize(
-    ("hang_at", "replayed"),
-    [
-        pytest.param(2, True, id="before-the-first-answer"),
-        pytest.param(3, False, id="as-the-redo-asks-again"),
-        pytest.param(4, True, id="before-the-redos-answer"),
-    ],
-)
-def test_an_email_is_sent_once_across_a_rollback_and_a_crash(
-    tmp_path: Path, hang_at: int, replayed: bool
+def test_a_streamed_call_recorded_before_a_crash_streams_its_recorded_answer(
+    tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'agentsnap.db'}"
     service = make_service(tmp_path)
     run_id = uuid.uuid4().hex
-    first = spawn(url, service, run_id, "--hang-at", str(hang_at))
+    first = spawn(url, service, run_id, "--accept-all", "--stream", "--hang-at", "2")
+    kill_at_ask(first, service, 2)
+
+    result = finish(spawn(url, service, run_id, "--accept-all", "--stream", "--resume"))
+
+    asked = rows(service, "SELECT step, timeline FROM asks")
+    assert Counter(asked) == {("call", 0): 1, ("answer", 0): 2}  # the call: not asked again
+    assert len(rows(service, "SELECT key FROM effects")) == 1
+    seen = result["streamed"]
+    assert isinstance(seen, list)
+    events = [tuple(e) for e in seen]
+    # The resumed process streamed the recorded call (made from its record: the function
+    # call added and done, the response completed), then the answer the model streamed.
+    added = [item for kind, item in events if kind == "response.output_item.added"]
+    assert added == ["function_call", "message"]
+    assert events.count(("response.completed", None)) == 2
+    assert ("response.output_text.delta", None) in events
+    status, calls = asyncio.run(stored(url, run_id))
+    assert status is RunStatus.SUCCEEDED
+    assert calls == [(0, 0, 1), (0, 1, 0)]
+
+
+@pytest.mark.parametrize(
+    ("hang_at", "replayed", "tool"),
+    [
+        pytest.param(2, True, "agentsnap", id="before-the-first-answer"),
+        pytest.param(3, False, "agentsnap", id="as-the-redo-asks-again"),
+        pytest.param(4, True, "agentsnap", id="before-the-redos-answer"),
+        # The SDK's own @function_tool, declared nowhere: ledger-backed by default.
+        pytest.param(2, True, "sdk", id="sdk-tool-before-the-first-answer"),
+        pytest.param(4, True, "sdk", id="sdk-tool-before-the-redos-answer"),
+    ],
+)
+def test_an_email_is_sent_once_across_a_rollback_and_a_crash(
+    tmp_path: Path, hang_at: int, replayed: bool, tool: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'agentsnap.db'}"
+    service = make_service(tmp_path)
+    run_id = uuid.uuid4().hex
+    options = ("--sdk-tool",) if tool == "sdk" else ()
+    first = spawn(url, service, run_id, "--hang-at", str(hang_at), *options)
     kill_at_ask(first, service, hang_at)
 
-    result = finish(spawn(url, service, run_id, "--resume"))
+    result = finish(spawn(url, service, run_id, "--resume", *options))
 
     # Every email the service received, by idempotency key: one, once.
     effects = rows(service, "SELECT key, text FROM effects")

@@ -44,7 +44,8 @@ def schema(url: str) -> tuple[set[str], set[str]]:
 
 
 def insert_before_0015(url: str, entries: list[LedgerEntry]) -> None:
-    """Write tool calls as a ledger of revision 0014 did: every column but ``timeline``."""
+    """Write tool calls as a ledger of revision 0014 did: every column but ``timeline`` (and
+    ``note``, added by 0018)."""
     table: sa.Table = ToolCallRow.__table__  # type: ignore[assignment]
     engine = sa.create_engine(migrate.sync_url(url))
     try:
@@ -53,7 +54,7 @@ def insert_before_0015(url: str, entries: list[LedgerEntry]) -> None:
                 values = {
                     field.name: getattr(entry, field.name)
                     for field in dataclasses.fields(entry)
-                    if field.name != "timeline"
+                    if field.name not in {"timeline", "note"}
                 }
                 conn.execute(sa.insert(table).values(values))
     finally:

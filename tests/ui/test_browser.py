@@ -6,6 +6,7 @@ server over real runs, and checks what the page shows or where it went.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -539,4 +540,58 @@ def test_a_fork_with_a_message_in_flight_dropped_and_one_added(
     assert sorted(json.dumps(m["payload"]) for m in forked) == sorted(map(json.dumps, expected))
     (added,) = [m for m in forked if m["src"] == "$env"]
     assert added["dst"] == dropped["dst"]
+    assert not problems
+
+
+def test_the_topology_shows_who_talks_to_whom_and_filters_the_lanes(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    topology = api(served, page, f"/api/runs/{runs.counters}/topology")
+    counts = {(c["src"], c["dst"]): c["messages"] for c in topology["channels"]}
+    assert counts[("alpha", "beta")] > 0
+    assert counts[("$env", "alpha")] > 0
+    open_view(page, served, f"/runs/{runs.counters}")
+    graph = page.locator(".topology-graph")
+    assert graph.locator(".topology-agent").count() == len(topology["agents"])
+    edge = graph.locator(".topology-edge[data-src='alpha'][data-dst='beta']")
+    assert f"{counts[('alpha', 'beta')]} message(s)" in (edge.locator("title").text_content() or "")
+    lanes = page.locator(".lane-label")
+    every = lanes.count()
+    edge.dispatch_event("click")
+    page.wait_for_function("() => document.querySelectorAll('.lane-label').length === 2")
+    assert sorted(lanes.all_inner_texts()) == ["alpha", "beta"]
+    assert "alpha and beta" in page.locator(".topology-focus").inner_text()
+    page.click("button.topology-all")
+    page.wait_for_function(f"() => document.querySelectorAll('.lane-label').length === {every}")
+    # An agent: itself and the agents it talks with.
+    graph.locator(".topology-agent[data-agent='beta']").dispatch_event("click")
+    page.wait_for_function("() => document.querySelectorAll('.lane-label').length === 2")
+    assert sorted(lanes.all_inner_texts()) == ["alpha", "beta"]
+    assert not problems
+
+
+def test_cut_and_rollback_labels_never_overlap_and_stay_whole(
+    page: Page, served: Served, runs: Runs, problems: PageProblems
+) -> None:
+    open_view(page, served, f"/runs/{runs.counters}")
+    wait_drawn(page)
+    drawn = page.evaluate(
+        """() => {
+            const t = window.agentsnap.timeline;
+            return {
+                width: t.width,
+                cuts: t.labelBoxes.map((r) => r.spans),
+                rollbacks: t.rollbackLabelBoxes.map((r) => r.spans),
+                shown: t.labelsShown,
+            };
+        }"""
+    )
+    assert drawn["shown"] >= 1
+    assert sum(len(row) for row in drawn["rollbacks"]) == 1, "the run's one rollback"
+    for row in drawn["cuts"] + drawn["rollbacks"]:
+        ordered = sorted(row)
+        for (_a0, a1), (b0, _b1) in itertools.pairwise(ordered):
+            assert a1 <= b0, f"labels overlap: {ordered}"
+        for start, end in row:
+            assert 0 <= start < end <= drawn["width"], "a label cut by the canvas's edge"
     assert not problems

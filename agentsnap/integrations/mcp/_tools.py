@@ -6,7 +6,6 @@ import asyncio
 import logging
 import typing
 from collections.abc import Callable, Collection, Mapping
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import mcp.types as mt
@@ -14,13 +13,9 @@ from mcp import Client, ClientSession
 
 from agentsnap.exceptions import ConfigurationError, ToolOutcomeUnknown
 from agentsnap.integrations.mcp._results import McpToolError, result_json
-from agentsnap.ledger import ToolCallStatus, owner_id
-from agentsnap.records import utcnow
-from agentsnap.tools import OnDivergence, OnRedo, Tool, ToolCall, _SchemaTool
+from agentsnap.tools import OnDivergence, OnRedo, Tool, ToolCall
 
 if TYPE_CHECKING:
-    from agentsnap.agents import Context
-    from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue
 
 __all__ = ["ATTEMPT", "IDEMPOTENCY_KEY", "SideEffect", "by_annotations", "mcp_tools"]
@@ -38,8 +33,8 @@ ATTEMPT = "io.agentsnap/attempt"
 """The ``_meta`` entry holding the attempt under the key: 1, then 2 for a call run again
 after its outcome was unknown."""
 
-TASK_RESULT = "mcp_task"
-"""The entry of a ledger claim's ``result`` that holds the MCP task's id while it runs."""
+TASK_NOTE = "mcp_task"
+"""The entry of a ledger claim's progress note that holds the MCP task's id while it runs."""
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 POLL_DEFAULT = 0.5
@@ -57,8 +52,6 @@ SideEffect: TypeAlias = Literal["annotations"] | bool | Collection[str] | Callab
 - a function of the MCP ``Tool`` (name, description, schemas, annotations): ``True`` for a
   side-effecting tool.
 """
-
-_LEDGER: ContextVar[Ledger | None] = ContextVar("agentsnap_mcp_ledger", default=None)
 
 
 def by_annotations(tool: mt.Tool) -> bool:
@@ -100,7 +93,8 @@ async def mcp_tools(
 
     A tool the server offers as an MCP task (``execution.taskSupport`` ``"optional"`` or
     ``"required"``, protocol 2025-11-25) is started as a task; for a ledger-backed tool the
-    task's id is written into the key's claim before the call waits for the task. A run
+    task's id is kept as the claim's progress note
+    ([`ToolCall.note`][agentsnap.ToolCall.note]) before the call waits for the task. A run
     resumed after a crash that finds the claim's owner gone polls that task for its result
     instead of calling the tool again.
 
@@ -155,39 +149,41 @@ async def mcp_tools(
         support = listing.execution.task_support if listing.execution is not None else None
         as_task = support == "required" or (tasks and capable and support == "optional")
         idempotent = listing.annotations is not None and listing.annotations.idempotent_hint
+        rerun = bool(reruns(listing) or idempotent)
+        options: dict[str, Any] = {}
+        if effect:
+            options = {"on_redo": on_redo, "on_divergence": on_divergence}
         made.append(
-            _McpTool(
+            Tool.from_schema(
                 prefix + listing.name,
-                listing,
-                session,
+                listing.input_schema,
+                _McpCall(
+                    prefix + listing.name,
+                    listing,
+                    session,
+                    as_task=as_task,
+                    task_ttl=task_ttl,
+                    rerun=rerun,
+                ),
+                description=listing.description or "",
                 side_effect=effect,
-                as_task=as_task,
-                task_ttl=task_ttl,
-                rerun=bool(reruns(listing) or idempotent),
-                on_redo=on_redo,
-                on_divergence=on_divergence,
+                # A task's claim notes the task's id: the call taken over polls it.
+                rerun_if_unknown=effect and (rerun or as_task),
                 lease=lease,
                 wait=wait,
+                **options,
             )
         )
     return made
 
 
-class _OutcomeUnknown(BaseException):
-    """A task call taken over after a crash found no task id: nothing to poll.
+class _McpCall:
+    """Calls one tool of an MCP server: the function of its agentsnap ``Tool``.
 
-    A ``BaseException``, so that ``run_once`` marks the claim ``unknown`` rather than
-    recording a failure; ``_McpTool`` raises ``ToolOutcomeUnknown`` in its place.
+    For a ledger-backed tool run as an MCP task, the task's id is kept as the claim's
+    progress note ([`ToolCall.note`][agentsnap.ToolCall.note]) before the call waits: a call
+    taken over after its owner stopped polls that task instead of calling the tool again.
     """
-
-    def __init__(self, key: str, owner: str | None) -> None:
-        super().__init__(key)
-        self.key = key
-        self.owner = owner
-
-
-class _McpTool(_SchemaTool):
-    """A tool of an MCP server: ``Tool.from_schema``'s kind, told the call's key and ledger."""
 
     def __init__(
         self,
@@ -195,103 +191,41 @@ class _McpTool(_SchemaTool):
         listing: mt.Tool,
         session: ClientSession,
         *,
-        side_effect: bool,
         as_task: bool,
         task_ttl: float | None,
         rerun: bool,
-        on_redo: OnRedo,
-        on_divergence: OnDivergence,
-        lease: float,
-        wait: float,
     ) -> None:
+        self.name = name
         self.remote = listing.name
-        self.listing = listing
         self.session = session
         self.as_task = as_task
         self._ttl = None if task_ttl is None else round(task_ttl * 1000)
         self._rerun = rerun
 
-        async def call(arguments: dict[str, Any]) -> JsonValue:
-            """Calls the server's tool without a key (the tool's function, as given)."""
-            return await self._call_server(arguments, None, 1)
-
-        options: dict[str, Any] = {}
-        if side_effect:
-            options = {"on_redo": on_redo, "on_divergence": on_divergence}
-        super().__init__(
-            name,
-            listing.input_schema,
-            call,
-            key_from=None,
-            description=listing.description or "",
-            side_effect=side_effect,
-            # A task's claim holds the task's id: the call taken over polls it.
-            rerun_if_unknown=side_effect and (rerun or as_task),
-            lease=lease,
-            wait=wait,
-            **options,
-        )
-
-    async def __call__(
-        self, ctx: Context[Any], /, *, key: str | None = None, **arguments: Any
-    ) -> Any:
-        token = _LEDGER.set(ctx.ledger)
-        try:
-            return await super().__call__(ctx, key=key, **arguments)
-        except _OutcomeUnknown as unknown:
-            raise ToolOutcomeUnknown(unknown.key, self.name, unknown.owner) from None
-        finally:
-            _LEDGER.reset(token)
-
-    async def invoke(
-        self,
-        ledger: Ledger | None,
-        /,
-        *,
-        key: str | None = None,
-        run_id: str | None = None,
-        agent: str | None = None,
-        **arguments: Any,
-    ) -> Any:
-        token = _LEDGER.set(ledger)
-        try:
-            return await super().invoke(ledger, key=key, run_id=run_id, agent=agent, **arguments)
-        except _OutcomeUnknown as unknown:
-            raise ToolOutcomeUnknown(unknown.key, self.name, unknown.owner) from None
-        finally:
-            _LEDGER.reset(token)
-
-    async def _call_fn(self, values: dict[str, Any], info: ToolCall, attempt: int) -> Any:
-        return await self._call_server(values, info.key, attempt)
-
-    async def _call_server(
-        self, arguments: dict[str, Any], key: str | None, attempt: int
-    ) -> JsonValue:
+    async def __call__(self, call: ToolCall, arguments: dict[str, Any]) -> JsonValue:
+        key = call.key
         meta: mt.RequestParamsMeta | None = None
         if key is not None:
-            meta = typing.cast("mt.RequestParamsMeta", {IDEMPOTENCY_KEY: key, ATTEMPT: attempt})
+            meta = typing.cast(
+                "mt.RequestParamsMeta", {IDEMPOTENCY_KEY: key, ATTEMPT: call.attempt}
+            )
         if self.as_task:
-            return await self._run_task(arguments, key, attempt, meta)
+            return await self._run_task(call, arguments, meta)
         result = await self.session.call_tool(self.remote, arguments, meta=meta)
         return result_json(self.remote, result)
 
     async def _run_task(
-        self,
-        arguments: dict[str, Any],
-        key: str | None,
-        attempt: int,
-        meta: mt.RequestParamsMeta | None,
+        self, call: ToolCall, arguments: dict[str, Any], meta: mt.RequestParamsMeta | None
     ) -> JsonValue:
-        ledger = _LEDGER.get() if key is not None and self.side_effect else None
+        durable = call.key is not None
         task_id: str | None = None
-        if ledger is not None and key is not None and attempt > 1:
-            # Taken over after the claim's owner died: its task, if it had started one.
-            entry = await ledger.get(key)
-            task_id = _recorded_task(entry.result if entry is not None else None)
+        if durable and call.attempt > 1:
+            # Taken over after the claim's owner stopped: its task, if it had started one.
+            task_id = _recorded_task(await call.noted())
             if task_id is None and not self._rerun:
-                raise _OutcomeUnknown(key, entry.owner if entry is not None else None)
+                raise ToolOutcomeUnknown(str(call.key), self.name, None)
             if task_id is not None:
-                logger.info("tool %r: key %s polls its MCP task %s", self.name, key, task_id)
+                logger.info("tool %r: key %s polls its MCP task %s", self.name, call.key, task_id)
         poll = POLL_DEFAULT
         if task_id is None:
             started = await self._start_task(arguments, meta)
@@ -299,23 +233,15 @@ class _McpTool(_SchemaTool):
                 return result_json(self.remote, started)
             task_id = started.task.task_id
             poll = _interval(started.task.poll_interval)
-            if ledger is not None and key is not None:
-                # Durable before the wait: a resumed run polls this task, not the tool.
-                kept = await ledger.update(
-                    key,
-                    {"result": {TASK_RESULT: {"taskId": task_id}}, "updated_at": utcnow()},
-                    statuses=(ToolCallStatus.IN_PROGRESS,),
-                    owner=owner_id(),
-                    attempts=attempt,
+            # Durable before the wait: a call taken over polls this task, not the tool.
+            if durable and not await call.note({TASK_NOTE: {"taskId": task_id}}):
+                logger.warning(
+                    "tool %r: the MCP task %s of key %s could not be noted in its claim "
+                    "(taken over meanwhile)",
+                    self.name,
+                    task_id,
+                    call.key,
                 )
-                if not kept:
-                    logger.warning(
-                        "tool %r: the MCP task %s of key %s could not be recorded in its "
-                        "claim (taken over meanwhile)",
-                        self.name,
-                        task_id,
-                        key,
-                    )
         return result_json(self.remote, await self._await_task(task_id, poll))
 
     async def _start_task(
@@ -366,9 +292,9 @@ class _McpTool(_SchemaTool):
         )
 
 
-def _recorded_task(result: JsonValue) -> str | None:
-    if isinstance(result, dict):
-        task = result.get(TASK_RESULT)
+def _recorded_task(note: JsonValue) -> str | None:
+    if isinstance(note, dict):
+        task = note.get(TASK_NOTE)
         if isinstance(task, dict) and isinstance(task.get("taskId"), str):
             return str(task["taskId"])
     return None

@@ -5,7 +5,8 @@ never imports the SDK; importing this module does, and raises
 [`MissingExtraError`][agentsnap.integrations.MissingExtraError] when it is missing.
 
 - [`AgentsnapRunner`][agentsnap.integrations.openai_agents.AgentsnapRunner] runs an SDK agent
-  and the agents it hands off to as a run (``run``, and ``resume`` after a crash).
+  and the agents it hands off to as a run (``run``, ``run_streamed``, and ``resume`` after
+  a crash).
 - [`OpenAIAgent`][agentsnap.integrations.openai_agents.OpenAIAgent] runs one SDK agent as an
   agentsnap agent: every model call a recorded step
   ([`RecordedModel`][agentsnap.integrations.openai_agents.RecordedModel]), its session in
@@ -15,7 +16,11 @@ never imports the SDK; importing this module does, and raises
 - [`function_tool`][agentsnap.integrations.openai_agents.function_tool],
   [`as_sdk_tool`][agentsnap.integrations.openai_agents.as_sdk_tool] and
   [`ledgered`][agentsnap.integrations.openai_agents.ledgered] make SDK tools whose calls go
-  through agentsnap's tools, and so, for side effects, through the ledger.
+  through agentsnap's tools, and so, for side effects, through the ledger; an
+  ``OpenAIAgent`` puts every function tool not declared ``read_only`` through it.
+- An output guardrail that trips is a rejection: the team rolls back and the agent retries,
+  told the guardrail's reason
+  ([`guardrail_verdict`][agentsnap.integrations.openai_agents.guardrail_verdict]).
 
 Example:
     ```python
@@ -35,16 +40,19 @@ except ImportError as exc:  # pragma: no cover - exercised with the SDK uninstal
     raise MissingExtraError("openai-agents", "openai-agents") from exc
 
 from agentsnap.integrations.openai_agents._agent import (
+    OnEvent,
     OpenAIAgent,
     OpenAIAgentState,
     Outgoing,
     agent_name,
+    guardrail_verdict,
 )
 from agentsnap.integrations.openai_agents._model import RecordedModel, as_json
 from agentsnap.integrations.openai_agents._runner import (
     OUTPUTS,
     AgentsnapRunner,
     TeamResult,
+    TeamStream,
     team,
 )
 from agentsnap.integrations.openai_agents._session import AgentsnapSession
@@ -54,15 +62,18 @@ __all__ = [
     "OUTPUTS",
     "AgentsnapRunner",
     "AgentsnapSession",
+    "OnEvent",
     "OpenAIAgent",
     "OpenAIAgentState",
     "Outgoing",
     "RecordedModel",
     "TeamResult",
+    "TeamStream",
     "agent_name",
     "as_json",
     "as_sdk_tool",
     "function_tool",
+    "guardrail_verdict",
     "ledgered",
     "team",
 ]

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from typing import Any, NamedTuple, TypeAlias
 
 from agents import Agent as SDKAgent
 from agents import RunConfig, Runner
+from agents.exceptions import OutputGuardrailTripwireTriggered
 from agents.handoffs import Handoff, handoff
 from agents.items import ModelResponse as SDKResponse
 from agents.models.interface import Model
-from agents.result import RunResult
+from agents.result import RunResultBase
+from agents.stream_events import StreamEvent
 from agents.tool import FunctionTool
 from pydantic import BaseModel, Field
 
@@ -23,11 +34,24 @@ from agentsnap.exceptions import AgentsnapError, ConfigurationError
 from agentsnap.integrations._running import handling
 from agentsnap.integrations.openai_agents._model import RecordedModel, as_json
 from agentsnap.integrations.openai_agents._session import AgentsnapSession
-from agentsnap.integrations.openai_agents._tools import ledgered
+from agentsnap.integrations.openai_agents._tools import ledgered, through_agentsnap
 from agentsnap.messages import ENVIRONMENT, JsonValue, Message
 from agentsnap.state import AgentState
 
-__all__ = ["OpenAIAgent", "OpenAIAgentState", "Outgoing", "agent_name"]
+__all__ = [
+    "OnEvent",
+    "OpenAIAgent",
+    "OpenAIAgentState",
+    "Outgoing",
+    "agent_name",
+    "guardrail_verdict",
+]
+
+
+OnEvent: TypeAlias = Callable[[str, StreamEvent], Awaitable[None] | None]
+"""Takes the stream events of an SDK agent run streamed: the agentsnap agent's name and
+the SDK's event (``raw_response_event``, ``run_item_stream_event``,
+``agent_updated_stream_event``)."""
 
 
 class OpenAIAgentState(AgentState):
@@ -50,6 +74,9 @@ class OpenAIAgentState(AgentState):
     feedback_seen: int = 0
     """How many of the agent's feedback items (``ctx.feedback``) its conversation holds;
     the others go into the next input."""
+    last_response_id: str | None = None
+    """With ``chain_responses``: the id of the provider's last response, from which the
+    next run continues (the conversation is kept at the provider, not in ``items``)."""
 
 
 class Outgoing(NamedTuple):
@@ -103,8 +130,9 @@ class _HandOver(Model):
         items = [{"role": "user", "content": given}] if isinstance(given, str) else given
         raise _HandedOff(self.target, as_json(list(items)))
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-        raise ConfigurationError("an agent run by agentsnap does not stream")
+    async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        await self.get_response(*args, **kwargs)  # raises _HandedOff
+        yield  # pragma: no cover - an async generator, as the SDK iterates it
 
 
 class OpenAIAgent(Agent[OpenAIAgentState]):
@@ -123,16 +151,23 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
     - its handoffs as messages: a handoff to another SDK agent stops the run and sends the
       conversation, as the target would see it, to the agentsnap agent wrapping the target
       (kind ``"handoff"``), which goes on from there;
-    - the tools named in ``side_effects`` through the ledger
-      ([`ledgered`][agentsnap.integrations.openai_agents.ledgered]); tools made with
-      [`function_tool`][agentsnap.integrations.openai_agents.function_tool] go through
-      agentsnap already.
+    - every function tool through the ledger
+      ([`ledgered`][agentsnap.integrations.openai_agents.ledgered]), unless it is named in
+      ``read_only``: a redo after a rollback or a resume gets the recorded result instead
+      of running it again. Tools made with
+      [`function_tool`][agentsnap.integrations.openai_agents.function_tool],
+      [`as_sdk_tool`][agentsnap.integrations.openai_agents.as_sdk_tool] or ``ledgered``
+      go through agentsnap already, as they declare.
 
     The final output is kept in the state and sent as an ``"output"`` message
     ([`outputs`][agentsnap.integrations.openai_agents.OpenAIAgent.outputs]) to the
     message's ``reply_to``, else to ``reply_to`` given here, else back to the agent that
     asked. A check, a schema, a critic or ``evaluate`` that rejects it rolls the team back;
-    this agent runs the message again with the reason added to its input.
+    this agent runs the message again with the reason added to its input. So does one of
+    the SDK agent's output guardrails that trips (``OutputGuardrailTripwireTriggered``): its
+    ``output_info`` is the reason
+    ([`guardrail_verdict`][agentsnap.integrations.openai_agents.guardrail_verdict]), within
+    the run's retry budget.
 
     Args:
         name: The agentsnap agent's name (by default the SDK agent's, made valid).
@@ -140,8 +175,9 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         handoffs: The agentsnap agent wrapping each handoff target, by the target SDK
             agent's name; by default [`agent_name`][agentsnap.integrations.openai_agents.agent_name]
             of it.
-        side_effects: Names of the SDK agent's function tools that change the world: their
-            calls go through the ledger.
+        read_only: Names of the SDK agent's function tools that do not change the world
+            (lookups, searches): they run directly, again on a redo. Every other function
+            tool is ledger-backed.
         reply_to: Where the final output goes when the message does not say.
         run_config: The SDK's run configuration (its ``model``, if set, is recorded too).
         max_turns: The SDK's bound on model calls per message.
@@ -150,11 +186,28 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
             handoff is in flight in a cut, the conversation it carries stored, and a later
             rejection of the target's output goes back to it instead of asking this agent's
             model again.
+        chain_responses: Keep the conversation at the provider (the Responses API's
+            ``previous_response_id``) instead of in the session. The state records the id
+            of the last response (``last_response_id``); each run continues from it. A
+            response id names the conversation up to that response and the provider keeps
+            every one, so a rollback, which restores the cut's id, continues from the cut's
+            point and the undone answers are never built on. ``conversation_id`` (the
+            Conversations API) is refused: a conversation object at the provider is changed
+            in place, and a rollback cannot undo that.
+        on_event: Run the SDK agent streamed (``Runner.run_streamed``) and hand every
+            stream event to this function, with this agent's name, as it comes. Each
+            model call is still one recorded step, recorded once its stream is complete; a
+            replayed call streams its recorded answer
+            ([`RecordedModel.stream_response`][agentsnap.integrations.openai_agents.RecordedModel.stream_response]).
+            Events of a handler that a rollback throws away have been handed on already:
+            a consumer that shows them should start the agent's answer again at its next
+            ``agent_updated_stream_event``.
         state: The initial state.
 
     Raises:
-        ConfigurationError: ``agent`` is not an SDK agent, or ``side_effects`` names a tool
-            the SDK agent does not have as a function tool.
+        ConfigurationError: ``agent`` is not an SDK agent, ``read_only`` names a tool the
+            SDK agent does not have as a function tool, or the SDK agent has
+            ``mcp_servers`` (their tools would bypass the ledger).
     """
 
     def __init__(
@@ -163,12 +216,14 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         agent: SDKAgent[Any],
         *,
         handoffs: Mapping[str, str] | None = None,
-        side_effects: Collection[str] = (),
+        read_only: Collection[str] = (),
         reply_to: str | None = None,
         run_config: RunConfig | None = None,
         max_turns: int = 10,
         context: Any = None,
         snapshot_at_handoff: bool = True,
+        chain_responses: bool = False,
+        on_event: OnEvent | None = None,
         state: OpenAIAgentState | None = None,
     ) -> None:
         if not isinstance(agent, SDKAgent):
@@ -189,6 +244,10 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         """The SDK's run context object."""
         self.snapshot_at_handoff = snapshot_at_handoff
         """Whether a handoff starts a snapshot."""
+        self.chain_responses = chain_responses
+        """Whether the conversation is kept at the provider, chained by response ids."""
+        self.on_event = on_event
+        """Where the stream events go, when the SDK agent runs streamed."""
         config = run_config if run_config is not None else RunConfig()
         model: Model | str | None = agent.model
         if config.model is not None:
@@ -202,22 +261,36 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         """The agentsnap agent each handoff goes to, by the target SDK agent's name."""
         self.runnable = agent.clone(
             model=RecordedModel(model, config.model_provider),
-            tools=self._tools(agent, side_effects),
+            tools=self._tools(agent, read_only),
             handoffs=[self._handoff(h, handoffs or {}) for h in agent.handoffs],
         )
         """The SDK agent as it runs: recorded model, ledgered tools, handoffs as messages."""
 
-    def _tools(self, agent: SDKAgent[Any], side_effects: Collection[str]) -> list[Any]:
+    def _tools(self, agent: SDKAgent[Any], read_only: Collection[str]) -> list[Any]:
+        if isinstance(read_only, str):
+            raise ConfigurationError(
+                f"read_only of agent {self.name!r} takes tool names, got the string "
+                f"{read_only!r}; pass [{read_only!r}]"
+            )
+        if agent.mcp_servers:
+            raise ConfigurationError(
+                f"SDK agent {agent.name!r} has mcp_servers, whose tools the SDK calls without "
+                "agentsnap's ledger; give the agent the servers' tools instead: "
+                "tools=[as_sdk_tool(t) for t in await mcp_tools(session)] "
+                "(agentsnap.integrations.mcp)"
+            )
         names = {t.name for t in agent.tools if isinstance(t, FunctionTool)}
-        unknown = sorted(set(side_effects) - names)
+        unknown = sorted(set(read_only) - names)
         if unknown:
             raise ConfigurationError(
-                f"side_effects of agent {self.name!r} names {unknown!r}, which are not "
+                f"read_only of agent {self.name!r} names {unknown!r}, which are not "
                 f"function tools of SDK agent {agent.name!r} (its function tools: "
                 f"{sorted(names)!r})"
             )
         return [
-            ledgered(t) if isinstance(t, FunctionTool) and t.name in side_effects else t
+            t
+            if not isinstance(t, FunctionTool) or through_agentsnap(t) or t.name in read_only
+            else ledgered(t)
             for t in agent.tools
         ]
 
@@ -250,14 +323,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         state = self.state
         try:
             with handling(ctx):
-                result = await Runner.run(
-                    self.runnable,
-                    given,
-                    session=self.session,
-                    run_config=self.run_config,
-                    max_turns=self.max_turns,
-                    context=self.context,
-                )
+                result = await self._run(given)
         except _HandedOff as handed:
             state.feedback_seen = len(ctx.feedback)
             state.handed_off_to = handed.target
@@ -270,6 +336,11 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
             if self.snapshot_at_handoff:
                 ctx.snapshot()
             return
+        except OutputGuardrailTripwireTriggered as tripped:
+            # The SDK's judge of the final output said no: a rejection like a check's, so
+            # the team goes back to the last cut and this agent retries, told why.
+            name, reason = guardrail_verdict(tripped)
+            ctx.reject(self.name, reason, source=f"guardrail {name}")
         except Exception as exc:
             inner = _agentsnap_error(exc)
             if inner is not None and inner is not exc:
@@ -277,10 +348,45 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
             raise
         state.feedback_seen = len(ctx.feedback)
         state.handed_off_to = None
+        if self.chain_responses:
+            state.last_response_id = result.last_response_id
         state.output = as_json(result.final_output)
         state.runs += 1
         for outgoing in self.outputs(result, message, ctx):
             ctx.send(outgoing.to, outgoing.payload, kind=outgoing.kind)
+
+    async def _run(self, given: str | list[Any]) -> RunResultBase:
+        """Run the SDK agent, streamed when there is an ``on_event``."""
+        if self.on_event is None:
+            return await Runner.run(
+                self.runnable,
+                given,
+                run_config=self.run_config,
+                max_turns=self.max_turns,
+                context=self.context,
+                **self._conversation(),
+            )
+        streamed = Runner.run_streamed(
+            self.runnable,
+            given,
+            run_config=self.run_config,
+            max_turns=self.max_turns,
+            context=self.context,
+            **self._conversation(),
+        )
+        async for event in streamed.stream_events():
+            handed = self.on_event(self.name, event)
+            if inspect.isawaitable(handed):
+                await handed
+        return streamed
+
+    def _conversation(self) -> dict[str, Any]:
+        """Where the SDK keeps the conversation: the session, or the provider's chain."""
+        if not self.chain_responses:
+            return {"session": self.session}
+        # The first run starts the chain; every later one continues from the state's id.
+        previous = self.state.last_response_id
+        return {"previous_response_id": previous, "auto_previous_response_id": previous is None}
 
     def sdk_input(self, message: Message, ctx: Context[OpenAIAgentState]) -> str | list[Any]:
         """The SDK agent's input for a message; override it to shape the input.
@@ -351,7 +457,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         return None
 
     def outputs(
-        self, result: RunResult, message: Message, ctx: Context[OpenAIAgentState]
+        self, result: RunResultBase, message: Message, ctx: Context[OpenAIAgentState]
     ) -> Iterable[Outgoing]:
         """The messages to send once the SDK agent answered; override it to route them.
 
@@ -363,7 +469,7 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         the run back as from any handler.
 
         Args:
-            result: The SDK's result.
+            result: The SDK's result (a ``RunResultStreaming`` when streamed).
             message: The message the SDK agent ran on.
             ctx: The agent's context.
 
@@ -379,6 +485,31 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
             "by": self.name,
         }
         return (Outgoing(target, payload, "output"),)
+
+
+def guardrail_verdict(tripped: OutputGuardrailTripwireTriggered) -> tuple[str, str]:
+    """The name of the output guardrail that tripped, and its reason, for the feedback.
+
+    The reason is the guardrail's ``output_info``: a string as it is, the ``reason`` of an
+    object (a dict or a pydantic model with a ``reason`` field) or else its JSON; with no
+    ``output_info``, a sentence naming the guardrail.
+
+    Args:
+        tripped: What the SDK raised.
+
+    Returns:
+        ``(name, reason)``.
+    """
+    result = tripped.guardrail_result
+    name = result.guardrail.get_name()
+    info = as_json(result.output.output_info)
+    if isinstance(info, str) and info.strip():
+        return name, info
+    if isinstance(info, Mapping) and isinstance(info.get("reason"), str) and info["reason"]:
+        return name, str(info["reason"])
+    if info is None or info == "":
+        return name, f"the output guardrail {name!r} rejected the answer"
+    return name, json.dumps(info, ensure_ascii=False)
 
 
 def _agentsnap_error(exc: BaseException) -> BaseException | None:

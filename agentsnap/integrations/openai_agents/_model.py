@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import typing
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from agents.exceptions import ModelBehaviorError
 from agents.items import ModelResponse as SDKResponse
 from agents.models.interface import Model, ModelProvider, ModelTracing
 from agents.models.multi_provider import MultiProvider
 from agents.tool import FunctionTool
 from agents.usage import Usage as SDKUsage
-from openai.types.responses import ResponseOutputItem
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseCreatedEvent,
+    ResponseOutputItem,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseTextDeltaEvent,
+    ResponseUsage,
+)
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
@@ -62,7 +77,13 @@ class RecordedModel(Model):
     kept as JSON in ``native`` (and shown as messages, tool calls and usage by ``agentsnap
     model-calls``), a handler re-executed after a crash gets the recorded answer, rebuilt
     into the SDK's ``ModelResponse``, without asking the model, and after a rollback the
-    model is asked again.
+    model is asked again. ``stream_response`` is recorded the same way, once the stream is
+    complete, and a replayed one streams the recorded answer.
+
+    A ``previous_response_id`` is recorded with the request; a ``conversation_id`` is
+    refused ([`ConfigurationError`][agentsnap.ConfigurationError]), since a rollback cannot
+    undo what the provider's conversation object holds (chain responses instead:
+    ``OpenAIAgent(..., chain_responses=True)``).
 
     Args:
         model: The SDK model, or its name (``"gpt-4.1"``), resolved by ``provider`` the
@@ -113,8 +134,13 @@ class RecordedModel(Model):
         conversation_id: str | None,
         prompt: ResponsePromptParam | None,
     ) -> SDKResponse:
-        """Ask the model through the running handler's recording (see the class)."""
+        """Ask the model through the running handler's recording (see the class).
+
+        Raises:
+            ConfigurationError: ``conversation_id`` is given (see the class).
+        """
         ctx = current("a model call of the OpenAI Agents SDK")
+        _refuse_conversation(conversation_id)
         request = _request(
             system_instructions,
             input,
@@ -143,7 +169,7 @@ class RecordedModel(Model):
 
         return sdk_response(await ctx.model_call(request, ask))
 
-    def stream_response(  # noqa: PLR0917 - the SDK's signature
+    async def stream_response(  # noqa: PLR0917 - the SDK's signature
         self,
         system_instructions: str | None,
         input: str | list[TResponseInputItem],
@@ -157,21 +183,204 @@ class RecordedModel(Model):
         conversation_id: str | None,
         prompt: ResponsePromptParam | None,
     ) -> AsyncIterator[TResponseStreamEvent]:
-        """Not offered: a streamed answer is not a recorded step.
+        """Stream the model's answer, recorded as one step once it is complete.
+
+        Asked afresh, the model's own events are passed on as they come, and the response
+        its ``response.completed`` event carries is recorded through
+        [`Context.model_call`][agentsnap.Context.model_call], as ``get_response`` records
+        (a streamed call and a whole one are the same step). A handler re-executed after a
+        crash gets the recorded answer, and the events are made from it: a
+        ``response.created``, each output item added, its text as one delta, the item
+        done, and ``response.completed`` with the recorded response.
 
         Raises:
-            ConfigurationError: Always; run the agent with ``Runner.run``, not
-                ``Runner.run_streamed``.
+            ConfigurationError: ``conversation_id`` is given (see the class).
+            ModelBehaviorError: The model's stream ended without ``response.completed``.
         """
-        raise ConfigurationError(
-            "an agent run by agentsnap records whole answers: use Runner.run, not "
-            "Runner.run_streamed (the OpenAIAgent does)"
+        ctx = current("a streamed model call of the OpenAI Agents SDK")
+        _refuse_conversation(conversation_id)
+        request = _request(
+            system_instructions,
+            input,
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            previous_response_id=previous_response_id,
+            conversation_id=conversation_id,
         )
+        live: asyncio.Queue[TResponseStreamEvent | None] = asyncio.Queue()
+        asked = False
+
+        async def ask(_: ModelRequest) -> ModelResponse:
+            nonlocal asked
+            asked = True
+            completed: Response | None = None
+            done: list[Any] = []
+            events = self.resolved().stream_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=previous_response_id,
+                conversation_id=conversation_id,
+                prompt=prompt,
+            )
+            try:
+                async for event in events:
+                    live.put_nowait(event)
+                    if isinstance(event, ResponseCompletedEvent):
+                        completed = event.response
+                    elif isinstance(event, ResponseOutputItemDoneEvent):
+                        done.append(event.item)
+            finally:
+                close = getattr(events, "aclose", None)
+                if close is not None:
+                    await close()
+            if completed is None:
+                raise ModelBehaviorError(
+                    "the model's stream ended without a response.completed event: there is "
+                    "no answer to record"
+                )
+            return _response(_completed(completed, done), self.name)
+
+        # The recording runs beside this generator, which passes the model's events on as
+        # they come; the end of the recording (its answer, or its error) ends the stream.
+        call = asyncio.ensure_future(ctx.model_call(request, ask))
+        call.add_done_callback(lambda _: live.put_nowait(None))
+        try:
+            while (event := await live.get()) is not None:
+                yield event
+            answer = call.result()
+        finally:
+            if not call.done():
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await call
+        if not asked:  # replayed: the events of the recorded answer
+            for event in replayed_events(sdk_response(answer), self.name):
+                yield event
 
     async def close(self) -> None:
         """Close the SDK model, if it was resolved."""
         if isinstance(self._model, Model):
             await self._model.close()
+
+
+def _refuse_conversation(conversation_id: str | None) -> None:
+    if conversation_id is not None:
+        raise ConfigurationError(
+            f"a run of agentsnap cannot use conversation_id={conversation_id!r}: the "
+            "provider changes a conversation object in place, and a rollback cannot undo "
+            "what it holds. Keep the conversation in the agent's state (the default "
+            "session), or chain responses by id: OpenAIAgent(..., chain_responses=True), "
+            "whose state records the last response id so that a rollback continues from "
+            "the cut's response"
+        )
+
+
+def _completed(response: Response, done: list[Any]) -> SDKResponse:
+    """The SDK's ``ModelResponse`` of a streamed answer's ``response.completed`` event."""
+    usage = response.usage
+    return SDKResponse(
+        # Some backends leave the completed response's output empty and stream the items.
+        output=list(response.output) or done,
+        usage=SDKUsage(
+            requests=1,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            total_tokens=usage.total_tokens,
+            input_tokens_details=usage.input_tokens_details,
+            output_tokens_details=usage.output_tokens_details,
+        )
+        if usage is not None
+        else SDKUsage(requests=1),
+        response_id=response.id or None,
+        request_id=getattr(response, "_request_id", None),
+    )
+
+
+def replayed_events(answer: SDKResponse, model: str | None) -> list[TResponseStreamEvent]:
+    """The stream events of a recorded answer, as a streamed call replays it.
+
+    ``response.created``; for each output item ``response.output_item.added``, the text of
+    each of a message's text parts as one ``response.output_text.delta``, and
+    ``response.output_item.done``; then ``response.completed`` with the whole response.
+
+    Args:
+        answer: The recorded answer, as the SDK's ``ModelResponse``.
+        model: The model's name, for the response.
+
+    Returns:
+        The events, numbered in order.
+    """
+    usage = answer.usage
+    # Constructed, not validated: the SDK's answers may have no id, a Response must.
+    response = Response.model_construct(
+        id=typing.cast("str", answer.response_id),
+        created_at=0.0,
+        model=model or "recorded",
+        object="response",
+        output=list(answer.output),
+        parallel_tool_calls=False,
+        tool_choice="auto",
+        tools=[],
+        status="completed",
+        usage=ResponseUsage(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            total_tokens=usage.total_tokens,
+            input_tokens_details=usage.input_tokens_details,
+            output_tokens_details=usage.output_tokens_details,
+        ),
+    )
+    events: list[Any] = [
+        ResponseCreatedEvent(
+            type="response.created",
+            response=response.model_copy(update={"output": [], "status": "in_progress"}),
+            sequence_number=0,
+        )
+    ]
+    for index, item in enumerate(answer.output):
+        events.append(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added",
+                item=item,
+                output_index=index,
+                sequence_number=len(events),
+            )
+        )
+        if isinstance(item, ResponseOutputMessage):
+            for part_index, part in enumerate(item.content):
+                if isinstance(part, ResponseOutputText):
+                    events.append(
+                        ResponseTextDeltaEvent(
+                            type="response.output_text.delta",
+                            item_id=item.id,
+                            output_index=index,
+                            content_index=part_index,
+                            delta=part.text,
+                            logprobs=[],
+                            sequence_number=len(events),
+                        )
+                    )
+        events.append(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done",
+                item=item,
+                output_index=index,
+                sequence_number=len(events),
+            )
+        )
+    events.append(
+        ResponseCompletedEvent(
+            type="response.completed", response=response, sequence_number=len(events)
+        )
+    )
+    return events
 
 
 def sdk_response(response: ModelResponse) -> SDKResponse:

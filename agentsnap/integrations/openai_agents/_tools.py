@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, overload
@@ -17,11 +18,24 @@ from agentsnap.integrations._running import current
 from agentsnap.integrations.openai_agents._model import as_json
 from agentsnap.tools import OnDivergence, OnRedo, Tool, tool
 
-__all__ = ["as_sdk_tool", "function_tool", "ledgered"]
+__all__ = ["as_sdk_tool", "function_tool", "ledgered", "through_agentsnap"]
 
 _TOOL_CONTEXT: ContextVar[ToolContext[Any] | None] = ContextVar(
     "agentsnap_sdk_tool_context", default=None
 )
+
+# The invoke functions of the SDK tools whose calls go through agentsnap already.
+_THROUGH: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+
+
+def through_agentsnap(sdk_tool: object) -> bool:
+    """Whether an SDK tool's calls go through agentsnap's tools already.
+
+    True for the tools made by [`as_sdk_tool`][agentsnap.integrations.openai_agents.as_sdk_tool],
+    [`function_tool`][agentsnap.integrations.openai_agents.function_tool] and
+    [`ledgered`][agentsnap.integrations.openai_agents.ledgered].
+    """
+    return isinstance(sdk_tool, FunctionTool) and sdk_tool.on_invoke_tool in _THROUGH
 
 
 def as_sdk_tool(
@@ -73,6 +87,7 @@ def as_sdk_tool(
             _TOOL_CONTEXT.reset(token)
         return result if isinstance(result, str) else json.dumps(as_json(result))
 
+    _THROUGH.add(invoke)
     return FunctionTool(
         name=agentsnap_tool.name,
         description=description if description is not None else agentsnap_tool.description,
@@ -99,7 +114,7 @@ def function_tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    side_effect: bool = False,
+    side_effect: bool = True,
     key_from: Sequence[str] | None = None,
     on_redo: OnRedo = "recorded",
     on_divergence: OnDivergence = "raise",
@@ -112,7 +127,7 @@ def function_tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    side_effect: bool = False,
+    side_effect: bool = True,
     key_from: Sequence[str] | None = None,
     on_redo: OnRedo = "recorded",
     on_divergence: OnDivergence = "raise",
@@ -133,7 +148,7 @@ def function_tool(
         from agentsnap.integrations.openai_agents import function_tool
 
 
-        @function_tool(side_effect=True)
+        @function_tool  # side-effecting: through the ledger
         async def send_email(call: ToolCall, to: str, text: str) -> str:
             \"\"\"Send an email.\"\"\"
             return f"sent under {call.key}"
@@ -147,7 +162,8 @@ def function_tool(
         fn: The function (when used as ``@function_tool`` without parentheses).
         name: The tool's name (default: the function's).
         description: What the model is told it does (default: the docstring).
-        side_effect: The tool changes the world: its calls go through the ledger.
+        side_effect: The tool changes the world: its calls go through the ledger (the
+            default, the safe choice); ``False`` declares it read-only, run again on a redo.
         key_from: The arguments that name the effect, as for [`tool`][agentsnap.tool].
         on_redo: What a redo after a rollback does with other arguments at the same place.
         on_divergence: What a re-execution after a crash does with other arguments.
@@ -187,6 +203,9 @@ def ledgered(
     For a tool made with the SDK's ``@function_tool``: its calls are recorded in the agent's
     ``tool_calls`` and, with side effects, claimed in the ledger under a key bound to the call
     before the tool's own code runs.
+    [`OpenAIAgent`][agentsnap.integrations.openai_agents.OpenAIAgent] does this with the
+    defaults for every function tool not declared ``read_only``; call it yourself to give a
+    tool other options (``key_from``, ``on_redo``, ``rerun_if_unknown``).
 
     What the tool returns is recorded as JSON (its text, or its fields), and a replayed
     call gives the model that. A tool that turns its own errors into text for the model (the
@@ -205,12 +224,18 @@ def ledgered(
         A copy of the tool whose calls go through agentsnap.
 
     Raises:
-        ConfigurationError: ``sdk_tool`` is not a ``FunctionTool``.
+        ConfigurationError: ``sdk_tool`` is not a ``FunctionTool``, or goes through
+            agentsnap already.
     """
     if not isinstance(sdk_tool, FunctionTool):
         raise ConfigurationError(
             f"ledgered() takes an SDK FunctionTool, got {type(sdk_tool).__name__}; hosted "
             "tools run on the provider's side and their results come with the recorded answer"
+        )
+    if through_agentsnap(sdk_tool):
+        raise ConfigurationError(
+            f"tool {sdk_tool.name!r} goes through agentsnap already (made by function_tool, "
+            "as_sdk_tool or ledgered); give its options where it was made"
         )
     original = sdk_tool.on_invoke_tool
 

@@ -460,7 +460,39 @@ class EmbeddedSource {
 // --- The space-time view --------------------------------------------------------------------
 
 const LANE = 30;
-const TOP = 46; // room for the cuts' labels
+const TOP = 58; // room for the cuts' labels (two rows) and the rollbacks' (one row)
+const CUT_LABEL_ROWS = [TOP - 30, TOP - 43]; // baselines, tried in this order
+const ROLLBACK_LABEL_ROW = TOP - 17;
+
+/**
+ * Where labels go on a row of the canvas without overlapping: each placed label keeps its
+ * horizontal span; a label that fits on no row is left out (the hit area and the tooltip
+ * still tell what is there).
+ */
+class LabelRows {
+  constructor(ctx, width, rows) {
+    this.ctx = ctx;
+    this.width = width;
+    this.rows = rows.map((y) => ({ y, spans: [] }));
+  }
+
+  /** Place ``text`` near ``x`` (centred, or after it for ``"left"``); its baseline, or null. */
+  place(text, x, align = "center") {
+    const w = this.ctx.measureText(text).width + 6;
+    let from = align === "left" ? x + 3 : x - w / 2;
+    // Kept whole inside the canvas: a label near the right edge goes to the left of x.
+    if (from + w > this.width) from = align === "left" ? x - 3 - w : this.width - w;
+    if (from < 0) from = 0;
+    for (const row of this.rows) {
+      if (row.spans.some(([a, b]) => from < b && a < from + w)) continue;
+      row.spans.push([from, from + w]);
+      this.ctx.textAlign = "left";
+      this.ctx.fillText(text, from + 3, row.y);
+      return row.y;
+    }
+    return null;
+  }
+}
 const BOTTOM = 30; // room for the time axis
 const PAD = 16;
 const STATUS_COLOURS = {
@@ -594,8 +626,15 @@ class SpaceTime {
 
   // --- lanes ---
 
+  /** Show only these agents' lanes (``null``: every agent), as the topology asks. */
+  focus(names) {
+    this.only = names && names.length ? new Set(names) : null;
+    this.root.dataset.focus = this.only ? [...this.only].sort().join(",") : "";
+    this.layout();
+  }
+
   rowsFor() {
-    const agents = [...this.agents];
+    const agents = this.only ? this.agents.filter((name) => this.only.has(name)) : [...this.agents];
     const count = (name) => this.activity.get(name) || 0;
     if (this.sort === "activity") agents.sort((a, b) => count(b) - count(a) || (a < b ? -1 : 1));
     else agents.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
@@ -1076,7 +1115,8 @@ class SpaceTime {
     const lines = new Path2D();
     const crosses = new Path2D();
     ctx.fillStyle = "#c33";
-    ctx.textAlign = "left";
+    const rollbackLabels = new LabelRows(ctx, this.width, [ROLLBACK_LABEL_ROW]);
+    this.rollbackLabelBoxes = rollbackLabels.rows;
     for (const r of events.rollbacks || []) {
       const x = this.x(lamport ? r.lc : r.at_us);
       if (x < -10 || x > this.width + 10) continue;
@@ -1089,7 +1129,7 @@ class SpaceTime {
         crosses.moveTo(x + 5, y - 5);
         crosses.lineTo(x - 5, y + 5);
       }
-      ctx.fillText("↺ rollback", x + 3, TOP - 20);
+      rollbackLabels.place("↺ rollback", x, "left");
       this.hits.rollbacks.push([x, r]);
     }
     ctx.strokeStyle = "rgba(204, 51, 51, 0.8)";
@@ -1134,6 +1174,9 @@ class SpaceTime {
   drawCuts(ctx, height) {
     ctx.textAlign = "center";
     ctx.font = "bold 11px system-ui, sans-serif";
+    const labels = new LabelRows(ctx, this.width, CUT_LABEL_ROWS);
+    this.labelsShown = 0;
+    this.labelBoxes = labels.rows;
     for (const snapshot of this.snapshots) {
       const points = this.cutPoints(snapshot);
       const xs = points.map((p) => p[0]);
@@ -1159,8 +1202,9 @@ class SpaceTime {
       if (!complete) ctx.stroke();
       ctx.fillStyle = complete ? "#a50" : "#b88";
       const label = `S${snapshot.seq}${complete ? "" : ` (${snapshot.status})`}`;
-      ctx.fillText(label, points[0][0], TOP - 28);
-      this.hits.cuts.push([[[points[0][0], TOP - 30], [points[0][0], TOP - 14], ...points], snapshot]);
+      const y = labels.place(label, points[0][0]);
+      if (y !== null) this.labelsShown += 1;
+      this.hits.cuts.push([[[points[0][0], (y ?? TOP - 30) - 2], [points[0][0], TOP - 14], ...points], snapshot]);
     }
     ctx.lineWidth = 1;
     ctx.font = "11px system-ui, sans-serif";
@@ -1581,6 +1625,9 @@ async function runView(main, parts, params, signal) {
   if (showTimeline) state.timeline.invalidate();
   if (section === "") {
     put(panel, el("p", { class: "muted", text: "Click a snapshot's cut for every agent's state at it, an agent's name for its history, an arrow for its message. Wheel or +/- zoom, drag or arrows pan, 0 resets." }));
+    const topology = await api(`${runPath(run.detail.id)}/topology`, { signal });
+    if (signal.aborted) return;
+    main.insertBefore(topologyView(topology, state.timeline), state.timeline.root);
   } else if (section === "snapshots" && parts[2]) {
     state.timeline.select(parts[2]);
     await cutPanel(panel, run, parts[2], signal);
@@ -1603,6 +1650,106 @@ async function runView(main, parts, params, signal) {
   } else {
     put(panel, errorBox(new Error(`nothing here: #${location.hash.slice(1)}; go back to the run`)));
   }
+}
+
+// --- Topology: who talks to whom ------------------------------------------------------------
+
+const TOPOLOGY_MAX = 60; // agents drawn; the busiest ones when a run has more
+
+/**
+ * The run's agents on a circle and an arrow per channel, thicker with its messages. Clicking
+ * an agent shows only it and the agents it talks with in the space-time view; clicking an
+ * arrow, only its two ends; "All agents" shows every lane again.
+ */
+function topologyView(topology, timeline) {
+  const traffic = new Map();
+  for (const c of topology.channels) {
+    traffic.set(c.src, (traffic.get(c.src) || 0) + c.messages);
+    traffic.set(c.dst, (traffic.get(c.dst) || 0) + c.messages);
+  }
+  let agents = [...new Set([...topology.agents, ...traffic.keys()])];
+  const hidden = Math.max(0, agents.length - TOPOLOGY_MAX);
+  if (hidden) agents = agents.sort((a, b) => (traffic.get(b) || 0) - (traffic.get(a) || 0)).slice(0, TOPOLOGY_MAX);
+  agents.sort();
+  const size = 360;
+  const radius = agents.length > 1 ? size / 2 - 50 : 0;
+  const at = new Map(agents.map((name, i) => {
+    const angle = (2 * Math.PI * i) / Math.max(1, agents.length) - Math.PI / 2;
+    return [name, [size / 2 + radius * Math.cos(angle), size / 2 + radius * Math.sin(angle)]];
+  }));
+  const NS = "http://www.w3.org/2000/svg";
+  const svgEl = (tag, attrs, text) => {
+    const node = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  };
+  const svg = svgEl("svg", { class: "topology-graph", viewBox: `0 0 ${size} ${size}`, width: size, height: size, role: "img", "aria-label": "Who talks to whom" });
+  const defs = svgEl("defs");
+  const marker = svgEl("marker", { id: "topology-arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" });
+  marker.appendChild(svgEl("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#8a93a6" }));
+  defs.appendChild(marker);
+  svg.appendChild(defs);
+  const note = el("span", { class: "muted topology-focus" });
+  const show = (names, what) => {
+    timeline.focus(names);
+    note.textContent = names ? `The space-time view shows ${what}.` : "";
+    all.hidden = !names;
+  };
+  const all = el("button", { type: "button", class: "topology-all", text: "All agents", hidden: !timeline.only, onclick: () => show(null) });
+  if (timeline.only) note.textContent = `The space-time view shows ${[...timeline.only].sort().join(", ")}.`;
+  const most = Math.max(1, ...topology.channels.map((c) => c.messages));
+  for (const c of topology.channels) {
+    const from = at.get(c.src);
+    const to = at.get(c.dst);
+    if (!from || !to || c.src === c.dst) continue;
+    // Shortened at both ends so that the arrow stops at the node; bent a little so that
+    // the two directions of a pair do not overlap.
+    const [x1, y1] = from;
+    const [x2, y2] = to;
+    const dx = x2 - x1;
+    const dy = y2 - y1;
+    const length = Math.hypot(dx, dy) || 1;
+    const [ux, uy] = [dx / length, dy / length];
+    const [sx, sy] = [x1 + ux * 14, y1 + uy * 14];
+    const [ex, ey] = [x2 - ux * 14, y2 - uy * 14];
+    const [cx, cy] = [(sx + ex) / 2 - uy * 14, (sy + ey) / 2 + ux * 14];
+    const width = 1 + 4 * Math.log2(1 + c.messages) / Math.log2(1 + most);
+    const edge = svgEl("path", {
+      d: `M ${sx} ${sy} Q ${cx} ${cy} ${ex} ${ey}`,
+      class: "topology-edge",
+      "stroke-width": width.toFixed(1),
+      "marker-end": "url(#topology-arrow)",
+      "data-src": c.src,
+      "data-dst": c.dst,
+      tabindex: 0,
+    });
+    edge.appendChild(svgEl("title", {}, `${c.src} → ${c.dst}: ${c.messages} message(s)${c.discarded ? `, ${c.discarded} undone by rollbacks` : ""}`));
+    edge.addEventListener("click", () => show([c.src, c.dst], `${c.src} and ${c.dst}`));
+    svg.appendChild(edge);
+    svg.appendChild(svgEl("text", { x: cx, y: cy, class: "topology-count" }, String(c.messages)));
+  }
+  for (const name of agents) {
+    const [x, y] = at.get(name);
+    const neighbours = new Set([name]);
+    for (const c of topology.channels) {
+      if (c.src === name) neighbours.add(c.dst);
+      if (c.dst === name) neighbours.add(c.src);
+    }
+    const node = svgEl("g", { class: "topology-agent", "data-agent": name, tabindex: 0 });
+    node.appendChild(svgEl("circle", { cx: x, cy: y, r: 11 }));
+    node.appendChild(svgEl("text", { x, y: y + (y < size / 2 ? -16 : 26), "text-anchor": "middle" }, name));
+    node.appendChild(svgEl("title", {}, `${name}: ${traffic.get(name) || 0} message(s) sent or received`));
+    node.addEventListener("click", () => show([...neighbours], `${name} and the agents it talks with`));
+    svg.appendChild(node);
+  }
+  return el(
+    "details",
+    { class: "topology", open: true },
+    el("summary", null, "Who talks to whom", hidden ? el("span", { class: "muted", text: ` (the ${TOPOLOGY_MAX} busiest agents of ${agents.length + hidden})` }) : null),
+    topology.channels.length ? svg : el("p", { class: "muted", text: "No message journaled yet." }),
+    el("div", { class: "topology-actions" }, all, note),
+  );
 }
 
 function timelineFor(run) {
