@@ -18,7 +18,7 @@ from agentsnap.exceptions import StoreError
 from agentsnap.ledger import ToolCallStatus, owner_id
 from agentsnap.messages import Message
 from agentsnap.once import reconcile, recorded, unrecorded
-from agentsnap.records import RunStatus, utcnow
+from agentsnap.records import RunStatus, bounded_traceback, utcnow
 from agentsnap.requests import waiting_in
 from agentsnap.store.spool import (
     AppendJournal,
@@ -228,6 +228,8 @@ class Closer:
         if self._telemetry is not None:
             self._telemetry.unwatch(self._bus)
         await self._cadence.stop()
+        if self._record.stopping is not None:  # a cancel's interruption of the handlers
+            await self._record.stopping
         if self._following is not None:
             self._following.unwatch()
         self._cadence.last(live)  # none while a handler is half-way (a cancelled run)
@@ -298,6 +300,15 @@ class Closer:
         except Exception as exc:  # only the inspector's checks of edits miss them
             logger.warning("run %s: state schemas not recorded: %s", self.run_id, exc)
         status, reason = self._outcome(failed, cancelled, unreconciled)
+        if status is RunStatus.FAILED:
+            causes = [*self._failures, failed or self._phases.stopped_by or unreconciled]
+            text = bounded_traceback([c for c in causes if c is not None])
+            if record.redaction is not None:
+                text = record.redaction.text(text)
+            # Lost, not spooled, if the database is away: the status and reason are kept.
+            await closing.write(
+                functools.partial(record.store.save_traceback, self.run_id, text or None), []
+            )
         for info in record.unsaved_rollbacks:
             await closing.write(
                 functools.partial(record.store.save_rollback, info), [SaveRollback(info=info)]
@@ -342,6 +353,8 @@ class Closer:
             )
         if unreconciled is not None:
             return RunStatus.FAILED, one_line(unreconciled)
+        if phases.status_on_close is RunStatus.CANCELLED:
+            return RunStatus.CANCELLED, phases.stopped_because or "cancelled on request"
         if cancelled is not None:
             how = "Ctrl-C" if isinstance(cancelled, KeyboardInterrupt) else "task cancelled"
             return RunStatus.CANCELLED, f"{how}; resume() continues it"

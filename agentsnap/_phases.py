@@ -87,6 +87,7 @@ class Phases:
         now: The phase the runtime is in.
         taking_input: Whether ``now`` takes input on the fast path (``TAKING_INPUT``).
         stopped_because: Why the run gave up, in one line (``None``: it did not).
+        stopped_by: The exception the run gave up for, when there was one.
         status_on_close: The status the run gets when it closes, when giving up decided it.
     """
 
@@ -96,6 +97,7 @@ class Phases:
         "now",
         "status_on_close",
         "stopped_because",
+        "stopped_by",
         "taking_input",
     )
 
@@ -105,6 +107,7 @@ class Phases:
         self.now = Phase.NEW
         self.taking_input = False
         self.stopped_because: str | None = None
+        self.stopped_by: BaseException | None = None
         self.status_on_close: RunStatus | None = None
 
     def enter(self, phase: Phase) -> None:
@@ -127,11 +130,14 @@ class Phases:
         if self.now in ENDED:
             raise RuntimeClosedError("this runtime is closed; create a new Runtime to go on")
 
-    def stop(self, reason: BaseException | None) -> None:
-        """The run gave up: nothing is delivered, sent or snapshotted any more."""
-        self.status_on_close = RunStatus.FAILED
+    def stop(self, reason: BaseException | None, status: RunStatus = RunStatus.FAILED) -> None:
+        """The run gave up (or was cancelled, ``status``): nothing is delivered, sent or
+        snapshotted any more.
+        """  # noqa: D205
+        self.status_on_close = status
         if reason is not None and self.stopped_because is None:
             self.stopped_because = one_line(reason)
+            self.stopped_by = reason
         if Phase.STOPPED in MOVES[self.now]:  # not while closing
             self.enter(Phase.STOPPED)
         self._scheduler.pause()

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from agentsnap._phases import NOT_STARTED, WITHOUT_CUT, Phases
-from agentsnap.exceptions import ConfigurationError, NotFoundError, OwnershipLost, StoreError
+from agentsnap.exceptions import (
+    ConfigurationError,
+    NotFoundError,
+    OwnershipLost,
+    RunCancelled,
+    StoreError,
+)
 from agentsnap.ownership import RunOwnership
-from agentsnap.records import ReplaySegment, RollbackInfo, RunInfo, Snapshot
+from agentsnap.records import ReplaySegment, RollbackInfo, RunInfo, RunStatus, Snapshot
 from agentsnap.redaction import unredact_snapshot
 from agentsnap.versions import state_schema
 
@@ -72,6 +78,10 @@ class RunRecord:
             resumed, not written to as if new (its snapshot numbers would collide).
         ownership: The run's lease.
         lost: Set when another runtime took the run over.
+        cancelled: Set when someone asked the run to stop, and it stopped.
+        interrupt: Cancels the handlers under way, given why (the team's ``quiesce``): set
+            by the runtime once its team is built, used when the run is cancelled.
+        stopping: That interruption, under way or done, for closing to wait for.
         unsaved_rollbacks: Rollback records the store could not write yet (written after
             the next snapshot, or at close).
     """
@@ -113,6 +123,9 @@ class RunRecord:
         self.stored_before = False
         self.ownership = RunOwnership(store, run_id, ttl=lease)
         self.lost: OwnershipLost | None = None
+        self.cancelled: RunCancelled | None = None
+        self.interrupt: Callable[[str], Awaitable[None]] | None = None
+        self.stopping: asyncio.Future[None] | None = None
         self.unsaved_rollbacks: list[RollbackInfo] = []
 
     async def ensure(self, *, create: bool = True) -> None:
@@ -184,13 +197,26 @@ class RunRecord:
             return
         await self.ownership.acquire(wait=wait, refuse_live=True)
         self.ownership.fence_ledger(self._ledger)
-        self.ownership.start_heartbeat(self._ownership_lost)
+        self.ownership.start_heartbeat(self._ownership_lost, self._cancel_requested)
 
     def _ownership_lost(self, lost: OwnershipLost) -> None:
         """Another runtime took the run over: stop at once, writing nothing more."""
         logger.error("%s", lost)
         self.lost = lost
         self._phases.stop(lost)
+
+    def _cancel_requested(self, reason: str) -> None:
+        """Someone asked the run to stop: deliver nothing more, cancel the handlers under way
+        (a side-effecting tool call under way finishes first); it closes cancelled.
+        """  # noqa: D205
+        if self.lost is not None or self._phases.closed:
+            return
+        self.cancelled = RunCancelled(self.run_id, reason)
+        self._phases.stop(self.cancelled, RunStatus.CANCELLED)
+        if self.interrupt is not None:  # a handler awaiting a model need not be waited for
+            self.stopping = asyncio.ensure_future(
+                self.interrupt("the run was cancelled before the snapshot completed")
+            )
 
     def check_not_stored_before(self, what: str) -> None:
         """Refuse ``what`` on a run the store held before, that was not resumed.

@@ -623,12 +623,18 @@ class Recovery:
         Raises:
             OwnershipLost: Another runtime took the run over.
             RunError: The retry policy gave up, or a cut to go back to was damaged.
+            RunCancelled: Someone asked the run to stop.
         """
         if self._record.lost is not None:
             raise self._record.lost
         if self.exhausted is not None:
             raise self.exhausted
+        if self._record.cancelled is not None:
+            raise self._record.cancelled
 
     def stopped(self) -> bool:
-        """Whether the run stopped: its retry policy gave up, or its lease was lost."""
-        return self.exhausted is not None or self._record.lost is not None
+        """Whether the run stopped: its retry policy gave up, its lease was lost, or it was
+        cancelled on request.
+        """  # noqa: D205
+        record = self._record
+        return self.exhausted is not None or record.lost is not None or record.cancelled is not None

@@ -808,8 +808,10 @@ class AsyncioScheduler:
                     if box.interrupted:  # cancelled by interrupt(), or the handler ignored it
                         box.interrupted = False
                         me = asyncio.current_task()
-                        if me is not None:
-                            me.uncancel()
+                        if me is not None and me.uncancel() > 0:
+                            # close() cancelled the task too, and one CancelledError stood
+                            # for both (a handler finishing a tool call first): stop here.
+                            raise asyncio.CancelledError
                     if not self._work:
                         self._wake_idle()
                     elif self._blocked:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from agentsnap.demo import DemoResult
+    from agentsnap.distributed.app import App
     from agentsnap.fork import MessageEdits
     from agentsnap.ledger import Ledger
     from agentsnap.records import RunInfo, Snapshot
@@ -966,6 +967,7 @@ _LISTING = {
     "tags": "--tag",
     "since": "--since",
     "limit": "--limit",
+    "tracebacks": "--traceback",
     "as_json": "--json",
 }
 """The ``runs`` options that only listing takes, by parameter."""
@@ -982,6 +984,12 @@ _LISTING = {
     help="Only runs created since: 7d, 12h, 30m back from now, or an ISO date or time.",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N.")
+@click.option(
+    "--traceback",
+    "tracebacks",
+    is_flag=True,
+    help="After the table, print the tracebacks each failed run recorded.",
+)
 @_JSON
 @click.pass_context
 def runs(
@@ -993,12 +1001,16 @@ def runs(
     tags: dict[str, str],
     since: datetime | None,
     limit: int | None,
+    tracebacks: bool,
     as_json: bool,
 ) -> None:
     """List runs, oldest first: id, name, status, tags, created, snapshots, parent.
 
     Why a run ended so, when it is known, is on a line of its own under the run's row
-    (`why: <reason>`; `status_reason` with `--json`). The filters combine: `--status failed
+    (`why: <reason>`; `status_reason` with `--json`), with where a failed run's error was
+    raised; `--traceback` prints each failed run's tracebacks (handler failures and the
+    error that ended it, exception chains included) after the table (`traceback` with
+    `--json`). The filters combine: `--status failed
     --status cancelled --tag team=billing --since 7d` lists the failed or cancelled runs of
     the last seven days tagged team=billing; `--limit N` keeps the newest N of them.
 
@@ -1046,9 +1058,30 @@ def runs(
         },
         # Under its row, whole: a reason is often longer than the rest of the row.
         notes=lambda r: (
-            f"why: {' '.join(r['status_reason'].split())}" if r["status_reason"] else None
+            f"why: {' '.join(r['status_reason'].split())}{_raised_at(r['traceback'])}"
+            if r["status_reason"]
+            else None
         ),
     )
+    if tracebacks and not as_json:
+        for row in rows:
+            if row["traceback"]:
+                click.echo(f"\n--- run {row['id']} ({row['status']}) ---")
+                click.echo(row["traceback"].rstrip())
+
+
+def _raised_at(traceback: str | None) -> str:
+    """`` (at FILE:LINE in FUNCTION)``: where a failed run's first failure began (the
+    innermost frame of the first exception of its chain, which a traceback prints first).
+    """  # noqa: D205
+    if not traceback:
+        return ""
+    first = re.split(r"\n(?:The above exception|During handling)", traceback, maxsplit=1)[0]
+    frames = re.findall(r'^\s*File "([^"]+)", line (\d+), in (.+)$', first, re.MULTILINE)
+    if not frames:
+        return ""
+    path, line, function = frames[-1]
+    return f" (at {os.path.basename(path)}:{line} in {function.strip()})"
 
 
 def _runs_db(ctx: click.Context, db: str) -> str:
@@ -1399,7 +1432,10 @@ def show(snapshot_id: str, db: str, agent: str | None, app_spec: str | None, as_
     """Print snapshot SNAPSHOT_ID: each agent's state and counters, messages in flight.
 
     A snapshot damaged in the database is printed as damaged, with what is wrong and what
-    could still be read. Each state is printed as stored, with the version of its class it
+    could still be read; a failed snapshot with why it failed. When the snapshot's run
+    ended for a reason, the reason is printed, and a failed run's tracebacks.
+
+    Each state is printed as stored, with the version of its class it
     was stored with; with --app, as the app's state classes read it now.
     """
     from agentsnap.inspect import show_snapshot  # noqa: PLC0415
@@ -1419,6 +1455,11 @@ def show(snapshot_id: str, db: str, agent: str | None, app_spec: str | None, as_
             click.echo(f"missing or unreadable: {', '.join(doc['damaged_agents'])}")
     elif doc["error"]:
         click.echo(f"error: {doc['error']}")
+    run = doc["run"]
+    if run["status_reason"]:
+        click.echo(f"run {run['status']}: {run['status_reason']}")
+    if run["traceback"]:
+        click.echo(run["traceback"].rstrip())
     for name, cut in doc["agents"].items():
         # A state's version is shown once its class declares one (1 is the default).
         version = f", version {cut['state_version']}" if cut["state_version"] != 1 else ""
@@ -2290,6 +2331,248 @@ async def _serve_worker(  # noqa: PLR0917
         await store.close()
 
 
+# -- acting on runs: run an app, resume, cancel; a run's history of handlers --------------
+
+_RUN_APP = click.option(
+    "--app",
+    "app_spec",
+    required=True,
+    metavar="MODULE:FACTORY",
+    help="The app: a factory returning an agentsnap.distributed.App (or a list of agents); "
+    "the current directory is importable.",
+)
+
+
+def _load_app(app_spec: str) -> App:
+    """The app ``--app`` names, or a usage error saying what is wrong with it."""
+    from agentsnap.distributed.app import load_app  # noqa: PLC0415
+    from agentsnap.exceptions import ConfigurationError  # noqa: PLC0415
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return load_app(app_spec)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--app") from exc
+
+
+def _input_value(text: str) -> Any:
+    """``--input``: JSON text, or ``@file`` holding JSON."""
+    source = "--input"
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot read {path}: {exc.strerror}", param_hint="--input"
+            ) from exc
+        source = path
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(
+            f"{source} is not JSON ({exc}): give JSON text, or @FILE holding JSON",
+            param_hint="--input",
+        ) from exc
+
+
+def _act(db: str, action: Callable[[SqlStore], Awaitable[T]], *, create: bool = False) -> T:
+    """Run ``action`` with a store on ``db`` that writes (``create``: a database and its
+    schema are created if there is none).
+    """  # noqa: D205
+    from agentsnap.store.sql import SqlStore  # noqa: PLC0415
+
+    async def go() -> T:
+        store = SqlStore(db, create=create)
+        try:
+            return await action(store)
+        finally:
+            await store.close()
+
+    return _guard(lambda: asyncio.run(go()))
+
+
+def _outcome(run: RunInfo, as_json: bool) -> None:
+    """Print how ``run`` ended, and exit non-zero unless it succeeded."""
+    if as_json:
+        _print_json(
+            {
+                "id": run.id,
+                "status": run.status.value,
+                "status_reason": run.status_reason,
+                "traceback": run.traceback,
+                "finished_at": None if run.finished_at is None else run.finished_at.isoformat(),
+            }
+        )
+    else:
+        why = f": {run.status_reason}" if run.status_reason else ""
+        click.echo(f"run {run.id}: {run.status.value}{why}")
+        if run.traceback:
+            click.echo(run.traceback.rstrip(), err=True)
+    if run.status is not RunStatus.SUCCEEDED:
+        sys.exit(1)
+
+
+@main.command("run")
+@_RUN_APP
+@click.option(
+    "--input",
+    "input_text",
+    required=True,
+    metavar="JSON|@FILE",
+    help="The payload sent to the first agent: JSON text, or @FILE holding JSON.",
+)
+@click.option("--to", default=None, help="The agent the input goes to (default: the app's first).")
+@click.option("--run-id", default=None, help="Id of the new run (default: 32 hex digits).")
+@click.option("--name", default=None, help="A name for the run, shown by `agentsnap runs`.")
+@_DB
+@_JSON
+def run_command(  # noqa: PLR0917 - click passes the options positionally
+    app_spec: str,
+    input_text: str,
+    to: str | None,
+    run_id: str | None,
+    name: str | None,
+    db: str,
+    as_json: bool,
+) -> None:
+    """Start a run of an app in this process and run it to its end.
+
+    The run's id is printed as soon as the run is recorded (`run <id>: started`), before
+    anything is delivered: if this process is killed, `agentsnap resume <id> --app ...`
+    finishes the run, each side-effecting tool call happening once. At the end, the run's
+    status is printed (`run <id>: succeeded`), with why it failed and its tracebacks (on
+    standard error); the exit status is 0 only when the run succeeded. Ctrl-C records the
+    run as cancelled; `agentsnap cancel <id>` from another shell asks it to stop.
+    """
+    from agentsnap.inspect import run_app  # noqa: PLC0415
+
+    app = _load_app(app_spec)
+    payload = _input_value(input_text)
+
+    def started(new_id: str) -> None:
+        if not as_json:
+            click.echo(f"run {new_id}: started")
+            sys.stdout.flush()
+
+    run = _act(
+        db,
+        lambda store: run_app(
+            store, app, payload, to=to, run_id=run_id, name=name, started=started
+        ),
+        create=True,
+    )
+    _outcome(run, as_json)
+
+
+@main.command("resume")
+@click.argument("run_id")
+@_RUN_APP
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="Seconds to wait for an owner on another host that stopped renewing its lease "
+    "(default: twice the lease); a live process of this host is refused at once.",
+)
+@_DB
+@_JSON
+def resume_command(run_id: str, app_spec: str, wait: float | None, db: str, as_json: bool) -> None:
+    """Resume run RUN_ID (or a unique prefix) in this process, and run it to its end.
+
+    The run goes back to its last complete snapshot and its handlers are re-executed in
+    the order logged: recorded model answers and tool results are given back, so nothing
+    the world saw happens twice. Give the app the run was started with. The run's status
+    is printed at the end; the exit status is 0 only when it succeeded. A run that
+    succeeded, or that a live process owns, is refused.
+    """
+    from agentsnap.inspect import resume_app  # noqa: PLC0415
+
+    app = _load_app(app_spec)
+
+    def resumed(snapshot_id: str) -> None:
+        if not as_json:
+            click.echo(f"resumed from snapshot {snapshot_id}")
+            sys.stdout.flush()
+
+    run = _act(db, lambda store: resume_app(store, app, run_id, wait=wait, resumed=resumed))
+    _outcome(run, as_json)
+
+
+@main.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", default="cancelled on request", show_default=True, help="Why.")
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Seconds to wait for the run's process to stop it.",
+)
+@_DB
+@_JSON
+def cancel_command(run_id: str, reason: str, wait: float, db: str, as_json: bool) -> None:
+    """Ask run RUN_ID (or a unique prefix) to stop.
+
+    The process running it sees the request at its next lease renewal (within 5 seconds
+    with the default lease), delivers nothing more, lets the handlers under way finish and
+    records the run as cancelled. A run no process runs is recorded as cancelled at once.
+    `agentsnap resume` continues a cancelled run.
+    """
+    from agentsnap.inspect import cancel_run  # noqa: PLC0415
+
+    run = _act(db, lambda store: cancel_run(store, run_id, reason, wait=wait))
+    if as_json:
+        _print_json({"id": run.id, "status": run.status.value, "status_reason": run.status_reason})
+    elif run.status is RunStatus.RUNNING:
+        click.echo(f"run {run.id}: cancel requested; its process stops it at its next renewal")
+    else:
+        click.echo(f"run {run.id}: {run.status.value}")
+
+
+@main.command("events")
+@click.argument("run_id")
+@click.option("--agent", default=None, help="Only this agent's handler executions.")
+@click.option("--kind", default=None, help="Only executions of messages of this kind.")
+@click.option("--grep", default=None, help="Only executions holding this text (any case).")
+@_DB
+@_JSON
+def events(  # noqa: PLR0917 - click passes the options positionally
+    run_id: str, agent: str | None, kind: str | None, grep: str | None, db: str, as_json: bool
+) -> None:
+    """List the handler executions of run RUN_ID (or a unique prefix), in the order they began.
+
+    One row each time an agent took a message: the agent, the message taken, the messages
+    its handler sent, its tool calls and model calls, how long it ran (to its last recorded
+    act) and its timeline (rollbacks before it). Built from the run's journal, replay log,
+    ledger and recorded model calls.
+    """
+    from agentsnap.inspect import events_table  # noqa: PLC0415
+
+    rows = _read(db, lambda store: events_table(store, run_id, agent=agent, kind=kind, grep=grep))
+    _print_rows(
+        rows,
+        as_json,
+        {
+            "#": "index",
+            "STARTED": lambda r: _when(r["started_at"]),
+            "AGENT": "agent",
+            "TOOK": lambda r: f"{r['message']} {r['kind']}" if r["kind"] else r["message"],
+            "SENT": lambda r: (
+                ", ".join(f"{m['to']}#{m['seq']} {m['kind']}" for m in r["sent"]) or "-"
+            ),
+            "TOOLS": lambda r: (
+                ", ".join(f"{c['tool']} {c['status']}" for c in r["tool_calls"]) or "-"
+            ),
+            "MODEL": lambda r: len(r["model_calls"]) or "-",
+            "MS": lambda r: "-" if r["duration_ms"] is None else f"{r['duration_ms']:.1f}",
+            "TL": "timeline",
+        },
+    )
+
+
 def _print_json(value: object) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
@@ -2453,7 +2736,16 @@ def _commands(group: click.Group, path: str = "") -> Iterator[tuple[str, click.C
 
 
 _TABLES = frozenset(
-    {"runs", "snapshots", "rollbacks", "checkpoints", "tools list", "model-calls", "requests"}
+    {
+        "runs",
+        "snapshots",
+        "rollbacks",
+        "checkpoints",
+        "tools list",
+        "model-calls",
+        "requests",
+        "events",
+    }
 )
 """The commands that print tables, and so take ``--wide``."""
 
@@ -2469,6 +2761,7 @@ _TIMES = frozenset(
         "checkpoints",
         "tools list",
         "requests",
+        "events",
     }
 )
 """The commands that print times (in local time, or UTC with ``--utc``), and so take ``--utc``.

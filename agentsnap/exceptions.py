@@ -31,6 +31,7 @@ AgentsnapError
     ├── RollbackExhausted
     ├── RunOwnedError
     ├── OwnershipLost
+    ├── RunCancelled            someone asked the run to stop (agentsnap cancel)
     ├── ToolFailed
     │   └── ApprovalDenied      a person denied a side-effecting call
     ├── RequestRejected         a person (or a deadline) turned a request down
@@ -87,6 +88,7 @@ __all__ = [
     "RequestExpired",
     "RequestNotPending",
     "RequestRejected",
+    "RunCancelled",
     "RunError",
     "RunOwnedError",
     "RuntimeClosedError",
@@ -580,6 +582,28 @@ class OwnershipLost(RunError):
         super().__init__(
             f"this runtime no longer owns run {run_id} (its lease, token {token}, was taken "
             f"over{': ' + detail if detail else ''}); its writes are refused"
+        )
+
+
+class RunCancelled(RunError):
+    """Someone asked the run to stop (``agentsnap cancel``, or
+    [`cancel_run`][agentsnap.inspect.cancel_run]), and its runtime stopped it.
+
+    The runtime saw the request at a renewal of its lease, delivered nothing more (the
+    handlers under way finished), and records the run as cancelled when it is closed:
+    ``resume()`` (or ``agentsnap resume``) continues it from its last complete snapshot.
+
+    Attributes:
+        run_id: The run.
+        reason: Why it was cancelled, as the request said.
+    """  # noqa: D205
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(
+            f"run {run_id} was cancelled on request ({reason}); resume it to continue "
+            f"(`agentsnap resume {run_id} --app MODULE:FACTORY`, or Runtime.resume())"
         )
 
 

@@ -27,6 +27,7 @@ The export document is described, key by key, in ``docs/reference/export.md``.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import dataclasses
 import json
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
+    from agentsnap.distributed.app import App
     from agentsnap.ledger import Ledger, LedgerEntry
     from agentsnap.messages import JsonInput, JsonValue
     from agentsnap.model_calls import ModelCallRecord
@@ -75,11 +77,13 @@ __all__ = [
     "approve",
     "bisect_run",
     "call_summary",
+    "cancel_run",
     "check_stored_states",
     "deny",
     "diff_snapshots",
     "diff_states",
     "discarded_calls",
+    "events_table",
     "export_run",
     "following_snapshots",
     "fork_run",
@@ -94,7 +98,9 @@ __all__ = [
     "read_cut",
     "resolve_run",
     "resolve_snapshot",
+    "resume_app",
     "rollbacks_table",
+    "run_app",
     "runs_table",
     "show_snapshot",
     "snapshots_table",
@@ -416,6 +422,7 @@ def _run(run: RunInfo) -> dict[str, Any]:
         "name": run.name,
         "tags": run.tags,
         "status_reason": run.status_reason,
+        "traceback": run.traceback,
     }
 
 
@@ -539,7 +546,9 @@ async def runs_table(
     """The runs the filters select (every run without one), oldest first.
 
     Each row has the run's ``id``, ``name``, ``status`` and ``status_reason`` (why it ended
-    so, in one line), ``tags``, ``created_at``, ``finished_at``, how many ``snapshots`` it
+    so, in one line), ``traceback`` (a failed run's tracebacks, see
+    [`RunInfo.traceback`][agentsnap.RunInfo.traceback]), ``cancel_requested``, ``tags``,
+    ``created_at``, ``finished_at``, how many ``snapshots`` it
     has, and the run and snapshot it was forked from (``parent_run_id``,
     ``parent_snapshot_id``). The filters are those of
     [`Store.list_runs`][agentsnap.Store.list_runs].
@@ -555,6 +564,8 @@ async def runs_table(
             "name": run.name,
             "status": run.status.value,
             "status_reason": run.status_reason,
+            "traceback": run.traceback,
+            "cancel_requested": run.cancel_requested,
             "tags": dict(run.tags),
             "created_at": _time(run.created_at),
             "finished_at": _time(run.finished_at),
@@ -763,6 +774,9 @@ async def show_snapshot(
     [`model_calls_table`][agentsnap.inspect.model_calls_table]) and ``"answer"``: the
     first line of the answer's text.
 
+    ``"run"`` says where the snapshot's run stands: its ``status``, ``status_reason`` and
+    ``traceback``.
+
     Raises:
         NotFoundError: No such snapshot (or the prefix is ambiguous), or the snapshot did
             not record ``agent``.
@@ -770,6 +784,12 @@ async def show_snapshot(
     snapshot = await resolve_snapshot(store, snapshot_prefix)
     document = _snapshot(snapshot)
     document["run_id"] = snapshot.run_id
+    run = await store.get_run(snapshot.run_id)
+    document["run"] = {
+        "status": run.status.value,
+        "status_reason": run.status_reason,
+        "traceback": run.traceback,
+    }
     if models:
         for name, cut in snapshot.agents.items():
             document["agents"][name].update(read_cut(name, cut, models))
@@ -1469,3 +1489,221 @@ async def bisect_run(
     last_good, first_bad = loaded[ids[low]], loaded[ids[high]]
     diff = await diff_snapshots(store, last_good.id, first_bad.id)
     return BisectResult(first_bad, last_good, diff, checked, True, len(ids))
+
+
+# --- Acting on runs: run an app, resume or cancel a run; its history of handlers -------------
+
+
+async def run_app(
+    store: Store,
+    app: App,
+    payload: JsonInput,
+    *,
+    to: str | None = None,
+    run_id: str | None = None,
+    name: str | None = None,
+    started: Callable[[str], None] | None = None,
+) -> RunInfo:
+    """Start a run of ``app`` in this process, ``payload`` sent to agent ``to`` (by default
+    the app's first agent), and run it until it has nothing left to do.
+
+    What ``agentsnap run --app MODULE:FACTORY --input JSON`` does. The app is an
+    [`App`][agentsnap.distributed.App], as a run spread over processes takes it: its
+    agents, checks, retry policy, redaction and approvals make a
+    [`Runtime`][agentsnap.Runtime] on ``store``. ``started`` is called with the run's id
+    once the run is recorded, before anything is delivered: a process that dies after it
+    leaves a run that [`resume_app`][agentsnap.inspect.resume_app] finishes.
+
+    Returns:
+        The run as the store holds it once its runtime closed: ``succeeded``; ``failed``,
+        with its ``status_reason`` and ``traceback``; ``cancelled`` (see
+        [`cancel_run`][agentsnap.inspect.cancel_run]); or ``interrupted``.
+
+    Raises:
+        ConfigurationError: ``to`` is not an agent of the app, or the store already holds
+            run ``run_id``.
+    """  # noqa: D205
+    from agentsnap._running import run_app as run  # noqa: PLC0415 (imports the runtime)
+
+    if run_id is not None:
+        try:
+            await store.get_run(check_run_id(run_id))
+        except NotFoundError:
+            pass
+        else:
+            raise ConfigurationError(
+                f"the store already holds run {run_id}: resume it (`agentsnap resume "
+                f"{run_id}`), or leave the run id out to start a new run"
+            )
+    return await run(app, store, payload, to=to, run_id=run_id, name=name, started=started)
+
+
+async def resume_app(
+    store: Store,
+    app: App,
+    run_prefix: str,
+    *,
+    wait: float | None = None,
+    resumed: Callable[[str], None] | None = None,
+) -> RunInfo:
+    """Resume a run of ``app`` (its id or a unique prefix) in this process, and run it to
+    its end: what ``agentsnap resume RUN --app MODULE:FACTORY`` does.
+
+    The run is taken over as [`Runtime.resume`][agentsnap.Runtime.resume] takes it: back
+    to its last complete snapshot, its handlers re-executed in the order logged, recorded
+    model answers and tool results given back, so each effect happens once. ``resumed`` is
+    called with the id of the snapshot it continues from.
+
+    Args:
+        store: The store holding the run.
+        app: The app the run was started with (the same agents, by name).
+        run_prefix: The run's id, or a unique prefix of it.
+        wait: Seconds to wait for a silent owner elsewhere to lose its lease (see
+            ``Runtime.resume``); a live process of this host is refused at once.
+        resumed: Called with the id of the snapshot the run continues from.
+
+    Returns:
+        The run as the store holds it once its runtime closed.
+
+    Raises:
+        NotFoundError: No run's id starts with ``run_prefix``, or several do.
+        RunOwnedError: A live process owns the run.
+        ConfigurationError: The run succeeded, and has nothing left to do; or it has
+            agents the app does not have.
+    """  # noqa: D205
+    from agentsnap._running import resume_app as resume  # noqa: PLC0415 (imports the runtime)
+
+    run = await resolve_run(store, run_prefix)
+    if run.status is RunStatus.SUCCEEDED:
+        finished = _time(run.finished_at) or "?"
+        raise ConfigurationError(
+            f"run {run.id} already finished (succeeded, at {finished}): there is nothing to "
+            "resume; fork a new run from one of its snapshots (`agentsnap fork`)"
+        )
+    snapshots = await store.list_snapshots(run.id)
+    recorded = next((s for s in reversed(snapshots) if s.status is SnapshotStatus.COMPLETE), None)
+    if recorded is not None:
+        unknown = sorted(set(recorded.agents) - {ENVIRONMENT, *app.names})
+        if unknown:
+            raise ConfigurationError(
+                f"run {run.id} has agents the app does not have ({', '.join(unknown)}): "
+                "resume it with the app it was started with (--app)"
+            )
+    return await resume(app, store, run.id, wait=wait, resumed=resumed)
+
+
+async def cancel_run(
+    store: Store,
+    run_prefix: str,
+    reason: str = "cancelled on request",
+    *,
+    wait: float = 0.0,
+) -> RunInfo:
+    """Ask a run (its id or a unique prefix) to stop: what ``agentsnap cancel RUN`` does.
+
+    A run that a live runtime owns gets the request in the store; its runtime sees it at
+    its next lease renewal (within a third of its lease, 5 seconds by default), delivers
+    nothing more (the handlers under way finish), raises
+    [`RunCancelled`][agentsnap.RunCancelled] from ``run_until_idle`` and is recorded
+    ``cancelled`` when it closes. A run no process runs (``interrupted``, or ``created``) is
+    recorded ``cancelled`` at once. Either way ``resume()`` (``agentsnap resume``) continues
+    it later, and withdraws the request.
+
+    Args:
+        store: The store holding the run.
+        run_prefix: The run's id, or a unique prefix of it.
+        reason: Why, recorded as the run's ``status_reason``.
+        wait: Seconds to wait for the owner to stop the run; ``0`` returns once the request
+            is recorded.
+
+    Returns:
+        The run as the store holds it then (``running`` with ``cancel_requested`` set while
+        its owner has not stopped yet).
+
+    Raises:
+        NotFoundError: No run's id starts with ``run_prefix``, or several do.
+        ConfigurationError: The run has ended (succeeded, failed or cancelled already),
+            or it is spread over processes (only one-process runs are cancelled so).
+    """
+    from agentsnap.distributed.app import PROCESSES  # noqa: PLC0415 (a metadata key only)
+
+    run = await resolve_run(store, run_prefix)
+    if run.status in {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}:
+        raise ConfigurationError(
+            f"run {run.id} has ended ({run.status.value}): nothing runs to cancel"
+        )
+    if PROCESSES in run.metadata:
+        raise ConfigurationError(
+            f"run {run.id} is spread over processes, whose coordinator does not look for "
+            "cancel requests: stop the program running its DistributedRun instead"
+        )
+    await store.request_cancel(run.id, reason)
+    if run.status is not RunStatus.RUNNING:  # nobody owns it to see the request
+        await store.finish_run(
+            run.id, RunStatus.CANCELLED, utcnow(), f"{reason} (while no process ran it)"
+        )
+        return await store.get_run(run.id)
+    deadline = utcnow().timestamp() + wait
+    while True:
+        run = await store.get_run(run.id)
+        if run.status is not RunStatus.RUNNING or utcnow().timestamp() >= deadline:
+            return run
+        await asyncio.sleep(0.1)
+
+
+async def events_table(
+    store: Store,
+    run_prefix: str,
+    *,
+    agent: str | None = None,
+    kind: str | None = None,
+    grep: str | None = None,
+    ledger: Ledger | None = None,
+) -> list[dict[str, Any]]:
+    """A run's handler executions (its id or a unique prefix), in the order they began.
+
+    Each time an agent takes a message its handler runs once; each row says what that
+    execution did, from what the store keeps (the journal, the replay log, the ledger and
+    the recorded model calls):
+
+    - ``index``: its place in the run's history; ``agent``; ``message``: the id of the
+      message taken (``src>dst#seq``), its ``kind`` and ``payload``;
+    - ``started_at``: when the agent took it; ``duration_ms``: from then to the last act
+      recorded for it (a message sent, a model's answer, a tool call claimed), ``None``
+      when it did none; ``timeline``: how many rollbacks came before it;
+    - ``sent``: the messages it sent (``to``, ``seq``, ``kind``, ``payload``);
+    - ``tool_calls``: its side-effecting tool calls (``tool``, ``key``, ``status``,
+      ``arguments``, ``attempts``);
+    - ``model_calls``: its model calls (``position``, ``model``, ``latency_ms``, tokens,
+      ``replays``: how often a re-execution got the recorded answer).
+
+    A run that kept no journal (``Runtime(journal=False)``) is read from its replay log:
+    the messages each agent took, in order, with ``kind``, ``payload``, ``started_at`` and
+    ``duration_ms`` ``None`` and nothing in ``sent``. A message handled again after a
+    rollback, or re-executed after a resume, is an execution each time.
+
+    Args:
+        store: The store holding the run.
+        run_prefix: The run's id, or a unique prefix of it.
+        agent: Only this agent's executions.
+        kind: Only executions of messages of this kind.
+        grep: Only executions whose row holds this text, whatever its case.
+        ledger: Where tool and model calls are recorded (by default the ledger in the
+            store's database, none for other stores).
+
+    Raises:
+        NotFoundError: No run's id starts with ``run_prefix``, or several do.
+    """
+    from agentsnap._events import executions, matches  # noqa: PLC0415
+
+    run = await resolve_run(store, run_prefix)
+    segments = await store.load_journal(run.id)
+    found = executions(
+        messages=read_journal(segments) if segments else None,
+        replay=[] if segments else await store.load_replay(run.id),
+        rollbacks=await store.list_rollbacks(run.id),
+        tool_calls=await _ledger_calls(store, run.id, ledger),
+        model_calls=await model_calls(store, run.id, None, ledger),
+    )
+    rows = [execution.row(index) for index, execution in enumerate(found, 1)]
+    return [row for row in rows if matches(row, agent=agent, kind=kind, grep=grep)]

@@ -42,7 +42,13 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from agentsnap.exceptions import ConfigurationError, OwnershipLost, RunOwnedError, StoreError
+from agentsnap.exceptions import (
+    ConfigurationError,
+    NotFoundError,
+    OwnershipLost,
+    RunOwnedError,
+    StoreError,
+)
 from agentsnap.liveness import owner_id, owner_is_gone, owner_is_live, owner_runs_here
 from agentsnap.records import RunLease, utcnow
 
@@ -181,14 +187,22 @@ class RunOwnership:
         if self.lease is not None:
             _fence(ledger, self.run_id, self.lease.token)
 
-    def start_heartbeat(self, on_lost: Callable[[OwnershipLost], None]) -> None:
+    def start_heartbeat(
+        self,
+        on_lost: Callable[[OwnershipLost], None],
+        on_cancel: Callable[[str], None] | None = None,
+    ) -> None:
         """Renew the lease every ``ttl / 3`` seconds in a task, until ``release``.
 
         ``on_lost`` is called once, from the task, when the lease was taken over (the token
-        changed); the heartbeat then stops. While the store fails, renewing is retried for
-        as long as it takes: a lease that expired meanwhile is still this runtime's unless
-        another took the run over, which the next renewal (and every fenced write) finds
-        out from the token.
+        changed); the heartbeat then stops. ``on_cancel``, when given, is called once with
+        the reason when someone asked the run to stop
+        ([`Store.request_cancel`][agentsnap.store.Store.request_cancel]): each renewal looks
+        for a request, so it is seen within ``ttl / 3`` seconds.
+
+        While the store fails, renewing is retried for as long as it takes: a lease that
+        expired meanwhile is still this runtime's unless another took the run over, which
+        the next renewal (and every fenced write) finds out from the token.
 
         Raises:
             ConfigurationError: The lease is not held, or the heartbeat already runs.
@@ -199,10 +213,15 @@ class RunOwnership:
         if self._heartbeat is not None and not self._heartbeat.done():
             raise ConfigurationError(f"the heartbeat of run {self.run_id} already runs")
         self._heartbeat = asyncio.get_running_loop().create_task(
-            self._beat(lease, on_lost), name=f"agentsnap-lease-{self.run_id}"
+            self._beat(lease, on_lost, on_cancel), name=f"agentsnap-lease-{self.run_id}"
         )
 
-    async def _beat(self, lease: RunLease, on_lost: Callable[[OwnershipLost], None]) -> None:
+    async def _beat(
+        self,
+        lease: RunLease,
+        on_lost: Callable[[OwnershipLost], None],
+        on_cancel: Callable[[str], None] | None,
+    ) -> None:
         every = self.ttl / 3
         holds_until = lease.expires_at
         while True:
@@ -234,6 +253,20 @@ class RunOwnership:
                 return
             holds_until = expires_at
             self.lease = lease = lease.model_copy(update={"expires_at": expires_at})
+            if on_cancel is not None:
+                reason = await self._cancel_requested()
+                if reason is not None:
+                    _tell_cancel(on_cancel, self.run_id, reason)
+                    on_cancel = None  # once; the lease is still renewed until release
+
+    async def _cancel_requested(self) -> str | None:
+        """Why someone asked the run to stop, if anyone did (``None`` on a store error)."""
+        try:
+            run = await self.store.get_run(self.run_id)
+        except (StoreError, NotFoundError) as exc:  # looked for again at the next renewal
+            logger.warning("run %s: looking for a cancel request failed: %s", self.run_id, exc)
+            return None
+        return run.cancel_requested
 
     async def release(self) -> None:
         """Stop the heartbeat and end the lease now (if it is still ours).
@@ -264,6 +297,14 @@ async def _quietly(read: Awaitable[RunLease | None]) -> RunLease | None:
         return await read
     except StoreError:
         return None
+
+
+def _tell_cancel(on_cancel: Callable[[str], None], run_id: str, reason: str) -> None:
+    logger.warning("run %s: cancel requested (%s); stopping it", run_id, reason)
+    try:
+        on_cancel(reason)
+    except Exception:  # the heartbeat must go on renewing the lease until the run closes
+        logger.exception("run %s: the on_cancel callback failed", run_id)
 
 
 def _tell(on_lost: Callable[[OwnershipLost], None], error: OwnershipLost) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 import json
+import traceback
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import NamedTuple
@@ -18,6 +20,7 @@ from agentsnap.messages import JsonValue
 from agentsnap.state import compact_json
 
 __all__ = [
+    "TRACEBACK_LIMIT",
     "AgentCut",
     "AgentLease",
     "AgentVersion",
@@ -38,13 +41,36 @@ __all__ = [
     "SnapshotPart",
     "SnapshotStatus",
     "SnapshotSummary",
+    "bounded_traceback",
     "utcnow",
 ]
+
+TRACEBACK_LIMIT = 16_000
+"""The most characters of tracebacks a run keeps
+([`RunInfo.traceback`][agentsnap.RunInfo.traceback]): the head and the tail are kept, the
+middle of a longer text is cut."""
 
 
 def utcnow() -> datetime:
     """The current time, timezone-aware, in UTC."""
     return datetime.now(UTC)
+
+
+def bounded_traceback(errors: Sequence[BaseException], limit: int = TRACEBACK_LIMIT) -> str:
+    """The tracebacks of ``errors``, each with its chain (causes and contexts), as one text
+    of at most ``limit`` characters.
+
+    A longer text keeps its first and last parts (where the failure began and where it was
+    raised) and says how much of the middle it left out.
+    """  # noqa: D205
+    text = "\n".join("".join(traceback.format_exception(error)) for error in errors)
+    if len(text) <= limit:
+        return text
+    marker = "\n... ({} characters left out) ...\n"
+    room = limit - len(marker.format(len(text)))
+    head = room // 3
+    tail = room - head
+    return text[:head] + marker.format(len(text) - head - tail) + text[len(text) - tail :]
 
 
 class RunStatus(enum.StrEnum):
@@ -92,6 +118,14 @@ class RunInfo(BaseModel):
     """Labels to find the run by (``Runtime(tags=)``, ``agentsnap runs --tag k=v``)."""
     status_reason: str | None = None
     """Why the run ended as it did, in one line: what failed, or what interrupted it."""
+    traceback: str | None = None
+    """For a failed run, the tracebacks of what failed (each handler failure, then the
+    exception that ended the run), exception chains included, as text of at most 16,000
+    characters (the beginning and the end kept); ``None`` otherwise, and once the run is
+    resumed."""
+    cancel_requested: str | None = None
+    """Why someone asked the run to stop (``agentsnap cancel``), while its owner has not
+    stopped it yet; ``None`` when nobody asked, or once the run was resumed."""
 
 
 class SnapshotStatus(enum.StrEnum):

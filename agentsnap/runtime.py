@@ -51,6 +51,7 @@ from agentsnap.exceptions import (
     DuplicateAgentError,
     HandlerFailed,
     NotFoundError,
+    RunCancelled,
     UnknownAgentError,
 )
 from agentsnap.fork import check_forkable, fork_snapshot, tools_of
@@ -321,6 +322,7 @@ class Runtime:
             failures=self.failures,
         )
         recovery.attach(team, cadence, self._following)
+        record.interrupt = team.quiesce  # a cancelled run's handlers stop where they are
         self._closer = Closer(
             self.run_id,
             bus=bus,
@@ -512,11 +514,14 @@ class Runtime:
 
         Ctrl-C (``KeyboardInterrupt``) or a cancelled task (``CancelledError``, which is
         what ``asyncio.run`` raises in the main task on Ctrl-C) records the run as
-        cancelled, so ``resume()`` continues it; any other exception records it as failed,
-        with the exception as its reason.
+        cancelled, so ``resume()`` continues it, and so does
+        [`RunCancelled`][agentsnap.RunCancelled] (the run was cancelled on request); any
+        other exception records it as failed, with the exception as its reason.
         """
         if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
             await self._closer.close(failed=None, cancelled=exc)
+        elif isinstance(exc, RunCancelled):  # cancelled on request: recorded as such
+            await self._closer.close(failed=None)
         else:
             await self._closer.close(failed=exc)
 
@@ -733,6 +738,8 @@ class Runtime:
             raise await record.unknown_run() from None
         if run.status is RunStatus.SUCCEEDED:
             raise finished_error(run)
+        if run.cancel_requested is not None:  # resuming a run withdraws a request to stop it
+            await self.store.request_cancel(self.run_id, None)
         await record.own(wait=2 * record.ownership.ttl if wait is None else wait)
         # Another resume may have taken the run over, finished it and let go meanwhile.
         run = await self.store.get_run(self.run_id)
@@ -742,6 +749,8 @@ class Runtime:
             raise finished_error(run)
         if run.status is not RunStatus.RUNNING:  # it runs again, until it is closed
             await self.store.finish_run(self.run_id, RunStatus.RUNNING, None)
+        if run.traceback is not None:
+            await self.store.save_traceback(self.run_id, None)
         if tools_of(run) == "dry":
             self._team.make_dry()
         await mark_orphaned(self.ledger, self.store, self.run_id)

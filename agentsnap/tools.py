@@ -386,6 +386,7 @@ class Tool(Generic[R]):
         rerun_if_unknown: bool = False,
         lease: float = 60.0,
         wait: float = 10.0,
+        approval: ApprovalPolicy = False,
     ) -> Tool[Any]:
         """A tool that comes as a name, a JSON Schema of its arguments and a function.
 
@@ -415,6 +416,7 @@ class Tool(Generic[R]):
             rerun_if_unknown=rerun_if_unknown,
             lease=lease,
             wait=wait,
+            approval=approval,
         )
 
     def __repr__(self) -> str:

@@ -237,6 +237,9 @@ class Spread:
         self.link: Any = None
         self.store: Any = None
         self.run: DistributedRun | None = None
+        self.where: Callable[[int], list[str]] = lambda n: []
+        """The command that runs worker ``n``'s command line elsewhere (on a host of its own:
+        ``distributed_hosts.py``); nothing, in this process's network stack."""
 
     def placement(self, n: int) -> str:
         return ",".join(name for i, name in enumerate(relay_names()) if i % self.workers == n)
@@ -246,7 +249,7 @@ class Spread:
 
     async def launch(self, n: int, profile: Path | None = None) -> None:
         command = [
-            sys.executable, "-m", "agentsnap", "worker", "--nats", self.nats_url,
+            *self.where(n), sys.executable, "-m", "agentsnap", "worker", "--nats", self.nats_url,
             "--db", self.db, "--app", "distributed:make_app", "--run", self.run_id,
             "--agents", self.placement(n), "--lease", str(LEASE),
         ]  # fmt: skip

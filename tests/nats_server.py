@@ -52,19 +52,25 @@ def free_port() -> int:
 
 
 class OwnServer:
-    """A ``nats-server -js`` of a test's own, on a free port, storing under ``store``."""
+    """A ``nats-server -js`` of a test's own: a free port of ``host``, storing under ``store``."""
 
-    def __init__(self, binary: str, store: Path) -> None:
+    def __init__(self, binary: str, store: Path, host: str = "127.0.0.1") -> None:
         self.binary = binary
         self.store = store
+        self.host = host
         self.port = free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
+        self.url = f"nats://{host}:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return None if self.process is None else self.process.pid
 
     def start(self) -> None:
         """Start the server (again, on the same port and storage) and wait until it listens."""
         self.process = subprocess.Popen(
-            [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)],
+            [self.binary, "-js", "-a", self.host, "-p", str(self.port), "-sd", str(self.store)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

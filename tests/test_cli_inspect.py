@@ -88,8 +88,11 @@ def test_runs_lists_every_run_with_its_snapshot_count(demo: Demo) -> None:
         "name",
         "tags",
         "status_reason",
+        "traceback",
+        "cancel_requested",
     }
     assert (mine["status"], mine["snapshots"], mine["parent_run_id"]) == ("succeeded", 3, None)
+    assert (mine["traceback"], mine["cancel_requested"]) == (None, None)
     assert (mine["name"], mine["tags"], mine["status_reason"]) == ("demo", {}, None)
 
     text = cli(demo, "runs")

@@ -617,6 +617,10 @@ EVERY_COMMAND = {
     "states check",
     "ui",
     "worker",
+    "run",
+    "resume",
+    "cancel",
+    "events",
 }
 """Every command, so that a new one is looked at here on purpose."""
 
@@ -647,6 +651,7 @@ PRINTS_TIMES = {
     "checkpoints",  # CREATED
     "tools list",  # UPDATED
     "requests",  # ASKED
+    "events",  # STARTED
 }
 """The commands whose text shows times: local, or UTC with ``--utc``."""
 

@@ -75,6 +75,7 @@ EXPECTED_ALL = [
     "RetryPolicy",
     "RollbackExhausted",
     "RollbackInfo",
+    "RunCancelled",
     "RunError",
     "RunInfo",
     "RunLease",

@@ -24,8 +24,8 @@ a layer. The layers, from the bottom::
                  rollback on jetstream
     runtime      the facade over its collaborators (_phases, _record, _cadence, _recovery,
                  _closing, which never import it); above it only the public face:
-                 the package itself, inspect, timeline, ui, cli, demo, testing,
-                 integrations, which nothing below imports
+                 the package itself, inspect (with _running, _events), timeline, ui,
+                 cli, demo, testing, integrations, which nothing below imports
 """
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ CONTRACTS: dict[str, set[str]] = {
 import (a package allows its modules too). Modules not named here are above the runtime."""
 
 PUBLIC_FACE = {
+    "agentsnap._events",
+    "agentsnap._running",
     "agentsnap.cli",
     "agentsnap.demo",
     "agentsnap.inspect",

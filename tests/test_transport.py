@@ -313,3 +313,39 @@ async def test_a_replay_plan_no_message_can_fulfil_is_given_up_once_nothing_runs
     taken, stalls = await _replay_plan_run(b_sends=False)
     assert taken == ["$env#1"], "the process takes its messages in any order again"
     assert stalls == 1
+
+
+async def test_closing_the_scheduler_ends_a_delivery_a_rollback_interrupted() -> None:
+    """A rollback interrupts a handler that first finishes what it does (as a side-effecting
+    tool call does), and the scheduler closes meanwhile (its worker stops): both cancellations
+    arrive as one ``CancelledError``, and ``close()`` must still end the delivery's task."""
+    bus = Bus(AsyncioScheduler())
+    a = bus.add("a", 0)
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def deliver(channel: Channel) -> None:
+        message = channel.take()
+        assert type(message) is Message
+        bus.delivered(channel, message)
+        a.busy = True
+        try:
+            started.set()
+            try:
+                await finish.wait()
+            except asyncio.CancelledError:
+                await finish.wait()  # the call in progress ends first
+                raise
+        finally:
+            a.busy = False
+
+    bus.scheduler.bind(bus, deliver)
+    bus.send(bus.environment, "a", "input", "message", None)
+    bus.scheduler.start()
+    await started.wait()
+    assert bus.scheduler.interrupt(a)
+    closing = asyncio.ensure_future(bus.scheduler.close())
+    await asyncio.sleep(0)
+    finish.set()
+    # Bounded only so that the failure is a test failure, not a hang.
+    await asyncio.wait_for(closing, 30)

@@ -63,6 +63,13 @@ before, the whole run rolls back to its last complete snapshot as above, the new
 restoring them from it. Nothing is lost (the cut and the input after it are replayed) and no
 effect happens twice (the ledger).
 
+**Takeover.** A coordinator that dies is replaced by another
+([`DistributedRun.take_over`][agentsnap.distributed.DistributedRun.take_over], or a standby
+waiting on the run's lease): it takes the run's lease, which fences the dead one out, reads
+the run back from the store and the stream, stores the snapshots the dead one left
+unfinished as failed, and rolls the whole run back to its last complete snapshot; the workers
+serve on throughout.
+
 A restart of the NATS server is waited for (publishing and consuming go on where they
 stopped; a worker gives up after ``nats_patience`` seconds), and a
 [`StreamRetention`][agentsnap.distributed.StreamRetention] keeps the run's stream and parts

@@ -21,6 +21,24 @@ It is also the one authority on rollbacks
 output on the control subject, and the coordinator rolls every process back to the last
 complete snapshot before it, in two phases; it watches the agents' leases, and rolls the run
 back to its last complete snapshot when the agents of a worker that stopped are hosted again.
+
+**Takeover.** The coordinator owns the run through its lease (see
+[`agentsnap.ownership`][agentsnap.ownership]), renewed while it runs. When it dies, another
+coordinator takes the run over
+([`DistributedRun.take_over`][agentsnap.distributed.DistributedRun.take_over]): it takes the
+lease (at once when the dead one ran on the same host, else once its lease expired), which
+fences the dead coordinator's store out; it reads the run back (the complete snapshots, the
+rollbacks and the timelines they left, the snapshot numbering, and from the run's stream every
+message the environment sent); it stores the snapshots the dead one began and never
+completed as failed; and it rolls every process back to the last complete snapshot of the
+run's timeline, in a generation above any the dead one could have ordered. The workers never
+stopped serving: they carry out that rollback and go on. Whatever they reported while no
+coordinator listened (a rejected output, a rollback carried out, work lost to the database)
+belongs to the timeline the takeover leaves, and is done again from the cut if it still
+happens there. A coordinator that was replaced while it was away (suspended, or cut off from
+the database) finds out at its next write or renewal: the store refuses its writes, its
+workers ignore its orders (of an older generation), and it stops
+([`fenced`][agentsnap.distributed.DistributedRun.fenced]).
 """
 
 from __future__ import annotations
@@ -35,12 +53,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from agentsnap.distributed.app import PROCESSES, App
+from agentsnap.distributed._takeover import EnvironmentLog, StoredTimeline, generation_floor
+from agentsnap.distributed.app import PROCESSES, App, check_run
 from agentsnap.distributed.host import Host
 from agentsnap.distributed.orders import control_subject
 from agentsnap.distributed.recovery import RollbackAuthority
 from agentsnap.distributed.retention import Retainer, StreamRetention
-from agentsnap.exceptions import ConfigurationError, SnapshotFailed, TransportError
+from agentsnap.exceptions import (
+    ConfigurationError,
+    OwnershipLost,
+    SnapshotFailed,
+    TransportError,
+)
 from agentsnap.integrity import cut_problems
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.ownership import RunOwnership
@@ -161,6 +185,13 @@ class DistributedRun:
             are kept whole.
         name: A name for people, stored with the run.
         poll: Seconds between two looks at the store for parts and agent leases.
+        lease: Seconds the coordinator's lease on the run holds without renewal (it renews
+            it every third of that): a coordinator on another host may take the run over
+            that long after this one stopped.
+        takeover_wait: With a number of seconds, take over the run ``run_id``, whose
+            coordinator stopped, instead of creating it: ``start`` waits that long at most
+            for the stopped coordinator's lease (see
+            [`take_over`][agentsnap.distributed.DistributedRun.take_over]).
 
     Attributes:
         run_id: The run.
@@ -182,7 +213,14 @@ class DistributedRun:
         name: str | None = None,
         poll: float = 0.25,
         retention: StreamRetention | None = None,
+        lease: float = 15.0,
+        takeover_wait: float | None = None,
     ) -> None:
+        if takeover_wait is not None and run_id is None:
+            raise ConfigurationError(
+                "taking a run over needs its id: pass run_id (the run whose coordinator stopped)"
+            )
+        self._taking_over = takeover_wait
         self.run_id = run_id or uuid.uuid4().hex
         self.store = store
         self.names = app.names
@@ -195,13 +233,18 @@ class DistributedRun:
         self._app = app
         self._name = name
         self._poll = poll
+        part_name = COORDINATOR
+        if takeover_wait is not None:
+            part_name += f"-{uuid.uuid4().hex[:8]}"
         self._host = Host(
             link,
             store,
             self.run_id,
             self.names,
             {},
-            worker=COORDINATOR,
+            # A coordinator that takes the run over stores its part under a name of its own:
+            # a part its predecessor may still write for a number it reuses never mixes in.
+            worker=part_name,
             environment=True,
             redaction=app.redact,
         )
@@ -209,7 +252,11 @@ class DistributedRun:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._subscription: Subscription | None = None
-        self._ownership = RunOwnership(store, self.run_id)
+        self._ownership = RunOwnership(store, self.run_id, ttl=lease)
+        self.fenced: OwnershipLost | None = None
+        """Why this coordinator stopped: another one took the run over (``None`` while it
+        owns the run). It then begins no snapshot, answers no worker, and orders nothing;
+        ``run_until_idle`` raises it."""
         self.authority = RollbackAuthority(
             self.run_id,
             link,
@@ -229,6 +276,82 @@ class DistributedRun:
         """Applies ``retention`` as snapshots complete (``None`` without one)."""
         self._failing: set[asyncio.Task[None]] = set()
 
+    @classmethod
+    def take_over(
+        cls,
+        link: JetStreamLink,
+        store: Store,
+        app: App,
+        run_id: str,
+        *,
+        wait: float = 30.0,
+        policy: SnapshotPolicy | None = None,
+        part_timeout: float = 30.0,
+        poll: float = 0.25,
+        retention: StreamRetention | None = None,
+        lease: float = 15.0,
+    ) -> DistributedRun:
+        """A coordinator for run ``run_id``, whose coordinator stopped, to take it over.
+
+        Start it (``async with``, or ``start``) as a new one; ``start`` then, instead of
+        creating the run:
+
+        1. takes the run's lease: at once when its coordinator was a process of this host
+           that no longer runs, else once its lease expired (it waits up to ``wait``
+           seconds for that: a coordinator that still renews its lease is not replaced).
+           From then on the store refuses the stopped coordinator's writes. With a long
+           ``wait`` it is a standby coordinator: it takes the run over as soon as its
+           coordinator stops renewing;
+        2. reads back the run's complete snapshots and rollbacks (which snapshots lie on a
+           timeline a rollback left), its snapshot numbering, and every message the
+           environment sent (from the run's stream: a message ``send`` queued that never
+           reached the stream is lost with the stopped coordinator, see
+           [`flush`][agentsnap.distributed.DistributedRun.flush]);
+        3. stores every snapshot the stopped coordinator began and never completed as
+           failed, saying so (none of them is ever a rollback's target);
+        4. rolls every process back to the last complete snapshot of the run's timeline (the
+           run's start when there is none), recorded as a rollback whose source is
+           ``recovery`` (``took_over``): the workers, which kept serving, carry it out, the
+           environment sends again what it had sent after that cut, and the run goes on.
+
+        The retry policy's accounts start afresh, and the takeover's rollback spends none
+        of them. Pass the app, policy and retention the stopped coordinator had.
+
+        Args:
+            link: The connection to NATS.
+            store: The run's store.
+            app: The run's agents, as the stopped coordinator had them.
+            run_id: The run to take over.
+            wait: Seconds to wait at most for the stopped coordinator's lease to expire.
+            policy: As for the constructor.
+            part_timeout: As for the constructor.
+            poll: As for the constructor.
+            retention: As for the constructor.
+            lease: As for the constructor.
+
+        Returns:
+            The coordinator, not started.
+        """
+        return cls(
+            link,
+            store,
+            app,
+            run_id=run_id,
+            policy=policy,
+            part_timeout=part_timeout,
+            poll=poll,
+            retention=retention,
+            lease=lease,
+            takeover_wait=wait,
+        )
+
+    @property
+    def took_over(self) -> RollbackInfo | None:
+        """The rollback this coordinator ordered as it took the run over, once every process
+        carried it out (``None`` before, and for a coordinator that created its run).
+        """  # noqa: D205
+        return self.authority.took_over
+
     @property
     def bus(self) -> Any:
         """The coordinator's bus (the environment local, every agent remote)."""
@@ -237,8 +360,17 @@ class DistributedRun:
     async def start(self) -> None:
         """Make the run's stream, record the run, own it, and start listening to its workers.
 
+        A coordinator made to take a run over
+        ([`take_over`][agentsnap.distributed.DistributedRun.take_over]) takes it over instead.
+
         Raises:
             TransportError: The NATS server is unreachable (nothing is written to the store).
+            RunOwnedError: Taking over: the run's coordinator still held its lease after
+                ``wait`` seconds (it renews it).
+            NotFoundError: Taking over: the store holds no such run.
+            ConfigurationError: Taking over: the run is not one of this app's, or it ended.
+            RunError: Taking over: the run has had more coordinators than a run may have
+                (2,047).
         """
         away = self._link.away_for()
         if away:
@@ -246,16 +378,38 @@ class DistributedRun:
                 f"the NATS server at {self._link.url} has been unreachable for {away:.1f} s: "
                 "start it again (or pass a link to a running one), then start the run"
             )
-        await self._link.ensure_stream(self.run_id)
-        await self.store.create_run(
-            RunInfo(
-                id=self.run_id,
-                name=self._name,
-                metadata={**self._app.metadata, PROCESSES: sorted(self.processes)},
+        if self._taking_over is not None:
+            check_run(await self.store.get_run(self.run_id), self._app)
+            if not await self._link.has_stream(self.run_id):
+                raise ConfigurationError(
+                    f"run {self.run_id} has no stream on the NATS server at {self._link.url}: "
+                    "take it over with a link to the server its workers use"
+                )
+            lease = await self._ownership.acquire(wait=self._taking_over)
+            try:
+                # It may have ended while this one waited (a standby coordinator).
+                check_run(await self.store.get_run(self.run_id), self._app)
+                generation_floor(lease.token)
+            except BaseException:
+                await self._ownership.release()
+                raise
+        else:
+            await self._link.ensure_stream(self.run_id)
+            await self.store.create_run(
+                RunInfo(
+                    id=self.run_id,
+                    name=self._name,
+                    metadata={**self._app.metadata, PROCESSES: sorted(self.processes)},
+                )
             )
-        )
-        await self._ownership.acquire(refuse_live=True)
-        self._ownership.start_heartbeat(lambda lost: logger.error("%s", lost))
+            lease = await self._ownership.acquire(refuse_live=True)
+        if self._taking_over is not None:
+            try:
+                await self._read_back(lease.token, lease.owner)
+            except BaseException:
+                await self._ownership.release()  # another may try again at once
+                raise
+        self._ownership.start_heartbeat(self._lost)
         await self._host.start()
         self._subscription = await self._link.nc.subscribe(
             control_subject(self.run_id), cb=self._on_control
@@ -266,6 +420,77 @@ class DistributedRun:
             self._tasks.append(
                 loop.create_task(self._tick(self.policy.every_seconds), name="agentsnap:tick")
             )
+        if self._taking_over is not None:
+            self.authority.take_over(
+                f"coordinator {lease.owner} took the run over (lease token {lease.token}); "
+                "the run goes back to its last complete cut"
+            )
+
+    async def _read_back(self, token: int, owner: str) -> None:
+        """Take up the run where its stopped coordinator left it (see ``take_over``)."""
+        timeline = await StoredTimeline.load(self.store, self.run_id)
+        log = await EnvironmentLog.read(self._link, self.run_id)
+        self.complete.extend(timeline.complete)
+        self.failed.extend(timeline.failed)
+        epoch = max(timeline.last_seq, log.epoch)
+        host = self._host
+        host.coordinator.last_seq = epoch
+        host.bus.environment.epoch = epoch
+        host.inputs.restore(log.messages, log.before)
+        leases = await self.store.list_agent_leases(self.run_id)
+        self.authority.taken_over(
+            generation=generation_floor(token),
+            history=timeline.rollbacks,
+            left=timeline.left,
+            hosted=[lease.agent for lease in leases],
+        )
+        reason = (
+            f"its coordinator stopped before it completed; coordinator {owner} took the run over"
+        )
+        now = utcnow()
+        for seq in timeline.missing(epoch):
+            snapshot = Snapshot(
+                id=uuid.uuid4().hex,
+                run_id=self.run_id,
+                seq=seq,
+                initiator=ENVIRONMENT,
+                status=SnapshotStatus.FAILED,
+                started_at=now,
+                error=reason,
+            )
+            await self.store.save_snapshot(snapshot)
+            self.failed.append(snapshot)
+        logger.warning(
+            "run %s: taken over by %s at snapshot %d, %d complete snapshot(s), %d rollback(s), "
+            "%d input message(s)",
+            self.run_id,
+            owner,
+            epoch,
+            len(timeline.complete),
+            len(timeline.rollbacks),
+            len(log.messages),
+        )
+
+    def _lost(self, lost: OwnershipLost) -> None:
+        """Another coordinator took the run over: stop acting for it."""
+        if self.fenced is not None:
+            return
+        self.fenced = lost
+        logger.error("run %s: this coordinator stops: %s", self.run_id, lost)
+        self.authority.fence(str(lost))
+        # Nothing of them can be stored now: they fail here only.
+        pending, self._pending = self._pending, {}
+        for entry in pending.values():
+            entry.handle.resolve(None, SnapshotFailed(entry.handle.id, str(lost)))
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Wait until the run's stream holds every message ``send`` queued so far.
+
+        What the environment sent is read back from the stream by a coordinator that takes
+        the run over: a message not in the stream yet when this coordinator stops is lost.
+        """
+        await self._host.transport.flush()
 
     async def __aenter__(self) -> DistributedRun:
         await self.start()
@@ -315,7 +540,10 @@ class DistributedRun:
         pending = _Pending(handle, utcnow(), loop.time() + self.part_timeout)
         self._pending[handle.seq] = pending
         away = self._link.away_for()
-        if away:
+        if self.fenced is not None:
+            pending.error = f"this coordinator was replaced: {self.fenced}"
+            self._wake.set()
+        elif away:
             pending.error = (
                 f"the NATS server at {self._link.url} was unreachable when it began (for "
                 f"{away:.1f} s): its markers could not reach the workers"
@@ -413,6 +641,8 @@ class DistributedRun:
             raise
 
     def _raise_failure(self) -> None:
+        if self.fenced is not None:
+            raise self.fenced
         if self.authority.exhausted is not None:
             raise self.authority.exhausted
 
@@ -473,6 +703,8 @@ class DistributedRun:
                 self.snapshot()
 
     async def _on_control(self, msg: Msg) -> None:
+        if self.fenced is not None:
+            return  # the coordinator that replaced this one answers
         try:
             request = orjson.loads(msg.data)
         except orjson.JSONDecodeError:
@@ -519,6 +751,8 @@ class DistributedRun:
             for seq in sorted(self._pending):
                 try:
                     await self._check(seq)
+                except OwnershipLost as exc:  # another coordinator took the run over
+                    self._lost(exc)
                 except Exception:  # the store is away: look again later
                     logger.exception("run %s: snapshot %d not checked", self.run_id, seq)
 
@@ -529,7 +763,14 @@ class DistributedRun:
         if pending.error is not None:
             await self._fail(seq, pending.error)
             return
-        parts = await self.store.load_snapshot_parts(self.run_id, seq)
+        own = self._host.worker
+        # The environment's part written by a coordinator this one replaced (for a number
+        # both began) is not this snapshot's.
+        parts = [
+            part
+            for part in await self.store.load_snapshot_parts(self.run_id, seq)
+            if part.worker == own or ENVIRONMENT not in part.agents
+        ]
         if seq not in self._pending:
             return
         errors = [f"{part.worker}: {part.error}" for part in parts if part.error]
@@ -624,7 +865,11 @@ class DistributedRun:
             await asyncio.sleep(self._poll / 2)
 
     async def close(self, status: RunStatus = RunStatus.SUCCEEDED) -> None:
-        """Stop beginning snapshots, let those in progress settle, and record the run's end."""
+        """Stop beginning snapshots, let those in progress settle, and record the run's end.
+
+        A coordinator that was replaced (``fenced``) records nothing: the run goes on under
+        the one that took it over.
+        """
         for task in self._tasks[1:]:
             task.cancel()
         await self.settle()
@@ -645,6 +890,9 @@ class DistributedRun:
         if self.retainer is not None:
             await self.retainer.close()
         await self._host.close()
+        if self.fenced is not None:
+            await self._ownership.release()  # another coordinator runs the run now
+            return
         exhausted = self.authority.exhausted
         await self.store.finish_run(
             self.run_id, status, utcnow(), None if exhausted is None else str(exhausted)

@@ -7,7 +7,7 @@ run's coordinator on the run's control subject
 | message | meaning |
 |---|---|
 | ``{"rejected": {...}, "generation": g, "worker": w}`` | an output of an agent hosted by ``w`` was rejected in generation ``g`` |
-| ``{"restored": g, "worker": w, "agents": [...], "discarded": n}`` | ``w`` carried out rollback ``g`` (its agents are restored) |
+| ``{"restored": g, "epoch": n, "worker": w, "agents": [...], "discarded": d}`` | ``w`` carried out rollback ``g`` (its agents are restored); ``n``: the newest snapshot number it saw |
 | ``{"passed": [src, dst, seq], "worker": w}`` | a message redone after a rejection was handled without one |
 | ``{"hello": w, "agents": [...]}`` (a request) | ``w`` starts: the reply says the run's generation, timeline and snapshot number, and whether ``w`` is to wait for a rollback that restores its agents |
 

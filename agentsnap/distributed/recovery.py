@@ -30,6 +30,13 @@ its agents are hosted again. A worker that starts asks the coordinator (``hello`
 run's generation and snapshot number; when its agents were hosted before (a restarted
 worker, or another one given the agents of a stopped one), the whole run rolls back to the
 last complete snapshot as above, the new worker restoring its agents from it.
+
+**Takeover.** A coordinator that takes the run over from one that stopped starts from what
+the store holds (``taken_over``): the rollbacks recorded, the timelines they left, the
+agents some worker hosted; and a generation above every one its predecessor could have
+ordered, even one whose rollback it never recorded. It then rolls every process back to the
+last complete snapshot of the run's timeline (``take_over``), as for a restarted worker. A
+coordinator that learns it was replaced is ``fence``d: it orders nothing more.
 """
 
 from __future__ import annotations
@@ -77,6 +84,8 @@ class _Rolling:
         self.target = target
         self.restored: set[str] = set()
         self.discarded = 0
+        self.epoch = order.epoch
+        """The newest snapshot number a process that carried it out saw."""
         self.changed = asyncio.Event()
 
 
@@ -128,8 +137,13 @@ class RollbackAuthority:
         """The run's timeline: the generation of the last rollback that was not a recovery
         (a recovery redoes the timeline's work in the order logged, with its recorded model
         answers)."""
+        self._timeline_known = True  # False after a takeover: the next rollback starts one
         self.history: list[RollbackInfo] = []
         self.exhausted: RunError | None = None
+        self.fenced: str | None = None
+        """Why this coordinator orders nothing more (another took the run over), or ``None``."""
+        self.took_over: RollbackInfo | None = None
+        """The rollback ordered as this coordinator took the run over, once carried out."""
         self.dropped = 0
         self.down: dict[str, str] = {}
         self.stopped = asyncio.Event()
@@ -160,8 +174,58 @@ class RollbackAuthority:
 
     @property
     def busy(self) -> bool:
-        """Whether a rollback is being decided or carried out (or the run stopped)."""
-        return self._deciding or self._rolling is not None or self.exhausted is not None
+        """Whether a rollback is being decided or carried out (or the run stopped, or this
+        coordinator was replaced).
+        """  # noqa: D205
+        return (
+            self._deciding
+            or self._rolling is not None
+            or self.exhausted is not None
+            or self.fenced is not None
+        )
+
+    # -- takeover ---------------------------------------------------------------------------
+
+    def taken_over(
+        self,
+        *,
+        generation: int,
+        history: list[RollbackInfo],
+        left: list[tuple[int, int]],
+        hosted: Collection[str],
+    ) -> None:
+        """Start from where a stopped coordinator left the run, as its store says.
+
+        Args:
+            generation: A generation above every one the stopped coordinator could have
+                ordered: this coordinator's rollbacks are numbered after it.
+            history: The rollbacks recorded, oldest first.
+            left: The snapshot numbers ``(lo, hi]`` of each timeline a rollback left.
+            hosted: The agents some worker claimed (their workers rejoin with a rollback).
+        """
+        self.generation = max(self.generation, generation)
+        # The stopped coordinator's timeline is not stored: the takeover's rollback starts
+        # a new one, above every timeline the workers may have recorded model calls on.
+        self._timeline_known = False
+        self.history[:0] = history
+        self._left[:0] = left
+        self._hosted.update(name for name in hosted if name in self._names)
+
+    def take_over(self, reason: str) -> None:
+        """Roll every process back to the last complete snapshot of the run's timeline.
+
+        Ordered at once and carried out in the background, as every rollback (a worker that
+        stopped is waited for until its agents are hosted again); its record is
+        ``took_over`` once every process resumed.
+        """
+        self._deciding = True
+        self._spawn(self._recover(reason, takeover=True))
+
+    def fence(self, reason: str) -> None:
+        """Another coordinator took the run over: order nothing more, and stop waiting."""
+        self.fenced = reason
+        self._rolling = None
+        self.stopped.set()
 
     def _spawn(self, work: Any) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(work)
@@ -229,10 +293,12 @@ class RollbackAuthority:
             generation = int(report["restored"])
             agents = [str(name) for name in report.get("agents", [])]
             discarded = int(report.get("discarded", 0))
+            epoch = int(report.get("epoch", 0))
         except (KeyError, TypeError, ValueError):
             return
         if rolling is None or generation != rolling.order.generation:
             return
+        rolling.epoch = max(rolling.epoch, epoch)
         if not rolling.restored.issuperset(agents):
             rolling.restored.update(agents)
             rolling.discarded += discarded
@@ -375,10 +441,14 @@ class RollbackAuthority:
         finally:
             self._deciding = False
 
-    async def _recover(self, reason: str) -> None:
+    async def _recover(self, reason: str, *, takeover: bool = False) -> None:
         try:
             targets = self.targets()
-            await self._roll_back(targets[-1] if targets else None, None, reason, "recovery", 1)
+            done = await self._roll_back(
+                targets[-1] if targets else None, None, reason, "recovery", 1
+            )
+            if takeover and done is not None:
+                self.took_over = done
         except Exception:
             logger.exception("run %s: the recovery failed", self.run_id)
         finally:
@@ -395,6 +465,8 @@ class RollbackAuthority:
     # -- carrying out -----------------------------------------------------------------------
 
     async def _broadcast(self, body: dict[str, Any]) -> None:
+        if self.fenced is not None:
+            return  # replaced: the workers follow the coordinator that took over
         try:
             await self._link.nc.publish(self._subject, orjson.dumps(body))
         except Exception as exc:  # repeated while the rollback waits; else logged
@@ -407,11 +479,13 @@ class RollbackAuthority:
         reason: str,
         source: str,
         attempt: int,
-    ) -> None:
+    ) -> RollbackInfo | None:
+        """Carry out a rollback; its record, or ``None`` when a later one took its place."""
         self.generation += 1
         generation = self.generation
-        if source != "recovery":
+        if source != "recovery" or not self._timeline_known:
             self.timeline = generation
+            self._timeline_known = True
         self._fail_pending("the run rolled back before the snapshot completed")
         epoch = self._host.coordinator.last_seq
         self._left.append((target.seq if target is not None else 0, epoch))
@@ -440,18 +514,23 @@ class RollbackAuthority:
         body = {"rollback": order.to_json()}
         while not rolling.restored >= self._names:
             if self._rolling is not rolling or self.generation != generation:
-                return  # a later rollback (a worker restarted meanwhile) took its place
+                return None  # a later rollback (a worker restarted meanwhile) took its place
             await self._broadcast(body)
             rolling.changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_REPEAT):
                     await rolling.changed.wait()
         if self._rolling is not rolling:
-            return
+            return None
         # Phase 2: the environment goes back too and sends its input again; then resume.
+        # Snapshots are numbered on above any a process saw, so that no part it wrote before
+        # going back (for a snapshot begun by a coordinator this one replaced) is taken for
+        # a part of a later snapshot.
+        coordinator = self._host.coordinator
+        coordinator.last_seq = max(coordinator.last_seq, rolling.epoch)
         await self._host.roll_back(order, target)
         if self._rolling is not rolling:
-            return
+            return None
         self._fail_pending("the run rolled back before the snapshot completed")
         start = None
         if target is None:
@@ -481,6 +560,7 @@ class RollbackAuthority:
             resume["snapshot_id"] = start.id  # what the agents' on_rollback is told
         await self._broadcast(resume)
         logger.warning("run %s: every process resumed in generation %d", self.run_id, generation)
+        return info
 
     def lease_owners(self, leases: list[Any]) -> tuple[set[str], dict[str, str]]:
         """The agents with a live lease, and every lease's holder."""

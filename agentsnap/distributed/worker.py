@@ -46,7 +46,7 @@ from agentsnap.distributed.orders import (
     control_subject,
     rejection_to_json,
 )
-from agentsnap.exceptions import ConfigurationError, TransportError
+from agentsnap.exceptions import ConfigurationError, StoreError, TransportError
 from agentsnap.limits import MAX_WORKER_NAME, check_text
 from agentsnap.liveness import owner_id
 from agentsnap.records import utcnow
@@ -85,8 +85,9 @@ class Worker:
         nats_patience: Seconds the worker waits for a lost NATS server to come back before
             it gives up (and stops).
         wait: Seconds to wait for agents held by another worker: a worker that stopped
-            without letting them go holds them until its leases expire (default: refuse at
-            once).
+            without letting them go holds them until its leases expire, and one cut off
+            from the database in the middle of a transaction keeps their rows locked until
+            the server ends its session (default: refuse at once).
         hello_timeout: Seconds to wait for the run's coordinator to answer as the worker
             starts; without an answer it starts as in a new run.
         telemetry: Where the hosted handlers' spans and the bus's metrics go, as for a
@@ -178,6 +179,7 @@ class Worker:
 
         Raises:
             AgentsHeld: Another live worker hosts some of the agents (beyond ``wait``).
+            StoreError: The store did not answer (beyond ``wait``).
             NotFoundError: The store holds no such run.
             ConfigurationError: The run is not one of this app's, or it has ended
                 ([`check_run`][agentsnap.distributed.check_run]).
@@ -197,6 +199,13 @@ class Worker:
                     waiting = True
                     logger.warning("worker %s waits for its agents: %s", self.name, exc)
                 await asyncio.sleep(min(0.2, self.lease / 5))
+            except StoreError as exc:
+                # The rows of the agents may be locked by a worker cut off in the middle of
+                # a transaction, until the server ends its session: wait for that too.
+                if loop.time() >= deadline or self.stopped.is_set():
+                    raise
+                logger.warning("worker %s could not claim its agents yet: %s", self.name, exc)
+                await asyncio.sleep(min(1.0, self.lease / 5))
         self._heartbeat = loop.create_task(
             self._renew(), name=f"agentsnap:worker-lease:{self.name}"
         )
@@ -328,6 +337,7 @@ class Worker:
         self._send(
             {
                 "restored": order.generation,
+                "epoch": self.host.coordinator.last_seq,
                 "worker": self.name,
                 "agents": self.agents,
                 "discarded": discarded,

@@ -81,6 +81,24 @@ class Store(Protocol):
             NotFoundError: The store holds no such run.
         """
 
+    async def save_traceback(self, run_id: str, traceback: str | None) -> None:
+        """Record the tracebacks of what made a run fail (``None``: none, as when it is
+        resumed); see [`RunInfo.traceback`][agentsnap.RunInfo.traceback].
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """  # noqa: D205
+
+    async def request_cancel(self, run_id: str, reason: str | None) -> None:
+        """Ask the run's owner to stop it (``reason``), or withdraw the request (``None``).
+
+        The owner sees the request at its next lease renewal (see
+        [`agentsnap.ownership`][agentsnap.ownership]). Not fenced: anyone may ask.
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+
     async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:
         """Record that a run was forked from a snapshot of another run.
 

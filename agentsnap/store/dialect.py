@@ -384,12 +384,21 @@ class PostgresDialect(Dialect):
         )
 
     def engine_options(self, timeout: float) -> dict[str, Any]:
-        """A connect timeout and a ``statement_timeout``."""
+        """A connect timeout, a ``statement_timeout`` and an
+        ``idle_in_transaction_session_timeout`` of three times ``timeout``.
+
+        The last is for a client cut off by the network in the middle of a transaction: the
+        server hears nothing more from it, and would keep its session, and the rows it
+        locked (an agent's lease, a ledger key), for as long as the operating system keeps
+        the dead connection open (hours), so that no other process could take them over.
+        """  # noqa: D205
+        statement = math.ceil(timeout * 1000)
         return {
             "connect_args": {
                 # libpq takes whole seconds and treats less than 2 as 2.
                 "connect_timeout": max(2, math.ceil(timeout)),
-                "options": f"-c statement_timeout={math.ceil(timeout * 1000)}",
+                "options": f"-c statement_timeout={statement} "
+                f"-c idle_in_transaction_session_timeout={3 * statement}",
             }
         }
 

@@ -102,6 +102,15 @@ class MemoryStore:
             update={"status": status, "finished_at": finished_at, "status_reason": reason}
         )
 
+    async def save_traceback(self, run_id: str, traceback: str | None) -> None:  # noqa: D102
+        run = self._run(run_id)
+        self._check_fence(run_id)
+        self._runs[run_id] = run.model_copy(update={"traceback": traceback})
+
+    async def request_cancel(self, run_id: str, reason: str | None) -> None:  # noqa: D102
+        run = self._run(run_id)
+        self._runs[run_id] = run.model_copy(update={"cancel_requested": reason})
+
     async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:  # noqa: D102
         run = self._run(run_id)
         self._check_fence(run_id)

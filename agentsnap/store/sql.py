@@ -302,6 +302,20 @@ class SqlStore:
             run_id, status=status.value, finished_at=finished_at, status_reason=reason
         )
 
+    @_retried("record the run's tracebacks")
+    async def save_traceback(self, run_id: str, traceback: str | None) -> None:  # noqa: D102
+        await self._update_run(run_id, traceback=traceback)
+
+    @_retried("record a request to cancel the run")
+    async def request_cancel(self, run_id: str, reason: str | None) -> None:  # noqa: D102
+        await self._gate.wait()
+        async with self._begin() as conn:  # not fenced: anyone may ask the owner to stop
+            result = await conn.execute(
+                _runs.update().where(_runs.c.id == run_id).values(cancel_requested=reason)
+            )
+            if result.rowcount == 0:
+                raise NotFoundError("run", run_id)
+
     @_retried("record the run's parent")
     async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:  # noqa: D102
         await self._update_run(
@@ -1467,4 +1481,6 @@ def _run(row: Any, now: datetime, tags: dict[str, str] | None = None) -> RunInfo
         name=row["name"],
         tags=tags or {},
         status_reason=reason,
+        traceback=row["traceback"],
+        cancel_requested=row["cancel_requested"],
     )

@@ -129,6 +129,8 @@ class RunRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     name: Mapped[str | None] = mapped_column(String(128), index=True)
     status_reason: Mapped[str | None] = mapped_column(Text)
+    traceback: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[str | None] = mapped_column(Text)
 
 
 class RunTagRow(Base):

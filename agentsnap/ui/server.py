@@ -181,6 +181,8 @@ def _run(run: RunInfo, snapshots: int, rollbacks: int) -> dict[str, Any]:
         "tag_map": dict(run.tags),
         "status": run.status.value,
         "reason": run.status_reason,
+        "traceback": run.traceback,
+        "cancel_requested": run.cancel_requested,
         "created_at_us": micros(run.created_at),
         "updated_at_us": _us(run.finished_at),
         "snapshots": snapshots,

@@ -10,7 +10,12 @@ outside table keyed by the idempotency key it was handed. Then:
   kill was replayed;
 * the refund happened once, under the key of the ledger's entry, across the rollback (the
   redo worded it otherwise) and the crash;
-* the critic accepted the answer written with its feedback.
+* the critic accepted the answer written with its feedback;
+* streamed (``--stream``, an event-stream handler): every asking of the model was streamed to
+  the handler once, and no replayed answer again; no tool call's event was handed over twice;
+* with the refund served by an MCP server (``--mcp``): the resumed process lists the server's
+  tools again (tool listing is not a recorded step) and that is harmless: the answers are
+  the recorded ones, the refund happened once.
 """
 
 from __future__ import annotations
@@ -61,17 +66,19 @@ def kill_when_hanging(process: subprocess.Popen[str]) -> None:
     assert process.returncode == -signal.SIGKILL
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "streamed"])
 @pytest.mark.parametrize("hang_at", ["effect", "critic"])
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
 async def test_a_killed_run_resumes_with_recorded_answers_and_one_effect(
-    tmp_path: Path, hang_at: str, backend: str
+    tmp_path: Path, hang_at: str, backend: str, stream: bool
 ) -> None:
     url = postgres_url_or_skip() if backend == "postgres" else f"sqlite:///{tmp_path / 'a.db'}"
     service, asks = tmp_path / "service.db", tmp_path / "asks.jsonl"
+    events = tmp_path / "events.jsonl"
     run_id = uuid.uuid4().hex
-    common = (url, str(service), str(asks), run_id)
+    common = (url, str(service), str(asks), run_id, *(("--stream", str(events)) if stream else ()))
     with child(*common, "--hang-at", hang_at) as first:
         kill_when_hanging(first)
     asked_before = len(asks.read_text().splitlines())
@@ -103,3 +110,51 @@ async def test_a_killed_run_resumes_with_recorded_answers_and_one_effect(
         rows = db.execute("SELECT key, effect FROM effects").fetchall()
     (entry,) = entries
     assert rows == [(entry.key, "refund:A17")]
+
+    if stream:
+        handed = [json.loads(line) for line in events.read_text().splitlines()]
+        # Each asking streamed once to the handler (one part per answer); replays not at all.
+        assert sum(e["kind"] == "part_start" for e in handed) == asked
+        calls = [e["call"] for e in handed if e["kind"] == "function_tool_call"]
+        assert calls
+        assert len(set(calls)) == len(calls), handed
+
+
+async def test_a_resumed_run_lists_mcp_tools_again_and_that_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    service, asks = tmp_path / "service.db", tmp_path / "asks.jsonl"
+    listings = tmp_path / "listings.jsonl"
+    run_id = uuid.uuid4().hex
+    common = (url, str(service), str(asks), run_id, "--mcp", str(listings))
+    with child(*common, "--hang-at", "critic") as first:
+        kill_when_hanging(first)
+    listed_before = {json.loads(line)["pid"] for line in listings.read_text().splitlines()}
+    asked_before = len(asks.read_text().splitlines())
+    with child(*common, "--resume") as resumed:
+        out, err = resumed.communicate(timeout=TIMEOUT)
+    assert resumed.returncode == 0, err
+    (report,) = [json.loads(line)["result"] for line in out.splitlines() if "result" in line]
+    assert report["accepted"] == "Order A17 is refunded. Sorry for the trouble."
+
+    # The resumed process listed the tools again ...
+    listed = [json.loads(line)["pid"] for line in listings.read_text().splitlines()]
+    assert listed_before == {first.pid}
+    assert resumed.pid in listed
+    # ... and asked nothing: every answer it needed was recorded before the kill.
+    assert len(asks.read_text().splitlines()) == asked_before == 4
+    store, ledger = SqlStore(url), SqlLedger(url, create=False)
+    try:
+        calls = await ledger.list_model_calls(run_id, "clerk")
+        entries = [e for e in await ledger.list_calls(run_id) if e.tool == "refund"]
+    finally:
+        await store.close()
+        await ledger.close()
+    assert len(calls) == 4
+    assert sum(call.replays for call in calls) >= 1
+    # One refund through the ledger, done once by the server.
+    assert len(entries) == 1
+    with sqlite3.connect(service) as db:
+        rows = db.execute("SELECT effect, pid FROM effects").fetchall()
+    assert rows == [("refund:A17", first.pid)]

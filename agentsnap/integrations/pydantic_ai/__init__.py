@@ -8,9 +8,11 @@ imports pydantic-ai; importing this module does, and raises
   agent on each message: its conversation is in the agent's state, so it is part of every
   consistent cut, a rollback takes it back, and the rejection's reason goes into the next
   prompt.
-- [`AgentsnapDurability`][agentsnap.integrations.pydantic_ai.AgentsnapDurability] is the
-  pydantic-ai capability that makes each model request a recorded step and each tool call
-  that changes the world a call through the ledger;
+- [`AgentsnapDurability`][agentsnap.integrations.pydantic_ai.AgentsnapDurability] is
+  pydantic-ai's durable-execution capability for agentsnap (on pydantic-ai's
+  ``BaseDurabilityCapability``): each model request, streamed or not, a recorded step, each
+  tool call that changes the world a call through the ledger, each approval or deferred
+  call a request to a person;
   [`ToolOptions`][agentsnap.integrations.pydantic_ai.ToolOptions] sets a tool's key and redo
   rules; [`idempotency_key`][agentsnap.integrations.pydantic_ai.idempotency_key] hands a
   tool the key of its call, for the service it calls.
@@ -57,7 +59,6 @@ from agentsnap.integrations._running import handling
 from agentsnap.integrations.pydantic_ai._agent import Outgoing, PydanticAIAgent, PydanticAIState
 from agentsnap.integrations.pydantic_ai._durability import (
     AgentsnapDurability,
-    RecordedModel,
     ToolOptions,
     idempotency_key,
 )
@@ -68,7 +69,6 @@ __all__ = [
     "Outgoing",
     "PydanticAIAgent",
     "PydanticAIState",
-    "RecordedModel",
     "ToolOptions",
     "agentsnap_toolset",
     "handling",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
@@ -126,6 +126,7 @@ class PydanticAIAgent(Agent[PydanticAIState]):
                 message_history=history or None,
                 deps=self.deps_for(message, ctx),
                 capabilities=self._added,
+                **self.run_options(message, ctx),
             )
         state.messages = messages_json(result.all_messages())
         state.output = as_json(result.output)
@@ -164,6 +165,20 @@ class PydanticAIAgent(Agent[PydanticAIState]):
     def deps_for(self, message: Message, ctx: Context[PydanticAIState]) -> Any:
         """The ``deps`` of the run for a message; by default the agent's ``deps``."""
         return self.deps
+
+    def run_options(self, message: Message, ctx: Context[PydanticAIState]) -> Mapping[str, Any]:
+        """More keyword arguments of the run for a message (none by default).
+
+        Override it to pass what pydantic-ai's ``Agent.run`` takes besides the prompt, the
+        history, ``deps`` and the capabilities: ``model`` (a model name, or an instance
+        registered in ``AgentsnapDurability(models=...)``), ``usage_limits``,
+        ``model_settings``, ``toolsets``, ``output_type``, ``instructions``...
+
+        Args:
+            message: The delivered message.
+            ctx: The agent's context.
+        """
+        return {}
 
     def outputs(
         self, output: Any, message: Message, ctx: Context[PydanticAIState]

@@ -508,6 +508,8 @@ const STATUS_COLOURS = {
   retryable: "#c80",
   abandoned: "#999",
   compensating: "#a6a",
+  cancelled: "#999",
+  interrupted: "#c80",
 };
 
 function niceStep(rough) {
@@ -1486,7 +1488,8 @@ async function runsView(main, params, signal) {
     el(
       "select",
       { name: "status", "aria-label": "Status" },
-      ["", "running", "completed", "succeeded", "failed", "interrupted", "abandoned"].map((s) =>
+      // The values of agentsnap.RunStatus, which the API's status filter takes.
+      ["", "running", "succeeded", "failed", "interrupted", "cancelled", "created"].map((s) =>
         el("option", { value: s, text: s || "any status", selected: s === status }),
       ),
     ),
@@ -2780,7 +2783,7 @@ function staticPage(data) {
 // being typed) is never redrawn under them: the indicator offers the newer data instead.
 const LIVE_FAST_MS = 1000;
 const LIVE_SLOW_MS = 5000;
-const live = { paused: false, drawn: null, stale: false, running: false, failed: false, timer: 0, busy: false, node: null };
+const live = { paused: false, drawn: null, stale: false, running: false, failed: false, timer: 0, busy: false, node: null, cost: 0 };
 
 function liveRun(parts) {
   return parts[0] === "runs" && parts.length > 1 ? parts[1] : null;
@@ -2812,7 +2815,9 @@ function redrawable(main) {
 async function redraw() {
   state.run = null;
   const y = window.scrollY;
+  const start = performance.now();
   await route();
+  live.cost = performance.now() - start;
   window.scrollTo(0, y);
 }
 
@@ -2835,7 +2840,9 @@ async function liveTick() {
     }
   }
   showLive();
-  live.timer = setTimeout(liveTick, live.running ? LIVE_FAST_MS : LIVE_SLOW_MS);
+  // A redraw that took the server long (a big run's index read again) is not asked for
+  // again at once: the page never keeps the server busier than about a quarter of the time.
+  live.timer = setTimeout(liveTick, Math.max(live.running ? LIVE_FAST_MS : LIVE_SLOW_MS, 3 * live.cost));
 }
 
 function showLive() {
