@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from agentsnap.messages import ENVIRONMENT
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agentsnap._team import Team
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.messages import Message
@@ -30,19 +32,44 @@ class Following:
     While the plans last, the team shows this each delivery (it is the team's
     `Follower`) instead of appending it to the log at once.
 
+    In one process, a plan that cannot go on is given up at once: no message it waits for
+    can come, and the run starts a new timeline. In a run spread over processes, what a plan
+    waits for may still come from another process: a stall is given up only when no plan
+    took a step for ``patience`` seconds, and the run stays on its timeline (its coordinator
+    numbers the timelines; a handler then redone on it gets the answers recorded for its
+    message, as it would had the order been repeated).
+
     Args:
         run_id: The run.
         bus: The bus.
         team: The team whose deliveries are followed.
         replay: The replay log.
+        patience: Seconds a stall may last before the plans are given up (``None``: one
+            process, given up at once).
+        wake: Has every process look at its items again (after plans given up late).
     """
 
-    def __init__(self, run_id: str, bus: Bus, team: Team, replay: ReplayLog) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        bus: Bus,
+        team: Team,
+        replay: ReplayLog,
+        *,
+        patience: float | None = None,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
         self._run_id = run_id
         self._bus = bus
         self._team = team
         self._replay = replay
         self._watch: asyncio.TimerHandle | None = None
+        self.patience = patience
+        self._wake = wake
+        self._stall: asyncio.TimerHandle | None = None
+        self.steps = 0
+        """Deliveries made as a plan named them."""
+        self._steps_at_stall = 0
         bus.replay_stalled = self.stalled
 
     def watch(self) -> None:
@@ -73,8 +100,48 @@ class Following:
         replay = self._replay
         replay.timeline = replay.resumed = replay.written = plan.timeline
 
+    def stop(self) -> None:
+        """Drop the plans (a rollback comes): deliveries are logged on the fast path again."""
+        self._bus.abandon_replay()
+        self._done()
+
     def stalled(self) -> None:
-        """Every agent waits for a message its replay plan names, and none can come."""
+        """Every agent waits for a message its replay plan names, and none can come here."""
+        if self.patience is None:
+            self._give_up()
+        elif self._stall is None:
+            self._steps_at_stall = self.steps
+            self._stall = asyncio.get_running_loop().call_later(self.patience, self._waited)
+
+    def _waited(self) -> None:
+        """``patience`` seconds after a stall: give the plans up unless one took a step
+        meanwhile, or a handler runs here (it may send what a plan waits for).
+        """  # noqa: D205
+        self._stall = None
+        if not self._bus.replaying():
+            return
+        endpoints = self._bus.endpoints
+        busy = any(endpoints[name].busy for name in self._team.agents if name in endpoints)
+        if busy or self.steps != self._steps_at_stall:  # not stuck: look again later
+            self._steps_at_stall = self.steps
+            self._stall = asyncio.get_running_loop().call_later(self.patience or 0.0, self._waited)
+            return
+        self._give_up()
+        if self._wake is not None:
+            self._wake()
+
+    def _give_up(self) -> None:
+        if self.patience is not None:
+            logger.warning(
+                "run %s: for %g s no agent here could take the message its replay plan names "
+                "next (another process took its messages in another order, or did not send "
+                "the same ones again); the agents here go on in any order",
+                self._run_id,
+                self.patience,
+            )
+            self._bus.abandon_replay()
+            self._done()
+            return
         logger.warning(
             "run %s: the resumed run could not repeat the order in which its agents took their "
             "messages before it stopped (a handler that is not deterministic, or input that "
@@ -92,6 +159,7 @@ class Following:
         if plan:
             if plan[0][0] == message.src and plan[0][1] == message.seq:
                 plan.popleft()  # logged before the stop already
+                self.steps += 1
                 if not plan and not self._bus.replaying():
                     self._done()
                 return
@@ -102,6 +170,9 @@ class Following:
 
     def _done(self) -> None:
         """Every plan is done: deliveries are logged on the fast path again."""
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         self._team.follower = None
         self._team.delivered = self._replay.deliveries
 
@@ -116,4 +187,7 @@ class Following:
             agent,
             planned[1],
         )
-        self.stalled()
+        if self.patience is None:
+            self.stalled()
+        else:
+            self._give_up()

@@ -11,9 +11,9 @@ message redone after a rejection that passed. The one-process recovery rolls the
 itself; a distributed host reports to its run's coordinator, which orders every process back.
 
 The options that differ between the modes are explicit, and on in both unless a mode cannot
-have them: tracing (a handler span, when telemetry is configured), the replay log (one
-process only: a distributed run's order of deliveries is its stream's), recording inside
-running handlers, and redoing work lost to a database fault.
+have them: tracing (a handler span, when telemetry is configured), the replay log (in a
+run spread over processes, every worker appends its agents' deliveries to the run's one
+log), recording inside running handlers, and redoing work lost to a database fault.
 """
 
 from __future__ import annotations

@@ -880,7 +880,13 @@ class AsyncioScheduler:
             if box.inbox and not (endpoint.replay and self._planned_empty(endpoint)):
                 return
         self._bus.replay_stalled()
-        self._wake_all()
+        if not self._bus.replaying():  # given up: everyone takes any item again
+            self._wake_all()
+
+    def wake(self) -> None:
+        """Have every process look at its items again (replay plans were given up)."""
+        if not self._paused:
+            self._wake_all()
 
     def _wake_all(self) -> None:
         for box in self._boxes.values():

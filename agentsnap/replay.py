@@ -31,7 +31,7 @@ import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from itertools import groupby, repeat
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -275,18 +275,28 @@ class ReplayLog:
         finally:
             self._writing = None
 
-    def new_timeline(self) -> None:
+    def new_timeline(self, timeline: int | None = None) -> None:
         """A rollback starts a new timeline: deliveries not written yet belong to the old one.
 
         They are dropped (no effect depends on them); the segment that starts the new
         timeline (with the input not written yet) marks where it starts, so that a resume
         never replays the old one's deliveries.
+
+        Args:
+            timeline: The new timeline's number (default: the next one). In a run spread
+                over processes, the run's coordinator numbers the timelines.
         """
         # Dropped entries count as written once the segment that starts the timeline is.
         self._taken += len(self.deliveries)
         self.deliveries.clear()
-        self.timeline += 1
+        self.timeline = self.timeline + 1 if timeline is None else timeline
         self._take(marker=True)
+
+    def take(self) -> None:
+        """Hold what was appended so far as a segment to write, numbered as the channels
+        stand now (before a rollback restores their counters).
+        """  # noqa: D205
+        self._take()
 
     def take_unwritten(self) -> list[ReplaySegment]:
         """Everything not yet durable, as segments, which this log then forgets.
@@ -345,16 +355,29 @@ class ReplayPlan:
         return sum(len(steps) for steps in self.order.values())
 
 
-def plan_replay(segments: Iterable[ReplaySegment], cut: Snapshot) -> ReplayPlan:
+def plan_replay(
+    segments: Iterable[ReplaySegment],
+    cut: Snapshot,
+    *,
+    timeline: int | None = None,
+    agents: Collection[str] | None = None,
+) -> ReplayPlan:
     """What to replay on top of ``cut`` from a run's replay log.
 
     The timeline is the last segment's; its deliveries after the cut (a delivery of a
     channel's message ``seq`` comes after the cut when the agent had received fewer than
     ``seq`` messages on that channel at the cut) make each agent's order. Inputs are those the
     environment sent after the cut, up to the first one missing.
+
+    In a run spread over processes, every worker appends its agents' deliveries to the run's
+    one log: ``timeline`` is then the one the run's coordinator says the run is on, and
+    ``agents`` those a worker hosts (the plan names only theirs). A delivery logged twice
+    (a segment written again after its answer was lost) is planned once.
     """
     segments = list(segments)
-    timeline = segments[-1].timeline if segments else 0
+    if timeline is None:
+        timeline = segments[-1].timeline if segments else 0
+    hosted = None if agents is None else frozenset(agents)
     received: Mapping[str, Mapping[str, int]] = {
         name: agent.received for name, agent in cut.agents.items()
     }
@@ -364,6 +387,7 @@ def plan_replay(segments: Iterable[ReplaySegment], cut: Snapshot) -> ReplayPlan:
     next_seq = {dst: count + 1 for dst, count in sent_before.items()}
     inputs: list[Message] = []
     gap: set[str] = set()
+    planned: dict[tuple[str, str], int] = {}  # per (agent, src): the newest seq planned
     for segment in segments:
         deliveries, rows = segment.decode()
         for dst, seq, kind, payload, headers, epoch in rows:
@@ -388,6 +412,10 @@ def plan_replay(segments: Iterable[ReplaySegment], cut: Snapshot) -> ReplayPlan:
         if segment.timeline != timeline:
             continue
         for agent, src, seq in deliveries:
-            if seq > received.get(agent, {}).get(src, 0):
+            if hosted is not None and agent not in hosted:
+                continue
+            taken = received.get(agent, {}).get(src, 0)
+            if seq > taken and seq > planned.get((agent, src), taken):
                 order.setdefault(agent, deque()).append((src, seq))
+                planned[agent, src] = seq
     return ReplayPlan(timeline, inputs, order)

@@ -18,11 +18,12 @@ a layer. The layers, from the bottom::
     rollback     retry policy and budget, restoring a cut through Bus.restore, the current cut
     journal      a bus observer writing to the store
     tools        side-effecting tools on the ledger
-    kernel       _team: one process's agents and how a message is handled, in both modes
+    kernel       _team: one process's agents and how a message is handled, in both modes;
+                 _following: its replay log written and its replay plans followed, in both
     distributed  agents hosted over processes: the kernel, snapshot parts and two-phase
                  rollback on jetstream
-    runtime      the facade over its collaborators (_phases, _record, _cadence, _following,
-                 _recovery, _closing, which never import it); above it only the public face:
+    runtime      the facade over its collaborators (_phases, _record, _cadence, _recovery,
+                 _closing, which never import it); above it only the public face:
                  the package itself, inspect (with _running, _events), timeline, ui,
                  cli, demo, testing, integrations, which nothing below imports
 """
@@ -74,13 +75,17 @@ RUNTIME_PARTS = {
     "agentsnap._phases",
     "agentsnap._record",
     "agentsnap._cadence",
-    "agentsnap._following",
     "agentsnap._recovery",
     "agentsnap._closing",
 }
 """The runtime's collaborators, each with one job: they know each other and what is below the
 runtime, never the runtime itself."""
-BELOW_RUNTIME = KERNEL | {"agentsnap.journal", "agentsnap.tools", "agentsnap._team"}
+BELOW_RUNTIME = KERNEL | {
+    "agentsnap.journal",
+    "agentsnap.tools",
+    "agentsnap._team",
+    "agentsnap._following",
+}
 
 CONTRACTS: dict[str, set[str]] = {
     **dict.fromkeys(FOUNDATION, FOUNDATION),
@@ -96,8 +101,9 @@ CONTRACTS: dict[str, set[str]] = {
     "agentsnap.journal": BUS | STORE,
     "agentsnap.tools": AGENTS | {"agentsnap.agents"},
     "agentsnap._team": KERNEL,
+    "agentsnap._following": KERNEL | {"agentsnap._team"},
     "agentsnap.distributed": KERNEL
-    | {"agentsnap._team", "agentsnap.jetstream", "agentsnap.distributed"},
+    | {"agentsnap._team", "agentsnap._following", "agentsnap.jetstream", "agentsnap.distributed"},
     **dict.fromkeys(RUNTIME_PARTS, BELOW_RUNTIME | RUNTIME_PARTS),
     "agentsnap.runtime": BELOW_RUNTIME | RUNTIME_PARTS | {"agentsnap._hints"},
 }

@@ -21,26 +21,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from agentsnap._following import Following
 from agentsnap._team import Team
 from agentsnap.agents import Agent
 from agentsnap.bus import AsyncioScheduler, Bus
 from agentsnap.distributed.orders import CONTROL, control_subject
 from agentsnap.distributed.recording import PartCoordinator
-from agentsnap.exceptions import HandlerFailed, OutputRejected
+from agentsnap.exceptions import HandlerFailed, OutputRejected, StoreError
 from agentsnap.jetstream import ChannelOffset, JetStreamLink, JetStreamTransport
 from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.once import KnownTools
 from agentsnap.records import Snapshot, SnapshotStatus, utcnow
-from agentsnap.replay import InputLog
+from agentsnap.replay import InputLog, ReplayLog, plan_replay
 from agentsnap.requests import ApprovalPolicy, approval_rules
 from agentsnap.rollback import recorded_messages
 from agentsnap.state import check_round_trip
+from agentsnap.store.faults import classify
 from agentsnap.store.ledger import MemoryLedger, ledger_for
 from agentsnap.telemetry import Telemetry, resolve
 
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
     from agentsnap.checks import OutputCheck
     from agentsnap.distributed.orders import RollbackOrder
     from agentsnap.ledger import Ledger
-    from agentsnap.records import ChannelOffsets, SnapshotPart
+    from agentsnap.records import ChannelOffsets, ReplaySegment, SnapshotPart
     from agentsnap.redaction import Redaction
     from agentsnap.store import Store
 
@@ -65,17 +68,50 @@ __all__ = ["CONTROL", "Host", "Report", "ReportLost", "control_subject"]
 logger = logging.getLogger("agentsnap.distributed")
 
 
-class _Generation:
-    """A distributed run's timeline: its generation, which every rollback raises."""
+_APPENDS = 12
+"""Attempts at appending a segment to the run's replay log when another worker appended
+one at the same position at the same moment."""
 
-    __slots__ = ("_transport",)
 
-    def __init__(self, transport: JetStreamTransport) -> None:
+async def _append_shared(store: Store, run_id: str, segment: ReplaySegment) -> None:
+    """Append ``segment`` to the replay log of ``run_id``, which every worker appends to.
+
+    Two workers appending at the same moment may take the same position: the one refused
+    writes again after a moment.
+
+    Raises:
+        StoreError: The store could not write it.
+    """
+    for attempt in range(1, _APPENDS + 1):
+        try:
+            await store.append_replay(run_id, segment)
+            return
+        except StoreError as exc:
+            # A transient fault was retried by the store; one it refused outright, with no
+            # fault to name, is the position taken by another worker's segment.
+            if attempt == _APPENDS or type(exc) is not StoreError or classify(exc) is not None:
+                raise
+            logger.debug("run %s: a replay segment collided; written again: %s", run_id, exc)
+            await asyncio.sleep(random.uniform(0.0, 0.002 * attempt))
+
+
+class _Line:
+    """A distributed run's timeline, as its coordinator numbers it.
+
+    Kept by the replay log of a process hosting agents; the generation in the process
+    hosting only the environment (it makes no model call).
+    """
+
+    __slots__ = ("_replay", "_transport")
+
+    def __init__(self, transport: JetStreamTransport, replay: ReplayLog | None) -> None:
         self._transport = transport
+        self._replay = replay
 
     @property
     def timeline(self) -> int:
-        return self._transport.generation
+        replay = self._replay
+        return self._transport.generation if replay is None else replay.timeline
 
     @property
     def resumed(self) -> int:
@@ -105,6 +141,9 @@ class Host:
             (see [`agentsnap.redaction`][agentsnap.redaction]).
         approvals: Tools whose side-effecting calls wait for a person's approval, by tool
             name (the app's ``approvals``), as the kernel applies them in one process.
+        replay_patience: Seconds the hosted agents wait, when they redo their work after a
+            worker restarted, for the message their logged order names next, before they
+            give the order up and take their messages as they come.
 
     Attributes:
         bus: The bus.
@@ -121,6 +160,12 @@ class Host:
         report_lost: Called when a handler's work was lost to a database fault (a worker
             sends it to the coordinator, which rolls the run back once the database answers).
         rollbacks: The rollbacks this process carried out, oldest first.
+        replay: The hosted agents' replay log (``None`` in the process hosting only the
+            environment): each delivery's order, written to the run's store before any
+            side-effecting tool call (see [`agentsnap.replay`][agentsnap.replay]).
+        following: Has the hosted agents take their messages in the logged order after a
+            recovery (``None`` with no replay log).
+        followed: Deliveries the recoveries here planned from the replay log.
     """
 
     def __init__(
@@ -138,6 +183,7 @@ class Host:
         telemetry: Telemetry | bool | None = None,
         redaction: Redaction | None = None,
         approvals: Mapping[str, ApprovalPolicy] | None = None,
+        replay_patience: float = 10.0,
     ) -> None:
         self.link = link
         self.redaction = redaction
@@ -166,6 +212,9 @@ class Host:
         """Channels from other processes a rollback put back from the recorded bodies
         because the stream did not give the range back."""
         self.transport = JetStreamTransport(link, run_id, local)
+        if agents:
+            # What the agents here send depends on the order they took their messages in.
+            link.before_publish = self._before_publish
         self.scheduler = AsyncioScheduler()
         self.bus = Bus(self.scheduler, self.transport)
         self.coordinator = PartCoordinator(
@@ -180,6 +229,8 @@ class Host:
         self.failures: list[HandlerFailed] = []
         self._agents = dict(agents)
         self._control = control_subject(run_id)
+        self.replay = ReplayLog(self._write_segment, self.inputs) if agents else None
+        self.followed = 0
         self.team = Team(
             self.bus,
             self.coordinator,
@@ -187,10 +238,23 @@ class Host:
             self,
             ledger=self.ledger,
             tools=self.tools,
-            line=_Generation(self.transport),
+            line=_Line(self.transport, self.replay),
+            replay=self.replay,
             telemetry=self.telemetry,
             redaction=redaction,
             approvals=approval_rules(approvals),
+        )
+        self.following = (
+            None
+            if self.replay is None
+            else Following(
+                run_id,
+                self.bus,
+                self.team,
+                self.replay,
+                patience=replay_patience,
+                wake=self.scheduler.wake,
+            )
         )
         for name, declared in (checks or {}).items():
             for check in declared:
@@ -227,6 +291,13 @@ class Host:
         """
         await self.transport.start(positions)
         self.scheduler.start()
+        if self.following is not None:
+            self.following.watch()
+
+    def enter_timeline(self, timeline: int) -> None:
+        """Start on the run's ``timeline`` (as its coordinator said), before delivering."""
+        if self.replay is not None:
+            self.replay.timeline = timeline
 
     async def close(self, drain: float = 10.0) -> None:
         """Stop delivering; the snapshots in progress fail here; wait for the part writes.
@@ -240,6 +311,17 @@ class Host:
         await self.scheduler.close()
         self.coordinator.abort_all(f"worker {self.worker} stopped before recording its part")
         await self.coordinator.drain()
+        replay = self.replay
+        if replay is not None:
+            assert self.following is not None
+            if self.link.before_publish == self._before_publish:
+                self.link.before_publish = None
+            self.following.unwatch()
+            try:
+                await replay.flush()  # the order of what was delivered, for a recovery
+            except Exception as exc:  # no effect depends on it
+                logger.warning("%s: the replay log was not written: %r", self.worker, exc)
+            await replay.close()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.transport.flush(), drain)
         await self.transport.close()
@@ -278,6 +360,15 @@ class Host:
             How many messages queued here were discarded.
         """
         await self.team.quiesce("the run rolled back before the snapshot completed")
+        replay, following = self.replay, self.following
+        same = replay is not None and order.line == replay.timeline
+        if following is not None:
+            following.stop()
+        if replay is not None:
+            if same:
+                replay.take()  # numbered from the channels' counters, before the restore
+            else:
+                replay.new_timeline(order.line)
         transport = self.transport
         transport.generation = max(transport.generation, order.generation)
         self.scheduler.reset()
@@ -305,16 +396,78 @@ class Host:
         if replays:
             assert snapshot is not None
             await self._replay(snapshot, replays, epoch)
+        planned = await self._follow(cut) if same else 0
         self._reported = None
         self.rollbacks.append(order)
         logger.warning(
-            "%s: rolled back to %s (generation %d): %s",
+            "%s: rolled back to %s (generation %d, timeline %d%s): %s",
             self.worker,
             f"snapshot {snapshot.seq}" if snapshot is not None else "the start",
             order.generation,
+            order.line,
+            f", {planned} deliveries to redo in the order logged" if same else "",
             order.reason,
         )
         return discarded
+
+    async def _follow(self, cut: Snapshot) -> int:
+        """Have the hosted agents redo their deliveries after ``cut`` in the order logged.
+
+        A recovery keeps the run on its timeline: every process's agents take their
+        messages after the cut in the order they took them before, so that their handlers
+        get the answers their model calls recorded, send the same messages, and derive the
+        same idempotency keys. The order comes from the replay log every worker of the run
+        appends to, whichever worker hosted the agents before.
+
+        Returns:
+            How many deliveries the plans name.
+        """
+        replay, following = self.replay, self.following
+        assert replay is not None
+        assert following is not None
+        try:
+            await replay.flush()
+        except Exception as exc:  # what was not written had no effect depending on it
+            logger.warning(
+                "%s: the replay log was not written before the rollback: %r", self.worker, exc
+            )
+        try:
+            segments = await self.store.load_replay(self.run_id)
+        except Exception as exc:
+            logger.warning(
+                "%s: the replay log could not be read (%r); the agents here take their "
+                "messages in any order",
+                self.worker,
+                exc,
+            )
+            return 0
+        plan = plan_replay(segments, cut, timeline=replay.timeline, agents=self._agents)
+        self.followed += plan.deliveries
+        following.follow(plan)
+        return plan.deliveries
+
+    async def _before_publish(self) -> None:
+        """Make the hosted agents' delivery order durable before what they sent leaves.
+
+        Another process's work depends on the messages it receives, and so on the order in
+        which the agents here took theirs: a recovery redoes that order, and the messages
+        sent again carry the same content under the same ids. The replay log's group commit
+        makes this one write for every item queued meanwhile.
+        """
+        replay = self.replay
+        if replay is None or not replay.pending():
+            return
+        try:
+            await replay.flush()
+        except Exception as exc:  # published anyway: the run must not stall on its log
+            logger.warning(
+                "%s: messages published before the order of their deliveries was written: %r",
+                self.worker,
+                exc,
+            )
+
+    async def _write_segment(self, segment: ReplaySegment) -> None:
+        await _append_shared(self.store, self.run_id, segment)
 
     async def _replayable(
         self, cut: Snapshot, offsets: Sequence[ChannelOffsets]

@@ -9,7 +9,7 @@ run's coordinator on the run's control subject
 | ``{"rejected": {...}, "generation": g, "worker": w}`` | an output of an agent hosted by ``w`` was rejected in generation ``g`` |
 | ``{"restored": g, "epoch": n, "worker": w, "agents": [...], "discarded": d}`` | ``w`` carried out rollback ``g`` (its agents are restored); ``n``: the newest snapshot number it saw |
 | ``{"passed": [src, dst, seq], "worker": w}`` | a message redone after a rejection was handled without one |
-| ``{"hello": w, "agents": [...]}`` (a request) | ``w`` starts: the reply says the run's generation and snapshot number, and whether ``w`` is to wait for a rollback that restores its agents |
+| ``{"hello": w, "agents": [...]}`` (a request) | ``w`` starts: the reply says the run's generation, timeline and snapshot number, and whether ``w`` is to wait for a rollback that restores its agents |
 
 The coordinator tells every process on the run's broadcast subject
 ([`broadcast_subject`][agentsnap.distributed.broadcast_subject]):
@@ -80,6 +80,12 @@ class RollbackOrder:
         attempt: Which failure of that output this is.
         redo: The messages being redone after rejected outputs: a worker says when one of
             them was handled without a rejection, which ends its episode.
+        timeline: The timeline the run is on after the rollback (``None``: the
+            generation's). A rollback for a rejected output or for work lost to the database
+            starts a new one, numbered by its generation; a recovery (a worker restarted)
+            stays on the run's timeline, as one process resumed after a crash does: every
+            process then redoes its agents' deliveries after the cut in the order it logged,
+            and the handlers get the answers their model calls recorded.
     """
 
     id: str
@@ -91,6 +97,12 @@ class RollbackOrder:
     source: str
     attempt: int = 1
     redo: list[MessageKey] = field(default_factory=list)
+    timeline: int | None = None
+
+    @property
+    def line(self) -> int:
+        """The timeline the run is on after the rollback."""
+        return self.generation if self.timeline is None else self.timeline
 
     def to_json(self) -> dict[str, Any]:
         """The order as JSON."""

@@ -133,6 +133,11 @@ class RollbackAuthority:
     ) -> None:
         self.run_id = run_id
         self.generation = 0
+        self.timeline = 0
+        """The run's timeline: the generation of the last rollback that was not a recovery
+        (a recovery redoes the timeline's work in the order logged, with its recorded model
+        answers)."""
+        self._timeline_known = True  # False after a takeover: the next rollback starts one
         self.history: list[RollbackInfo] = []
         self.exhausted: RunError | None = None
         self.fenced: str | None = None
@@ -199,6 +204,9 @@ class RollbackAuthority:
             hosted: The agents some worker claimed (their workers rejoin with a rollback).
         """
         self.generation = max(self.generation, generation)
+        # The stopped coordinator's timeline is not stored: the takeover's rollback starts
+        # a new one, above every timeline the workers may have recorded model calls on.
+        self._timeline_known = False
         self.history[:0] = history
         self._left[:0] = left
         self._hosted.update(name for name in hosted if name in self._names)
@@ -321,6 +329,7 @@ class RollbackAuthority:
             self._hello_at[name] = now
         answer = {
             "generation": self.generation,
+            "timeline": self.timeline,
             "epoch": self._host.coordinator.last_seq,
             "restore": again and self.exhausted is None,
         }
@@ -474,6 +483,9 @@ class RollbackAuthority:
         """Carry out a rollback; its record, or ``None`` when a later one took its place."""
         self.generation += 1
         generation = self.generation
+        if source != "recovery" or not self._timeline_known:
+            self.timeline = generation
+            self._timeline_known = True
         self._fail_pending("the run rolled back before the snapshot completed")
         epoch = self._host.coordinator.last_seq
         self._left.append((target.seq if target is not None else 0, epoch))
@@ -487,6 +499,7 @@ class RollbackAuthority:
             source=source,
             attempt=attempt,
             redo=sorted(self._budget.open),
+            timeline=self.timeline,
         )
         rolling = self._rolling = _Rolling(order, target)
         self._deciding = False
@@ -538,7 +551,7 @@ class RollbackAuthority:
         except Exception:
             logger.exception("run %s: rollback %s was not recorded", self.run_id, info.id)
         # The requests of the generations left wait for nobody: their handlers' work is gone.
-        await withdraw_discarded(self._host.ledger, self.run_id, generation, info.id)
+        await withdraw_discarded(self._host.ledger, self.run_id, order.line, info.id)
         self.history.append(info)
         await self._host.resume(order, epoch)
         self._rolling = None

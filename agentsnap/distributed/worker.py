@@ -222,6 +222,7 @@ class Worker:
             generation = int(answer.get("generation", 0))
             epoch = int(answer.get("epoch", 0))
             host.transport.generation = max(host.transport.generation, generation)
+            host.enter_timeline(int(answer.get("timeline", generation)))
             if self._applied <= generation and host.coordinator.last_seq < epoch:
                 # Snapshots begun before this worker started are not recorded here.
                 host.coordinator.last_seq = epoch

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -122,6 +122,10 @@ class JetStreamLink:
         self._replies: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._closers: list[Callable[[], object]] = []
+        self.before_publish: Callable[[], Awaitable[None]] | None = None
+        """Awaited before the items queued by then are published; it does not raise. A
+        worker makes its agents' delivery order durable there: what other processes
+        receive depends on it."""
 
     @classmethod
     async def connect(
@@ -402,13 +406,19 @@ class JetStreamLink:
         loop = asyncio.get_running_loop()
         queue, in_flight, nc = self._queue, self._in_flight, self._nc
         while not self._closing:
+            ready = len(queue)
+            gate = self.before_publish
+            if gate is not None and ready:
+                await gate()
             while (
-                queue
+                ready
+                and queue
                 and len(in_flight) < self._window
                 and nc.is_connected
                 and loop.time() >= self._resume_at
             ):
                 entry = queue.popleft()
+                ready -= 1
                 self._token += 1
                 token = str(self._token)
                 in_flight[token] = entry
@@ -425,6 +435,14 @@ class JetStreamLink:
                     self._retry_all()
                     break
             self._wake.clear()
+            if (
+                not ready
+                and queue
+                and len(in_flight) < self._window
+                and nc.is_connected
+                and loop.time() >= self._resume_at
+            ):
+                continue  # queued while the gate was awaited: through the gate with them
             now = loop.time()
             if in_flight:
                 # In the order published: the first is the oldest still unconfirmed.
