@@ -1,7 +1,7 @@
 """tool call notes: a running side-effecting call's progress note, kept with its claim
 
-``agentsnap_tool_calls`` gains ``note``, JSON text (``null`` for none): what a running call keeps with its
-claim to be taken over without starting its effect again (a remote job's id, see
+``agentsnap_tool_calls`` gains ``note``, JSON text (``null`` for none): what a running call
+keeps with its claim to be taken over without starting its effect again (a remote job's id, see
 ``ToolCall.note``). Rows stored before it read ``null``. The downgrade drops the column: the
 notes kept since are lost, and a call taken over after a crash finds none.
 
