@@ -2078,6 +2078,20 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
     is_flag=True,
     help="Let the page answer requests to people (approve, deny, answer); off otherwise.",
 )
+@click.option(
+    "--allow-run",
+    is_flag=True,
+    help="Let the page resume runs (with --app, each in a process of its own) and cancel "
+    "them; off otherwise (the page shows the commands instead).",
+)
+@click.option(
+    "--token",
+    envvar="AGENTSNAP_UI_TOKEN",
+    default=None,
+    help="A secret every write must present (X-Agentsnap-Token), typed into the page; "
+    "needed to listen beyond this machine with forks, answers or runs allowed "
+    "(default: $AGENTSNAP_UI_TOKEN).",
+)
 @_APP
 def ui(  # noqa: PLR0917
     db: str,
@@ -2086,13 +2100,18 @@ def ui(  # noqa: PLR0917
     open_browser: bool | None,
     allow_fork: bool,
     allow_answer: bool,
+    allow_run: bool,
+    token: str | None,
     app_spec: str | None,
 ) -> None:
     """Serve the web inspector for the runs in the database, until Ctrl-C.
 
     It listens on this machine only (127.0.0.1) unless --host says otherwise; anyone who
     can reach the address can read the runs (fork them with --allow-fork, answer their
-    requests to people with --allow-answer). The API is described at /docs. With --app,
+    requests to people with --allow-answer, resume and cancel them with --allow-run, which
+    resumes a run with --app's app in a process of its own). Every write carries a token
+    the page gets from the server; listening beyond this machine with writes allowed needs
+    --token, a secret typed into the page instead. The API is described at /docs. With --app,
     states are shown as the app's state classes read them now, and edited states of a fork
     are validated against them. Needs the ui extra: pip install 'agentsnap[ui]'.
     """
@@ -2106,6 +2125,23 @@ def ui(  # noqa: PLR0917
     from agentsnap.store.sql import SqlStore  # noqa: PLC0415
     from agentsnap.ui.server import create_app  # noqa: PLC0415
 
+    writes = [
+        name
+        for name, allowed in (
+            ("--allow-fork", allow_fork),
+            ("--allow-answer", allow_answer),
+            ("--allow-run", allow_run),
+        )
+        if allowed
+    ]
+    if host not in _LOOPBACK and writes and not token:
+        raise click.UsageError(
+            f"listening on {host} with {', '.join(writes)} lets anyone who reaches it change "
+            "runs: give a secret with --token (or AGENTSNAP_UI_TOKEN), which every write "
+            "must present, or listen on 127.0.0.1"
+        )
+    if token is not None and len(token) < 16:
+        raise click.BadParameter("give a token of at least 16 characters", param_hint="--token")
     models = _state_models(app_spec)
     _read(db, lambda store: store.list_runs(limit=1))  # a clear error without a schema
     try:
@@ -2139,6 +2175,9 @@ def ui(  # noqa: PLR0917
         store,
         allow_fork=allow_fork,
         allow_answer=allow_answer,
+        allow_run=allow_run,
+        app_spec=app_spec,
+        token=token,
         close_store=True,
         models=models,
     )

@@ -70,6 +70,7 @@ from agentsnap.inspect import (
 from agentsnap.ledger import ToolCallStatus
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import SnapshotStatus
+from agentsnap.ui._actions import add_actions
 from agentsnap.ui._live import LiveTokens
 from agentsnap.ui.conditions import Condition
 from agentsnap.ui.queries import (
@@ -296,6 +297,9 @@ def create_app(
     *,
     allow_fork: bool = False,
     allow_answer: bool = False,
+    allow_run: bool = False,
+    app_spec: str | None = None,
+    token: str | None = None,
     ledger: Ledger | None = None,
     close_store: bool = False,
     models: Mapping[str, type[BaseModel]] | None = None,
@@ -307,6 +311,13 @@ def create_app(
         allow_fork: Accept ``POST /api/runs/{run}/fork`` (refused with 403 otherwise).
         allow_answer: Accept ``POST /api/requests/{id}/answer``: answering requests to
             people (refused with 403 otherwise).
+        allow_run: Accept ``POST /api/runs/{run}/resume`` (in a process of its own, with
+            ``app_spec``) and ``POST /api/runs/{run}/cancel``; without it they answer 403
+            with the command that does the same.
+        app_spec: The app's ``MODULE:FACTORY``, which a resume runs the run with.
+        token: The token every ``POST`` must carry (``X-Agentsnap-Token``), never handed
+            to the page; without it the run actions need a token made for this server,
+            which ``GET /api/session`` gives the page.
         ledger: Where the runs' tool calls are; by default the ledger in the store's
             database (an ``SqlStore``'s), none for other stores.
         close_store: Close ``store`` when the app shuts down (a server that opened the
@@ -335,6 +346,7 @@ def create_app(
         "tool calls; fork with edited states (when allowed) and bisect.",
         lifespan=lifespan,
     )
+    add_actions(app, store, allow_run=allow_run, app_spec=app_spec, token=token)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -75,14 +75,16 @@ def free_port() -> int:
 class Served:
     """An inspector app served by uvicorn in a thread, stopped by ``stop``."""
 
-    def __init__(self, url: str, *, allow_fork: bool, allow_answer: bool = False) -> None:
+    def __init__(
+        self, url: str, *, allow_fork: bool, allow_answer: bool = False, **options: Any
+    ) -> None:
         import uvicorn
 
         from agentsnap.store.sql import SqlStore
         from agentsnap.ui.server import create_app
 
         self.store = SqlStore(url, create=False)
-        app = create_app(self.store, allow_fork=allow_fork, allow_answer=allow_answer)
+        app = create_app(self.store, allow_fork=allow_fork, allow_answer=allow_answer, **options)
         port = free_port()
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
         self.server = uvicorn.Server(config)

@@ -147,6 +147,21 @@ def test_ui_warns_when_it_listens_beyond_this_machine(
             server.communicate()
 
 
+@pytest.mark.parametrize("write", ["--allow-fork", "--allow-answer", "--allow-run"])
+def test_ui_refuses_to_let_others_write_without_a_token(
+    demo_db: tuple[str, str, list[Snapshot]], write: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AGENTSNAP_UI_TOKEN", raising=False)
+    url, _, _ = demo_db
+    refused = invoke("ui", "--db", url, "--host", "0.0.0.0", write, "--no-open")
+    assert refused.exit_code == 2
+    assert f"listening on 0.0.0.0 with {write}" in refused.output
+    assert "--token" in refused.output
+    short = invoke("ui", "--db", url, "--host", "0.0.0.0", write, "--token", "short")
+    assert short.exit_code == 2
+    assert "at least 16 characters" in short.output
+
+
 def test_ui_names_the_extra_when_it_is_missing(
     monkeypatch: pytest.MonkeyPatch, demo_db: tuple[str, str, list[Snapshot]]
 ) -> None:

@@ -110,6 +110,8 @@ class ApiError extends Error {
 
 async function api(path, options = {}) {
   const init = { signal: options.signal, method: options.method || "GET", headers: {} };
+  // Every write carries the server's token (see actions): another site's page cannot.
+  if (init.method !== "GET" && actionToken()) init.headers["x-agentsnap-token"] = actionToken();
   if (options.body !== undefined) {
     init.body = JSON.stringify(options.body);
     init.headers["content-type"] = "application/json";
@@ -1621,6 +1623,10 @@ async function runView(main, parts, params, signal) {
   }
   const panel = el("section", { class: "panel", id: "panel" });
   const content = [header];
+  const session = await loadSession(signal);
+  if (signal.aborted) return;
+  const actions = runActions(run, session);
+  if (actions) content.push(actions);
   const showTimeline = section === "" || section === "agents" || section === "messages" || (section === "snapshots" && parts[2]);
   if (showTimeline) content.push(timelineFor(run).root);
   content.push(panel);
@@ -1653,6 +1659,87 @@ async function runView(main, parts, params, signal) {
   } else {
     put(panel, errorBox(new Error(`nothing here: #${location.hash.slice(1)}; go back to the run`)));
   }
+}
+
+// --- Actions: resume and cancel ---------------------------------------------------------------
+
+let sessionCache = null;
+let typedToken = null;
+
+async function loadSession(signal) {
+  if (sessionCache) return sessionCache;
+  try {
+    sessionCache = await api("/api/session", { signal });
+  } catch (error) {
+    if (error && error.name === "AbortError") throw error;
+    sessionCache = { allow_run: false, token: null, token_required: false, commands: {} };
+  }
+  return sessionCache;
+}
+
+function actionToken() {
+  if (sessionCache && sessionCache.token) return sessionCache.token;
+  if (typedToken === null) typedToken = sessionStorage.getItem("agentsnap-token");
+  return typedToken;
+}
+
+/**
+ * What can be done to the run from here: resume an interrupted (or created, or cancelled)
+ * run, cancel a running one. Each asks for a confirmation that says what will happen; a
+ * server not started with --allow-run shows the command that does the same instead.
+ */
+function runActions(run, session) {
+  const d = run.detail;
+  const verb = d.status === "running" ? "cancel" : ["interrupted", "created", "cancelled"].includes(d.status) ? "resume" : null;
+  if (!verb) return null;
+  const command = (session.commands[verb] || `agentsnap ${verb} RUN`).replace("RUN", d.id);
+  const box = el("div", { class: "run-actions", dataset: { action: verb } });
+  if (!session.allow_run) {
+    put(box, el("span", { class: "muted", text: verb === "resume" ? "To resume this run: " : "To cancel this run: " }), el("code", { class: "action-command", text: command }), el("span", { class: "muted", text: " (or start the inspector with --app MODULE:FACTORY --allow-run)" }));
+    return box;
+  }
+  const what = verb === "resume"
+    ? `Resume run ${shortId(d.id)}: a process of its own runs its app (${session.app || "the app given to --app"}) from the run's last complete snapshot, re-executing the handlers the stop interrupted in the order they were logged; recorded model calls are replayed, and side-effecting calls already made return their recorded outcomes${(d.metadata || {})["agentsnap.tools"] === "dry" ? " (this fork's tools are dry: nothing reaches the world)" : ""}.`
+    : `Cancel run ${shortId(d.id)}: its process stops at its next lease renewal (within seconds), handlers under way finish, nothing more is delivered, and the run is recorded cancelled. It can be resumed later.`;
+  const result = el("span", { class: "action-result", role: "status" });
+  const tokenInput = session.token_required && !actionToken()
+    ? el("input", { type: "password", class: "action-token", placeholder: "the server's token", "aria-label": "Token" })
+    : null;
+  const confirm = el("div", { class: "action-confirm", hidden: true },
+    el("p", { text: what }),
+    tokenInput,
+    el("button", {
+      type: "button",
+      class: `confirm-${verb} primary`,
+      text: verb === "resume" ? "Yes, resume it" : "Yes, cancel it",
+      onclick: async (event) => {
+        event.target.disabled = true;
+        if (tokenInput && tokenInput.value) {
+          typedToken = tokenInput.value;
+          sessionStorage.setItem("agentsnap-token", typedToken);
+        }
+        try {
+          await api(`${runPath(d.id)}/${verb}`, { method: "POST" });
+          confirm.hidden = true;
+          delete box.dataset.dirty;
+          result.textContent = verb === "resume" ? "Resuming: the page follows the run." : "Cancel requested: the run stops at its next lease renewal.";
+          result.className = "action-result ok-box";
+        } catch (error) {
+          result.textContent = error.message;
+          result.className = "action-result error-box";
+          event.target.disabled = false;
+        }
+      },
+    }),
+    el("button", { type: "button", text: "No", onclick: () => { confirm.hidden = true; delete box.dataset.dirty; } }),
+  );
+  put(box,
+    el("button", { type: "button", class: `action-${verb}`, text: verb === "resume" ? "Resume…" : "Cancel run…", onclick: () => { confirm.hidden = false; box.dataset.dirty = "true"; } }),
+    " ",
+    result,
+    confirm,
+  );
+  return box;
 }
 
 // --- Topology: who talks to whom ------------------------------------------------------------
