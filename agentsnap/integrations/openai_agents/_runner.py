@@ -252,24 +252,18 @@ class AgentsnapRunner:
         Returns:
             What the run came to.
         """
-        runtime = Runtime(store=store, run_id=run_id, retry=retry)
-        async with runtime:
-            agents = cls._register(
-                runtime,
-                starting_agent,
-                read_only,
-                run_config,
-                max_turns,
-                context,
-                chain_responses,
-                None,
-            )
-            if setup is not None:
-                setup(runtime, agents)
-            first = next(iter(agents))
-            runtime.send(first, {"input": as_json(input), "reply_to": OUTPUTS}, kind="input")
-            await runtime.run_until_idle()
-            return cls._result(runtime)
+        return await cls._team_run(
+            starting_agent,
+            input,
+            (store, run_id, retry),
+            read_only,
+            run_config,
+            max_turns,
+            context,
+            chain_responses,
+            setup,
+            None,
+        )
 
     @classmethod
     def run_streamed(
@@ -314,26 +308,55 @@ class AgentsnapRunner:
         """
 
         async def go(on_event: OnEvent) -> TeamResult:
-            runtime = Runtime(store=store, run_id=run_id, retry=retry)
-            async with runtime:
-                agents = cls._register(
-                    runtime,
-                    starting_agent,
-                    read_only,
-                    run_config,
-                    max_turns,
-                    context,
-                    chain_responses,
-                    on_event,
-                )
-                if setup is not None:
-                    setup(runtime, agents)
-                first = next(iter(agents))
-                runtime.send(first, {"input": as_json(input), "reply_to": OUTPUTS}, kind="input")
-                await runtime.run_until_idle()
-                return cls._result(runtime)
+            return await cls._team_run(
+                starting_agent,
+                input,
+                (store, run_id, retry),
+                read_only,
+                run_config,
+                max_turns,
+                context,
+                chain_responses,
+                setup,
+                on_event,
+            )
 
         return TeamStream(go)
+
+    @classmethod
+    async def _team_run(  # noqa: PLR0917
+        cls,
+        starting_agent: SDKAgent[Any],
+        input: str | list[Any],
+        where: tuple[Store | None, str | None, RetryPolicy | None],
+        read_only: Collection[str],
+        run_config: RunConfig | None,
+        max_turns: int,
+        context: Any,
+        chain_responses: bool,
+        setup: Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None,
+        on_event: OnEvent | None,
+    ) -> TeamResult:
+        """Run the team on ``input`` to its end: what ``run`` and ``run_streamed`` share."""
+        store, run_id, retry = where
+        runtime = Runtime(store=store, run_id=run_id, retry=retry)
+        async with runtime:
+            agents = cls._register(
+                runtime,
+                starting_agent,
+                read_only,
+                run_config,
+                max_turns,
+                context,
+                chain_responses,
+                on_event,
+            )
+            if setup is not None:
+                setup(runtime, agents)
+            first = next(iter(agents))
+            runtime.send(first, {"input": as_json(input), "reply_to": OUTPUTS}, kind="input")
+            await runtime.run_until_idle()
+            return cls._result(runtime)
 
     @classmethod
     async def resume(
