@@ -27,9 +27,11 @@ a layer. The layers, from the bottom::
                  the package itself, inspect (with _running, _events), timeline, ui,
                  cli, demo, testing, integrations, which nothing below imports
 
-The inspector's page is ES modules in ``ui/static``, layered too: what draws without a
-server (DOM helpers, JSON tree, schema checker, space-time view) imports nothing above it, so
-that the exported page (``agentsnap timeline``) inlines only those.
+Within the inspector (``ui``), the server wires one private module of routes per area of the
+API, and no area imports another. Its page is ES modules in ``ui/static`` layered the same
+way: what draws without a server (DOM helpers, JSON tree, schema checker, space-time view)
+imports nothing above it, so that the exported page (``agentsnap timeline``) inlines only
+those.
 """
 
 from __future__ import annotations
@@ -315,6 +317,35 @@ def test_the_package_has_no_import_circle() -> None:
 
 
 # --- The inspector -----------------------------------------------------------------------------
+
+INSPECTOR_ROUTES = {module for module in MODULES if module.startswith("agentsnap.ui._routes_")}
+"""One module of routes per area of the API; ``agentsnap.ui.server`` wires them."""
+
+
+def test_the_inspector_has_its_routes_by_area() -> None:
+    assert {
+        "agentsnap.ui._routes_actions",
+        "agentsnap.ui._routes_runs",
+        "agentsnap.ui._routes_snapshots",
+        "agentsnap.ui._routes_messages",
+        "agentsnap.ui._routes_tools",
+        "agentsnap.ui._routes_requests",
+        "agentsnap.ui._routes_fork",
+    } <= INSPECTOR_ROUTES
+    assert imported_modules("agentsnap.ui.server") >= INSPECTOR_ROUTES
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _within(m, {"agentsnap.ui"})))
+def test_an_area_of_the_inspector_imports_no_other_area(module: str) -> None:
+    """Each area's routes stand on what they share (``_inspector``, ``_wire``, ``queries``),
+    never on another area's, and nothing but the server imports them."""
+    if module == "agentsnap.ui.server":
+        return
+    wrong = sorted((imported_modules(module) & INSPECTOR_ROUTES) - {module})
+    assert not wrong, f"{module} imports {wrong}; only agentsnap.ui.server may"
+    if module not in INSPECTOR_ROUTES:
+        assert "agentsnap.ui.server" not in imported_modules(module)
+
 
 STATIC = PACKAGE / "ui" / "static"
 JS_MODULES = {path.relative_to(STATIC).as_posix(): path for path in sorted(STATIC.rglob("*.js"))}
