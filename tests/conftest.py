@@ -5,10 +5,14 @@ once per SQL backend; each gives a fresh, empty store and closes it after the te
 are listed one line each in ``BACKENDS``: a factory taking the test's temporary directory.
 PostgreSQL comes from ``AGENTSNAP_TEST_POSTGRES_URL`` and is skipped, with that reason,
 without it.
+
+However the test run was started, the processes tests start get Ctrl-C (SIGINT) delivered:
+see ``pytest_configure``.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -19,6 +23,19 @@ from agentsnap.store import MemoryStore, Store
 from agentsnap.store.sql import SqlStore
 
 StoreFactory = Callable[[Path], Store]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Handle SIGINT as Python does by default, even when this process was started ignoring it.
+
+    A shell running a command in the background without job control (``(make test &)`` in a
+    script, or a launcher doing so) starts it with SIGINT ignored, and an ignored signal stays
+    ignored in every process it starts in turn: the examples and servers that tests stop with
+    Ctrl-C would then never see it. A handled signal is reset to its default in a child, so
+    with Python's handler here they get Ctrl-C again (see ``ctrl_c.py``).
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def make_memory_store(tmp_path: Path) -> Store:

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import asyncio
-import signal
+import os
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from ctrl_c import DUMP_ON_ABORT, interrupt, stopped
 
 from agentsnap import (
     Agent,
@@ -183,6 +184,7 @@ def test_an_example_exits_with_one_line_on_ctrl_c(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **DUMP_ON_ABORT},
     )
     try:
         deadline = time.monotonic() + 30
@@ -191,8 +193,8 @@ def test_an_example_exits_with_one_line_on_ctrl_c(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the example did not start its run"
             time.sleep(0.05)
         time.sleep(0.3)
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
+        interrupt(process)
+        stdout, stderr = stopped(process, timeout=60)
     finally:
         if process.poll() is None:
             process.kill()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from ctrl_c import DUMP_ON_ABORT, interrupt, stopped
 
 import agentsnap.ui
 from agentsnap import Snapshot, SnapshotStatus
@@ -75,7 +75,7 @@ def serve(*args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **DUMP_ON_ABORT},
     )
 
 
@@ -92,8 +92,8 @@ def test_ui_serves_the_runs_until_ctrl_c(demo_db: tuple[str, str, list[Snapshot]
         assert [r["id"] for r in listed["runs"]] == [run_id]
         with urllib.request.urlopen(address, timeout=STOP) as response:
             assert response.headers["content-type"].startswith("text/html")
-        server.send_signal(signal.SIGINT)
-        _, errors = server.communicate(timeout=STOP)
+        interrupt(server)
+        _, errors = stopped(server, timeout=STOP)
         assert server.returncode == 0, errors
         assert "Traceback" not in errors
     finally:
@@ -137,8 +137,8 @@ def test_ui_warns_when_it_listens_beyond_this_machine(
     try:
         assert server.stdout is not None
         assert server.stdout.readline().startswith("agentsnap inspector at http://0.0.0.0:")
-        server.send_signal(signal.SIGINT)
-        _, errors = server.communicate(timeout=STOP)
+        interrupt(server)  # at once: while the server starts, before uvicorn handles Ctrl-C
+        _, errors = stopped(server, timeout=STOP)
         assert server.returncode == 0, errors
         assert "warning: listening on 0.0.0.0, not only on this machine" in errors
     finally:
