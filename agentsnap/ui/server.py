@@ -57,6 +57,7 @@ from agentsnap.exceptions import (
 )
 from agentsnap.fork import MessageEdits, ToolsMode
 from agentsnap.inspect import (
+    RunRow,
     answer,
     bisect_run,
     diff_snapshots,
@@ -66,6 +67,7 @@ from agentsnap.inspect import (
     read_cut,
     resolve_run,
     resolve_snapshot,
+    runs_table,
 )
 from agentsnap.ledger import ToolCallStatus
 from agentsnap.messages import ENVIRONMENT
@@ -174,23 +176,24 @@ def _tags(tags: dict[str, str]) -> list[str]:
     return [f"{key}={value}" if value else key for key, value in sorted(tags.items())]
 
 
-def _run(run: RunInfo, snapshots: int, rollbacks: int) -> dict[str, Any]:
+def _run(row: RunRow, rollbacks: int) -> dict[str, Any]:
+    """A run on the wire: its row (as ``runs_table`` gives it), times in microseconds."""
     return {
-        "id": run.id,
-        "name": run.name,
-        "tags": _tags(run.tags),
-        "tag_map": dict(run.tags),
-        "status": run.status.value,
-        "reason": run.status_reason,
-        "traceback": run.traceback,
-        "cancel_requested": run.cancel_requested,
-        "created_at_us": micros(run.created_at),
-        "updated_at_us": _us(run.finished_at),
-        "snapshots": snapshots,
+        "id": row.id,
+        "name": row.name,
+        "tags": _tags(row.tags),
+        "tag_map": dict(row.tags),
+        "status": row.status.value,
+        "reason": row.status_reason,
+        "traceback": row.traceback,
+        "cancel_requested": row.cancel_requested,
+        "created_at_us": micros(row.created_at),
+        "updated_at_us": _us(row.finished_at),
+        "snapshots": row.snapshots,
         "rollbacks": rollbacks,
-        "parent_run_id": run.parent_run_id,
-        "parent_snapshot_id": run.parent_snapshot_id,
-        "metadata": run.metadata,
+        "parent_run_id": row.parent_run_id,
+        "parent_snapshot_id": row.parent_snapshot_id,
+        "metadata": row.metadata,
     }
 
 
@@ -391,9 +394,9 @@ def create_app(
     async def schemas(run_id: str) -> dict[str, Any]:
         return dict(await store.load_state_schemas(run_id))
 
-    async def counts(run: RunInfo) -> tuple[int, int]:
+    async def run_row(run: RunInfo) -> dict[str, Any]:
         snapshots = (await store.snapshot_counts()).get(run.id, 0)
-        return snapshots, len(await store.list_rollbacks(run.id))
+        return _run(RunRow.of(run, snapshots), len(await store.list_rollbacks(run.id)))
 
     async def in_run(run: RunInfo, snapshot_id: str) -> Snapshot:
         snapshot = await resolve_snapshot(store, snapshot_id)
@@ -415,7 +418,7 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> dict[str, Any]:
-        runs = await store.list_runs(status=status or None)
+        runs = await runs_table(store, status=status or None)
         runs.reverse()
         if q:
             needle = q.lower()
@@ -424,11 +427,7 @@ def create_app(
             key, has_value, value = tag.partition("=")
             runs = [r for r in runs if key in r.tags and (not has_value or r.tags[key] == value)]
         page = runs[offset : offset + limit]
-        snapshot_counts = await store.snapshot_counts() if page else {}
-        rows = [
-            _run(r, snapshot_counts.get(r.id, 0), len(await store.list_rollbacks(r.id)))
-            for r in page
-        ]
+        rows = [_run(r, len(await store.list_rollbacks(r.id))) for r in page]
         return {"runs": rows, "total": len(runs)}
 
     @app.get("/api/live", summary="Tokens that change when the runs, or one run, change")
@@ -472,7 +471,7 @@ def create_app(
             if r.parent_run_id == found.id
         ]
         return {
-            **_run(found, len(snapshots), len(entry.rollbacks)),
+            **_run(RunRow.of(found, len(snapshots)), len(entry.rollbacks)),
             "agents": sorted(agents),
             "start_us": min(times),
             "end_us": max(times),
@@ -816,7 +815,7 @@ def create_app(
             messages=request.messages or None,
             tools=request.tools,
         )
-        return {"run": _run(made, *await counts(made))}
+        return {"run": await run_row(made)}
 
     @app.post("/api/runs/{run}/bisect", summary="The first snapshot where a condition fails")
     async def bisect(run: str, request: Annotated[BisectRequest, Body()]) -> dict[str, Any]:
