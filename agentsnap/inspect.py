@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from agentsnap._views import RunRow
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StateNotReadable
 from agentsnap.fork import MessageEdits, ToolsMode, fork_snapshot
 from agentsnap.journal import JournalReader, read_journal
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXPORT_FORMAT",
     "BisectResult",
+    "RunRow",
     "agent_history_table",
     "answer",
     "answer_line",
@@ -542,15 +544,16 @@ async def runs_table(
     tags: Mapping[str, str] | None = None,
     since: datetime | None = None,
     limit: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[RunRow]:
     """The runs the filters select (every run without one), oldest first.
 
-    Each row has the run's ``id``, ``name``, ``status`` and ``status_reason`` (why it ended
-    so, in one line), ``traceback`` (a failed run's tracebacks, see
-    [`RunInfo.traceback`][agentsnap.RunInfo.traceback]), ``cancel_requested``, ``tags``,
-    ``created_at``, ``finished_at``, how many ``snapshots`` it
-    has, and the run and snapshot it was forked from (``parent_run_id``,
-    ``parent_snapshot_id``). The filters are those of
+    Each row ([`RunRow`][agentsnap.inspect.RunRow]) has the run's ``id``, ``name``,
+    ``status`` and ``status_reason`` (why it ended so, in one line), ``traceback`` (a failed
+    run's tracebacks, see [`RunInfo.traceback`][agentsnap.RunInfo.traceback]),
+    ``cancel_requested``, ``tags``, ``created_at``, ``finished_at``, how many ``snapshots``
+    it has, the run and snapshot it was forked from (``parent_run_id``,
+    ``parent_snapshot_id``) and its ``metadata``; ``row.model_dump(mode="json")`` is what
+    ``agentsnap runs --json`` prints. The filters are those of
     [`Store.list_runs`][agentsnap.Store.list_runs].
 
     Raises:
@@ -558,23 +561,7 @@ async def runs_table(
     """
     runs = await store.list_runs(status=status, name=name, tags=tags, since=since, limit=limit)
     counts = await store.snapshot_counts() if runs else {}
-    return [
-        {
-            "id": run.id,
-            "name": run.name,
-            "status": run.status.value,
-            "status_reason": run.status_reason,
-            "traceback": run.traceback,
-            "cancel_requested": run.cancel_requested,
-            "tags": dict(run.tags),
-            "created_at": _time(run.created_at),
-            "finished_at": _time(run.finished_at),
-            "snapshots": counts.get(run.id, 0),
-            "parent_run_id": run.parent_run_id,
-            "parent_snapshot_id": run.parent_snapshot_id,
-        }
-        for run in runs
-    ]
+    return [RunRow.of(run, counts.get(run.id, 0)) for run in runs]
 
 
 async def snapshots_table(store: Store, run_prefix: str) -> list[dict[str, Any]]:

@@ -90,8 +90,10 @@ def test_runs_lists_every_run_with_its_snapshot_count(demo: Demo) -> None:
         "status_reason",
         "traceback",
         "cancel_requested",
+        "metadata",
     }
     assert (mine["status"], mine["snapshots"], mine["parent_run_id"]) == ("succeeded", 3, None)
+    assert mine["metadata"] == {"demo": "research team"}
     assert (mine["traceback"], mine["cancel_requested"]) == (None, None)
     assert (mine["name"], mine["tags"], mine["status_reason"]) == ("demo", {}, None)
 
@@ -129,7 +131,7 @@ async def test_listing_runs_reads_no_snapshot() -> None:
         )
     )
     rows = await runs_table(store)
-    assert [(row["id"], row["snapshots"]) for row in rows] == [(run.id, 1)]
+    assert [(row.id, row.snapshots) for row in rows] == [(run.id, 1)]
 
 
 def test_snapshots_lists_a_runs_snapshots_by_prefix(demo: Demo) -> None:
@@ -427,7 +429,7 @@ def test_export_and_timeline_show_their_steps_on_a_terminal(
     demo: Demo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     terminal = io.StringIO()
-    monkeypatch.setattr("agentsnap.cli._progress_stream", lambda: terminal)
+    monkeypatch.setattr("agentsnap.cli._format.progress_stream", lambda: terminal)
     page = tmp_path / "run.html"
     drawn = CliRunner().invoke(main, ["timeline", demo.run_id, "-o", str(page), "--db", demo.db])
     assert drawn.exit_code == 0

@@ -26,7 +26,10 @@ from postgres_db import POSTGRES_URL_VARIABLE
 from sqlalchemy import make_url
 from terminal import run_on_terminal
 
-from agentsnap.cli import _STATUSES, _commands, _when, main
+from agentsnap.cli import main
+from agentsnap.cli._format import when
+from agentsnap.cli._main import commands
+from agentsnap.cli._tools import STATUSES
 from agentsnap.demo import demo_model, run_demo
 from agentsnap.inspect import fork_run
 from agentsnap.ledger import ToolCallStatus
@@ -317,7 +320,7 @@ def test_an_unknown_status_is_a_usage_error_listing_the_statuses(demo: Demo) -> 
 
 
 def test_the_status_choices_are_the_ledger_statuses() -> None:
-    assert list(_STATUSES) == [status.value for status in ToolCallStatus]
+    assert list(STATUSES) == [status.value for status in ToolCallStatus]
 
 
 # 4. postgres:// URLs
@@ -572,14 +575,14 @@ def test_every_time_in_text_carries_an_offset(demo: Demo) -> None:
 
 def test_when_formats_times() -> None:
     with click.Context(main) as ctx:
-        assert _when(None) == "-"
+        assert when(None) == "-"
         ctx.meta["agentsnap.utc"] = True
-        assert _when("2026-11-24T20:05:03.5+00:00") == "2026-11-24 20:05:03 +00:00"
-        assert _when("2026-11-24T21:05:03+01:00") == "2026-11-24 20:05:03 +00:00"
-        assert _when("2026-11-24T20:05:03") == "2026-11-24 20:05:03 +00:00"  # naive: UTC
+        assert when("2026-11-24T20:05:03.5+00:00") == "2026-11-24 20:05:03 +00:00"
+        assert when("2026-11-24T21:05:03+01:00") == "2026-11-24 20:05:03 +00:00"
+        assert when("2026-11-24T20:05:03") == "2026-11-24 20:05:03 +00:00"  # naive: UTC
     local = datetime(2026, 11, 24, 20, 5, 3, tzinfo=UTC).astimezone()
     expected = f"{local:%Y-%m-%d %H:%M:%S} {local:%z}"
-    assert _when("2026-11-24T20:05:03+00:00") == expected[:-2] + ":" + expected[-2:]
+    assert when("2026-11-24T20:05:03+00:00") == expected[:-2] + ":" + expected[-2:]
 
 
 def test_the_help_shows_the_display_options() -> None:
@@ -626,7 +629,7 @@ EVERY_COMMAND = {
 
 
 def test_every_command_is_listed_here() -> None:
-    assert {path for path, _ in _commands(main)} == EVERY_COMMAND
+    assert {path for path, _ in commands(main)} == EVERY_COMMAND
 
 
 @pytest.mark.parametrize("path", sorted(EVERY_COMMAND))
@@ -748,3 +751,29 @@ def test_a_closed_pipe_ends_the_command_quietly(demo: Demo, command: list[str]) 
     args = [demo.run_id if arg == "RUN" else arg for arg in command]
     done = closed_pipe(*args) if args == ["--help"] else closed_pipe(*args, "--db", demo.db)
     assert (done.code, done.err) == (0, "")
+
+
+def test_the_commands_print_json_from_typed_results() -> None:
+    """No command builds a JSON document by hand: each prints a model of ``_results`` or
+    ``agentsnap.inspect``'s result, so a key is named once, in a field.
+    """
+    import ast
+
+    def by_hand(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "print_json"
+            and any(
+                isinstance(arg, (ast.Dict, ast.DictComp, ast.List, ast.ListComp))
+                for arg in node.args
+            )
+        )
+
+    built = [
+        f"{path.name}:{getattr(node, 'lineno', 0)}"
+        for path in sorted((ROOT / "agentsnap" / "cli").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if by_hand(node)
+    ]
+    assert not built, f"JSON built by hand at {built}: add a model to agentsnap/cli/_results.py"

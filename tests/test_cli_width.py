@@ -25,7 +25,8 @@ from pydantic import BaseModel
 from terminal import run_on_terminal
 
 from agentsnap import Agent, AgentState, Context, JsonValue, Message, Runtime
-from agentsnap.cli import _TABLES, main
+from agentsnap.cli import main
+from agentsnap.cli._main import TABLES
 from agentsnap.console import (
     ELLIPSIS,
     GAP,
@@ -252,10 +253,10 @@ def test_every_table_command_takes_wide_and_no_other_does() -> None:
         return found
 
     commands = walk(main)
-    assert set(commands) >= _TABLES
+    assert set(commands) >= TABLES
     for path, command in commands.items():
         takes_wide = any("--wide" in param.opts for param in command.params)
-        assert takes_wide == (path in _TABLES), path
+        assert takes_wide == (path in TABLES), path
 
 
 # 2. The console script

@@ -24,8 +24,10 @@ a layer. The layers, from the bottom::
                  rollback on jetstream
     runtime      the facade over its collaborators (_phases, _record, _cadence, _recovery,
                  _closing, which never import it); above it only the public face:
-                 the package itself, inspect (with _running, _events), timeline, ui,
-                 cli, demo, testing, integrations, which nothing below imports
+                 the package itself, inspect (with _running, _events, and _views, the
+                 typed results it shares with ui and cli), timeline, ui, cli (a module per
+                 group of commands, one formatter), demo, testing, integrations, which
+                 nothing below imports
 
 Within the inspector (``ui``), the server wires one private module of routes per area of the
 API, and no area imports another. Its page is ES modules in ``ui/static`` layered the same
@@ -124,6 +126,7 @@ import (a package allows its modules too). Modules not named here are above the 
 PUBLIC_FACE = {
     "agentsnap._events",
     "agentsnap._running",
+    "agentsnap._views",
     "agentsnap.cli",
     "agentsnap.demo",
     "agentsnap.inspect",
@@ -395,3 +398,36 @@ def test_every_page_module_is_used_and_the_entries_inline() -> None:
     assert reached == set(JS_MODULES), f"unused: {sorted(set(JS_MODULES) - reached)}"
     for entry in sorted(JS_ENTRIES):  # the export's resolver takes every entry whole
         assert f"// {entry}\n" in timeline._script(entry)
+
+
+CLI_SHARED = {
+    "agentsnap.cli._main",
+    "agentsnap.cli._common",
+    "agentsnap.cli._format",
+    "agentsnap.cli._results",
+}
+"""What the CLI's command modules share: the group, the options and the database, the one
+formatter, the typed JSON documents. A command module imports no other command module."""
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(m for m in MODULES if m.startswith("agentsnap.cli.") and m not in CLI_SHARED),
+)
+def test_a_cli_command_module_imports_only_the_shared_parts(module: str) -> None:
+    wrong = sorted(
+        name
+        for name in imported_modules(module)
+        if name.startswith("agentsnap.cli") and name not in CLI_SHARED
+    )
+    assert not wrong, f"{module} imports {wrong}: share it through {sorted(CLI_SHARED)}"
+
+
+def test_the_cli_shared_parts_import_no_command_module() -> None:
+    for module in sorted(CLI_SHARED):
+        wrong = sorted(
+            name
+            for name in imported_modules(module)
+            if name.startswith("agentsnap.cli") and name not in CLI_SHARED
+        )
+        assert not wrong, f"{module} imports {wrong}, a module of commands"

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, HTTPException
 from pydantic import BaseModel, Field
 
 from agentsnap.fork import MessageEdits, ToolsMode
-from agentsnap.inspect import bisect_run, fork_run, resolve_run
+from agentsnap.inspect import RunRow, bisect_run, fork_run, resolve_run
 from agentsnap.ui._wire import diff_view, run_view, snapshot_summary
 from agentsnap.ui.conditions import Condition
 
@@ -66,7 +66,8 @@ def fork_router(inspector: Inspector) -> APIRouter:
             messages=request.messages or None,
             tools=request.tools,
         )
-        return {"run": run_view(made, *await inspector.counts(made))}
+        snapshots, rollbacks = await inspector.counts(made)
+        return {"run": run_view(RunRow.of(made, snapshots), rollbacks)}
 
     @router.post("/api/runs/{run}/bisect", summary="The first snapshot where a condition fails")
     async def bisect(run: str, request: Annotated[BisectRequest, Body()]) -> dict[str, Any]:

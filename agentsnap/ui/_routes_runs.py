@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from agentsnap.inspect import resolve_run
+from agentsnap.inspect import RunRow, resolve_run, runs_table
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.ui._wire import run_view
 from agentsnap.ui.queries import channel_counts, micros
@@ -30,7 +30,7 @@ def runs_router(inspector: Inspector) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> dict[str, Any]:
-        runs = await store.list_runs(status=status or None)
+        runs = await runs_table(store, status=status or None)
         runs.reverse()
         if q:
             needle = q.lower()
@@ -39,11 +39,7 @@ def runs_router(inspector: Inspector) -> APIRouter:
             key, has_value, value = tag.partition("=")
             runs = [r for r in runs if key in r.tags and (not has_value or r.tags[key] == value)]
         page = runs[offset : offset + limit]
-        snapshot_counts = await store.snapshot_counts() if page else {}
-        rows = [
-            run_view(r, snapshot_counts.get(r.id, 0), len(await store.list_rollbacks(r.id)))
-            for r in page
-        ]
+        rows = [run_view(r, len(await store.list_rollbacks(r.id))) for r in page]
         return {"runs": rows, "total": len(runs)}
 
     @router.get("/api/live", summary="Tokens that change when the runs, or one run, change")
@@ -87,7 +83,7 @@ def runs_router(inspector: Inspector) -> APIRouter:
             if r.parent_run_id == found.id
         ]
         return {
-            **run_view(found, len(snapshots), len(entry.rollbacks)),
+            **run_view(RunRow.of(found, len(snapshots)), len(entry.rollbacks)),
             "agents": sorted(agents),
             "start_us": min(times),
             "end_us": max(times),

@@ -14,8 +14,9 @@ from agentsnap.ledger import ToolCallStatus
 from agentsnap.ui.queries import micros
 
 if TYPE_CHECKING:
+    from agentsnap.inspect import RunRow
     from agentsnap.ledger import LedgerEntry
-    from agentsnap.records import RunInfo, Snapshot
+    from agentsnap.records import Snapshot
     from agentsnap.requests import HumanRequest
     from agentsnap.ui.queries import RunIndex
 
@@ -49,24 +50,24 @@ def tag_list(tags: dict[str, str]) -> list[str]:
     return [f"{key}={value}" if value else key for key, value in sorted(tags.items())]
 
 
-def run_view(run: RunInfo, snapshots: int, rollbacks: int) -> dict[str, Any]:
-    """A run's row, with how many snapshots and rollbacks it has."""
+def run_view(row: RunRow, rollbacks: int) -> dict[str, Any]:
+    """A run on the wire: its row (as ``runs_table`` gives it), times in microseconds."""
     return {
-        "id": run.id,
-        "name": run.name,
-        "tags": tag_list(run.tags),
-        "tag_map": dict(run.tags),
-        "status": run.status.value,
-        "reason": run.status_reason,
-        "traceback": run.traceback,
-        "cancel_requested": run.cancel_requested,
-        "created_at_us": micros(run.created_at),
-        "updated_at_us": optional_micros(run.finished_at),
-        "snapshots": snapshots,
+        "id": row.id,
+        "name": row.name,
+        "tags": tag_list(row.tags),
+        "tag_map": dict(row.tags),
+        "status": row.status.value,
+        "reason": row.status_reason,
+        "traceback": row.traceback,
+        "cancel_requested": row.cancel_requested,
+        "created_at_us": micros(row.created_at),
+        "updated_at_us": optional_micros(row.finished_at),
+        "snapshots": row.snapshots,
         "rollbacks": rollbacks,
-        "parent_run_id": run.parent_run_id,
-        "parent_snapshot_id": run.parent_snapshot_id,
-        "metadata": run.metadata,
+        "parent_run_id": row.parent_run_id,
+        "parent_snapshot_id": row.parent_snapshot_id,
+        "metadata": row.metadata,
     }
 
 
