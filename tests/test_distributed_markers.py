@@ -107,6 +107,8 @@ async def read_stream(link: JetStreamLink, run_id: str) -> Traffic:
             raw = await link.js.get_msg(stream, seq)
         except NotFoundError:
             continue
+        if raw.subject and ".%24order." in raw.subject:
+            continue  # a worker's delivery order, secured beside the channels
         envelope = decode(raw.headers or {}, raw.data or b"")
         if envelope.id in seen:
             continue  # a copy stored after the duplicate window
