@@ -43,9 +43,10 @@ own NATS connection, bus and scheduler, on a store in memory. Every agent starts
 3 hops; a snapshot begun right then (``busy``) and one taken once the run is idle
 (``quiet``) are counted: the markers published on channels between processes, the notices
 of cuts, and the part notices (one per process), with the channels that carried a message,
-the time each snapshot took and the time the run took to start. A size that does not start
-and take its snapshots within ``--patience`` seconds (600 by default) is reported as not
-finished.
+the channel objects the busiest worker holds (``channel_objects_per_worker``: made on first
+use), the time each snapshot took and the time the run took to start. A size that does not
+start and take its snapshots within ``--patience`` seconds (600 by default) is reported as
+not finished.
 
 ``--profile`` adds rounds on a run over 2 workers, the first of which runs under
 ``cProfile`` from the first message it takes until it stops (the ``AGENTSNAP_BENCH_PROFILE``
@@ -707,6 +708,7 @@ async def control_traffic(nats_url: str, agents: int) -> dict[str, Any]:
             for channel in worker.host.transport.outgoing.values()
             if channel.sent
         )
+        channel_objects = [len(worker.host.bus.channels) for worker in workers]
     finally:
         for worker in workers:
             await worker.close()
@@ -736,6 +738,7 @@ async def control_traffic(nats_url: str, agents: int) -> dict[str, Any]:
         "peers": MARKER_PEERS,
         "channels_between_workers": between,
         "channels_that_carried_messages": carried,
+        "channel_objects_per_worker": max(channel_objects),
         "busy": cut(busy, busy_s),
         "quiet": cut(quiet, quiet_s),
         "start_s": round(setup, 2),
@@ -765,8 +768,8 @@ def markers_table(results: dict[str, Any]) -> str:
     lines = [
         f"control traffic of one snapshot, {MARKER_WORKERS} workers, each agent sending to "
         f"{MARKER_PEERS} others ({results['nats_url']})",
-        "  agents  channels between workers  carried  |  busy: markers notices control ms"
-        "  |  quiet: markers notices control ms  |  start s",
+        "  agents  channels between workers  carried  objects  |  busy: markers notices control"
+        " ms  |  quiet: markers notices control ms  |  start s",
     ]
     for size in results["sizes"]:
         if "not_finished" in size:
@@ -775,7 +778,8 @@ def markers_table(results: dict[str, Any]) -> str:
         busy, quiet = size["busy"], size["quiet"]
         lines.append(
             f"  {size['agents']:>6}  {size['channels_between_workers']:>24,}  "
-            f"{size['channels_that_carried_messages']:>7,}  |  {busy['markers']:>13,} "
+            f"{size['channels_that_carried_messages']:>7,}  "
+            f"{size.get('channel_objects_per_worker', 0):>7,}  |  {busy['markers']:>13,} "
             f"{busy['notices']:>7} {busy['control_messages']:>7,} {busy['snapshot_ms']:>7}"
             f"  |  {quiet['markers']:>14,} {quiet['notices']:>7} "
             f"{quiet['control_messages']:>7,} {quiet['snapshot_ms']:>7}  |  {size['start_s']:>7}"

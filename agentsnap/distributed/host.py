@@ -296,17 +296,9 @@ class Host:
             self.bus.observe(tracing)
         if self.telemetry is not None:
             self.telemetry.watch(self.bus)
-        # Every channel between a process hosted here and any other exists from the start,
-        # so that every recording sends a marker on every channel a message could take.
-        endpoints = self.bus.endpoints
-        for name in agents:
-            for other in names:
-                if other != name:
-                    self.bus.channel(endpoints[other], name)
-                    self.bus.channel(endpoints[name], other)
-        if environment:
-            for name in names:
-                self.bus.channel(self.bus.environment, name)
+        # The channels between processes are made on first use: a recording here waits for
+        # each other agent's notice, which names the channels that carried messages (see
+        # agentsnap.distributed.recording). The environment's channels exist (``bus.add``).
 
     async def start(self, positions: Mapping[str, int] | None = None) -> None:
         """Start consuming from the run's stream and delivering.
