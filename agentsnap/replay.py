@@ -32,7 +32,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
-from itertools import groupby, repeat
+from itertools import groupby, islice, repeat
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -45,11 +45,13 @@ if TYPE_CHECKING:
     from agentsnap.messages import JsonInput
     from agentsnap.redaction import Redaction
 
-__all__ = ["InputLog", "ReplayLog", "ReplayPlan", "plan_replay"]
+__all__ = ["InputLog", "Mirror", "ReplayLog", "ReplayPlan", "missing", "plan_replay"]
 
 logger = logging.getLogger("agentsnap.replay")
 
 Write = Callable[[ReplaySegment], Awaitable[None]]
+Mirror = Callable[[ReplaySegment], Awaitable[int]]
+"""Appends a segment to a second durable log and returns where it was stored there."""
 
 
 class InputLog:
@@ -169,6 +171,12 @@ class ReplayLog:
     pieces as they are made, so logging input costs nothing more.
     [`flush`][agentsnap.replay.ReplayLog.flush] writes everything appended so far.
 
+    A log may have a *mirror*: a second durable log, quicker to append to than the store
+    (a worker's is the run's stream on NATS JetStream).
+    [`secure`][agentsnap.replay.ReplayLog.secure] then makes what was appended durable there,
+    in one round trip to it, and the store takes the same segments in the background; a
+    recovery copies into the store the mirrored segments it lacks before reading it.
+
     Args:
         write: Appends one segment to the store.
         inputs: The run's input log.
@@ -202,6 +210,17 @@ class ReplayLog:
         self._writing: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._soon = False
+        self.mirror: Mirror | None = None
+        """Appends a segment to a second durable log (see
+        [`secure`][agentsnap.replay.ReplayLog.secure]); ``None``: the store alone."""
+        self.mirrored_at: dict[int, int] = {}
+        """Per segment mirrored and not yet written to the store (by ``id``), where the
+        mirror stored it."""
+        self.on_written: Callable[[int], None] | None = None
+        """Called, once a mirrored segment is in the store too, with where the mirror had
+        stored it: what the mirror holds up to there is in the store."""
+        self._mirrored = 0  # entries of segments the mirror holds
+        self._securing: asyncio.Lock | None = None
 
     def _sealed(self, count: int, rows: str) -> None:
         self._chunks.append(rows)
@@ -250,6 +269,50 @@ class ReplayLog:
                 writing = self._writing = asyncio.ensure_future(self._write_all())
             await asyncio.shield(writing)
 
+    def secured(self) -> bool:
+        """Whether everything appended so far is durable, in the store or the mirror."""
+        appended = self._appended()
+        return self._durable >= appended or (self.mirror is not None and self._mirrored >= appended)
+
+    async def secure(self) -> None:
+        """Make durable every delivery and input appended so far.
+
+        In the mirror if there is one (the store then writes the same segments in the
+        background), else in the store.
+        A mirror's segments follow one another in the order taken, so what it holds is a
+        prefix of this log beyond what the store holds: a recovery that copies the ones the
+        store lacks (see [`missing`][agentsnap.replay.missing]) reads the whole order.
+
+        Raises:
+            StoreError: Without a mirror, the store could not write it.
+            Exception: The mirror's error: it holds what it acknowledged before; nothing
+                appended is lost, and [`flush`][agentsnap.replay.ReplayLog.flush] writes
+                it to the store.
+        """
+        mirror = self.mirror
+        if mirror is None:
+            await self.flush()
+            return
+        if self.secured():
+            return
+        if self._securing is None:
+            self._securing = asyncio.Lock()
+        async with self._securing:  # one after the other: the mirror keeps their order
+            want = self._appended()
+            if self._durable >= want or self._mirrored >= want:
+                return
+            self._take()
+            for segment, upto in list(self._unwritten):
+                if upto <= self._mirrored or upto <= self._durable:
+                    continue
+                where = await mirror(segment)
+                self._mirrored = max(self._mirrored, upto)
+                if any(held is segment for held, _ in self._unwritten):
+                    self.mirrored_at[id(segment)] = where
+                elif self.on_written is not None:  # the store wrote it meanwhile
+                    self.on_written(where)
+        self.flush_soon()
+
     def _take(self, *, marker: bool = False) -> None:
         """Move what is held into a segment; ``marker`` makes one even when nothing is."""
         self._inputs.seal()
@@ -266,12 +329,30 @@ class ReplayLog:
 
     async def _write_all(self) -> None:
         try:
-            while self._unwritten:
-                segment, upto = self._unwritten[0]
+            unwritten = self._unwritten
+            while unwritten:
+                # The segments of one timeline waiting together are written as one: a log
+                # secured in a mirror takes a segment per publish, quicker than the store.
+                timeline = unwritten[0][0].timeline
+                count = 1
+                while (
+                    self.mirror is not None
+                    and count < len(unwritten)
+                    and count < _JOINED
+                    and unwritten[count][0].timeline == timeline
+                ):
+                    count += 1
+                segment, upto = unwritten[count - 1]
+                if count > 1:
+                    segment = _joined([held for held, _ in islice(unwritten, count)])
                 await self._write(segment)
-                self._unwritten.popleft()
+                for _ in range(count):
+                    written, _upto = unwritten.popleft()
+                    where = self.mirrored_at.pop(id(written), None)
+                    if where is not None and self.on_written is not None:
+                        self.on_written(where)
                 self._durable = max(self._durable, upto)
-                self.written = max(self.written, segment.timeline)
+                self.written = max(self.written, timeline)
         finally:
             self._writing = None
 
@@ -306,6 +387,7 @@ class ReplayLog:
         self._take()
         segments = [segment for segment, _ in self._unwritten]
         self._unwritten.clear()
+        self.mirrored_at.clear()
         self._durable = self._appended()
         return segments
 
@@ -313,6 +395,47 @@ class ReplayLog:
         """Wait for background writes."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+_JOINED = 512
+"""Segments written to the store as one at most."""
+_BOUNDARY = '],"inputs":['
+"""Where a segment's deliveries end and its inputs begin: the first occurrence in its body
+(names and payloads inside the deliveries are JSON strings, whose quotes are escaped)."""
+
+
+def _joined(segments: list[ReplaySegment]) -> ReplaySegment:
+    """One segment holding the deliveries and inputs of ``segments`` (one timeline's)."""
+    deliveries: list[str] = []
+    inputs: list[str] = []
+    head = len('{"deliveries":[')
+    for segment in segments:
+        body = segment.body
+        cut = body.index(_BOUNDARY)
+        if cut > head:
+            deliveries.append(body[head:cut])
+        if len(body) - 2 > cut + len(_BOUNDARY):
+            inputs.append(body[cut + len(_BOUNDARY) : -2])
+    body = f'{{"deliveries":[{",".join(deliveries)}],"inputs":[{",".join(inputs)}]}}'
+    return ReplaySegment(segments[0].timeline, body)
+
+
+def missing(
+    stored: Iterable[ReplaySegment], mirrored: Iterable[ReplaySegment]
+) -> list[ReplaySegment]:
+    """The segments of ``mirrored`` that ``stored`` lacks, in the mirror's order.
+
+    A segment is recognised by its timeline and body: two equal ones name the same
+    deliveries and inputs, which a plan takes once (see
+    [`plan_replay`][agentsnap.replay.plan_replay]), so one copy in the store is enough.
+    """
+    held = set(stored)
+    found: list[ReplaySegment] = []
+    for segment in mirrored:
+        if segment not in held:
+            held.add(segment)
+            found.append(segment)
+    return found
 
 
 def _runs(log: list[Channel]) -> list[tuple[str, str, int, int]]:

@@ -16,7 +16,13 @@ The same rounds run, interleaved and in turn (the order rotates each repetition)
   hop crosses processes through NATS JetStream (file storage, every publish acknowledged by
   the server), and with 1 worker the hops stay inside the worker, only the inputs crossing.
   A relay reports a chain done on a plain NATS subject. PostgreSQL holds the run, the
-  agents' leases and the snapshot parts.
+  agents' leases and the snapshot parts. Before a worker's messages leave, its relays'
+  delivery order is secured in the run's stream (one acknowledged publish per batch;
+  PostgreSQL takes it in the background);
+* ``w2store``: as ``w2``, with each worker writing that order to PostgreSQL before its
+  messages leave instead (``Host.order_in_stream`` off: one commit per batch), the way
+  before the stream held it; ``ratio_w2_vs_w2store`` is the rate of ``w2`` over it, round
+  by round.
 
 Every worker process is started once, before the first round, and serves all rounds.
 
@@ -37,9 +43,10 @@ own NATS connection, bus and scheduler, on a store in memory. Every agent starts
 3 hops; a snapshot begun right then (``busy``) and one taken once the run is idle
 (``quiet``) are counted: the markers published on channels between processes, the notices
 of cuts, and the part notices (one per process), with the channels that carried a message,
-the time each snapshot took and the time the run took to start. A size that does not start
-and take its snapshots within ``--patience`` seconds (600 by default) is reported as not
-finished.
+the channel objects the busiest worker holds (``channel_objects_per_worker``: made on first
+use), the time each snapshot took and the time the run took to start. A size that does not
+start and take its snapshots within ``--patience`` seconds (600 by default) is reported as
+not finished.
 
 ``--profile`` adds rounds on a run over 2 workers, the first of which runs under
 ``cProfile`` from the first message it takes until it stops (the ``AGENTSNAP_BENCH_PROFILE``
@@ -84,6 +91,8 @@ from agentsnap.snapshot import SnapshotPolicy
 HERE = Path(__file__).resolve().parent
 RELAYS = 6
 PROFILE_VARIABLE = "AGENTSNAP_BENCH_PROFILE"
+ORDER_VARIABLE = "AGENTSNAP_BENCH_ORDER"
+"""``store``: the worker writes its delivery order to the store before its messages leave."""
 NATS_VARIABLE = "AGENTSNAP_BENCH_NATS"
 DONE = "agentsnap-bench-done"
 """First token of the plain NATS subject a relay reports a finished chain on."""
@@ -184,6 +193,10 @@ def make_app() -> App:
     path = os.environ.get(PROFILE_VARIABLE)
     if path:
         _Profile.prepare(path)
+    if os.environ.get(ORDER_VARIABLE) == "store":
+        from agentsnap.distributed.host import Host
+
+        Host.order_in_stream = False
     names = relay_names()
     return App(
         agents=[Relay(name, names[(i + 1) % len(names)]) for i, name in enumerate(names)],
@@ -240,8 +253,11 @@ async def inproc_round(chains: int, hops: int) -> float:
 class Spread:
     """One run over ``workers`` worker processes, and this process as its coordinator."""
 
-    def __init__(self, workers: int, nats_url: str, db: str, logs: Path) -> None:
+    def __init__(
+        self, workers: int, nats_url: str, db: str, logs: Path, order: str = "stream"
+    ) -> None:
         self.workers = workers
+        self.order = order
         self.nats_url = nats_url
         self.db = db
         self.logs = logs
@@ -267,7 +283,7 @@ class Spread:
             "--db", self.db, "--app", "distributed:make_app", "--run", self.run_id,
             "--agents", self.placement(n), "--lease", str(LEASE),
         ]  # fmt: skip
-        env = {**os.environ, NATS_VARIABLE: self.nats_url}
+        env = {**os.environ, NATS_VARIABLE: self.nats_url, ORDER_VARIABLE: self.order}
         env.pop(PROFILE_VARIABLE, None)
         if profile is not None:
             env[PROFILE_VARIABLE] = str(profile)
@@ -466,9 +482,11 @@ async def measure(nats_url: str, db: str, profile: str, with_profile: bool) -> d
     messages = chains * (hops + 1)
     logs = Path(tempfile.mkdtemp(prefix="agentsnap-bench-"))
     spreads = {w: Spread(w, nats_url, db, logs) for w in WORKERS}
+    in_store = Spread(2, nats_url, db, logs, order="store")
     sides: dict[str, Callable[[], Awaitable[float]]] = {
         "inproc": lambda: inproc_round(chains, hops),
         **{f"w{w}": functools.partial(s.round, chains, hops) for w, s in spreads.items()},
+        "w2store": functools.partial(in_store.round, chains, hops),
     }
     times: dict[str, list[float]] = {name: [] for name in sides}
     results: dict[str, Any] = {}
@@ -483,9 +501,9 @@ async def measure(nats_url: str, db: str, profile: str, with_profile: bool) -> d
 
     try:
         # Every worker process starts at once (they import and connect side by side).
-        for s in spreads.values():
+        for s in [*spreads.values(), in_store]:
             await s.launch_all()
-        for s in spreads.values():
+        for s in [*spreads.values(), in_store]:
             await s.ready()
         phase("start_workers")
         # A warm-up round on each side (connections, consumers, caches), not counted.
@@ -505,7 +523,7 @@ async def measure(nats_url: str, db: str, profile: str, with_profile: bool) -> d
             restart_s, recovery_s, why = await spreads[3].kill_and_recover(0, chains, hops)
             phase("kill_and_recover")
     finally:
-        await asyncio.gather(*(s.close() for s in spreads.values()))
+        await asyncio.gather(*(s.close() for s in [*spreads.values(), in_store]))
         phase("stop_workers")
     if with_profile:
         results["worker_profile"] = await profiled_worker(nats_url, db, logs, chains, hops)
@@ -519,6 +537,7 @@ async def measure(nats_url: str, db: str, profile: str, with_profile: bool) -> d
         ratios[f"ratio_w{w}_vs_inproc"] = round(statistics.median(per_round), 5)
         ratios[f"ratio_w{w}_vs_inproc_spread"] = spread(per_round)
     scaling = [a / b for a, b in zip(times["w1"], times["w3"], strict=True)]
+    secured = [a / b for a, b in zip(times["w2store"], times["w2"], strict=True)]
     return {
         **workloads.environment("agentsnap distributed", profile),
         "nats_url": nats_url,
@@ -529,7 +548,10 @@ async def measure(nats_url: str, db: str, profile: str, with_profile: bool) -> d
         "repetitions": repetitions,
         "msgs_per_s_inproc": workloads.rate(messages, inproc),
         **{f"msgs_per_s_w{w}": workloads.rate(messages, times[f"w{w}"]) for w in WORKERS},
+        "msgs_per_s_w2store": workloads.rate(messages, times["w2store"]),
         **ratios,
+        "ratio_w2_vs_w2store": round(statistics.median(secured), 5),
+        "ratio_w2_vs_w2store_spread": spread(secured),
         "ratio_w3_vs_w1": round(statistics.median(scaling), 5),
         "ratio_w3_vs_w1_spread": spread(scaling),
         "snapshot_ms_w3": workloads.ms(snapshot_s),
@@ -686,6 +708,7 @@ async def control_traffic(nats_url: str, agents: int) -> dict[str, Any]:
             for channel in worker.host.transport.outgoing.values()
             if channel.sent
         )
+        channel_objects = [len(worker.host.bus.channels) for worker in workers]
     finally:
         for worker in workers:
             await worker.close()
@@ -715,6 +738,7 @@ async def control_traffic(nats_url: str, agents: int) -> dict[str, Any]:
         "peers": MARKER_PEERS,
         "channels_between_workers": between,
         "channels_that_carried_messages": carried,
+        "channel_objects_per_worker": max(channel_objects),
         "busy": cut(busy, busy_s),
         "quiet": cut(quiet, quiet_s),
         "start_s": round(setup, 2),
@@ -744,8 +768,8 @@ def markers_table(results: dict[str, Any]) -> str:
     lines = [
         f"control traffic of one snapshot, {MARKER_WORKERS} workers, each agent sending to "
         f"{MARKER_PEERS} others ({results['nats_url']})",
-        "  agents  channels between workers  carried  |  busy: markers notices control ms"
-        "  |  quiet: markers notices control ms  |  start s",
+        "  agents  channels between workers  carried  objects  |  busy: markers notices control"
+        " ms  |  quiet: markers notices control ms  |  start s",
     ]
     for size in results["sizes"]:
         if "not_finished" in size:
@@ -754,7 +778,8 @@ def markers_table(results: dict[str, Any]) -> str:
         busy, quiet = size["busy"], size["quiet"]
         lines.append(
             f"  {size['agents']:>6}  {size['channels_between_workers']:>24,}  "
-            f"{size['channels_that_carried_messages']:>7,}  |  {busy['markers']:>13,} "
+            f"{size['channels_that_carried_messages']:>7,}  "
+            f"{size.get('channel_objects_per_worker', 0):>7,}  |  {busy['markers']:>13,} "
             f"{busy['notices']:>7} {busy['control_messages']:>7,} {busy['snapshot_ms']:>7}"
             f"  |  {quiet['markers']:>14,} {quiet['notices']:>7} "
             f"{quiet['control_messages']:>7,} {quiet['snapshot_ms']:>7}  |  {size['start_s']:>7}"
@@ -782,6 +807,8 @@ def table(results: dict[str, Any]) -> str:
     ]
     low, high = results["snapshot_ms_w3_spread"]
     lines += [
+        f"  2, order in the store     {results['msgs_per_s_w2store']:>10,.0f} msg/s   "
+        f"2 workers / it {ratio('ratio_w2_vs_w2store')}",
         f"  3 workers / 1 worker      {ratio('ratio_w3_vs_w1')}",
         f"  snapshot, 3 workers       {results['snapshot_ms_w3']:>10} ms median "
         f"({low} .. {high}; p90 {results['snapshot_ms_w3_p90']}; "

@@ -14,10 +14,11 @@ import sys
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
-from teller_app import Teller, bank, money_in
+from teller_app import Teller, bank, finished, money_in
 
 from agentsnap import (
     Agent,
@@ -30,6 +31,7 @@ from agentsnap import (
     RunCancelled,
     Snapshot,
     SnapshotFailed,
+    StoreError,
 )
 from agentsnap.distributed import (
     AgentsHeld,
@@ -43,11 +45,16 @@ from agentsnap.distributed import (
 )
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
+from agentsnap.jetstream.codec import order_subjects
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.model_calls import ModelCallLog
-from agentsnap.records import RunStatus, utcnow
+from agentsnap.records import ReplaySegment, RunStatus, SnapshotStatus, utcnow
+from agentsnap.replay import plan_replay
 from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.testing import SampledModel
+
+if TYPE_CHECKING:
+    from agentsnap.store import Store
 
 HERE = Path(__file__).resolve().parent
 PATIENCE = 120.0
@@ -200,6 +207,99 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
     finally:
         for worker in workers:
             await worker.close()
+        await links[0].delete_stream(run.run_id)
+        for link in links:
+            await link.close()
+
+
+class _ReplayAway:
+    """A store whose replay log takes nothing (a worker killed before its log reached the
+    store is the same to a recovery); everything else goes to ``store``."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:
+        raise _Away("the replay log is away")
+
+
+class _Away(StoreError):
+    pass
+
+
+async def test_messages_leave_once_the_order_is_in_the_stream_and_a_recovery_copies_it(
+    nats_url: str,
+) -> None:
+    """A worker's messages leave once its agents' delivery order is secured in the run's
+    stream, not in the store; a recovery copies what the store lacks from the stream."""
+    store = MemoryStore()
+    app = bank(4)
+    hosts = [["teller-0", "teller-1"], ["teller-2", "teller-3"]]
+    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    run = DistributedRun(links[0], store, app)
+    away = cast("Store", _ReplayAway(store))
+    workers = [
+        Worker(links[1], store, run.run_id, bank(4), hosts[0], name="w0"),
+        Worker(links[2], away, run.run_id, bank(4), hosts[1], name="w1"),
+    ]
+    try:
+        await run.start()
+        for worker in workers:
+            await worker.start()
+        for i in range(8):
+            run.send(f"teller-{i % 4}", {"hops": 12}, kind="go")
+        async with asyncio.timeout(PATIENCE):
+            last = await run.run_until_idle()
+        assert finished(last)
+        assert money_in(last) == 4_000
+        host = workers[1].host
+        taken = sum(ch.delivered for ch in host.bus.channels.values() if ch.dst in set(hosts[1]))
+        assert taken > 8, "w1's agents took messages from w0's"
+        cut = Snapshot(
+            id="start",
+            run_id=run.run_id,
+            seq=0,
+            initiator=ENVIRONMENT,
+            status=SnapshotStatus.COMPLETE,
+            started_at=utcnow(),
+        )
+        timeline = host.replay.timeline if host.replay is not None else 0
+        in_store = plan_replay(
+            await store.load_replay(run.run_id), cut, timeline=timeline, agents=hosts[1]
+        )
+        assert in_store.deliveries == 0, "w1's order never reached the store"
+        # A recovery on w0 (any worker may host w1's agents next) copies it from the stream:
+        # every delivery before a message w1 sent (the last ones may have had no effect).
+        workers[0].host.copied = 0
+        segments = await workers[0].host._copy_secured(await store.load_replay(run.run_id))
+        assert workers[0].host.copied > 0
+        secured = plan_replay(segments, cut, timeline=timeline, agents=hosts[1])
+        assert secured.deliveries > 0
+        assert await links[0].read(run.run_id, order_subjects(run.run_id)) == [], (
+            "the stream keeps no order the store holds"
+        )
+        # Secured to its last delivery, w1's whole order is in the stream.
+        assert host.replay is not None
+        await host.replay.secure()
+        segments = await workers[0].host._copy_secured(await store.load_replay(run.run_id))
+        plan = plan_replay(segments, cut, timeline=timeline, agents=hosts[1])
+        assert plan.deliveries == taken, "every delivery of w1's agents, from the stream"
+        for agent, order in secured.order.items():
+            assert list(order) == list(plan.order[agent])[: len(order)], "in the order taken"
+        stored = plan_replay(
+            await store.load_replay(run.run_id), cut, timeline=timeline, agents=hosts[1]
+        )
+        assert stored.order == plan.order, "written to the store"
+        # The order of w0, which reached the store, was trimmed from the stream as it did.
+        assert workers[0].host.replay is not None
+        assert workers[0].host.replay.pending() == 0
+    finally:
+        for worker in workers:
+            await worker.close()
+        await run.close()
         await links[0].delete_stream(run.run_id)
         for link in links:
             await link.close()

@@ -18,7 +18,7 @@ from test_replay import channel, cut, delivered
 
 from agentsnap.distributed.host import _append_shared
 from agentsnap.records import ReplaySegment, RunInfo
-from agentsnap.replay import InputLog, ReplayLog, plan_replay
+from agentsnap.replay import InputLog, ReplayLog, missing, plan_replay
 from agentsnap.store.sql import SqlStore
 
 
@@ -94,3 +94,76 @@ async def test_workers_appending_at_once_lose_no_segment(postgres_url: str) -> N
             await store.close()
     plan = plan_replay(segments, cut({f"agent-{n}": {} for n in range(3)}, {}))
     assert plan.order == {f"agent-{n}": deque(("$env", i + 1) for i in range(30)) for n in range(3)}
+
+
+async def test_a_log_secured_in_a_mirror_reaches_the_store_behind_it() -> None:
+    """Secured in a mirror at once, the order reaches the store later, joined into one
+    segment; what the store lacks when a worker stops, the mirror gives back in order."""
+    mirrored: list[ReplaySegment] = []
+    stored: list[ReplaySegment] = []
+    gate = asyncio.Event()
+    told: list[int] = []
+
+    async def mirror(segment: ReplaySegment) -> int:
+        mirrored.append(segment)
+        return 100 + len(mirrored)  # where the mirror stored it
+
+    async def write(segment: ReplaySegment) -> None:
+        await gate.wait()  # a slow store
+        stored.append(segment)
+
+    log = ReplayLog(write, InputLog())
+    log.mirror = mirror
+    log.on_written = told.append
+    a, b = channel("$env", "a"), channel("a", "b")
+    delivered(log, a)
+    assert not log.secured()
+    await log.secure()
+    assert log.secured(), "secured in the mirror"
+    assert log.pending() == 1, "not in the store yet"
+    delivered(log, b)
+    delivered(log, a)
+    await log.secure()
+    await log.secure()  # nothing new: no segment
+    assert [s.decode()[0] for s in mirrored] == [
+        [("a", "$env", 1)],
+        [("b", "a", 1), ("a", "$env", 2)],
+    ]
+    # The worker stops before the store took anything: the mirror holds the whole order.
+    assert missing([], mirrored) == mirrored
+    plan = plan_replay(missing([], mirrored), cut({"a": {}, "b": {}}, {}))
+    assert plan.order == {"a": deque([("$env", 1), ("$env", 2)]), "b": deque([("a", 1)])}
+    # The store took the first piece (as the worker wrote it): only the second is lacking.
+    assert missing(mirrored[:1], mirrored) == mirrored[1:]
+    gate.set()
+    await log.flush()
+    assert log.pending() == 0
+    assert [s.decode()[0] for s in stored] == [
+        [("a", "$env", 1), ("b", "a", 1), ("a", "$env", 2)]
+    ], "the pieces waiting together are written as one"
+    assert told[-1] == 102, "the mirror holds nothing the store lacks up to there"
+    await log.close()
+
+
+async def test_a_log_whose_mirror_fails_is_secured_in_the_store() -> None:
+    stored: list[ReplaySegment] = []
+
+    async def mirror(segment: ReplaySegment) -> int:
+        raise TimeoutError("the stream did not answer")
+
+    async def write(segment: ReplaySegment) -> None:
+        stored.append(segment)
+
+    log = ReplayLog(write, InputLog())
+    log.mirror = mirror
+    delivered(log, channel("$env", "a"))
+    try:
+        await log.secure()
+    except TimeoutError:
+        pass
+    else:  # pragma: no cover - the assertion below says it
+        raise AssertionError("a mirror's error is raised")
+    assert not log.secured()
+    await log.flush()  # what a worker does then
+    assert log.secured()
+    assert [s.decode()[0] for s in stored] == [[("a", "$env", 1)]]

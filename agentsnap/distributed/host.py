@@ -23,6 +23,7 @@ import contextlib
 import logging
 import random
 import sys
+import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +37,11 @@ from agentsnap.distributed.orders import CONTROL, control_subject
 from agentsnap.distributed.recording import PartCoordinator
 from agentsnap.exceptions import HandlerFailed, OutputRejected, StoreError
 from agentsnap.jetstream import ChannelOffset, JetStreamLink, JetStreamTransport
+from agentsnap.jetstream.codec import order_subject, order_subjects
 from agentsnap.messages import ENVIRONMENT, Message
 from agentsnap.once import KnownTools
-from agentsnap.records import Snapshot, SnapshotStatus, utcnow
-from agentsnap.replay import InputLog, ReplayLog, plan_replay
+from agentsnap.records import ReplaySegment, Snapshot, SnapshotStatus, utcnow
+from agentsnap.replay import InputLog, ReplayLog, missing, plan_replay
 from agentsnap.requests import ApprovalPolicy, approval_rules
 from agentsnap.rollback import recorded_messages
 from agentsnap.state import check_round_trip
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from agentsnap.checks import OutputCheck
     from agentsnap.distributed.orders import RollbackOrder
     from agentsnap.ledger import Ledger
-    from agentsnap.records import ChannelOffsets, ReplaySegment, SnapshotPart
+    from agentsnap.records import ChannelOffsets, SnapshotPart
     from agentsnap.redaction import Redaction
     from agentsnap.store import Store
 
@@ -71,6 +73,14 @@ logger = logging.getLogger("agentsnap.distributed")
 _APPENDS = 12
 """Attempts at appending a segment to the run's replay log when another worker appended
 one at the same position at the same moment."""
+
+_ORDER_TIMEOUT = 2.0
+"""Seconds the stream has to store a piece of the delivery order before the store is
+written instead."""
+
+_TRIM_EVERY = 0.5
+"""Seconds between two purges of a worker's delivery order the store holds already from
+the run's stream."""
 
 
 async def _append_shared(store: Store, run_id: str, segment: ReplaySegment) -> None:
@@ -166,7 +176,16 @@ class Host:
         following: Has the hosted agents take their messages in the logged order after a
             recovery (``None`` with no replay log).
         followed: Deliveries the recoveries here planned from the replay log.
+        order_in_stream: Whether the hosted agents' delivery order is secured in the run's
+            stream before what they sent leaves (one acknowledged publish; the store
+            takes it in the background), rather than written to the store first (one
+            commit). Both keep the guarantee; the stream's round trip is the shorter.
+            Set it before [`start`][agentsnap.distributed.Host.start].
+        copied: Pieces of the delivery order the recoveries here copied from the run's
+            stream into the store, which lacked them.
     """
+
+    order_in_stream: bool = True
 
     def __init__(
         self,
@@ -231,6 +250,13 @@ class Host:
         self._control = control_subject(run_id)
         self.replay = ReplayLog(self._write_segment, self.inputs) if agents else None
         self.followed = 0
+        self.copied = 0
+        self._order_subject = order_subject(run_id, worker)
+        self._order_ids = f"{run_id}/order/{uuid.uuid4().hex}/"
+        self._order_count = 0
+        self._trim_below = 0
+        self._trimmed = 0
+        self._trimming: asyncio.Task[None] | None = None
         self.team = Team(
             self.bus,
             self.coordinator,
@@ -270,17 +296,9 @@ class Host:
             self.bus.observe(tracing)
         if self.telemetry is not None:
             self.telemetry.watch(self.bus)
-        # Every channel between a process hosted here and any other exists from the start,
-        # so that every recording sends a marker on every channel a message could take.
-        endpoints = self.bus.endpoints
-        for name in agents:
-            for other in names:
-                if other != name:
-                    self.bus.channel(endpoints[other], name)
-                    self.bus.channel(endpoints[name], other)
-        if environment:
-            for name in names:
-                self.bus.channel(self.bus.environment, name)
+        # The channels between processes are made on first use: a recording here waits for
+        # each other agent's notice, which names the channels that carried messages (see
+        # agentsnap.distributed.recording). The environment's channels exist (``bus.add``).
 
     async def start(self, positions: Mapping[str, int] | None = None) -> None:
         """Start consuming from the run's stream and delivering.
@@ -289,6 +307,10 @@ class Host:
             positions: Per hosted agent, the stream sequence to consume from (by default
                 the start of the stream).
         """
+        replay = self.replay
+        if replay is not None and self.order_in_stream:
+            replay.mirror = self._secure_segment
+            replay.on_written = self._order_written
         await self.transport.start(positions)
         self.scheduler.start()
         if self.following is not None:
@@ -322,6 +344,11 @@ class Host:
             except Exception as exc:  # no effect depends on it
                 logger.warning("%s: the replay log was not written: %r", self.worker, exc)
             await replay.close()
+        trimming = self._trimming
+        if trimming is not None:
+            trimming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trimming
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.transport.flush(), drain)
         await self.transport.close()
@@ -441,6 +468,7 @@ class Host:
                 exc,
             )
             return 0
+        segments = await self._copy_secured(segments)
         plan = plan_replay(segments, cut, timeline=replay.timeline, agents=self._agents)
         self.followed += plan.deliveries
         following.follow(plan)
@@ -451,12 +479,22 @@ class Host:
 
         Another process's work depends on the messages it receives, and so on the order in
         which the agents here took theirs: a recovery redoes that order, and the messages
-        sent again carry the same content under the same ids. The replay log's group commit
-        makes this one write for every item queued meanwhile.
+        sent again carry the same content under the same ids. Secured in the run's stream
+        (``order_in_stream``), it is one acknowledged publish for every item queued
+        meanwhile, and the store takes it in the background; else the replay log's group
+        commit makes it one write to the store. A stream that does not take it in time
+        leaves it to the store.
         """
         replay = self.replay
-        if replay is None or not replay.pending():
+        if replay is None or replay.secured():
             return
+        if replay.mirror is not None and self.link.nc.is_connected:
+            try:
+                await replay.secure()
+            except Exception as exc:
+                logger.debug("%s: the delivery order goes to the store: %r", self.worker, exc)
+            else:
+                return
         try:
             await replay.flush()
         except Exception as exc:  # published anyway: the run must not stall on its log
@@ -468,6 +506,83 @@ class Host:
 
     async def _write_segment(self, segment: ReplaySegment) -> None:
         await _append_shared(self.store, self.run_id, segment)
+
+    async def _secure_segment(self, segment: ReplaySegment) -> int:
+        """Store ``segment`` of the replay log in the run's stream; where it was stored."""
+        body = orjson.dumps({"timeline": segment.timeline, "body": segment.body})
+        if len(body) > self.link.max_payload:
+            raise StoreError(  # the store takes it instead
+                f"a piece of the delivery order of {len(body)} bytes does not fit the "
+                f"server's {self.link.max_payload}"
+            )
+        self._order_count += 1
+        return await self.link.append(
+            self._order_subject,
+            body,
+            item_id=f"{self._order_ids}{self._order_count}",
+            patience=_ORDER_TIMEOUT,
+        )
+
+    def _order_written(self, where: int) -> None:
+        """The store holds the delivery order the stream held up to ``where``: drop it there."""
+        self._trim_below = max(self._trim_below, where + 1)
+        if self._trimming is None:
+            self._trimming = asyncio.ensure_future(self._trim())
+
+    async def _trim(self) -> None:
+        try:
+            while self._trim_below > self._trimmed:
+                below = self._trim_below
+                await self.link.purge_subject(self.run_id, self._order_subject, below)
+                self._trimmed = below
+                await asyncio.sleep(_TRIM_EVERY)
+        except Exception as exc:  # kept in the stream: a recovery finds it in the store
+            logger.debug("%s: the delivery order stays in the stream: %r", self.worker, exc)
+        finally:
+            self._trimming = None
+
+    async def _copy_secured(self, segments: list[ReplaySegment]) -> list[ReplaySegment]:
+        """``segments`` of the store, with the pieces of the order the stream secured and the
+        store lacks (a worker stopped before writing them) appended, and written there.
+
+        What the stream holds of a worker's order follows what the store holds of it: the
+        pieces the store lacks complete it, in the order the worker secured them.
+        """  # noqa: D205
+        subjects = order_subjects(self.run_id)
+        try:
+            held = await self.link.read(self.run_id, subjects)
+        except Exception as exc:
+            logger.warning(
+                "%s: the delivery order secured in the stream could not be read (%r); "
+                "the store's is followed",
+                self.worker,
+                exc,
+            )
+            return segments
+        if not held:
+            return segments
+        secured: list[ReplaySegment] = []
+        for seq, body in held:
+            try:
+                piece = orjson.loads(body)
+                secured.append(ReplaySegment(int(piece["timeline"]), str(piece["body"])))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                logger.error("%s: dropped stream item %d: not a piece of order", self.worker, seq)
+        lacking = missing(segments, secured)
+        try:
+            for segment in lacking:
+                await self._write_segment(segment)
+        except Exception as exc:  # followed from memory: the next recovery copies them again
+            logger.warning(
+                "%s: the delivery order from the stream was not written to the store: %r",
+                self.worker,
+                exc,
+            )
+            return segments + lacking
+        self.copied += len(lacking)
+        with contextlib.suppress(Exception):  # the store holds all of it now
+            await self.link.purge_subject(self.run_id, subjects, held[-1][0] + 1)
+        return segments + lacking
 
     async def _replayable(
         self, cut: Snapshot, offsets: Sequence[ChannelOffsets]

@@ -31,18 +31,23 @@ the run it hosts (``local``). It runs the protocol for them only:
   one transaction); a part that cannot be recorded (a state that is not JSON) is written with
   its error, which fails the snapshot.
 
-Every channel between a local process and another process exists from the start (the worker
-makes them), so that every channel a message could take is known to the recordings at both
-of its ends: a channel made only at its first message would be unknown to the receiver's
-recording before it. Why a count closes a channel where its marker would have: the concepts
-page *Channel state as offsets*, *Markers only where messages went*.
+A channel between a local process and another one is made on first use: by its sender's
+first message, at its receiver by the first item that comes through it, or by a notice that
+names it with messages sent. So a worker holds the channels its agents used, not one per
+pair of agents. The receiver's recording of ``k`` therefore also waits, per agent of the
+other processes, for a notice of ``k`` (or later) naming it: the notice names each channel
+that carried messages before that agent recorded, and the channel, made then if it was not
+yet, is closed by count as above; any other channel from that agent carried nothing before
+the recording, and what comes through it later has an epoch that closes ``k`` at once.
+Why a count closes a channel where its marker would have: the concepts page *Channel state
+as offsets*, *Markers only where messages went*.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.handles import SnapshotHandle
@@ -77,6 +82,19 @@ class _Range:
         self.after = after
         self.end = end  # the item that closed the channel (0: not yet)
         self.seqs: list[int] = []
+
+
+class _Unheard:
+    """Stands for every channel from one agent of another process, in a recording.
+
+    Closed for ``k`` once a notice of ``k`` (or later) named that agent.
+    """
+
+    __slots__ = ("closed", "src")
+
+    def __init__(self, src: str) -> None:
+        self.src = src
+        self.closed = 0
 
 
 class PartCoordinator(SnapshotCoordinator):
@@ -130,6 +148,8 @@ class PartCoordinator(SnapshotCoordinator):
         self._counts: dict[IncomingChannel, tuple[int, int]] = {}
         self._counting = False  # a channel closes by count: no item of its own closes it
         self._receivers = sorted(name for name in self.local if name != ENVIRONMENT)
+        # Per agent of another process, what its channels into the agents here wait for.
+        self._unheard: dict[str, _Unheard] | None = None
 
     @staticmethod
     async def _unused(_snapshot: Any) -> None:  # pragma: no cover - parts are written instead
@@ -140,9 +160,27 @@ class PartCoordinator(SnapshotCoordinator):
         return [name for name in self.bus.endpoints if name in self.local]
 
     def recording_channels(self) -> Iterable[Channel]:
-        """The channels into the processes hosted here: the others are recorded elsewhere."""
+        """The channels into the processes hosted here: the others are recorded elsewhere.
+
+        With notices (``tell``), also one stand-in per agent of another process, closed
+        by its notice: a channel from it not made yet may still carry messages of the cut.
+        """
         local = self.local
-        return [ch for ch in self.bus.channels.values() if ch.dst in local]
+        channels: list[Channel] = [ch for ch in self.bus.channels.values() if ch.dst in local]
+        if self.tell is not None and self._receivers:
+            channels.extend(cast("Iterable[Channel]", self._stand_ins().values()))
+        return channels
+
+    def _stand_ins(self) -> dict[str, _Unheard]:
+        unheard = self._unheard
+        if unheard is None:  # made once every process of the run is on the bus
+            local = self.local
+            unheard = self._unheard = {
+                name: _Unheard(name)
+                for name in self.bus.endpoints
+                if name not in local and name != ENVIRONMENT
+            }
+        return unheard
 
     # -- learning of snapshots --------------------------------------------------------------
 
@@ -279,20 +317,40 @@ class PartCoordinator(SnapshotCoordinator):
             self.learn(upto)
         if not self.active or next(iter(self.active)) > upto:
             return  # nothing in progress here that it closes
-        channels = self.bus.channels
-        receivers = self._receivers
+        endpoints = self.bus.endpoints
+        local = self.local
+        unheard = self._stand_ins() if self._receivers else {}
         for src, counts in sent.items():
-            for dst in receivers:
-                channel = channels.get((src, dst))
+            sender = endpoints.get(src)
+            if sender is None or src in local:
+                continue
+            outgoing = sender.outgoing  # here: the channels from ``src`` into local agents
+            for dst, count in counts.items():
+                if count and dst in local and dst not in outgoing and dst != ENVIRONMENT:
+                    self.bus.channel(sender, dst)  # messages of the cut may be on it
+            for channel in list(outgoing.values()):
                 if type(channel) is not IncomingChannel or channel.closed >= upto:
                     continue
-                count = counts.get(dst, 0)
+                self._await(channel, upto)
+                count = counts.get(channel.dst, 0)
                 if channel.delivered >= count:
                     self._close_counted(channel, upto)
                     continue
                 pending = self._counts.get(channel)
                 if pending is None or pending[0] < upto:
                     self._counts[channel] = (upto, count)
+            stand_in = unheard.get(src)
+            if stand_in is not None and stand_in.closed < upto:
+                self._close(cast("Channel", stand_in), upto)
+
+    def _await(self, channel: IncomingChannel, upto: int) -> None:
+        """Have the snapshots up to ``upto`` wait for ``channel`` too (made after they began)."""
+        for seq, progress in self.active.items():
+            if seq > upto:
+                continue
+            unclosed = progress.unclosed
+            if unclosed is not None and channel.closed < seq:
+                unclosed.add(channel)
 
     def _close_counted(self, channel: IncomingChannel, upto: int) -> None:
         """Close ``channel`` up to ``upto``: its receiver took all its sender had sent then."""
@@ -313,6 +371,8 @@ class PartCoordinator(SnapshotCoordinator):
     def forget_handlers(self) -> None:  # noqa: D102
         super().forget_handlers()
         self._counts.clear()  # a restore: the counts told before it are of another timeline
+        for unheard in (self._unheard or {}).values():
+            unheard.closed = 0
 
     def begin(
         self, initiator: Endpoint | None = None, *, at_return: bool = False

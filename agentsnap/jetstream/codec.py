@@ -66,6 +66,8 @@ __all__ = [
     "encode_token",
     "inbox_subject",
     "item_id",
+    "order_subject",
+    "order_subjects",
     "run_subjects",
     "stream_name",
 ]
@@ -113,6 +115,20 @@ def cuts_subject(run: str) -> str:
     tell each other how many messages their agents had sent at each recording.
     """  # noqa: D205
     return f"{ROOT}-cuts.{encode_token(run)}"
+
+
+def order_subject(run: str, worker: str) -> str:
+    """The subject, in ``run``'s stream, on which ``worker`` secures its agents' delivery
+    order (see [`agentsnap.replay`][agentsnap.replay]).
+
+    It has five tokens: no channel's subject (four) and no receiver's wildcard matches it.
+    """  # noqa: D205
+    return f"{ROOT}.{encode_token(run)}.%24order.{encode_token(worker)}.log"
+
+
+def order_subjects(run: str) -> str:
+    """The subjects of every worker's delivery order in ``run``'s stream, as one wildcard."""
+    return f"{ROOT}.{encode_token(run)}.%24order.*.log"
 
 
 def run_subjects(run: str) -> str:

@@ -356,7 +356,68 @@ class JetStreamLink:
         info = await self._jsm.stream_info(stream_name(run))
         return info.state.last_seq
 
+    async def read(self, run: str, subject: str) -> list[tuple[int, bytes]]:
+        """Every item ``run``'s stream holds on ``subject`` (a wildcard may name several),
+        oldest first, as ``(stream sequence, body)``: one round trip to the server each.
+
+        Raises:
+            TransportError: The server did not answer.
+        """  # noqa: D205
+        name = stream_name(run)
+        found: list[tuple[int, bytes]] = []
+        seq = 1
+        try:
+            while True:
+                try:
+                    msg = await self._jsm.get_msg(name, seq=seq, subject=subject, next=True)
+                except nats.js.errors.NotFoundError:
+                    return found
+                at = msg.seq if msg.seq is not None else seq
+                found.append((at, msg.data or b""))
+                seq = at + 1
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise TransportError(
+                f"the NATS server at {self.url} did not give back the items of {name} on "
+                f"{subject} ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    async def purge_subject(self, run: str, subject: str, below: int) -> None:
+        """Drop the items of ``run``'s stream on ``subject`` (a wildcard may name several)
+        below stream sequence ``below``.
+        """  # noqa: D205
+        await self._jsm.purge_stream(stream_name(run), seq=below, subject=subject)
+
     # -- publishing -------------------------------------------------------------------------
+
+    async def append(self, subject: str, body: bytes, *, item_id: str, patience: float) -> int:
+        """Publish one item at once, beside the ordered publisher, and wait until the server
+        stored it.
+
+        What is published once it returned is stored after it. A worker's
+        ``before_publish`` secures its agents' delivery order this way.
+
+        Args:
+            subject: Where to publish it.
+            body: The item.
+            item_id: Its ``Nats-Msg-Id``: the server stores one copy of an id.
+            patience: Seconds to wait for the server's acknowledgement.
+
+        Returns:
+            The stream sequence it was stored at.
+
+        Raises:
+            TransportError: The server did not acknowledge it in time, or refused it.
+        """  # noqa: D205
+        try:
+            ack = await self._js.publish(
+                subject, body, timeout=patience, headers={"Nats-Msg-Id": item_id}
+            )
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise TransportError(
+                f"the NATS server at {self.url} did not store an item on {subject} "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+        return ack.seq
 
     def publish(
         self, subject: str, headers: dict[str, str], body: bytes, progress: Published
