@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from agentsnap.ledger import Ledger
     from agentsnap.records import ChannelOffsets, ReplaySegment, SnapshotPart
     from agentsnap.redaction import Redaction
-    from agentsnap.store import Store
+    from agentsnap.store import DistributedStore
 
 Report = Callable[[OutputRejected, Message | None, int], None]
 """Tells the run's coordinator of a rejected output: the rejection, the message being
@@ -73,7 +73,7 @@ _APPENDS = 12
 one at the same position at the same moment."""
 
 
-async def _append_shared(store: Store, run_id: str, segment: ReplaySegment) -> None:
+async def _append_shared(store: DistributedStore, run_id: str, segment: ReplaySegment) -> None:
     """Append ``segment`` to the replay log of ``run_id``, which every worker appends to.
 
     Two workers appending at the same moment may take the same position: the one refused
@@ -171,7 +171,7 @@ class Host:
     def __init__(
         self,
         link: JetStreamLink,
-        store: Store,
+        store: DistributedStore,
         run_id: str,
         names: Collection[str],
         agents: Mapping[str, Agent[Any]],

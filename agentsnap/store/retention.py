@@ -281,7 +281,7 @@ async def prune_runs(
     """Delete the runs a retention policy leaves out, never one that a live runtime owns.
 
     The runs considered are those that ``status``, ``name`` and ``tags`` select (as
-    [`Store.list_runs`][agentsnap.Store.list_runs] does; every run by default). Of these,
+    [`Store.list_runs`][agentsnap.store.RunQueries.list_runs] does; every run by default). Of these,
     the newest ``keep`` stay, and so do those created less than ``older_than`` ago; both
     given, a run goes when it is outside the newest ``keep`` *and* older than ``older_than``.
     Runs that a live runtime owns, and runs whose LangGraph checkpoints a kept run's
