@@ -83,7 +83,6 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy import (
     Connection,
     Engine,
-    Table,
     bindparam,
     create_engine,
     event,
@@ -105,11 +104,11 @@ from agentsnap.model_calls import ModelCallRecord
 from agentsnap.requests import HumanRequest, RequestStatus
 from agentsnap.store import _model_calls as model_rows
 from agentsnap.store import _requests as request_rows
+from agentsnap.store._sql_base import DEFAULT_URL, database_name, engine_options
 from agentsnap.store.dialect import async_url, connect_sqlite, sqlite_setup, sync_url
 from agentsnap.store.faults import StoreRetry
 from agentsnap.store.migrate import SchemaGate
-from agentsnap.store.sql import DEFAULT_URL, database_name, engine_options
-from agentsnap.store.tables import RunLeaseRow, ToolCallRow
+from agentsnap.store.tables import RunLeaseRow, ToolCallRow, table_of
 
 if TYPE_CHECKING:
     from sqlalchemy.sql.dml import Update
@@ -123,8 +122,8 @@ logger = logging.getLogger("agentsnap")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_calls: Table = ToolCallRow.__table__  # type: ignore[assignment]
-_leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
+_calls = table_of(ToolCallRow)
+_leases = table_of(RunLeaseRow)
 _COLUMNS = tuple(column.name for column in _calls.columns)
 _get = select(_calls).where(_calls.c.key == bindparam("k"))
 _lease_of_key = (
