@@ -54,6 +54,7 @@ from agentsnap.store._sql_parts import SqlParts
 from agentsnap.store._sql_queries import SqlQueries
 from agentsnap.store._sql_runs import SqlRuns
 from agentsnap.store.dialect import async_url
+from agentsnap.store.sql_ledger import SqlLedger
 
 __all__ = ["DEFAULT_URL", "SqlStore", "async_url", "database_name"]
 
@@ -75,6 +76,20 @@ class SqlStore(SqlRuns, SqlLog, SqlLeases, SqlQueries, SqlParts):
         retry: The retry policy.
         where: How messages name the database.
     """
+
+    def ledger(self) -> SqlLedger:
+        """A ledger on this store's database, to read and answer what it holds (tool calls,
+        model calls, requests to people): the inspector's and the CLI's.
+
+        On PostgreSQL it runs on this store's connections (no second pool); on SQLite it
+        opens connections of its own to the same file. Either way it trusts this store's
+        check of the schema. Close it before the store. A runtime's ledger, on the hot path
+        of every tool call, is opened on its own (see
+        [`ledger_for`][agentsnap.store.ledger.ledger_for]).
+        """  # noqa: D205
+        return SqlLedger(
+            self.url, create=False, retry=self.retry, engine=self._autocommit, schema=self._gate
+        )
 
     def __repr__(self) -> str:
         return f"SqlStore({make_url(self.url).render_as_string(hide_password=True)!r})"
