@@ -16,25 +16,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import (
-    Insert,
-    Table,
-    event,
-    literal,
-    select,
-)
+from sqlalchemy import Insert, Table, event, literal, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.liveness import lost, owner_gone, owner_is_live
-from agentsnap.records import (
-    AgentCut,
-    RunInfo,
-    RunLease,
-    RunStatus,
-)
+from agentsnap.records import AgentCut, RunInfo, RunLease, RunStatus
 from agentsnap.state import compact_json
 from agentsnap.store._bases import Bases
 from agentsnap.store.chunks import SplitMemo

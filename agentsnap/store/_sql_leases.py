@@ -4,20 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import (
-    Insert,
-    Update,
-)
+from sqlalchemy import Insert, Update
 
-from agentsnap.records import (
-    RunLease,
-    utcnow,
-)
-from agentsnap.store._sql_base import (
-    SqlBase,
-    _leases,
-    retried,
-)
+from agentsnap.records import RunLease, utcnow
+from agentsnap.store._sql_base import SqlBase, _leases, retried
 
 __all__ = ["SqlLeases"]
 

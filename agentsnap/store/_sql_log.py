@@ -6,25 +6,14 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import (
-    select,
-)
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from agentsnap.exceptions import StoreError
 from agentsnap.liveness import lost
-from agentsnap.records import (
-    JournalSegment,
-    ReplaySegment,
-)
+from agentsnap.records import JournalSegment, ReplaySegment
 from agentsnap.store import _postgres_writes as one_statement
-from agentsnap.store._sql_base import (
-    SqlBase,
-    _check_limit,
-    _journal,
-    _replay,
-    retried,
-)
+from agentsnap.store._sql_base import SqlBase, _check_limit, _journal, _replay, retried
 
 __all__ = ["SqlLog"]
 

@@ -5,24 +5,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import (
-    delete,
-    or_,
-    select,
-)
+from sqlalchemy import delete, or_, select
 
-from agentsnap.records import (
-    AgentLease,
-    SnapshotPart,
-    utcnow,
-)
-from agentsnap.store._sql_base import (
-    _PART_BODY,
-    SqlBase,
-    _agent_leases,
-    _parts,
-    retried,
-)
+from agentsnap.records import AgentLease, SnapshotPart, utcnow
+from agentsnap.store._sql_base import _PART_BODY, SqlBase, _agent_leases, _parts, retried
 
 __all__ = ["SqlParts"]
 

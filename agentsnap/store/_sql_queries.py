@@ -7,10 +7,7 @@ from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import (
-    func,
-    select,
-)
+from sqlalchemy import func, select
 
 from agentsnap.exceptions import NotFoundError
 from agentsnap.integrity import SnapshotReader, agent_versions

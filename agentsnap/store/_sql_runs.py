@@ -6,19 +6,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import (
-    delete,
-    select,
-)
+from sqlalchemy import delete, select
 
 from agentsnap.exceptions import NotFoundError
 from agentsnap.messages import JsonValue
-from agentsnap.records import (
-    RollbackInfo,
-    RunInfo,
-    RunStatus,
-    utcnow,
-)
+from agentsnap.records import RollbackInfo, RunInfo, RunStatus, utcnow
 from agentsnap.store._sql_base import (
     _RUN_AND_LEASE,
     _rollbacks,

@@ -6,15 +6,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import (
-    CompoundSelect,
-    Select,
-    Text,
-    literal_column,
-    select,
-    type_coerce,
-    union_all,
-)
+from sqlalchemy import CompoundSelect, Select, Text, literal_column, select, type_coerce, union_all
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -22,9 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agentsnap.exceptions import NotFoundError, StoreError
 from agentsnap.integrity import SnapshotReader
 from agentsnap.liveness import lost
-from agentsnap.records import (
-    Snapshot,
-)
+from agentsnap.records import Snapshot
 from agentsnap.store import _postgres_writes as one_statement
 from agentsnap.store._bases import AgentRow
 from agentsnap.store._sql_base import (
