@@ -187,11 +187,16 @@ class SqlBase:
             url, create=create, then=self._writer.open if self._writer is not None else None
         )
 
-    async def retrying(self, what: str, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
+    def retrying(
+        self, what: str, operation: Callable[..., Awaitable[T]], *args: Any
+    ) -> Coroutine[Any, Any, T]:
         """``operation(again, *args)`` under the store's retry policy (see
         [`StoreRetry.call`][agentsnap.store.faults.StoreRetry.call]), named as ``what``.
+
+        The policy's own coroutine, to await: the hot writes (journal, snapshots) pay no
+        frame of their own for it.
         """  # noqa: D205
-        return await self.retry.call(what, operation, *args, where=self.where, bounded=self.bounded)
+        return self.retry.call(what, operation, *args, where=self.where, bounded=self.bounded)
 
     def _when(self, moment: datetime | None) -> datetime | str | None:
         """A timestamp as the driver takes it (SQLite: UTC text, as SQLAlchemy stores it)."""
