@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from agentsnap.once import KnownTools
     from agentsnap.replay import ReplayLog
     from agentsnap.snapshot import SnapshotCoordinator
-    from agentsnap.store import Store
+    from agentsnap.store import OneProcessStore
     from agentsnap.telemetry import Telemetry
 
 __all__ = ["Closer", "replay_spool", "spool_for"]
@@ -51,7 +51,7 @@ __all__ = ["Closer", "replay_spool", "spool_for"]
 logger = logging.getLogger("agentsnap")
 
 
-def spool_for(store: Store, directory: str | Path | None) -> Spool | None:
+def spool_for(store: OneProcessStore, directory: str | Path | None) -> Spool | None:
     """Where writes the database refused at close go: beside the database, by default."""
     url = getattr(store, "url", None)
     if not isinstance(url, str):
@@ -60,7 +60,7 @@ def spool_for(store: Store, directory: str | Path | None) -> Spool | None:
 
 
 async def replay_spool(
-    store: Store, ledger: Ledger, run_id: str, directory: str | Path | None
+    store: OneProcessStore, ledger: Ledger, run_id: str, directory: str | Path | None
 ) -> None:
     """Write what an earlier runtime of run ``run_id`` spooled when it closed.
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue
     from agentsnap.redaction import Redaction
-    from agentsnap.store import Store
+    from agentsnap.store import OneProcessStore
 
 __all__ = ["RunRecord", "finished_error"]
 
@@ -88,7 +88,7 @@ class RunRecord:
 
     def __init__(
         self,
-        store: Store,
+        store: OneProcessStore,
         ledger: Ledger,
         run_id: str,
         *,

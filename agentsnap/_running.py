@@ -21,13 +21,13 @@ if TYPE_CHECKING:
     from agentsnap.distributed.app import App
     from agentsnap.messages import JsonInput
     from agentsnap.records import RunInfo
-    from agentsnap.store import Store
+    from agentsnap.store import OneProcessStore
 
 __all__ = ["resume_app", "run_app", "runtime_for"]
 
 
 def runtime_for(
-    app: App, store: Store, *, run_id: str | None = None, name: str | None = None
+    app: App, store: OneProcessStore, *, run_id: str | None = None, name: str | None = None
 ) -> Runtime:
     """A runtime on ``store`` with ``app``'s agents, checks and policies, not started."""
     runtime = Runtime(
@@ -54,7 +54,7 @@ def runtime_for(
 
 async def run_app(
     app: App,
-    store: Store,
+    store: OneProcessStore,
     payload: JsonInput,
     *,
     to: str | None = None,
@@ -93,7 +93,7 @@ async def run_app(
 
 async def resume_app(
     app: App,
-    store: Store,
+    store: OneProcessStore,
     run_id: str,
     *,
     wait: float | None = None,

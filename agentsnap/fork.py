@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from agentsnap.messages import JsonInput
-    from agentsnap.store import Store
+    from agentsnap.store import RunStore
 
 __all__ = [
     "TOOLS_KEY",
@@ -442,7 +442,7 @@ def forked_cut(
 
 
 async def fork_snapshot(
-    store: Store,
+    store: RunStore,
     snapshot: Snapshot,
     *,
     run_id: str | None = None,

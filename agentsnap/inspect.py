@@ -45,6 +45,7 @@ from agentsnap.messages import ENVIRONMENT
 from agentsnap.model_calls import ModelCallLog
 from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
 from agentsnap.requests import HumanRequest, RequestLog, answer_request, carry_requests
+from agentsnap.store import KeptInDatabase
 from agentsnap.store.graph import GraphCheckpointIndex
 from agentsnap.store.ledger import ledger_for
 from agentsnap.versions import check_state, read_state_json, state_version
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
         Snapshot,
         SnapshotSummary,
     )
-    from agentsnap.store import Store
+    from agentsnap.store import InspectedStore, OneProcessStore, RunStore
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -116,7 +117,9 @@ EXPORT_FORMAT = 1
 """Version of the export document's layout, in its ``"format"`` key."""
 
 
-async def export_run(store: Store, run_id: str, ledger: Ledger | None = None) -> dict[str, Any]:
+async def export_run(
+    store: InspectedStore, run_id: str, ledger: Ledger | None = None
+) -> dict[str, Any]:
     """Everything a store holds about a run, as one JSON-ready document.
 
     The ``"messages"`` key is present only when the run kept a journal. ``"tool_calls"``
@@ -148,7 +151,7 @@ async def export_run(store: Store, run_id: str, ledger: Ledger | None = None) ->
 
 
 async def write_export(
-    store: Store,
+    store: InspectedStore,
     run_id: str,
     write: Callable[[str], object],
     *,
@@ -242,7 +245,9 @@ async def _write_object(
     write(first[0] + "}" if parts else "}")
 
 
-async def _ledger_calls(store: Store, run_id: str, ledger: Ledger | None) -> list[LedgerEntry]:
+async def _ledger_calls(
+    store: InspectedStore, run_id: str, ledger: Ledger | None
+) -> list[LedgerEntry]:
     if ledger is not None:
         return await ledger.list_calls(run_id)
     opened = ledger_for(store, create=False)
@@ -277,7 +282,7 @@ def _tool_call(entry: LedgerEntry) -> dict[str, Any]:
 
 
 async def model_calls(
-    store: Store, run_id: str, agent: str | None = None, ledger: Ledger | None = None
+    store: InspectedStore, run_id: str, agent: str | None = None, ledger: Ledger | None = None
 ) -> list[ModelCallRecord]:
     """A run's model calls (of ``agent``, when given), in the order they were made.
 
@@ -498,7 +503,7 @@ def _message(message: JournalMessage) -> dict[str, Any]:
 # --- Inspection: listings, one snapshot, diffs and histories (behind the CLI's commands) ---
 
 
-async def resolve_run(store: Store, prefix: str) -> RunInfo:
+async def resolve_run(store: RunStore, prefix: str) -> RunInfo:
     """The run whose id is ``prefix`` or starts with it.
 
     Raises:
@@ -508,7 +513,7 @@ async def resolve_run(store: Store, prefix: str) -> RunInfo:
     return await store.get_run(await _one(store, "run", prefix))
 
 
-async def resolve_snapshot(store: Store, prefix: str) -> Snapshot:
+async def resolve_snapshot(store: RunStore, prefix: str) -> Snapshot:
     """The snapshot whose id is ``prefix`` or starts with it (in any run).
 
     Raises:
@@ -521,7 +526,7 @@ _CANDIDATES = 10
 """How many ids an ambiguous prefix's error names."""
 
 
-async def _one(store: Store, kind: Literal["run", "snapshot"], prefix: str) -> str:
+async def _one(store: RunStore, kind: Literal["run", "snapshot"], prefix: str) -> str:
     matches = await store.find_ids(kind, prefix, limit=_CANDIDATES + 1) if prefix else []
     if prefix in matches:
         return prefix
@@ -537,7 +542,7 @@ async def _one(store: Store, kind: Literal["run", "snapshot"], prefix: str) -> s
 
 
 async def runs_table(
-    store: Store,
+    store: InspectedStore,
     *,
     status: RunStatus | str | Collection[RunStatus | str] | None = None,
     name: str | None = None,
@@ -554,7 +559,7 @@ async def runs_table(
     it has, the run and snapshot it was forked from (``parent_run_id``,
     ``parent_snapshot_id``) and its ``metadata``; ``row.model_dump(mode="json")`` is what
     ``agentsnap runs --json`` prints. The filters are those of
-    [`Store.list_runs`][agentsnap.Store.list_runs].
+    [`Store.list_runs`][agentsnap.store.RunQueries.list_runs].
 
     Raises:
         ConfigurationError: A filter is invalid.
@@ -564,7 +569,7 @@ async def runs_table(
     return [RunRow.of(run, counts.get(run.id, 0)) for run in runs]
 
 
-async def snapshots_table(store: Store, run_prefix: str) -> list[dict[str, Any]]:
+async def snapshots_table(store: InspectedStore, run_prefix: str) -> list[dict[str, Any]]:
     """The snapshots of a run (id or unique prefix), in the order they were started.
 
     A snapshot found damaged in the store has status ``"damaged"``, ``"error"`` saying what
@@ -593,7 +598,7 @@ async def snapshots_table(store: Store, run_prefix: str) -> list[dict[str, Any]]
     ]
 
 
-async def rollbacks_table(store: Store, run_prefix: str) -> list[dict[str, Any]]:
+async def rollbacks_table(store: InspectedStore, run_prefix: str) -> list[dict[str, Any]]:
     """The rollbacks of a run (id or unique prefix), oldest first.
 
     Raises:
@@ -604,7 +609,7 @@ async def rollbacks_table(store: Store, run_prefix: str) -> list[dict[str, Any]]
 
 
 async def tool_calls_table(
-    store: Store, run_prefix: str, ledger: Ledger | None = None
+    store: InspectedStore, run_prefix: str, ledger: Ledger | None = None
 ) -> list[dict[str, Any]]:
     """The side-effecting tool calls of a run (id or unique prefix), oldest first.
 
@@ -628,7 +633,7 @@ async def tool_calls_table(
 
 
 async def ledger_calls(
-    store: Store, run_id: str | None = None, ledger: Ledger | None = None
+    store: InspectedStore, run_id: str | None = None, ledger: Ledger | None = None
 ) -> list[LedgerEntry]:
     """The ledger's tool calls (of one run, when ``run_id`` is given), oldest first, with
     the status to report.
@@ -658,7 +663,7 @@ async def ledger_calls(
 
 
 async def ledger_calls_table(
-    store: Store, run_id: str | None = None, ledger: Ledger | None = None
+    store: InspectedStore, run_id: str | None = None, ledger: Ledger | None = None
 ) -> list[dict[str, Any]]:
     """``ledger_calls`` as rows: each call as in the export document, status as reported,
     plus ``"unknown"``: whether the call's outcome is unknown (settle it with
@@ -673,7 +678,7 @@ async def ledger_calls_table(
 
 
 async def model_calls_table(
-    store: Store, run_prefix: str, agent: str | None = None, ledger: Ledger | None = None
+    store: InspectedStore, run_prefix: str, agent: str | None = None, ledger: Ledger | None = None
 ) -> dict[str, Any]:
     """A run's model calls (id or unique prefix; of ``agent``, when given), with totals.
 
@@ -713,7 +718,7 @@ async def model_calls_table(
     }
 
 
-async def _as_reported(store: Store, entries: list[LedgerEntry]) -> list[LedgerEntry]:
+async def _as_reported(store: InspectedStore, entries: list[LedgerEntry]) -> list[LedgerEntry]:
     """``entries``, those whose owner stopped shown as unknown."""
     leases: dict[str, RunLease | None] = {}
     now = utcnow()
@@ -731,7 +736,7 @@ async def _as_reported(store: Store, entries: list[LedgerEntry]) -> list[LedgerE
 
 
 async def show_snapshot(
-    store: Store,
+    store: InspectedStore,
     snapshot_prefix: str,
     agent: str | None = None,
     ledger: Ledger | None = None,
@@ -797,7 +802,7 @@ async def show_snapshot(
 
 
 async def _calls_since_previous(
-    store: Store,
+    store: InspectedStore,
     snapshot: Snapshot,
     document: dict[str, Any],
     agent: str | None,
@@ -825,7 +830,7 @@ async def _calls_since_previous(
 
 
 async def diff_snapshots(
-    store: Store,
+    store: InspectedStore,
     a_prefix: str,
     b_prefix: str,
     agent: str | None = None,
@@ -938,7 +943,7 @@ def _read_state(
 
 
 async def check_stored_states(
-    store: Store, models: Mapping[str, type[BaseModel]], run_prefix: str | None = None
+    store: InspectedStore, models: Mapping[str, type[BaseModel]], run_prefix: str | None = None
 ) -> list[dict[str, Any]]:
     """Which stored states of a run (or of every run) the current state classes can read.
 
@@ -1022,7 +1027,9 @@ def _damage(snapshot: Snapshot) -> str | None:
     return snapshot.error if snapshot.status is SnapshotStatus.DAMAGED else None
 
 
-async def agent_history_table(store: Store, run_prefix: str, agent: str) -> list[dict[str, Any]]:
+async def agent_history_table(
+    store: InspectedStore, run_prefix: str, agent: str
+) -> list[dict[str, Any]]:
     """One agent's state in each complete snapshot of a run, with what changed each time.
 
     ``"changes"`` is ``None`` for the first entry, else the ``diff_states`` from the
@@ -1066,7 +1073,7 @@ async def agent_history_table(store: Store, run_prefix: str, agent: str) -> list
 
 
 async def graph_checkpoints_table(
-    store: Store, run_prefix: str, agent: str | None = None
+    store: InspectedStore, run_prefix: str, agent: str | None = None
 ) -> list[dict[str, Any]]:
     """The LangGraph checkpoints of a run's graph agents (or of ``agent``), oldest first.
 
@@ -1117,7 +1124,7 @@ async def graph_checkpoints_table(
 
 
 async def fork_run(
-    store: Store,
+    store: InspectedStore,
     snapshot_prefix: str,
     *,
     run_id: str | None = None,
@@ -1192,7 +1199,7 @@ async def fork_run(
 
 
 async def _request_log(
-    store: Store, ledger: Ledger | None, use: Callable[[RequestLog], Awaitable[T]]
+    store: RunStore, ledger: Ledger | None, use: Callable[[RequestLog], Awaitable[T]]
 ) -> T:
     """``use`` the request log: ``ledger``, or the ledger in the store's database."""
     if ledger is not None:
@@ -1212,13 +1219,13 @@ async def _request_log(
         await opened.close()
 
 
-def _keeps_requests(store: Store) -> bool:
+def _keeps_requests(store: RunStore) -> bool:
     """Whether the store's database keeps requests (an ``SqlStore``: its ledger does)."""
-    return isinstance(getattr(store, "url", None), str)
+    return isinstance(store, KeptInDatabase)
 
 
 async def list_requests(
-    store: Store,
+    store: RunStore,
     run_id: str | None = None,
     *,
     pending: bool = False,
@@ -1240,7 +1247,7 @@ async def list_requests(
 
 
 async def answer(
-    store: Store,
+    store: RunStore,
     request_id: str,
     value: JsonValue = None,
     *,
@@ -1285,7 +1292,7 @@ async def answer(
 
 
 async def approve(
-    store: Store,
+    store: RunStore,
     request_id: str,
     *,
     reason: str | None = None,
@@ -1300,7 +1307,7 @@ async def approve(
 
 
 async def deny(
-    store: Store,
+    store: RunStore,
     request_id: str,
     reason: str,
     *,
@@ -1420,7 +1427,7 @@ class BisectResult:
 
 
 async def bisect_run(
-    store: Store, run_prefix: str, predicate: Callable[[dict[str, Any]], bool]
+    store: InspectedStore, run_prefix: str, predicate: Callable[[dict[str, Any]], bool]
 ) -> BisectResult:
     """Find, by binary search, the first complete snapshot of a run where ``predicate`` is false.
 
@@ -1482,7 +1489,7 @@ async def bisect_run(
 
 
 async def run_app(
-    store: Store,
+    store: OneProcessStore,
     app: App,
     payload: JsonInput,
     *,
@@ -1526,7 +1533,7 @@ async def run_app(
 
 
 async def resume_app(
-    store: Store,
+    store: OneProcessStore,
     app: App,
     run_prefix: str,
     *,
@@ -1580,7 +1587,7 @@ async def resume_app(
 
 
 async def cancel_run(
-    store: Store,
+    store: InspectedStore,
     run_prefix: str,
     reason: str = "cancelled on request",
     *,
@@ -1639,7 +1646,7 @@ async def cancel_run(
 
 
 async def events_table(
-    store: Store,
+    store: InspectedStore,
     run_prefix: str,
     *,
     agent: str | None = None,

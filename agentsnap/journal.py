@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from agentsnap.bus import Bus, Channel
     from agentsnap.messages import Message
     from agentsnap.redaction import Redaction
-    from agentsnap.store import Store
+    from agentsnap.store import RunLog
 
 __all__ = ["Journal", "JournalReader", "SegmentColumns", "decode_segment", "read_journal"]
 
@@ -84,7 +84,7 @@ class Journal(BusObserver):
     def __init__(
         self,
         bus: Bus,
-        store: Store,
+        store: RunLog,
         run_id: str,
         *,
         interval: float = 0.25,
@@ -430,7 +430,7 @@ class JournalReader:
         segments: How many segments ``index`` read (the run kept a journal if any).
     """  # noqa: D205
 
-    def __init__(self, store: Store, run_id: str, *, page: int = 100) -> None:
+    def __init__(self, store: RunLog, run_id: str, *, page: int = 100) -> None:
         self._store = store
         self._run_id = run_id
         self._page = page

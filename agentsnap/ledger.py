@@ -67,7 +67,7 @@ from agentsnap.state import canonical_json
 if TYPE_CHECKING:
     from agentsnap.messages import JsonValue
     from agentsnap.records import RunLease
-    from agentsnap.store import Store
+    from agentsnap.store import RunLeases
 
 __all__ = [
     "Change",
@@ -387,7 +387,7 @@ def is_orphaned(entry: LedgerEntry, lease: RunLease | None, now: datetime) -> bo
     return lease is not None and (lease.expires_at <= now or lease.owner != entry.owner)
 
 
-async def orphaned(ledger: Ledger, store: Store | None, run_id: str) -> list[LedgerEntry]:
+async def orphaned(ledger: Ledger, store: RunLeases | None, run_id: str) -> list[LedgerEntry]:
     """The run's claims in progress whose owner stopped (see
     [`is_orphaned`][agentsnap.ledger.is_orphaned]), oldest first; nothing is changed.
 
@@ -405,7 +405,7 @@ async def orphaned(ledger: Ledger, store: Store | None, run_id: str) -> list[Led
     return [entry for entry in entries if is_orphaned(entry, lease, now)]
 
 
-async def mark_orphaned(ledger: Ledger, store: Store | None, run_id: str) -> list[LedgerEntry]:
+async def mark_orphaned(ledger: Ledger, store: RunLeases | None, run_id: str) -> list[LedgerEntry]:
     """Record as ``unknown`` the run's claims whose owner stopped, and return them so.
 
     Each is changed by compare-and-set (still in progress, same owner, same attempts), so a

@@ -74,7 +74,7 @@ from agentsnap.state import canonical_json
 if TYPE_CHECKING:
     from agentsnap.messages import JsonValue
     from agentsnap.state import AgentState
-    from agentsnap.store import Store
+    from agentsnap.store import RunLeases
 
 __all__ = [
     "Compensable",
@@ -641,7 +641,7 @@ async def reconcile(
     states: Iterable[AgentState],
     tools: Mapping[str, Compensable] | None = None,
     *,
-    store: Store | None = None,
+    store: RunLeases | None = None,
 ) -> list[LedgerEntry]:
     """Mark the run's effects that no agent's final state holds as abandoned; compensate them.
 

@@ -51,9 +51,10 @@ from agentsnap.exceptions import (
 )
 from agentsnap.liveness import owner_id, owner_is_gone, owner_is_live, owner_runs_here
 from agentsnap.records import RunLease, utcnow
+from agentsnap.store import KeptInDatabase
 
 if TYPE_CHECKING:
-    from agentsnap.store import Store
+    from agentsnap.store import OneProcessStore
 
 __all__ = ["RunOwnership", "owner_is_live"]
 
@@ -82,7 +83,7 @@ class RunOwnership:
     """
 
     def __init__(
-        self, store: Store, run_id: str, *, ttl: float = 15.0, owner: str | None = None
+        self, store: OneProcessStore, run_id: str, *, ttl: float = 15.0, owner: str | None = None
     ) -> None:
         if not ttl > 0:
             raise ConfigurationError(f"a run's lease needs ttl > 0 (seconds), got ttl={ttl!r}")
@@ -180,7 +181,7 @@ class RunOwnership:
         lease: a ledger that has no ``fence`` (a memory ledger's does nothing), or whose
         ``url`` is not the store's, is left as it is.
         """  # noqa: D205
-        store_url = getattr(self.store, "url", None)
+        store_url = self.store.url if isinstance(self.store, KeptInDatabase) else None
         if getattr(ledger, "url", store_url) != store_url:
             return
         self._ledgers.append(ledger)
@@ -197,7 +198,7 @@ class RunOwnership:
         ``on_lost`` is called once, from the task, when the lease was taken over (the token
         changed); the heartbeat then stops. ``on_cancel``, when given, is called once with
         the reason when someone asked the run to stop
-        ([`Store.request_cancel`][agentsnap.store.Store.request_cancel]): each renewal looks
+        ([`Store.request_cancel`][agentsnap.store.RunStore.request_cancel]): each renewal looks
         for a request, so it is seen within ``ttl / 3`` seconds.
 
         While the store fails, renewing is retried for as long as it takes: a lease that

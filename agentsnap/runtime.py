@@ -67,6 +67,7 @@ from agentsnap.requests import ApprovalPolicy, approval_rules, carry_requests
 from agentsnap.rollback import RetryPolicy
 from agentsnap.snapshot import SnapshotCoordinator, SnapshotPolicy
 from agentsnap.state import check_round_trip
+from agentsnap.store import KeptInDatabase
 from agentsnap.store.ledger import MemoryLedger, ledger_for
 from agentsnap.store.memory import MemoryStore
 from agentsnap.telemetry import Telemetry, resolve
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
 
     from agentsnap.messages import JsonInput
     from agentsnap.redaction import Redaction
-    from agentsnap.store import Store
+    from agentsnap.store import OneProcessStore
 
 __all__ = ["Runtime", "interrupted_message"]
 
@@ -214,7 +215,7 @@ class Runtime:
     def __init__(
         self,
         *,
-        store: Store | None = None,
+        store: OneProcessStore | None = None,
         scheduler: Scheduler | None = None,
         transport: Transport | None = None,
         snapshot_policy: SnapshotPolicy | None = None,
@@ -233,7 +234,7 @@ class Runtime:
         approvals: Mapping[str, ApprovalPolicy] | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
-        self.store: Store = store if store is not None else MemoryStore()
+        self.store: OneProcessStore = store if store is not None else MemoryStore()
         owns_ledger = ledger is None
         if ledger is None:
             ledger = ledger_for(self.store) or MemoryLedger()
@@ -244,7 +245,7 @@ class Runtime:
         bus = self._bus = Bus(self._scheduler, transport)
         self._environment = bus.environment
         if journal is None:  # a store kept in a database keeps the journal too
-            journal = isinstance(getattr(self.store, "url", None), str)
+            journal = isinstance(self.store, KeptInDatabase)
         self._journal = Journal(bus, self.store, self.run_id, redaction=redact) if journal else None
         agents: dict[str, Agent[Any]] = {}
         self._agents = agents

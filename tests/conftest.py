@@ -1,10 +1,26 @@
 """Fixtures shared by every test module.
 
-``store`` runs a test once per store backend (memory, SQLite, PostgreSQL) and ``sql_store``
-once per SQL backend; each gives a fresh, empty store and closes it after the test. Backends
-are listed one line each in ``BACKENDS``: a factory taking the test's temporary directory.
-PostgreSQL comes from ``AGENTSNAP_TEST_POSTGRES_URL`` and is skipped, with that reason,
-without it.
+``store`` runs a test once per store backend (memory, SQLite, PostgreSQL, and the
+one-process double) and ``sql_store`` once per SQL backend; each gives a fresh, empty store
+and closes it after the test. Backends are listed one line each in ``BACKENDS``: a factory
+taking the test's temporary directory. PostgreSQL comes from ``AGENTSNAP_TEST_POSTGRES_URL``
+and is skipped, with that reason, without it.
+
+**Roles.** A backend claims the store roles it implements (``CLAIMS``; every role unless
+listed there), and a test using ``store`` says which it needs with
+``@pytest.mark.store_roles("runs", "log", ...)`` (every role when it says nothing). A test is
+run on each backend that claims every role it needs, and left out of the others (deselected,
+not skipped: a backend that does not keep distributed parts has nothing to skip). The roles:
+
+- ``runs``: [`RunStore`][agentsnap.store.RunStore] (runs, snapshots, rollbacks, schemas);
+- ``log``: [`RunLog`][agentsnap.store.RunLog] (journal and replay log);
+- ``leases``: [`RunLeases`][agentsnap.store.RunLeases] (run leases and fencing);
+- ``queries``: [`RunQueries`][agentsnap.store.RunQueries] (listings, pages, summaries);
+- ``parts``: [`DistributedParts`][agentsnap.store.DistributedParts] (snapshot parts, agent
+  leases).
+
+A one-process run needs ``runs``, ``log`` and ``leases`` (a
+[`OneProcessStore`][agentsnap.store.OneProcessStore]).
 
 However the test run was started, the processes tests start get Ctrl-C (SIGINT) delivered:
 see ``pytest_configure``.
@@ -17,12 +33,17 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from one_process_store import OneProcessDouble
 from postgres_db import postgres_url_or_skip
 
-from agentsnap.store import MemoryStore, Store
+from agentsnap.store import MemoryStore, OneProcessStore, Store
 from agentsnap.store.sql import SqlStore
 
 StoreFactory = Callable[[Path], Store]
+ROLES = frozenset({"runs", "log", "leases", "queries", "parts"})
+"""Every store role, as ``store_roles`` names them."""
+ONE_PROCESS = frozenset({"runs", "log", "leases"})
+"""The roles of a ``OneProcessStore``."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,11 +71,48 @@ def make_postgres_store(tmp_path: Path) -> Store:
     return SqlStore(postgres_url_or_skip())
 
 
+def make_one_process_store(tmp_path: Path) -> OneProcessStore:
+    return OneProcessDouble()
+
+
+CLAIMS: dict[Callable[[Path], object], frozenset[str]] = {make_one_process_store: ONE_PROCESS}
+"""The roles of each backend that does not implement them all."""
+
 SQL_BACKENDS = [
     pytest.param(make_sqlite_store, id="sqlite"),
     pytest.param(make_postgres_store, id="postgres", marks=pytest.mark.postgres),
 ]
-BACKENDS = [pytest.param(make_memory_store, id="memory"), *SQL_BACKENDS]
+BACKENDS = [
+    pytest.param(make_memory_store, id="memory"),
+    *SQL_BACKENDS,
+    pytest.param(make_one_process_store, id="one-process"),
+]
+
+
+def roles_needed(item: pytest.Item) -> frozenset[str]:
+    """The store roles ``item`` says it needs (every role when it says nothing)."""
+    marks = list(item.iter_markers("store_roles"))
+    if not marks:
+        return ROLES
+    needed = frozenset(role for mark in marks for role in mark.args)
+    unknown = needed - ROLES
+    if unknown:
+        raise pytest.UsageError(f"{item.nodeid}: unknown store roles {sorted(unknown)}")
+    return needed
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the tests needing roles their ``store`` backend does not claim."""
+    kept: list[pytest.Item] = []
+    left: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        factory = callspec.params.get("store") if callspec is not None else None
+        claims = CLAIMS.get(factory, ROLES) if callable(factory) else ROLES
+        (kept if roles_needed(item) <= claims else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
 
 
 @pytest.fixture(params=BACKENDS)

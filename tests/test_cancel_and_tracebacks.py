@@ -121,6 +121,7 @@ async def test_a_run_nobody_runs_is_cancelled_at_once(store: Store) -> None:
         await cancel_run(store, "orphan-run")
 
 
+@pytest.mark.store_roles("runs", "log", "leases")
 async def test_a_failed_run_keeps_its_tracebacks_until_it_is_resumed(store: Store) -> None:
     async with Runtime(store=store) as runtime:
         runtime.add(Failing("failing"))

@@ -9,7 +9,9 @@ a layer. The layers, from the bottom::
                  and rules; they import nothing but each other
     store        store/, ledger, once, ownership, fork, model_calls, requests: persistence,
                  the exactly-once machine, forks of stored cuts, recorded model calls,
-                 requests to people
+                 requests to people; the store's contract is a set of roles
+                 (store/_roles), and SqlStore is one part per role on a shared base
+                 (store/_sql_*.py, see SQL_STORE_PARTS)
     bus          channels, the transport and observer protocols, schedulers; jetstream, the
                  transport carrying channels between processes on NATS (bus-level only)
     checks       verdicts, checks, the guard          telemetry, replay: see the bus only
@@ -431,3 +433,59 @@ def test_the_cli_shared_parts_import_no_command_module() -> None:
             if name.startswith("agentsnap.cli") and name not in CLI_SHARED
         )
         assert not wrong, f"{module} imports {wrong}, a module of commands"
+
+
+SQL_STORE_PARTS: dict[str, set[str]] = {
+    "agentsnap.store._sql_base": set(),
+    "agentsnap.store._sql_snapshots": {"agentsnap.store._sql_base"},
+    "agentsnap.store._sql_runs": {"agentsnap.store._sql_base", "agentsnap.store._sql_snapshots"},
+    "agentsnap.store._sql_log": {"agentsnap.store._sql_base"},
+    "agentsnap.store._sql_leases": {"agentsnap.store._sql_base"},
+    "agentsnap.store._sql_queries": {
+        "agentsnap.store._sql_base",
+        "agentsnap.store._sql_snapshots",
+    },
+    "agentsnap.store._sql_parts": {"agentsnap.store._sql_base"},
+    "agentsnap.store.sql": {
+        "agentsnap.store._sql_base",
+        "agentsnap.store._sql_runs",
+        "agentsnap.store._sql_log",
+        "agentsnap.store._sql_leases",
+        "agentsnap.store._sql_queries",
+        "agentsnap.store._sql_parts",
+    },
+}
+"""``SqlStore``'s parts, one per store role, on a shared base: each may import only these of
+the others (and ``SqlStore`` in ``sql.py`` composes them all)."""
+
+
+@pytest.mark.parametrize("module", sorted(SQL_STORE_PARTS))
+def test_the_sql_stores_roles_import_only_their_base(module: str) -> None:
+    parts = {m for m in MODULES if m.startswith("agentsnap.store._sql_")} | {"agentsnap.store.sql"}
+    wrong = sorted((imported_modules(module) & parts) - SQL_STORE_PARTS[module])
+    assert not wrong, f"{module} imports {wrong}: a role's part knows only its base"
+
+
+def test_every_part_of_the_sql_store_is_placed() -> None:
+    parts = {m for m in MODULES if m.startswith("agentsnap.store._sql_")}
+    assert parts <= set(SQL_STORE_PARTS), sorted(parts - set(SQL_STORE_PARTS))
+
+
+ASKS_FOR_ROLES = {"agentsnap._team", "agentsnap.journal", "agentsnap.ownership", "agentsnap.fork"}
+ASKS_FOR_ROLES |= RUNTIME_PARTS | {"agentsnap.runtime", "agentsnap.inspect", "agentsnap.once"}
+ASKS_FOR_ROLES |= {m for m in MODULES if m.startswith("agentsnap.distributed.")}
+"""The store's users below the public face, and the inspector: each names the store roles it
+uses (``OneProcessStore``, ``DistributedStore``, ``InspectedStore``, ``RunLog``...), never the
+whole ``Store``, so that a backend with fewer roles serves them."""
+
+
+@pytest.mark.parametrize("module", sorted(ASKS_FOR_ROLES))
+def test_the_stores_users_ask_for_roles_not_the_whole_store(module: str) -> None:
+    wanted = sorted(
+        f"line {node.lineno}"
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "agentsnap.store"
+        and any(alias.name == "Store" for alias in node.names)
+    )
+    assert not wanted, f"{module} imports the whole Store ({wanted}); ask for the roles it uses"

@@ -223,6 +223,7 @@ async def roll_back_relays(store: Store) -> RelayRollback:
     return RelayRollback(runtime, scheduler, cut, inputs, at_rejection)
 
 
+@pytest.mark.store_roles("runs", "log", "leases")
 async def test_rollback_restores_exactly_the_stored_cut(store: Store) -> None:
     case = await roll_back_relays(store)
     runtime = case.runtime
@@ -773,6 +774,7 @@ async def test_repeated_failures_stop_exactly_at_the_bound(attempts: int, store:
     assert [r["attempt"] for r in document["rollbacks"]] == list(range(1, attempts))
 
 
+@pytest.mark.store_roles("runs", "log", "leases")
 async def test_a_run_that_raises_out_of_its_context_is_stored_as_failed(store: Store) -> None:
     _, not_empty = empty_drafts_fail()
     runtime = Runtime(store=store, scheduler=SeededScheduler(1), retry=RetryPolicy.attempts(2))

@@ -117,10 +117,9 @@ def recover(db: str, spool_dir: str | None, run_id: str | None, as_json: bool) -
 
     async def go() -> ReplayReport:
         from agentsnap.store.sql import SqlStore  # noqa: PLC0415
-        from agentsnap.store.sql_ledger import SqlLedger  # noqa: PLC0415
 
         store = SqlStore(db, create=False, retry=RETRY)
-        ledger = SqlLedger(db, create=False, retry=RETRY)
+        ledger = store.ledger()
         try:
             return await spool.replay(store, ledger, spooled[0] if run_id is not None else None)
         finally:

@@ -28,7 +28,7 @@ from agentsnap.records import RollbackInfo, Snapshot, SnapshotStatus
 
 if TYPE_CHECKING:
     from agentsnap.jetstream import JetStreamLink
-    from agentsnap.store import Store
+    from agentsnap.store import RunStore
 
 __all__ = [
     "GENERATIONS_PER_COORDINATOR",
@@ -88,7 +88,7 @@ class StoredTimeline:
     last_seq: int = 0
 
     @classmethod
-    async def load(cls, store: Store, run_id: str) -> StoredTimeline:
+    async def load(cls, store: RunStore, run_id: str) -> StoredTimeline:
         """Read the run's snapshots and rollbacks."""
         snapshots = sorted(await store.list_snapshots(run_id), key=lambda s: s.seq)
         rollbacks = sorted(await store.list_rollbacks(run_id), key=lambda r: r.at)

@@ -94,7 +94,7 @@ if TYPE_CHECKING:
     from agentsnap.handles import SnapshotHandle
     from agentsnap.jetstream import JetStreamLink
     from agentsnap.messages import JsonInput, Message
-    from agentsnap.store import Store
+    from agentsnap.store import DistributedStore
 
 __all__ = ["DistributedRun", "join_parts"]
 
@@ -205,7 +205,7 @@ class DistributedRun:
     def __init__(
         self,
         link: JetStreamLink,
-        store: Store,
+        store: DistributedStore,
         app: App,
         *,
         run_id: str | None = None,
@@ -281,7 +281,7 @@ class DistributedRun:
     def take_over(
         cls,
         link: JetStreamLink,
-        store: Store,
+        store: DistributedStore,
         app: App,
         run_id: str,
         *,

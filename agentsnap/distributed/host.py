@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from agentsnap.ledger import Ledger
     from agentsnap.records import ChannelOffsets, SnapshotPart
     from agentsnap.redaction import Redaction
-    from agentsnap.store import Store
+    from agentsnap.store import DistributedStore
 
 Report = Callable[[OutputRejected, Message | None, int], None]
 """Tells the run's coordinator of a rejected output: the rejection, the message being
@@ -83,7 +83,7 @@ _TRIM_EVERY = 0.5
 the run's stream."""
 
 
-async def _append_shared(store: Store, run_id: str, segment: ReplaySegment) -> None:
+async def _append_shared(store: DistributedStore, run_id: str, segment: ReplaySegment) -> None:
     """Append ``segment`` to the replay log of ``run_id``, which every worker appends to.
 
     Two workers appending at the same moment may take the same position: the one refused
@@ -190,7 +190,7 @@ class Host:
     def __init__(
         self,
         link: JetStreamLink,
-        store: Store,
+        store: DistributedStore,
         run_id: str,
         names: Collection[str],
         agents: Mapping[str, Agent[Any]],

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from agentsnap.distributed.host import Host
     from agentsnap.exceptions import RunError
     from agentsnap.jetstream import JetStreamLink
-    from agentsnap.store import Store
+    from agentsnap.store import RunStore
 
 __all__ = ["RollbackAuthority"]
 
@@ -122,7 +122,7 @@ class RollbackAuthority:
         self,
         run_id: str,
         link: JetStreamLink,
-        store: Store,
+        store: RunStore,
         host: Host,
         names: Collection[str],
         *,

@@ -31,7 +31,7 @@ from agentsnap.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from agentsnap.jetstream import JetStreamLink
-    from agentsnap.store import Store
+    from agentsnap.store import DistributedParts
 
 __all__ = ["Retained", "StreamRetention", "retain"]
 
@@ -73,7 +73,9 @@ class Retained:
     parts_deleted: int
 
 
-async def retain(link: JetStreamLink, store: Store, run_id: str, oldest: int) -> Retained:
+async def retain(
+    link: JetStreamLink, store: DistributedParts, run_id: str, oldest: int
+) -> Retained:
     """Purge ``run_id``'s stream below what snapshot ``oldest`` needs, and older parts.
 
     Args:
@@ -111,7 +113,7 @@ class Retainer:
     """Runs the retention of one run as its snapshots complete, one pass at a time."""
 
     def __init__(
-        self, link: JetStreamLink, store: Store, run_id: str, policy: StreamRetention
+        self, link: JetStreamLink, store: DistributedParts, run_id: str, policy: StreamRetention
     ) -> None:
         self.policy = policy
         self.passes: list[Retained] = []

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from agentsnap.jetstream import JetStreamLink
     from agentsnap.messages import Message
     from agentsnap.redaction import Redaction
-    from agentsnap.store import Store
+    from agentsnap.store import DistributedStore
     from agentsnap.telemetry import Telemetry
 
 __all__ = ["AgentsHeld", "Worker"]
@@ -101,7 +101,7 @@ class Worker:
     def __init__(
         self,
         link: JetStreamLink,
-        store: Store,
+        store: DistributedStore,
         run_id: str,
         app: App,
         agents: Collection[str],

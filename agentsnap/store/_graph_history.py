@@ -43,6 +43,7 @@ from agentsnap.store.tables import (
     LangGraphBlobRow,
     LangGraphCheckpointRow,
     LangGraphTaskWritesRow,
+    table_of,
 )
 
 __all__ = [
@@ -56,9 +57,9 @@ __all__ = [
     "stored_values",
 ]
 
-_checkpoints = cast(Table, LangGraphCheckpointRow.__table__)
-_blobs = cast(Table, LangGraphBlobRow.__table__)
-_writes = cast(Table, LangGraphTaskWritesRow.__table__)
+_checkpoints = table_of(LangGraphCheckpointRow)
+_blobs = table_of(LangGraphBlobRow)
+_writes = table_of(LangGraphTaskWritesRow)
 VALUES_WITH_WRITES = _blobs.outerjoin(
     _writes,
     and_(

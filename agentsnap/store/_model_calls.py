@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Table, bindparam, select, update
+from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from agentsnap.exceptions import StoreError
@@ -30,7 +30,7 @@ from agentsnap.messages import JsonValue
 from agentsnap.model_calls import ModelCallRecord
 from agentsnap.state import content_hash, plain_canonical_json
 from agentsnap.store.dialect import SqliteDialect
-from agentsnap.store.tables import ModelBodyRow, ModelCallRow, RunLeaseRow
+from agentsnap.store.tables import ModelBodyRow, ModelCallRow, RunLeaseRow, table_of
 
 __all__ = [
     "COLUMNS",
@@ -51,9 +51,9 @@ __all__ = [
     "sqlite_values",
 ]
 
-calls: Table = ModelCallRow.__table__  # type: ignore[assignment]
-bodies: Table = ModelBodyRow.__table__  # type: ignore[assignment]
-_leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
+calls = table_of(ModelCallRow)
+bodies = table_of(ModelBodyRow)
+_leases = table_of(RunLeaseRow)
 
 IDENTITY = ("run_id", "agent", "message_id", "position", "timeline")
 """The columns of a call's identity, its primary key."""

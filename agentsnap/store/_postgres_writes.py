@@ -35,6 +35,7 @@ from agentsnap.store.tables import (
     SnapshotRow,
     StateBlobRow,
     StateChunkRow,
+    table_of,
 )
 
 __all__ = [
@@ -46,13 +47,13 @@ __all__ = [
     "snapshot_values",
 ]
 
-_snapshots: Table = SnapshotRow.__table__  # type: ignore[assignment]
-_blobs: Table = StateBlobRow.__table__  # type: ignore[assignment]
-_agents: Table = SnapshotAgentRow.__table__  # type: ignore[assignment]
-_messages: Table = SnapshotMessageRow.__table__  # type: ignore[assignment]
-_journal: Table = JournalRow.__table__  # type: ignore[assignment]
-_leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
-_chunks: Table = StateChunkRow.__table__  # type: ignore[assignment]
+_snapshots = table_of(SnapshotRow)
+_blobs = table_of(StateBlobRow)
+_agents = table_of(SnapshotAgentRow)
+_messages = table_of(SnapshotMessageRow)
+_journal = table_of(JournalRow)
+_leases = table_of(RunLeaseRow)
+_chunks = table_of(StateChunkRow)
 
 _DIALECT = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
 

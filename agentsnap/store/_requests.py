@@ -12,16 +12,16 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Table, select, update
+from sqlalchemy import Connection, select, update
 
 from agentsnap.messages import JsonValue
 from agentsnap.requests import HumanRequest, RequestStatus
 from agentsnap.store.dialect import PostgresDialect, SqliteDialect
-from agentsnap.store.tables import HumanRequestRow
+from agentsnap.store.tables import HumanRequestRow, table_of
 
 __all__ = ["add", "find", "list_requests", "settle", "withdraw"]
 
-requests: Table = HumanRequestRow.__table__  # type: ignore[assignment]
+requests = table_of(HumanRequestRow)
 
 _RENAMED = {"schema": "answer_schema", "default": "default_answer"}
 """The request's fields whose columns have other names (``schema`` and ``default`` are

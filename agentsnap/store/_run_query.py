@@ -14,17 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, Select, Table, and_, exists, false, or_, select
+from sqlalchemy import ColumnElement, Select, and_, exists, false, or_, select
 
 from agentsnap.records import RunStatus
 from agentsnap.store._run_filter import RunFilter
-from agentsnap.store.tables import RunLeaseRow, RunRow, RunTagRow
+from agentsnap.store.tables import RunLeaseRow, RunRow, RunTagRow, table_of
 
 __all__ = ["RunsQuery", "runs_query"]
 
-_runs: Table = RunRow.__table__  # type: ignore[assignment]
-_tags: Table = RunTagRow.__table__  # type: ignore[assignment]
-_leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
+_runs = table_of(RunRow)
+_tags = table_of(RunTagRow)
+_leases = table_of(RunLeaseRow)
 
 _LIVE_OR_NOT = frozenset({RunStatus.RUNNING, RunStatus.INTERRUPTED})
 

@@ -69,11 +69,11 @@ import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Table, select, text
+from sqlalchemy import Connection, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentsnap.state import content_hash
-from agentsnap.store.tables import SnapshotAgentRow, StateBlobRow, StateChunkRow
+from agentsnap.store.tables import SnapshotAgentRow, StateBlobRow, StateChunkRow, table_of
 
 __all__ = [
     "FANOUT",
@@ -103,9 +103,9 @@ HASH_LENGTH = 64
 """Hex digits of a chunk's hash (SHA-256)."""
 
 _BATCH = 500
-_blobs: Table = StateBlobRow.__table__  # type: ignore[assignment]
-_chunks: Table = StateChunkRow.__table__  # type: ignore[assignment]
-_agents: Table = SnapshotAgentRow.__table__  # type: ignore[assignment]
+_blobs = table_of(StateBlobRow)
+_chunks = table_of(StateChunkRow)
+_agents = table_of(SnapshotAgentRow)
 
 # The standard library's C scanner: one value from an index, and the index after it.
 _scan: Callable[[str, int], tuple[Any, int]] = json.decoder.JSONDecoder().scan_once  # type: ignore[attr-defined]

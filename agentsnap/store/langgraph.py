@@ -31,19 +31,22 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
-from sqlalchemy import Connection, Table, delete, or_
+from sqlalchemy import Connection, delete, or_
 
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.store.dialect import dialect_of
-from agentsnap.store.tables import LangGraphBlobRow, LangGraphCheckpointRow, LangGraphTaskWritesRow
+from agentsnap.store.tables import (
+    LangGraphBlobRow,
+    LangGraphCheckpointRow,
+    LangGraphTaskWritesRow,
+    table_of,
+)
 
 __all__ = ["delete_run_threads"]
 
 _TABLES = tuple(
-    cast(Table, row.__table__)
-    for row in (LangGraphTaskWritesRow, LangGraphBlobRow, LangGraphCheckpointRow)
+    table_of(row) for row in (LangGraphTaskWritesRow, LangGraphBlobRow, LangGraphCheckpointRow)
 )
 """The saver's tables, the rows that refer to others first."""
 

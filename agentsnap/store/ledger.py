@@ -199,12 +199,17 @@ def ledger_for(store: object, *, create: bool = True) -> Ledger | None:
 
     Args:
         store: A store.
-        create: Create the schema in an empty database (readers pass ``False``).
+        create: Create the schema in an empty database, for a runtime's ledger, which opens
+            connections of its own. Readers pass ``False`` and get the store's
+            [`ledger()`][agentsnap.store.sql.SqlStore.ledger], on its engine.
     """  # noqa: D205
     sql = sys.modules.get("agentsnap.store.sql")
     # A SqlStore exists only once its module is imported: other stores cost no import.
     if sql is None or not isinstance(store, sql.SqlStore):
         return None
+    if not create:
+        shared: Ledger = store.ledger()
+        return shared
     return _sql_ledger(store.url, create, store.retry)
 
 

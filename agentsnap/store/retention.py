@@ -83,11 +83,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from agentsnap.exceptions import AgentsnapError, ConfigurationError, NotFoundError
 from agentsnap.liveness import owner_is_live
 from agentsnap.records import RunLease, RunStatus, utcnow
+from agentsnap.store._sql_base import engine_options
 from agentsnap.store.chunks import delete_unreferenced_states
 from agentsnap.store.dialect import async_url, sqlite_setup
 from agentsnap.store.langgraph import delete_run_threads
 from agentsnap.store.migrate import SchemaGate
-from agentsnap.store.sql import SqlStore, engine_options
+from agentsnap.store.sql import SqlStore
 from agentsnap.store.tables import (
     AgentLeaseRow,
     Base,
@@ -107,6 +108,7 @@ from agentsnap.store.tables import (
     StateBlobRow,
     StateSchemaRow,
     ToolCallRow,
+    table_of,
 )
 
 __all__ = ["LANGGRAPH_ROWS", "DeleteRefused", "DeleteReport", "delete_runs", "prune_runs"]
@@ -119,7 +121,7 @@ BATCH = 100
 """Runs deleted in one transaction."""
 
 _table = {
-    row: row.__table__
+    row: table_of(row)
     for row in (
         RunRow,
         RunTagRow,
@@ -140,15 +142,15 @@ _table = {
         AgentLeaseRow,
     )
 }
-_runs: Table = _table[RunRow]  # type: ignore[assignment]
-_leases: Table = _table[RunLeaseRow]  # type: ignore[assignment]
-_snapshots: Table = _table[SnapshotRow]  # type: ignore[assignment]
-_agents: Table = _table[SnapshotAgentRow]  # type: ignore[assignment]
-_messages: Table = _table[SnapshotMessageRow]  # type: ignore[assignment]
-_rollbacks: Table = _table[RollbackRow]  # type: ignore[assignment]
-_blobs: Table = _table[StateBlobRow]  # type: ignore[assignment]
+_runs: Table = _table[RunRow]
+_leases: Table = _table[RunLeaseRow]
+_snapshots: Table = _table[SnapshotRow]
+_agents: Table = _table[SnapshotAgentRow]
+_messages: Table = _table[SnapshotMessageRow]
+_rollbacks: Table = _table[RollbackRow]
+_blobs: Table = _table[StateBlobRow]
 _BY_RUN: tuple[Table, ...] = tuple(
-    _table[row]  # type: ignore[misc]
+    _table[row]
     for row in (
         JournalRow,
         ReplayRow,
@@ -281,7 +283,7 @@ async def prune_runs(
     """Delete the runs a retention policy leaves out, never one that a live runtime owns.
 
     The runs considered are those that ``status``, ``name`` and ``tags`` select (as
-    [`Store.list_runs`][agentsnap.Store.list_runs] does; every run by default). Of these,
+    [`Store.list_runs`][agentsnap.store.RunQueries.list_runs] does; every run by default). Of these,
     the newest ``keep`` stay, and so do those created less than ``older_than`` ago; both
     given, a run goes when it is outside the newest ``keep`` *and* older than ``older_than``.
     Runs that a live runtime owns, and runs whose LangGraph checkpoints a kept run's

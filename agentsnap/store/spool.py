@@ -105,7 +105,7 @@ from agentsnap.messages import JsonValue
 from agentsnap.records import JournalSegment, ReplaySegment, RollbackInfo, RunStatus, utcnow
 
 if TYPE_CHECKING:
-    from agentsnap.store import Store
+    from agentsnap.store import OneProcessStore
 
 __all__ = [
     "AppendJournal",
@@ -180,7 +180,7 @@ class _Op(BaseModel):
 
 
 class FinishRun(_Op):
-    """[`Store.finish_run`][agentsnap.store.Store.finish_run]: how and when the run ended."""
+    """[`Store.finish_run`][agentsnap.store.RunStore.finish_run]: how and when the run ended."""
 
     op: Literal["finish_run"] = "finish_run"
     run_id: RunId
@@ -203,7 +203,7 @@ class FinishRun(_Op):
 
 
 class AppendJournal(_Op):
-    """[`Store.append_journal`][agentsnap.store.Store.append_journal]: journal segments."""
+    """[`Store.append_journal`][agentsnap.store.RunLog.append_journal]: journal segments."""
 
     op: Literal["append_journal"] = "append_journal"
     run_id: RunId
@@ -217,7 +217,7 @@ class AppendJournal(_Op):
 
 
 class AppendReplay(_Op):
-    """[`Store.append_replay`][agentsnap.store.Store.append_replay]: a replay-log segment."""
+    """[`Store.append_replay`][agentsnap.store.RunLog.append_replay]: a replay-log segment."""
 
     op: Literal["append_replay"] = "append_replay"
     run_id: RunId
@@ -243,7 +243,7 @@ class AppendReplay(_Op):
 
 
 class SaveRollback(_Op):
-    """[`Store.save_rollback`][agentsnap.store.Store.save_rollback]: a rollback of a run."""
+    """[`Store.save_rollback`][agentsnap.store.RunStore.save_rollback]: a rollback of a run."""
 
     op: Literal["save_rollback"] = "save_rollback"
     info: RollbackInfo
@@ -354,7 +354,7 @@ class UpdateLedger(_Op):
 
 
 class ReleaseLease(_Op):
-    """[`Store.release_lease`][agentsnap.store.Store.release_lease]: the run's lease ends."""
+    """[`Store.release_lease`][agentsnap.store.RunLeases.release_lease]: the run's lease ends."""
 
     op: Literal["release_lease"] = "release_lease"
     run_id: RunId
@@ -530,7 +530,7 @@ class Spool:
         return ops
 
     async def replay(
-        self, store: Store, ledger: Ledger | None = None, run_id: str | None = None
+        self, store: OneProcessStore, ledger: Ledger | None = None, run_id: str | None = None
     ) -> ReplayReport:
         """Apply the spooled operations (of run ``run_id``, or of every run) and remove them.
 
@@ -568,7 +568,7 @@ class Spool:
     # -- one run
 
     async def _replay_run(
-        self, run_id: str, store: Store, ledger: Ledger | None, report: ReplayReport
+        self, run_id: str, store: OneProcessStore, ledger: Ledger | None, report: ReplayReport
     ) -> bool:
         """Replay one run into ``report``; ``False`` when the store failed (stop there)."""
         path = self.file(run_id)
@@ -789,7 +789,7 @@ def _decode(path: Path, run_id: str, lines: list[bytes]) -> tuple[list[SpoolOp],
 
 
 async def _apply(
-    op: SpoolOp, ops: list[SpoolOp], store: Store, ledger: Ledger | None, state: _RunState
+    op: SpoolOp, ops: list[SpoolOp], store: OneProcessStore, ledger: Ledger | None, state: _RunState
 ) -> Outcome:
     """Apply ``op`` (one of ``ops``, its run's operations) unless it is already stored."""
     if isinstance(op, FinishRun):

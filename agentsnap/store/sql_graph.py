@@ -65,13 +65,18 @@ from agentsnap.store.graph import (
     written_value,
 )
 from agentsnap.store.migrate import ensure_schema
-from agentsnap.store.tables import LangGraphBlobRow, LangGraphCheckpointRow, LangGraphTaskWritesRow
+from agentsnap.store.tables import (
+    LangGraphBlobRow,
+    LangGraphCheckpointRow,
+    LangGraphTaskWritesRow,
+    table_of,
+)
 
 __all__ = ["CarriedWrites", "SqlGraphStore", "insert_sql"]
 
-_checkpoints = cast(Table, LangGraphCheckpointRow.__table__)
-_blobs = cast(Table, LangGraphBlobRow.__table__)
-_writes = cast(Table, LangGraphTaskWritesRow.__table__)
+_checkpoints = table_of(LangGraphCheckpointRow)
+_blobs = table_of(LangGraphBlobRow)
+_writes = table_of(LangGraphTaskWritesRow)
 
 _CHECKPOINT_KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
 _CHECKPOINT_UPDATED = (

@@ -83,7 +83,6 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy import (
     Connection,
     Engine,
-    Table,
     bindparam,
     create_engine,
     event,
@@ -105,11 +104,11 @@ from agentsnap.model_calls import ModelCallRecord
 from agentsnap.requests import HumanRequest, RequestStatus
 from agentsnap.store import _model_calls as model_rows
 from agentsnap.store import _requests as request_rows
+from agentsnap.store._sql_base import DEFAULT_URL, database_name, engine_options
 from agentsnap.store.dialect import async_url, connect_sqlite, sqlite_setup, sync_url
 from agentsnap.store.faults import StoreRetry
 from agentsnap.store.migrate import SchemaGate
-from agentsnap.store.sql import DEFAULT_URL, database_name, engine_options
-from agentsnap.store.tables import RunLeaseRow, ToolCallRow
+from agentsnap.store.tables import RunLeaseRow, ToolCallRow, table_of
 
 if TYPE_CHECKING:
     from sqlalchemy.sql.dml import Update
@@ -123,8 +122,8 @@ logger = logging.getLogger("agentsnap")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_calls: Table = ToolCallRow.__table__  # type: ignore[assignment]
-_leases: Table = RunLeaseRow.__table__  # type: ignore[assignment]
+_calls = table_of(ToolCallRow)
+_leases = table_of(RunLeaseRow)
 _COLUMNS = tuple(column.name for column in _calls.columns)
 _get = select(_calls).where(_calls.c.key == bindparam("k"))
 _lease_of_key = (
@@ -154,6 +153,11 @@ class SqlLedger:
             A claim whose commit reached the database but whose answer was lost is
             recognised on the retry as this caller's own (same owner, attempt and time),
             and an outcome already recorded is not recorded again.
+        engine: PostgreSQL only: an asyncio engine on ``url`` in autocommit to use instead
+            of opening one (the ledger leaves it open when it closes); see
+            [`SqlStore.ledger`][agentsnap.store.sql.SqlStore.ledger], which hands its own out.
+        schema: The check that the database is ready, when the caller makes it already (a
+            store on the same database): the ledger then does not check it again.
 
     Attributes:
         retry: The retry policy.
@@ -171,6 +175,8 @@ class SqlLedger:
         durable: bool = False,
         echo: bool = False,
         retry: StoreRetry | None = None,
+        engine: AsyncEngine | None = None,
+        schema: SchemaGate | None = None,
     ) -> None:
         self.url = url
         self.retry = retry or StoreRetry()
@@ -178,7 +184,15 @@ class SqlLedger:
         parsed = make_url(sync_url(url))
         self._engine: AsyncEngine | None = None
         self._sqlite: _Sqlite | None = None
-        if parsed.get_backend_name() == "sqlite":
+        self._owns_engine = engine is None
+        if engine is not None and parsed.get_backend_name() != "postgresql":
+            raise ConfigurationError(
+                f"a ledger shares only a PostgreSQL engine, not one on {self._where}: "
+                "pass no engine, and the ledger opens its own connections"
+            )
+        if engine is not None:
+            self._engine = engine
+        elif parsed.get_backend_name() == "sqlite":
             if parsed.database in {None, "", ":memory:"}:
                 raise ConfigurationError(
                     "the ledger needs an SQLite file (sqlite:///path.db): an in-memory database "
@@ -207,8 +221,9 @@ class SqlLedger:
         self._fenced_claim: Any = None
         # Runs whose entries may change only while their lease has this token.
         self._fences: dict[str, int] = {}
-        self._gate = SchemaGate(
-            url, create=create, then=self._sqlite.open if self._sqlite is not None else None
+        then = self._sqlite.open if self._sqlite is not None else None
+        self._gate: SchemaGate | _After = (
+            SchemaGate(url, create=create, then=then) if schema is None else _After(schema, then)
         )
 
     def __repr__(self) -> str:
@@ -637,7 +652,7 @@ class SqlLedger:
         """Close the connections (and the SQLite thread)."""
         if self._sqlite is not None:
             await self._sqlite.close()
-        if self._engine is not None:
+        if self._engine is not None and self._owns_engine:
             await self._engine.dispose()
 
 
@@ -817,6 +832,24 @@ def _in_transaction(
             conn.execute("ROLLBACK")
         raise
     return result
+
+
+class _After:
+    """Another object's schema check, then what this ledger opens once it passed."""
+
+    def __init__(self, gate: SchemaGate, then: Callable[[], Awaitable[None]] | None) -> None:
+        self._gate = gate
+        self._then = then
+        self._lock = asyncio.Lock()
+
+    async def wait(self) -> None:
+        await self._gate.wait()
+        if self._then is None:
+            return
+        async with self._lock:
+            if self._then is not None:
+                await self._then()
+                self._then = None
 
 
 class _Sqlite:

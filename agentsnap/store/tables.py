@@ -24,6 +24,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -55,6 +56,7 @@ __all__ = [
     "StateChunkRow",
     "StateSchemaRow",
     "ToolCallRow",
+    "table_of",
 ]
 
 VERSION_TABLE = "agentsnap_alembic_version"
@@ -113,6 +115,18 @@ class Base(DeclarativeBase):
     """Declarative base of agentsnap's tables."""
 
     metadata = MetaData(naming_convention=NAMING)
+
+
+def table_of(row: type[Base]) -> Table:
+    """The table of a declared row class (``row.__table__``, typed as the ``Table`` it is).
+
+    Raises:
+        TypeError: ``row`` is not mapped to a plain table.
+    """
+    table = row.__table__
+    if not isinstance(table, Table):
+        raise TypeError(f"{row.__name__} is not mapped to a table")
+    return table
 
 
 class RunRow(Base):

@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse
 
 from agentsnap.inspect import cancel_run, resolve_run
 from agentsnap.records import RunStatus
+from agentsnap.store import KeptInDatabase
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -50,9 +51,9 @@ RESUMABLE = frozenset({RunStatus.INTERRUPTED, RunStatus.CREATED, RunStatus.CANCE
 
 def _database(store: Store) -> str | None:
     """The store's database URL as a command line may show it (no password)."""
-    url = getattr(store, "url", None)
-    if not isinstance(url, str):
+    if not isinstance(store, KeptInDatabase):
         return None
+    url = store.url
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -123,9 +124,9 @@ class Actions:
     def resume(self, run_id: str) -> subprocess.Popen[bytes]:
         """Start ``agentsnap resume RUN --app ...`` for ``run_id`` in a process of its own."""
         assert self.app_spec is not None
-        url = getattr(self.store, "url", None)
-        if not isinstance(url, str):
+        if not isinstance(self.store, KeptInDatabase):
             raise HTTPException(409, "resuming from the inspector needs a store with a database")
+        url = self.store.url
         process = subprocess.Popen(  # noqa: S603
             [
                 sys.executable,

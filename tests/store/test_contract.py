@@ -273,6 +273,7 @@ def assert_not_found(error: pytest.ExceptionInfo[NotFoundError], what: str, iden
 # -- runs -----------------------------------------------------------------------------------
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_created_run_reads_back_equal(store: Store) -> None:
     parent = await stored_run(store, metadata={"example": "parent"})
     run = make_run(
@@ -293,6 +294,7 @@ async def test_created_run_reads_back_equal(store: Store) -> None:
     assert await store.get_run(parent.id) == parent
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_run_without_parent_or_metadata_reads_back_equal(store: Store) -> None:
     run = await stored_run(store)
     loaded = await store.get_run(run.id)
@@ -302,6 +304,7 @@ async def test_run_without_parent_or_metadata_reads_back_equal(store: Store) -> 
     assert loaded.metadata == {}
 
 
+@pytest.mark.store_roles("runs", "leases", "queries")
 async def test_creating_a_run_twice_keeps_the_first(store: Store) -> None:
     first = await stored_run(store, metadata={"version": 1})
     second = make_run(first.id, created_at=T0 + timedelta(hours=1), metadata={"version": 2})
@@ -312,6 +315,7 @@ async def test_creating_a_run_twice_keeps_the_first(store: Store) -> None:
     assert await store.list_runs() == [first]
 
 
+@pytest.mark.store_roles("runs", "leases", "queries")
 async def test_list_runs_returns_every_run_oldest_first(store: Store) -> None:
     assert await store.list_runs() == []
     middle = await stored_run(store, created_at=T0 + timedelta(seconds=2))
@@ -350,6 +354,7 @@ def ids(runs: list[RunInfo]) -> list[str]:
     return [run.id for run in runs]
 
 
+@pytest.mark.store_roles("runs", "queries")
 async def test_list_runs_filters_by_recorded_status(store: Store) -> None:
     done = await labelled_run(store, minutes=1)
     failed = await labelled_run(store, minutes=2, status=RunStatus.FAILED, reason="boom")
@@ -366,6 +371,7 @@ async def test_list_runs_filters_by_recorded_status(store: Store) -> None:
     assert listed.status_reason == "boom"
 
 
+@pytest.mark.store_roles("runs", "leases", "queries")
 async def test_list_runs_filters_on_the_status_as_reported_not_as_recorded(
     store: Store,
 ) -> None:
@@ -396,6 +402,7 @@ async def test_list_runs_filters_on_the_status_as_reported_not_as_recorded(
     assert ids(await store.list_runs(status="running", limit=1)) == [other_host.id]
 
 
+@pytest.mark.store_roles("runs", "queries")
 async def test_list_runs_filters_by_exact_name_or_a_pattern(store: Store) -> None:
     nightly = await labelled_run(store, minutes=1, name="nightly")
     first = await labelled_run(store, minutes=2, name="nightly-2026-11-24")
@@ -417,6 +424,7 @@ async def test_list_runs_filters_by_exact_name_or_a_pattern(store: Store) -> Non
     assert await store.list_runs(name="?0*") == []
 
 
+@pytest.mark.store_roles("runs", "queries")
 async def test_list_runs_filters_by_every_tag_given(store: Store) -> None:
     billing = await labelled_run(store, minutes=1, tags={"team": "billing", "env": "prod"})
     staging = await labelled_run(store, minutes=2, tags={"team": "billing", "env": "staging"})
@@ -444,6 +452,7 @@ async def test_list_runs_filters_by_creation_time_and_keeps_the_newest(store: St
     assert ids(await store.list_runs(limit=1)) == ids((await store.list_runs())[-1:])
 
 
+@pytest.mark.store_roles("queries")
 @pytest.mark.parametrize(
     ("filters", "message"),
     [
@@ -463,6 +472,7 @@ async def test_list_runs_refuses_filters_that_mean_nothing(
         await store.list_runs(**filters)
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_unknown_run_is_not_found(store: Store) -> None:
     await stored_run(store)
     missing = new_id()
@@ -471,6 +481,7 @@ async def test_unknown_run_is_not_found(store: Store) -> None:
     assert_not_found(error, "run", missing)
 
 
+@pytest.mark.store_roles("runs", "leases")
 @pytest.mark.parametrize("value", list(EDGE_VALUES.values()), ids=list(EDGE_VALUES))
 async def test_json_edge_values_read_back_identical(store: Store, value: JsonValue) -> None:
     run = await stored_run(store, metadata={"value": value, "in_list": [value]})
@@ -497,6 +508,7 @@ async def test_json_edge_values_read_back_identical(store: Store, value: JsonVal
 # -- snapshots ------------------------------------------------------------------------------
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_complete_snapshot_reads_back_equal(store: Store) -> None:
     run = await stored_run(store)
     snapshot = make_snapshot(run.id, initiator="alice")
@@ -512,6 +524,7 @@ async def test_complete_snapshot_reads_back_equal(store: Store) -> None:
     assert loaded.in_flight("alice", "bob") == snapshot.in_flight("alice", "bob")
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_failed_snapshot_reads_back_equal(store: Store) -> None:
     run = await stored_run(store)
     snapshot = make_snapshot(
@@ -531,6 +544,7 @@ async def test_failed_snapshot_reads_back_equal(store: Store) -> None:
     assert loaded.completed_at is None
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_snapshot_with_nothing_in_flight_reads_back_equal(store: Store) -> None:
     run = await stored_run(store)
     snapshot = make_snapshot(run.id, agents={"$env": make_cut({})}, channels=[])
@@ -540,6 +554,7 @@ async def test_snapshot_with_nothing_in_flight_reads_back_equal(store: Store) ->
     assert_same_snapshot(await store.load_snapshot(snapshot.id), snapshot)
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_list_snapshots_orders_by_seq_and_keeps_runs_apart(store: Store) -> None:
     run = await stored_run(store)
     other = await stored_run(store)
@@ -559,6 +574,7 @@ async def test_list_snapshots_orders_by_seq_and_keeps_runs_apart(store: Store) -
     assert await store.list_snapshots(other.id) == [others[1], others[0]]
 
 
+@pytest.mark.store_roles("runs", "leases", "queries")
 async def test_list_snapshots_page_walks_a_run_in_pages(store: Store) -> None:
     run = await stored_run(store)
     other = await stored_run(store)
@@ -582,6 +598,7 @@ async def test_list_snapshots_page_walks_a_run_in_pages(store: Store) -> None:
     assert await store.list_snapshots_page(run.id, limit=5) == await store.list_snapshots(run.id)
 
 
+@pytest.mark.store_roles("runs", "leases", "queries")
 async def test_list_snapshots_page_of_an_unknown_run_or_an_empty_page_is_refused(
     store: Store,
 ) -> None:
@@ -594,6 +611,7 @@ async def test_list_snapshots_page_of_an_unknown_run_or_an_empty_page_is_refused
         await store.list_snapshots_page(run.id, limit=0)
 
 
+@pytest.mark.store_roles("runs", "leases", "queries")
 async def test_snapshot_summaries_say_what_the_snapshots_hold(store: Store) -> None:
     run = await stored_run(store)
     other = await stored_run(store)
@@ -631,6 +649,7 @@ async def test_snapshot_summaries_say_what_the_snapshots_hold(store: Store) -> N
     assert_not_found(error, "run", "no-such-run")
 
 
+@pytest.mark.store_roles("runs", "leases", "queries")
 async def test_snapshot_counts_count_every_snapshot_of_each_run(store: Store) -> None:
     assert await store.snapshot_counts() == {}
     run = await stored_run(store)
@@ -644,11 +663,13 @@ async def test_snapshot_counts_count_every_snapshot_of_each_run(store: Store) ->
     assert empty.id not in await store.snapshot_counts()
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_list_snapshots_of_a_run_without_snapshots_is_empty(store: Store) -> None:
     run = await stored_run(store)
     assert await store.list_snapshots(run.id) == []
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_list_snapshots_of_an_unknown_run_is_not_found(store: Store) -> None:
     run = await stored_run(store)
     await store.save_snapshot(make_snapshot(run.id))
@@ -658,6 +679,7 @@ async def test_list_snapshots_of_an_unknown_run_is_not_found(store: Store) -> No
     assert_not_found(error, "run", missing)
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_find_ids_matches_run_ids_by_prefix(store: Store) -> None:
     ids = ["ab12" + "0" * 28, "ab34" + "0" * 28, "cd56" + "0" * 28, "a%_b" + "0" * 28]
     for run_id in ids:
@@ -674,6 +696,7 @@ async def test_find_ids_matches_run_ids_by_prefix(store: Store) -> None:
     assert await store.find_ids("snapshot", "ab") == []
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_find_ids_matches_snapshot_ids_of_every_run(store: Store) -> None:
     first = await stored_run(store)
     second = await stored_run(store)
@@ -687,6 +710,7 @@ async def test_find_ids_matches_snapshot_ids_of_every_run(store: Store) -> None:
     assert await store.find_ids("run", "ff0") == []
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_unknown_snapshot_is_not_found(store: Store) -> None:
     run = await stored_run(store)
     await store.save_snapshot(make_snapshot(run.id))
@@ -696,6 +720,7 @@ async def test_unknown_snapshot_is_not_found(store: Store) -> None:
     assert_not_found(error, "snapshot", missing)
 
 
+@pytest.mark.store_roles("runs")
 async def test_snapshot_of_an_unknown_run_is_not_saved(store: Store) -> None:
     missing = new_id()
     snapshot = make_snapshot(missing)
@@ -708,6 +733,7 @@ async def test_snapshot_of_an_unknown_run_is_not_saved(store: Store) -> None:
         await store.load_snapshot(snapshot.id)
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_saving_a_snapshot_id_twice_fails_and_keeps_the_first(store: Store) -> None:
     store_error = store_error_class()
     run = await stored_run(store)
@@ -738,6 +764,7 @@ def test_store_error_is_a_run_error_exported_by_agentsnap() -> None:
     assert getattr(agentsnap, "StoreError", None) is store_error
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_identical_states_share_their_content(store: Store) -> None:
     run = await stored_run(store)
     other = await stored_run(store)
@@ -778,6 +805,7 @@ async def test_identical_states_share_their_content(store: Store) -> None:
 # -- agent history --------------------------------------------------------------------------
 
 
+@pytest.mark.store_roles("runs", "leases", "queries")
 async def test_agent_history_lists_complete_snapshots_in_order(store: Store) -> None:
     run = await stored_run(store)
     other = await stored_run(store)
@@ -820,6 +848,7 @@ async def test_agent_history_lists_complete_snapshots_in_order(store: Store) -> 
     assert [v.damaged for v in history] == [None, None, None]
 
 
+@pytest.mark.store_roles("runs", "leases", "queries")
 async def test_agent_history_of_an_unknown_agent_is_not_found(store: Store) -> None:
     run = await stored_run(store)
     await store.save_snapshot(make_snapshot(run.id, 1))
@@ -829,6 +858,7 @@ async def test_agent_history_of_an_unknown_agent_is_not_found(store: Store) -> N
     assert run.id in str(error.value)
 
 
+@pytest.mark.store_roles("queries")
 async def test_agent_history_of_an_unknown_run_is_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError) as error:
         await store.agent_history("no-such-run", "alice")
@@ -842,6 +872,7 @@ def segment(src: str, dst: str, event: str, first: int, last: int, note: str) ->
     return JournalSegment(src, dst, event, first, last, f'{{"note":"{note}"}}')
 
 
+@pytest.mark.store_roles("runs", "log", "leases")
 async def test_journal_segments_read_back_in_append_order(store: Store) -> None:
     run = await stored_run(store)
     other = await stored_run(store)
@@ -862,6 +893,7 @@ async def test_journal_segments_read_back_in_append_order(store: Store) -> None:
     assert await store.load_journal(other.id) == [segment("x", "y", "send", 1, 1, "elsewhere")]
 
 
+@pytest.mark.store_roles("runs", "log", "leases")
 async def test_journal_pages_read_back_in_append_order(store: Store) -> None:
     run = await stored_run(store)
     other = await stored_run(store)
@@ -888,6 +920,7 @@ async def test_journal_pages_read_back_in_append_order(store: Store) -> None:
     ]
 
 
+@pytest.mark.store_roles("runs", "log", "leases")
 async def test_journal_page_of_an_unknown_run_or_an_empty_page_is_refused(store: Store) -> None:
     run = await stored_run(store)
     assert await store.load_journal_page(run.id) == []
@@ -898,11 +931,13 @@ async def test_journal_page_of_an_unknown_run_or_an_empty_page_is_refused(store:
         await store.load_journal_page(run.id, limit=0)
 
 
+@pytest.mark.store_roles("runs", "log", "leases")
 async def test_journal_of_a_run_without_one_is_empty(store: Store) -> None:
     run = await stored_run(store)
     assert await store.load_journal(run.id) == []
 
 
+@pytest.mark.store_roles("log")
 async def test_journal_of_an_unknown_run_is_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError) as error:
         await store.append_journal("no-such-run", [segment("a", "b", "send", 1, 1, "x")])
@@ -949,6 +984,7 @@ def money_in(snapshot: Snapshot) -> int:
     return total
 
 
+@pytest.mark.store_roles("runs", "log", "leases")
 @pytest.mark.parametrize("seed", [3, 11])
 async def test_bank_ring_snapshots_are_stored_as_taken(store: Store, seed: int) -> None:
     tellers = 4
@@ -1015,6 +1051,7 @@ WRITER_SCHEMA: dict[str, JsonValue] = {
 }
 
 
+@pytest.mark.store_roles("runs")
 async def test_state_schemas_read_back_equal_and_are_replaced_per_agent(store: Store) -> None:
     await store.create_run(RunInfo(id="run-1", created_at=T0))
     await store.create_run(RunInfo(id="run-2", created_at=T0))
@@ -1036,6 +1073,7 @@ async def test_state_schemas_read_back_equal_and_are_replaced_per_agent(store: S
     assert (await store.load_state_schemas("run-1"))["writer"] == WRITER_SCHEMA
 
 
+@pytest.mark.store_roles("runs")
 async def test_state_schemas_of_an_unknown_run_are_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.load_state_schemas("nope")
@@ -1052,6 +1090,7 @@ class Drafter(Agent[DraftState]):
         ctx.state.drafts.append(str(message.payload))
 
 
+@pytest.mark.store_roles("runs", "log", "leases")
 async def test_a_runtime_records_its_agents_state_schemas(store: Store) -> None:
     async with Runtime(store=store) as runtime:
         runtime.add(Drafter("early"))

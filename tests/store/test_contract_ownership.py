@@ -57,6 +57,7 @@ def replay_segment(timeline: int, *deliveries: tuple[str, str, int]) -> ReplaySe
 # -- replay log -----------------------------------------------------------------------------
 
 
+@pytest.mark.store_roles("runs", "log")
 async def test_replay_segments_read_back_in_append_order(store: Store) -> None:
     run = await new_run(store)
     other = await new_run(store)
@@ -88,11 +89,13 @@ async def test_replay_segments_read_back_in_append_order(store: Store) -> None:
     assert await store.load_replay(other.id) == [replay_segment(0, ("x", "y", 9))]
 
 
+@pytest.mark.store_roles("runs", "log")
 async def test_replay_of_a_run_without_one_is_empty(store: Store) -> None:
     run = await new_run(store)
     assert await store.load_replay(run.id) == []
 
 
+@pytest.mark.store_roles("log")
 async def test_replay_of_an_unknown_run_is_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError) as error:
         await store.append_replay("no-such-run", replay_segment(0, ("a", "b", 1)))
@@ -105,12 +108,14 @@ async def test_replay_of_an_unknown_run_is_not_found(store: Store) -> None:
 # -- leases ---------------------------------------------------------------------------------
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_a_run_without_a_lease_has_none(store: Store) -> None:
     run = await new_run(store)
     assert await store.get_lease(run.id) is None
     assert await store.get_lease("no-such-run") is None
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_the_first_lease_has_token_1_and_only_one_caller_gets_it(store: Store) -> None:
     run = await new_run(store)
     until = T0 + DAY
@@ -123,6 +128,7 @@ async def test_the_first_lease_has_token_1_and_only_one_caller_gets_it(store: St
     assert await store.get_lease(run.id) == first
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_a_takeover_replaces_only_the_lease_it_names(store: Store) -> None:
     run = await new_run(store)
     await store.take_lease(run.id, "host:1:a", T0, replacing=None)
@@ -137,11 +143,13 @@ async def test_a_takeover_replaces_only_the_lease_it_names(store: Store) -> None
     assert await store.get_lease(run.id) == taken
 
 
+@pytest.mark.store_roles("leases")
 async def test_taking_the_lease_of_an_unknown_run_is_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.take_lease("no-such-run", "host:1:a", T0, replacing=None)
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_renewal_extends_the_lease_of_the_current_token_only(store: Store) -> None:
     run, lease = await owned_run(store)
     later = lease.expires_at + DAY
@@ -156,6 +164,7 @@ async def test_renewal_extends_the_lease_of_the_current_token_only(store: Store)
     assert await store.renew_lease("no-such-run", 1, later) is False
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_release_ends_the_lease_and_keeps_its_token(store: Store) -> None:
     run, lease = await owned_run(store)
 
@@ -342,6 +351,7 @@ async def test_writes_for_runs_not_fenced_are_made_as_before(store: Store, write
     assert await everything(store, run.id) != before
 
 
+@pytest.mark.store_roles("runs", "leases")
 async def test_the_lease_is_kept_when_a_fenced_write_is_refused(store: Store) -> None:
     run, lease = await fenced_run(store)
     taken = await store.take_lease(run.id, "host:2:b", utcnow() + DAY, replacing=lease.token)

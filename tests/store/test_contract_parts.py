@@ -45,6 +45,7 @@ def part(worker: str, seq: int = 1, **changes: object) -> SnapshotPart:
     return SnapshotPart.model_validate(fields)
 
 
+@pytest.mark.store_roles("runs", "parts")
 async def test_parts_read_back_as_written_by_worker(store: Store) -> None:
     await store.create_run(RunInfo(id=RUN))
     assert await store.load_snapshot_parts(RUN, 1) == []
@@ -56,6 +57,7 @@ async def test_parts_read_back_as_written_by_worker(store: Store) -> None:
     assert [p.seq for p in await store.load_snapshot_parts(RUN, 2)] == [2]
 
 
+@pytest.mark.store_roles("runs", "parts")
 async def test_a_part_written_again_replaces_the_first(store: Store) -> None:
     await store.create_run(RunInfo(id=RUN))
     await store.save_snapshot_part(part("w1", error="first try"))
@@ -64,6 +66,7 @@ async def test_a_part_written_again_replaces_the_first(store: Store) -> None:
     assert await store.load_snapshot_parts(RUN, 1) == [again]
 
 
+@pytest.mark.store_roles("parts")
 async def test_parts_of_an_unknown_run_are_refused(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.save_snapshot_part(part("w1"))
@@ -73,6 +76,7 @@ async def test_parts_of_an_unknown_run_are_refused(store: Store) -> None:
         await store.delete_snapshot_parts(RUN, 1)
 
 
+@pytest.mark.store_roles("runs", "parts")
 async def test_parts_below_a_snapshot_are_deleted_and_no_other(store: Store) -> None:
     await store.create_run(RunInfo(id=RUN))
     await store.create_run(RunInfo(id="other-run"))
@@ -89,6 +93,7 @@ async def test_parts_below_a_snapshot_are_deleted_and_no_other(store: Store) -> 
     assert await store.delete_snapshot_parts(RUN, 3) == 0
 
 
+@pytest.mark.store_roles("runs", "parts")
 async def test_agents_are_claimed_all_or_none(store: Store) -> None:
     await store.create_run(RunInfo(id=RUN))
     later = utcnow() + timedelta(seconds=30)
@@ -100,6 +105,7 @@ async def test_agents_are_claimed_all_or_none(store: Store) -> None:
     assert await store.claim_agents(RUN, "host:3:c", ["c"], later) == []
 
 
+@pytest.mark.store_roles("runs", "parts")
 async def test_released_or_expired_agents_can_be_claimed(store: Store) -> None:
     await store.create_run(RunInfo(id=RUN))
     later = utcnow() + timedelta(seconds=30)
@@ -113,11 +119,13 @@ async def test_released_or_expired_agents_can_be_claimed(store: Store) -> None:
     assert await store.claim_agents(RUN, "host:2:b", ["b"], later) == []
 
 
+@pytest.mark.store_roles("parts")
 async def test_claims_for_an_unknown_run_are_refused(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.claim_agents(RUN, "host:1:a", ["a"], utcnow())
 
 
+@pytest.mark.store_roles("runs", "parts")
 async def test_agent_leases_are_listed_live_or_expired(store: Store) -> None:
     await store.create_run(RunInfo(id=RUN))
     assert await store.list_agent_leases(RUN) == []
