@@ -72,6 +72,7 @@ from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import SnapshotStatus
 from agentsnap.ui._actions import add_actions
 from agentsnap.ui._live import LiveTokens
+from agentsnap.ui._routes import inspector_routes
 from agentsnap.ui.conditions import Condition
 from agentsnap.ui.queries import (
     RunIndex,
@@ -346,7 +347,8 @@ def create_app(
         "tool calls; fork with edited states (when allowed) and bisect.",
         lifespan=lifespan,
     )
-    add_actions(app, store, allow_run=allow_run, app_spec=app_spec, token=token)
+    actions = add_actions(app, store, allow_run=allow_run, app_spec=app_spec, token=token)
+    app.include_router(inspector_routes(store, actions, ledger=ledger))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

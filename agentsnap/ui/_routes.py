@@ -1,0 +1,32 @@
+"""The inspector's routes kept apart from the server module, gathered in one router."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter
+
+from agentsnap.ui._routes_compare import compare_router
+from agentsnap.ui._routes_events import events_router
+from agentsnap.ui._routes_resolve import resolve_router
+
+if TYPE_CHECKING:
+    from agentsnap.ledger import Ledger
+    from agentsnap.store import Store
+    from agentsnap.ui._actions import Actions
+
+__all__ = ["inspector_routes"]
+
+
+def inspector_routes(
+    store: Store,
+    actions: Actions,
+    *,
+    ledger: Ledger | None = None,
+) -> APIRouter:
+    """The event history, the resolution of unknown tool outcomes and fork comparison."""
+    router = APIRouter()
+    router.include_router(events_router(store, ledger=ledger))
+    router.include_router(resolve_router(store, actions, ledger=ledger))
+    router.include_router(compare_router(store, ledger=ledger))
+    return router
