@@ -1577,11 +1577,13 @@ function runHeader(run, requests) {
   const tabs = [
     ["", "Timeline"],
     ["snapshots", "Snapshots"],
+    ["events", "Events"],
     ["tools", "Tools"],
     ["requests", waiting ? `Requests (${waiting} waiting)` : "Requests"],
     ["diff", "Diff"],
     ["bisect", "Bisect"],
   ];
+  if (d.parent_run_id) tabs.push(["compare", "Compare with parent"]);
   return el(
     "div",
     { class: "run-header" },
@@ -1627,6 +1629,11 @@ async function runView(main, parts, params, signal) {
   if (signal.aborted) return;
   const actions = runActions(run, session);
   if (actions) content.push(actions);
+  if (run.detail.status === "failed") {
+    // A failed run's page opens on its error (folded on the other views).
+    const { failureBox } = await import("./views/failure.js");
+    content.push(failureBox(run.detail, section === ""));
+  }
   const showTimeline = section === "" || section === "agents" || section === "messages" || (section === "snapshots" && parts[2]);
   if (showTimeline) content.push(timelineFor(run).root);
   content.push(panel);
@@ -1656,6 +1663,12 @@ async function runView(main, parts, params, signal) {
     await forkPanel(panel, run, parts[2], signal);
   } else if (section === "bisect") {
     bisectPanel(panel, run, params);
+  } else if (section === "events") {
+    const { eventsPanel } = await import("./views/events.js");
+    await eventsPanel(panel, run, params, signal);
+  } else if (section === "compare") {
+    const { comparePanel } = await import("./views/compare.js");
+    await comparePanel(panel, run, params, signal);
   } else {
     put(panel, errorBox(new Error(`nothing here: #${location.hash.slice(1)}; go back to the run`)));
   }
@@ -2095,6 +2108,7 @@ async function toolsPanel(panel, run, params, signal) {
   const q = params.get("q") || "";
   const offset = Number(params.get("offset") || 0);
   const body = await api(`${runPath(run.detail.id)}/tools${query({ status, tool, q, limit: 200, offset })}`, { signal });
+  const { resolveControl } = body.calls.some((c) => c.unknown) ? await import("./views/resolve.js") : {};
   if (signal.aborted) return;
   const form = el(
     "form",
@@ -2122,7 +2136,7 @@ async function toolsPanel(panel, run, params, signal) {
       el("td", { class: "mono", text: c.key }),
       el("td", { text: c.tool }),
       el("td", { text: c.agent ?? "-" }),
-      el("td", null, statusBadge(c.status), c.unknown ? el("span", { class: "badge unknown", text: "outcome unknown" }) : null),
+      el("td", null, statusBadge(c.status), c.unknown ? [el("span", { class: "badge unknown", text: "outcome unknown" }), resolveControl(run.detail.id, c)] : null),
       el("td", { class: "num", text: c.attempts }),
       el("td", null, c.error ? el("div", { class: "error-text", text: c.error }) : null, c.outcome === null || c.outcome === undefined ? el("span", { class: "muted", text: "-" }) : jsonTree(c.outcome, { open: 0 })),
       el("td", { text: fmtTime(c.started_at_us) }),
@@ -2895,7 +2909,7 @@ async function liveToken(parts, signal) {
 function redrawable(main) {
   const { parts } = parseHash();
   const section = parts[0] === "runs" && parts.length > 1 ? parts[2] || "" : "list";
-  if (!["list", "", "snapshots", "agents", "messages", "tools", "requests"].includes(section)) return false;
+  if (!["list", "", "snapshots", "agents", "messages", "tools", "requests", "events"].includes(section)) return false;
   const active = document.activeElement;
   if (active && active !== document.body && main.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName)) return false;
   return !main.querySelector("[data-dirty='true']");
@@ -2987,6 +3001,9 @@ function startLive() {
 }
 
 // --- Start ------------------------------------------------------------------------------------
+
+// What the views in ./views/ use (they are loaded when first shown).
+export { api, changeList, clear, diffMarks, el, enc, errorBox, excerptJson, fmtTime, jsonTree, link, markToolCalls, put, query, route, runPath, shortId, statusBadge };
 
 window.agentsnap = { SpaceTime, EmbeddedSource, ServerSource, validateSchema, jsonTree, timeline: null, route, live };
 
