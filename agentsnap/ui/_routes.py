@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from agentsnap.ui._routes_compare import compare_router
 from agentsnap.ui._routes_events import events_router
 from agentsnap.ui._routes_resolve import resolve_router
+from agentsnap.ui._routes_timeline import timeline_router
 
 if TYPE_CHECKING:
     from agentsnap.ledger import Ledger
@@ -24,9 +25,10 @@ def inspector_routes(
     *,
     ledger: Ledger | None = None,
 ) -> APIRouter:
-    """The event history, the resolution of unknown tool outcomes and fork comparison."""
+    """The event history, resolving unknown tool outcomes, fork comparison, incidents."""
     router = APIRouter()
     router.include_router(events_router(store, ledger=ledger))
     router.include_router(resolve_router(store, actions, ledger=ledger))
     router.include_router(compare_router(store, ledger=ledger))
+    router.include_router(timeline_router(store, ledger=ledger))
     return router

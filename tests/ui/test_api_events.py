@@ -5,6 +5,10 @@ a dry fork beside its parent."""
 
 from __future__ import annotations
 
+import json
+import signal
+import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +22,14 @@ from agentsnap.ledger import ToolCallStatus
 from agentsnap.records import SnapshotStatus
 from agentsnap.store.ledger import ledger_for
 from agentsnap.store.sql import SqlStore
+from agentsnap.ui._routes_timeline import idle_gaps
 from agentsnap.ui.server import create_app
 
 from .workflows import Runs, counters_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from test_run_command import DEADLINE, Payroll, killed_on_exit, wait_until
 
 
 @pytest.fixture
@@ -207,3 +216,48 @@ async def test_a_dry_fork_beside_its_parent(store: SqlStore) -> None:
     assert paired, "the fork's dry calls stand beside the parent's calls with the same arguments"
     assert {row["fork"]["status"] for row in paired} == {"dry"}
     assert {row["parent"]["status"] for row in paired} == {"succeeded"}
+
+
+def test_idle_gaps_are_the_long_silences() -> None:
+    times = [0, 10, 20, 5_000_000, 5_000_010, 12_000_000]
+    assert idle_gaps(times, 1_000_000) == [
+        {"from_us": 20, "to_us": 5_000_000, "length_us": 4_999_980},
+        {"from_us": 5_000_010, "to_us": 12_000_000, "length_us": 6_999_990},
+    ]
+    assert idle_gaps(times, 6_000_000) == [idle_gaps(times, 1_000_000)[1]]
+
+
+async def test_a_killed_and_resumed_run_shows_its_stop_resume_and_new_owner(
+    tmp_path: Path,
+) -> None:
+    payroll = Payroll(tmp_path)
+    run_id = uuid.uuid4().hex
+    with killed_on_exit(
+        payroll.start(
+            "run",
+            "--app",
+            "payroll_app:make_app",
+            "--input",
+            json.dumps({"employees": 8}),
+            "--run-id",
+            run_id,
+        )
+    ) as first:
+        wait_until(lambda: payroll.progress_lines() >= 2, "a payment", first)
+        first.send_signal(signal.SIGKILL)
+        first.wait(DEADLINE)
+    resumed = payroll.run("resume", run_id, "--app", "payroll_app:make_app")
+    assert resumed.returncode == 0, resumed.stderr
+    store = SqlStore(payroll.db, create=False)
+    try:
+        async with client_for(store) as client:
+            body = (await client.get(f"/api/runs/{run_id}/incidents")).json()
+    finally:
+        await store.close()
+    (resume,) = body["resumes"]
+    assert resume["stopped_us"] is not None
+    assert resume["stopped_us"] <= resume["at_us"]
+    assert body["owner_changes"] == 1, "the resuming process took the lease over"
+    assert body["owner"] is not None
+    assert resume["owner"] == body["owner"], "the resuming process holds the lease"
+    assert body["min_gap_us"] >= 1_000_000
