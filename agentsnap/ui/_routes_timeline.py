@@ -5,7 +5,10 @@
 * ``resumes``: each time the run went on after its process stopped. A resumed run
   re-executes, on the same timeline, the handlers the stop interrupted (the replay log
   makes it so), so the first re-executed handler marks the resume (``at_us``) and the last
-  act recorded before it marks the stop (``stopped_us``); its ``owner`` is the process
+  act recorded before it marks the stop (``stopped_us``). When the lease counts more owner
+  changes than that shows (a process killed before its journal reached the store leaves
+  nothing to re-execute in it), the longest idle gaps not yet explained are the stops and
+  resumes. A resume's ``owner`` is the process
   that went on (``host:pid:token``), known for the last resume (its process holds the
   run's lease; the store keeps no older owners);
 * ``owner``: who holds the run's lease, and ``owner_changes``: how many times the lease
@@ -81,10 +84,6 @@ def timeline_router(store: Store, *, ledger: Ledger | None = None) -> APIRouter:
             before = [t for t in ends if t < start]
             stopped = silences[-1][0] if silences else max(before, default=None)
             resumes.append({"at_us": start, "stopped_us": stopped, "owner": None})
-        lease = await store.get_lease(found.id)
-        changes = 0 if lease is None else lease.token - 1
-        if resumes and lease is not None and changes >= len(resumes):
-            resumes[-1]["owner"] = lease.owner  # the last resume's process holds the lease
         times = [t for act in acts for t in act]
         times += [micros(r.at) for r in await store.list_rollbacks(found.id)]
         for snapshot in await store.list_snapshot_summaries(found.id):
@@ -93,11 +92,31 @@ def timeline_router(store: Store, *, ledger: Ledger | None = None) -> APIRouter:
                 times.append(micros(snapshot.completed_at))
         span = max(times) - min(times) if times else 0
         min_gap = max(_MIN_GAP_US, round(span * _GAP_SHARE))
+        gaps = idle_gaps(times, min_gap)
+        lease = await store.get_lease(found.id)
+        changes = 0 if lease is None else lease.token - 1
+        if changes > len(resumes):
+            # A process that died before its journal reached the store left nothing to
+            # re-execute that the journal shows: the lease says another owner went on, and
+            # the longest silences not explained yet are where.
+            unexplained = [
+                g
+                for g in gaps
+                if not any(g["from_us"] <= r["at_us"] <= g["to_us"] + min_gap for r in resumes)
+            ]
+            unexplained.sort(key=lambda g: g["length_us"], reverse=True)
+            resumes += [
+                {"at_us": g["to_us"], "stopped_us": g["from_us"], "owner": None}
+                for g in unexplained[: changes - len(resumes)]
+            ]
+            resumes.sort(key=lambda r: r["at_us"])
+        if resumes and lease is not None and changes >= len(resumes):
+            resumes[-1]["owner"] = lease.owner  # the last resume's process holds the lease
         return {
             "resumes": resumes,
             "owner_changes": changes,
             "owner": None if lease is None else lease.owner,
-            "gaps": idle_gaps(times, min_gap),
+            "gaps": gaps,
             "min_gap_us": min_gap,
         }
 

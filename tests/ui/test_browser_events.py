@@ -7,6 +7,7 @@ and its calls show as dry, beside its parent's."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +18,8 @@ from agentsnap.records import SnapshotStatus
 from agentsnap.store.sql import SqlStore
 
 from .conftest import PageProblems, Served, in_thread
-from .test_browser import api, open_view
-from .test_browser_actions import APP, payroll
+from .test_browser import api, open_view, wait_drawn
+from .test_browser_actions import APP, killed_run, payroll
 from .workflows import Runs, counters_run
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -260,4 +261,53 @@ def test_a_dry_fork_with_a_message_dropped_is_continued_from_the_page(
     finally:
         server.stop()
     assert payroll.paid() == paid_by_parent, "a dry fork pays nobody"
+    assert not problems
+
+
+def test_the_timeline_folds_idle_gaps_and_marks_a_stop_and_its_resume(
+    page: Page, payroll: Payroll, problems: PageProblems
+) -> None:
+    run_id = killed_run(payroll)
+    time.sleep(3)  # the run stays stopped a while: an idle gap to fold
+    resumed = payroll.run("resume", run_id, "--app", APP)
+    assert resumed.returncode == 0, resumed.stderr
+    server = Served(payroll.db, allow_fork=False)
+    try:
+        incidents = api(server, page, f"/api/runs/{run_id}/incidents")
+        open_view(page, server, f"/runs/{run_id}")
+        wait_drawn(page)
+        page.wait_for_function(
+            "() => (window.agentsnap.timeline.incidentMarks || []).some("
+            "(m) => m.kind === 'resumed')"
+        )
+        marks = page.evaluate("() => window.agentsnap.timeline.incidentMarks")
+        (stopped,) = [m for m in marks if m["kind"] == "stopped"]
+        (resume,) = [m for m in marks if m["kind"] == "resumed"]
+        assert stopped["x"] <= resume["x"]
+        assert resume["label"].startswith("▶ resumed by pid ")
+        folds = [m for m in marks if m["kind"] == "fold"]
+        assert len(folds) == len(incidents["gaps"])
+        width = page.locator("canvas.st-canvas").bounding_box()
+        assert width is not None
+        for fold, gap in zip(folds, incidents["gaps"], strict=True):
+            assert fold["label"].startswith("idle ")
+            assert fold["x1"] - fold["x0"] < width["width"] / 5, "folded to a narrow band"
+            assert fold["from_us"] == gap["from_us"]
+        # The fold's arithmetic: times outside the gaps keep their order and spacing.
+        checked = page.evaluate(
+            """async () => {
+                const { foldedAxis } = await import('/static/views/incidents.js');
+                const gap = { from_us: 100, to_us: 10100, length_us: 10000 };
+                const axis = foldedAxis([gap], 0, 10200);
+                return [axis.u(50), axis.u(100), axis.u(10100), axis.u(10200), axis.t(axis.u(5000)),
+                        axis.t(axis.u(10150))];
+            }"""
+        )
+        assert checked[:2] == [50, 100]
+        assert checked[2] - checked[1] < 100, "the 10,000 µs gap keeps a few µs"
+        assert checked[3] - checked[2] == 100, "after the gap, time runs as before"
+        assert checked[4] == pytest.approx(5000)
+        assert checked[5] == pytest.approx(10150)
+    finally:
+        server.stop()
     assert not problems

@@ -735,10 +735,19 @@ class SpaceTime {
   }
 
   x(t) {
+    if (this.fold && this.axis === "wall") {
+      // Long idle gaps folded (views/incidents.js): the axis is piecewise linear.
+      const from = this.fold.u(this.view.from);
+      return PAD + ((this.fold.u(t) - from) / (this.fold.u(this.view.to) - from)) * (this.width - 2 * PAD);
+    }
     return PAD + ((t - this.view.from) / (this.view.to - this.view.from)) * (this.width - 2 * PAD);
   }
 
   t(x) {
+    if (this.fold && this.axis === "wall") {
+      const from = this.fold.u(this.view.from);
+      return this.fold.t(from + ((x - PAD) / (this.width - 2 * PAD)) * (this.fold.u(this.view.to) - from));
+    }
     return this.view.from + ((x - PAD) / (this.width - 2 * PAD)) * (this.view.to - this.view.from);
   }
 
@@ -950,6 +959,7 @@ class SpaceTime {
       this.drawEvents(ctx, height);
     }
     this.drawCuts(ctx, height);
+    if (this.overlay) this.overlay(ctx, height);
     this.drawHover(ctx);
     canvas.dataset.drawn = String(drawn);
     this.updateInfo(drawn);
@@ -1858,6 +1868,7 @@ function topologyView(topology, timeline) {
 function timelineFor(run) {
   if (state.timeline && state.timelineRun === run.detail.id) {
     state.timeline.update(run.detail, run.snapshots);
+    import("./views/incidents.js").then((m) => m.attachIncidents(state.timeline, run.detail.id));
     return state.timeline;
   }
   const id = enc(run.detail.id);
@@ -1873,6 +1884,7 @@ function timelineFor(run) {
   state.timelineRun = run.detail.id;
   window.agentsnap.timeline = timeline;
   timeline.scheduleFetch();
+  import("./views/incidents.js").then((m) => m.attachIncidents(timeline, run.detail.id));
   return timeline;
 }
 
@@ -3003,7 +3015,7 @@ function startLive() {
 // --- Start ------------------------------------------------------------------------------------
 
 // What the views in ./views/ use (they are loaded when first shown).
-export { api, changeList, clear, diffMarks, el, enc, errorBox, excerptJson, fmtTime, jsonTree, link, markToolCalls, put, query, route, runPath, shortId, statusBadge };
+export { api, changeList, clear, diffMarks, el, enc, errorBox, excerptJson, fmtSpan, fmtTime, jsonTree, LabelRows, link, markToolCalls, put, query, route, runPath, shortId, statusBadge, TOP };
 
 window.agentsnap = { SpaceTime, EmbeddedSource, ServerSource, validateSchema, jsonTree, timeline: null, route, live };
 
