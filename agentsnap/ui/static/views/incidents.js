@@ -78,7 +78,7 @@ export function drawIncidents(timeline, ctx, height) {
     const x1 = timeline.x(f.b);
     if (x1 < 0 || x0 > width) continue;
     ctx.fillStyle = "rgba(236, 238, 242, 0.96)";
-    ctx.fillRect(x0, TOP - 14, Math.max(2, x1 - x0), height - 14 - (TOP - 14)); // over the axis labels too
+    ctx.fillRect(x0, TOP - 14, Math.max(2, x1 - x0), height - 10 - (TOP - 14)); // over the axis labels too
     ctx.strokeStyle = "#9aa3b5";
     ctx.setLineDash([]);
     for (const x of [x0, x1]) {
