@@ -261,3 +261,43 @@ async def test_a_killed_and_resumed_run_shows_its_stop_resume_and_new_owner(
     assert body["owner"] is not None
     assert resume["owner"] == body["owner"], "the resuming process holds the lease"
     assert body["min_gap_us"] >= 1_000_000
+
+
+async def test_lamport_cuts_sit_between_the_events_they_hold_and_never_cross(
+    runs_db: tuple[str, Runs],
+) -> None:
+    url, runs = runs_db
+    store = SqlStore(url, create=False)
+    try:
+        async with client_for(store) as client:
+            snapshots = (await client.get(f"/api/runs/{runs.counters}/snapshots")).json()
+            messages = (
+                await client.get(f"/api/runs/{runs.counters}/messages", params={"axis": "lamport"})
+            ).json()
+        cuts = {s.id: s for s in await store.list_snapshots(runs.counters)}
+        rollbacks = await store.list_rollbacks(runs.counters)
+    finally:
+        await store.close()
+    assert messages["mode"] == "exact"
+    rolled = min(r.at for r in rollbacks)
+    complete = [
+        s
+        for s in snapshots["snapshots"]
+        if s["status"] == "complete" and cuts[s["id"]].started_at < rolled
+    ]
+    assert len(complete) > 3
+    for agent in ("$env", "alpha", "beta"):
+        clocks = [s["recorded"][agent]["lc"] for s in complete]
+        assert clocks == sorted(clocks), f"{agent}'s cuts keep their order: none crosses another"
+    for snapshot in complete:
+        cut = cuts[snapshot["id"]]
+        for agent in ("alpha", "beta"):
+            lc = snapshot["recorded"][agent]["lc"]
+            held = cut.agents[agent].received
+            for m in messages["messages"]:
+                if m["dst"] != agent or m["delivered_lc"] is None or m["discarded"]:
+                    continue
+                if m["seq"] <= held.get(m["src"], 0):
+                    assert m["delivered_lc"] <= lc, "a delivery the cut holds is before it"
+                else:
+                    assert m["delivered_lc"] > lc, "a delivery it does not hold is after it"
