@@ -593,17 +593,20 @@ class RunCancelled(RunError):
     handlers under way finished), and records the run as cancelled when it is closed:
     ``resume()`` (or ``agentsnap resume``) continues it from its last complete snapshot.
 
+    A run spread over processes is stopped the same way by its coordinator, in every worker
+    at once; ``DistributedRun.take_over`` continues it.
+
     Attributes:
         run_id: The run.
         reason: Why it was cancelled, as the request said.
     """  # noqa: D205
 
-    def __init__(self, run_id: str, reason: str) -> None:
+    def __init__(self, run_id: str, reason: str, *, resume: str | None = None) -> None:
         self.run_id = run_id
         self.reason = reason
+        how = resume or f"`agentsnap resume {run_id} --app MODULE:FACTORY`, or Runtime.resume()"
         super().__init__(
-            f"run {run_id} was cancelled on request ({reason}); resume it to continue "
-            f"(`agentsnap resume {run_id} --app MODULE:FACTORY`, or Runtime.resume())"
+            f"run {run_id} was cancelled on request ({reason}); resume it to continue ({how})"
         )
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from agentsnap._uninterrupted import uninterrupted
 from agentsnap.exceptions import StoreError
 from agentsnap.messages import JsonValue
 from agentsnap.models import ModelRequest, ModelResponse
@@ -42,6 +43,9 @@ from agentsnap.records import utcnow
 from agentsnap.redaction import Redaction, unredact
 
 __all__ = ["ModelCallLog", "ModelCallRecord", "recorded_call"]
+
+RECORD_LEASE = 60.0
+"""Seconds the write of an answer may go on after a rollback cancelled its handler."""
 
 logger = logging.getLogger("agentsnap")
 
@@ -202,7 +206,9 @@ async def recorded_call(
         started_at=started,
         latency_ms=latency,
     )
-    if not await log.record_model_call(record):
+    # The answer is written whole even when a rollback cancels the handler meanwhile: a
+    # redo must find it, rather than ask again and find it only when its own write collides.
+    if not await uninterrupted(log.record_model_call(record), RECORD_LEASE):
         # Recorded meanwhile by another execution of the same handler (a resumed run racing
         # a process still finishing): the first answer is the one every execution gets.
         first = await log.find_model_answer(run_id, agent, message_id, position, timeline)

@@ -58,6 +58,7 @@ import tenacity
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticSerializationError
 
+from agentsnap._uninterrupted import uninterrupted
 from agentsnap.exceptions import (
     ConfigurationError,
     EffectDiverged,
@@ -828,15 +829,7 @@ class Tool(Generic[R]):
         is unknown, so a later call under its key raises ``ToolOutcomeUnknown`` unless the
         tool has ``rerun_if_unknown=True``.
         """
-        work = _ShieldedCall(call, self.lease)
-        try:
-            return await work
-        except asyncio.CancelledError:
-            if work.done() and not work.cancelled():
-                work.exception()  # raised to nobody: the handler goes on being cancelled
-            raise
-        finally:
-            work.disarm()
+        return await uninterrupted(call, self.lease)
 
     async def _run(self, values: dict[str, Any], info: ToolCall, first_attempt: int) -> Outcome:
         """Run the function, retrying declared transient errors; wrap failures in ToolFailed."""
@@ -1149,48 +1142,6 @@ def _signature(
     returns = hints.get("return")
     adapter = None if returns is None or returns is Any else TypeAdapter(returns)
     return wants_call, model, names, adapter
-
-
-class _ShieldedCall(asyncio.Task[Outcome]):
-    """A handler's call through the ledger, run as a task the handler's cancellation defers.
-
-    The handler awaits the task itself. Cancelling the handler cancels what it awaits; this
-    task refuses that, so the handler's cancellation waits (asyncio delivers it when the task
-    is done) and the call goes on to record its outcome. Refusing starts the lease: a call
-    still running when it ends is cancelled for real. A cancellation aimed at the task itself
-    (the event loop ending) is not the handler's and goes through at once.
-    """
-
-    def __init__(self, call: Coroutine[Any, Any, Outcome], lease: float) -> None:
-        loop = asyncio.get_running_loop()
-        super().__init__(call, loop=loop)
-        self._lease = lease
-        self._handler = asyncio.current_task(loop)
-        # The handler's cancellations seen so far: a new one is what cancels this task.
-        self._seen = 0 if self._handler is None else self._handler.cancelling()
-        self._expiry: asyncio.TimerHandle | None = None
-
-    def cancel(self, msg: Any = None) -> bool:
-        handler = self._handler
-        if handler is None or self.done():
-            return super().cancel(msg)
-        requested = handler.cancelling()
-        if requested <= self._seen:  # not the handler's: the loop ending cancels its tasks
-            return super().cancel(msg)
-        self._seen = requested
-        if self._expiry is None:
-            self._expiry = self.get_loop().call_later(self._lease, self._expire)
-        return False
-
-    def _expire(self) -> None:
-        self._expiry = None
-        super().cancel()  # the claim is marked unknown before the task ends
-
-    def disarm(self) -> None:
-        """Forget the lease's timer, the call having ended or been abandoned."""
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
 
 
 def _summary(result: JsonValue) -> JsonValue:

@@ -27,6 +27,7 @@ from agentsnap import (
     MemoryStore,
     Message,
     Redaction,
+    RunCancelled,
     Snapshot,
     SnapshotFailed,
 )
@@ -44,7 +45,7 @@ from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.model_calls import ModelCallLog
-from agentsnap.records import utcnow
+from agentsnap.records import RunStatus, utcnow
 from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.testing import SampledModel
 
@@ -196,6 +197,53 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
             for o in offsets:
                 assert o.first_seq < o.end_seq
                 assert len(snapshot.in_flight(o.src, o.dst)) == o.count
+    finally:
+        for worker in workers:
+            await worker.close()
+        await links[0].delete_stream(run.run_id)
+        for link in links:
+            await link.close()
+
+
+async def test_a_cancelled_run_over_hosts_stops_in_every_worker_and_is_recorded_cancelled(
+    nats_url: str,
+) -> None:
+    """``agentsnap cancel`` (a request in the store) reaches the coordinator at a renewal of
+    its lease: every worker stops delivering, the run is recorded ``cancelled``, and each
+    snapshot taken before is a consistent cut."""
+    store = MemoryStore()
+    hosts = [{"teller-0", "teller-1", "teller-2"}, {"teller-3", "teller-4", "teller-5"}]
+    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    run = DistributedRun(
+        links[0], store, bank(6), policy=SnapshotPolicy(every_seconds=0.05), lease=0.6
+    )
+    workers = [
+        Worker(link, store, run.run_id, bank(6), agents, name=f"w{i}")
+        for i, (link, agents) in enumerate(zip(links[1:], hosts, strict=True))
+    ]
+    try:
+        await run.start()
+        for worker in workers:
+            await worker.start()
+        for i in range(6):
+            run.send(f"teller-{i}", {"hops": 1_000_000}, kind="go")  # never idle
+        async with asyncio.timeout(PATIENCE):
+            await run.snapshot().wait()  # a cut of the busy run
+        await store.request_cancel(run.run_id, "enough for today")
+        with pytest.raises(RunCancelled, match="enough for today"):
+            async with asyncio.timeout(PATIENCE):
+                await run.run_until_idle()
+        async with asyncio.timeout(PATIENCE):
+            for worker in workers:
+                await worker.stopped.wait()
+        await run.close()
+        info = await store.get_run(run.run_id)
+        assert info.status is RunStatus.CANCELLED
+        assert info.status_reason is not None
+        assert "enough for today" in info.status_reason
+        for snapshot in run.complete:
+            assert cut_problems(snapshot) == []
+            assert money_in(snapshot) == 6_000
     finally:
         for worker in workers:
             await worker.close()

@@ -5,7 +5,8 @@ samplers of ``sampled_workers_app.py`` (``--group N/3``), who ask a sampled mode
 do (other words, other tool-call arguments and another next agent on every call), run the
 side-effecting tools it answers with (one under a key derived from the call's place, one
 under a key the caller gives) and pass their tasks on to the agent the model named. A worker
-is killed (SIGKILL) at a random moment, and a spare worker started ahead takes its agents
+is killed (SIGKILL) at a random moment while a batch of tasks is being handled (after a
+random number of its questions were asked), and a spare worker started ahead takes its agents
 over. The run goes back to its last complete cut and stays on its timeline: every worker's
 agents redo their deliveries in the order the workers logged, the handlers get the answers
 their model calls recorded, and so send the same messages to the same agents and derive the
@@ -56,6 +57,8 @@ GROUPS = 3
 AGENTS = 6
 HOPS = 5
 TASKS_PER_KILL = 3
+BATCH_ASKS = TASKS_PER_KILL * (HOPS + 1)
+"""Questions a batch of tasks asks the model (one per hop) when nothing is replayed."""
 KILLS = int(os.environ.get("AGENTSNAP_DISTRIBUTED_REPLAY_KILLS", "3"))
 SEED = os.environ.get("AGENTSNAP_CRASH_SEED") or str(random.randrange(10**9))
 LEASE = 2.0
@@ -201,6 +204,27 @@ async def until_finished(run: DistributedRun, hops: int) -> Snapshot:
     raise AssertionError(f"the run did not finish within {PATIENCE} s")
 
 
+async def asks_count(url: str, run_id: str) -> int:
+    """How many questions the run's agents have asked the model so far."""
+
+    def count() -> int:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                f"SELECT count(*) FROM {ASKS} WHERE prompt LIKE %s", (f"% of {run_id})",)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    return await asyncio.to_thread(count)
+
+
+async def until_asked(url: str, run_id: str, asks: int) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PATIENCE
+    while await asks_count(url, run_id) < asks:
+        assert loop.time() < deadline, f"{asks} questions asked"
+        await asyncio.sleep(0.01)
+
+
 def service_rows(
     url: str, run_id: str
 ) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, float]]]:
@@ -237,11 +261,16 @@ async def test_workers_killed_mid_run_replay_recorded_answers_and_write_once(
         await first_cut(run)
         everyone = names(AGENTS)
         for kill in range(KILLS):
+            await until(workers.ready, "a worker waiting to take over")
+            # The kill lands while the batch is being handled: after a random number of its
+            # questions were asked (never all), so some answers are recorded after the last
+            # cut and must be replayed, not asked again.
+            kill_at = await asks_count(postgres_url, run.run_id) + rng.randint(3, BATCH_ASKS - 3)
             for _ in range(TASKS_PER_KILL):
                 run.send(everyone[tasks % AGENTS], {"task": tasks, "hops": HOPS}, kind="task")
                 tasks += 1
-            await asyncio.sleep(rng.uniform(0.05, 0.8))
-            await until(workers.ready, "a worker waiting to take over")
+            await until_asked(postgres_url, run.run_id, kill_at)
+            await asyncio.sleep(rng.uniform(0, 0.02))
             recovered = len(run.rollbacks) + 1
             group = rng.choice(workers.ready())
             taking_over = await workers.kill(group)

@@ -4,9 +4,9 @@ Every ``import`` of every module of the package counts, wherever it stands (at t
 function, under ``TYPE_CHECKING``), and no module imports itself through others, even within
 a layer. The layers, from the bottom::
 
-    foundation   _errors, exceptions, limits, messages, state, versions, records, handles,
-                 integrity, liveness, semconv, models, redaction: data types and rules; they
-                 import nothing but each other
+    foundation   _errors, _uninterrupted, exceptions, limits, messages, state, versions,
+                 records, handles, integrity, liveness, semconv, models, redaction: data types
+                 and rules; they import nothing but each other
     store        store/, ledger, once, ownership, fork, model_calls, requests: persistence,
                  the exactly-once machine, forks of stored cuts, recorded model calls,
                  requests to people
@@ -40,6 +40,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentsnap"
 
 FOUNDATION = {
     "agentsnap._errors",
+    "agentsnap._uninterrupted",
     "agentsnap.exceptions",
     "agentsnap.limits",
     "agentsnap.messages",

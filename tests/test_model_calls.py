@@ -3,6 +3,7 @@ asked again after a rollback; effects keyed by the call, not by the model's word
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from agentsnap import (
 )
 from agentsnap.agents import BoundModel
 from agentsnap.ledger import Ledger, call_key
-from agentsnap.model_calls import ModelCallLog, recorded_call
+from agentsnap.model_calls import ModelCallLog, ModelCallRecord, recorded_call
 from agentsnap.models import ChatMessage, LangChainModel, ModelRequest, ModelToolCall
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.sql import SqlStore
@@ -178,6 +179,52 @@ async def test_the_same_identity_gets_the_recorded_answer_without_asking() -> No
     )
     assert not replayed, "another timeline asks the model again"
     assert model.calls == 2
+
+
+class SlowLog(MemoryLedger):
+    """A ledger whose writes of model calls take a while (a busy database)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = asyncio.Event()
+        self.proceed = asyncio.Event()
+
+    async def record_model_call(self, record: ModelCallRecord) -> bool:
+        self.writing.set()
+        await self.proceed.wait()
+        return await super().record_model_call(record)
+
+
+async def test_a_handler_cancelled_while_its_answer_is_written_leaves_it_written() -> None:
+    """A rollback cancels a handler whose model answered and whose answer is being written:
+    the write ends first, so the redo finds the answer instead of asking again."""
+    log = SlowLog()
+    model = sampled_email_model()
+    request = ModelRequest(messages=(ChatMessage(role="user", content="write the email"),))
+
+    async def ask(r: ModelRequest) -> ModelResponse:
+        return await model.respond(r)
+
+    identity: dict[str, Any] = {
+        "run_id": "r",
+        "agent": "writer",
+        "message_id": "$env>writer#1",
+        "position": 0,
+        "timeline": 0,
+    }
+    handler = asyncio.create_task(recorded_call(log, request, ask, **identity))
+    await log.writing.wait()
+    handler.cancel()  # the rollback
+    await asyncio.sleep(0.01)
+    assert not handler.done(), "the cancellation waits for the answer to be written"
+    log.proceed.set()
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+    (record,) = await log.list_model_calls("r")
+    again, replayed = await recorded_call(log, request, ask, **identity)
+    assert replayed, "the redo got the recorded answer"
+    assert model.calls == 1, "the model was not asked again"
+    assert again == record.answer()
 
 
 class Booker(Agent[AgentState]):

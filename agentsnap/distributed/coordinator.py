@@ -62,6 +62,7 @@ from agentsnap.distributed.retention import Retainer, StreamRetention
 from agentsnap.exceptions import (
     ConfigurationError,
     OwnershipLost,
+    RunCancelled,
     SnapshotFailed,
     TransportError,
 )
@@ -409,7 +410,7 @@ class DistributedRun:
             except BaseException:
                 await self._ownership.release()  # another may try again at once
                 raise
-        self._ownership.start_heartbeat(self._lost)
+        self._ownership.start_heartbeat(self._lost, self._cancel_requested)
         await self._host.start()
         self._subscription = await self._link.nc.subscribe(
             control_subject(self.run_id), cb=self._on_control
@@ -483,6 +484,16 @@ class DistributedRun:
         for entry in pending.values():
             entry.handle.resolve(None, SnapshotFailed(entry.handle.id, str(lost)))
         self._wake.set()
+
+    def _cancel_requested(self, reason: str) -> None:
+        """Someone asked the run to stop (``agentsnap cancel``): every worker stops delivering
+        (a side-effecting tool call under way finishes first), ``run_until_idle`` raises
+        [`RunCancelled`][agentsnap.RunCancelled], and ``close`` records the run cancelled.
+        """  # noqa: D205
+        if self.fenced is not None or self._closing:
+            return
+        task = asyncio.ensure_future(self.authority.cancel(reason))
+        self._tasks.append(task)
 
     async def flush(self) -> None:
         """Wait until the run's stream holds every message ``send`` queued so far.
@@ -877,7 +888,9 @@ class DistributedRun:
         for seq in sorted(self._pending):
             await self._fail(seq, "the run's coordinator closed before every part came")
         await asyncio.gather(*self._failing, return_exceptions=True)
-        if self.authority.exhausted is not None:
+        if isinstance(self.authority.exhausted, RunCancelled):
+            status = RunStatus.CANCELLED
+        elif self.authority.exhausted is not None:
             status = RunStatus.FAILED
         # The watch stops at its next turn: a cancellation that met its wake-up could be lost.
         self._closing = True

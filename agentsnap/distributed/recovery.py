@@ -58,6 +58,7 @@ from agentsnap.distributed.orders import (
     broadcast_subject,
     rejection_of,
 )
+from agentsnap.exceptions import RunCancelled
 from agentsnap.records import RollbackInfo, Snapshot, utcnow
 from agentsnap.requests import withdraw_discarded
 from agentsnap.rollback import RetryBudget, RetryPolicy
@@ -454,9 +455,20 @@ class RollbackAuthority:
         finally:
             self._deciding = False
 
+    async def cancel(self, reason: str) -> None:
+        """Stop the run on request: every process delivers nothing more, and the run's
+        failure (``exhausted``) is a [`RunCancelled`][agentsnap.RunCancelled].
+        """  # noqa: D205
+        if self.exhausted is not None or self.fenced is not None:
+            return
+        await self._stop(RunCancelled(self.run_id, reason, resume="DistributedRun.take_over()"))
+
     async def _stop(self, exhausted: RunError) -> None:
         self.exhausted = exhausted
-        logger.error("run %s: %s", self.run_id, exhausted)
+        if isinstance(exhausted, RunCancelled):
+            logger.warning("run %s: %s", self.run_id, exhausted)
+        else:
+            logger.error("run %s: %s", self.run_id, exhausted)
         self._fail_pending(f"the run stopped: {exhausted}")
         self._host.stop(str(exhausted))
         await self._broadcast({"stop": str(exhausted)})
