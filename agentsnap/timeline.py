@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import posixpath
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -599,11 +600,74 @@ _HTML = """<!DOCTYPE html>
 _STATIC = Path(__file__).resolve().parent / "ui" / "static"
 
 
+_PAGE_MODULE = "timeline_page.js"
+"""The entry module of the exported page; the page holds it and the modules it imports."""
+
+_IMPORT = re.compile(r'^import\s*\{[^}]*\}\s*from\s*"([^"]+)";[ \t]*\n', re.MULTILINE)
+_EXPORT = re.compile(r"^export (?=(?:async\s+)?(?:function|class|const|let)\b)", re.MULTILINE)
+_MODULE_SYNTAX = re.compile(r"^(?:import|export)\b.*$", re.MULTILINE)
+_DECLARED = re.compile(
+    r"^(?:async\s+)?(?:function\*?|class|const|let|var)\s+([A-Za-z_$][\w$]*)", re.MULTILINE
+)
+
+
 def _asset(name: str) -> str:
     text = (_STATIC / name).read_text(encoding="utf-8")
     if "</script" in text.lower() or "</style" in text.lower():
         raise ConfigurationError(f"{name} cannot be inlined: it holds a closing tag")
     return text
+
+
+def _script(entry: str) -> str:
+    """``entry`` and the static modules it imports, as the body of one inline module.
+
+    The inspector's modules import each other by relative path, which a page opened from a
+    file cannot follow inline. So each module needed comes once, after the modules it
+    imports, with its ``import`` lines and ``export`` keywords taken out: they then share one
+    module scope, which is why two of them declaring the same top-level name is refused.
+    Only ``import { a, b } from "./x.js";`` and ``export`` before a declaration are
+    understood; any other form is refused rather than inlined half-understood.
+    """
+    ordered: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def visit(name: str, importer: str | None) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        if name.startswith("../") or not (_STATIC / name).is_file():
+            where = f" (imported by {importer})" if importer else ""
+            raise ConfigurationError(
+                f"the module {name}{where} is not a file of {_STATIC}: fix the import"
+            )
+        text = _asset(name)
+        for spec in _IMPORT.findall(text):
+            if not spec.startswith(("./", "../")):
+                raise ConfigurationError(
+                    f"{name} imports {spec!r}: the export inlines relative imports only"
+                )
+            visit(posixpath.normpath(posixpath.join(posixpath.dirname(name), spec)), name)
+        body = _EXPORT.sub("", _IMPORT.sub("", text))
+        left = _MODULE_SYNTAX.search(body)
+        if left is not None:
+            raise ConfigurationError(
+                f"{name} cannot be inlined: {left.group(0)!r} is an import or export form the "
+                'export does not understand; use import { a } from "./x.js" and export before '
+                "a declaration"
+            )
+        ordered.append((name, body))
+
+    visit(entry, None)
+    owners: dict[str, str] = {}
+    for name, body in ordered:
+        for declared in _DECLARED.findall(body):
+            if declared in owners:
+                raise ConfigurationError(
+                    f"{owners[declared]} and {name} both declare {declared!r}; the export puts "
+                    "them in one scope: rename one of them"
+                )
+            owners[declared] = name
+    return "\n".join(f"// {name}\n{body}" for name, body in ordered)
 
 
 def render_html(timeline: Timeline, *, max_messages: int = 1000) -> str:
@@ -627,7 +691,7 @@ def render_html(timeline: Timeline, *, max_messages: int = 1000) -> str:
     # Inside <script>, "</script>" or "<!--" would end or confuse the element: no "<" at all.
     data = data.replace("<", "\\u003c")
     title = _text(f"agentsnap timeline: run {timeline.run.id}")
-    return _HTML.format(title=title, css=_asset("app.css"), js=_asset("app.js"), data=data)
+    return _HTML.format(title=title, css=_asset("app.css"), js=_script(_PAGE_MODULE), data=data)
 
 
 def _us(when: datetime) -> int:

@@ -32,7 +32,9 @@ from agentsnap.records import TRACEBACK_LIMIT, bounded_traceback
 from agentsnap.store import Store
 from agentsnap.ui.server import create_app
 
-APP_JS = Path(__file__).resolve().parents[1] / "agentsnap" / "ui" / "static" / "app.js"
+RUNS_VIEW_JS = (
+    Path(__file__).resolve().parents[1] / "agentsnap" / "ui" / "static" / "views" / "runs.js"
+)
 
 
 class WorkState(AgentState):
@@ -177,7 +179,7 @@ async def test_events_of_a_run_without_a_journal_come_from_its_replay_log(store:
 
 
 async def test_the_inspector_filters_every_run_status_and_shows_tracebacks(store: Store) -> None:
-    offered = APP_JS.read_text().split('{ name: "status", "aria-label": "Status" }')[1]
+    offered = RUNS_VIEW_JS.read_text().split('{ name: "status", "aria-label": "Status" }')[1]
     listed = offered.split("].map")[0].split("[", 1)[1]
     assert [s.strip().strip('"') for s in listed.split(",")] == ["", *(s.value for s in RunStatus)]
 

@@ -26,15 +26,25 @@ a layer. The layers, from the bottom::
                  _closing, which never import it); above it only the public face:
                  the package itself, inspect (with _running, _events), timeline, ui,
                  cli, demo, testing, integrations, which nothing below imports
+
+Within the inspector (``ui``), the server wires one private module of routes per area of the
+API, and no area imports another. Its page is ES modules in ``ui/static`` layered the same
+way: what draws without a server (DOM helpers, JSON tree, schema checker, space-time view)
+imports nothing above it, so that the exported page (``agentsnap timeline``) inlines only
+those.
 """
 
 from __future__ import annotations
 
 import ast
+import posixpath
+import re
 from collections import deque
 from pathlib import Path
 
 import pytest
+
+from agentsnap import timeline
 
 PACKAGE = Path(__file__).resolve().parent.parent / "agentsnap"
 
@@ -305,3 +315,83 @@ def test_the_package_has_no_import_circle() -> None:
         if len(component) > 1
     ]
     assert not circles, "modules import each other: " + "; ".join(sorted(circles))
+
+
+# --- The inspector -----------------------------------------------------------------------------
+
+INSPECTOR_ROUTES = {module for module in MODULES if module.startswith("agentsnap.ui._routes_")}
+"""One module of routes per area of the API; ``agentsnap.ui.server`` wires them."""
+
+
+def test_the_inspector_has_its_routes_by_area() -> None:
+    assert {
+        "agentsnap.ui._routes_actions",
+        "agentsnap.ui._routes_runs",
+        "agentsnap.ui._routes_snapshots",
+        "agentsnap.ui._routes_messages",
+        "agentsnap.ui._routes_tools",
+        "agentsnap.ui._routes_requests",
+        "agentsnap.ui._routes_fork",
+    } <= INSPECTOR_ROUTES
+    assert imported_modules("agentsnap.ui.server") >= INSPECTOR_ROUTES
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _within(m, {"agentsnap.ui"})))
+def test_an_area_of_the_inspector_imports_no_other_area(module: str) -> None:
+    """Each area's routes stand on what they share (``_inspector``, ``_wire``, ``queries``),
+    never on another area's, and nothing but the server imports them."""
+    if module == "agentsnap.ui.server":
+        return
+    wrong = sorted((imported_modules(module) & INSPECTOR_ROUTES) - {module})
+    assert not wrong, f"{module} imports {wrong}; only agentsnap.ui.server may"
+    if module not in INSPECTOR_ROUTES:
+        assert "agentsnap.ui.server" not in imported_modules(module)
+
+
+STATIC = PACKAGE / "ui" / "static"
+JS_MODULES = {path.relative_to(STATIC).as_posix(): path for path in sorted(STATIC.rglob("*.js"))}
+JS_ENTRIES = {"main.js", "timeline_page.js"}
+"""The inspector's page (``index.html``) and the exported page (``agentsnap timeline``)."""
+JS_DRAWING = {"dom.js", "json_tree.js", "schema.js", "sources.js", "spacetime.js"}
+"""Modules that draw and check without a server: the exported page stands on these."""
+JS_CLIENT = {"api.js", "server_source.js"}
+"""The server's API client, and the space-time view's data from it."""
+JS_LAYERS = {
+    **dict.fromkeys(JS_DRAWING, JS_DRAWING),
+    **dict.fromkeys(JS_CLIENT, JS_DRAWING | JS_CLIENT),
+    "timeline_page.js": JS_DRAWING | {"views/common.js"},
+}
+"""What a module of the page may import; the others (views, router, live, main) may import
+any module but an entry."""
+JS_IMPORT = re.compile(r'^import\s*\{[^}]*\}\s*from\s*"([^"]+)";', re.MULTILINE)
+
+
+def js_imports(name: str) -> set[str]:
+    """The static modules ``name`` imports, as paths under the static folder."""
+    here = posixpath.dirname(name)
+    specs = JS_IMPORT.findall(JS_MODULES[name].read_text(encoding="utf-8"))
+    return {posixpath.normpath(posixpath.join(here, spec)) for spec in specs}
+
+
+@pytest.mark.parametrize("name", sorted(JS_MODULES))
+def test_a_page_module_imports_only_what_its_layer_allows(name: str) -> None:
+    imported = js_imports(name)
+    assert imported <= set(JS_MODULES), f"{name} imports {sorted(imported - set(JS_MODULES))}"
+    assert not imported & JS_ENTRIES, f"{name} imports an entry: {sorted(imported & JS_ENTRIES)}"
+    permitted = JS_LAYERS.get(name)
+    if permitted is not None:
+        wrong = sorted(imported - permitted - {name})
+        assert not wrong, f"{name} imports {wrong}, above it"
+
+
+def test_every_page_module_is_used_and_the_entries_inline() -> None:
+    reached: set[str] = set()
+    todo = list(JS_ENTRIES)
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(js_imports(name))
+    assert reached == set(JS_MODULES), f"unused: {sorted(set(JS_MODULES) - reached)}"
+    for entry in sorted(JS_ENTRIES):  # the export's resolver takes every entry whole
+        assert f"// {entry}\n" in timeline._script(entry)

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from agentsnap import ConfigurationError
+from agentsnap import timeline as timeline_module
 from agentsnap.cli import main
 from agentsnap.demo import run_demo
 from agentsnap.records import (
@@ -99,6 +100,11 @@ async def test_the_demo_as_html() -> None:
     assert '<script type="module">' in page
     assert "<style>" in page
     assert "class SpaceTime" in page, "the inspector's drawing code is inline"
+    # Only the modules the offline page needs: none that talks to a server.
+    assert "class ServerSource" not in page
+    assert "async function api(" not in page
+    assert "function runView(" not in page
+    assert not re.search(r"^\s*(import|export)\b", page, re.MULTILINE)
     assert not EXTERNAL.search(page)
     assert "<script src" not in page
     assert "<link" not in page
@@ -366,3 +372,72 @@ def test_the_png_script_says_when_chromium_is_missing(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "Chromium not found" in done.stderr
     assert not (tmp_path / "run.png").exists()
+
+
+def write_modules(folder: Path, modules: dict[str, str]) -> None:
+    for name, text in modules.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text, encoding="utf-8")
+
+
+def test_the_page_inlines_each_module_once_after_what_it_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_modules(
+        tmp_path,
+        {
+            "page.js": 'import { b } from "./views/b.js";\nimport { a } from "./a.js";\nb(a);\n',
+            "views/b.js": (
+                'import { a } from "../a.js";\n\nexport function b(x) {\n  return x + a;\n}\n'
+            ),
+            "a.js": "export const a = 1;\n",
+            "unused.js": "export const unused = 2;\n",
+        },
+    )
+    monkeypatch.setattr(timeline_module, "_STATIC", tmp_path)
+    script = timeline_module._script("page.js")
+    assert [line for line in script.splitlines() if line.startswith("// ")] == [
+        "// a.js",
+        "// views/b.js",
+        "// page.js",
+    ]
+    assert "export" not in script
+    assert "import" not in script
+    assert "unused" not in script
+    assert "const a = 1;" in script
+    assert "function b(x) {" in script
+
+
+@pytest.mark.parametrize(
+    ("modules", "message"),
+    [
+        (
+            {
+                "page.js": 'import { a } from "./a.js";\nconst b = 2;\n',
+                "a.js": "export const a = 1;\nconst b = 1;\n",
+            },
+            "a.js and page.js both declare 'b'",
+        ),
+        (
+            {"page.js": 'import { a } from "./gone.js";\n'},
+            "the module gone.js (imported by page.js)",
+        ),
+        (
+            {"page.js": 'import { a } from "https://example.org/a.js";\n'},
+            "the export inlines relative imports only",
+        ),
+        ({"page.js": "export default function page() {}\n"}, "export default function page"),
+        ({"page.js": 'import * as a from "./a.js";\n', "a.js": ""}, "import * as a"),
+        ({"page.js": "const s = '</script>';\n"}, "it holds a closing tag"),
+    ],
+)
+def test_a_module_the_page_cannot_inline_is_refused(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    modules: dict[str, str],
+    message: str,
+) -> None:
+    write_modules(tmp_path, modules)
+    monkeypatch.setattr(timeline_module, "_STATIC", tmp_path)
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        timeline_module._script("page.js")

@@ -9,7 +9,7 @@ as ``agentsnap tools resolve KEY`` does, with the same function
 * ``retry``: it did not, and the next call with the key runs the tool again.
 
 It is a write, under the rules of the other run actions (see
-[`agentsnap.ui._actions`][agentsnap.ui._actions]): the server must be started with
+`agentsnap.ui._routes_actions`): the server must be started with
 ``--allow-run`` (without it the route answers 403 with the exact command, which
 ``GET .../resolution`` also gives the page to show), and the ``POST`` carries the server's
 token. Only a call the ledger reports ``unknown`` is resolved.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 from pydantic import BaseModel, Field
@@ -31,11 +31,22 @@ from agentsnap.store.ledger import ledger_for
 if TYPE_CHECKING:
     from agentsnap.ledger import Ledger, LedgerEntry
     from agentsnap.store import Store
-    from agentsnap.ui._actions import Actions
 
-__all__ = ["ResolveRequest", "resolve_command", "resolve_router"]
+__all__ = ["Guard", "ResolveRequest", "resolve_command", "resolve_router"]
 
 Outcome = Literal["succeeded", "failed", "retry"]
+
+
+class Guard(Protocol):
+    """What resolving needs of the run actions' rules (the server's ``Actions``)."""
+
+    allow_run: bool
+    """Whether the server was started with ``--allow-run``."""
+    database: str | None
+    """The store's URL as a command may show it."""
+
+    def check_token(self, request: Request) -> None:
+        """Refuse a request that does not carry the server's token."""
 
 
 class ResolveRequest(BaseModel):
@@ -76,7 +87,7 @@ def resolve_command(
     return shlex.join(parts)
 
 
-def resolve_router(store: Store, actions: Actions, *, ledger: Ledger | None = None) -> APIRouter:
+def resolve_router(store: Store, actions: Guard, *, ledger: Ledger | None = None) -> APIRouter:
     """The routes that resolve unknown tool outcomes of the runs in ``store``."""
     router = APIRouter()
 

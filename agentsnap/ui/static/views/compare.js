@@ -3,7 +3,11 @@
 // order), the side-effecting tool calls paired where agent, tool and arguments agree (a dry
 // fork's show `dry`), and the model calls paired by agent, message and position.
 
-import { api, changeList, clear, diffMarks, el, enc, excerptJson, fmtTime, jsonTree, link, markToolCalls, put, runPath, shortId, statusBadge } from "../app.js";
+import { api, runPath } from "../api.js";
+import { clear, el, enc, excerptJson, fmtTime, link, put, shortId } from "../dom.js";
+import { jsonTree } from "../json_tree.js";
+import { statusBadge } from "./common.js";
+import { changeList, diffMarks, markToolCalls } from "./diff.js";
 
 function side(runId, snap) {
   if (!snap) return el("span", { class: "muted", text: "no cut" });

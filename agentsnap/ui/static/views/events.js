@@ -4,7 +4,9 @@
 //
 // Every piece of text that comes from a run is inserted as text, never as HTML.
 
-import { api, clear, el, enc, excerptJson, fmtTime, link, put, query, runPath, shortId, statusBadge } from "../app.js";
+import { api, query, runPath } from "../api.js";
+import { clear, el, enc, excerptJson, fmtTime, link, put, shortId } from "../dom.js";
+import { statusBadge } from "./common.js";
 
 const PAGE = 200;
 

@@ -2,7 +2,7 @@
 // failures' and the one that ended the run, with their exception chain), shown first on the
 // run's page.
 
-import { el, enc, link } from "../app.js";
+import { el, enc, link } from "../dom.js";
 
 /**
  * The error of a failed run, open on the run's first view (`open`), folded on the others.

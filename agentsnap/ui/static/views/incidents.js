@@ -3,7 +3,9 @@
 // its long idle gaps, folded to a narrow band that says how long they were, so that a run
 // stopped for an hour does not squash its minutes of work to a line.
 
-import { api, fmtSpan, LabelRows, runPath, TOP } from "../app.js";
+import { api, runPath } from "../api.js";
+import { fmtSpan } from "../dom.js";
+import { LabelRows, TOP } from "../spacetime.js";
 
 const FOLD_SHARE = 0.03; // a folded gap keeps this share of the run's active time
 

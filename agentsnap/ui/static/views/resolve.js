@@ -3,7 +3,9 @@
 // under the rules of the run actions: a server started with --allow-run takes it with its
 // token, any other shows the exact `agentsnap tools resolve` command instead.
 
-import { api, el, put, route, runPath } from "../app.js";
+import { api, runPath } from "../api.js";
+import { el, put } from "../dom.js";
+import { route } from "../router.js";
 
 // [outcome, label, what the record says, what it does]
 const OUTCOMES = [

@@ -29,7 +29,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from agentsnap.inspect import cancel_run, resolve_run
@@ -175,11 +175,19 @@ def add_actions(
                     return JSONResponse({"error": refused.detail}, status_code=403)
             return await call_next(request)
 
-    @app.get("/api/session", summary="What this server lets the page do, and its token")
+    app.include_router(actions_router(store, actions))
+    return actions
+
+
+def actions_router(store: Store, actions: Actions) -> APIRouter:
+    """``GET /api/session`` and the run actions (resume, cancel) over ``store``."""
+    router = APIRouter()
+
+    @router.get("/api/session", summary="What this server lets the page do, and its token")
     async def session() -> dict[str, Any]:
         return actions.session()
 
-    @app.post("/api/runs/{run}/resume", status_code=202, summary="Resume an interrupted run")
+    @router.post("/api/runs/{run}/resume", status_code=202, summary="Resume an interrupted run")
     async def resume(run: str, request: Request) -> dict[str, Any]:
         found = await resolve_run(store, run)
         actions.check_allowed("resume", found.id)
@@ -197,7 +205,7 @@ def add_actions(
             "command": actions.command("resume", found.id),
         }
 
-    @app.post("/api/runs/{run}/cancel", summary="Ask a running run to stop")
+    @router.post("/api/runs/{run}/cancel", summary="Ask a running run to stop")
     async def cancel(run: str, request: Request) -> dict[str, Any]:
         found = await resolve_run(store, run)
         actions.check_allowed("cancel", found.id)
@@ -207,4 +215,4 @@ def add_actions(
         done = await cancel_run(store, found.id, "cancelled from the inspector")
         return {"run_id": done.id, "status": done.status.value}
 
-    return actions
+    return router
