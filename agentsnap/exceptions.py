@@ -754,8 +754,9 @@ class ToolOutcomeUnknown(RunError):
             f"the outcome of tool {tool!r} with key {key!r} is unknown: "
             f"{owner or 'its owner'} claimed it and stopped before recording an outcome, so the "
             "effect may or may not have happened. Check the outside system, then record what "
-            f"happened: `agentsnap tools resolve {key} --result JSON` (or --error TEXT), or "
-            "agentsnap.ledger.resolve(); a tool that passes its key to the service may declare "
+            f"happened: `agentsnap tools resolve {key} --result JSON` (or --error TEXT, or "
+            "--retry to run it again), or agentsnap.ledger.resolve(), or the inspector's Tools "
+            "tab; a tool that passes its key to the service may declare "
             "@tool(rerun_if_unknown=True) to be run again instead"
         )
 

@@ -311,29 +311,37 @@ _UNSET: Any = object()
 
 
 async def resolve(
-    ledger: Ledger, key: str, *, result: JsonValue = _UNSET, error: str | None = None
+    ledger: Ledger,
+    key: str,
+    *,
+    result: JsonValue = _UNSET,
+    error: str | None = None,
+    retry: bool = False,
 ) -> LedgerEntry:
     """Record the outcome of a call whose outcome is unknown, once a person has checked it.
 
-    Pass ``result`` when the effect happened (later calls with the key get it back), or
-    ``error`` when it did not (later calls raise it as a final failure).
+    Pass ``result`` when the effect happened (later calls with the key get it back),
+    ``error`` when it did not (later calls raise it as a final failure), or ``retry=True``
+    when it did not and should be tried again (the next call with the key runs the tool, as
+    after a transient error).
 
     Args:
         ledger: The ledger holding the key.
         key: The idempotency key.
         result: The result the tool would have returned, as JSON.
         error: What went wrong, when the effect did not happen.
+        retry: The effect did not happen: run the tool again at the next call.
 
     Returns:
         The entry as recorded.
 
     Raises:
-        ConfigurationError: Neither or both of ``result`` and ``error`` given, or the entry's
-            outcome is not unknown.
+        ConfigurationError: Not exactly one of ``result``, ``error`` and ``retry`` given, or
+            the entry's outcome is not unknown.
         NotFoundError: The ledger holds no such key.
     """
-    if (result is _UNSET) == (error is None):
-        raise ConfigurationError("resolve() takes either result= or error=, not both or neither")
+    if (result is not _UNSET) + (error is not None) + retry != 1:
+        raise ConfigurationError("resolve() takes exactly one of result=, error= and retry=True")
     entry = await ledger.get(key)
     if entry is None:
         raise NotFoundError("ledger entry", key, f"the ledger holds no tool call with key {key!r}")
@@ -345,7 +353,10 @@ async def resolve(
         )
     now = utcnow()
     change: Change = {"owner": None, "lease_until": None, "updated_at": now}
-    if error is not None:
+    if retry:
+        change["status"] = ToolCallStatus.RETRYABLE
+        change["error"] = "ResolvedRetry: a person found the effect did not happen"
+    elif error is not None:
         change["status"] = ToolCallStatus.FAILED
         change["error"] = f"ResolvedFailure: {error}"
     else:

@@ -32,7 +32,9 @@ class _ToolsGroup(click.Group):
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         path = ctx.command_path
         formatter.write_usage(path, "[RUN] [--status S] [--json] [--wide] [--db URL]")
-        formatter.write_usage(path, "resolve KEY (--result JSON | --error TEXT)", prefix="   or: ")
+        formatter.write_usage(
+            path, "resolve KEY (--result JSON | --error TEXT | --retry)", prefix="   or: "
+        )
 
 
 _LIST = "list"
@@ -108,20 +110,24 @@ def list_tool_calls(run_id: str | None, db: str, status: str | None, as_json: bo
 @DB
 @click.option("--result", "result", metavar="JSON", help="It happened: what the tool returned.")
 @click.option("--error", metavar="TEXT", help="It did not happen: what went wrong.")
+@click.option("--retry", is_flag=True, help="It did not happen: run the tool again next time.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: {key, status, result, error}.")
-def resolve_tool_call(
-    key: str, db: str, result: str | None, error: str | None, as_json: bool
+def resolve_tool_call(  # noqa: PLR0917
+    key: str, db: str, result: str | None, error: str | None, retry: bool, as_json: bool
 ) -> None:
     """Record the outcome of tool call KEY, whose outcome is unknown.
 
     Check the outside system first (did the card get charged?). With --result, later calls
-    with this key return that JSON without running the tool; with --error, they fail.
+    with this key return that JSON without running the tool; with --error, they fail; with
+    --retry, the next call runs the tool again.
     """
     from agentsnap.ledger import resolve  # noqa: PLC0415
 
-    if (result is None) == (error is None):
-        raise click.UsageError("give either --result JSON or --error TEXT")
-    if result is not None:
+    if (result is not None) + (error is not None) + retry != 1:
+        raise click.UsageError("give one of --result JSON, --error TEXT and --retry")
+    if retry:
+        entry = with_ledger(db, lambda ledger: resolve(ledger, key, retry=True))
+    elif result is not None:
         try:
             value = json.loads(result)
         except json.JSONDecodeError as exc:

@@ -371,17 +371,21 @@ class RunIndex:
 
     # --- where each process recorded a snapshot -----------------------------------------
 
-    def _send_time(self, src: str, dst: str, seq: int, before: int) -> int | None:
-        """When message ``seq`` of a channel was last sent at or before ``before``."""
+    def _send_time(self, src: str, dst: str, seq: int, before: int) -> tuple[int, int] | None:
+        """When message ``seq`` of a channel was last sent at or before ``before``: its wall
+        time and the sender's Lamport clock then.
+        """  # noqa: D205
         number = self.channel_ids.get((src, dst))
         if number is None or seq <= 0:
             return None
         channel = self.channels[number]
         j = self._seek(channel, bisect.bisect_right(channel.sent_us, before) - 1, seq)
-        return None if j < 0 else channel.sent_us[j]
+        return None if j < 0 else (channel.sent_us[j], self.sent_lc[channel.members[j]])
 
-    def _delivery_time(self, src: str, dst: str, seq: int, before: int) -> int | None:
-        """When message ``seq`` of a channel was last delivered at or before ``before``."""
+    def _delivery_time(self, src: str, dst: str, seq: int, before: int) -> tuple[int, int] | None:
+        """When message ``seq`` of a channel was last delivered at or before ``before``: its
+        wall time and the receiver's Lamport clock then.
+        """  # noqa: D205
         number = self.channel_ids.get((src, dst))
         if number is None or seq <= 0:
             return None
@@ -391,9 +395,10 @@ class RunIndex:
             j = self._seek(channel, j, seq)
             if j < 0:
                 return None
-            when = self.delivered_us[channel.members[j]]
+            i = channel.members[j]
+            when = self.delivered_us[i]
             if when != NO_TIME and when <= before:
-                return when
+                return when, self.delivered_lc[i]
             j -= 1
         return None
 
@@ -433,17 +438,23 @@ class RunIndex:
         An agent recorded after the delivery numbered ``received[src]`` of each incoming
         channel and the send numbered ``sent[dst]`` of each outgoing one, and before the next
         ones; the earliest time those bounds and the snapshot's own times allow is taken. When
-        the journal does not bound it, the snapshot's start.
+        the journal does not bound it, the snapshot's start. Its Lamport clock is the clock of
+        the last of those events (0 when the cut holds none of the agent's events).
         """
         start = micros(snapshot.started_at)
         end = max(micros(snapshot.completed_at or snapshot.started_at), start)
         result: dict[str, dict[str, int]] = {}
         for name, cut in snapshot.agents.items():
-            lows = [
+            events = [
                 self._delivery_time(src, name, count, end) for src, count in cut.received.items()
             ]
-            lows += [self._send_time(name, dst, count, end) for dst, count in cut.sent.items()]
-            low = max((t for t in lows if t is not None), default=None)
+            events += [self._send_time(name, dst, count, end) for dst, count in cut.sent.items()]
+            lows = [event[0] for event in events if event is not None]
+            low = max(lows, default=None)
+            # In Lamport time the recording comes right after the last event the cut holds
+            # (and before the first it does not): read from the counters, not from the wall
+            # time, so that successive cuts never cross on a lane, nor one another.
+            clock = max((event[1] for event in events if event is not None), default=0)
             floor = low if low is not None else start
             highs = [
                 self._next_time(src, name, count + 1, floor, delivery=True)
@@ -466,7 +477,7 @@ class RunIndex:
                 else:
                     assert high is not None
                     when = high
-            result[name] = {"at_us": when, "lc": self.clock_at(name, when)}
+            result[name] = {"at_us": when, "lc": clock}
         return result
 
 

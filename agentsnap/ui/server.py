@@ -55,11 +55,15 @@ from agentsnap.exceptions import (
 from agentsnap.ui._inspector import Indexes, Inspector
 from agentsnap.ui._live import LiveTokens
 from agentsnap.ui._routes_actions import add_actions
+from agentsnap.ui._routes_compare import compare_router
+from agentsnap.ui._routes_events import events_router
 from agentsnap.ui._routes_fork import fork_router
 from agentsnap.ui._routes_messages import messages_router
 from agentsnap.ui._routes_requests import requests_router
+from agentsnap.ui._routes_resolve import resolve_router
 from agentsnap.ui._routes_runs import runs_router
 from agentsnap.ui._routes_snapshots import snapshots_router
+from agentsnap.ui._routes_timeline import timeline_router
 from agentsnap.ui._routes_tools import tools_router
 from agentsnap.ui._wire import error_response
 
@@ -131,7 +135,7 @@ def create_app(
         "tool calls; fork with edited states (when allowed) and bisect.",
         lifespan=lifespan,
     )
-    add_actions(app, store, allow_run=allow_run, app_spec=app_spec, token=token)
+    actions = add_actions(app, store, allow_run=allow_run, app_spec=app_spec, token=token)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -187,6 +191,10 @@ def create_app(
         tools_router(inspector),
         requests_router(inspector),
         fork_router(inspector),
+        events_router(store, ledger=ledger),
+        resolve_router(store, actions, ledger=ledger),
+        compare_router(store, ledger=ledger),
+        timeline_router(store, ledger=ledger),
     ):
         app.include_router(router)
 

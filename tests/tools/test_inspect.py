@@ -122,7 +122,7 @@ def test_resolve_refuses_what_it_cannot_do(tmp_path: Path) -> None:
 
     both = invoke("tools", "resolve", "done", "--result", "1", "--error", "x", "--db", url)
     assert both.exit_code != 0
-    assert "either --result JSON or --error TEXT" in both.output
+    assert "one of --result JSON, --error TEXT and --retry" in both.output
     bad = invoke("tools", "resolve", "done", "--result", "{oops", "--db", url)
     assert bad.exit_code != 0
     assert "not JSON" in bad.output
@@ -223,7 +223,7 @@ def test_tools_run_prints_the_ledger_of_one_run_unknown_outcomes_marked(db_url: 
     assert lines[2] in invoke("tools", "--db", db_url).output.splitlines()
     usage = invoke("tools", "--help").output
     assert " tools [RUN] [--status S] [--json] [--wide] [--db URL]" in usage
-    assert " tools resolve KEY (--result JSON | --error TEXT)" in usage
+    assert " tools resolve KEY (--result JSON | --error TEXT | --retry)" in usage
     missing = invoke("tools", "ffff", "--db", db_url)
     assert missing.exit_code == 1
     assert missing.output == "Error: no run with id 'ffff' in this store\n"

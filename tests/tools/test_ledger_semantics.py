@@ -241,8 +241,10 @@ async def test_a_person_resolves_an_unknown_outcome(ledger: Ledger) -> None:
 
     with pytest.raises(ConfigurationError, match="outcome is known"):
         await resolve(ledger, "lost", error="no")
-    with pytest.raises(ConfigurationError, match="either result= or error="):
+    with pytest.raises(ConfigurationError, match="exactly one of result=, error= and retry"):
         await resolve(ledger, "lost")
+    with pytest.raises(ConfigurationError, match="exactly one of"):
+        await resolve(ledger, "lost", error="no", retry=True)
 
 
 async def test_a_person_records_that_an_unknown_effect_did_not_happen(ledger: Ledger) -> None:
@@ -254,6 +256,20 @@ async def test_a_person_records_that_an_unknown_effect_did_not_happen(ledger: Le
         await charge.invoke(ledger, key="lost", card="9", amount=9)
     assert info.value.replayed
     assert counter.runs == 0
+
+
+async def test_a_person_has_an_unknown_effect_tried_again(ledger: Ledger) -> None:
+    counter = Counter()
+    charge = make_charge(counter)
+    assert await ledger.claim(entry("lost", dead_owner(), timedelta(0), card="9", amount=9)) is None
+    resolved = await resolve(ledger, "lost", retry=True)
+    assert resolved.status == ToolCallStatus.RETRYABLE
+    result = await charge.invoke(ledger, key="lost", card="9", amount=9)
+    assert result == {"charge": 1, "card": "9", "amount": 9}
+    assert counter.attempts == [2], "the lost claim was attempt 1"
+    found = await ledger.get("lost")
+    assert found is not None
+    assert found.status == ToolCallStatus.SUCCEEDED
 
 
 async def test_transient_errors_are_retried_under_the_same_key(ledger: Ledger) -> None:

@@ -32,7 +32,7 @@ export async function liveToken(parts, signal) {
 function redrawable(main) {
   const { parts } = parseHash();
   const section = parts[0] === "runs" && parts.length > 1 ? parts[2] || "" : "list";
-  if (!["list", "", "snapshots", "agents", "messages", "tools", "requests"].includes(section)) return false;
+  if (!["list", "", "snapshots", "agents", "messages", "tools", "requests", "events"].includes(section)) return false;
   const active = document.activeElement;
   if (active && active !== document.body && main.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName)) return false;
   return !main.querySelector("[data-dirty='true']");

@@ -3,7 +3,7 @@
 import { clear, el, fmtSpan, fmtTime, shortId } from "./dom.js";
 
 const LANE = 30;
-const TOP = 58; // room for the cuts' labels (two rows) and the rollbacks' (one row)
+export const TOP = 58; // room for the cuts' labels (two rows) and the rollbacks' (one row)
 const CUT_LABEL_ROWS = [TOP - 30, TOP - 43]; // baselines, tried in this order
 const ROLLBACK_LABEL_ROW = TOP - 17;
 
@@ -12,7 +12,7 @@ const ROLLBACK_LABEL_ROW = TOP - 17;
  * horizontal span; a label that fits on no row is left out (the hit area and the tooltip
  * still tell what is there).
  */
-class LabelRows {
+export class LabelRows {
   constructor(ctx, width, rows) {
     this.ctx = ctx;
     this.width = width;
@@ -276,10 +276,19 @@ export class SpaceTime {
   }
 
   x(t) {
+    if (this.fold && this.axis === "wall") {
+      // Long idle gaps folded (views/incidents.js): the axis is piecewise linear.
+      const from = this.fold.u(this.view.from);
+      return PAD + ((this.fold.u(t) - from) / (this.fold.u(this.view.to) - from)) * (this.width - 2 * PAD);
+    }
     return PAD + ((t - this.view.from) / (this.view.to - this.view.from)) * (this.width - 2 * PAD);
   }
 
   t(x) {
+    if (this.fold && this.axis === "wall") {
+      const from = this.fold.u(this.view.from);
+      return this.fold.t(from + ((x - PAD) / (this.width - 2 * PAD)) * (this.fold.u(this.view.to) - from));
+    }
     return this.view.from + ((x - PAD) / (this.width - 2 * PAD)) * (this.view.to - this.view.from);
   }
 
@@ -491,6 +500,7 @@ export class SpaceTime {
       this.drawEvents(ctx, height);
     }
     this.drawCuts(ctx, height);
+    if (this.overlay) this.overlay(ctx, height);
     this.drawHover(ctx);
     canvas.dataset.drawn = String(drawn);
     this.updateInfo(drawn);

@@ -5,7 +5,7 @@ import { clear, el, enc, excerptJson, put } from "../dom.js";
 import { jsonTree } from "../json_tree.js";
 import { loadSnapshot, snapshotLabel } from "./snapshots.js";
 
-function diffMarks(diff) {
+export function diffMarks(diff) {
   // The paths a diff_states result names, for highlighting: memory.K, plan[i], fields K.
   const a = new Map();
   const b = new Map();
@@ -27,7 +27,7 @@ function diffMarks(diff) {
   return [a, b];
 }
 
-function markToolCalls(state, diff, marks, side) {
+export function markToolCalls(state, diff, marks, side) {
   const calls = Array.isArray(state && state.tool_calls) ? state.tool_calls : [];
   const m = diff.tool_calls || {};
   calls.forEach((call, i) => {

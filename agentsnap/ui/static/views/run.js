@@ -7,8 +7,12 @@ import { SpaceTime } from "../spacetime.js";
 import { runActions } from "./actions.js";
 import { bisectPanel } from "./bisect.js";
 import { errorBox, state, statusBadge, tags } from "./common.js";
+import { comparePanel } from "./compare.js";
 import { diffPanel } from "./diff.js";
+import { eventsPanel } from "./events.js";
+import { failureBox } from "./failure.js";
 import { forkPanel } from "./fork.js";
+import { attachIncidents } from "./incidents.js";
 import { requestsPanel } from "./requests.js";
 import { agentPanel, cutPanel, messagePanel, snapshotsPanel } from "./snapshots.js";
 import { toolsPanel } from "./tools.js";
@@ -46,11 +50,13 @@ function runHeader(run, requests) {
   const tabs = [
     ["", "Timeline"],
     ["snapshots", "Snapshots"],
+    ["events", "Events"],
     ["tools", "Tools"],
     ["requests", waiting ? `Requests (${waiting} waiting)` : "Requests"],
     ["diff", "Diff"],
     ["bisect", "Bisect"],
   ];
+  if (d.parent_run_id) tabs.push(["compare", "Compare with parent"]);
   return el(
     "div",
     { class: "run-header" },
@@ -96,6 +102,8 @@ export async function runView(main, parts, params, signal) {
   if (signal.aborted) return;
   const actions = runActions(run, session);
   if (actions) content.push(actions);
+  // A failed run's page opens on its error (folded on the other views).
+  if (run.detail.status === "failed") content.push(failureBox(run.detail, section === ""));
   const showTimeline = section === "" || section === "agents" || section === "messages" || (section === "snapshots" && parts[2]);
   if (showTimeline) content.push(timelineFor(run).root);
   content.push(panel);
@@ -125,6 +133,10 @@ export async function runView(main, parts, params, signal) {
     await forkPanel(panel, run, parts[2], signal);
   } else if (section === "bisect") {
     bisectPanel(panel, run, params);
+  } else if (section === "events") {
+    await eventsPanel(panel, run, params, signal);
+  } else if (section === "compare") {
+    await comparePanel(panel, run, params, signal);
   } else {
     put(panel, errorBox(new Error(`nothing here: #${location.hash.slice(1)}; go back to the run`)));
   }
@@ -133,6 +145,7 @@ export async function runView(main, parts, params, signal) {
 function timelineFor(run) {
   if (state.timeline && state.timelineRun === run.detail.id) {
     state.timeline.update(run.detail, run.snapshots);
+    attachIncidents(state.timeline, run.detail.id);
     return state.timeline;
   }
   const id = enc(run.detail.id);
@@ -148,5 +161,6 @@ function timelineFor(run) {
   state.timelineRun = run.detail.id;
   window.agentsnap.timeline = timeline;
   timeline.scheduleFetch();
+  attachIncidents(timeline, run.detail.id);
   return timeline;
 }

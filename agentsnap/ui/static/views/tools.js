@@ -4,6 +4,7 @@ import { api, query, runPath } from "../api.js";
 import { clear, el, enc, fmtTime, link, put } from "../dom.js";
 import { jsonTree } from "../json_tree.js";
 import { statusBadge } from "./common.js";
+import { resolveControl } from "./resolve.js";
 
 export async function toolsPanel(panel, run, params, signal) {
   const id = enc(run.detail.id);
@@ -39,7 +40,7 @@ export async function toolsPanel(panel, run, params, signal) {
       el("td", { class: "mono", text: c.key }),
       el("td", { text: c.tool }),
       el("td", { text: c.agent ?? "-" }),
-      el("td", null, statusBadge(c.status), c.unknown ? el("span", { class: "badge unknown", text: "outcome unknown" }) : null),
+      el("td", null, statusBadge(c.status), c.unknown ? [el("span", { class: "badge unknown", text: "outcome unknown" }), resolveControl(run.detail.id, c)] : null),
       el("td", { class: "num", text: c.attempts }),
       el("td", null, c.error ? el("div", { class: "error-text", text: c.error }) : null, c.outcome === null || c.outcome === undefined ? el("span", { class: "muted", text: "-" }) : jsonTree(c.outcome, { open: 0 })),
       el("td", { text: fmtTime(c.started_at_us) }),
