@@ -103,6 +103,7 @@ async def test_agents_move_between_worker_processes_while_the_run_goes_on(
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]),
         "BANK_TELLERS": str(TELLERS),
+        "BANK_DERIVED": "1",
         "BANK_POISON": "",
         "AGENTSNAP_EFFECTS_URL": postgres_url,
     }
