@@ -1,14 +1,16 @@
 """A run's coordinator as a process of its own, to be killed and taken over by the tests.
 
 ```text
-python tests/coordinator_process.py NATS DB RUN DONE new CHAINS HOPS   # create the run, feed it
+python tests/coordinator_process.py NATS DB RUN DONE new CHAINS HOPS [EVERY]  # create, feed
 python tests/coordinator_process.py NATS DB RUN DONE take-over         # take it over
 ```
 
 It coordinates the bank of ``distributed_effects.py`` with a snapshot every tenth of a
-second until the run is idle; then, once the file ``DONE`` exists, it closes the run and
+second until the run is idle (``new`` sends a chain every ``EVERY`` seconds, all at once by
+default); then, once the file ``DONE`` exists, it closes the run and
 exits 0 (so that it may still be killed, and the run taken over, once the run is idle). It
-prints, one a line and flushed: ``fed`` once the input is in the run's stream (``new``),
+prints, one a line and flushed: ``started`` once it holds the run (``new``), ``fed`` once
+the input is in the run's stream (``new``),
 ``waiting`` as it starts waiting for the run's lease and ``took-over`` once it holds the run
 (``take-over``: a standby, started while the coordinator it replaces still runs),
 ``complete SEQ TIME`` for every snapshot it completes (``TIME``: the wall clock), ``idle``
@@ -75,9 +77,13 @@ async def main(nats: str, db: str, run_id: str, done: str, mode: str, *rest: str
         await run.start()
         reporter = asyncio.ensure_future(report(run))
         if mode == "new":
+            say("started")
             chains, hops = int(rest[0]), int(rest[1])
+            every = float(rest[2]) if len(rest) > 2 else 0.0
             for chain in range(chains):
                 run.send(chain_start(chain), {"chain": chain, "hops": hops}, kind="go")
+                if every:
+                    await asyncio.sleep(every)
             await run.flush()
             say("fed")
         else:

@@ -4,7 +4,9 @@
 (with this directory on ``PYTHONPATH``). A ``go`` message ``{"chain": c, "hops": h}`` starts
 chain ``c``: the teller receiving a transfer keeps its amount, books it with the
 side-effecting tool ``book`` (a row in the table ``bank_effects``, outside the ledger, under
-the idempotency key ``run:chain:hops``), and, while hops remain, sends a fixed amount to a
+the idempotency key ``run:chain:hops``; with ``BANK_DERIVED=1``, the transfers of every
+even-numbered chain under the key agentsnap derives from the message being handled, so
+half of the effects), and, while hops remain, sends a fixed amount to a
 fixed peer, both functions of the chain and the hop: the same transfer is made again after a
 rollback or a crash. Money is only moved, so every consistent cut holds the initial total.
 
@@ -33,6 +35,9 @@ TELLERS = int(os.environ.get("BANK_TELLERS", "9"))
 BALANCE = 1_000
 EFFECTS = "bank_effects"
 STUBBORN = os.environ.get("BANK_STUBBORN") == "1"
+DERIVED = os.environ.get("BANK_DERIVED") == "1"
+"""Book the even-numbered chains under derived keys (safe where the run stays on its
+timeline: crashes, partitions, takeovers, moves; not after a rejected output)."""
 
 
 def poisoned() -> set[tuple[int, int]]:
@@ -112,7 +117,10 @@ class Teller(Agent[TellerState]):
         run, chain, hops = ctx.run_id, transfer.chain, transfer.hops
         key = f"{run}:{chain}:{hops}"
         try:
-            await book(ctx, key=key, run=run, chain=chain, hops=hops, teller=self.name)
+            if DERIVED and chain % 2 == 0:
+                await book(ctx, run=run, chain=chain, hops=hops, teller=self.name)
+            else:
+                await book(ctx, key=key, run=run, chain=chain, hops=hops, teller=self.name)
         except ToolOutcomeUnknown:
             # The worker that made the call was killed during it: the world knows.
             if not await booked(run, chain, hops):

@@ -93,6 +93,8 @@ class Workers:
             "BANK_TELLERS": str(TELLERS),
             "BANK_POISON": self.poison,
             "BANK_STUBBORN": "1" if self.stubborn else "0",
+            # Derived keys for half of the effects where the run keeps its timeline: crashes.
+            "BANK_DERIVED": "0" if self.poison else "1",
             "AGENTSNAP_EFFECTS_URL": self.postgres_url,
         }
 

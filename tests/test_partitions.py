@@ -18,8 +18,16 @@ CI runs one partition of each kind; ``AGENTSNAP_PARTITIONS=nightly`` runs a long
 schedule (``AGENTSNAP_PARTITIONS_FAULTS`` faults, 2 to 30 s each, any host, either way of
 cutting). Each test prints its history's figures (``-s`` shows them).
 
-A fault is a [`Fault`][]: one more kind of fault (killing the coordinator, once a run's
-coordinator can be started again on another host) is one more ``Fault.kind`` applied in
+In the same manner, the run's coordinator, a process on a host of its own
+(``coordinator_process.py``), is SIGKILLed among the partitions, a standby coordinator
+taking the run over each time (two kills in CI, ``AGENTSNAP_PARTITIONS_KILLS`` at night).
+The even-numbered chains are booked under the keys agentsnap derives (``BANK_DERIVED=1``),
+half of the effects, in CI's runs without a coordinator killed: a takeover, and a rollback
+for work lost to a database away longer than the store retries (nightly's long
+partitions), start a new timeline, on which a derived key names a call only while each
+agent takes its messages in the same order (see the how-to's *Limits*).
+
+A fault is a [`Fault`][]: one more kind of fault is one more ``Fault.kind`` applied in
 [`Nemesis.apply`][].
 """
 
@@ -67,8 +75,10 @@ PATIENCE = 600.0 if NIGHTLY else 150.0
 """Seconds a step may take (never reached when green)."""
 TELLERS = 9
 GROUPS = 3
-HOSTS = GROUPS + 1
-"""A host per group of tellers, and a spare host for a worker taking over a group."""
+HOSTS = GROUPS + 2
+"""A host per group of tellers, a spare host for a worker taking over a group, and the host
+of the coordinator processes."""
+COORDINATOR_HOST = GROUPS + 1
 TOTAL = TELLERS * BALANCE
 HOPS = 12
 LEASE = 10.0 if NIGHTLY else 2.0
@@ -87,6 +97,8 @@ class Fault:
     kind: str = "partition"
 
     def __str__(self) -> str:
+        if self.kind == "coordinator":
+            return "coordinator killed (SIGKILL), a standby took over"
         return (
             f"host {self.host} cut from {'+'.join(self.services)} ({self.how}) {self.seconds:.1f} s"
         )
@@ -105,6 +117,9 @@ class History:
     cuts_checked: int = 0
     cuts_failed: int = 0
     rollbacks: int = 0
+    takeovers: int = 0
+    busy_kills: int = 0
+    """Coordinators killed while the run was busy (not idle yet)."""
 
     def report(self, name: str) -> None:
         figures = {k: v for k, v in asdict(self).items() if k != "chains"}
@@ -152,11 +167,17 @@ class Workers:
         self.tmp = tmp
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.logs: dict[int, Path] = {}
+        # Faults of CI's size (at most 4 s) stay within the store's retries; the longer ones
+        # of a nightly run make handlers lose work to the database, and that rollback starts
+        # a new timeline, where derived keys no longer name the same calls.
+        self.derived = not NIGHTLY
+        """Whether half of the effects are booked under derived keys (``BANK_DERIVED``)."""
 
     def env(self) -> dict[str, str]:
         return {
             **worker_environment(),
             "BANK_TELLERS": str(TELLERS),
+            "BANK_DERIVED": "1" if self.derived else "0",
             "BANK_POISON": "",
             "AGENTSNAP_EFFECTS_URL": self.hosts.postgres.url,
         }
@@ -213,27 +234,44 @@ async def until(condition: Callable[[], bool], what: str, workers: Workers | Non
 class Nemesis:
     """Applies faults to the hosts of a run and waits for the run to take a cut again."""
 
-    def __init__(self, hosts: Hosts, run: DistributedRun, workers: Workers, history: History):
+    def __init__(
+        self,
+        hosts: Hosts,
+        run: DistributedRun | Callable[[], int],
+        workers: Workers,
+        history: History,
+        kill: Callable[[], Awaitable[None]] | None = None,
+    ):
         self.hosts = hosts
-        self.run = run
+        if isinstance(run, DistributedRun):
+            complete = run.complete
+            self.completed: Callable[[], int] = lambda: len(complete)
+        else:
+            self.completed = run
+        """How many snapshots the run completed so far."""
         self.workers = workers
         self.history = history
+        self.kill = kill
+        """Kills the run's coordinator, and waits for a standby to take the run over."""
 
     async def apply(self, fault: Fault) -> None:
         """Apply ``fault``, heal it, and wait until a snapshot begun since completes."""
         self.history.faults.append(str(fault))
-        if fault.kind != "partition":
+        if fault.kind == "coordinator" and self.kill is not None:
+            await self.kill()
+        elif fault.kind == "partition":
+            self.hosts.cut(fault.host, fault.services, fault.how)
+            try:
+                await asyncio.sleep(fault.seconds)
+            finally:
+                self.hosts.heal(fault.host)
+        else:
             raise AssertionError(f"no such fault: {fault.kind}")
-        self.hosts.cut(fault.host, fault.services, fault.how)
-        try:
-            await asyncio.sleep(fault.seconds)
-        finally:
-            self.hosts.heal(fault.host)
         # The run goes on: a snapshot taken now completes.
-        seen = len(self.run.complete)
+        seen = self.completed()
         await until(
-            lambda: len(self.run.complete) > seen + 1,
-            f"a snapshot completed after healing {fault}",
+            lambda: self.completed() > seen + 1,
+            f"a snapshot completed after {fault}",
             self.workers,
         )
 
@@ -265,10 +303,11 @@ async def feed(run: DistributedRun, history: History, rng: random.Random) -> Non
 
 
 async def check(
-    store: SqlStore, url: str, run: DistributedRun, last: Snapshot, history: History
+    store: SqlStore, url: str, run: DistributedRun | str, last: Snapshot, history: History
 ) -> None:
     """Fill in the history's figures from the store and the world, then assert on them."""
-    stored = await store.list_snapshots(run.run_id)
+    run_id = run if isinstance(run, str) else run.run_id
+    stored = await store.list_snapshots(run_id)
     complete = [s for s in stored if s.status is SnapshotStatus.COMPLETE]
     wrong = [
         (s.seq, cut_problems(s), money_in(s))
@@ -277,8 +316,8 @@ async def check(
     ]
     history.cuts_checked = len(complete)
     history.cuts_failed = len(stored) - len(complete)
-    history.rollbacks = len(run.rollbacks)
-    booked = effects(url, run.run_id)
+    history.rollbacks = len(await store.list_rollbacks(run_id))
+    booked = effects(url, run_id)
     wanted = {(chain, h) for chain, hops in history.chains.items() for h in range(hops + 1)}
     history.effects = sum(booked.values())
     history.duplicates = sum(count - 1 for count in booked.values() if count > 1)
@@ -286,7 +325,7 @@ async def check(
     ledger = ledger_for(store)
     assert ledger is not None
     try:
-        calls = await ledger.list_calls(run.run_id)
+        calls = await ledger.list_calls(run_id)
     finally:
         await ledger.close()
     statuses = Counter(entry.status for entry in calls)
@@ -465,3 +504,120 @@ async def test_a_worker_cut_from_postgres_past_its_lease_is_replaced_and_does_no
     finally:
         history.report("takeover")
     assert "lost its agents" in (tmp_path / f"worker-{group}.log").read_text()
+
+
+KILLS = int(os.environ.get("AGENTSNAP_PARTITIONS_KILLS", "6" if NIGHTLY else "2"))
+"""Coordinators SIGKILLed during the run of partitions and coordinator kills."""
+CHAINS = 60 if NIGHTLY else 24
+KILL_HOPS = 40
+"""Hops of each chain in that run: long enough that coordinators die while it is busy."""
+
+
+class Coordinator:
+    """A coordinator process of the run (``coordinator_process.py``) on the coordinator host."""
+
+    def __init__(self, process: asyncio.subprocess.Process, log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def said(self, text: str) -> bool:
+        return any(line.startswith(text) for line in self.lines())
+
+    def completed(self) -> int:
+        return sum(line.startswith("complete ") for line in self.lines())
+
+
+async def test_partitions_and_coordinators_killed_in_the_same_run_lose_and_repeat_nothing(
+    hosts: Hosts, store: SqlStore, tmp_path: Path
+) -> None:
+    """Partitions of a worker and SIGKILLs of the coordinator, one after the other, in one run.
+
+    The coordinator is a process on a host of its own, a standby waiting beside it for the
+    run's lease; each kill is taken over by the standby (which rolls the run back to its last
+    complete cut), and a new standby is started.
+    """
+    rng = random.Random()
+    history = History()
+    run_id = os.urandom(16).hex()
+    done = tmp_path / "done"
+    workers = Workers(hosts, run_id, tmp_path)
+    coordinators: list[Coordinator] = []
+
+    async def coordinator(*mode: str) -> Coordinator:
+        log = tmp_path / f"coordinator-{len(coordinators)}.log"
+        script = str(HERE / "coordinator_process.py")
+        args = [script, hosts.nats.url, hosts.postgres.url, run_id, str(done), *mode]
+        argv = hosts.command(COORDINATOR_HOST, [sys.executable, *args])
+        with log.open("wb") as out:
+            process = await asyncio.create_subprocess_exec(
+                *argv, env=workers.env(), stdout=out, stderr=out
+            )
+        started = Coordinator(process, log)
+        coordinators.append(started)
+        return started
+
+    def completed() -> int:
+        return sum(c.completed() for c in coordinators)
+
+    workers.derived = False
+    current = first = await coordinator("new", str(CHAINS), str(KILL_HOPS), "0.3")
+    standby: Coordinator | None = None
+
+    async def kill() -> None:
+        nonlocal current, standby
+        assert standby is not None
+        await until(lambda: standby is not None and standby.said("waiting"), "a standby")
+        current.process.kill()
+        await current.process.wait()
+        await until(lambda: standby is not None and standby.said("took-over"), "a takeover")
+        history.takeovers += 1
+        history.busy_kills += not current.said("idle")
+        current, standby = standby, await coordinator("take-over")
+
+    faults = [*schedule(rng), *[Fault(0, (), 0.0, kind="coordinator") for _ in range(KILLS)]]
+    rng.shuffle(faults)
+    link = await JetStreamLink.connect(hosts.nats.url)
+    try:
+        await until(lambda: current.said("started"), "the run created", workers)
+        for group in range(GROUPS):
+            await workers.start(group)
+        await workers.until_up()
+        standby = await coordinator("take-over")
+        nemesis = Nemesis(hosts, completed, workers, history, kill)
+        for fault in faults:
+            await asyncio.sleep(rng.uniform(0.3, 1.5))
+            if fault.kind == "coordinator":
+                # Every chain is in the stream first: a coordinator killed while it feeds
+                # would lose what it had not sent.
+                await until(lambda: first.said("fed"), "the input fed", workers)
+            await nemesis.apply(fault)
+        assert standby is not None
+        standby.process.kill()
+        await standby.process.wait()
+        await until(lambda: current.said("idle"), "the run idle", workers)
+        done.touch()
+        code = await asyncio.wait_for(current.process.wait(), PATIENCE)
+        assert code == 0, current.log.read_text()[-3000:]
+        await workers.stop()
+    finally:
+        hosts.heal()
+        for started in coordinators:
+            if started.process.returncode is None:
+                started.process.kill()
+                await started.process.wait()
+        await workers.kill()
+        await link.delete_stream(run_id)
+        await link.close()
+    history.chains = dict.fromkeys(range(CHAINS), KILL_HOPS)
+    stored = await store.list_snapshots(run_id)
+    last = max((s for s in stored if s.status is SnapshotStatus.COMPLETE), key=lambda s: s.seq)
+    try:
+        await check(store, hosts.postgres.url, run_id, last, history)
+    finally:
+        history.report("partitions-and-coordinator-kills")
+    assert history.takeovers == KILLS
+    abandoned = [s for s in stored if s.error and "coordinator stopped" in s.error]
+    assert all(s.status is SnapshotStatus.FAILED for s in abandoned)

@@ -52,6 +52,13 @@ from agentsnap.cli._main import main
     help="Seconds to wait for agents another worker holds: to take over the agents of a "
     "worker that stopped, once its leases expire.",
 )
+@click.option(
+    "--move",
+    is_flag=True,
+    help="Take the agents from the workers hosting them, at a cut, while the run goes on "
+    "(to rebalance): the run's coordinator takes a snapshot, the worker hosting them lets "
+    "them go and serves on with its others, and the run goes back to that snapshot.",
+)
 def worker(  # noqa: PLR0917 - click passes the options positionally
     nats_url: str,
     db: str,
@@ -62,6 +69,7 @@ def worker(  # noqa: PLR0917 - click passes the options positionally
     lease: float,
     nats_patience: float,
     wait: float,
+    move: bool,
 ) -> None:
     """Host some agents of a run spread over processes, until SIGTERM or Ctrl-C.
 
@@ -69,8 +77,9 @@ def worker(  # noqa: PLR0917 - click passes the options positionally
     others are reached over NATS JetStream. It writes its part of every snapshot the run's
     coordinator begins to the database (see agentsnap.distributed). A worker started again
     after a crash (or given the agents of a worker that stopped, with --wait) restores them
-    from the run's last complete snapshot, the whole run rolling back to it. Needs the nats
-    extra: pip install 'agentsnap[nats]'.
+    from the run's last complete snapshot, the whole run rolling back to it. With --move it
+    takes its agents from a running worker, which lets them go and serves on with its others
+    (it exits when it hosts nothing more). Needs the nats extra: pip install 'agentsnap[nats]'.
     """
     from agentsnap.distributed import place  # noqa: PLC0415
     from agentsnap.exceptions import ConfigurationError  # noqa: PLC0415
@@ -83,7 +92,7 @@ def worker(  # noqa: PLR0917 - click passes the options positionally
         raise click.UsageError(str(exc)) from exc
     guard(
         lambda: asyncio.run(
-            _serve_worker(nats_url, db, app, run_id, hosted, lease, nats_patience, wait)
+            _serve_worker(nats_url, db, app, run_id, hosted, lease, nats_patience, wait, move)
         )
     )
 
@@ -97,6 +106,7 @@ async def _serve_worker(  # noqa: PLR0917
     lease: float,
     nats_patience: float,
     wait: float,
+    move: bool = False,
 ) -> None:
     """Check the run and NATS (writing nothing), then serve until a signal says stop."""
     import signal  # noqa: PLC0415
@@ -124,6 +134,7 @@ async def _serve_worker(  # noqa: PLR0917
                 lease=lease,
                 nats_patience=nats_patience,
                 wait=wait,
+                move=move,
             )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -137,6 +148,11 @@ async def _serve_worker(  # noqa: PLR0917
                 await serving.stopped.wait()
             finally:
                 await serving.close()
+            if serving.moved_out:
+                click.echo(
+                    f"worker {serving.name} let {', '.join(serving.moved_out)} go to another",
+                    err=True,
+                )
             if serving.error is not None:
                 raise serving.error
         finally:

@@ -56,7 +56,7 @@ import orjson
 from agentsnap.distributed._takeover import EnvironmentLog, StoredTimeline, generation_floor
 from agentsnap.distributed.app import PROCESSES, App, check_run
 from agentsnap.distributed.host import Host
-from agentsnap.distributed.orders import control_subject
+from agentsnap.distributed.orders import broadcast_subject, control_subject
 from agentsnap.distributed.recovery import RollbackAuthority
 from agentsnap.distributed.retention import Retainer, StreamRetention
 from agentsnap.exceptions import (
@@ -104,6 +104,9 @@ _T = TypeVar("_T")
 
 COORDINATOR = "coordinator"
 """The name the coordinator's own part (the environment's) is stored under."""
+
+_MOVE_CUT = 20.0
+"""Seconds a move waits at most for the snapshot it happens at."""
 
 _NOTHING = StateBlob("{}")
 """The environment's state in every cut."""
@@ -200,6 +203,10 @@ class DistributedRun:
             rollback left included).
         failed: The snapshots stored as failed, in order.
         authority: Decides and carries out the run's rollbacks and recoveries.
+
+    A worker started with ``move`` takes agents from the workers hosting them while the run
+    goes on: the coordinator takes a snapshot, tells every worker to let those agents go
+    (``moves`` lists them), and the run goes back to that cut once the new worker hosts them.
     """
 
     def __init__(
@@ -276,6 +283,9 @@ class DistributedRun:
         self.retainer = None if retention is None else Retainer(link, store, self.run_id, retention)
         """Applies ``retention`` as snapshots complete (``None`` without one)."""
         self._failing: set[asyncio.Task[None]] = set()
+        self.moves: list[tuple[list[str], str]] = []
+        """The moves of agents workers asked for, oldest first: the agents, and the worker
+        they moved to (see [`Worker`][agentsnap.distributed.Worker]'s ``move``)."""
 
     @classmethod
     def take_over(
@@ -734,6 +744,10 @@ class DistributedRun:
             self.authority.lost(request)
         elif "passed" in request:
             self.authority.passed(request)
+        elif "move" in request and msg.reply:
+            task = asyncio.ensure_future(self._move(request, msg))
+            self._failing.add(task)
+            task.add_done_callback(self._failing.discard)
         elif "hello" in request and msg.reply:
             answer = self.authority.hello(request)
             try:
@@ -741,6 +755,49 @@ class DistributedRun:
             except Exception as exc:  # the worker asks again, or starts without an answer
                 logger.warning("run %s: hello not answered: %r", self.run_id, exc)
         self._wake.set()
+
+    async def _move(self, request: dict[str, Any], msg: Msg) -> None:
+        """A worker takes agents from the workers hosting them: a cut, then ``let_go``."""
+        worker = str(request.get("move"))
+        wanted = request.get("agents")
+        names = sorted({str(n) for n in wanted}) if isinstance(wanted, list) else []
+        unknown = sorted(set(names) - set(self.names))
+        answer: dict[str, Any]
+        if not names or unknown:
+            answer = {
+                "error": f"run {self.run_id} has no agent {', '.join(map(repr, unknown))}"
+                if unknown
+                else "name the agents to move"
+            }
+        elif self.authority.exhausted is not None:
+            answer = {"error": f"run {self.run_id} stopped: {self.authority.exhausted}"}
+        else:
+            # The cut the agents move at: the recovery that follows goes back to it, so the
+            # work redone is what happened between it and the new worker's start.
+            seq: int | None = None
+            if self._cannot_look() is None:
+                handle = self.snapshot()
+                try:
+                    async with asyncio.timeout(min(self.part_timeout, _MOVE_CUT)):
+                        snapshot = await handle.wait()
+                    seq = snapshot.seq
+                except (SnapshotFailed, TimeoutError) as exc:
+                    logger.warning("run %s: the cut for a move failed: %r", self.run_id, exc)
+            self.moves.append((names, worker))
+            logger.warning(
+                "run %s: %s move to worker %s at snapshot %s",
+                self.run_id,
+                ", ".join(names),
+                worker,
+                seq,
+            )
+            body = orjson.dumps({"let_go": names, "to": worker})
+            await self._link.nc.publish(broadcast_subject(self.run_id), body)
+            answer = {"moving": names, "snapshot": seq}
+        try:
+            await msg.respond(orjson.dumps(answer))
+        except Exception as exc:  # the worker gives up, saying so
+            logger.warning("run %s: a move was not answered: %r", self.run_id, exc)
 
     # -- completion -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ run's coordinator on the run's control subject
 | ``{"rejected": {...}, "generation": g, "worker": w}`` | an output of an agent hosted by ``w`` was rejected in generation ``g`` |
 | ``{"restored": g, "epoch": n, "worker": w, "agents": [...], "discarded": d}`` | ``w`` carried out rollback ``g`` (its agents are restored); ``n``: the newest snapshot number it saw |
 | ``{"passed": [src, dst, seq], "worker": w}`` | a message redone after a rejection was handled without one |
+| ``{"move": w, "agents": [...]}`` (a request) | ``w`` takes these agents from the workers hosting them: the coordinator takes a snapshot, tells every worker to let them go, and replies ``{"moving": [...], "snapshot": k}`` (or ``{"error": why}``) |
 | ``{"hello": w, "agents": [...]}`` (a request) | ``w`` starts: the reply says the run's generation, timeline and snapshot number, and whether ``w`` is to wait for a rollback that restores its agents |
 
 The coordinator tells every process on the run's broadcast subject
@@ -18,6 +19,7 @@ The coordinator tells every process on the run's broadcast subject
 |---|---|
 | ``{"rollback": {...}}`` | phase 1: stop, and go back to the cut (a [`RollbackOrder`][agentsnap.distributed.RollbackOrder]) |
 | ``{"resume": g, "epoch": n}`` | phase 2: every process carried out rollback ``g``: deliver again |
+| ``{"let_go": [...], "to": w}`` | the worker hosting these agents stops hosting them (``w`` takes them) and goes on with the others |
 | ``{"stop": reason}`` | the run stopped (its retry policy gave up): deliver nothing more |
 """  # noqa: E501 - tables
 

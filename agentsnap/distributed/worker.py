@@ -19,6 +19,17 @@ worker restoring its agents from it. It reports its agents' rejected outputs to 
 coordinator and carries out the rollbacks the coordinator orders (see
 [`RollbackAuthority`][agentsnap.distributed.RollbackAuthority]).
 
+**Moving agents.** A worker started with ``move`` (``agentsnap worker ... --agents a
+--move``) takes its agents from the workers hosting them without stopping the run: it asks
+the run's coordinator, which takes a snapshot (the cut the agents move at) and tells every
+worker to let them go. A worker told so stops delivering, lets its snapshot parts in
+progress fail, writes its agents' delivery order, ends its claim on those agents alone, and
+goes on with the agents it keeps (it stops when it keeps none). The new worker then claims
+them, and the run goes back to that cut as for a worker that restarted, on its timeline:
+every agent redoes its work after the cut in the order it logged, so handlers derive the
+same keys and effects happen once; the moved agents are restored from the cut by the worker
+that now hosts them.
+
 A NATS server that goes away and comes back (a restart) is waited for: the worker publishes
 what it queued meanwhile and consumes from where it stopped. One that stays away longer than
 ``nats_patience`` seconds makes the worker give up: it stops as on ``stop()``, and
@@ -66,6 +77,13 @@ __all__ = ["AgentsHeld", "Worker"]
 
 logger = logging.getLogger("agentsnap.distributed")
 
+_LET_GO = 60.0
+"""Seconds a worker moving agents to itself waits for them at least: the worker hosting them
+finishes its handlers under way and writes what it queued first."""
+
+_MOVE_CUT = 30.0
+"""Seconds the coordinator takes at most for the cut a move happens at."""
+
 
 class AgentsHeld(ConfigurationError):
     """Another live worker hosts some of the agents this one was to host."""
@@ -96,6 +114,9 @@ class Worker:
         redact: What the worker must never write (see
             [`agentsnap.redaction`][agentsnap.redaction]); by default the app's
             (``App(redact=...)``). Give every worker of a run the same policy and key.
+        move: Take the agents from the workers hosting them now, at a cut, while the run
+            goes on (see *Moving agents* above); ``start`` then waits ``wait`` seconds at
+            most, and at least 60, for them to be let go.
     """
 
     def __init__(
@@ -113,9 +134,9 @@ class Worker:
         hello_timeout: float = 10.0,
         telemetry: Telemetry | bool | None = None,
         redact: Redaction | None = None,
+        move: bool = False,
     ) -> None:
-        hosted = {agent.name: agent for agent in app.agents if agent.name in set(agents)}
-        if not hosted:
+        if not set(agents).intersection(app.names):
             raise ConfigurationError("a worker hosts at least one of the app's agents")
         self.name = (
             owner_id()
@@ -124,7 +145,10 @@ class Worker:
         )
         self.run_id = run_id
         self.store = store
-        self.agents = sorted(hosted)
+        self.agents = sorted(set(agents).intersection(app.names))
+        self.move = move
+        self.moved_out: list[str] = []
+        """The agents this worker let go to another (``move``), oldest first."""
         self.lease = lease
         if nats_patience <= 0:
             raise ConfigurationError(
@@ -135,26 +159,15 @@ class Worker:
         """Why the worker stopped on its own (its NATS server stayed away), if it did."""
         self.wait = wait
         self.hello_timeout = hello_timeout
-        checks = {name: app.checks_of(name) for name in hosted}
-        self.host = Host(
-            link,
-            store,
-            run_id,
-            app.names,
-            hosted,
-            worker=self.name,
-            checks=checks,
-            telemetry=telemetry,
-            redaction=redact if redact is not None else app.redact,
-            approvals=app.approvals,
-        )
-        self.host.report = self._report
-        self.host.report_passed = self._passed
-        self.host.report_lost = self._report_lost
-        self.rejoined = False
-        """Whether the worker's agents ran before it started: the run rolled back for it."""
+        self._telemetry = telemetry
+        self._redact = redact
         self._app = app
         self._link = link
+        self.host = self._make_host(self.agents)
+        self.rejoined = False
+        """Whether the worker's agents ran before it started: the run rolled back for it."""
+        self._closed: Host | None = None  # the host closed as it let all its agents go
+        self._claiming = asyncio.Lock()  # a renewal never claims an agent being let go
         self._heartbeat: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._orders: Subscription | None = None
@@ -164,9 +177,31 @@ class Worker:
         self.stopped = asyncio.Event()
         """Set when the worker stops (asked to, or its claim on the agents was lost)."""
 
+    def _make_host(self, agents: Collection[str]) -> Host:
+        """The process's bus, agents and recording for ``agents``, wired to this worker."""
+        app = self._app
+        hosted = {agent.name: agent for agent in app.agents if agent.name in set(agents)}
+        host = Host(
+            self._link,
+            self.store,
+            self.run_id,
+            app.names,
+            hosted,
+            worker=self.name,
+            checks={name: app.checks_of(name) for name in hosted},
+            telemetry=self._telemetry,
+            redaction=self._redact if self._redact is not None else app.redact,
+            approvals=app.approvals,
+        )
+        host.report = self._report
+        host.report_passed = self._passed
+        host.report_lost = self._report_lost
+        return host
+
     async def _claim(self) -> None:
-        expires = utcnow() + timedelta(seconds=self.lease)
-        held = await self.store.claim_agents(self.run_id, self.name, self.agents, expires)
+        async with self._claiming:
+            expires = utcnow() + timedelta(seconds=self.lease)
+            held = await self.store.claim_agents(self.run_id, self.name, self.agents, expires)
         if held:
             described = ", ".join(f"{lease.agent} by {lease.owner}" for lease in held)
             raise AgentsHeld(
@@ -182,11 +217,16 @@ class Worker:
             StoreError: The store did not answer (beyond ``wait``).
             NotFoundError: The store holds no such run.
             ConfigurationError: The run is not one of this app's, or it has ended
-                ([`check_run`][agentsnap.distributed.check_run]).
+                ([`check_run`][agentsnap.distributed.check_run]); or, with ``move``, its
+                coordinator did not answer or refused the move.
         """
         check_run(await self.store.get_run(self.run_id), self._app)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait
+        wait = self.wait
+        if self.move:
+            await self._ask_move()
+            wait = max(wait, _LET_GO)
+        deadline = loop.time() + wait
         waiting = False
         while True:
             try:
@@ -215,8 +255,12 @@ class Worker:
         self._orders = await self._link.nc.subscribe(
             broadcast_subject(self.run_id), cb=self._on_order
         )
+        await self._join(self.host)
+        logger.info("worker %s hosts %s of run %s", self.name, ", ".join(self.agents), self.run_id)
+
+    async def _join(self, host: Host) -> None:
+        """Learn where the run stands from its coordinator, then start ``host``."""
         answer = await self._hello()
-        host = self.host
         positions: dict[str, int] | None = None
         if answer is not None:
             generation = int(answer.get("generation", 0))
@@ -241,7 +285,64 @@ class Worker:
                 start = await self._link.last_sequence(self.run_id) + 1
                 positions = dict.fromkeys(self.agents, start)
         await host.start(positions)
-        logger.info("worker %s hosts %s of run %s", self.name, ", ".join(self.agents), self.run_id)
+
+    async def _ask_move(self) -> None:
+        """Have the run's coordinator tell the workers hosting this one's agents to let go.
+
+        Raises:
+            ConfigurationError: The coordinator did not answer, or refused the move.
+        """
+        body = orjson.dumps({"move": self.name, "agents": self.agents})
+        try:
+            reply = await self._link.nc.request(
+                control_subject(self.run_id), body, timeout=self.hello_timeout + _MOVE_CUT
+            )
+            answer = orjson.loads(reply.data)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"worker {self.name}: the coordinator of run {self.run_id} did not answer the "
+                f"move of {', '.join(self.agents)} ({exc!r}); a move needs the run's "
+                "coordinator running: start it (or a takeover), then the worker again"
+            ) from exc
+        if not isinstance(answer, dict) or "error" in answer:
+            why = answer.get("error") if isinstance(answer, dict) else answer
+            raise ConfigurationError(f"worker {self.name}: the move was refused: {why}")
+        logger.warning(
+            "worker %s: moving %s here at snapshot %s",
+            self.name,
+            ", ".join(self.agents),
+            answer.get("snapshot"),
+        )
+
+    async def _let_go(self, names: Collection[str], to: str) -> None:
+        """Stop hosting ``names`` (another worker takes them), going on with the others."""
+        gone = sorted(set(names).intersection(self.agents))
+        if not gone or to == self.name:
+            return
+        keep = [name for name in self.agents if name not in gone]
+        logger.warning(
+            "worker %s lets %s go to worker %s%s",
+            self.name,
+            ", ".join(gone),
+            to,
+            f"; it goes on with {', '.join(keep)}" if keep else "; it hosts nothing more",
+        )
+        async with self._claiming:
+            self.agents = keep
+        await self.host.close()
+        self._closed = self.host
+        self.moved_out.extend(gone)
+        try:
+            # Ends the claim on the agents let go alone: the others stay claimed.
+            await self.store.claim_agents(self.run_id, self.name, gone, utcnow())
+        except Exception as exc:  # they expire by themselves
+            logger.warning("worker %s: %s not let go at once: %r", self.name, gone, exc)
+        if not keep:
+            self.stop()
+            return
+        # The agents kept go back to the cut with the others once the new worker started.
+        self.host = self._make_host(keep)
+        await self._join(self.host)
 
     async def _hello(self) -> dict[str, Any] | None:
         body = orjson.dumps({"hello": self.name, "agents": self.agents})
@@ -311,6 +412,8 @@ class Worker:
                     if body.get("snapshot_id"):  # the run's start, stored as it went back
                         order = replace(order, snapshot_id=str(body["snapshot_id"]))
                     await self.host.resume(order, int(body.get("epoch", 0)))
+            elif "let_go" in body:
+                await self._let_go([str(n) for n in body["let_go"]], str(body.get("to")))
             elif "stop" in body:
                 logger.error("worker %s: the run stopped: %s", self.name, body["stop"])
                 self.host.stop(str(body["stop"]))
@@ -409,7 +512,8 @@ class Worker:
                 await self._orders.unsubscribe()
             self._orders = None
         # A server that is away takes nothing: do not wait for it to confirm what is queued.
-        await self.host.close(drain=0.0 if self.error is not None else 10.0)
+        if self.host is not self._closed:
+            await self.host.close(drain=0.0 if self.error is not None else 10.0)
         await asyncio.gather(*self._sending, return_exceptions=True)
         try:
             await self.store.release_agents(self.run_id, self.name)
