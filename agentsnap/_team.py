@@ -21,9 +21,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
+from agentsnap._handler import Timeline, engine_of
+from agentsnap.agents import (
+    Agent,
+    Context,
+    evaluate_outputs,
+    guard_for,
+    post_held,
+    tell_rollback,
+)
 from agentsnap.checks import Guard, OutputCheck
 from agentsnap.exceptions import HandlerFailed, OutputRejected, StoreError
 from agentsnap.messages import Marker, Message
@@ -34,7 +42,6 @@ from agentsnap.snapshot import Handling
 from agentsnap.store.faults import classify
 
 if TYPE_CHECKING:
-    from agentsnap.agents import Timeline
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.ledger import Ledger
     from agentsnap.once import KnownTools
@@ -210,7 +217,7 @@ class Team:
         """
         self.dry_tools = True
         for ctx in self.contexts.values():
-            ctx.dry_tools = True
+            engine_of(ctx).dry_tools = True
 
     # -- agents -----------------------------------------------------------------------------
 
@@ -222,16 +229,17 @@ class Team:
         ctx = self.contexts[name] = endpoint.context = Context(
             agent, endpoint, self.bus, self.coordinator, self.run_id
         )
-        ctx.ledger = self.ledger
-        ctx.replay = self.replay
-        ctx.tools = self.tools
-        ctx.model_calls = self._model_calls
-        ctx.requests = self._requests
-        ctx.approvals = self.approvals
-        ctx.dry_tools = self.dry_tools
-        ctx.line = self.line
-        ctx.telemetry = self.telemetry
-        ctx.redaction = self.redaction
+        engine = engine_of(ctx)
+        engine.ledger = self.ledger
+        engine.replay = self.replay
+        engine.tools = self.tools
+        engine.model_calls = self._model_calls
+        engine.requests = self._requests
+        engine.approvals = self.approvals
+        engine.dry_tools = self.dry_tools
+        engine.line = self.line
+        engine.telemetry = self.telemetry
+        engine.redaction = self.redaction
         agent._state_changed = self.coordinator.changed  # assigning agent.state marks it
         self.coordinator.joined(endpoint, state_hash)
         self._arm(name)
@@ -244,7 +252,8 @@ class Team:
 
     def _arm(self, name: str) -> None:
         """Give ``name``'s context a guard when it has checks or evaluates itself."""
-        self.contexts[name].guard = guard_for(self.agents[name], self.checks.get(name, []))
+        guard = guard_for(self.agents[name], self.checks.get(name, []))
+        engine_of(self.contexts[name]).guard = guard
 
     # -- delivery ---------------------------------------------------------------------------
 
@@ -266,8 +275,9 @@ class Team:
         message: Message = item  # type: ignore[assignment]
         if snapshots.active:
             snapshots.on_message(endpoint, channel, message)
-        ctx: Context[Any] = endpoint.context
-        if ctx.keep_before:
+        ctx = cast("Context[Any]", endpoint.context)
+        engine = ctx._engine  # engine_of(ctx), without a call on the hot path
+        if engine.keep_before:
             snapshots.keep_before(endpoint, channel, message)
         # What bus.delivered() does, written out: this is the hot path of every delivery.
         channel.delivered += 1
@@ -280,27 +290,27 @@ class Team:
         elif self.follower is not None:
             self.follower.replayed(endpoint, channel, message)
         ctx.message = message
-        ctx.position = 0
+        engine.position = 0
         endpoint.busy = True
         generation = self.generation
         rejected: OutputRejected | None = None
         lost_to: Exception | None = None
         tracing = self._tracing
-        guard = ctx.guard
+        guard = engine.guard
         try:
             if tracing is None:
                 await ctx.agent.handle(message, ctx)
-                if guard is not None and guard.evaluates and ctx.rejected is None:
+                if guard is not None and guard.evaluates and engine.rejected is None:
                     await evaluate_outputs(ctx)
             else:
                 with tracing.handling(self.run_id, endpoint.name, message):
                     await ctx.agent.handle(message, ctx)
-                    if guard is not None and guard.evaluates and ctx.rejected is None:
+                    if guard is not None and guard.evaluates and engine.rejected is None:
                         await evaluate_outputs(ctx)
         except OutputRejected as exc:
             rejected = exc
         except Exception as exc:
-            if ctx.rejected is None:
+            if engine.rejected is None:
                 if lost_to_database(exc):
                     lost_to = exc  # redone from the last cut once the database answers
                 else:
@@ -309,7 +319,7 @@ class Team:
             endpoint.busy = False
             ctx.message = None
             # A rejection the handler caught (even with ``except BaseException``) counts.
-            if rejected is None and lost_to is None and ctx.rejected is None:
+            if rejected is None and lost_to is None and engine.rejected is None:
                 if guard is not None and guard.outputs:
                     self._handled(ctx, guard, generation)
                 if snapshots.wanted and generation == self.generation:
@@ -317,8 +327,8 @@ class Team:
                     if wanted:
                         snapshots.record(endpoint, wanted)
             else:
-                rejected = rejected or ctx.rejected
-                ctx.rejected = None
+                rejected = rejected or engine.rejected
+                engine.rejected = None
                 if guard is not None:
                     # Held back, and now never sent (or sent when the handler is redone,
                     # after a database fault).
@@ -346,7 +356,7 @@ class Team:
     def _handled(self, ctx: Context[Any], guard: Guard, generation: int) -> None:
         """Release what a handler held back for self-evaluation, unless it was discarded."""
         if generation == self.generation:
-            ctx.post_held()
+            post_held(ctx)
         else:
             guard.outputs.clear()  # a rollback threw this handler's work away
 
@@ -361,11 +371,12 @@ class Team:
         message = None if ctx is None else ctx.message
         if ctx is None or message is None:
             return None
-        ctx.keep_before = True
+        engine = engine_of(ctx)
+        engine.keep_before = True
         channel = endpoint.incoming.get(message.src)
-        if ctx.shown is message or channel is None:
+        if engine.shown is message or channel is None:
             return None
-        guard = ctx.guard
+        guard = engine.guard
         return Handling(message, channel, tuple(guard.outputs) if guard is not None else ())
 
     def failed(self, agent: str, message: Message | None, error: Exception) -> None:
@@ -425,9 +436,10 @@ class Team:
         coordinator.forget_handlers()
         coordinator.mark_changed(*self.agents)
         for ctx in self.contexts.values():
-            ctx.rejected = None
-            if ctx.guard is not None:
-                ctx.guard.outputs.clear()
+            engine = engine_of(ctx)
+            engine.rejected = None
+            if engine.guard is not None:
+                engine.guard.outputs.clear()
         return restore_cut(
             self.bus,
             self.agents,
@@ -447,7 +459,7 @@ class Team:
         check rejects is dropped (it was checked before it was enqueued: nobody saw it).
         """
         if info.agent is not None and info.agent in self.contexts:
-            await self.contexts[info.agent].tell_rollback(info.reason, info.source)
+            await tell_rollback(self.contexts[info.agent], info.reason, info.source)
         changed = self.coordinator.changed
         for name, agent in self.agents.items():
             try:

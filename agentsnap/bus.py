@@ -311,12 +311,14 @@ class Endpoint:
         replay: While a resumed run re-executes what it did before a crash: the messages
             this process must take next, as ``(src, seq)``, in the order it took them then.
             Schedulers deliver nothing else to it until the plan is done (markers excepted).
-        mailbox: What the scheduler keeps for this process (set by its ``added``), or
-            ``None``. The bus never reads it: the slot lets the scheduler reach its own
-            state from a channel's receiver without a lookup on every message.
+        mailbox: What the default [`AsyncioScheduler`][agentsnap.AsyncioScheduler] keeps
+            for this process (set by its ``added``), or ``None``: the slot lets it reach its
+            own state from a channel's receiver without a lookup on every message. Other
+            schedulers keep their state themselves.
         context: What the process's handlers are given (the runtime's handler context), or
-            ``None`` for the environment. The bus never reads it either: it is the
-            runtime's, reached from a channel's receiver on every delivery.
+            ``None`` for the environment. The bus never reads it: it is the runtime's,
+            reached from a channel's receiver on every delivery, and typed ``object`` here
+            because the bus sits below the agents that define it.
     """
 
     __slots__ = ("busy", "context", "epoch", "incoming", "mailbox", "name", "outgoing", "replay")
@@ -328,9 +330,8 @@ class Endpoint:
         self.incoming: dict[str, Channel] = {}
         self.busy = False
         self.replay: deque[tuple[str, int]] | None = None
-        # Opaque to the bus: each belongs to the layer that fills it.
-        self.mailbox: Any = None
-        self.context: Any = None
+        self.mailbox: _Mailbox | None = None
+        self.context: object = None
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.name} epoch={self.epoch}>"
@@ -562,7 +563,8 @@ class Bus:
             if scheduler is None:
                 self._notify(channel)
             else:  # AsyncioScheduler.notify(), written out
-                box: _Mailbox = channel.receiver.mailbox
+                box = channel.receiver.mailbox
+                assert box is not None  # the scheduler's added() gave every receiver one
                 box.inbox.append(channel)
                 scheduler._work += 1
                 if box.waiter is not None:
@@ -755,7 +757,8 @@ class AsyncioScheduler:
 
     def notify(self, channel: Channel) -> None:  # noqa: D102
         # Bus.send() does the same, written out.
-        box: _Mailbox = channel.receiver.mailbox
+        box = channel.receiver.mailbox
+        assert box is not None  # added() gave every receiver one
         box.inbox.append(channel)
         self._work += 1
         if box.waiter is not None:

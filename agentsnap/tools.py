@@ -58,6 +58,7 @@ import tenacity
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticSerializationError
 
+from agentsnap._handler import engine_of
 from agentsnap.exceptions import (
     ConfigurationError,
     EffectDiverged,
@@ -469,14 +470,15 @@ class Tool(Generic[R]):
             ToolInProgress: The same key is in progress elsewhere beyond the tool's wait.
             ToolOutcomeUnknown: The key's outcome is unknown and re-running is not safe.
         """
-        known = ctx.tools
+        engine = engine_of(ctx)
+        known = engine.tools
         if known is not None:
             known.add(self)
         values, args_json, printed = self._validate(arguments)
         # What the ledger records and fingerprints: the arguments as the run's redaction
         # leaves them (the tool itself gets the real values).
         recorded = args_json
-        redaction = ctx.redaction
+        redaction = engine.redaction
         if redaction is not None:
             recorded = redaction.tool_arguments(self.name, args_json)
             if recorded is not args_json:
@@ -510,7 +512,7 @@ class Tool(Generic[R]):
                 key = call_key(ctx.run_id, agent, message_id, self.name, place)
             else:
                 check_key(key)
-            ledger = ctx.ledger
+            ledger = engine.ledger
             if ledger is None:
                 raise ConfigurationError(
                     f"side-effecting tool {self.name!r} needs a ledger, and this context has "
@@ -531,7 +533,7 @@ class Tool(Generic[R]):
         calls.append(record)
         info = ToolCall(self.name, key, 1, ctx.run_id, agent, message_id, ledger)
         traced = tool_call(
-            ctx.telemetry,
+            engine.telemetry,
             self.name,
             key,
             side_effect=self.side_effect,
@@ -540,7 +542,7 @@ class Tool(Generic[R]):
         )
         try:
             with traced:
-                if ledger is not None and ctx.dry_tools:
+                if ledger is not None and engine.dry_tools:
                     assert key is not None
                     outcome = await self._dry(ledger, info, recorded, printed, timeline)
                     record.status = "dry"
@@ -555,7 +557,7 @@ class Tool(Generic[R]):
                         await ctx.approve_call(self.name, args_json, key, approval)
                 if ledger is not None:
                     assert key is not None
-                    replay = ctx.replay
+                    replay = engine.replay
                     if replay is not None and replay.pending():
                         # What this call depends on is durable before it can have an effect.
                         await replay.flush()
@@ -692,7 +694,7 @@ class Tool(Generic[R]):
 
     def _approval(self, ctx: Context[Any], arguments: dict[str, JsonValue]) -> Approval | None:
         """How this call asks for approval, if the tool or the runtime's policy wants one."""
-        for rule in (self.approval, ctx.approvals.get(self.name)):
+        for rule in (self.approval, engine_of(ctx).approvals.get(self.name)):
             if rule is not None and rule.needed(arguments):
                 return rule
         return None
