@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from agentsnap.ledger import Ledger
     from agentsnap.messages import Message
     from agentsnap.model_calls import ModelCallLog
-    from agentsnap.once import KnownTools
+    from agentsnap.once import KnownTools, PendingOutcomes
     from agentsnap.redaction import Redaction
     from agentsnap.replay import ReplayLog
     from agentsnap.requests import Approval, RequestLog
@@ -65,6 +65,7 @@ class HandlerEngine:
         "ledger",
         "line",
         "model_calls",
+        "pending",
         "position",
         "redaction",
         "rejected",
@@ -97,6 +98,9 @@ class HandlerEngine:
         """The run's replay log, made durable before each side-effecting tool call."""
         self.tools: KnownTools | None = None
         """The tools the runtime knows; a tool called from the handler joins them."""
+        self.pending: PendingOutcomes | None = None
+        """Where the outcomes of tool calls the ledger could not record are kept until they
+        are written (the runtime's)."""
         self.telemetry: Telemetry | None = None
         """Where the run's spans and metrics go, or ``None`` when nothing is recorded."""
         self.redaction: Redaction | None = None

@@ -36,6 +36,7 @@ from agentsnap.checks import Guard, OutputCheck
 from agentsnap.exceptions import HandlerFailed, OutputRejected, StoreError
 from agentsnap.messages import Marker, Message
 from agentsnap.model_calls import ModelCallLog
+from agentsnap.once import KnownTools, PendingOutcomes
 from agentsnap.requests import RequestLog
 from agentsnap.rollback import restore_cut
 from agentsnap.snapshot import Handling
@@ -44,7 +45,6 @@ from agentsnap.store.faults import classify
 if TYPE_CHECKING:
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.ledger import Ledger
-    from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo, Snapshot
     from agentsnap.redaction import Redaction
     from agentsnap.replay import InputLog, ReplayLog
@@ -146,6 +146,8 @@ class Team:
         redaction: What the agents' tool calls and model calls record redacted, and what
             gives back the values a restored cut holds redacted (``None``: nothing).
         approvals: Which tools' calls need a person's approval, by tool name.
+        pending: Where the outcomes of tool calls the ledger could not record are kept
+            until written (a new one when omitted).
 
     Attributes:
         generation: Raised by each rollback: what a handler of an older generation did is
@@ -173,6 +175,7 @@ class Team:
         telemetry: Telemetry | None = None,
         redaction: Redaction | None = None,
         approvals: Mapping[str, Approval] | None = None,
+        pending: PendingOutcomes | None = None,
     ) -> None:
         self.bus = bus
         self.coordinator = coordinator
@@ -180,6 +183,8 @@ class Team:
         self.events = events
         self.ledger = ledger
         self.tools = tools
+        self.pending = pending if pending is not None else PendingOutcomes()
+        """Where the outcomes of tool calls the ledger could not record are kept."""
         self.line = line
         self.replay = replay
         self.telemetry = telemetry
@@ -233,6 +238,7 @@ class Team:
         engine.ledger = self.ledger
         engine.replay = self.replay
         engine.tools = self.tools
+        engine.pending = self.pending
         engine.model_calls = self._model_calls
         engine.requests = self._requests
         engine.approvals = self.approvals

@@ -215,21 +215,26 @@ class LocalChannel:
 
 
 class Transport(Protocol):
-    """Makes the channels of a bus: where their items are kept and how they travel.
-
-    A transport whose channels are fed from elsewhere (another process) may also define
-    ``bind(bus) -> Callable[[Channel], None] | None``. The bus calls it once, as it is
-    created, so that the transport can create the channels whose items arrive and tell the
-    scheduler of them; a callable it returns replaces the scheduler's ``notify`` on the
-    send path (to keep the channels whose receiver is elsewhere from the scheduler).
-    """
+    """Makes the channels of a bus: where their items are kept and how they travel."""
 
     def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:
         """A new, empty channel from ``src`` to ``dst``, closed up to snapshot ``closed``."""
 
+    def bind(self, bus: Bus) -> Callable[[Channel], None] | None:
+        """Called once by ``bus`` as it is created; ``None`` for a transport of one process.
+
+        A transport whose channels are fed from elsewhere (another process) creates the
+        channels whose items arrive and tells the bus's scheduler of them; a callable it
+        returns replaces the scheduler's ``notify`` on the send path (to keep the channels
+        whose receiver is elsewhere from the scheduler).
+        """
+
 
 class LocalTransport:
     """The default transport: every channel is a [`LocalChannel`][agentsnap.bus.LocalChannel]."""
+
+    def bind(self, bus: Bus) -> None:
+        """Nothing to do: every channel's items are sent in this process."""
 
     def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:  # noqa: D102
         return LocalChannel(src, dst, receiver, closed)
@@ -368,6 +373,13 @@ class Scheduler(Protocol):
     def resume(self) -> None:
         """Deliver again after ``pause``."""
 
+    def at_rest(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint`` waits for work, with nothing queued or being delivered to it.
+
+        A snapshot records such a process as it starts, without a marker. ``False`` when
+        this scheduler cannot tell (the snapshot then sends markers as usual).
+        """
+
     def interrupt(self, endpoint: Endpoint) -> bool:
         """Cancel the handler ``endpoint`` is running, whose work a rollback throws away.
 
@@ -417,7 +429,7 @@ class Bus:
         self.channels: dict[tuple[str, str], Channel] = {}
         self.scheduler = scheduler
         self.transport: Transport = transport if transport is not None else LocalTransport()
-        self._notify = scheduler.notify
+        self._notify: Callable[[Channel], None] = scheduler.notify
         self._observers: list[BusObserver] = []
         # The observers' hooks, each one callable or None: a hot path checks a single None.
         self._on_send: Callable[[Channel, Message], Message] | None = None
@@ -430,11 +442,9 @@ class Bus:
         self.replay_stalled: Callable[[], None] = self.abandon_replay
         # Message kinds already checked (check_kind): a send pays one set lookup.
         self._kinds: set[str] = {"message"}
-        bind = getattr(self.transport, "bind", None)
-        if bind is not None:
-            notify = bind(self)
-            if notify is not None:
-                self._notify = notify
+        notify = self.transport.bind(self)
+        if notify is not None:
+            self._notify = notify
         # The default scheduler, when the send path may do what its notify() does itself.
         self._asyncio: AsyncioScheduler | None = (
             scheduler

@@ -76,7 +76,7 @@ from agentsnap.ledger import (
 )
 from agentsnap.limits import MAX_TOOL_NAME, check_text
 from agentsnap.models import ChatMessage, ModelResponse, ToolSpec
-from agentsnap.once import Diverged, Outcome, compensate, run_once
+from agentsnap.once import Diverged, Outcome, PendingOutcomes, compensate, run_once
 from agentsnap.records import utcnow
 from agentsnap.redaction import unredact
 from agentsnap.requests import Approval, ApprovalPolicy, approval_of
@@ -562,7 +562,16 @@ class Tool(Generic[R]):
                         # What this call depends on is durable before it can have an effect.
                         await replay.flush()
                     outcome = await self._bound_once(
-                        ledger, info, values, recorded, printed, place, timeline, record, redaction
+                        ledger,
+                        info,
+                        values,
+                        recorded,
+                        printed,
+                        place,
+                        timeline,
+                        record,
+                        redaction,
+                        engine.pending,
                     )
                 else:
                     outcome = await self._run(values, info, 1)
@@ -716,6 +725,7 @@ class Tool(Generic[R]):
         timeline: int,
         record: ToolCallRecord,
         redaction: Redaction | None = None,
+        pending: PendingOutcomes | None = None,
     ) -> Outcome:
         """Run a handler's call through the ledger under its key.
 
@@ -724,12 +734,23 @@ class Tool(Generic[R]):
         """
         if place is None:  # an explicit key keeps its meaning: other arguments conflict
             return await self._uninterrupted(
-                self._once(ledger, info, values, args_json, printed, timeline, redaction=redaction)
+                self._once(
+                    ledger,
+                    info,
+                    values,
+                    args_json,
+                    printed,
+                    timeline,
+                    redaction=redaction,
+                    pending=pending,
+                )
             )
         diverged = self._diverged(ledger, args_json, timeline)
         try:
             return await self._uninterrupted(
-                self._once(ledger, info, values, args_json, printed, timeline, diverged, redaction)
+                self._once(
+                    ledger, info, values, args_json, printed, timeline, diverged, redaction, pending
+                )
             )
         except _NewEffect:
             pass
@@ -741,7 +762,9 @@ class Tool(Generic[R]):
         info = dataclasses.replace(info, key=key)
         record.key = key
         return await self._uninterrupted(
-            self._once(ledger, info, values, args_json, printed, timeline, diverged, redaction)
+            self._once(
+                ledger, info, values, args_json, printed, timeline, diverged, redaction, pending
+            )
         )
 
     def _diverged(self, ledger: Ledger, arguments: dict[str, JsonValue], timeline: int) -> Diverged:
@@ -791,6 +814,7 @@ class Tool(Generic[R]):
         timeline: int | None = None,
         diverged: Diverged | None = None,
         redaction: Redaction | None = None,
+        pending: PendingOutcomes | None = None,
     ) -> Outcome:
         """Run the call through the ledger, at most once for its key.
 
@@ -817,6 +841,7 @@ class Tool(Generic[R]):
             rerun_if_unknown=self.rerun_if_unknown,
             timeline=timeline,
             diverged=diverged,
+            pending=pending,
         )
 
     async def _uninterrupted(self, call: Coroutine[Any, Any, Outcome]) -> Outcome:
