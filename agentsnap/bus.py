@@ -623,10 +623,6 @@ class Bus:
         if on_deliver is not None:
             on_deliver(channel, message)
 
-    def has_messages(self) -> bool:
-        """Whether any channel holds a message (markers aside)."""
-        return any(type(item) is Message for ch in self.channels.values() for item in ch)
-
     def restore(
         self,
         epoch: int,
