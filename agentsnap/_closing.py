@@ -19,7 +19,6 @@ from agentsnap.ledger import ToolCallStatus, owner_id
 from agentsnap.messages import Message
 from agentsnap.once import reconcile
 from agentsnap.records import RunStatus, bounded_traceback, utcnow
-from agentsnap.requests import waiting_in
 from agentsnap.store.spool import (
     AppendJournal,
     AppendReplay,
@@ -115,6 +114,7 @@ class Closer:
         tools: The tools the runtime knows (their compensations run at close).
         pending: The outcomes of tool calls the ledger could not record when they ran,
             written at close.
+        asking: How many of the run's handlers wait for a person's answer now.
         journal: The journal, if kept.
         replay: The replay log, if kept.
         following: Writes the replay log in the background, if kept.
@@ -137,6 +137,7 @@ class Closer:
         owns_ledger: bool,
         tools: KnownTools,
         pending: PendingOutcomes,
+        asking: Callable[[], int],
         journal: Journal | None,
         replay: ReplayLog | None,
         following: Following | None,
@@ -156,6 +157,7 @@ class Closer:
         self._owns_ledger = owns_ledger
         self._tools = tools
         self._pending = pending
+        self._waiting = asking
         self._journal = journal
         self._replay = replay
         self._following = following
@@ -238,7 +240,7 @@ class Closer:
             self._following.unwatch()
         self._cadence.last(live)  # none while a handler is half-way (a cancelled run)
         # Handlers waiting on a person are stopped here; their run is not done.
-        self._asking = waiting_in(self.run_id)
+        self._asking = self._waiting()
         await self._bus.scheduler.close()
         coordinator = self._coordinator
         coordinator.abort_all("the runtime was closed before the snapshot completed")

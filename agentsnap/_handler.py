@@ -59,6 +59,7 @@ class HandlerEngine:
 
     __slots__ = (
         "approvals",
+        "asking",
         "dry_tools",
         "guard",
         "keep_before",
@@ -92,6 +93,8 @@ class HandlerEngine:
         self.position = 0
         """How many recorded steps (model calls, requests to people) the running handler
         made so far (reset as each handler begins)."""
+        self.asking = 0
+        """How many of the agent's handlers wait for a person's answer now."""
         self.ledger: Ledger | None = None
         """Where side-effecting tool calls are recorded."""
         self.replay: ReplayLog | None = None

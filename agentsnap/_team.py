@@ -355,6 +355,10 @@ class Team:
                 self._countdown = self.every
                 self.events.snapshot_due()
 
+    def asking(self) -> int:
+        """How many handlers of the team wait for a person's answer now."""
+        return sum(engine_of(ctx).asking for ctx in self.contexts.values())
+
     def count_from(self, every: int) -> None:
         """Report ``snapshot_due`` every ``every`` deliveries from now on (0: never)."""
         self.every = self._countdown = every

@@ -610,9 +610,11 @@ class Context(Generic[S]):
         clock = time.perf_counter()
         if telemetry is not None:
             telemetry.request_waiting(kind, 1)
+        engine.asking += 1
         try:
             done = await wait_for_answer(log, stored)
         finally:
+            engine.asking -= 1
             if telemetry is not None:
                 telemetry.request_waiting(kind, -1)
         if telemetry is not None:

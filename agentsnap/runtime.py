@@ -340,6 +340,7 @@ class Runtime:
             owns_ledger=owns_ledger,
             tools=self.tools,
             pending=pending,
+            asking=team.asking,
             journal=self._journal,
             replay=self._replay,
             following=self._following,
