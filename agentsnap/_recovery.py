@@ -18,8 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from agentsnap._phases import Phase, Phases
-from agentsnap._team import PROBE_FIRST, PROBE_MAX, until_answers
-from agentsnap.agents import tell_rollback
+from agentsnap._team import PROBE_FIRST, PROBE_MAX, tell_rollback, until_answers
 from agentsnap.exceptions import (
     ConfigurationError,
     HandlerFailed,

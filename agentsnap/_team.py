@@ -24,19 +24,12 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from agentsnap._handler import Timeline, engine_of
-from agentsnap.agents import (
-    Agent,
-    Context,
-    evaluate_outputs,
-    guard_for,
-    post_held,
-    tell_rollback,
-)
+from agentsnap.agents import Agent, Context, DoneEffect, evaluate_outputs, guard_for
 from agentsnap.checks import Guard, OutputCheck
 from agentsnap.exceptions import HandlerFailed, OutputRejected, StoreError
 from agentsnap.messages import Marker, Message
 from agentsnap.model_calls import ModelCallLog
-from agentsnap.once import KnownTools, PendingOutcomes
+from agentsnap.once import KnownTools, PendingOutcomes, effects_done
 from agentsnap.requests import RequestLog
 from agentsnap.rollback import restore_cut
 from agentsnap.snapshot import Handling
@@ -484,3 +477,41 @@ class Team:
                 self.failed(name, None, exc)
             finally:
                 changed.add(name)  # whatever the hook did to the state
+
+
+def post_held(ctx: Context[Any]) -> None:
+    """Make visible what ``ctx``'s handler sent and self-evaluation held back.
+
+    The runtime calls it once the evaluation passed.
+    """
+    guard = engine_of(ctx).guard
+    if guard is not None and guard.outputs:
+        for message in guard.outputs:
+            ctx._bus.post(ctx._endpoint, message)
+        guard.outputs.clear()
+
+
+async def tell_rollback(ctx: Context[Any], reason: str, source: str) -> None:
+    """Give ``ctx``'s agent a rollback's feedback, with the effects its undone work performed.
+
+    The effects are the ledger's entries of this agent in the run that its restored state
+    does not hold; when the ledger cannot be read now, the feedback comes without them.
+    """
+    done: list[DoneEffect] = []
+    ledger = engine_of(ctx).ledger
+    name = ctx.agent.name
+    if ledger is not None:
+        try:
+            entries = await effects_done(ledger, ctx.run_id, name, ctx.state)
+        except StoreError as exc:
+            logger.warning(
+                "agent %r: the effects its undone work performed could not be read: %s",
+                name,
+                exc,
+            )
+            entries = []
+        done = [
+            DoneEffect(tool=e.tool, arguments=e.arguments, result=e.result, key=e.key)
+            for e in entries
+        ]
+    ctx.add_feedback(reason, source, done)

@@ -42,7 +42,6 @@ from agentsnap.exceptions import (
     OutputRejected,
     RequestExpired,
     RequestRejected,
-    StoreError,
 )
 from agentsnap.messages import ENVIRONMENT, JsonValue
 from agentsnap.model_calls import recorded_call
@@ -56,7 +55,6 @@ from agentsnap.models import (
     ask,
     request_of,
 )
-from agentsnap.once import effects_done
 from agentsnap.records import utcnow
 from agentsnap.requests import (
     APPROVAL,
@@ -874,41 +872,3 @@ async def evaluate_outputs(ctx: Context[Any]) -> None:
         raise OutputRejected(
             ctx.agent.name, reason, "self-evaluation", outputs[0] if outputs else None
         )
-
-
-def post_held(ctx: Context[Any]) -> None:
-    """Make visible what ``ctx``'s handler sent and self-evaluation held back.
-
-    The runtime calls it once the evaluation passed.
-    """
-    guard = ctx._engine.guard
-    if guard is not None and guard.outputs:
-        for message in guard.outputs:
-            ctx._bus.post(ctx._endpoint, message)
-        guard.outputs.clear()
-
-
-async def tell_rollback(ctx: Context[Any], reason: str, source: str) -> None:
-    """Give ``ctx``'s agent a rollback's feedback, with the effects its undone work performed.
-
-    The effects are the ledger's entries of this agent in the run that its restored state
-    does not hold; when the ledger cannot be read now, the feedback comes without them.
-    """
-    done: list[DoneEffect] = []
-    ledger = ctx._engine.ledger
-    name = ctx.agent.name
-    if ledger is not None:
-        try:
-            entries = await effects_done(ledger, ctx.run_id, name, ctx.state)
-        except StoreError as exc:
-            logger.warning(
-                "agent %r: the effects its undone work performed could not be read: %s",
-                name,
-                exc,
-            )
-            entries = []
-        done = [
-            DoneEffect(tool=e.tool, arguments=e.arguments, result=e.result, key=e.key)
-            for e in entries
-        ]
-    ctx.add_feedback(reason, source, done)
