@@ -274,7 +274,10 @@ class Team:
         message: Message = item  # type: ignore[assignment]
         if snapshots.active:
             snapshots.on_message(endpoint, channel, message)
-        ctx = cast("Context[Any]", endpoint.context)
+        if TYPE_CHECKING:
+            ctx = cast("Context[Any]", endpoint.context)
+        else:  # the same, without a call on the hot path (cast costs ~2% of a delivery)
+            ctx = endpoint.context
         engine = ctx._engine  # engine_of(ctx), without a call on the hot path
         if engine.keep_before:
             snapshots.keep_before(endpoint, channel, message)
