@@ -17,9 +17,8 @@ from agentsnap._team import lost_to_database
 from agentsnap.exceptions import StoreError
 from agentsnap.ledger import ToolCallStatus, owner_id
 from agentsnap.messages import Message
-from agentsnap.once import reconcile, recorded, unrecorded
+from agentsnap.once import reconcile
 from agentsnap.records import RunStatus, bounded_traceback, utcnow
-from agentsnap.requests import waiting_in
 from agentsnap.store.spool import (
     AppendJournal,
     AppendReplay,
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     from agentsnap.exceptions import HandlerFailed
     from agentsnap.journal import Journal
     from agentsnap.ledger import Ledger
-    from agentsnap.once import KnownTools
+    from agentsnap.once import KnownTools, PendingOutcomes
     from agentsnap.replay import ReplayLog
     from agentsnap.snapshot import SnapshotCoordinator
     from agentsnap.store import OneProcessStore
@@ -113,6 +112,9 @@ class Closer:
         ledger: The ledger, closed when ``owns_ledger``.
         owns_ledger: The runtime made the ledger.
         tools: The tools the runtime knows (their compensations run at close).
+        pending: The outcomes of tool calls the ledger could not record when they ran,
+            written at close.
+        asking: How many of the run's handlers wait for a person's answer now.
         journal: The journal, if kept.
         replay: The replay log, if kept.
         following: Writes the replay log in the background, if kept.
@@ -134,6 +136,8 @@ class Closer:
         ledger: Ledger,
         owns_ledger: bool,
         tools: KnownTools,
+        pending: PendingOutcomes,
+        asking: Callable[[], int],
         journal: Journal | None,
         replay: ReplayLog | None,
         following: Following | None,
@@ -152,6 +156,8 @@ class Closer:
         self._ledger = ledger
         self._owns_ledger = owns_ledger
         self._tools = tools
+        self._pending = pending
+        self._waiting = asking
         self._journal = journal
         self._replay = replay
         self._following = following
@@ -234,7 +240,7 @@ class Closer:
             self._following.unwatch()
         self._cadence.last(live)  # none while a handler is half-way (a cancelled run)
         # Handlers waiting on a person are stopped here; their run is not done.
-        self._asking = waiting_in(self.run_id)
+        self._asking = self._waiting()
         await self._bus.scheduler.close()
         coordinator = self._coordinator
         coordinator.abort_all("the runtime was closed before the snapshot completed")
@@ -375,7 +381,7 @@ class Closer:
 
     async def _record_outcomes(self, closing: _Closing) -> None:
         """Write the outcomes of tool calls the ledger could not record when they ran."""
-        for pending in unrecorded(self.run_id):
+        for pending in self._pending.of_run(self.run_id):
             await closing.write(
                 functools.partial(pending.record, self._ledger),
                 [
@@ -389,7 +395,7 @@ class Closer:
                     )
                 ],
             )
-            recorded(pending.key)
+            self._pending.recorded(pending.key)
 
 
 class _Closing:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from agentsnap._phases import Phase, Phases
-from agentsnap._team import PROBE_FIRST, PROBE_MAX, until_answers
+from agentsnap._team import PROBE_FIRST, PROBE_MAX, tell_rollback, until_answers
 from agentsnap.exceptions import (
     ConfigurationError,
     HandlerFailed,
@@ -535,7 +535,7 @@ class Recovery:
             assert info.agent is not None
             ctx = contexts[info.agent]
             if last[info.agent] == info.id:
-                await ctx.tell_rollback(info.reason, info.source)
+                await tell_rollback(ctx, info.reason, info.source)
             else:
                 ctx.add_feedback(info.reason, info.source)
 

@@ -21,23 +21,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from agentsnap.agents import Agent, Context, evaluate_outputs, guard_for
+from agentsnap._handler import Timeline, engine_of
+from agentsnap.agents import Agent, Context, DoneEffect, evaluate_outputs, guard_for
 from agentsnap.checks import Guard, OutputCheck
 from agentsnap.exceptions import HandlerFailed, OutputRejected, StoreError
 from agentsnap.messages import Marker, Message
 from agentsnap.model_calls import ModelCallLog
+from agentsnap.once import KnownTools, PendingOutcomes, effects_done
 from agentsnap.requests import RequestLog
 from agentsnap.rollback import restore_cut
 from agentsnap.snapshot import Handling
 from agentsnap.store.faults import classify
 
 if TYPE_CHECKING:
-    from agentsnap.agents import Timeline
     from agentsnap.bus import Bus, Channel, Endpoint
     from agentsnap.ledger import Ledger
-    from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo, Snapshot
     from agentsnap.redaction import Redaction
     from agentsnap.replay import InputLog, ReplayLog
@@ -139,6 +139,8 @@ class Team:
         redaction: What the agents' tool calls and model calls record redacted, and what
             gives back the values a restored cut holds redacted (``None``: nothing).
         approvals: Which tools' calls need a person's approval, by tool name.
+        pending: Where the outcomes of tool calls the ledger could not record are kept
+            until written (a new one when omitted).
 
     Attributes:
         generation: Raised by each rollback: what a handler of an older generation did is
@@ -166,6 +168,7 @@ class Team:
         telemetry: Telemetry | None = None,
         redaction: Redaction | None = None,
         approvals: Mapping[str, Approval] | None = None,
+        pending: PendingOutcomes | None = None,
     ) -> None:
         self.bus = bus
         self.coordinator = coordinator
@@ -173,6 +176,8 @@ class Team:
         self.events = events
         self.ledger = ledger
         self.tools = tools
+        self.pending = pending if pending is not None else PendingOutcomes()
+        """Where the outcomes of tool calls the ledger could not record are kept."""
         self.line = line
         self.replay = replay
         self.telemetry = telemetry
@@ -210,7 +215,7 @@ class Team:
         """
         self.dry_tools = True
         for ctx in self.contexts.values():
-            ctx.dry_tools = True
+            engine_of(ctx).dry_tools = True
 
     # -- agents -----------------------------------------------------------------------------
 
@@ -222,16 +227,18 @@ class Team:
         ctx = self.contexts[name] = endpoint.context = Context(
             agent, endpoint, self.bus, self.coordinator, self.run_id
         )
-        ctx.ledger = self.ledger
-        ctx.replay = self.replay
-        ctx.tools = self.tools
-        ctx.model_calls = self._model_calls
-        ctx.requests = self._requests
-        ctx.approvals = self.approvals
-        ctx.dry_tools = self.dry_tools
-        ctx.line = self.line
-        ctx.telemetry = self.telemetry
-        ctx.redaction = self.redaction
+        engine = engine_of(ctx)
+        engine.ledger = self.ledger
+        engine.replay = self.replay
+        engine.tools = self.tools
+        engine.pending = self.pending
+        engine.model_calls = self._model_calls
+        engine.requests = self._requests
+        engine.approvals = self.approvals
+        engine.dry_tools = self.dry_tools
+        engine.line = self.line
+        engine.telemetry = self.telemetry
+        engine.redaction = self.redaction
         agent._state_changed = self.coordinator.changed  # assigning agent.state marks it
         self.coordinator.joined(endpoint, state_hash)
         self._arm(name)
@@ -244,7 +251,8 @@ class Team:
 
     def _arm(self, name: str) -> None:
         """Give ``name``'s context a guard when it has checks or evaluates itself."""
-        self.contexts[name].guard = guard_for(self.agents[name], self.checks.get(name, []))
+        guard = guard_for(self.agents[name], self.checks.get(name, []))
+        engine_of(self.contexts[name]).guard = guard
 
     # -- delivery ---------------------------------------------------------------------------
 
@@ -266,8 +274,12 @@ class Team:
         message: Message = item  # type: ignore[assignment]
         if snapshots.active:
             snapshots.on_message(endpoint, channel, message)
-        ctx: Context[Any] = endpoint.context
-        if ctx.keep_before:
+        if TYPE_CHECKING:
+            ctx = cast("Context[Any]", endpoint.context)
+        else:  # the same, without a call on the hot path (cast costs ~2% of a delivery)
+            ctx = endpoint.context
+        engine = ctx._engine  # engine_of(ctx), without a call on the hot path
+        if engine.keep_before:
             snapshots.keep_before(endpoint, channel, message)
         # What bus.delivered() does, written out: this is the hot path of every delivery.
         channel.delivered += 1
@@ -280,27 +292,27 @@ class Team:
         elif self.follower is not None:
             self.follower.replayed(endpoint, channel, message)
         ctx.message = message
-        ctx.position = 0
+        engine.position = 0
         endpoint.busy = True
         generation = self.generation
         rejected: OutputRejected | None = None
         lost_to: Exception | None = None
         tracing = self._tracing
-        guard = ctx.guard
+        guard = engine.guard
         try:
             if tracing is None:
                 await ctx.agent.handle(message, ctx)
-                if guard is not None and guard.evaluates and ctx.rejected is None:
+                if guard is not None and guard.evaluates and engine.rejected is None:
                     await evaluate_outputs(ctx)
             else:
                 with tracing.handling(self.run_id, endpoint.name, message):
                     await ctx.agent.handle(message, ctx)
-                    if guard is not None and guard.evaluates and ctx.rejected is None:
+                    if guard is not None and guard.evaluates and engine.rejected is None:
                         await evaluate_outputs(ctx)
         except OutputRejected as exc:
             rejected = exc
         except Exception as exc:
-            if ctx.rejected is None:
+            if engine.rejected is None:
                 if lost_to_database(exc):
                     lost_to = exc  # redone from the last cut once the database answers
                 else:
@@ -309,7 +321,7 @@ class Team:
             endpoint.busy = False
             ctx.message = None
             # A rejection the handler caught (even with ``except BaseException``) counts.
-            if rejected is None and lost_to is None and ctx.rejected is None:
+            if rejected is None and lost_to is None and engine.rejected is None:
                 if guard is not None and guard.outputs:
                     self._handled(ctx, guard, generation)
                 if snapshots.wanted and generation == self.generation:
@@ -317,8 +329,8 @@ class Team:
                     if wanted:
                         snapshots.record(endpoint, wanted)
             else:
-                rejected = rejected or ctx.rejected
-                ctx.rejected = None
+                rejected = rejected or engine.rejected
+                engine.rejected = None
                 if guard is not None:
                     # Held back, and now never sent (or sent when the handler is redone,
                     # after a database fault).
@@ -339,6 +351,10 @@ class Team:
                 self._countdown = self.every
                 self.events.snapshot_due()
 
+    def asking(self) -> int:
+        """How many handlers of the team wait for a person's answer now."""
+        return sum(engine_of(ctx).asking for ctx in self.contexts.values())
+
     def count_from(self, every: int) -> None:
         """Report ``snapshot_due`` every ``every`` deliveries from now on (0: never)."""
         self.every = self._countdown = every
@@ -346,7 +362,7 @@ class Team:
     def _handled(self, ctx: Context[Any], guard: Guard, generation: int) -> None:
         """Release what a handler held back for self-evaluation, unless it was discarded."""
         if generation == self.generation:
-            ctx.post_held()
+            post_held(ctx)
         else:
             guard.outputs.clear()  # a rollback threw this handler's work away
 
@@ -361,11 +377,12 @@ class Team:
         message = None if ctx is None else ctx.message
         if ctx is None or message is None:
             return None
-        ctx.keep_before = True
+        engine = engine_of(ctx)
+        engine.keep_before = True
         channel = endpoint.incoming.get(message.src)
-        if ctx.shown is message or channel is None:
+        if engine.shown is message or channel is None:
             return None
-        guard = ctx.guard
+        guard = engine.guard
         return Handling(message, channel, tuple(guard.outputs) if guard is not None else ())
 
     def failed(self, agent: str, message: Message | None, error: Exception) -> None:
@@ -425,9 +442,10 @@ class Team:
         coordinator.forget_handlers()
         coordinator.mark_changed(*self.agents)
         for ctx in self.contexts.values():
-            ctx.rejected = None
-            if ctx.guard is not None:
-                ctx.guard.outputs.clear()
+            engine = engine_of(ctx)
+            engine.rejected = None
+            if engine.guard is not None:
+                engine.guard.outputs.clear()
         return restore_cut(
             self.bus,
             self.agents,
@@ -447,7 +465,7 @@ class Team:
         check rejects is dropped (it was checked before it was enqueued: nobody saw it).
         """
         if info.agent is not None and info.agent in self.contexts:
-            await self.contexts[info.agent].tell_rollback(info.reason, info.source)
+            await tell_rollback(self.contexts[info.agent], info.reason, info.source)
         changed = self.coordinator.changed
         for name, agent in self.agents.items():
             try:
@@ -462,3 +480,41 @@ class Team:
                 self.failed(name, None, exc)
             finally:
                 changed.add(name)  # whatever the hook did to the state
+
+
+def post_held(ctx: Context[Any]) -> None:
+    """Make visible what ``ctx``'s handler sent and self-evaluation held back.
+
+    The runtime calls it once the evaluation passed.
+    """
+    guard = engine_of(ctx).guard
+    if guard is not None and guard.outputs:
+        for message in guard.outputs:
+            ctx._bus.post(ctx._endpoint, message)
+        guard.outputs.clear()
+
+
+async def tell_rollback(ctx: Context[Any], reason: str, source: str) -> None:
+    """Give ``ctx``'s agent a rollback's feedback, with the effects its undone work performed.
+
+    The effects are the ledger's entries of this agent in the run that its restored state
+    does not hold; when the ledger cannot be read now, the feedback comes without them.
+    """
+    done: list[DoneEffect] = []
+    ledger = engine_of(ctx).ledger
+    name = ctx.agent.name
+    if ledger is not None:
+        try:
+            entries = await effects_done(ledger, ctx.run_id, name, ctx.state)
+        except StoreError as exc:
+            logger.warning(
+                "agent %r: the effects its undone work performed could not be read: %s",
+                name,
+                exc,
+            )
+            entries = []
+        done = [
+            DoneEffect(tool=e.tool, arguments=e.arguments, result=e.result, key=e.key)
+            for e in entries
+        ]
+    ctx.add_feedback(reason, source, done)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, Ty
 
 from pydantic import BaseModel
 
+from agentsnap._handler import HandlerEngine, Timeline
 from agentsnap.bus import check_agent_name
 from agentsnap.checks import Guard, failure_reason
 from agentsnap.exceptions import (
@@ -41,7 +42,6 @@ from agentsnap.exceptions import (
     OutputRejected,
     RequestExpired,
     RequestRejected,
-    StoreError,
 )
 from agentsnap.messages import ENVIRONMENT, JsonValue
 from agentsnap.model_calls import recorded_call
@@ -55,7 +55,6 @@ from agentsnap.models import (
     ask,
     request_of,
 )
-from agentsnap.once import effects_done
 from agentsnap.records import utcnow
 from agentsnap.requests import (
     APPROVAL,
@@ -74,15 +73,8 @@ if TYPE_CHECKING:
     from agentsnap.bus import Bus, Endpoint
     from agentsnap.checks import CheckResult, OutputCheck
     from agentsnap.handles import SnapshotHandle
-    from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonInput, Message
-    from agentsnap.model_calls import ModelCallLog
-    from agentsnap.once import KnownTools
     from agentsnap.records import RollbackInfo
-    from agentsnap.redaction import Redaction
-    from agentsnap.replay import ReplayLog
-    from agentsnap.requests import RequestLog
-    from agentsnap.telemetry import Telemetry
 
 __all__ = [
     "Agent",
@@ -305,26 +297,12 @@ class Context(Generic[S]):
     __slots__ = (
         "_bus",
         "_endpoint",
+        "_engine",
         "_feedback",
         "_snapshots",
         "agent",
-        "approvals",
-        "dry_tools",
-        "guard",
-        "keep_before",
-        "ledger",
-        "line",
         "message",
-        "model_calls",
-        "position",
-        "redaction",
-        "rejected",
-        "replay",
-        "requests",
         "run_id",
-        "shown",
-        "telemetry",
-        "tools",
     )
 
     def __init__(
@@ -345,49 +323,7 @@ class Context(Generic[S]):
         self._bus = bus
         self._snapshots = snapshots
         self._feedback: list[Feedback] = []
-        self.guard: Guard | None = None
-        """The checks on this agent's outgoing messages, if any (set by the runtime)."""
-        self.ledger: Ledger | None = None
-        """Where side-effecting tool calls are recorded (set by the runtime)."""
-        self.replay: ReplayLog | None = None
-        """The run's replay log, made durable before each side-effecting tool call (set by
-        the runtime)."""
-        self.tools: KnownTools | None = None
-        """The tools the runtime knows; a tool called from the handler joins them (set by
-        the runtime)."""
-        self.rejected: OutputRejected | None = None
-        """The rejection raised in the running handler, if any: the runtime acts on it even
-        when the handler caught it."""
-        self.telemetry: Telemetry | None = None
-        """Where the run's spans and metrics go, or ``None`` when nothing is recorded (set by
-        the runtime)."""
-        self.redaction: Redaction | None = None
-        """What the run keeps out of what it records (see
-        [`agentsnap.redaction`][agentsnap.redaction]), or ``None`` (set by the runtime)."""
-        self.shown: Message | None = None
-        """The message whose handler made a message visible to another agent, the latest
-        such: while it is ``message``, the running handler cannot be recorded from before
-        it began."""
-        self.keep_before = False
-        """Whether the runtime keeps the agent's state as each handler begins (set once a
-        handler of the agent was found running at a recording)."""
-        self.model_calls: ModelCallLog | None = None
-        """Where the handler's model calls are recorded (set by the runtime); ``None``:
-        models are asked without recording."""
-        self.line: Timeline | None = None
-        """Where the run's current timeline is read (set by the runtime)."""
-        self.requests: RequestLog | None = None
-        """Where the handler's requests to people are kept (set by the runtime); ``None``:
-        ``ask`` cannot be used."""
-        self.approvals: Mapping[str, Approval] = {}
-        """The runtime's approval policy: which tools' calls need a person's approval (set by
-        the runtime)."""
-        self.dry_tools = False
-        """The run's side-effecting tools are dry: calls are recorded, tools do not run (set
-        by the runtime, for a what-if fork)."""
-        self.position = 0
-        """How many recorded steps (model calls, requests to people) the running handler
-        made so far (reset by the runtime as each handler begins)."""
+        self._engine = HandlerEngine()
         _bind_models(self)
 
     @property
@@ -396,7 +332,7 @@ class Context(Generic[S]):
 
         A resumed run goes on with the timeline it was on.
         """
-        line = self.line
+        line = self._engine.line
         return 0 if line is None else line.timeline
 
     async def chat(
@@ -472,14 +408,15 @@ class Context(Generic[S]):
                 when the database answers, rather than act on an answer a crash would lose.
         """
         message = self.message
-        log = self.model_calls
+        engine = self._engine
+        log = engine.model_calls
         if message is None or log is None:
             return await ask(request)
-        position = self.position
-        self.position = position + 1
-        line = self.line
+        position = engine.position
+        engine.position = position + 1
+        line = engine.line
         timeline = 0 if line is None else line.timeline
-        replay = self.replay
+        replay = engine.replay
         if replay is not None and replay.written < timeline:
             # The timeline is durable before a call is recorded on it: a run resumed after a
             # crash goes on with it, instead of starting another timeline of the same number
@@ -495,7 +432,7 @@ class Context(Generic[S]):
             position=position,
             timeline=timeline,
             look_up=line is None or timeline <= line.resumed,
-            redaction=self.redaction,
+            redaction=engine.redaction,
         )
         return response
 
@@ -612,7 +549,8 @@ class Context(Generic[S]):
     ) -> HumanRequest:
         """Store a request at this step's identity (or find it), and wait until it closes."""
         message = self.message
-        log = self.requests
+        engine = self._engine
+        log = engine.requests
         if message is None or not self._endpoint.busy:
             raise ConfigurationError(
                 "a request to a person is asked from a handler (it is a step of the handler, "
@@ -632,11 +570,11 @@ class Context(Generic[S]):
             plain_canonical_json(default)
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"a request's question and default are JSON: {exc}") from None
-        position = self.position
-        self.position = position + 1
-        line = self.line
+        position = engine.position
+        engine.position = position + 1
+        line = engine.line
         timeline = 0 if line is None else line.timeline
-        replay = self.replay
+        replay = engine.replay
         if replay is not None and (replay.written < timeline or replay.pending()):
             # The order of deliveries that led here is durable before a person can see the
             # request: a resumed run reaches the same step, under the same id.
@@ -660,7 +598,7 @@ class Context(Generic[S]):
             default=default,
         )
         stored = await log.add_request(asked)
-        telemetry = self.telemetry
+        telemetry = engine.telemetry
         if telemetry is not None:
             telemetry.request_asked(
                 self.run_id, agent, stored.id, kind, who, stored.status, stored is not asked
@@ -670,9 +608,11 @@ class Context(Generic[S]):
         clock = time.perf_counter()
         if telemetry is not None:
             telemetry.request_waiting(kind, 1)
+        engine.asking += 1
         try:
             done = await wait_for_answer(log, stored)
         finally:
+            engine.asking -= 1
             if telemetry is not None:
                 telemetry.request_waiting(kind, -1)
         if telemetry is not None:
@@ -740,12 +680,13 @@ class Context(Generic[S]):
                 control-flow signal (a ``BaseException``): let it propagate; the runtime
                 rolls the run back even when a handler catches it.
         """
-        if self.rejected is not None:
-            raise self.rejected  # the handler's output was rejected: it sends nothing more
-        guard = self.guard
+        engine = self._engine
+        if engine.rejected is not None:
+            raise engine.rejected  # the handler's output was rejected: it sends nothing more
+        guard = engine.guard
         if guard is None:
             message = self._bus.send(self._endpoint, to, payload, kind, headers)
-            self.shown = self.message
+            engine.shown = self.message
             return message
         message = self._bus.send(self._endpoint, to, payload, kind, headers, post=False)
         try:
@@ -753,25 +694,14 @@ class Context(Generic[S]):
         except OutputRejected as exc:
             self._bus.unsend(self._endpoint, message)
             if self._endpoint.busy:  # the running handler's output: the runtime acts on it
-                self.rejected = exc
+                engine.rejected = exc
             raise
         if guard.evaluates and self._endpoint.busy:
             guard.outputs.append(message)
         else:
             self._bus.post(self._endpoint, message)
-            self.shown = self.message
+            engine.shown = self.message
         return message
-
-    def post_held(self) -> None:
-        """Make visible what the handler sent and self-evaluation held back.
-
-        The runtime calls it once the evaluation passed.
-        """
-        guard = self.guard
-        if guard is not None and guard.outputs:
-            for message in guard.outputs:
-                self._bus.post(self._endpoint, message)
-            guard.outputs.clear()
 
     def reject(self, agent: str, reason: str, *, source: str | None = None) -> NoReturn:
         """Reject another agent's output, as a critic: the run rolls back and ``agent`` is told.
@@ -805,7 +735,7 @@ class Context(Generic[S]):
             agent, reason, source if source is not None else self.agent.name, output
         )
         if self._endpoint.busy:
-            self.rejected = rejection
+            self._engine.rejected = rejection
         raise rejection
 
     def snapshot(self) -> SnapshotHandle:
@@ -842,49 +772,6 @@ class Context(Generic[S]):
     def add_feedback(self, reason: str, source: str, done: Sequence[DoneEffect] = ()) -> None:
         """Record feedback for this agent (the runtime does after a rollback)."""
         self._feedback.append(Feedback(reason=reason, source=source, done=tuple(done)))
-
-    async def tell_rollback(self, reason: str, source: str) -> None:
-        """Give this agent a rollback's feedback, with the effects its undone work performed.
-
-        The effects are the ledger's entries of this agent in the run that its restored
-        state does not hold; when the ledger cannot be read now, the feedback comes without
-        them.
-        """
-        done: list[DoneEffect] = []
-        ledger = self.ledger
-        if ledger is not None:
-            try:
-                entries = await effects_done(ledger, self.run_id, self.agent.name, self.state)
-            except StoreError as exc:
-                logger.warning(
-                    "agent %r: the effects its undone work performed could not be read: %s",
-                    self.agent.name,
-                    exc,
-                )
-                entries = []
-            done = [
-                DoneEffect(tool=e.tool, arguments=e.arguments, result=e.result, key=e.key)
-                for e in entries
-            ]
-        self.add_feedback(reason, source, done)
-
-
-class Timeline(Protocol):
-    """Where a context reads the run's timeline (the runtime's replay log, say)."""
-
-    @property
-    def timeline(self) -> int:
-        """The run's current timeline."""
-        ...
-
-    @property
-    def resumed(self) -> int:
-        """The newest timeline an earlier process may have recorded model calls in.
-
-        -1: none, the run began in this process. A call on a later timeline has no recorded
-        answer to look for.
-        """
-        ...
 
 
 class BoundModel:
@@ -975,7 +862,7 @@ async def evaluate_outputs(ctx: Context[Any]) -> None:
     Raises:
         OutputRejected: The agent's ``evaluate`` failed the outputs.
     """
-    guard = ctx.guard
+    guard = ctx._engine.guard
     assert guard is not None
     outputs = list(guard.outputs)
     reason = failure_reason(

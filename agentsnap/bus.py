@@ -215,21 +215,26 @@ class LocalChannel:
 
 
 class Transport(Protocol):
-    """Makes the channels of a bus: where their items are kept and how they travel.
-
-    A transport whose channels are fed from elsewhere (another process) may also define
-    ``bind(bus) -> Callable[[Channel], None] | None``. The bus calls it once, as it is
-    created, so that the transport can create the channels whose items arrive and tell the
-    scheduler of them; a callable it returns replaces the scheduler's ``notify`` on the
-    send path (to keep the channels whose receiver is elsewhere from the scheduler).
-    """
+    """Makes the channels of a bus: where their items are kept and how they travel."""
 
     def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:
         """A new, empty channel from ``src`` to ``dst``, closed up to snapshot ``closed``."""
 
+    def bind(self, bus: Bus) -> Callable[[Channel], None] | None:
+        """Called once by ``bus`` as it is created; ``None`` for a transport of one process.
+
+        A transport whose channels are fed from elsewhere (another process) creates the
+        channels whose items arrive and tells the bus's scheduler of them; a callable it
+        returns replaces the scheduler's ``notify`` on the send path (to keep the channels
+        whose receiver is elsewhere from the scheduler).
+        """
+
 
 class LocalTransport:
     """The default transport: every channel is a [`LocalChannel`][agentsnap.bus.LocalChannel]."""
+
+    def bind(self, bus: Bus) -> None:
+        """Nothing to do: every channel's items are sent in this process."""
 
     def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:  # noqa: D102
         return LocalChannel(src, dst, receiver, closed)
@@ -311,12 +316,14 @@ class Endpoint:
         replay: While a resumed run re-executes what it did before a crash: the messages
             this process must take next, as ``(src, seq)``, in the order it took them then.
             Schedulers deliver nothing else to it until the plan is done (markers excepted).
-        mailbox: What the scheduler keeps for this process (set by its ``added``), or
-            ``None``. The bus never reads it: the slot lets the scheduler reach its own
-            state from a channel's receiver without a lookup on every message.
+        mailbox: What the default [`AsyncioScheduler`][agentsnap.AsyncioScheduler] keeps
+            for this process (set by its ``added``), or ``None``: the slot lets it reach its
+            own state from a channel's receiver without a lookup on every message. Other
+            schedulers keep their state themselves.
         context: What the process's handlers are given (the runtime's handler context), or
-            ``None`` for the environment. The bus never reads it either: it is the
-            runtime's, reached from a channel's receiver on every delivery.
+            ``None`` for the environment. The bus never reads it: it is the runtime's,
+            reached from a channel's receiver on every delivery, and typed ``object`` here
+            because the bus sits below the agents that define it.
     """
 
     __slots__ = ("busy", "context", "epoch", "incoming", "mailbox", "name", "outgoing", "replay")
@@ -328,9 +335,8 @@ class Endpoint:
         self.incoming: dict[str, Channel] = {}
         self.busy = False
         self.replay: deque[tuple[str, int]] | None = None
-        # Opaque to the bus: each belongs to the layer that fills it.
-        self.mailbox: Any = None
-        self.context: Any = None
+        self.mailbox: _Mailbox | None = None
+        self.context: object = None
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.name} epoch={self.epoch}>"
@@ -366,6 +372,13 @@ class Scheduler(Protocol):
 
     def resume(self) -> None:
         """Deliver again after ``pause``."""
+
+    def at_rest(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint`` waits for work, with nothing queued or being delivered to it.
+
+        A snapshot records such a process as it starts, without a marker. ``False`` when
+        this scheduler cannot tell (the snapshot then sends markers as usual).
+        """
 
     def interrupt(self, endpoint: Endpoint) -> bool:
         """Cancel the handler ``endpoint`` is running, whose work a rollback throws away.
@@ -416,7 +429,7 @@ class Bus:
         self.channels: dict[tuple[str, str], Channel] = {}
         self.scheduler = scheduler
         self.transport: Transport = transport if transport is not None else LocalTransport()
-        self._notify = scheduler.notify
+        self._notify: Callable[[Channel], None] = scheduler.notify
         self._observers: list[BusObserver] = []
         # The observers' hooks, each one callable or None: a hot path checks a single None.
         self._on_send: Callable[[Channel, Message], Message] | None = None
@@ -429,11 +442,9 @@ class Bus:
         self.replay_stalled: Callable[[], None] = self.abandon_replay
         # Message kinds already checked (check_kind): a send pays one set lookup.
         self._kinds: set[str] = {"message"}
-        bind = getattr(self.transport, "bind", None)
-        if bind is not None:
-            notify = bind(self)
-            if notify is not None:
-                self._notify = notify
+        notify = self.transport.bind(self)
+        if notify is not None:
+            self._notify = notify
         # The default scheduler, when the send path may do what its notify() does itself.
         self._asyncio: AsyncioScheduler | None = (
             scheduler
@@ -562,7 +573,8 @@ class Bus:
             if scheduler is None:
                 self._notify(channel)
             else:  # AsyncioScheduler.notify(), written out
-                box: _Mailbox = channel.receiver.mailbox
+                box = channel.receiver.mailbox
+                assert box is not None  # the scheduler's added() gave every receiver one
                 box.inbox.append(channel)
                 scheduler._work += 1
                 if box.waiter is not None:
@@ -610,10 +622,6 @@ class Bus:
         on_deliver = self.on_deliver
         if on_deliver is not None:
             on_deliver(channel, message)
-
-    def has_messages(self) -> bool:
-        """Whether any channel holds a message (markers aside)."""
-        return any(type(item) is Message for ch in self.channels.values() for item in ch)
 
     def restore(
         self,
@@ -755,7 +763,8 @@ class AsyncioScheduler:
 
     def notify(self, channel: Channel) -> None:  # noqa: D102
         # Bus.send() does the same, written out.
-        box: _Mailbox = channel.receiver.mailbox
+        box = channel.receiver.mailbox
+        assert box is not None  # added() gave every receiver one
         box.inbox.append(channel)
         self._work += 1
         if box.waiter is not None:

@@ -8,6 +8,7 @@ AgentsnapError
 │   ├── UnknownAgentError
 │   ├── StateNotSerializable
 │   ├── StateNotReadable        a stored state the current state class cannot read
+│   ├── StateInvalid            edits given to fork a run that the state models refuse
 │   ├── PayloadNotSerializable
 │   ├── PayloadInvalid          defined beside Message, in agentsnap.messages
 │   ├── ScheduleError
@@ -15,8 +16,11 @@ AgentsnapError
 │   ├── ToolArgumentsInvalid
 │   ├── IdempotencyConflict
 │   ├── AnswerInvalid           an answer does not fit its request's schema
-│   └── RequestNotPending       answering a request that is no longer waiting
+│   ├── AgentsHeld              another live worker hosts the agents (agentsnap.distributed)
+│   └── MissingExtraError       an integration's extra is not installed; also an ImportError
+│                               (agentsnap.integrations)
 ├── NotFoundError               an id that the store does not hold
+├── RequestNotPending           answering a request that is no longer waiting
 ├── SpoolError                  the local spool of refused writes cannot be read (see
 │                               agentsnap.store.spool)
 ├── DeleteRefused               runs cannot be deleted safely (a live runtime owns one, or
@@ -40,7 +44,9 @@ AgentsnapError
     ├── ToolInProgress
     ├── ToolOutcomeUnknown
     ├── TransportError
-    └── RuntimeClosedError
+    ├── RuntimeClosedError
+    └── CheckpointMissing       a graph agent's LangGraph checkpoint is gone
+                                (agentsnap.integrations.langgraph)
 
 Signal (a BaseException)       control flow, not an error: the runtime handles it
 └── OutputRejected              an output failed validation; the run rolls back
@@ -52,11 +58,12 @@ and carry what is needed to find their cause: the agent, the message, the snapsh
 (`Signal`) travel from a handler to the runtime, which acts on them; they only reach
 application code when it raises them itself.
 
-Every error is importable from here (and from `agentsnap`). The roots, `AgentsnapError` and
-`ConfigurationError`, are defined in `agentsnap._errors`, which imports nothing, and
-`PayloadInvalid` beside the `Message` it names: this module names `Message` as well (a failed
-handler and a rejected output carry one), so it imports `agentsnap.messages`, never the other
-way round.
+Every error is importable from here (and from `agentsnap`), except those drawn with the
+module that defines them (a worker's, an integration's, the spool's, retention's). The roots,
+`AgentsnapError` and `ConfigurationError`, are defined in `agentsnap._errors`, which imports
+nothing, and `PayloadInvalid` beside the `Message` it names: this module names `Message` as
+well (a failed handler and a rejected output carry one), so it imports `agentsnap.messages`,
+never the other way round.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidAgentName",
     "NotFoundError",
+    "OutputRejected",
     "OwnershipLost",
     "PayloadInvalid",
     "PayloadNotSerializable",
@@ -88,12 +96,14 @@ __all__ = [
     "RequestExpired",
     "RequestNotPending",
     "RequestRejected",
+    "RollbackExhausted",
     "RunCancelled",
     "RunError",
     "RunOwnedError",
     "RuntimeClosedError",
     "ScheduleError",
     "SchemaOutOfDate",
+    "Signal",
     "SnapshotDamaged",
     "SnapshotFailed",
     "SnapshotInProgress",

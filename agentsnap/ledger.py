@@ -187,11 +187,10 @@ class Ledger(Protocol):
     [`MemoryLedger`][agentsnap.store.ledger.MemoryLedger] and
     [`SqlLedger`][agentsnap.store.sql_ledger.SqlLedger].
 
-    A ledger may also offer ``fence(run_id, token)``, which is not part of the protocol:
-    from then on, its claims and updates of the run's entries are refused with
-    [`OwnershipLost`][agentsnap.OwnershipLost] once the run's lease has another token (see
+    A ledger in the store's database checks the run's lease through ``fence`` (see
     [`SqlLedger.fence`][agentsnap.store.sql_ledger.SqlLedger.fence] and
-    [`RunOwnership.fence_ledger`][agentsnap.ownership.RunOwnership.fence_ledger]).
+    [`RunOwnership.fence_ledger`][agentsnap.ownership.RunOwnership.fence_ledger]); one that
+    cannot see the lease does nothing there.
     """
 
     async def claim(self, entry: LedgerEntry) -> LedgerEntry | None:
@@ -229,6 +228,13 @@ class Ledger(Protocol):
 
     async def list_calls(self, run_id: str | None = None) -> list[LedgerEntry]:
         """Every entry (of one run, when ``run_id`` is given), oldest first."""
+
+    def fence(self, run_id: str, token: int) -> None:
+        """Refuse claims and updates of ``run_id``'s entries once its lease has another token.
+
+        From then on they raise [`OwnershipLost`][agentsnap.OwnershipLost]. A ledger that
+        cannot see the run's lease (one outside the store's database) does nothing.
+        """
 
     async def close(self) -> None:
         """Release connections."""

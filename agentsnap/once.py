@@ -81,13 +81,12 @@ __all__ = [
     "Diverged",
     "KnownTools",
     "Outcome",
+    "PendingOutcomes",
     "Unrecorded",
     "compensate",
     "effects_done",
     "reconcile",
-    "recorded",
     "run_once",
-    "unrecorded",
 ]
 
 logger = logging.getLogger("agentsnap")
@@ -130,8 +129,9 @@ and raised as ``ToolFailed``.
 class Unrecorded(typing.NamedTuple):
     """The outcome of a call whose effect happened but which the ledger could not record.
 
-    Kept in memory until it is written: by the next call of that key in this process, or
-    by the runtime at close (spooled when the database is still away).
+    Kept in a [`PendingOutcomes`][agentsnap.once.PendingOutcomes] until it is written: by the
+    next call of that ledger in this process, or by the runtime at close (spooled when the
+    database is still away).
     """
 
     run_id: str | None
@@ -164,30 +164,53 @@ class Unrecorded(typing.NamedTuple):
         )
 
 
-# Outcomes known here and not yet in the ledger, by key (keys are unique across runs).
-_unrecorded: dict[str, Unrecorded] = {}
+class PendingOutcomes:
+    """Outcomes of calls that happened and that their ledger could not record yet, by key.
 
-
-def unrecorded(run_id: str) -> list[Unrecorded]:
-    """The outcomes of ``run_id``'s calls that happened and are not in the ledger yet."""
-    return [entry for entry in _unrecorded.values() if entry.run_id == run_id]
-
-
-def recorded(key: str) -> None:
-    """The outcome of ``key`` is in the ledger now (written from elsewhere, say a spool)."""
-    _unrecorded.pop(key, None)
-
-
-async def _record_pending(ledger: Ledger) -> None:
-    """Write the outcomes kept for ``ledger``, now that a call of it goes ahead.
-
-    Raises:
-        StoreError: The ledger still fails (the outcomes are kept).
+    Whoever runs calls holds one and hands it to [`run_once`][agentsnap.once.run_once]: a
+    runtime holds one for its run's calls and writes what is left in it as the run closes.
+    Keys are unique across runs, so one object may hold the outcomes of several runs.
     """
-    for key, pending in list(_unrecorded.items()):
-        if pending.ledger is ledger:
-            await pending.record(ledger)  # False: taken over meanwhile, nothing to keep
-            _unrecorded.pop(key, None)
+
+    __slots__ = ("_by_key",)
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Unrecorded] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def of_run(self, run_id: str) -> list[Unrecorded]:
+        """The outcomes of ``run_id``'s calls that happened and are not in the ledger yet."""
+        return [entry for entry in self._by_key.values() if entry.run_id == run_id]
+
+    def get(self, key: str) -> Unrecorded | None:
+        """The outcome kept for ``key``, if any."""
+        return self._by_key.get(key)
+
+    def keep(self, entry: Unrecorded) -> None:
+        """Keep ``entry`` until it is written."""
+        self._by_key[entry.key] = entry
+
+    def recorded(self, key: str) -> None:
+        """The outcome of ``key`` is in the ledger now (written from elsewhere, say a spool)."""
+        self._by_key.pop(key, None)
+
+    async def record_for(self, ledger: Ledger) -> None:
+        """Write the outcomes kept for ``ledger``, now that a call of it goes ahead.
+
+        Raises:
+            StoreError: The ledger still fails (the outcomes are kept).
+        """
+        for key, pending in list(self._by_key.items()):
+            if pending.ledger is ledger:
+                await pending.record(ledger)  # False: taken over meanwhile, nothing to keep
+                self._by_key.pop(key, None)
+
+
+# What run_once keeps when its caller hands it nothing to keep outcomes in: code calling
+# run_once (or Tool.invoke) on its own, outside a runtime. Only this module reads it.
+_UNOWNED = PendingOutcomes()
 
 
 # -- one call -------------------------------------------------------------------------------
@@ -207,6 +230,7 @@ class _Once:
     lease: float
     wait: float
     rerun_if_unknown: bool
+    pending: PendingOutcomes
     diverged: Diverged | None = None
 
 
@@ -232,6 +256,7 @@ async def run_once(
     rerun_if_unknown: bool = False,
     timeline: int | None = None,
     diverged: Diverged | None = None,
+    pending: PendingOutcomes | None = None,
 ) -> Outcome:
     """Run ``call`` at most once under ``key``, or give back the outcome recorded for it.
 
@@ -267,6 +292,9 @@ async def run_once(
         diverged: For a key that names the call rather than its arguments: called when the
             ledger holds the key with other arguments; it returns to let the recorded
             outcome stand for this call, or raises. Without it that is a conflict.
+        pending: Where an outcome the ledger cannot record is kept until it is written (a
+            runtime's, which writes it as the run closes); without it, a store private to
+            this module, written by the next call of the same ledger in this process.
 
     Returns:
         The outcome: run now, or replayed (``replayed=True``, with the recorded attempts).
@@ -287,14 +315,26 @@ async def run_once(
             f"wait={wait!r}"
         )
     printed = fingerprint if fingerprint is not None else fingerprint_of(arguments)
+    kept = _UNOWNED if pending is None else pending
     once = _Once(
-        ledger, key, tool, printed, call, load, run_id, lease, wait, rerun_if_unknown, diverged
+        ledger,
+        key,
+        tool,
+        printed,
+        call,
+        load,
+        run_id,
+        lease,
+        wait,
+        rerun_if_unknown,
+        kept,
+        diverged,
     )
-    if _unrecorded:
-        pending = _unrecorded.get(key)
-        if pending is not None and (pending.tool, pending.fingerprint) == (tool, printed):
-            return await _known(ledger, pending)
-        await _record_pending(ledger)
+    if kept:
+        known = kept.get(key)
+        if known is not None and (known.tool, known.fingerprint) == (tool, printed):
+            return await _known(ledger, known, kept)
+        await kept.record_for(ledger)
     me = owner_id()
     now = utcnow()
     entry = LedgerEntry(
@@ -417,14 +457,14 @@ async def _settle(once: _Once, found: LedgerEntry, me: str) -> Outcome:
         found = again
 
 
-async def _known(ledger: Ledger, pending: Unrecorded) -> Outcome:
+async def _known(ledger: Ledger, pending: Unrecorded, kept: PendingOutcomes) -> Outcome:
     """Repeat a call whose outcome this process knows and the ledger does not yet."""
     try:
         await pending.record(ledger)
     except StoreError as exc:
         logger.warning("tool %r: key %s still not recorded: %s", pending.tool, pending.key, exc)
     else:
-        _unrecorded.pop(pending.key, None)
+        kept.recorded(pending.key)
     if pending.failure is not None:
         failure = pending.failure
         raise ToolFailed(
@@ -537,16 +577,18 @@ async def _record(
             key,
             exc,
         )
-        _unrecorded[key] = Unrecorded(
-            once.run_id,
-            key,
-            once.tool,
-            once.fingerprint,
-            attempt,
-            change,
-            outcome,
-            failure,
-            once.ledger,
+        once.pending.keep(
+            Unrecorded(
+                once.run_id,
+                key,
+                once.tool,
+                once.fingerprint,
+                attempt,
+                change,
+                outcome,
+                failure,
+                once.ledger,
+            )
         )
         return
     if not done:

@@ -54,6 +54,7 @@ from agentsnap.records import RunLease, utcnow
 from agentsnap.store import KeptInDatabase
 
 if TYPE_CHECKING:
+    from agentsnap.ledger import Ledger
     from agentsnap.store import OneProcessStore
 
 __all__ = ["RunOwnership", "owner_is_live"]
@@ -93,7 +94,7 @@ class RunOwnership:
         self.owner = owner if owner is not None else owner_id()
         self.lease: RunLease | None = None
         """The lease held, once acquired (renewals do not change it but for its expiry)."""
-        self._ledgers: list[object] = []
+        self._ledgers: list[Ledger] = []
         self._heartbeat: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -171,22 +172,21 @@ class RunOwnership:
         self.lease = lease
         self.store.fence(self.run_id, lease.token)
         for ledger in self._ledgers:
-            _fence(ledger, self.run_id, lease.token)
+            ledger.fence(self.run_id, lease.token)
 
-    def fence_ledger(self, ledger: object) -> None:
+    def fence_ledger(self, ledger: Ledger) -> None:
         """Fence ``ledger``'s claims and updates of the run's tool calls with the lease's
         token, now if the lease is held, else once it is acquired.
 
-        Only a ledger with a ``fence`` method, in the store's database, can check the
-        lease: a ledger that has no ``fence`` (a memory ledger's does nothing), or whose
-        ``url`` is not the store's, is left as it is.
+        Only a ledger in the store's database can check the lease: a ledger whose ``url``
+        is not the store's is left as it is (a memory ledger's ``fence`` does nothing).
         """  # noqa: D205
         store_url = self.store.url if isinstance(self.store, KeptInDatabase) else None
         if getattr(ledger, "url", store_url) != store_url:
             return
         self._ledgers.append(ledger)
         if self.lease is not None:
-            _fence(ledger, self.run_id, self.lease.token)
+            ledger.fence(self.run_id, self.lease.token)
 
     def start_heartbeat(
         self,
@@ -284,12 +284,6 @@ class RunOwnership:
         lease = self.lease
         if lease is not None:
             await self.store.release_lease(self.run_id, lease.token)
-
-
-def _fence(ledger: object, run_id: str, token: int) -> None:
-    fence: Callable[[str, int], None] | None = getattr(ledger, "fence", None)
-    if fence is not None:
-        fence(run_id, token)
 
 
 async def _quietly(read: Awaitable[RunLease | None]) -> RunLease | None:

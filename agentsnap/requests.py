@@ -68,7 +68,6 @@ __all__ = [
     "deadline_of",
     "request_id",
     "wait_for_answer",
-    "waiting_in",
     "wake",
     "withdraw_discarded",
 ]
@@ -332,11 +331,10 @@ class RequestLog(Protocol):
 class _Waiter:
     """One handler waiting on a request: the future its next wait ends with."""
 
-    __slots__ = ("future", "loop", "run_id")
+    __slots__ = ("future", "loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, run_id: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.run_id = run_id
         self.future: asyncio.Future[None] | None = None
 
     def ring(self) -> None:
@@ -358,11 +356,6 @@ class _Waiter:
 
 
 _waiting: dict[str, list[_Waiter]] = {}
-
-
-def waiting_in(run_id: str) -> int:
-    """How many handlers of this process wait on a request of run ``run_id`` now."""
-    return sum(w.run_id == run_id for waiters in _waiting.values() for w in waiters)
 
 
 def wake(request_id: str) -> None:
@@ -396,7 +389,7 @@ async def wait_for_answer(
             cut once the database answers; the request stays as it is).
         NotFoundError: The request is no longer stored (its run was deleted).
     """
-    waiter = _Waiter(asyncio.get_running_loop(), request.run_id)
+    waiter = _Waiter(asyncio.get_running_loop())
     _waiting.setdefault(request.id, []).append(waiter)
     delay = first_poll
     try:

@@ -60,7 +60,7 @@ from agentsnap.journal import Journal
 from agentsnap.ledger import Ledger, mark_orphaned
 from agentsnap.limits import check_run_id, check_run_labels
 from agentsnap.messages import ENVIRONMENT, Message
-from agentsnap.once import KnownTools
+from agentsnap.once import KnownTools, PendingOutcomes
 from agentsnap.records import RollbackInfo, RunStatus, Snapshot
 from agentsnap.replay import InputLog, ReplayLog
 from agentsnap.requests import ApprovalPolicy, approval_rules, carry_requests
@@ -272,7 +272,7 @@ class Runtime:
         )
         # A scheduler that can tell when a process waits for work lets a snapshot record it
         # without a marker.
-        coordinator.at_rest = getattr(self._scheduler, "at_rest", None)
+        coordinator.at_rest = self._scheduler.at_rest
         coordinator.observer = self._telemetry
         phases.coordinator = coordinator
         # Every message the environment sent, replayed after a rollback like a source.
@@ -296,6 +296,9 @@ class Runtime:
             telemetry=self._telemetry,
         )
         self.failures: list[HandlerFailed] = recovery.failures
+        # Outcomes of tool calls the ledger could not record yet: the team's calls keep them
+        # here, and closing writes them.
+        pending = PendingOutcomes()
         self._team = team = Team(
             bus,
             coordinator,
@@ -308,6 +311,7 @@ class Runtime:
             telemetry=self._telemetry,
             redaction=redact,
             approvals=approval_rules(approvals),
+            pending=pending,
         )
         self._following = (
             Following(self.run_id, bus, team, self._replay) if self._replay is not None else None
@@ -336,6 +340,8 @@ class Runtime:
             ledger=ledger,
             owns_ledger=owns_ledger,
             tools=self.tools,
+            pending=pending,
+            asking=team.asking,
             journal=self._journal,
             replay=self._replay,
             following=self._following,
@@ -355,11 +361,6 @@ class Runtime:
     def agents(self) -> Mapping[str, Agent[Any]]:
         """The registered agents, by name."""
         return MappingProxyType(self._agents)
-
-    @property
-    def bus(self) -> Bus:
-        """The bus (channels, counters), for inspection and tests."""
-        return self._bus
 
     @property
     def telemetry(self) -> Telemetry | None:

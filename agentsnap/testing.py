@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from agentsnap.bus import Bus, Channel, Deliver, Endpoint
     from agentsnap.messages import Marker, Message
     from agentsnap.records import Snapshot
+    from agentsnap.runtime import Runtime
 
 __all__ = [
     "FunctionModel",
@@ -52,6 +53,7 @@ __all__ = [
     "SeededScheduler",
     "SequentialScheduler",
     "assert_consistent",
+    "bus_of",
     "cut_problems",
 ]
 
@@ -95,6 +97,9 @@ class SequentialScheduler:
 
     def interrupt(self, endpoint: Endpoint) -> bool:  # noqa: D102
         return False  # the caller awaits each delivery: a rollback waits for it
+
+    def at_rest(self, endpoint: Endpoint) -> bool:  # noqa: D102
+        return False  # every delivery is the caller's: a snapshot sends markers
 
     def deliverable(self) -> list[Channel]:
         """Channels whose next item can be delivered now, in a stable order."""
@@ -399,3 +404,13 @@ def assert_consistent(snapshot: Snapshot) -> None:
             f"snapshot {snapshot.seq} ({snapshot.id}) is not a consistent cut:\n  "
             + "\n  ".join(problems)
         )
+
+
+def bus_of(runtime: Runtime) -> Bus:
+    """The bus of ``runtime``: its processes, channels and their counters, for a test to look at.
+
+    The bus is the runtime's own: what a test reads here (channels, counters, epochs) or adds
+    (a [`BusObserver`][agentsnap.bus.BusObserver] with ``observe``) is not a stable API, and
+    changing it under a running runtime breaks its guarantees.
+    """
+    return runtime._bus

@@ -58,6 +58,7 @@ import tenacity
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticSerializationError
 
+from agentsnap._handler import engine_of
 from agentsnap._uninterrupted import uninterrupted
 from agentsnap.exceptions import (
     ConfigurationError,
@@ -76,7 +77,7 @@ from agentsnap.ledger import (
 )
 from agentsnap.limits import MAX_TOOL_NAME, check_text
 from agentsnap.models import ChatMessage, ModelResponse, ToolSpec
-from agentsnap.once import Diverged, Outcome, compensate, run_once
+from agentsnap.once import Diverged, Outcome, PendingOutcomes, compensate, run_once
 from agentsnap.records import utcnow
 from agentsnap.redaction import unredact
 from agentsnap.requests import Approval, ApprovalPolicy, approval_of
@@ -470,14 +471,15 @@ class Tool(Generic[R]):
             ToolInProgress: The same key is in progress elsewhere beyond the tool's wait.
             ToolOutcomeUnknown: The key's outcome is unknown and re-running is not safe.
         """
-        known = ctx.tools
+        engine = engine_of(ctx)
+        known = engine.tools
         if known is not None:
             known.add(self)
         values, args_json, printed = self._validate(arguments)
         # What the ledger records and fingerprints: the arguments as the run's redaction
         # leaves them (the tool itself gets the real values).
         recorded = args_json
-        redaction = ctx.redaction
+        redaction = engine.redaction
         if redaction is not None:
             recorded = redaction.tool_arguments(self.name, args_json)
             if recorded is not args_json:
@@ -511,7 +513,7 @@ class Tool(Generic[R]):
                 key = call_key(ctx.run_id, agent, message_id, self.name, place)
             else:
                 check_key(key)
-            ledger = ctx.ledger
+            ledger = engine.ledger
             if ledger is None:
                 raise ConfigurationError(
                     f"side-effecting tool {self.name!r} needs a ledger, and this context has "
@@ -532,7 +534,7 @@ class Tool(Generic[R]):
         calls.append(record)
         info = ToolCall(self.name, key, 1, ctx.run_id, agent, message_id, ledger)
         traced = tool_call(
-            ctx.telemetry,
+            engine.telemetry,
             self.name,
             key,
             side_effect=self.side_effect,
@@ -541,7 +543,7 @@ class Tool(Generic[R]):
         )
         try:
             with traced:
-                if ledger is not None and ctx.dry_tools:
+                if ledger is not None and engine.dry_tools:
                     assert key is not None
                     outcome = await self._dry(ledger, info, recorded, printed, timeline)
                     record.status = "dry"
@@ -556,12 +558,21 @@ class Tool(Generic[R]):
                         await ctx.approve_call(self.name, args_json, key, approval)
                 if ledger is not None:
                     assert key is not None
-                    replay = ctx.replay
+                    replay = engine.replay
                     if replay is not None and replay.pending():
                         # What this call depends on is durable before it can have an effect.
                         await replay.flush()
                     outcome = await self._bound_once(
-                        ledger, info, values, recorded, printed, place, timeline, record, redaction
+                        ledger,
+                        info,
+                        values,
+                        recorded,
+                        printed,
+                        place,
+                        timeline,
+                        record,
+                        redaction,
+                        engine.pending,
                     )
                 else:
                     outcome = await self._run(values, info, 1)
@@ -693,7 +704,7 @@ class Tool(Generic[R]):
 
     def _approval(self, ctx: Context[Any], arguments: dict[str, JsonValue]) -> Approval | None:
         """How this call asks for approval, if the tool or the runtime's policy wants one."""
-        for rule in (self.approval, ctx.approvals.get(self.name)):
+        for rule in (self.approval, engine_of(ctx).approvals.get(self.name)):
             if rule is not None and rule.needed(arguments):
                 return rule
         return None
@@ -715,6 +726,7 @@ class Tool(Generic[R]):
         timeline: int,
         record: ToolCallRecord,
         redaction: Redaction | None = None,
+        pending: PendingOutcomes | None = None,
     ) -> Outcome:
         """Run a handler's call through the ledger under its key.
 
@@ -723,12 +735,23 @@ class Tool(Generic[R]):
         """
         if place is None:  # an explicit key keeps its meaning: other arguments conflict
             return await self._uninterrupted(
-                self._once(ledger, info, values, args_json, printed, timeline, redaction=redaction)
+                self._once(
+                    ledger,
+                    info,
+                    values,
+                    args_json,
+                    printed,
+                    timeline,
+                    redaction=redaction,
+                    pending=pending,
+                )
             )
         diverged = self._diverged(ledger, args_json, timeline)
         try:
             return await self._uninterrupted(
-                self._once(ledger, info, values, args_json, printed, timeline, diverged, redaction)
+                self._once(
+                    ledger, info, values, args_json, printed, timeline, diverged, redaction, pending
+                )
             )
         except _NewEffect:
             pass
@@ -740,7 +763,9 @@ class Tool(Generic[R]):
         info = dataclasses.replace(info, key=key)
         record.key = key
         return await self._uninterrupted(
-            self._once(ledger, info, values, args_json, printed, timeline, diverged, redaction)
+            self._once(
+                ledger, info, values, args_json, printed, timeline, diverged, redaction, pending
+            )
         )
 
     def _diverged(self, ledger: Ledger, arguments: dict[str, JsonValue], timeline: int) -> Diverged:
@@ -790,6 +815,7 @@ class Tool(Generic[R]):
         timeline: int | None = None,
         diverged: Diverged | None = None,
         redaction: Redaction | None = None,
+        pending: PendingOutcomes | None = None,
     ) -> Outcome:
         """Run the call through the ledger, at most once for its key.
 
@@ -816,6 +842,7 @@ class Tool(Generic[R]):
             rerun_if_unknown=self.rerun_if_unknown,
             timeline=timeline,
             diverged=diverged,
+            pending=pending,
         )
 
     async def _uninterrupted(self, call: Coroutine[Any, Any, Outcome]) -> Outcome:

@@ -84,6 +84,7 @@ from agentsnap import (
 from agentsnap.rollback import restore_cut
 from agentsnap.state import encode_state
 from agentsnap.store.sql import SqlStore
+from agentsnap.testing import bus_of
 
 AGENT_COUNTS = (10, 100, 1000)
 STATE_BYTES = 10_000  # each worker's state is at least this long as canonical JSON
@@ -304,7 +305,7 @@ class Sample:
 
 def _queued(runtime: Runtime) -> int:
     return sum(
-        type(item) is Message for channel in runtime.bus.channels.values() for item in channel
+        type(item) is Message for channel in bus_of(runtime).channels.values() for item in channel
     )
 
 

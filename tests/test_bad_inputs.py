@@ -36,7 +36,7 @@ from agentsnap import (
     UnknownAgentError,
 )
 from agentsnap.messages import dumps_json, json_problem
-from agentsnap.testing import ScriptedScheduler, assert_consistent
+from agentsnap.testing import ScriptedScheduler, assert_consistent, bus_of
 
 T = TypeVar("T")
 
@@ -211,7 +211,7 @@ async def test_runtime_send_to_unknown_agent_raises_at_once() -> None:
         assert "registered: 'alice'" in str(info.value)
         assert "register it with Runtime.add()" in str(info.value)
         # Nothing was queued and no channel to the unknown agent exists.
-        assert ("$env", "nobody") not in runtime.bus.channels
+        assert ("$env", "nobody") not in bus_of(runtime).channels
 
 
 async def test_runtime_send_with_no_agents_says_none_are_registered() -> None:
@@ -477,7 +477,7 @@ async def test_payload_not_json_from_the_program(payload: object, problem: str) 
         assert "'alice'" in text
         assert "send JSON values" in text
         # The message was not sent: no sequence number was used.
-        assert runtime.bus.channels["$env", "alice"].sent == 0
+        assert bus_of(runtime).channels["$env", "alice"].sent == 0
         assert runtime.send("alice", {"fine": 1}).seq == 1
 
 
@@ -563,7 +563,7 @@ async def test_pydantic_payload_that_is_not_json_is_rejected(
             runtime.send("alice", payload)
         assert "'alice'" in str(info.value)
         assert problem in str(info.value)
-        assert runtime.bus.channels["$env", "alice"].sent == 0
+        assert bus_of(runtime).channels["$env", "alice"].sent == 0
 
 
 class Loose(BaseModel):
@@ -650,7 +650,7 @@ async def test_a_nan_anywhere_in_a_model_never_travels(payload: BaseModel) -> No
             if isinstance(payload, Rated | Counted):
                 with pytest.raises(PayloadNotSerializable, match="nan"):
                     runtime.send("alice", payload)
-                assert runtime.bus.channels["$env", "alice"].sent == 0
+                assert bus_of(runtime).channels["$env", "alice"].sent == 0
             else:
                 message = runtime.send("alice", payload)
                 assert json_problem(message.payload) is None, message.payload

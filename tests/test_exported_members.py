@@ -127,6 +127,7 @@ EXPECTED_TESTING_ALL = [
     "SeededScheduler",
     "SequentialScheduler",
     "assert_consistent",
+    "bus_of",
     "cut_problems",
 ]
 
@@ -161,13 +162,12 @@ EXPECTED_ONCE_ALL = [
     "Diverged",
     "KnownTools",
     "Outcome",
+    "PendingOutcomes",
     "Unrecorded",
     "compensate",
     "effects_done",
     "reconcile",
-    "recorded",
     "run_once",
-    "unrecorded",
 ]
 
 # agentsnap.telemetry re-exports the table of names, which agentsnap.semconv defines.

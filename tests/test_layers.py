@@ -15,7 +15,8 @@ a layer. The layers, from the bottom::
     bus          channels, the transport and observer protocols, schedulers; jetstream, the
                  transport carrying channels between processes on NATS (bus-level only)
     checks       verdicts, checks, the guard          telemetry, replay: see the bus only
-    agents       Agent, Context (a snapshot Initiator protocol, not the coordinator)
+    agents       _handler: the runtime's state behind a handler's context, out of users'
+                 reach; Agent, Context (a snapshot Initiator protocol, not the coordinator)
     snapshot     the Chandy-Lamport coordinator, its observer protocol
     rollback     retry policy and budget, restoring a cut through Bus.restore, the current cut
     journal      a bus observer writing to the store
@@ -84,8 +85,9 @@ run ownership and forking a run from a stored cut. They know the data types only
 
 BUS = FOUNDATION | {"agentsnap.bus"}
 AGENTS = BUS | STORE | {"agentsnap.checks", "agentsnap.telemetry", "agentsnap.replay"}
+HANDLER = AGENTS | {"agentsnap._handler"}
 ROLLBACK = BUS | {"agentsnap.checks", "agentsnap.replay", "agentsnap.snapshot"}
-KERNEL = AGENTS | {"agentsnap.agents", "agentsnap.snapshot", "agentsnap.rollback"}
+KERNEL = HANDLER | {"agentsnap.agents", "agentsnap.snapshot", "agentsnap.rollback"}
 RUNTIME_PARTS = {
     "agentsnap._phases",
     "agentsnap._record",
@@ -110,11 +112,12 @@ CONTRACTS: dict[str, set[str]] = {
     "agentsnap.checks": BUS,
     "agentsnap.telemetry": BUS,
     "agentsnap.replay": BUS,
-    "agentsnap.agents": AGENTS,
+    "agentsnap._handler": AGENTS,
+    "agentsnap.agents": HANDLER,
     "agentsnap.snapshot": BUS,
     "agentsnap.rollback": ROLLBACK,
     "agentsnap.journal": BUS | STORE,
-    "agentsnap.tools": AGENTS | {"agentsnap.agents"},
+    "agentsnap.tools": HANDLER | {"agentsnap.agents"},
     "agentsnap._team": KERNEL,
     "agentsnap._following": KERNEL | {"agentsnap._team"},
     "agentsnap.distributed": KERNEL

@@ -39,6 +39,7 @@ from agentsnap.limits import (
 from agentsnap.store import migrate
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.tables import Base
+from agentsnap.testing import bus_of
 
 # Length-limited columns that hold only what agentsnap makes itself.
 INTERNAL = {
@@ -167,7 +168,7 @@ async def test_a_bad_kind_is_refused_at_the_send(kind: Any, says: str) -> None:
         assert "message kind" in str(info.value)
         assert "use a shorter kind" in str(info.value) or "string" in str(info.value)
         # Nothing was sent: the channel's counter did not move.
-        assert runtime.bus.channels["$env", "alice"].sent == 0
+        assert bus_of(runtime).channels["$env", "alice"].sent == 0
 
 
 def test_the_error_shows_a_long_value_shortened() -> None:

@@ -57,7 +57,7 @@ from agentsnap.state import encode_state
 from agentsnap.store.ledger import MemoryLedger
 from agentsnap.store.migrate import sync_url
 from agentsnap.store.sql import SqlStore
-from agentsnap.testing import ScriptedScheduler, SeededScheduler, assert_consistent
+from agentsnap.testing import ScriptedScheduler, SeededScheduler, assert_consistent, bus_of
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ Queued = tuple[str, int, str, Any, dict[str, str], int]
 def queued(runtime: Runtime) -> dict[tuple[str, str], list[Queued]]:
     """What every channel holds now; there must be no snapshot markers among it."""
     found: dict[tuple[str, str], list[Queued]] = {}
-    for key, channel in runtime.bus.channels.items():
+    for key, channel in bus_of(runtime).channels.items():
         items = []
         for item in channel:
             assert isinstance(item, Message), f"{item!r} left on channel {key}"
@@ -117,7 +117,7 @@ def assert_restored(
             if (m.src, m.dst) == (src, dst)
         ]
         assert items == expected, f"channel {src}>{dst}"
-        channel = runtime.bus.channels[src, dst]
+        channel = bus_of(runtime).channels[src, dst]
         sent = cut.agents[src].sent.get(dst, 0) if src in cut.agents else 0
         if src == ENVIRONMENT:
             sent = max([sent, *(m.seq for m in replayed if m.dst == dst)])

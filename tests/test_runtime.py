@@ -28,7 +28,7 @@ from agentsnap import (
     SnapshotPolicy,
     SnapshotStatus,
 )
-from agentsnap.testing import ScriptedScheduler, SeededScheduler, assert_consistent
+from agentsnap.testing import ScriptedScheduler, SeededScheduler, assert_consistent, bus_of
 
 T = TypeVar("T")
 
@@ -138,20 +138,20 @@ async def test_channels_are_fifo_with_seqs_from_one_created_on_first_send() -> N
         runtime.add(Logger("b"))
         runtime.add(Logger("sink"))
         # The environment reaches every agent from the start; agents' channels come later.
-        assert set(runtime.bus.channels) == {("$env", "a"), ("$env", "b"), ("$env", "sink")}
+        assert set(bus_of(runtime).channels) == {("$env", "a"), ("$env", "b"), ("$env", "sink")}
 
         first = runtime.send("a", {"to": "sink", "times": 5})
         second = runtime.send("a", {"to": "sink", "times": 5})
         other = runtime.send("b", {"to": "sink", "times": 5})
         direct = runtime.send("sink", {"direct": True})
         assert [first.seq, second.seq, other.seq, direct.seq] == [1, 2, 1, 1]
-        assert ("a", "sink") not in runtime.bus.channels
+        assert ("a", "sink") not in bus_of(runtime).channels
         await runtime.run_until_idle()
 
-        assert ("a", "sink") in runtime.bus.channels
-        assert ("b", "sink") in runtime.bus.channels
-        assert ("sink", "a") not in runtime.bus.channels
-        a_to_sink = runtime.bus.channels["a", "sink"]
+        assert ("a", "sink") in bus_of(runtime).channels
+        assert ("b", "sink") in bus_of(runtime).channels
+        assert ("sink", "a") not in bus_of(runtime).channels
+        a_to_sink = bus_of(runtime).channels["a", "sink"]
         assert (a_to_sink.sent, a_to_sink.delivered, len(a_to_sink)) == (10, 10, 0)
 
     log = runtime.agents["sink"].state.log
@@ -499,7 +499,7 @@ async def run_token_ring(seed: int, policy: SnapshotPolicy, hops: int) -> tuple[
         runtime.send("r0", {"hops": hops}, kind="token")
         runtime.send("r2", {"hops": hops}, kind="token")
         await runtime.run_until_idle()
-    delivered = sum(ch.delivered for ch in runtime.bus.channels.values())
+    delivered = sum(ch.delivered for ch in bus_of(runtime).channels.values())
     return runtime, delivered
 
 

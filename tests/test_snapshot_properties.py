@@ -39,7 +39,7 @@ from agentsnap import (
     SnapshotStatus,
 )
 from agentsnap.bus import Channel
-from agentsnap.testing import SeededScheduler, cut_problems
+from agentsnap.testing import SeededScheduler, bus_of, cut_problems
 
 TOPOLOGIES = ("ring", "star", "mesh", "random")
 MAX_AMOUNT = 50
@@ -170,7 +170,7 @@ async def run_bank(
 
         def on_new_peer(src: str, dst: str) -> None:
             nonlocal new_during_snapshot
-            assert (src, dst) not in runtime.bus.channels, f"{scenario}: {src}>{dst} exists"
+            assert (src, dst) not in bus_of(runtime).channels, f"{scenario}: {src}>{dst} exists"
             if runtime.snapshots_in_progress:
                 new_during_snapshot += 1
 
@@ -192,7 +192,7 @@ async def run_bank(
             runtime.send(first, kind="go")
             start_snapshot(first)
             snapshots_left -= 1
-            await scheduler.deliver_from(runtime.bus.channels[ENVIRONMENT, first])
+            await scheduler.deliver_from(bus_of(runtime).channels[ENVIRONMENT, first])
 
         actions = ["go"] * scenario.transfers + ["snapshot"] * snapshots_left
         rng.shuffle(actions)
@@ -492,13 +492,13 @@ async def test_agents_at_rest_record_without_a_marker_and_cuts_keep_what_crossed
             runtime.add(SleepyTeller(name, 100, peers, random.Random(rng.getrandbits(64))))
         total = 100 * len(names)
         await runtime.snapshot()
-        post_marker = runtime.bus.post_marker
+        post_marker = bus_of(runtime).post_marker
 
         def counting(channel: Channel, snapshot: int) -> None:
             markers.append((channel.src, channel.dst, snapshot))
             post_marker(channel, snapshot)
 
-        runtime.bus.post_marker = counting  # type: ignore[method-assign]
+        bus_of(runtime).post_marker = counting  # type: ignore[method-assign]
         for _ in range(30):
             for _ in range(rng.randint(0, 3)):
                 runtime.send(rng.choice(names), kind="go")

@@ -25,7 +25,7 @@ from agentsnap import (
     SnapshotPolicy,
     SnapshotStatus,
 )
-from agentsnap.testing import ScriptedScheduler, cut_problems
+from agentsnap.testing import ScriptedScheduler, bus_of, cut_problems
 
 ENV = ENVIRONMENT
 
@@ -137,14 +137,14 @@ async def test_message_sent_after_the_senders_cut_is_not_in_the_channel_state() 
         # A>B held nothing when A recorded: it closed then, with no marker put on it, and m2
         # (epoch 1) tells B to record before it counts.
         assert kinds(scheduler.queued("A", "B")) == ["transfer"]
-        assert runtime.bus.channels["A", "B"].closed == 1
+        assert bus_of(runtime).channels["A", "B"].closed == 1
 
         await scheduler.deliver(ENV, "B")  # B records: balance 110, received {A: 1}
         assert runtime.snapshots_in_progress == 0  # every channel closed: complete
         await scheduler.deliver("A", "B")  # m2 arrives after the cut on both sides
         assert runtime.agents["B"].state.balance == 130
-        assert runtime.bus.channels["A", "B"].sent == 2
-        assert runtime.bus.channels[ENV, "A"].sent == 2
+        assert bus_of(runtime).channels["A", "B"].sent == 2
+        assert bus_of(runtime).channels[ENV, "A"].sent == 2
         snapshot = await handle
 
     assert cut_problems(snapshot) == []
@@ -168,7 +168,7 @@ async def test_message_sent_after_the_cut_on_a_new_channel_does_not_hold_the_sna
         pay(runtime, "A", "B", 10)
         await scheduler.deliver(ENV, "A")  # marker
         await scheduler.deliver(ENV, "A")  # A sends m on a channel created after its cut
-        assert runtime.bus.channels["A", "B"].closed == 1
+        assert bus_of(runtime).channels["A", "B"].closed == 1
         assert kinds(scheduler.queued("A", "B")) == ["transfer"]
         await scheduler.deliver(ENV, "B")  # B records: balance 100
         assert runtime.snapshots_in_progress == 0
@@ -235,7 +235,7 @@ async def test_message_from_a_recorded_sender_acts_as_the_marker() -> None:
 
         await scheduler.deliver("A", "B")  # B records *before* handling m
         assert runtime.agents["B"].state.balance == 110
-        assert runtime.bus.endpoints["B"].epoch == 1
+        assert bus_of(runtime).endpoints["B"].epoch == 1
         # $env>B carries $env's marker and both its ends have recorded: closed at once.
         assert runtime.snapshots_in_progress == 0
         await scheduler.deliver(ENV, "B")
@@ -267,11 +267,11 @@ async def test_concurrent_snapshots_do_not_interfere() -> None:
 
         second = runtime.snapshot(initiator="C")  # C records 1 and 2 at once: balance 95
         assert (first.seq, second.seq) == (1, 2)
-        assert runtime.bus.endpoints["C"].epoch == 2
+        assert bus_of(runtime).endpoints["C"].epoch == 2
         # B took c1 already: C>B holds nothing of C's old epoch, so it closes for 1 and 2 at
         # once, with no marker put on it.
         assert kinds(scheduler.queued("C", "B")) == []
-        assert runtime.bus.channels["C", "B"].closed == 2
+        assert bus_of(runtime).channels["C", "B"].closed == 2
         # Every process has recorded 1, and every channel is closed for 1 or has marker 1 on
         # it: snapshot 1 is complete before any is taken. $env>C is closed for 2 as well,
         # with pay 7 (between its markers 1 and 2) in flight for 2.
@@ -290,7 +290,7 @@ async def test_concurrent_snapshots_do_not_interfere() -> None:
         assert runtime.snapshots_in_progress == 0
         await scheduler.deliver(ENV, "B")  # marker 2
         await scheduler.deliver(ENV, "C")  # marker 2
-        assert not any(runtime.bus.channels.values())
+        assert not any(bus_of(runtime).channels.values())
         one, two = await first, await second
 
     assert (one.initiator, two.initiator) == ("A", "C")
@@ -325,7 +325,7 @@ async def test_snapshot_completes_when_agents_never_talked() -> None:
     async with scripted_runtime(scheduler) as runtime:
         for name in ("A", "B", "C"):
             runtime.add(Account(name))
-        assert set(runtime.bus.channels) == {(ENV, "A"), (ENV, "B"), (ENV, "C")}
+        assert set(bus_of(runtime).channels) == {(ENV, "A"), (ENV, "B"), (ENV, "C")}
 
         by_runtime = runtime.snapshot()
         by_agent = runtime.snapshot(initiator="B")
@@ -339,7 +339,7 @@ async def test_snapshot_completes_when_agents_never_talked() -> None:
         for name in ("A", "B", "C"):
             await scheduler.deliver(ENV, name)
         assert runtime.snapshots_in_progress == 0
-        assert set(runtime.bus.channels) == {(ENV, "A"), (ENV, "B"), (ENV, "C")}
+        assert set(bus_of(runtime).channels) == {(ENV, "A"), (ENV, "B"), (ENV, "C")}
         snapshots = [await by_runtime, await by_agent]
 
     assert [s.initiator for s in snapshots] == [ENV, "B"]
@@ -370,12 +370,14 @@ async def test_channels_with_nothing_queued_close_without_markers() -> None:
         await scheduler.deliver(ENV, "A")  # A records; B and C have not
         # A>B held nothing of A's old epoch: closed for 1 at once, with nothing put on it.
         assert kinds(scheduler.queued("A", "B")) == []
-        assert runtime.bus.channels["A", "B"].closed == 1
+        assert bus_of(runtime).channels["A", "B"].closed == 1
         pay(runtime, "C", "B", 5)  # after $env's cut: epoch 1, behind its marker to C
         await scheduler.deliver(ENV, "B")
         await scheduler.deliver(ENV, "C")  # the last to record: the snapshot completes
         assert runtime.snapshots_in_progress == 0
-        assert not any(type(item) is Marker for ch in runtime.bus.channels.values() for item in ch)
+        assert not any(
+            type(item) is Marker for ch in bus_of(runtime).channels.values() for item in ch
+        )
         snapshot = await handle
         await runtime.run_until_idle()
 

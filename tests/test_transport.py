@@ -20,7 +20,7 @@ from agentsnap.messages import Marker
 from agentsnap.records import SnapshotStatus
 from agentsnap.rollback import RetryPolicy
 from agentsnap.store.sql import SqlStore
-from agentsnap.testing import assert_consistent
+from agentsnap.testing import assert_consistent, bus_of
 
 Item = Message | Marker
 
@@ -66,6 +66,9 @@ class ListChannel:
 class ListTransport:
     def __init__(self) -> None:
         self.made: list[ListChannel] = []
+
+    def bind(self, bus: Bus) -> None:
+        return None
 
     def channel(self, src: str, dst: str, receiver: Endpoint, closed: int) -> Channel:
         channel = ListChannel(src, dst, receiver, closed)
@@ -138,8 +141,8 @@ async def test_a_transport_of_ones_own_carries_snapshots_and_rollbacks() -> None
 
     assert total == 400, "money was made or lost"
     assert failed_once, "the check never rejected anything: the rollback path was not run"
-    assert {(c.src, c.dst) for c in transport.made} == set(runtime.bus.channels)
-    assert all(isinstance(c, ListChannel) for c in runtime.bus.channels.values())
+    assert {(c.src, c.dst) for c in transport.made} == set(bus_of(runtime).channels)
+    assert all(isinstance(c, ListChannel) for c in bus_of(runtime).channels.values())
     assert sum(c.taken for c in transport.made) > 0
     assert all(not c.items for c in transport.made), "items were left on a channel"
     assert snapshots, "no snapshot completed"
@@ -177,10 +180,10 @@ async def test_an_observer_sees_every_send_and_delivery_in_order() -> None:
     async with Runtime() as runtime:
         runtime.add(Echo("a"))
         runtime.add(Echo("b"))
-        runtime.bus.observe(recorder)
+        bus_of(runtime).observe(recorder)
         runtime.send("a", 1)
         await runtime.run_until_idle()
-        runtime.bus.unobserve(recorder)
+        bus_of(runtime).unobserve(recorder)
         runtime.send("a", 2)
         await runtime.run_until_idle()
     assert recorder.events == [
@@ -216,7 +219,7 @@ async def test_a_held_output_is_seen_as_sent_but_enqueued_only_once_it_passes(
         async with Runtime(store=store) as runtime:
             runtime.add(Judged("judged"))
             runtime.add(Sink("sink"))
-            runtime.bus.observe(recorder)
+            bus_of(runtime).observe(recorder)
             runtime.send("judged", "bad")
             await runtime.run_until_idle()
         journal = read_journal(await store.load_journal(runtime.run_id))
@@ -244,14 +247,14 @@ async def test_the_bus_calls_only_the_hooks_an_observer_overrides() -> None:
     async with Runtime() as runtime:
         runtime.add(Echo("a"))
         runtime.add(Echo("b"))
-        runtime.bus.observe(deliveries)
-        first = runtime.bus.on_deliver
-        runtime.bus.observe(recorder)
+        bus_of(runtime).observe(deliveries)
+        first = bus_of(runtime).on_deliver
+        bus_of(runtime).observe(recorder)
         runtime.send("a", 1)
         await runtime.run_until_idle()
-        runtime.bus.unobserve(deliveries)
-        runtime.bus.unobserve(recorder)
-        last = runtime.bus.on_deliver
+        bus_of(runtime).unobserve(deliveries)
+        bus_of(runtime).unobserve(recorder)
+        last = bus_of(runtime).on_deliver
     assert first == deliveries.on_deliver, "one observer's hook is called directly"
     assert last is None, "no observer left: nothing to call"
     assert deliveries.seen == ["$env>a#1", "a>b#1"]

@@ -820,10 +820,6 @@ class JetStreamTransport:
         """The outgoing channels, by ``(src, dst)``."""
         return self._outgoing
 
-    def inbox_position(self, dst: str) -> int:
-        """The next stream sequence the consumer of local agent ``dst`` reads."""
-        return self._inboxes[dst].next
-
     async def rewind(
         self, channel: IncomingChannel, offset: ChannelOffset, accept: Collection[int] = ()
     ) -> None:

@@ -46,11 +46,6 @@ class RunFilter:
             and self.limit is None
         )
 
-    @property
-    def name_is_pattern(self) -> bool:
-        """Whether ``name`` has a ``*`` (matches more than one name)."""
-        return self.name is not None and "*" in self.name
-
     def matches(self, run: RunInfo) -> bool:
         """Whether ``run`` (with its status as reported) passes every filter but ``limit``."""
         if self.statuses is not None and run.status not in self.statuses:

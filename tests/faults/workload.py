@@ -52,6 +52,7 @@ from agentsnap import (
 from agentsnap.integrity import cut_problems
 from agentsnap.records import JournalSegment, Snapshot
 from agentsnap.store.sql import SqlStore
+from agentsnap.testing import bus_of
 
 __all__ = [
     "MAX_RSS_GROWTH",
@@ -714,7 +715,7 @@ def journal_problems(
         logged.setdefault((segment.src, segment.dst, segment.event), Counter()).update(numbers)
     missing: list[str] = []
     repeated: list[str] = []
-    for channel in runtime.bus.channels.values():
+    for channel in bus_of(runtime).channels.values():
         for event, count in (("send", channel.sent), ("deliver", channel.delivered)):
             seen = logged.pop((channel.src, channel.dst, event), Counter())
             wanted = Counter(range(1, count + 1))

@@ -19,6 +19,7 @@ from langgraph.pregel import Pregel
 from pydantic import Field
 from pydantic_core import to_jsonable_python
 
+from agentsnap._handler import engine_of
 from agentsnap.agents import Agent, Context, Feedback
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.integrations._running import handling
@@ -133,11 +134,12 @@ class LangChainAgent(Agent[ConversationState]):
             *messages_from_dict(list(state.messages)),
             *self.agent_input(message, ctx),
         ]
-        before = ctx.position
+        engine = engine_of(ctx)
+        before = engine.position
         options: dict[str, Any] = {} if self.context is None else {"context": self.context}
         with handling(ctx):
             result = await self.agent.ainvoke({"messages": conversation}, self.config, **options)
-        if ctx.model_calls is not None and ctx.position == before:
+        if engine.model_calls is not None and engine.position == before:
             raise ConfigurationError(
                 f"the LangChain agent of {self.name!r} answered without a recorded model "
                 "call: make it with create_agent(..., middleware=[AgentsnapMiddleware(), ...])"
