@@ -24,6 +24,8 @@ export async function route() {
   setStatus("");
   // Taken before the data it stands for: a change in between only costs one more redraw.
   const token = liveToken(parts, controller.signal);
+  // A view left before it was drawn never awaits its token: its abort is nobody's error.
+  token.catch(() => null);
   try {
     if (parts[0] !== "runs" || parts.length === 1) {
       await runsView(main, params, controller.signal);

@@ -1,8 +1,9 @@
 // Fork a run from a snapshot with an edited state.
 
-import { api, runPath } from "../api.js";
+import { api, loadSession, runPath } from "../api.js";
 import { clear, el, enc, link, put, shortId } from "../dom.js";
 import { validateSchema } from "../schema.js";
+import { runActions } from "./actions.js";
 import { errorBox, state } from "./common.js";
 import { loadSnapshot } from "./snapshots.js";
 
@@ -111,6 +112,12 @@ export async function forkPanel(panel, run, sid, signal) {
               ".",
             ),
           );
+          // A server that runs apps (--allow-run) continues the fork from here, at once.
+          const session = await loadSession();
+          if (session.allow_run) {
+            const go = runActions({ detail: fork }, session);
+            if (go) result.append(el("div", { class: "fork-continue" }, go));
+          }
         } catch (error) {
           if (error.status === 403) {
             put(result, el("p", { class: "error-box", text: "This server does not allow forks: start it with `agentsnap ui --allow-fork`." }));
