@@ -22,10 +22,10 @@ In the same manner, the run's coordinator, a process on a host of its own
 (``coordinator_process.py``), is SIGKILLed among the partitions, a standby coordinator
 taking the run over each time (two kills in CI, ``AGENTSNAP_PARTITIONS_KILLS`` at night).
 The even-numbered chains are booked under the keys agentsnap derives (``BANK_DERIVED=1``),
-half of the effects, in CI's runs without a coordinator killed: a takeover, and a rollback
-for work lost to a database away longer than the store retries (nightly's long
-partitions), start a new timeline, on which a derived key names a call only while each
-agent takes its messages in the same order (see the how-to's *Limits*).
+half of the effects, in the runs without a coordinator killed (nightly's long partitions,
+which make handlers lose work to the database, included): a takeover starts a new
+timeline, on which a derived key names a call only while each agent takes its messages in
+the same order (see the how-to's *Limits*).
 
 A fault is a [`Fault`][]: one more kind of fault is one more ``Fault.kind`` applied in
 [`Nemesis.apply`][].
@@ -167,10 +167,10 @@ class Workers:
         self.tmp = tmp
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.logs: dict[int, Path] = {}
-        # Faults of CI's size (at most 4 s) stay within the store's retries; the longer ones
-        # of a nightly run make handlers lose work to the database, and that rollback starts
-        # a new timeline, where derived keys no longer name the same calls.
-        self.derived = not NIGHTLY
+        # The longer faults of a nightly run make handlers lose work to the database: the
+        # rollback that redoes it stays on the run's timeline, where derived keys name the
+        # same calls.
+        self.derived = True
         """Whether half of the effects are booked under derived keys (``BANK_DERIVED``)."""
 
     def env(self) -> dict[str, str]:

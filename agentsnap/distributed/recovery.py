@@ -77,6 +77,13 @@ _REPEAT = 2.0
 """Seconds between repeats of a rollback order some process has not carried out yet."""
 
 
+_SAME_TIMELINE = frozenset({"recovery", "database"})
+"""Rollbacks that keep the run on its timeline: nothing was rejected, so the work they throw
+away is redone as it was (the same deliveries in the order the workers logged, the answers
+the model calls recorded, the same derived keys); a rejected output's rollback starts a new
+timeline, on which the agent is told why and its model is asked again."""
+
+
 class _Rolling:
     """A rollback under way: its order, and which agents are restored."""
 
@@ -135,9 +142,9 @@ class RollbackAuthority:
         self.run_id = run_id
         self.generation = 0
         self.timeline = 0
-        """The run's timeline: the generation of the last rollback that was not a recovery
-        (a recovery redoes the timeline's work in the order logged, with its recorded model
-        answers)."""
+        """The run's timeline: the generation of the last rollback for a rejected output (a
+        recovery, or a rollback for work lost to the database, redoes the timeline's work in
+        the order logged, with its recorded model answers)."""
         self._timeline_known = True  # False after a takeover: the next rollback starts one
         self.history: list[RollbackInfo] = []
         self.exhausted: RunError | None = None
@@ -495,7 +502,7 @@ class RollbackAuthority:
         """Carry out a rollback; its record, or ``None`` when a later one took its place."""
         self.generation += 1
         generation = self.generation
-        if source != "recovery" or not self._timeline_known:
+        if source not in _SAME_TIMELINE or not self._timeline_known:
             self.timeline = generation
             self._timeline_known = True
         self._fail_pending("the run rolled back before the snapshot completed")
