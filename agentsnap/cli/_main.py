@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -42,40 +42,34 @@ def _wide(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
         ctx.meta[WIDE_KEY] = True
 
 
+def _eager_flag(
+    name: str, callback: Callable[[click.Context, click.Parameter, bool], None], help_text: str
+) -> click.Option:
+    """A flag taken before the command's name or after it, acting at once (not passed on)."""
+    return click.Option(
+        [name], is_flag=True, expose_value=False, is_eager=True, callback=callback, help=help_text
+    )
+
+
 def wide_option() -> click.Option:
     """``--wide``, for the commands that print tables."""
-    return click.Option(
-        ["--wide"],
-        is_flag=True,
-        expose_value=False,
-        is_eager=True,
-        callback=_wide,
-        help="Show tables whole, even wider than the terminal (as they are when piped).",
+    return _eager_flag(
+        "--wide", _wide, "Show tables whole, even wider than the terminal (as they are when piped)."
     )
 
 
 def no_color_option() -> click.Option:
     """``--no-color``, taken before the command's name or after it."""
-    return click.Option(
-        ["--no-color"],
-        is_flag=True,
-        expose_value=False,
-        is_eager=True,
-        callback=_no_color,
-        help="No colours (also when NO_COLOR is set; there are none off a terminal).",
+    return _eager_flag(
+        "--no-color",
+        _no_color,
+        "No colours (also when NO_COLOR is set; there are none off a terminal).",
     )
 
 
 def utc_option() -> click.Option:
     """``--utc``, for the commands that print times, before their name or after it."""
-    return click.Option(
-        ["--utc"],
-        is_flag=True,
-        expose_value=False,
-        is_eager=True,
-        callback=_utc,
-        help="Show times in UTC instead of local time.",
-    )
+    return _eager_flag("--utc", _utc, "Show times in UTC instead of local time.")
 
 
 class _MainGroup(click.Group):
