@@ -7,16 +7,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from agentsnap._phases import Phase, Phases
+from agentsnap._phases import Phase
 
 if TYPE_CHECKING:
-    from agentsnap._record import RunRecord
+    from agentsnap._record import RunParts
     from agentsnap._team import Team
-    from agentsnap.bus import Bus
     from agentsnap.exceptions import HandlerFailed
     from agentsnap.handles import SnapshotHandle
-    from agentsnap.replay import ReplayLog
-    from agentsnap.snapshot import SnapshotCoordinator, SnapshotPolicy
+    from agentsnap.snapshot import SnapshotPolicy
 
 __all__ = ["Cadence"]
 
@@ -32,35 +30,24 @@ class Cadence:
 
     Args:
         policy: The snapshot policy.
-        bus: The bus.
-        coordinator: The snapshot coordinator.
+        run: The runtime's parts (no snapshot once the record's lease is lost; the replay
+            log is written with the first cut).
         team: The team (its deliveries are counted, its first delivery waits for the first
             cut).
-        phases: The runtime's phases.
-        record: The run's record (no snapshot once its lease is lost).
-        replay: The replay log, written with the first cut.
         failures: The run's handler failures (no last snapshot after one).
     """  # noqa: D205
 
     def __init__(
         self,
         policy: SnapshotPolicy,
+        run: RunParts,
         *,
-        bus: Bus,
-        coordinator: SnapshotCoordinator,
         team: Team,
-        phases: Phases,
-        record: RunRecord,
-        replay: ReplayLog | None,
         failures: Sequence[HandlerFailed],
     ) -> None:
         self.policy = policy
-        self._bus = bus
-        self._coordinator = coordinator
+        self._run = run
         self._team = team
-        self._phases = phases
-        self._record = record
-        self._replay = replay
         self._failures = failures
         self._timer: asyncio.Task[None] | None = None
         team.count_from(policy.every_deliveries or 0)
@@ -83,21 +70,21 @@ class Cadence:
 
         A crash can then never leave a run that did something without a cut to resume from.
         """
-        handle = self._coordinator.capture()
+        handle = self._run.coordinator.capture()
         if handle is None:
-            self._coordinator.begin(None)
+            self._run.coordinator.begin(None)
             return
         self._team.gate = asyncio.ensure_future(self._first_cut_stored(handle))
 
     async def _first_cut_stored(self, handle: SnapshotHandle) -> None:
         """The first cut is stored, and with it the input sent so far."""
         await handle.settled()
-        if self._replay is not None:
+        if self._run.replay is not None:
             try:  # a run killed before its first side effect still gets its input back
-                await self._replay.flush()
+                await self._run.replay.flush()
             except Exception as exc:
                 logger.warning(
-                    "run %s: the replay log was not written: %s", self._record.run_id, exc
+                    "run %s: the replay log was not written: %s", self._run.record.run_id, exc
                 )
 
     def last(self, live: bool | None = None) -> SnapshotHandle | None:
@@ -108,11 +95,11 @@ class Cadence:
         was running (default: it is).
         """
         if live is None:
-            live = self._phases.now is Phase.RUNNING
-        coordinator = self._coordinator
+            live = self._run.phases.now is Phase.RUNNING
+        coordinator = self._run.coordinator
         if (
             not (self.policy.at_end and live)
-            or self._record.lost is not None
+            or self._run.record.lost is not None
             or coordinator.suspended is not None
             # A cut after a failed handler would hold its message as handled: resuming the
             # failed run from the newest cut before it handles that message again.
@@ -122,7 +109,7 @@ class Cadence:
         newest = coordinator.newest
         if newest is not None:
             sent = delivered = 0
-            for channel in self._bus.channels.values():
+            for channel in self._run.bus.channels.values():
                 sent += channel.sent
                 delivered += channel.delivered
             then_sent = then_received = 0
@@ -135,11 +122,11 @@ class Cadence:
 
     def due(self) -> SnapshotHandle | None:
         """Begin a policy snapshot, unless one would not help now."""
-        coordinator = self._coordinator
+        coordinator = self._run.coordinator
         if (
             # Not before the run has its first cut: input taken, or resume() or fork_from()
             # done (a timed snapshot must not take the place of the cut they restore).
-            self._phases.taking_input
+            self._run.phases.taking_input
             and coordinator.suspended is None
             and len(coordinator.active) < self.policy.max_in_progress
             # While the store is behind (slow, or away), a policy snapshot is skipped rather

@@ -9,10 +9,11 @@ import functools
 import logging
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentsnap._phases import ENDED, NOT_STARTED, Phase, Phases, one_line
+from agentsnap._phases import ENDED, NOT_STARTED, Phase, one_line
 from agentsnap._team import lost_to_database
 from agentsnap.exceptions import StoreError
 from agentsnap.ledger import ToolCallStatus, owner_id
@@ -33,17 +34,14 @@ from agentsnap.store.spool import (
 if TYPE_CHECKING:
     from agentsnap._cadence import Cadence
     from agentsnap._following import Following
-    from agentsnap._record import RunRecord
+    from agentsnap._record import RunParts
     from agentsnap.agents import Agent
     from agentsnap.bus import Bus
     from agentsnap.exceptions import HandlerFailed
     from agentsnap.journal import Journal
     from agentsnap.ledger import Ledger
     from agentsnap.once import KnownTools, PendingOutcomes
-    from agentsnap.replay import ReplayLog
-    from agentsnap.snapshot import SnapshotCoordinator
     from agentsnap.store import OneProcessStore
-    from agentsnap.telemetry import Telemetry
 
 __all__ = ["Closer", "replay_spool", "spool_for"]
 
@@ -97,73 +95,37 @@ class _LoopEnd(asyncio.Future[None]):
         return super().cancel(msg)
 
 
+@dataclass(eq=False, kw_only=True)
 class Closer:
-    """Closes a runtime once, whatever the database says.
+    """Closes a runtime once, whatever the database says."""
 
-    Args:
-        run_id: The run.
-        bus: The bus.
-        coordinator: The snapshot coordinator.
-        phases: The runtime's phases.
-        record: The run's record and lease.
-        cadence: Takes the last snapshot.
-        agents: The registered agents (their final states settle abandoned effects).
-        failures: The run's handler failures.
-        ledger: The ledger, closed when ``owns_ledger``.
-        owns_ledger: The runtime made the ledger.
-        tools: The tools the runtime knows (their compensations run at close).
-        pending: The outcomes of tool calls the ledger could not record when they ran,
-            written at close.
-        asking: How many of the run's handlers wait for a person's answer now.
-        journal: The journal, if kept.
-        replay: The replay log, if kept.
-        following: Writes the replay log in the background, if kept.
-        telemetry: Where metrics go.
-        spool: The spool directory (see ``Runtime``).
-    """
-
-    def __init__(
-        self,
-        run_id: str,
-        *,
-        bus: Bus,
-        coordinator: SnapshotCoordinator,
-        phases: Phases,
-        record: RunRecord,
-        cadence: Cadence,
-        agents: Mapping[str, Agent[Any]],
-        failures: Sequence[HandlerFailed],
-        ledger: Ledger,
-        owns_ledger: bool,
-        tools: KnownTools,
-        pending: PendingOutcomes,
-        asking: Callable[[], int],
-        journal: Journal | None,
-        replay: ReplayLog | None,
-        following: Following | None,
-        telemetry: Telemetry | None,
-        spool: str | Path | None,
-    ) -> None:
-        self.run_id = run_id
-        self._bus = bus
-        self._asking = 0  # handlers of the run waiting on a person as it closed
-        self._coordinator = coordinator
-        self._phases = phases
-        self._record = record
-        self._cadence = cadence
-        self._agents = agents
-        self._failures = failures
-        self._ledger = ledger
-        self._owns_ledger = owns_ledger
-        self._tools = tools
-        self._pending = pending
-        self._waiting = asking
-        self._journal = journal
-        self._replay = replay
-        self._following = following
-        self._telemetry = telemetry
-        self.spool_directory = spool
-        self._watch: asyncio.Task[None] | None = None
+    run: RunParts
+    """The runtime's parts: the record and lease, the ledger (closed when ``owns_ledger``),
+    the replay log, and where metrics go."""
+    cadence: Cadence
+    """Takes the last snapshot."""
+    agents: Mapping[str, Agent[Any]]
+    """The registered agents (their final states settle abandoned effects)."""
+    failures: Sequence[HandlerFailed]
+    """The run's handler failures."""
+    owns_ledger: bool
+    """The runtime made the ledger."""
+    tools: KnownTools
+    """The tools the runtime knows (their compensations run at close)."""
+    pending: PendingOutcomes
+    """The outcomes of tool calls the ledger could not record when they ran, written at
+    close."""
+    asking: Callable[[], int]
+    """How many of the run's handlers wait for a person's answer now."""
+    journal: Journal | None
+    """The journal, if kept."""
+    following: Following | None
+    """Writes the replay log in the background, if kept."""
+    spool: str | Path | None
+    """The spool directory (see ``Runtime``)."""
+    _asking: int = field(default=0, init=False)
+    """Handlers of the run waiting on a person as it closed."""
+    _watch: asyncio.Task[None] | None = field(default=None, init=False)
 
     def watch_the_loop(self) -> None:
         """Close the runtime if its event loop ends while it is open (``close()`` forgotten)."""
@@ -177,11 +139,11 @@ class Closer:
         is recorded, its writes made and its lease released, and warns with a
         ``ResourceWarning``. It costs one idle task per runtime, nothing per message.
         """  # noqa: D205
-        loop_end = _LoopEnd(self._bus)
+        loop_end = _LoopEnd(self.run.bus)
         try:
             await loop_end
         except asyncio.CancelledError:
-            if self._phases.closed:
+            if self.run.phases.closed:
                 raise
             busy = loop_end.busy
             self._watch = None
@@ -189,7 +151,7 @@ class Closer:
                 failed=None, cancelled=asyncio.CancelledError() if busy else None, cut_off=busy
             )
             text = (
-                f"the Runtime of run {self.run_id} was never closed; it was closed as its "
+                f"the Runtime of run {self.run.id} was never closed; it was closed as its "
                 "event loop ended. Use `async with Runtime(...) as runtime:` or call "
                 "`await runtime.close()`"
             )
@@ -204,7 +166,7 @@ class Closer:
         cut_off: bool = False,
     ) -> None:
         """Close the runtime once; ``cut_off``: a handler was cancelled half-way."""
-        phases = self._phases
+        phases = self.run.phases
         phase = phases.now
         if phase in ENDED:
             return
@@ -231,41 +193,41 @@ class Closer:
         if self._watch is not None:
             self._watch.cancel()  # closed as it should be: nothing left to watch for
             self._watch = None
-        if self._telemetry is not None:
-            self._telemetry.unwatch(self._bus)
-        await self._cadence.stop()
-        if self._record.stopping is not None:  # a cancel's interruption of the handlers
-            await self._record.stopping
-        if self._following is not None:
-            self._following.unwatch()
-        self._cadence.last(live)  # none while a handler is half-way (a cancelled run)
+        if self.run.telemetry is not None:
+            self.run.telemetry.unwatch(self.run.bus)
+        await self.cadence.stop()
+        if self.run.record.stopping is not None:  # a cancel's interruption of the handlers
+            await self.run.record.stopping
+        if self.following is not None:
+            self.following.unwatch()
+        self.cadence.last(live)  # none while a handler is half-way (a cancelled run)
         # Handlers waiting on a person are stopped here; their run is not done.
-        self._asking = self._waiting()
-        await self._bus.scheduler.close()
-        coordinator = self._coordinator
+        self._asking = self.asking()
+        await self.run.bus.scheduler.close()
+        coordinator = self.run.coordinator
         coordinator.abort_all("the runtime was closed before the snapshot completed")
         await coordinator.drain()
-        record = self._record
+        record = self.run.record
         if live and not record.created:
             try:  # a named run whose recording at its first input failed
                 await record.ensure()
             except StoreError as exc:
-                logger.error("run %s could not be recorded: %s", self.run_id, exc)
+                logger.error("run %s could not be recorded: %s", self.run.id, exc)
         # A runtime that never owned its run (a refused resume) leaves it as it found it.
         owner = record.ownership.lease is not None and record.lost is None
-        closing = _Closing(self.run_id, spool_for(record.store, self.spool_directory))
-        if self._journal is not None:
-            left = await self._journal.close()
+        closing = _Closing(self.run.id, spool_for(record.store, self.spool))
+        if self.journal is not None:
+            left = await self.journal.close()
             if left and owner:
-                closing.spool(AppendJournal(run_id=self.run_id, segments=left))
-        replay = self._replay
+                closing.spool(AppendJournal(run_id=self.run.id, segments=left))
+        replay = self.run.replay
         if replay is not None:
             await replay.close()
             if owner:
                 # Input not handled yet is then restored by a resume.
                 await closing.write(
                     replay.flush,
-                    lambda: [AppendReplay.of(self.run_id, s) for s in replay.take_unwritten()],
+                    lambda: [AppendReplay.of(self.run.id, s) for s in replay.take_unwritten()],
                 )
         unreconciled: Exception | None = None
         try:
@@ -273,17 +235,17 @@ class Closer:
                 await self._record_outcomes(closing)
             if started and owner:  # effects no final state holds were abandoned
                 await reconcile(
-                    self._ledger,
-                    self.run_id,
-                    [a.state for a in self._agents.values()],
-                    self._tools,
+                    self.run.ledger,
+                    self.run.id,
+                    [a.state for a in self.agents.values()],
+                    self.tools,
                     store=record.store,
                 )
         except Exception as exc:  # the run's status is still recorded; then it is raised
             unreconciled = exc
         finally:
-            if self._owns_ledger:
-                await self._ledger.close()
+            if self.owns_ledger:
+                await self.run.ledger.close()
         if owner:
             await self._finish(closing, failed, cancelled, unreconciled)
         elif record.lost is not None:
@@ -300,20 +262,20 @@ class Closer:
         unreconciled: Exception | None,
     ) -> None:
         """Record the run's outcome and its last rollbacks, and let go of its lease."""
-        record = self._record
+        record = self.run.record
         try:  # agents registered after the run started
             await record.save_schemas()
         except Exception as exc:  # only the inspector's checks of edits miss them
-            logger.warning("run %s: state schemas not recorded: %s", self.run_id, exc)
+            logger.warning("run %s: state schemas not recorded: %s", self.run.id, exc)
         status, reason = self._outcome(failed, cancelled, unreconciled)
         if status is RunStatus.FAILED:
-            causes = [*self._failures, failed or self._phases.stopped_by or unreconciled]
+            causes = [*self.failures, failed or self.run.phases.stopped_by or unreconciled]
             text = bounded_traceback([c for c in causes if c is not None])
             if record.redaction is not None:
                 text = record.redaction.text(text)
             # Lost, not spooled, if the database is away: the status and reason are kept.
             await closing.write(
-                functools.partial(record.store.save_traceback, self.run_id, text or None), []
+                functools.partial(record.store.save_traceback, self.run.id, text or None), []
             )
         for info in record.unsaved_rollbacks:
             await closing.write(
@@ -323,10 +285,10 @@ class Closer:
         finished_at = utcnow()
         token = record.ownership.lease.token if record.ownership.lease else None
         await closing.write(
-            functools.partial(record.store.finish_run, self.run_id, status, finished_at, reason),
+            functools.partial(record.store.finish_run, self.run.id, status, finished_at, reason),
             lambda: [
                 FinishRun(
-                    run_id=self.run_id,
+                    run_id=self.run.id,
                     status=status,
                     finished_at=finished_at,
                     reason=reason,
@@ -337,7 +299,7 @@ class Closer:
         try:
             await record.ownership.release()
         except StoreError as exc:  # it expires by itself
-            logger.warning("run %s: its lease was not released: %s", self.run_id, exc)
+            logger.warning("run %s: its lease was not released: %s", self.run.id, exc)
 
     def _outcome(
         self,
@@ -348,12 +310,12 @@ class Closer:
         """How the run ends, and why in one line."""
         if failed is not None:
             return RunStatus.FAILED, one_line(failed)
-        phases = self._phases
+        phases = self.run.phases
         if phases.status_on_close is RunStatus.FAILED:
             return RunStatus.FAILED, phases.stopped_because or "the run stopped"
-        if self._failures:
-            first = self._failures[0]
-            more = len(self._failures) - 1
+        if self.failures:
+            first = self.failures[0]
+            more = len(self.failures) - 1
             return RunStatus.FAILED, one_line(first) + (
                 f" (and {more} more handler failure{'s' * (more > 1)})" if more else ""
             )
@@ -370,7 +332,7 @@ class Closer:
                 "a person's answer; resume() continues it, and the answers given meanwhile "
                 "reach them"
             )
-        channels = self._bus.channels.values()
+        channels = self.run.bus.channels.values()
         if any(channels):
             queued = sum(type(item) is Message for ch in channels for item in ch)
             return RunStatus.INTERRUPTED, (
@@ -381,12 +343,12 @@ class Closer:
 
     async def _record_outcomes(self, closing: _Closing) -> None:
         """Write the outcomes of tool calls the ledger could not record when they ran."""
-        for pending in self._pending.of_run(self.run_id):
+        for pending in self.pending.of_run(self.run.id):
             await closing.write(
-                functools.partial(pending.record, self._ledger),
+                functools.partial(pending.record, self.run.ledger),
                 [
                     UpdateLedger.of(
-                        self.run_id,
+                        self.run.id,
                         pending.key,
                         pending.change,
                         (ToolCallStatus.IN_PROGRESS, ToolCallStatus.UNKNOWN),
@@ -395,7 +357,7 @@ class Closer:
                     )
                 ],
             )
-            self._pending.recorded(pending.key)
+            self.pending.recorded(pending.key)
 
 
 class _Closing:

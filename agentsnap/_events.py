@@ -17,6 +17,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agentsnap._views import EventRow, HandlerModelCall, HandlerToolCall, SentMessage
 from agentsnap.messages import ENVIRONMENT
 
 if TYPE_CHECKING:
@@ -41,31 +42,19 @@ class Execution:
     payload: Any
     started_at: datetime | None
     timeline: int
-    sent: list[dict[str, Any]] = field(default_factory=list)
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    model_calls: list[dict[str, Any]] = field(default_factory=list)
+    sent: list[SentMessage] = field(default_factory=list)
+    tool_calls: list[HandlerToolCall] = field(default_factory=list)
+    model_calls: list[HandlerModelCall] = field(default_factory=list)
     last_act: datetime | None = None
 
-    def row(self, index: int) -> dict[str, Any]:
-        """The execution as a JSON row, numbered ``index`` in the run's history."""
+    def row(self, index: int) -> EventRow:
+        """The execution as a row, numbered ``index`` in the run's history."""
         duration = (
             None
             if self.started_at is None or self.last_act is None
             else round((self.last_act - self.started_at).total_seconds() * 1000, 3)
         )
-        return {
-            "index": index,
-            "agent": self.agent,
-            "message": self.message,
-            "kind": self.kind,
-            "payload": self.payload,
-            "started_at": None if self.started_at is None else self.started_at.isoformat(),
-            "duration_ms": duration,
-            "timeline": self.timeline,
-            "sent": self.sent,
-            "tool_calls": self.tool_calls,
-            "model_calls": self.model_calls,
-        }
+        return EventRow.of(self, index=index, duration_ms=duration)
 
     def acted(self, at: datetime) -> None:
         """The handler did something recorded at ``at``."""
@@ -89,31 +78,14 @@ def executions(
     for call in model_calls:
         owner = _owner(by_message, call.agent, call.message_id, call.timeline, call.started_at)
         if owner is not None:
-            owner.model_calls.append(
-                {
-                    "position": call.position,
-                    "model": call.model,
-                    "latency_ms": call.latency_ms,
-                    "input_tokens": call.input_tokens,
-                    "output_tokens": call.output_tokens,
-                    "replays": call.replays,
-                }
-            )
+            owner.model_calls.append(HandlerModelCall.of(call))
             owner.acted(call.finished_at)
     for entry in tool_calls:
         if entry.agent is None or entry.message_id is None:
             continue  # a call made outside a handler
         owner = _owner(by_message, entry.agent, entry.message_id, entry.timeline, entry.created_at)
         if owner is not None:
-            owner.tool_calls.append(
-                {
-                    "tool": entry.tool,
-                    "key": entry.key,
-                    "status": entry.status.value,
-                    "arguments": entry.arguments,
-                    "attempts": entry.attempts,
-                }
-            )
+            owner.tool_calls.append(HandlerToolCall.of(entry))
             owner.acted(entry.created_at)
     return found
 
@@ -152,7 +124,7 @@ def _from_journal(
         if at < 0:
             continue
         execution = runs[at]
-        execution.sent.append({"to": m.dst, "seq": m.seq, "kind": m.kind, "payload": m.payload})
+        execution.sent.append(SentMessage(to=m.dst, seq=m.seq, kind=m.kind, payload=m.payload))
         execution.acted(m.sent_at)
     return found
 
@@ -198,15 +170,15 @@ def _owner(
     return candidates[-1]
 
 
-def matches(row: dict[str, Any], *, agent: str | None, kind: str | None, grep: str | None) -> bool:
-    """Whether an execution's row passes the filters (``grep``: any text of the row,
+def matches(row: EventRow, *, agent: str | None, kind: str | None, grep: str | None) -> bool:
+    """Whether an execution's row passes the filters (``grep``: any text of the row's JSON,
     without regard to case).
     """  # noqa: D205
-    if agent is not None and row["agent"] != agent:
+    if agent is not None and row.agent != agent:
         return False
-    if kind is not None and row["kind"] != kind:
+    if kind is not None and row.kind != kind:
         return False
     if grep is not None:
-        text = json.dumps(row, ensure_ascii=False, default=str).lower()
+        text = json.dumps(row.model_dump(mode="json"), ensure_ascii=False).lower()
         return grep.lower() in text
     return True

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -26,13 +27,17 @@ from agentsnap.versions import state_schema
 
 if TYPE_CHECKING:
     from agentsnap.agents import Agent
+    from agentsnap.bus import Bus
     from agentsnap.journal import Journal
     from agentsnap.ledger import Ledger
     from agentsnap.messages import JsonValue
     from agentsnap.redaction import Redaction
+    from agentsnap.replay import ReplayLog
+    from agentsnap.snapshot import SnapshotCoordinator
     from agentsnap.store import OneProcessStore
+    from agentsnap.telemetry import Telemetry
 
-__all__ = ["RunRecord", "finished_error"]
+__all__ = ["RunParts", "RunRecord", "finished_error"]
 
 KEPT_CUTS = 100
 """With a redaction, how many recent cuts are kept unredacted in memory to roll back to (as
@@ -49,6 +54,33 @@ def finished_error(run: RunInfo) -> ConfigurationError:
         "nothing to resume; fork a new run from one of its snapshots (Runtime.fork_from, or "
         "`agentsnap fork`)"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RunParts:
+    """What a runtime's collaborators (recovery, cadence, closing) all work on, made once.
+
+    The runtime builds these first and hands the same parts to each collaborator, which
+    keeps them as ``_run``; each is given what is its own job besides.
+    """
+
+    id: str
+    """The run."""
+    bus: Bus
+    """The process's bus."""
+    coordinator: SnapshotCoordinator
+    """The snapshot coordinator."""
+    phases: Phases
+    """The runtime's phases."""
+    record: RunRecord
+    """The run's record and lease (rollbacks and the run's end are recorded through it)."""
+    ledger: Ledger
+    """The ledger (probed while the database is away; closed with the runtime when it owns
+    it)."""
+    replay: ReplayLog | None
+    """The replay log, which keeps the run's timeline (``None``: none is kept)."""
+    telemetry: Telemetry | None
+    """Where spans and metrics go (``None``: nowhere)."""
 
 
 class RunRecord:

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from agentsnap._phases import Phase, Phases
+from agentsnap._phases import Phase
 from agentsnap._team import PROBE_FIRST, PROBE_MAX, tell_rollback, until_answers
 from agentsnap.exceptions import (
     ConfigurationError,
@@ -26,6 +26,7 @@ from agentsnap.exceptions import (
     RunError,
     SnapshotDamaged,
 )
+from agentsnap.fork import check_complete
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RollbackInfo, SnapshotStatus
 from agentsnap.redaction import unredact_snapshot
@@ -36,15 +37,11 @@ from agentsnap.rollback import RetryBudget, RetryPolicy, current_cut, earlier_ta
 if TYPE_CHECKING:
     from agentsnap._cadence import Cadence
     from agentsnap._following import Following
-    from agentsnap._record import RunRecord
+    from agentsnap._record import RunParts
     from agentsnap._team import Team
-    from agentsnap.bus import Bus
-    from agentsnap.ledger import Ledger
     from agentsnap.messages import Message
     from agentsnap.records import ReplaySegment, Snapshot
-    from agentsnap.replay import InputLog, ReplayLog, ReplayPlan
-    from agentsnap.snapshot import SnapshotCoordinator
-    from agentsnap.telemetry import Telemetry
+    from agentsnap.replay import InputLog, ReplayPlan
 
 __all__ = ["Line", "Recovery"]
 
@@ -76,17 +73,12 @@ class Recovery:
     ``attach`` the team and the cadence.
 
     Args:
-        run_id: The run.
-        bus: The bus.
-        coordinator: The snapshot coordinator.
-        phases: The runtime's phases.
-        record: The run's record (rollbacks are recorded through it).
-        ledger: The ledger (probed while the database is away).
+        run: The runtime's parts: rollbacks are recorded through its record, its ledger is
+            probed while the database is away, its replay log keeps the run's timeline, and
+            rollback spans go to its telemetry.
         policy: The retry policy.
         inputs: The environment's input, sent again after a rollback.
-        replay: The replay log, which keeps the run's timeline (``None``: none is kept).
         line: The run's timeline when there is no replay log.
-        telemetry: Where rollback spans go.
 
     Attributes:
         failures: Every handler failure so far, oldest first.
@@ -96,33 +88,12 @@ class Recovery:
             (``SnapshotDamaged``).
     """
 
-    def __init__(
-        self,
-        run_id: str,
-        *,
-        bus: Bus,
-        coordinator: SnapshotCoordinator,
-        phases: Phases,
-        record: RunRecord,
-        ledger: Ledger,
-        policy: RetryPolicy,
-        inputs: InputLog,
-        replay: ReplayLog | None,
-        line: Line,
-        telemetry: Telemetry | None,
-    ) -> None:
-        self.run_id = run_id
-        self._bus = bus
-        self._coordinator = coordinator
-        self._phases = phases
-        self._record = record
-        self._ledger = ledger
+    def __init__(self, run: RunParts, *, policy: RetryPolicy, inputs: InputLog, line: Line) -> None:
+        self._run = run
         self._inputs = inputs
-        self._replay = replay
         self._line = line
         self._following: Following | None = None
-        self._telemetry = telemetry
-        redaction = record.redaction
+        redaction = run.record.redaction
         self._redact = redaction.text if redaction is not None else None
         self._budget = RetryBudget(policy)
         self.redoing = self._budget.open
@@ -187,33 +158,33 @@ class Recovery:
             generation != team.generation
             or self.rolling_back
             or self.exhausted is not None
-            or self._phases.closed
+            or self._run.phases.closed
         ):
             logger.debug("dropped a rejection from a discarded timeline: %s", rejection)
             return
         self.rolling_back = True
         team.generation += 1
         # Stop the world now, before any other handler sees what this one did.
-        self._bus.scheduler.pause()
-        coordinator = self._coordinator
+        self._run.bus.scheduler.pause()
+        coordinator = self._run.coordinator
         coordinator.suspended = "the run rolled back before the snapshot completed"
         coordinator.abort_all("an output was rejected before the snapshot completed")
         try:
             async with self.lock:
                 work = self._reject(rejection, handling)
-                if self._telemetry is not None:
-                    work = self._telemetry.rolling_back(
-                        work, self.run_id, rejection=rejection, redact=self._redact
+                if self._run.telemetry is not None:
+                    work = self._run.telemetry.rolling_back(
+                        work, self._run.id, rejection=rejection, redact=self._redact
                     )
                 info = await work
                 if info is None:
-                    self._phases.stop(self.exhausted)
+                    self._run.phases.stop(self.exhausted)
                 else:
                     await self.after_rollback(info)
         except Exception as exc:
             # The rejected output was not redone: the run cannot end as succeeded, even when
             # the application catches this.
-            self._phases.stop(exc)
+            self._run.phases.stop(exc)
             raise
         finally:
             self.rolling_back = False
@@ -228,26 +199,26 @@ class Recovery:
         discarded timeline is dropped.
         """
         team = self.team
-        if generation != team.generation or self.rolling_back or self._phases.closed:
+        if generation != team.generation or self.rolling_back or self._run.phases.closed:
             logger.debug("dropped a database failure from a discarded timeline: %s", error)
             return
-        if self.exhausted is not None or self._record.lost is not None:
+        if self.exhausted is not None or self._run.record.lost is not None:
             return
-        coordinator = self._coordinator
+        coordinator = self._run.coordinator
         target = coordinator.latest
         if target is None:  # no cut to redo the work from
             team.failed(agent, message, error)
             return
         self.rolling_back = True
         team.generation += 1
-        self._bus.scheduler.pause()
+        self._run.bus.scheduler.pause()
         reason = f"the database was unavailable: {error}"
         coordinator.suspended = f"the run rolled back: {reason}"
         coordinator.abort_all(coordinator.suspended)
         logger.warning(
             "run %s: agent %r could not finish %s: %s; the run goes back to snapshot %d once "
             "the database answers",
-            self.run_id,
+            self._run.id,
             agent,
             message.id,
             error,
@@ -259,9 +230,9 @@ class Recovery:
                     return
                 await self._pace_fault_rollbacks()
                 work = self._redo(coordinator.latest or target, reason)
-                if self._telemetry is not None:
-                    work = self._telemetry.rolling_back(
-                        work, self.run_id, reason=reason, redact=self._redact
+                if self._run.telemetry is not None:
+                    work = self._run.telemetry.rolling_back(
+                        work, self._run.id, reason=reason, redact=self._redact
                     )
                 await self.after_rollback(await work)
         finally:
@@ -285,13 +256,13 @@ class Recovery:
         """Wait until the store and the ledger answer again; False if the run ended first."""
 
         async def probe() -> None:
-            await self._record.store.get_run(self.run_id)
-            await self._ledger.get(_PROBE_KEY)
+            await self._run.record.store.get_run(self._run.id)
+            await self._run.ledger.get(_PROBE_KEY)
 
         return await until_answers(
             probe,
-            self.run_id,
-            lambda: not self._phases.closed and self._record.lost is None,
+            self._run.id,
+            lambda: not self._run.phases.closed and self._run.record.lost is None,
         )
 
     # -- rolling back -----------------------------------------------------------------------
@@ -331,11 +302,11 @@ class Recovery:
             logger.error("%s", self.exhausted)
             # The queues keep what was in flight when the run stopped, so the counters stay
             # consistent for inspection; the scheduler forgets it, so nothing is delivered.
-            self._bus.scheduler.reset()
+            self._run.bus.scheduler.reset()
             return None
-        coordinator = self._coordinator
+        coordinator = self._run.coordinator
         target = coordinator.target_before(rejection.output)
-        endpoint = self._bus.endpoints.get(rejection.agent)
+        endpoint = self._run.bus.endpoints.get(rejection.agent)
         if rejection.output is None and rejection.source != "self-evaluation" and endpoint:
             # A critic rejected the agent's work without naming a message: go back to before
             # the agent's latest output, not merely to the newest cut.
@@ -351,7 +322,7 @@ class Recovery:
         if latest is not None and latest.id == target:
             snapshot = latest
         else:
-            snapshot = await self._record.load_snapshot(target)
+            snapshot = await self._run.record.load_snapshot(target)
         if snapshot.status is not SnapshotStatus.COMPLETE:  # damaged in the store since
             self.exhausted = SnapshotDamaged(
                 snapshot.id,
@@ -360,7 +331,7 @@ class Recovery:
                 f"output of {rejection.agent!r}, and stopped",
             )
             logger.error("%s", self.exhausted)
-            self._bus.scheduler.reset()
+            self._run.bus.scheduler.reset()
             return None
         if pause > 0:
             await asyncio.sleep(pause)
@@ -380,7 +351,7 @@ class Recovery:
         async with self.lock:
             if self.exhausted is not None:
                 raise self.exhausted
-            coordinator = self._coordinator
+            coordinator = self._run.coordinator
             latest = coordinator.latest
             if snapshot_id is None and latest is None:
                 raise ConfigurationError(
@@ -390,14 +361,14 @@ class Recovery:
                 snapshot = latest
             else:
                 assert snapshot_id is not None
-                snapshot = await self._record.load_snapshot(snapshot_id)
+                snapshot = await self._run.record.load_snapshot(snapshot_id)
             self.rolling_back = True
             self.team.generation += 1
             try:
                 work = self._manual(snapshot, reason)
-                if self._telemetry is not None:
-                    work = self._telemetry.rolling_back(
-                        work, self.run_id, reason=reason, redact=self._redact
+                if self._run.telemetry is not None:
+                    work = self._run.telemetry.rolling_back(
+                        work, self._run.id, reason=reason, redact=self._redact
                     )
                 info = await work
                 await self.after_rollback(info)
@@ -406,20 +377,13 @@ class Recovery:
             return info
 
     async def _manual(self, snapshot: Snapshot, reason: str) -> RollbackInfo:
-        if snapshot.status is SnapshotStatus.DAMAGED:
-            raise SnapshotDamaged(
-                snapshot.id, snapshot.error or "damaged", "the run cannot roll back to it"
-            )
-        if snapshot.status is not SnapshotStatus.COMPLETE:
-            raise ConfigurationError(
-                f"snapshot {snapshot.id} is {snapshot.status.value}; roll back to a complete one"
-            )
-        if snapshot.run_id != self.run_id:
+        check_complete(snapshot, "the run cannot roll back to it", "roll back to")
+        if snapshot.run_id != self._run.id:
             raise ConfigurationError(
                 f"snapshot {snapshot.id} belongs to run {snapshot.run_id}, not to this run "
-                f"({self.run_id}); to start from it, fork a new run (Runtime.fork_from)"
+                f"({self._run.id}); to start from it, fork a new run (Runtime.fork_from)"
             )
-        coordinator = self._coordinator
+        coordinator = self._run.coordinator
         oldest = coordinator.oldest_target()
         if oldest is not None and snapshot.seq < oldest[0]:
             raise ConfigurationError(
@@ -434,12 +398,12 @@ class Recovery:
     async def _roll_back(
         self, snapshot: Snapshot, agent: str | None, reason: str, source: str, attempt: int
     ) -> RollbackInfo:
-        self._bus.scheduler.reset()
+        self._run.bus.scheduler.reset()
         discarded = self._restore(snapshot)
-        self._coordinator.restored(snapshot)
+        self._run.coordinator.restored(snapshot)
         info = RollbackInfo(
             id=uuid.uuid4().hex,
-            run_id=self.run_id,
+            run_id=self._run.id,
             snapshot_id=snapshot.id,
             agent=agent,
             reason=reason,
@@ -457,38 +421,38 @@ class Recovery:
             reason,
         )
         # Every rollback starts a new timeline, before it is recorded.
-        if self._replay is not None:
-            self._replay.new_timeline()
-            timeline = self._replay.timeline
+        if self._run.replay is not None:
+            self._run.replay.new_timeline()
+            timeline = self._run.replay.timeline
         else:
             self._line.timeline += 1
             timeline = self._line.timeline
-        await self._record.save_rollback(info)
+        await self._run.record.save_rollback(info)
         # Nothing waits on the requests the left timeline asked: their handlers' work is gone.
-        await withdraw_discarded(self._ledger, self.run_id, timeline, info.id)
+        await withdraw_discarded(self._run.ledger, self._run.id, timeline, info.id)
         return info
 
     def _restore(self, snapshot: Snapshot) -> int:
         return self.team.restore(
-            snapshot, epoch=self._coordinator.last_seq, inputs=self._inputs, local=None
+            snapshot, epoch=self._run.coordinator.last_seq, inputs=self._inputs, local=None
         )
 
     async def after_rollback(self, info: RollbackInfo) -> None:
         """Tell the agents, and let the bus deliver again unless the run stopped."""
         await self.team.after_rollback(info)
-        if self.exhausted is None and not self._phases.closed:
-            self._coordinator.suspended = None
-            self._bus.scheduler.resume()
+        if self.exhausted is None and not self._run.phases.closed:
+            self._run.coordinator.suspended = None
+            self._run.bus.scheduler.resume()
 
     # -- resuming ---------------------------------------------------------------------------
 
     async def restore_current_cut(self) -> Snapshot:
         """Restore the run's current cut, and the input and replay plans logged after it."""
-        store = self._record.store
-        coordinator = self._coordinator
-        snapshots = await store.list_snapshots(self.run_id)
-        rollbacks = await store.list_rollbacks(self.run_id)
-        segments = await store.load_replay(self.run_id) if self._replay is not None else []
+        store = self._run.record.store
+        coordinator = self._run.coordinator
+        snapshots = await store.list_snapshots(self._run.id)
+        rollbacks = await store.list_rollbacks(self._run.id)
+        segments = await store.load_replay(self._run.id) if self._run.replay is not None else []
         if snapshots:
             coordinator.last_seq = max(s.seq for s in snapshots)
         snapshot = current_cut(snapshots, rollbacks)
@@ -497,10 +461,10 @@ class Recovery:
             # the registered states are that cut.
             handle = coordinator.capture()
             if handle is None:  # pragma: no cover - a fresh runtime is always quiet
-                raise ConfigurationError(f"run {self.run_id} cannot be resumed: the bus is busy")
+                raise ConfigurationError(f"run {self._run.id} cannot be resumed: the bus is busy")
             snapshot = await handle
         snapshot = unredact_snapshot(
-            snapshot, self._record.redaction, doing=f"resume run {self.run_id}"
+            snapshot, self._run.record.redaction, doing=f"resume run {self._run.id}"
         )
         plan = plan_replay(segments, snapshot)
         inputs, before = self._rollback_targets(snapshots, rollbacks, segments, snapshot, plan)
@@ -513,7 +477,7 @@ class Recovery:
         if plan.deliveries or plan.inputs:
             logger.info(
                 "run %s resumes from snapshot %d: %d input(s) restored, %d deliveries replayed",
-                self.run_id,
+                self._run.id,
                 snapshot.seq,
                 len(plan.inputs),
                 plan.deliveries,
@@ -549,12 +513,12 @@ class Recovery:
         agents get the feedback of the run's earlier ``rollbacks`` before anything is
         delivered.
         """
-        scheduler = self._bus.scheduler
+        scheduler = self._run.bus.scheduler
         scheduler.pause()
         scheduler.reset()
         self._restore(snapshot)
         if own:
-            self._coordinator.restored(snapshot)
+            self._run.coordinator.restored(snapshot)
         await self._tell_again(rollbacks)
         scheduler.resume()
 
@@ -573,7 +537,7 @@ class Recovery:
         redo it. A cut qualifies when the replay log holds all the input sent after it, which
         a rollback there replays.
         """  # noqa: D205
-        coordinator = self._coordinator
+        coordinator = self._run.coordinator
         sent = _environment_sent(cut)
         earlier = earlier_targets(snapshots, rollbacks, cut)[: coordinator.max_targets - 1]
         for position in range(len(earlier) - 1, -1, -1):  # the oldest first
@@ -588,7 +552,7 @@ class Recovery:
 
     def prune_inputs(self) -> None:
         """Seal the buffered input; forget what no rollback target can need."""
-        coordinator = self._coordinator
+        coordinator = self._run.coordinator
         oldest = coordinator.oldest_target()
         if oldest is not None:
             self._inputs.forget(oldest[1])
@@ -603,14 +567,14 @@ class Recovery:
         Raises:
             ConfigurationError: It did, or a resume or fork is under way.
         """
-        phases = self._phases
+        phases = self._run.phases
         phases.check_open()
         if phases.now is Phase.RESTORING:
             raise ConfigurationError(
                 f"{what} called while resume() or fork_from() is under way; await it first"
             )
         if phases.now not in (Phase.NEW, Phase.STARTED) or (
-            self._inputs or self._coordinator.last_seq
+            self._inputs or self._run.coordinator.last_seq
         ):
             raise ConfigurationError(
                 f"{what} must come before the runtime takes input or snapshots; create a new "
@@ -625,16 +589,16 @@ class Recovery:
             RunError: The retry policy gave up, or a cut to go back to was damaged.
             RunCancelled: Someone asked the run to stop.
         """
-        if self._record.lost is not None:
-            raise self._record.lost
+        if self._run.record.lost is not None:
+            raise self._run.record.lost
         if self.exhausted is not None:
             raise self.exhausted
-        if self._record.cancelled is not None:
-            raise self._record.cancelled
+        if self._run.record.cancelled is not None:
+            raise self._run.record.cancelled
 
     def stopped(self) -> bool:
         """Whether the run stopped: its retry policy gave up, its lease was lost, or it was
         cancelled on request.
         """  # noqa: D205
-        record = self._record
+        record = self._run.record
         return self.exhausted is not None or record.lost is not None or record.cancelled is not None

@@ -11,19 +11,18 @@ never write and which tools need a person's approval. Here it is turned into a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from agentsnap.exceptions import ConfigurationError, RunError
+from agentsnap.exceptions import RunError
 from agentsnap.runtime import Runtime
 
 if TYPE_CHECKING:
     from agentsnap.distributed.app import App
-    from agentsnap.messages import JsonInput
     from agentsnap.records import RunInfo
     from agentsnap.store import OneProcessStore
 
-__all__ = ["resume_app", "run_app", "runtime_for"]
+__all__ = ["run_to_end", "runtime_for"]
 
 
 def runtime_for(
@@ -52,72 +51,25 @@ def runtime_for(
     return runtime
 
 
-async def run_app(
+async def run_to_end(
     app: App,
     store: OneProcessStore,
-    payload: JsonInput,
+    begin: Callable[[Runtime], Awaitable[str]],
+    told: Callable[[str], None] | None,
     *,
-    to: str | None = None,
-    run_id: str | None = None,
+    run_id: str | None,
     name: str | None = None,
-    started: Callable[[str], None] | None = None,
 ) -> RunInfo:
-    """Start a run of ``app`` with ``payload`` sent to agent ``to``, and run it to its end.
+    """Run ``app`` on ``store`` until its run has nothing left to do; the run as then stored.
 
-    ``started`` is called with the run's id once the run is recorded, before anything is
-    delivered: a process killed after it can be resumed by that id.
-
-    Returns:
-        The run as the store holds it once the runtime closed: succeeded, failed (with
-        its reason and tracebacks), cancelled or interrupted.
-
-    Raises:
-        ConfigurationError: ``to`` is not an agent of the app; or ``run_id`` is taken.
+    ``begin`` starts the runtime (a new run, or one resumed) and returns the id ``told`` is
+    called with (the run's, or the snapshot's it resumed from), before anything is delivered.
     """
-    target = to if to is not None else app.names[0] if app.names else None
-    if target is None or target not in app.names:
-        known = ", ".join(repr(n) for n in app.names) or "none"
-        raise ConfigurationError(
-            f"the input goes to agent {target!r}, which is not an agent of the app (its "
-            f"agents: {known}); pass one of them (--to)"
-        )
     runtime = runtime_for(app, store, run_id=run_id, name=name)
     async with runtime:
-        runtime.send(target, payload)
-        await runtime.start()
-        if started is not None:
-            started(runtime.run_id)
-        await _until_idle(runtime)
-    return await store.get_run(runtime.run_id)
-
-
-async def resume_app(
-    app: App,
-    store: OneProcessStore,
-    run_id: str,
-    *,
-    wait: float | None = None,
-    resumed: Callable[[str], None] | None = None,
-) -> RunInfo:
-    """Resume run ``run_id`` of ``app`` after its process stopped, and run it to its end.
-
-    The run is taken over as [`Runtime.resume`][agentsnap.Runtime.resume] takes it (its
-    lease, the claims its last owner left in progress); ``resumed`` is called with the id of
-    the snapshot it continues from.
-
-    Returns:
-        The run as the store holds it once the runtime closed.
-
-    Raises:
-        NotFoundError: The store holds no run ``run_id``.
-        RunOwnedError: A live process owns the run.
-        ConfigurationError: The run succeeded: there is nothing to resume.
-    """
-    runtime = runtime_for(app, store, run_id=run_id)
-    async with runtime:
-        snapshot = await runtime.resume(wait=wait)
-        if resumed is not None:
-            resumed(snapshot.id)
+        begun = await begin(runtime)
+        if told is not None:
+            told(begun)
         await _until_idle(runtime)
     return await store.get_run(runtime.run_id)
 

@@ -210,9 +210,14 @@ class Agent(abc.ABC, Generic[S]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for base in getattr(cls, "__orig_bases__", ()):
-            if typing.get_origin(base) is not Agent:
+            # Agent[S] itself, or a generic subclass of it given the state type.
+            origin = typing.get_origin(base)
+            if not (isinstance(origin, type) and issubclass(origin, Agent)):
                 continue
-            (arg,) = typing.get_args(base)
+            args = typing.get_args(base)
+            if len(args) != 1:
+                continue
+            (arg,) = args
             if isinstance(arg, TypeVar):
                 continue  # a generic subclass; its own subclasses name the state type
             if isinstance(arg, type) and issubclass(arg, AgentState):
@@ -220,8 +225,8 @@ class Agent(abc.ABC, Generic[S]):
             else:
                 shown = arg.__name__ if isinstance(arg, type) else repr(arg)
                 raise ConfigurationError(
-                    f"{cls.__name__} is declared as Agent[{shown}], but the state type must be "
-                    "a subclass of agentsnap.AgentState, given as the class itself"
+                    f"{cls.__name__} is declared as {origin.__name__}[{shown}], but the state "
+                    "type must be a subclass of agentsnap.AgentState, given as the class itself"
                 )
 
     def __init__(self, name: str, state: S | None = None) -> None:

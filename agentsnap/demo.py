@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -48,6 +49,8 @@ from agentsnap.testing import ScriptedModel
 __all__ = ["DemoResult", "demo_model", "run_demo"]
 
 TASK = "Explain in one paragraph why a multi-agent run needs consistent snapshots."
+
+S = TypeVar("S", bound=AgentState)
 
 _CITATION = re.compile(r"\[\d+\]")
 
@@ -110,18 +113,27 @@ class Draft(BaseModel):
     draft: str
 
 
+class _Asking(Agent[S]):
+    """An agent of the team that asks a chat model (the runtime records its answers)."""
+
+    name_in_team: ClassVar[str]
+    """The agent's name: the team's agents send to each other by these names."""
+
+    def __init__(self, model: ChatModel) -> None:
+        super().__init__(self.name_in_team)
+        self.model = model
+
+
 class PlannerState(AgentState):
     """The planner keeps the task and the plan (in ``plan``)."""
 
     task: str = ""
 
 
-class Planner(Agent[PlannerState]):
+class Planner(_Asking[PlannerState]):
     """Turns the task into a plan and asks the researcher for notes."""
 
-    def __init__(self, model: ChatModel) -> None:
-        super().__init__("planner", PlannerState())
-        self.model = model
+    name_in_team = "planner"
 
     async def handle(self, message: Message, ctx: Context[PlannerState]) -> None:
         self.state.task = str(message.payload)
@@ -141,12 +153,10 @@ class NotesState(AgentState):
     notes: str = ""
 
 
-class Researcher(Agent[NotesState]):
+class Researcher(_Asking[NotesState]):
     """Collects numbered notes, snapshots the team, and passes the notes on."""
 
-    def __init__(self, model: ChatModel) -> None:
-        super().__init__("researcher", NotesState())
-        self.model = model
+    name_in_team = "researcher"
 
     async def handle(self, message: Message, ctx: Context[NotesState]) -> None:
         task = message.payload_as(Topics).task
@@ -164,12 +174,10 @@ class WriterState(AgentState):
     drafts: list[str] = Field(default_factory=list)
 
 
-class Writer(Agent[WriterState]):
+class Writer(_Asking[WriterState]):
     """Drafts the report from the notes, taking any feedback into account."""
 
-    def __init__(self, model: ChatModel) -> None:
-        super().__init__("writer", WriterState())
-        self.model = model
+    name_in_team = "writer"
 
     async def handle(self, message: Message, ctx: Context[WriterState]) -> None:
         notes = message.payload_as(Notes)

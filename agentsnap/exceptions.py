@@ -69,6 +69,7 @@ never the other way round.
 from __future__ import annotations
 
 import json
+from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentsnap._errors import AgentsnapError, ConfigurationError
@@ -124,6 +125,7 @@ class InvalidAgentName(ConfigurationError):
     """An agent name is empty, too long, or uses characters outside ``[A-Za-z0-9_.-]``."""
 
 
+@dataclass(eq=False, repr=False)
 class StateInvalid(ConfigurationError):
     """Edits given to fork a run are not valid.
 
@@ -138,13 +140,14 @@ class StateInvalid(ConfigurationError):
         problems: ``{"agent": name, "path": path, "message": text}``, one per problem.
     """
 
-    def __init__(self, problems: list[dict[str, str]]) -> None:
-        self.problems = problems
-        shown = "; ".join(f"{p['agent']} at {p['path']}: {p['message']}" for p in problems[:5])
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        of_messages = sum(p["path"].startswith("message ") for p in problems)
+    problems: list[dict[str, str]]
+
+    def __post_init__(self) -> None:
+        shown = "; ".join(f"{p['agent']} at {p['path']}: {p['message']}" for p in self.problems[:5])
+        more = f" (and {len(self.problems) - 5} more)" if len(self.problems) > 5 else ""
+        of_messages = sum(p["path"].startswith("message ") for p in self.problems)
         advice = []
-        if of_messages < len(problems):
+        if of_messages < len(self.problems):
             advice.append("fix the state so that it matches the agent's state model")
         if of_messages:
             advice.append(
@@ -155,40 +158,46 @@ class StateInvalid(ConfigurationError):
             "edited state"
             if not of_messages
             else "message edit"
-            if of_messages == len(problems)
+            if of_messages == len(self.problems)
             else "fork's edit"
         )
         super().__init__(
-            f"the {what}{'s are' if len(problems) > 1 else ' is'} not valid: {shown}{more}; "
+            f"the {what}{'s are' if len(self.problems) > 1 else ' is'} not valid: {shown}{more}; "
             + "; ".join(advice)
         )
 
 
+@dataclass(eq=False, repr=False)
 class DuplicateAgentError(ConfigurationError):
     """Two agents were registered under the same name in one runtime."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    name: str
+
+    def __post_init__(self) -> None:
         super().__init__(
-            f"an agent named {name!r} is already registered; agent names must be unique "
+            f"an agent named {self.name!r} is already registered; agent names must be unique "
             "within a runtime, so give this one another name"
         )
 
 
+@dataclass(eq=False, repr=False)
 class UnknownAgentError(ConfigurationError):
     """A message was addressed to an agent that is not registered."""
 
-    def __init__(self, sender: str, recipient: str, known: list[str]) -> None:
-        self.sender = sender
-        self.recipient = recipient
-        self.known = known
-        names = ", ".join(repr(n) for n in known) if known else "none"
+    sender: str
+    recipient: str
+    known: list[str]
+
+    def __post_init__(self) -> None:
+        names = ", ".join(repr(n) for n in self.known) if self.known else "none"
         super().__init__(
-            f"{sender!r} sent a message to {recipient!r}, which is not a registered agent "
+            f"{self.sender!r} sent a message to {self.recipient!r}, which is not a registered "
+            "agent "
             f"(registered: {names}); register it with Runtime.add() before sending to it"
         )
 
 
+@dataclass(eq=False, repr=False)
 class StateNotSerializable(ConfigurationError):
     """An agent's state holds a value that cannot be stored as JSON.
 
@@ -196,10 +205,16 @@ class StateNotSerializable(ConfigurationError):
     [`SnapshotFailed`][agentsnap.SnapshotFailed] when a snapshot meets such a value later.
     """
 
-    def __init__(self, agent: str, field: str | None, detail: str) -> None:
-        self.agent = agent
-        self.field = field
-        where = f"field {field!r} of agent {agent!r}" if field else f"the state of agent {agent!r}"
+    agent: str
+    field: str | None
+    detail: InitVar[str]
+
+    def __post_init__(self, detail: str) -> None:
+        where = (
+            f"field {self.field!r} of agent {self.agent!r}"
+            if self.field
+            else f"the state of agent {self.agent!r}"
+        )
         super().__init__(
             f"{where} cannot be stored as JSON ({detail}); "
             "agent state must be JSON: use JSON types (str, int, float, bool, None, list, dict) "
@@ -207,6 +222,7 @@ class StateNotSerializable(ConfigurationError):
         )
 
 
+@dataclass(eq=False, repr=False)
 class StateNotReadable(ConfigurationError):
     """A stored agent state that the agent's state class, as the code now declares it, cannot read.
 
@@ -226,36 +242,33 @@ class StateNotReadable(ConfigurationError):
         detail: What went wrong, in one line.
     """
 
-    def __init__(
-        self,
-        agent: str,
-        model: str,
-        stored_version: int,
-        current_version: int,
-        *,
-        step: int | None,
-        detail: str,
-    ) -> None:
-        self.agent = agent
-        self.model = model
-        self.stored_version = stored_version
-        self.current_version = current_version
-        self.step = step
-        self.detail = detail
+    agent: str
+    model: str
+    stored_version: int
+    current_version: int
+    _: KW_ONLY
+    step: int | None
+    detail: str
+
+    def __post_init__(self) -> None:
         super().__init__(
-            f"the stored state of agent {agent!r} (version {stored_version}) cannot be read "
-            f"as {model} version {current_version}: {detail}"
+            f"the stored state of agent {self.agent!r} (version {self.stored_version}) cannot be "
+            "read "
+            f"as {self.model} version {self.current_version}: {self.detail}"
         )
 
 
+@dataclass(eq=False, repr=False)
 class PayloadNotSerializable(ConfigurationError):
     """A message payload is not a JSON value."""
 
-    def __init__(self, sender: str, recipient: str, detail: str) -> None:
-        self.sender = sender
-        self.recipient = recipient
+    sender: str
+    recipient: str
+    detail: InitVar[str]
+
+    def __post_init__(self, detail: str) -> None:
         super().__init__(
-            f"the payload {sender!r} sent to {recipient!r} is not JSON ({detail}); "
+            f"the payload {self.sender!r} sent to {self.recipient!r} is not JSON ({detail}); "
             "send JSON values (dict with str keys, list, str, int, finite float, bool, None) "
             "or a pydantic model"
         )
@@ -265,6 +278,7 @@ class ScheduleError(ConfigurationError):
     """A scripted schedule asked for a delivery that is not possible."""
 
 
+@dataclass(eq=False, repr=False)
 class SnapshotInProgress(ConfigurationError, RuntimeError):
     """A snapshot's outcome was asked for before the snapshot finished.
 
@@ -275,14 +289,16 @@ class SnapshotInProgress(ConfigurationError, RuntimeError):
         seq: Number of the snapshot within the run.
     """
 
-    def __init__(self, seq: int) -> None:
-        self.seq = seq
+    seq: int
+
+    def __post_init__(self) -> None:
         super().__init__(
-            f"snapshot {seq} is still in progress, so it has no result yet; await the handle "
+            f"snapshot {self.seq} is still in progress, so it has no result yet; await the handle "
             "(or its wait()) to get the snapshot once it completes, or check done() first"
         )
 
 
+@dataclass(eq=False, repr=False)
 class ToolArgumentsInvalid(ConfigurationError):
     """A tool was called with arguments that do not fit its signature; nothing ran.
 
@@ -290,14 +306,17 @@ class ToolArgumentsInvalid(ConfigurationError):
         tool: Name of the tool.
     """
 
-    def __init__(self, tool: str, detail: str) -> None:
-        self.tool = tool
+    tool: str
+    detail: InitVar[str]
+
+    def __post_init__(self, detail: str) -> None:
         super().__init__(
-            f"tool {tool!r} was called with invalid arguments ({detail}); pass keyword "
+            f"tool {self.tool!r} was called with invalid arguments ({detail}); pass keyword "
             "arguments that match the tool function's parameters"
         )
 
 
+@dataclass(eq=False, repr=False)
 class IdempotencyConflict(ConfigurationError):
     """An idempotency key was reused for a different call; nothing ran.
 
@@ -309,15 +328,19 @@ class IdempotencyConflict(ConfigurationError):
         tool: The tool of the call that was refused.
     """
 
-    def __init__(self, key: str, tool: str, detail: str) -> None:
-        self.key = key
-        self.tool = tool
+    key: str
+    tool: str
+    detail: InitVar[str]
+
+    def __post_init__(self, detail: str) -> None:
         super().__init__(
-            f"idempotency key {key!r} cannot be used for this call of tool {tool!r}: {detail}; "
+            f"idempotency key {self.key!r} cannot be used for this call of tool {self.tool!r}: "
+            f"{detail}; "
             "use a new key for a different call"
         )
 
 
+@dataclass(eq=False, repr=False)
 class NotFoundError(AgentsnapError, LookupError):
     """A run, snapshot or agent that the store does not hold.
 
@@ -326,10 +349,12 @@ class NotFoundError(AgentsnapError, LookupError):
         ident: The id or name that was not found.
     """
 
-    def __init__(self, what: str, ident: str, message: str | None = None) -> None:
-        self.what = what
-        self.ident = ident
-        super().__init__(message or f"no {what} with id {ident!r} in this store")
+    what: str
+    ident: str
+    message: InitVar[str | None] = None
+
+    def __post_init__(self, message: str | None) -> None:
+        super().__init__(message or f"no {self.what} with id {self.ident!r} in this store")
 
     @classmethod
     def agent(cls, run_id: str, agent: str) -> NotFoundError:
@@ -345,6 +370,7 @@ class RunError(AgentsnapError):
     """A failure while a run was executing."""
 
 
+@dataclass(eq=False, repr=False)
 class HandlerFailed(RunError):
     """An agent's handler raised while handling a message.
 
@@ -358,20 +384,23 @@ class HandlerFailed(RunError):
         message: The message it was handling; ``None`` for ``on_rollback``.
     """
 
-    def __init__(self, agent: str, message: Message | None, error: BaseException) -> None:
-        self.agent = agent
-        self.message = message
+    agent: str
+    message: Message | None
+    error: InitVar[BaseException]
+
+    def __post_init__(self, error: BaseException) -> None:
         # The context first, as a sentence of its own: the error's text may end in advice.
         text = str(error).strip()
         raised = f"{type(error).__name__}: {text}" if text else type(error).__name__
         where = (
             "in on_rollback after a rollback"
-            if message is None
-            else f"while handling message {message.id} (kind {message.kind!r})"
+            if self.message is None
+            else f"while handling message {self.message.id} (kind {self.message.kind!r})"
         )
-        super().__init__(f"agent {agent!r} failed {where}. {raised}")
+        super().__init__(f"agent {self.agent!r} failed {where}. {raised}")
 
 
+@dataclass(eq=False, repr=False)
 class SnapshotFailed(RunError):
     """A snapshot could not be completed; earlier snapshots are untouched.
 
@@ -380,12 +409,14 @@ class SnapshotFailed(RunError):
         reason: Why it failed.
     """
 
-    def __init__(self, snapshot_id: str, reason: str) -> None:
-        self.snapshot_id = snapshot_id
-        self.reason = reason
-        super().__init__(f"snapshot {snapshot_id} failed: {reason}")
+    snapshot_id: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        super().__init__(f"snapshot {self.snapshot_id} failed: {self.reason}")
 
 
+@dataclass(eq=False, repr=False)
 class SnapshotDamaged(RunError):
     """The snapshot a run must go back to is damaged in the store: the run cannot use it.
 
@@ -400,16 +431,20 @@ class SnapshotDamaged(RunError):
         reason: What is wrong with it.
     """
 
-    def __init__(self, snapshot_id: str, reason: str, what: str) -> None:
-        self.snapshot_id = snapshot_id
-        self.reason = reason
+    snapshot_id: str
+    reason: str
+    what: InitVar[str]
+
+    def __post_init__(self, what: str) -> None:
         super().__init__(
-            f"snapshot {snapshot_id} is damaged in the store, so {what}: {reason}. Inspect it "
-            f"with `agentsnap show {snapshot_id}`; a new run can be forked from an intact "
+            f"snapshot {self.snapshot_id} is damaged in the store, so {what}: {self.reason}. "
+            "Inspect it "
+            f"with `agentsnap show {self.snapshot_id}`; a new run can be forked from an intact "
             "snapshot"
         )
 
 
+@dataclass(eq=False, repr=False)
 class RedactedValueNeeded(RunError):
     """A resume or a rollback needs a value that the store keeps only as a redaction marker.
 
@@ -426,19 +461,23 @@ class RedactedValueNeeded(RunError):
         marker: The marker the store holds.
     """
 
-    def __init__(
-        self, kind: str, owner: str, path: str, marker: str, doing: str, *, provided: bool
-    ) -> None:
-        self.kind = kind
-        self.owner = owner
-        self.path = path
-        self.marker = marker
+    kind: str
+    owner: str
+    path: str
+    marker: str
+    doing: InitVar[str]
+    _: KW_ONLY
+    provided: InitVar[bool]
+
+    def __post_init__(self, doing: str, provided: bool) -> None:
+        where = self.path or "(all of it)"
         what = {
-            "state": f"the state of agent {owner!r}, field {path or '(all of it)'}",
-            "payload": f"a message to agent {owner!r}, payload key {path or '(all of it)'}",
-            "tool_result": f"the recorded result of tool {owner!r} at {path or '(all of it)'}",
-            "model_answer": f"a recorded model answer of agent {owner!r} at {path or '(all)'}",
-        }.get(kind, f"{kind} of {owner!r} at {path}")
+            "state": f"the state of agent {self.owner!r}, field {where}",
+            "payload": f"a message to agent {self.owner!r}, payload key {where}",
+            "tool_result": f"the recorded result of tool {self.owner!r} at {where}",
+            "model_answer": f"a recorded model answer of agent {self.owner!r} at "
+            f"{self.path or '(all)'}",
+        }.get(self.kind, f"{self.kind} of {self.owner!r} at {self.path}")
         if provided:
             todo = (
                 "the redaction's secret provider gave a value that does not hash to the "
@@ -450,7 +489,7 @@ class RedactedValueNeeded(RunError):
                 "Where naming the agent, the place and the marker), or stop redacting it"
             )
         super().__init__(
-            f"cannot {doing}: {what} is stored redacted ({marker}) and is needed; {todo}"
+            f"cannot {doing}: {what} is stored redacted ({self.marker}) and is needed; {todo}"
         )
 
 
@@ -458,18 +497,22 @@ class StoreError(RunError):
     """The store could not do what was asked; what was stored before is intact."""
 
 
+@dataclass(eq=False, repr=False)
 class SchemaOutOfDate(StoreError):
     """The database schema is not the one this version of agentsnap needs."""
 
-    def __init__(self, url: str, found: str | None, needed: str) -> None:
-        self.found = found
-        self.needed = needed
+    url: InitVar[str]
+    found: str | None
+    needed: str
+
+    def __post_init__(self, url: str) -> None:
         super().__init__(
-            f"the agentsnap schema in {url} is at revision {found or 'none'}, this agentsnap "
-            f"needs {needed}: run `agentsnap db upgrade --db {url}`"
+            f"the agentsnap schema in {url} is at revision {self.found or 'none'}, this agentsnap "
+            f"needs {self.needed}: run `agentsnap db upgrade --db {url}`"
         )
 
 
+@dataclass(eq=False, repr=False)
 class RollbackExhausted(RunError):
     """A failure kept coming back after every rollback the retry policy allowed.
 
@@ -484,31 +527,27 @@ class RollbackExhausted(RunError):
             (`per_run` of [`RetryPolicy`][agentsnap.rollback.RetryPolicy]), else ``None``.
     """
 
-    def __init__(
-        self,
-        agent: str,
-        source: str,
-        attempts: int,
-        reasons: list[str],
-        *,
-        per_run: int | None = None,
-    ) -> None:
-        self.agent = agent
-        self.source = source
-        self.attempts = attempts
-        self.reasons = reasons
-        self.per_run = per_run
-        last = "; ".join(repr(r) for r in reasons[-3:])
-        if per_run is not None:
+    agent: str
+    source: str
+    attempts: int
+    reasons: list[str]
+    _: KW_ONLY
+    per_run: int | None = None
+
+    def __post_init__(self) -> None:
+        last = "; ".join(repr(r) for r in self.reasons[-3:])
+        if self.per_run is not None:
             super().__init__(
-                f"output of agent {agent!r} was rejected by {source} ({last}) after the run "
-                f"had rolled back {per_run} time(s), the most the retry policy allows for a "
+                f"output of agent {self.agent!r} was rejected by {self.source} ({last}) after the "
+                "run "
+                f"had rolled back {self.per_run} time(s), the most the retry policy allows for a "
                 "whole run. The run stopped; inspect it with `agentsnap export`, or raise "
                 "RetryPolicy(per_run=...)"
             )
             return
         super().__init__(
-            f"output of agent {agent!r} was rejected by {source} {attempts} time(s) in a row, "
+            f"output of agent {self.agent!r} was rejected by {self.source} {self.attempts} time(s) "
+            "in a row, "
             f"the most the retry policy allows; last reasons: {last}. The run stopped; inspect "
             "it with `agentsnap export`, or allow more attempts (RetryPolicy)"
         )
@@ -524,6 +563,7 @@ class Signal(BaseException):
     """
 
 
+@dataclass(eq=False, repr=False)
 class OutputRejected(Signal):
     """An agent's output failed validation: a schema, a check, its own evaluation, or a critic.
 
@@ -539,12 +579,13 @@ class OutputRejected(Signal):
         output: The rejected message, when there is one.
     """
 
-    def __init__(self, agent: str, reason: str, source: str, output: Message | None = None) -> None:
-        self.agent = agent
-        self.reason = reason
-        self.source = source
-        self.output = output
-        super().__init__(f"output of agent {agent!r} rejected by {source}: {reason}")
+    agent: str
+    reason: str
+    source: str
+    output: Message | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(f"output of agent {self.agent!r} rejected by {self.source}: {self.reason}")
 
 
 class TransportError(RunError):
@@ -559,6 +600,7 @@ class RuntimeClosedError(RunError):
     """The runtime was closed, or its run stopped; create a new one to continue."""
 
 
+@dataclass(eq=False, repr=False)
 class RunOwnedError(RunError):
     """Another runtime owns the run: its lease is live.
 
@@ -568,17 +610,19 @@ class RunOwnedError(RunError):
         expires_at: When its lease ends unless it renews it.
     """
 
-    def __init__(self, run_id: str, owner: str, expires_at: datetime) -> None:
-        self.run_id = run_id
-        self.owner = owner
-        self.expires_at = expires_at
+    run_id: str
+    owner: str
+    expires_at: datetime
+
+    def __post_init__(self) -> None:
         super().__init__(
-            f"run {run_id} is owned by {owner}, whose lease holds until "
-            f"{expires_at.isoformat(timespec='seconds')}; stop that process, or wait for its "
+            f"run {self.run_id} is owned by {self.owner}, whose lease holds until "
+            f"{self.expires_at.isoformat(timespec='seconds')}; stop that process, or wait for its "
             "lease to expire and resume again"
         )
 
 
+@dataclass(eq=False, repr=False)
 class OwnershipLost(RunError):
     """This runtime's lease on its run was taken over: its writes to the run are refused.
 
@@ -586,15 +630,19 @@ class OwnershipLost(RunError):
     for example because its process was suspended). Stop this runtime; the new owner goes on.
     """
 
-    def __init__(self, run_id: str, token: int, detail: str = "") -> None:
-        self.run_id = run_id
-        self.token = token
+    run_id: str
+    token: int
+    detail: InitVar[str] = ""
+
+    def __post_init__(self, detail: str) -> None:
         super().__init__(
-            f"this runtime no longer owns run {run_id} (its lease, token {token}, was taken "
+            f"this runtime no longer owns run {self.run_id} (its lease, token {self.token}, was "
+            "taken "
             f"over{': ' + detail if detail else ''}); its writes are refused"
         )
 
 
+@dataclass(eq=False, repr=False)
 class RunCancelled(RunError):
     """Someone asked the run to stop (``agentsnap cancel``, or
     [`cancel_run`][agentsnap.inspect.cancel_run]), and its runtime stopped it.
@@ -611,15 +659,22 @@ class RunCancelled(RunError):
         reason: Why it was cancelled, as the request said.
     """  # noqa: D205
 
-    def __init__(self, run_id: str, reason: str, *, resume: str | None = None) -> None:
-        self.run_id = run_id
-        self.reason = reason
-        how = resume or f"`agentsnap resume {run_id} --app MODULE:FACTORY`, or Runtime.resume()"
+    run_id: str
+    reason: str
+    _: KW_ONLY
+    resume: InitVar[str | None] = None
+
+    def __post_init__(self, resume: str | None) -> None:
+        how = (
+            resume or f"`agentsnap resume {self.run_id} --app MODULE:FACTORY`, or Runtime.resume()"
+        )
         super().__init__(
-            f"run {run_id} was cancelled on request ({reason}); resume it to continue ({how})"
+            f"run {self.run_id} was cancelled on request ({self.reason}); resume it to continue "
+            f"({how})"
         )
 
 
+@dataclass(eq=False, repr=False)
 class EffectDiverged(RunError):
     """A re-executed handler called a side-effecting tool where it had before, with other
     arguments; nothing ran a second time.
@@ -641,17 +696,17 @@ class EffectDiverged(RunError):
         arguments: The arguments of the re-executed call.
     """  # noqa: D205
 
-    def __init__(
-        self, tool: str, key: str, recorded: dict[str, Any], arguments: dict[str, Any]
-    ) -> None:
-        self.tool = tool
-        self.key = key
-        self.recorded = recorded
-        self.arguments = arguments
+    tool: str
+    key: str
+    recorded: dict[str, Any]
+    arguments: dict[str, Any]
+
+    def __post_init__(self) -> None:
         super().__init__(
-            f"tool {tool!r} was called again at the same place of a re-executed handler (key "
-            f"{key!r}) with other arguments: it ran with {_brief(recorded)}, and now gets "
-            f"{_brief(arguments)}; the effect was not run a second time. Record what the "
+            f"tool {self.tool!r} was called again at the same place of a re-executed handler (key "
+            f"{self.key!r}) with other arguments: it ran with {_brief(self.recorded)}, and now "
+            "gets "
+            f"{_brief(self.arguments)}; the effect was not run a second time. Record what the "
             "handler reads (call models through ctx.chat()/ctx.complete()), name the "
             "arguments that identify the effect with @tool(key_from=...), or declare "
             '@tool(on_divergence="recorded") to let the recorded outcome stand'
@@ -663,6 +718,7 @@ def _brief(arguments: dict[str, Any]) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+@dataclass(eq=False, repr=False)
 class ToolFailed(RunError):
     """A tool call failed; the original exception is the ``__cause__`` when the tool ran.
 
@@ -684,41 +740,38 @@ class ToolFailed(RunError):
             recorded when it ran).
     """
 
-    def __init__(  # noqa: PLR0917
-        self,
-        tool: str,
-        key: str | None,
-        error_type: str,
-        detail: str,
-        transient: bool = False,
-        replayed: bool = False,
-        attempts: int = 1,
-    ) -> None:
-        self.tool = tool
-        self.key = key
-        self.error_type = error_type
-        self.detail = detail
-        self.transient = transient
-        self.replayed = replayed
-        self.attempts = attempts
-        where = f"tool {tool!r}" + (f" (key {key!r})" if key else "")
-        if transient:
+    tool: str
+    key: str | None
+    error_type: str
+    detail: str
+    transient: bool = False
+    replayed: bool = False
+    attempts: int = 1
+
+    def __post_init__(self) -> None:
+        super().__init__(self._says())
+
+    def _says(self) -> str:
+        """The error's message, from its fields."""
+        where = f"tool {self.tool!r}" + (f" (key {self.key!r})" if self.key else "")
+        if self.transient:
             after = (
                 "a transient error, retried until the retry policy gave up; it is not recorded "
                 "as final, so a later call with the same key tries again"
             )
-        elif replayed:
+        elif self.replayed:
             after = (
                 "recorded in the ledger by an earlier call with this key, so the tool did not "
                 "run again; fix the cause and call with a new key"
             )
-        elif key is not None:
+        elif self.key is not None:
             after = "recorded in the ledger: a call with the same key raises it without running"
         else:
             after = "the tool has no side effects, nothing was recorded"
-        super().__init__(f"{where} failed with {error_type}: {detail} ({after})")
+        return f"{where} failed with {self.error_type}: {self.detail} ({after})"
 
 
+@dataclass(eq=False, repr=False)
 class ToolInProgress(RunError):
     """A call with the same idempotency key is still running elsewhere; this one gave up waiting.
 
@@ -729,18 +782,22 @@ class ToolInProgress(RunError):
         waited: How long this call waited, in seconds.
     """
 
-    def __init__(self, key: str, tool: str, owner: str | None, waited: float) -> None:
-        self.key = key
-        self.tool = tool
-        self.owner = owner
-        self.waited = waited
+    key: str
+    tool: str
+    owner: str | None
+    waited: float
+
+    def __post_init__(self) -> None:
         super().__init__(
-            f"tool {tool!r} with key {key!r} is in progress in {owner or 'another process'} and "
-            f"recorded no outcome within {waited:g} s; call again later to get its outcome, or "
+            f"tool {self.tool!r} with key {self.key!r} is in progress in "
+            f"{self.owner or 'another process'} and "
+            f"recorded no outcome within {self.waited:g} s; call again later to get its outcome, "
+            "or "
             "give the tool a longer wait (@tool(wait=...))"
         )
 
 
+@dataclass(eq=False, repr=False)
 class ToolOutcomeUnknown(RunError):
     """A side-effecting call was claimed but its outcome was never recorded.
 
@@ -756,15 +813,17 @@ class ToolOutcomeUnknown(RunError):
         owner: Who had claimed it (``host:pid:token``).
     """
 
-    def __init__(self, key: str, tool: str, owner: str | None) -> None:
-        self.key = key
-        self.tool = tool
-        self.owner = owner
+    key: str
+    tool: str
+    owner: str | None
+
+    def __post_init__(self) -> None:
         super().__init__(
-            f"the outcome of tool {tool!r} with key {key!r} is unknown: "
-            f"{owner or 'its owner'} claimed it and stopped before recording an outcome, so the "
+            f"the outcome of tool {self.tool!r} with key {self.key!r} is unknown: "
+            f"{self.owner or 'its owner'} claimed it and stopped before recording an outcome, so "
+            "the "
             "effect may or may not have happened. Check the outside system, then record what "
-            f"happened: `agentsnap tools resolve {key} --result JSON` (or --error TEXT, or "
+            f"happened: `agentsnap tools resolve {self.key} --result JSON` (or --error TEXT, or "
             "--retry to run it again), or agentsnap.ledger.resolve(), or the inspector's Tools "
             "tab; a tool that passes its key to the service may declare "
             "@tool(rerun_if_unknown=True) to be run again instead"
@@ -786,20 +845,16 @@ class ApprovalDenied(ToolFailed):
     def __init__(self, tool: str, key: str | None, request_id: str, reason: str) -> None:
         self.request_id = request_id
         self.reason = reason
-        self.tool = tool
-        self.key = key
-        self.error_type = "ApprovalDenied"
-        self.detail = reason
-        self.transient = False
-        self.replayed = False
-        self.attempts = 0
-        RunError.__init__(
-            self,
-            f"tool {tool!r} was not approved (request {request_id}): {reason}; it did not run "
-            "and nothing was claimed in the ledger",
+        super().__init__(tool, key, "ApprovalDenied", reason, attempts=0)
+
+    def _says(self) -> str:
+        return (
+            f"tool {self.tool!r} was not approved (request {self.request_id}): {self.reason}; "
+            "it did not run and nothing was claimed in the ledger"
         )
 
 
+@dataclass(eq=False, repr=False)
 class RequestRejected(RunError):
     """A request to a person was turned down instead of answered.
 
@@ -812,12 +867,14 @@ class RequestRejected(RunError):
         reason: Why.
     """
 
-    def __init__(self, request_id: str, reason: str) -> None:
-        self.request_id = request_id
-        self.reason = reason
-        super().__init__(f"request {request_id} was rejected: {reason}")
+    request_id: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        super().__init__(f"request {self.request_id} was rejected: {self.reason}")
 
 
+@dataclass(eq=False, repr=False)
 class RequestExpired(RunError):
     """A request's deadline passed unanswered, and it declared ``on_deadline="fail"``.
 
@@ -828,16 +885,19 @@ class RequestExpired(RunError):
         deadline: When it was due.
     """
 
-    def __init__(self, request_id: str, deadline: datetime) -> None:
-        self.request_id = request_id
-        self.deadline = deadline
+    request_id: str
+    deadline: datetime
+
+    def __post_init__(self) -> None:
         super().__init__(
-            f"request {request_id} was not answered by its deadline, "
-            f"{deadline.isoformat(timespec='seconds')}; the run fails, as the request declared "
+            f"request {self.request_id} was not answered by its deadline, "
+            f"{self.deadline.isoformat(timespec='seconds')}; the run fails, as the request "
+            "declared "
             '(ask with on_deadline="default" or "reject" to let the handler go on)'
         )
 
 
+@dataclass(eq=False, repr=False)
 class RequestNotPending(AgentsnapError):
     """A request cannot be answered: it is no longer waiting for an answer.
 
@@ -846,9 +906,11 @@ class RequestNotPending(AgentsnapError):
         status: What became of it: ``answered``, ``rejected``, ``expired`` or ``withdrawn``.
     """
 
-    def __init__(self, request_id: str, status: str, detail: str = "") -> None:
-        self.request_id = request_id
-        self.status = status
+    request_id: str
+    status: str
+    detail: InitVar[str] = ""
+
+    def __post_init__(self, detail: str) -> None:
         why = {
             "withdrawn": (
                 "a rollback discarded the timeline it was asked on, so nothing waits for its "
@@ -856,10 +918,11 @@ class RequestNotPending(AgentsnapError):
                 "(agentsnap requests RUN --pending)"
             ),
             "expired": "its deadline passed and its declared outcome was applied",
-        }.get(status, "it was answered already; an answer is given once")
-        super().__init__(f"request {request_id} is {status}: {detail or why}")
+        }.get(self.status, "it was answered already; an answer is given once")
+        super().__init__(f"request {self.request_id} is {self.status}: {detail or why}")
 
 
+@dataclass(eq=False, repr=False)
 class AnswerInvalid(ConfigurationError):
     """An answer does not fit its request: the schema the asker gave, or the request's kind.
 
@@ -868,11 +931,12 @@ class AnswerInvalid(ConfigurationError):
         problems: What is wrong, one line each.
     """
 
-    def __init__(self, request_id: str, problems: list[str]) -> None:
-        self.request_id = request_id
-        self.problems = problems
-        shown = "; ".join(problems[:5])
+    request_id: str
+    problems: list[str]
+
+    def __post_init__(self) -> None:
+        shown = "; ".join(self.problems[:5])
         super().__init__(
-            f"the answer to request {request_id} is not valid: {shown}; answer with a value "
+            f"the answer to request {self.request_id} is not valid: {shown}; answer with a value "
             "that fits the request's schema (agentsnap requests shows it)"
         )

@@ -237,13 +237,27 @@ def check_forkable(snapshot: Snapshot) -> None:
         SnapshotDamaged: The snapshot is damaged in the store.
         ConfigurationError: The snapshot is not complete (it failed, or is in progress).
     """
+    check_complete(snapshot, "no run can be forked from it", "fork from")
+
+
+def check_complete(snapshot: Snapshot, unusable: str, use: str) -> None:
+    """Raise unless ``snapshot`` is complete and intact, before a run goes back to it.
+
+    Args:
+        snapshot: The snapshot.
+        unusable: What a damaged snapshot means here (``"no run can be forked from it"``).
+        use: What to do with a complete one instead, before ``"a complete one"``
+            (``"fork from"``).
+
+    Raises:
+        SnapshotDamaged: The snapshot is damaged in the store.
+        ConfigurationError: The snapshot is not complete (it failed, or is in progress).
+    """
     if snapshot.status is SnapshotStatus.DAMAGED:
-        raise SnapshotDamaged(
-            snapshot.id, snapshot.error or "damaged", "no run can be forked from it"
-        )
+        raise SnapshotDamaged(snapshot.id, snapshot.error or "damaged", unusable)
     if snapshot.status is not SnapshotStatus.COMPLETE:
         raise ConfigurationError(
-            f"snapshot {snapshot.id} is {snapshot.status.value}; fork from a complete one"
+            f"snapshot {snapshot.id} is {snapshot.status.value}; {use} a complete one"
         )
 
 

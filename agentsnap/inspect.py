@@ -35,7 +35,44 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from agentsnap._views import RunRow
+from agentsnap._views import (
+    AgentChange,
+    AgentDiff,
+    AgentPart,
+    AgentShown,
+    CallSummary,
+    CallTotals,
+    ChannelCut,
+    CheckpointRow,
+    EventRow,
+    HandlerModelCall,
+    HandlerToolCall,
+    HistoryEntry,
+    InFlightMessage,
+    MappingDiff,
+    ModelCall,
+    ModelCallRow,
+    ModelCallsTable,
+    ModelCallTotals,
+    OwnerRow,
+    PlanChange,
+    PreviousSnapshot,
+    RollbackRow,
+    RunRow,
+    RunStanding,
+    SentMessage,
+    SnapshotDiff,
+    SnapshotDocument,
+    SnapshotRow,
+    SnapshotView,
+    StateDiff,
+    StoredStates,
+    ToolCall,
+    ToolCallRow,
+    ValueChange,
+    attributes,
+    picked,
+)
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StateNotReadable
 from agentsnap.fork import MessageEdits, ToolsMode, fork_snapshot
 from agentsnap.journal import JournalReader, read_journal
@@ -63,17 +100,50 @@ if TYPE_CHECKING:
     from agentsnap.records import (
         AgentCut,
         JournalMessage,
-        RollbackInfo,
         RunLease,
         Snapshot,
         SnapshotSummary,
     )
+    from agentsnap.runtime import Runtime
     from agentsnap.store import InspectedStore, OneProcessStore, RunStore
 
 __all__ = [
     "EXPORT_FORMAT",
+    "AgentChange",
+    "AgentDiff",
+    "AgentPart",
+    "AgentShown",
     "BisectResult",
+    "CallSummary",
+    "CallTotals",
+    "ChannelCut",
+    "CheckpointRow",
+    "EventRow",
+    "HandlerModelCall",
+    "HandlerToolCall",
+    "HistoryEntry",
+    "InFlightMessage",
+    "MappingDiff",
+    "ModelCall",
+    "ModelCallRow",
+    "ModelCallTotals",
+    "ModelCallsTable",
+    "OwnerRow",
+    "PlanChange",
+    "PreviousSnapshot",
+    "RollbackRow",
     "RunRow",
+    "RunStanding",
+    "SentMessage",
+    "SnapshotDiff",
+    "SnapshotDocument",
+    "SnapshotRow",
+    "SnapshotView",
+    "StateDiff",
+    "StoredStates",
+    "ToolCall",
+    "ToolCallRow",
+    "ValueChange",
     "agent_history_table",
     "answer",
     "answer_line",
@@ -98,6 +168,8 @@ __all__ = [
     "model_call_totals",
     "model_calls",
     "model_calls_table",
+    "owners_table",
+    "previous_snapshot",
     "read_cut",
     "resolve_run",
     "resolve_snapshot",
@@ -135,14 +207,15 @@ async def export_run(
     document: dict[str, Any] = {
         "format": EXPORT_FORMAT,
         "run": _run(run),
-        "snapshots": [_snapshot(snapshot) for snapshot in snapshots],
-        "rollbacks": [_rollback(r) for r in await store.list_rollbacks(run_id)],
+        "snapshots": [_dumped(SnapshotDocument.whole(snapshot)) for snapshot in snapshots],
+        "rollbacks": [_dumped(RollbackRow.of(r)) for r in await store.list_rollbacks(run_id)],
+        "owners": await _owners(store, run_id),
     }
     document["tool_calls"] = [
-        _tool_call(entry) for entry in await _ledger_calls(store, run_id, ledger)
+        _dumped(ToolCall.of(entry)) for entry in await _ledger_calls(store, run_id, ledger)
     ]
     document["model_calls"] = [
-        _model_call(record) for record in await model_calls(store, run_id, ledger=ledger)
+        _dumped(ModelCall.of(record)) for record in await model_calls(store, run_id, ledger=ledger)
     ]
     segments = await store.load_journal(run_id)
     if segments:
@@ -176,15 +249,18 @@ async def write_export(
     run = await store.get_run(run_id)
     journal = JournalReader(store, run_id)
     await journal.index()
-    rollbacks = [_rollback(r) for r in await store.list_rollbacks(run_id)]
-    tool_calls = [_tool_call(entry) for entry in await _ledger_calls(store, run_id, ledger)]
+    rollbacks = [_dumped(RollbackRow.of(r)) for r in await store.list_rollbacks(run_id)]
+    tool_calls = [
+        _dumped(ToolCall.of(entry)) for entry in await _ledger_calls(store, run_id, ledger)
+    ]
+    owners = await _owners(store, run_id)
 
     async def snapshots() -> AsyncIterator[dict[str, Any]]:
         after = 0
         while True:
             found = await store.list_snapshots_page(run_id, after_seq=after, limit=page)
             for snapshot in found:
-                yield _snapshot(snapshot)
+                yield _dumped(SnapshotDocument.whole(snapshot))
             if len(found) < page:
                 return
             after = found[-1].seq
@@ -198,13 +274,14 @@ async def write_export(
 
     async def calls() -> AsyncIterator[dict[str, Any]]:
         while records:  # each record let go once written
-            yield _model_call(records.pop())
+            yield _dumped(ModelCall.of(records.pop()))
 
     parts: list[tuple[str, Any]] = [
         ("format", EXPORT_FORMAT),
         ("run", _run(run)),
         ("snapshots", snapshots()),
         ("rollbacks", rollbacks),
+        ("owners", owners),
         ("tool_calls", tool_calls),
         ("model_calls", calls()),
     ]
@@ -245,40 +322,32 @@ async def _write_object(
     write(first[0] + "}" if parts else "}")
 
 
-async def _ledger_calls(
-    store: InspectedStore, run_id: str, ledger: Ledger | None
-) -> list[LedgerEntry]:
+async def _on_ledger(
+    store: InspectedStore,
+    ledger: Ledger | None,
+    use: Callable[[Ledger], Awaitable[list[T]]],
+) -> list[T]:
+    """``use`` ``ledger``, else the ledger in the store's database (nothing without one)."""
     if ledger is not None:
-        return await ledger.list_calls(run_id)
+        return await use(ledger)
     opened = ledger_for(store, create=False)
     if opened is None:
         return []
     try:
-        return await opened.list_calls(run_id)
+        return await use(opened)
     finally:
         await opened.close()
 
 
-def _tool_call(entry: LedgerEntry) -> dict[str, Any]:
-    return {
-        "key": entry.key,
-        "run": entry.run_id,
-        "agent": entry.agent,
-        "message": entry.message_id,
-        "tool": entry.tool,
-        "arguments": entry.arguments,
-        "fingerprint": entry.fingerprint,
-        "status": entry.status.value,
-        "attempts": entry.attempts,
-        "result": entry.result,
-        "error": entry.error,
-        "compensation": entry.compensation,
-        "note": entry.note,
-        "owner": entry.owner,
-        "lease_until": _time(entry.lease_until),
-        "created_at": _time(entry.created_at),
-        "updated_at": _time(entry.updated_at),
-    }
+async def _ledger_calls(
+    store: InspectedStore, run_id: str | None, ledger: Ledger | None
+) -> list[LedgerEntry]:
+    return await _on_ledger(store, ledger, lambda found: found.list_calls(run_id))
+
+
+def _dumped(view: BaseModel) -> dict[str, Any]:
+    """A result as the export document holds it."""
+    return view.model_dump(mode="json")
 
 
 async def model_calls(
@@ -294,37 +363,13 @@ async def model_calls(
             [`ModelCallLog`][agentsnap.model_calls.ModelCallLog]); by default the ledger in
             the store's database (an ``SqlStore``'s), none for other stores.
     """
-    if ledger is not None:
-        if not isinstance(ledger, ModelCallLog):
-            return []
-        return await ledger.list_model_calls(run_id, agent)
-    opened = ledger_for(store, create=False)
-    if opened is None:
-        return []
-    try:
-        if not isinstance(opened, ModelCallLog):
-            return []
-        return await opened.list_model_calls(run_id, agent)
-    finally:
-        await opened.close()
 
+    async def listed(found: Ledger) -> list[ModelCallRecord]:
+        if not isinstance(found, ModelCallLog):
+            return []
+        return await found.list_model_calls(run_id, agent)
 
-def _model_call(record: ModelCallRecord) -> dict[str, Any]:
-    return {
-        "run": record.run_id,
-        "agent": record.agent,
-        "message": record.message_id,
-        "position": record.position,
-        "timeline": record.timeline,
-        "model": record.model,
-        "input_tokens": record.input_tokens,
-        "output_tokens": record.output_tokens,
-        "started_at": _time(record.started_at),
-        "latency_ms": record.latency_ms,
-        "replays": record.replays,
-        "request": record.request,
-        "response": record.response,
-    }
+    return await _on_ledger(store, ledger, listed)
 
 
 def discarded_calls(records: Sequence[ModelCallRecord]) -> list[bool]:
@@ -358,37 +403,38 @@ def answer_line(response: dict[str, Any]) -> str:
     return ""
 
 
-def call_summary(record: ModelCallRecord, discarded: bool) -> dict[str, Any]:
+def call_summary(record: ModelCallRecord, discarded: bool) -> CallSummary:
     """A model call as a listing shows it: without its request and answer.
 
     As in the export document, without ``"request"`` and ``"response"``, plus
     ``"discarded"`` (see [`discarded_calls`][agentsnap.inspect.discarded_calls]) and
     ``"answer"``, the answer's first line (see [`answer_line`][agentsnap.inspect.answer_line]).
     """
-    row = _model_call(record)
-    del row["request"], row["response"]
-    return {**row, "discarded": discarded, "answer": answer_line(record.response)}
+    return CallSummary.of(record, discarded=discarded, answer=answer_line(record.response))
 
 
-def model_call_totals(records: Sequence[ModelCallRecord]) -> dict[str, Any]:
+def model_call_totals(records: Sequence[ModelCallRecord]) -> ModelCallTotals:
     """How many ``records`` and their tokens, in all and by agent.
 
     Returns:
-        ``{"calls", "input_tokens", "output_tokens", "agents": {agent: {"calls",
-        "input_tokens", "output_tokens"}}}``.
+        ``calls``, ``input_tokens``, ``output_tokens`` and the same by agent, in ``agents``
+        (sorted by name).
     """
-    agents: dict[str, dict[str, int]] = {}
+    agents: dict[str, list[int]] = {}
     for r in records:
-        mine = agents.setdefault(r.agent, {"calls": 0, "input_tokens": 0, "output_tokens": 0})
-        mine["calls"] += 1
-        mine["input_tokens"] += r.input_tokens
-        mine["output_tokens"] += r.output_tokens
-    return {
-        "calls": len(records),
-        "input_tokens": sum(r.input_tokens for r in records),
-        "output_tokens": sum(r.output_tokens for r in records),
-        "agents": dict(sorted(agents.items())),
-    }
+        mine = agents.setdefault(r.agent, [0, 0, 0])
+        mine[0] += 1
+        mine[1] += r.input_tokens
+        mine[2] += r.output_tokens
+    return ModelCallTotals(
+        calls=len(records),
+        input_tokens=sum(r.input_tokens for r in records),
+        output_tokens=sum(r.output_tokens for r in records),
+        agents={
+            name: CallTotals(calls=calls, input_tokens=tokens_in, output_tokens=tokens_out)
+            for name, (calls, tokens_in, tokens_out) in sorted(agents.items())
+        },
+    )
 
 
 def _utc(moment: datetime) -> datetime:
@@ -433,68 +479,25 @@ def _run(run: RunInfo) -> dict[str, Any]:
     }
 
 
-def _rollback(rollback: RollbackInfo) -> dict[str, Any]:
-    return {
-        "id": rollback.id,
-        "snapshot_id": rollback.snapshot_id,
-        "agent": rollback.agent,
-        "reason": rollback.reason,
-        "source": rollback.source,
-        "attempt": rollback.attempt,
-        "discarded": rollback.discarded,
-        "at": _time(rollback.at),
-    }
+def previous_snapshot(
+    summaries: Sequence[SnapshotSummary], snapshot_id: str
+) -> SnapshotSummary | None:
+    """The snapshot of ``summaries`` started before snapshot ``snapshot_id`` (``None`` for
+    the first, or one not among them): the cut whose start bounds the calls "made since the
+    previous cut" (see [`following_snapshots`][agentsnap.inspect.following_snapshots]).
+    """  # noqa: D205
+    ordered = sorted(summaries, key=lambda s: (_utc(s.started_at), s.seq))
+    mine = next((i for i, s in enumerate(ordered) if s.id == snapshot_id), None)
+    return ordered[mine - 1] if mine else None
 
 
-def _snapshot(snapshot: Snapshot) -> dict[str, Any]:
-    return {
-        "id": snapshot.id,
-        "seq": snapshot.seq,
-        "status": snapshot.status.value,
-        "initiator": snapshot.initiator,
-        "started_at": _time(snapshot.started_at),
-        "completed_at": _time(snapshot.completed_at),
-        "error": snapshot.error,
-        "damaged_agents": list(snapshot.damaged_agents),
-        "agents": {
-            name: {
-                "state": cut.state,
-                "state_hash": cut.state_hash,
-                "state_version": cut.state_version,
-                "sent": cut.sent,
-                "received": cut.received,
-            }
-            for name, cut in snapshot.agents.items()
-        },
-        "channels": [
-            {
-                "src": channel.src,
-                "dst": channel.dst,
-                "messages": [
-                    {
-                        "seq": m.seq,
-                        "kind": m.kind,
-                        "payload": m.payload,
-                        "headers": m.headers,
-                        "epoch": m.epoch,
-                    }
-                    for m in channel.messages
-                ],
-            }
-            for channel in snapshot.channels
-        ],
-    }
+async def _owners(store: InspectedStore, run_id: str) -> list[dict[str, Any]]:
+    return [_dumped(OwnerRow.of(owner)) for owner in await store.list_run_owners(run_id)]
 
 
 def _message(message: JournalMessage) -> dict[str, Any]:
     return {
-        "src": message.src,
-        "dst": message.dst,
-        "seq": message.seq,
-        "kind": message.kind,
-        "payload": message.payload,
-        "headers": message.headers,
-        "epoch": message.epoch,
+        **attributes(message, "src", "dst", "seq", "kind", "payload", "headers", "epoch"),
         "sent_at": _time(message.sent_at),
         "delivered_at": _time(message.delivered_at),
     }
@@ -569,8 +572,10 @@ async def runs_table(
     return [RunRow.of(run, counts.get(run.id, 0)) for run in runs]
 
 
-async def snapshots_table(store: InspectedStore, run_prefix: str) -> list[dict[str, Any]]:
+async def snapshots_table(store: InspectedStore, run_prefix: str) -> list[SnapshotRow]:
     """The snapshots of a run (id or unique prefix), in the order they were started.
+
+    Each is a [`SnapshotRow`][agentsnap.inspect.SnapshotRow].
 
     A snapshot found damaged in the store has status ``"damaged"``, ``"error"`` saying what
     is wrong and ``"damaged_agents"`` the processes whose part is missing or unreadable.
@@ -580,40 +585,44 @@ async def snapshots_table(store: InspectedStore, run_prefix: str) -> list[dict[s
         NotFoundError: No such run, or the prefix is ambiguous.
     """
     run = await resolve_run(store, run_prefix)
-    return [
-        {
-            "seq": s.seq,
-            "id": s.id,
-            "run_id": s.run_id,
-            "status": s.status.value,
-            "initiator": s.initiator,
-            "started_at": _time(s.started_at),
-            "completed_at": _time(s.completed_at),
-            "agents": list(s.agents),
-            "in_flight": s.in_flight,
-            "error": s.error,
-            "damaged_agents": list(s.damaged_agents),
-        }
-        for s in await store.list_snapshot_summaries(run.id)
-    ]
+    return [SnapshotRow.of(s) for s in await store.list_snapshot_summaries(run.id)]
 
 
-async def rollbacks_table(store: InspectedStore, run_prefix: str) -> list[dict[str, Any]]:
+async def rollbacks_table(store: InspectedStore, run_prefix: str) -> list[RollbackRow]:
     """The rollbacks of a run (id or unique prefix), oldest first.
+
+    Each is a [`RollbackRow`][agentsnap.inspect.RollbackRow].
 
     Raises:
         NotFoundError: No such run, or the prefix is ambiguous.
     """
     run = await resolve_run(store, run_prefix)
-    return [_rollback(r) for r in await store.list_rollbacks(run.id)]
+    return [RollbackRow.of(r) for r in await store.list_rollbacks(run.id)]
+
+
+async def owners_table(store: InspectedStore, run_prefix: str) -> list[OwnerRow]:
+    """Who owned a run (id or unique prefix), and when: each process that took its lease,
+    by fencing token, oldest first.
+
+    Each row ([`OwnerRow`][agentsnap.inspect.OwnerRow]) says how the owner ended:
+    ``released`` (it stopped cleanly), ``crashed`` (the next owner took the run over) or
+    ``holds``. A run that took its lease before the store kept this history lacks those
+    owners (see [`list_run_owners`][agentsnap.store.RunQueries.list_run_owners]).
+
+    Raises:
+        NotFoundError: No such run, or the prefix is ambiguous.
+    """  # noqa: D205
+    run = await resolve_run(store, run_prefix)
+    return [OwnerRow.of(owner) for owner in await store.list_run_owners(run.id)]
 
 
 async def tool_calls_table(
     store: InspectedStore, run_prefix: str, ledger: Ledger | None = None
-) -> list[dict[str, Any]]:
+) -> list[ToolCallRow]:
     """The side-effecting tool calls of a run (id or unique prefix), oldest first.
 
-    Each row is the export document's tool call plus ``"unknown"``: whether the call's
+    Each row ([`ToolCallRow`][agentsnap.inspect.ToolCallRow]) is the export document's tool
+    call plus ``"unknown"``: whether the call's
     outcome is unknown (it may or may not have happened; settle it with
     ``agentsnap tools resolve``): recorded as unknown, or still in progress although its
     owner stopped (see [`is_orphaned`][agentsnap.ledger.is_orphaned]). The calls come from
@@ -627,7 +636,7 @@ async def tool_calls_table(
     entries = await _ledger_calls(store, run.id, ledger)
     reported = await _as_reported(store, entries)
     return [
-        {**_tool_call(entry), "unknown": shown.status is ToolCallStatus.UNKNOWN}
+        ToolCallRow.of(entry, unknown=shown.status is ToolCallStatus.UNKNOWN)
         for entry, shown in zip(entries, reported, strict=True)
     ]
 
@@ -649,22 +658,12 @@ async def ledger_calls(
         ledger: The ledger; by default the one in the store's database (an ``SqlStore``'s),
             none for other stores.
     """  # noqa: D205
-    if ledger is not None:
-        entries = await ledger.list_calls(run_id)
-    else:
-        opened = ledger_for(store, create=False)
-        if opened is None:
-            return []
-        try:
-            entries = await opened.list_calls(run_id)
-        finally:
-            await opened.close()
-    return await _as_reported(store, entries)
+    return await _as_reported(store, await _ledger_calls(store, run_id, ledger))
 
 
 async def ledger_calls_table(
     store: InspectedStore, run_id: str | None = None, ledger: Ledger | None = None
-) -> list[dict[str, Any]]:
+) -> list[ToolCallRow]:
     """``ledger_calls`` as rows: each call as in the export document, status as reported,
     plus ``"unknown"``: whether the call's outcome is unknown (settle it with
     ``agentsnap tools resolve``).
@@ -672,26 +671,25 @@ async def ledger_calls_table(
     What ``agentsnap tools --json`` prints.
     """  # noqa: D205
     return [
-        {**_tool_call(entry), "unknown": entry.status is ToolCallStatus.UNKNOWN}
+        ToolCallRow.of(entry, unknown=entry.status is ToolCallStatus.UNKNOWN)
         for entry in await ledger_calls(store, run_id, ledger)
     ]
 
 
 async def model_calls_table(
     store: InspectedStore, run_prefix: str, agent: str | None = None, ledger: Ledger | None = None
-) -> dict[str, Any]:
+) -> ModelCallsTable:
     """A run's model calls (id or unique prefix; of ``agent``, when given), with totals.
 
     Returns:
-        ``{"run_id", "timeline", "calls", "totals"}``. ``calls`` lists the calls in the
+        ``run_id``, ``timeline``, ``calls`` and ``totals``. ``calls`` lists the calls in the
         order they were made, each as in the export document plus ``"discarded"``: whether
         the call was made on a timeline a rollback discarded (the same agent, message and
         position have a call on a later timeline: the handler was executed again).
         ``timeline`` is the latest timeline a call of the run was made on. ``totals``
-        counts the calls listed and their tokens, in all and by agent: ``{"calls",
-        "input_tokens", "output_tokens", "agents": {agent: {"calls", "input_tokens",
-        "output_tokens"}}}``; a discarded call counts (the model was asked), a replay
-        does not (it was not).
+        counts the calls listed and their tokens, in all and by agent (see
+        [`model_call_totals`][agentsnap.inspect.model_call_totals]); a discarded call counts
+        (the model was asked), a replay does not (it was not).
 
     Raises:
         NotFoundError: No such run, or the prefix is ambiguous, or the run knows no agent
@@ -700,7 +698,7 @@ async def model_calls_table(
     run = await resolve_run(store, run_prefix)
     records = await model_calls(store, run.id, ledger=ledger)
     rows = [
-        (r, {**_model_call(r), "discarded": discarded})
+        (r, ModelCallRow.of(r, discarded=discarded))
         for r, discarded in zip(records, discarded_calls(records), strict=True)
     ]
     timeline = max((r.timeline for r in records), default=0)
@@ -710,12 +708,12 @@ async def model_calls_table(
             if not any(agent in s.agents for s in summaries):
                 raise NotFoundError("agent", agent, f"run {run.id} has no agent {agent!r}")
         rows = [(r, row) for r, row in rows if r.agent == agent]
-    return {
-        "run_id": run.id,
-        "timeline": timeline,
-        "calls": [row for _, row in rows],
-        "totals": model_call_totals([r for r, _ in rows]),
-    }
+    return ModelCallsTable(
+        run_id=run.id,
+        timeline=timeline,
+        calls=[row for _, row in rows],
+        totals=model_call_totals([r for r, _ in rows]),
+    )
 
 
 async def _as_reported(store: InspectedStore, entries: list[LedgerEntry]) -> list[LedgerEntry]:
@@ -742,8 +740,10 @@ async def show_snapshot(
     ledger: Ledger | None = None,
     *,
     models: Mapping[str, type[BaseModel]] | None = None,
-) -> dict[str, Any]:
+) -> SnapshotView:
     """One snapshot: its agents' states, counters and model calls, the messages in flight.
+
+    A [`SnapshotView`][agentsnap.inspect.SnapshotView].
 
     Each agent's entry has ``"state_version"``, the version of its state class the state was
     stored with. With ``models`` (the current state classes, by agent name: see
@@ -774,59 +774,49 @@ async def show_snapshot(
             not record ``agent``.
     """
     snapshot = await resolve_snapshot(store, snapshot_prefix)
-    document = _snapshot(snapshot)
-    document["run_id"] = snapshot.run_id
     run = await store.get_run(snapshot.run_id)
-    document["run"] = {
-        "status": run.status.value,
-        "status_reason": run.status_reason,
-        "traceback": run.traceback,
-    }
-    if models:
-        for name, cut in snapshot.agents.items():
-            document["agents"][name].update(read_cut(name, cut, models))
+    cuts = snapshot.agents
+    damaged = list(snapshot.damaged_agents)
+    channels = snapshot.channels
     if agent is not None:
         if agent in snapshot.damaged_agents:
-            document["agents"] = {}
-            document["damaged_agents"] = [agent]
+            cuts, damaged = {}, [agent]
         elif agent in snapshot.agents:
-            document["agents"] = {agent: document["agents"][agent]}
-            document["damaged_agents"] = []
+            cuts, damaged = {agent: snapshot.agents[agent]}, []
         else:
             raise NotFoundError(
                 "agent", agent, f"snapshot {snapshot.id} recorded no agent {agent!r}"
             )
-        document["channels"] = [c for c in document["channels"] if agent in (c["src"], c["dst"])]
-    await _calls_since_previous(store, snapshot, document, agent, ledger)
-    return document
-
-
-async def _calls_since_previous(
-    store: InspectedStore,
-    snapshot: Snapshot,
-    document: dict[str, Any],
-    agent: str | None,
-    ledger: Ledger | None,
-) -> None:
-    """Put each agent's calls since the previous cut into its entry of ``document``."""
+        channels = [c for c in channels if agent in (c.src, c.dst)]
     summaries = await store.list_snapshot_summaries(snapshot.run_id)
-    starts = sorted(summaries, key=lambda s: (_utc(s.started_at), s.seq))
-    mine = next((i for i, s in enumerate(starts) if s.id == snapshot.id), None)
-    previous = starts[mine - 1] if mine else None
-    document["previous"] = (
-        None
-        if previous is None
-        else {"id": previous.id, "seq": previous.seq, "started_at": _time(previous.started_at)}
-    )
-    agents = document["agents"]
+    previous = previous_snapshot(summaries, snapshot.id)
     # An agent's own calls tell which of them a rollback discarded: read no other's.
-    records = await model_calls(store, snapshot.run_id, agent, ledger) if agents else []
-    for name in agents:
-        agents[name]["model_calls"] = []
-    cuts = following_snapshots(records, summaries)
-    for record, cut, discarded in zip(records, cuts, discarded_calls(records), strict=True):
-        if cut is not None and cut.id == snapshot.id and record.agent in agents:
-            agents[record.agent]["model_calls"].append(call_summary(record, discarded))
+    records = await model_calls(store, snapshot.run_id, agent, ledger) if cuts else []
+    calls: dict[str, list[CallSummary]] = {name: [] for name in cuts}
+    leads_to = following_snapshots(records, summaries)
+    for record, later, discarded in zip(records, leads_to, discarded_calls(records), strict=True):
+        if later is not None and later.id == snapshot.id and record.agent in calls:
+            calls[record.agent].append(call_summary(record, discarded))
+    agents = {}
+    for name, cut in cuts.items():
+        read = read_cut(name, cut, models) if models else {}
+        agents[name] = picked(
+            AgentShown,
+            cut,
+            state=read.get("state", cut.state),
+            read_as=read.get("read_as"),
+            unreadable=read.get("unreadable"),
+            model_calls=calls[name],
+        )
+    return picked(
+        SnapshotView,
+        snapshot,
+        channels=[ChannelCut.recorded(channel) for channel in channels],
+        damaged_agents=damaged,
+        agents=agents,
+        run=picked(RunStanding, run),
+        previous=None if previous is None else picked(PreviousSnapshot, previous),
+    )
 
 
 async def diff_snapshots(
@@ -836,8 +826,10 @@ async def diff_snapshots(
     agent: str | None = None,
     *,
     models: Mapping[str, type[BaseModel]] | None = None,
-) -> dict[str, Any]:
+) -> SnapshotDiff:
     """What changed in each agent's state from snapshot A to snapshot B.
+
+    A [`SnapshotDiff`][agentsnap.inspect.SnapshotDiff].
 
     With ``models`` (the current state classes, by agent name) the states of the agents they
     name are compared as those classes read them now (see
@@ -869,6 +861,7 @@ async def diff_snapshots(
     for name in names:
         old = a.agents.get(name)
         new = b.agents.get(name)
+        change: AgentChange
         if name in lost and (old is None or new is None):
             change = "damaged"
         elif old is None:
@@ -884,23 +877,23 @@ async def diff_snapshots(
         if change == "changed" and before == after:
             change = "unchanged"  # the same state, once both are read as the code reads them
         agents.append(
-            {
-                "agent": name,
-                "change": change,
-                "a_version": None if old is None else old.state_version,
-                "b_version": None if new is None else new.state_version,
-                **diff_states(before, after),
-            }
+            AgentDiff.of(
+                diff_states(before, after),
+                agent=name,
+                change=change,
+                a_version=None if old is None else old.state_version,
+                b_version=None if new is None else new.state_version,
+            )
         )
-    return {
-        "a": a.id,
-        "b": b.id,
-        "a_run_id": a.run_id,
-        "b_run_id": b.run_id,
-        "a_damaged": _damage(a),
-        "b_damaged": _damage(b),
-        "agents": agents,
-    }
+    return SnapshotDiff(
+        a=a.id,
+        b=b.id,
+        a_run_id=a.run_id,
+        b_run_id=b.run_id,
+        a_damaged=_damage(a),
+        b_damaged=_damage(b),
+        agents=agents,
+    )
 
 
 def read_cut(agent: str, cut: AgentCut, models: Mapping[str, type[BaseModel]]) -> dict[str, Any]:
@@ -944,7 +937,7 @@ def _read_state(
 
 async def check_stored_states(
     store: InspectedStore, models: Mapping[str, type[BaseModel]], run_prefix: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[StoredStates]:
     """Which stored states of a run (or of every run) the current state classes can read.
 
     Every agent's state in every complete snapshot is read as a resume, rollback or fork
@@ -958,7 +951,8 @@ async def check_stored_states(
         run_prefix: The run (an id or a unique prefix); every run when omitted.
 
     Returns:
-        One row per run, agent and stored version, in the runs' order: ``"run_id"``,
+        One row per run, agent and stored version, in the runs' order
+        ([`StoredStates`][agentsnap.inspect.StoredStates]): ``"run_id"``,
         ``"agent"``, ``"stored_version"``, ``"current_version"`` (``None`` for an agent
         ``models`` does not name), ``"snapshots"`` (the numbers of the snapshots holding
         such states), ``"readable"`` (how many distinct states the code reads),
@@ -973,7 +967,7 @@ async def check_stored_states(
     else:
         runs = [await resolve_run(store, run_prefix)]
     seen: dict[tuple[str, str, int], StateNotReadable | None] = {}
-    rows: list[dict[str, Any]] = []
+    rows: list[StoredStates] = []
     for run in runs:
         groups: dict[tuple[str, int], dict[str, Any]] = {}
         for snapshot in await store.list_snapshots(run.id):
@@ -1019,7 +1013,7 @@ async def check_stored_states(
         for group in sorted(groups):
             row = groups[group]
             del row["_hashes"]
-            rows.append(row)
+            rows.append(StoredStates.model_validate(row))
     return rows
 
 
@@ -1029,8 +1023,10 @@ def _damage(snapshot: Snapshot) -> str | None:
 
 async def agent_history_table(
     store: InspectedStore, run_prefix: str, agent: str
-) -> list[dict[str, Any]]:
+) -> list[HistoryEntry]:
     """One agent's state in each complete snapshot of a run, with what changed each time.
+
+    Each entry is a [`HistoryEntry`][agentsnap.inspect.HistoryEntry].
 
     ``"changes"`` is ``None`` for the first entry, else the ``diff_states`` from the
     previous entry with a state. An entry from a snapshot found damaged has ``"damaged"``
@@ -1046,39 +1042,33 @@ async def agent_history_table(
     rows = []
     previous: dict[str, Any] | None = None
     for version in await store.agent_history(run.id, agent):
-        row: dict[str, Any] = {
-            "snapshot_id": version.snapshot_id,
-            "seq": version.snapshot_seq,
-            "completed_at": _time(version.completed_at),
-            "damaged": version.damaged,
-            "state_hash": None,
-            "state": None,
-            "sent": None,
-            "received": None,
-            "changes": None,
-        }
         cut = version.cut
-        if cut is not None:
-            state = cut.state
-            row.update(
-                state_hash=cut.state_hash,
+        state = None if cut is None else cut.state
+        rows.append(
+            HistoryEntry(
+                snapshot_id=version.snapshot_id,
+                seq=version.snapshot_seq,
+                completed_at=version.completed_at,
+                damaged=version.damaged,
+                state_hash=None if cut is None else cut.state_hash,
                 state=state,
-                sent=cut.sent,
-                received=cut.received,
-                changes=None if previous is None else diff_states(previous, state),
+                sent=None if cut is None else cut.sent,
+                received=None if cut is None else cut.received,
+                changes=None if state is None or previous is None else diff_states(previous, state),
             )
-            previous = state
-        rows.append(row)
+        )
+        previous = previous if state is None else state
     return rows
 
 
 async def graph_checkpoints_table(
     store: InspectedStore, run_prefix: str, agent: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[CheckpointRow]:
     """The LangGraph checkpoints of a run's graph agents (or of ``agent``), oldest first.
 
-    Each row is a checkpoint (``agent, thread_id, checkpoint_id, parent_id, step, source,
-    created_at, metadata``) and ``"snapshots"``: the numbers of the run's complete snapshots
+    Each row ([`CheckpointRow`][agentsnap.inspect.CheckpointRow]) is a checkpoint
+    (``agent, thread_id, checkpoint_id, parent_id, step, source, created_at, metadata``)
+    and ``"snapshots"``: the numbers of the run's complete snapshots
     whose state of that agent names that checkpoint, the checkpoint a rollback to them
     restores. The checkpoints are found when the graph agents' checkpointer is an
     ``AgentsnapSaver`` on the store's database (see ``GraphCheckpointIndex``; a store that
@@ -1105,17 +1095,7 @@ async def graph_checkpoints_table(
             if isinstance(checkpoint_id, str):
                 held.setdefault((name, checkpoint_id), []).append(version.snapshot_seq)
     return [
-        {
-            "agent": c.agent,
-            "thread_id": c.thread_id,
-            "checkpoint_id": c.checkpoint_id,
-            "parent_id": c.parent_id,
-            "step": c.step,
-            "source": c.source,
-            "created_at": _time(c.created_at),
-            "snapshots": held.get((c.agent, c.checkpoint_id), []),
-            "metadata": c.metadata,
-        }
+        picked(CheckpointRow, c, snapshots=held.get((c.agent, c.checkpoint_id), []))
         for c in checkpoints
     ]
 
@@ -1326,61 +1306,49 @@ async def deny(
 _STATE_PARTS = ("memory", "plan", "tool_calls")
 
 
-def diff_states(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dict[str, Any]:
+def diff_states(old: dict[str, Any] | None, new: dict[str, Any] | None) -> StateDiff:
     """A structured diff of two agent states (``None`` for a missing one).
 
     Returns:
-        ``{"memory": M, "plan": P, "tool_calls": M, "fields": M}`` where each ``M`` is
-        ``{"added": {key: value}, "removed": {key: value}, "changed": {key: {"old": ...,
-        "new": ...}}}`` (tool calls keyed by their idempotency key, else ``#index``;
-        ``fields`` for every other state field) and ``P`` is a list of ``{"index": i,
-        "change": "added" | "removed" | "changed", "old": step, "new": step}``.
+        ``memory``, ``tool_calls`` and ``fields`` (every other state field), each a
+        [`MappingDiff`][agentsnap.inspect.MappingDiff] (``added``, ``removed``, ``changed``;
+        tool calls keyed by their idempotency key, else ``#index``), and ``plan``, the steps
+        that differ ([`PlanChange`][agentsnap.inspect.PlanChange]).
     """
     old = old or {}
     new = new or {}
     others = sorted((set(old) | set(new)) - set(_STATE_PARTS))
     old_plan = _as_list(old.get("plan"))
     new_plan = _as_list(new.get("plan"))
-    plan = []
+    plan: list[PlanChange] = []
     for index in range(max(len(old_plan), len(new_plan))):
         before = old_plan[index] if index < len(old_plan) else None
         after = new_plan[index] if index < len(new_plan) else None
         if before == after:
             continue
-        change = (
+        change: Literal["added", "removed", "changed"] = (
             "added"
             if index >= len(old_plan)
             else "removed"
             if index >= len(new_plan)
             else "changed"
         )
-        plan.append({"index": index, "change": change, "old": before, "new": after})
-    return {
-        "memory": _diff_mapping(_as_dict(old.get("memory")), _as_dict(new.get("memory"))),
-        "plan": plan,
-        "tool_calls": _diff_mapping(
+        plan.append(PlanChange(index=index, change=change, old=before, new=after))
+    return StateDiff(
+        memory=MappingDiff.between(_as_dict(old.get("memory")), _as_dict(new.get("memory"))),
+        plan=plan,
+        tool_calls=MappingDiff.between(
             _by_key(_as_list(old.get("tool_calls"))), _by_key(_as_list(new.get("tool_calls")))
         ),
-        "fields": _diff_mapping(
+        fields=MappingDiff.between(
             {k: old[k] for k in others if k in old}, {k: new[k] for k in others if k in new}
         ),
-    }
+    )
 
 
-def is_empty_diff(diff: dict[str, Any]) -> bool:
-    """Whether a ``diff_states`` result records no change at all."""
-    mappings = [diff[part] for part in ("memory", "tool_calls", "fields")]
-    return not diff["plan"] and not any(any(m.values()) for m in mappings)
-
-
-def _diff_mapping(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "added": {k: new[k] for k in sorted(new) if k not in old},
-        "removed": {k: old[k] for k in sorted(old) if k not in new},
-        "changed": {
-            k: {"old": old[k], "new": new[k]} for k in sorted(old) if k in new and old[k] != new[k]
-        },
-    }
+def is_empty_diff(diff: StateDiff) -> bool:
+    """Whether a ``diff_states`` result records no change at all (``diff.empty``)."""
+    return diff.empty
 
 
 def _as_list(value: object) -> list[Any]:
@@ -1420,7 +1388,7 @@ class BisectResult:
 
     first_bad: Snapshot | None
     last_good: Snapshot | None
-    diff: dict[str, Any] | None
+    diff: SnapshotDiff | None
     checked: int
     holds_at_first: bool
     snapshots: int
@@ -1517,7 +1485,7 @@ async def run_app(
         ConfigurationError: ``to`` is not an agent of the app, or the store already holds
             run ``run_id``.
     """  # noqa: D205
-    from agentsnap._running import run_app as run  # noqa: PLC0415 (imports the runtime)
+    from agentsnap._running import run_to_end  # noqa: PLC0415 (imports the runtime)
 
     if run_id is not None:
         try:
@@ -1529,7 +1497,20 @@ async def run_app(
                 f"the store already holds run {run_id}: resume it (`agentsnap resume "
                 f"{run_id}`), or leave the run id out to start a new run"
             )
-    return await run(app, store, payload, to=to, run_id=run_id, name=name, started=started)
+    target = to if to is not None else app.names[0] if app.names else None
+    if target is None or target not in app.names:
+        known = ", ".join(repr(n) for n in app.names) or "none"
+        raise ConfigurationError(
+            f"the input goes to agent {target!r}, which is not an agent of the app (its "
+            f"agents: {known}); pass one of them (--to)"
+        )
+
+    async def begin(runtime: Runtime) -> str:
+        runtime.send(target, payload)
+        await runtime.start()
+        return runtime.run_id
+
+    return await run_to_end(app, store, begin, started, run_id=run_id, name=name)
 
 
 async def resume_app(
@@ -1565,7 +1546,7 @@ async def resume_app(
         ConfigurationError: The run succeeded, and has nothing left to do; or it has
             agents the app does not have.
     """  # noqa: D205
-    from agentsnap._running import resume_app as resume  # noqa: PLC0415 (imports the runtime)
+    from agentsnap._running import run_to_end  # noqa: PLC0415 (imports the runtime)
 
     run = await resolve_run(store, run_prefix)
     if run.status is RunStatus.SUCCEEDED:
@@ -1583,7 +1564,11 @@ async def resume_app(
                 f"run {run.id} has agents the app does not have ({', '.join(unknown)}): "
                 "resume it with the app it was started with (--app)"
             )
-    return await resume(app, store, run.id, wait=wait, resumed=resumed)
+
+    async def begin(runtime: Runtime) -> str:
+        return (await runtime.resume(wait=wait)).id
+
+    return await run_to_end(app, store, begin, resumed, run_id=run.id)
 
 
 async def cancel_run(
@@ -1653,8 +1638,10 @@ async def events_table(
     kind: str | None = None,
     grep: str | None = None,
     ledger: Ledger | None = None,
-) -> list[dict[str, Any]]:
+) -> list[EventRow]:
     """A run's handler executions (its id or a unique prefix), in the order they began.
+
+    Each is an [`EventRow`][agentsnap.inspect.EventRow].
 
     Each time an agent takes a message its handler runs once; each row says what that
     execution did, from what the store keeps (the journal, the replay log, the ledger and

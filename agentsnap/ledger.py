@@ -56,7 +56,7 @@ import typing
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, Required, TypedDict, Unpack
 
 from agentsnap import liveness
 from agentsnap.exceptions import ConfigurationError, NotFoundError
@@ -177,6 +177,19 @@ class Change(TypedDict, total=False):
     updated_at: datetime
 
 
+class Expected(TypedDict, total=False):
+    """What a ledger update compares before it sets: the keywords of
+    [`Ledger.update`][agentsnap.ledger.Ledger.update] after the change.
+    """  # noqa: D205
+
+    statuses: Required[Collection[ToolCallStatus]]
+    """The statuses the entry may be in."""
+    owner: str | None
+    """When given (and not ``None``), the entry's owner must be this."""
+    attempts: int | None
+    """When given (and not ``None``), the entry's attempts must be this."""
+
+
 @typing.runtime_checkable
 class Ledger(Protocol):
     """Where side-effecting tool calls are recorded, keyed by idempotency key.
@@ -204,23 +217,18 @@ class Ledger(Protocol):
     async def get(self, key: str) -> LedgerEntry | None:
         """The entry with this key, or ``None``."""
 
-    async def update(
-        self,
-        key: str,
-        change: Change,
-        *,
-        statuses: Collection[ToolCallStatus],
-        owner: str | None = None,
-        attempts: int | None = None,
-    ) -> bool:
+    async def update(self, key: str, change: Change, **expected: Unpack[Expected]) -> bool:
         """Apply ``change`` if the entry's status is one of ``statuses`` (compare and set).
+
+        An implementation may spell the keywords of [`Expected`][agentsnap.ledger.Expected]
+        out: ``*, statuses, owner=None, attempts=None``.
 
         Args:
             key: The entry's key.
             change: The columns to set.
-            statuses: The statuses the entry may be in.
-            owner: When given, the entry's owner must be this.
-            attempts: When given, the entry's attempts must be this.
+            **expected: ``statuses=``, the statuses the entry may be in (required);
+                ``owner=``, when given, the entry's owner must be this; ``attempts=``, when
+                given, the entry's attempts must be this.
 
         Returns:
             Whether the entry was changed.

@@ -81,6 +81,7 @@ COLUMNS: Final[Mapping[str, int]] = {
     "agentsnap_rollbacks.agent": MAX_AGENT_NAME,
     "agentsnap_rollbacks.source": MAX_CHECK_NAME,
     "agentsnap_run_leases.run_id": MAX_RUN_ID,
+    "agentsnap_run_owners.run_id": MAX_RUN_ID,
     "agentsnap_replay.run_id": MAX_RUN_ID,
     "agentsnap_state_schemas.run_id": MAX_RUN_ID,
     "agentsnap_state_schemas.agent": MAX_AGENT_NAME,

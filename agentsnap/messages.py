@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import InitVar, dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
 
@@ -197,6 +198,7 @@ class Message(NamedTuple):
         )
 
 
+@dataclass(eq=False, repr=False)
 class PayloadInvalid(ConfigurationError, ValueError):
     """A message payload does not have the shape its reader expects.
 
@@ -209,12 +211,14 @@ class PayloadInvalid(ConfigurationError, ValueError):
         expected: Name of the type the payload was read as.
     """
 
-    def __init__(self, message: Message, expected: str, detail: str) -> None:
-        self.message = message
-        self.expected = expected
+    message: Message
+    expected: str
+    detail: InitVar[str]
+
+    def __post_init__(self, detail: str) -> None:
         super().__init__(
-            f"the payload of message {message.id} (kind {message.kind!r}) does not fit "
-            f"{expected}: {detail}; make the sender and the reader agree on its shape"
+            f"the payload of message {self.message.id} (kind {self.message.kind!r}) does not "
+            f"fit {self.expected}: {detail}; make the sender and the reader agree on its shape"
         )
 
 

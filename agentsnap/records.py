@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +36,7 @@ __all__ = [
     "RollbackInfo",
     "RunInfo",
     "RunLease",
+    "RunOwner",
     "RunStatus",
     "Snapshot",
     "SnapshotPart",
@@ -357,17 +358,10 @@ class SnapshotSummary(BaseModel):
     def of(cls, snapshot: Snapshot) -> SnapshotSummary:
         """The summary of a whole snapshot."""
         return cls(
-            id=snapshot.id,
-            run_id=snapshot.run_id,
-            seq=snapshot.seq,
-            initiator=snapshot.initiator,
-            status=snapshot.status,
-            started_at=snapshot.started_at,
-            completed_at=snapshot.completed_at,
-            error=snapshot.error,
+            # What it shares with the snapshot, as it is: every field but the two counted.
+            **snapshot.model_dump(include=set(cls.model_fields) - {"agents", "in_flight"}),
             agents=sorted(snapshot.agents),
             in_flight=sum(len(channel.messages) for channel in snapshot.channels),
-            damaged_agents=list(snapshot.damaged_agents),
         )
 
 
@@ -546,6 +540,43 @@ class RunLease(BaseModel):
     """Fencing token: 1 for the first owner, one more for each owner after."""
     expires_at: datetime
     """Until when the lease holds unless renewed."""
+
+
+class RunOwner(BaseModel):
+    """One owner in a run's history of owners: who took the run's lease, when, and how it
+    ended (see [`agentsnap.ownership`][agentsnap.ownership]).
+
+    A store appends one each time the run's lease is taken (the run's first start, a resume,
+    a takeover), in the same transaction as the take; runs that ran before the store kept
+    this history have none for those owners.
+    """  # noqa: D205
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    """The run."""
+    token: int
+    """The lease's fencing token while this owner held it: 1 for the first owner, one more
+    for each owner after (the history is ordered by it)."""
+    owner: str
+    """The owning process, ``host:pid:token``."""
+    acquired_at: datetime
+    """When this owner took the lease."""
+    ended_at: datetime | None = None
+    """When its lease ended: released, or taken over by the next owner; ``None`` while it
+    holds the lease (or held it when its process died, until another takes the run over)."""
+    ended: Literal["released", "taken_over"] | None = None
+    """How it ended: ``released`` by the owner (the run stopped cleanly, whatever its
+    status), or ``taken_over`` by the next owner because its lease had expired or its process
+    was gone (a crash); ``None`` while it has not ended."""
+    last_renewed_at: datetime | None = None
+    """When the lease was last renewed (or taken) before it ended: the last moment the owner
+    is known to have been alive, for an owner whose lease was taken over."""
+
+    @property
+    def crashed(self) -> bool:
+        """Whether the owner stopped without giving the run back (its lease was taken over)."""
+        return self.ended == "taken_over"
 
 
 class GraphCheckpoint(BaseModel):

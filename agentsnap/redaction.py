@@ -266,24 +266,20 @@ class Redaction:
         if isinstance(value, dict):
             if kind == "state" and len(location) == 1 and "tool_calls" in value:
                 value = self._tool_calls(value)
-            out: dict[str, Any] | None = None
-            for name, item in value.items():
-                new = self._walk(kind, rules, (*location, str(name)), item)
-                if new is not item:
-                    if out is None:
-                        out = dict(value)
-                    out[name] = new
-            return value if out is None else out
-        if isinstance(value, (list, tuple)):
-            items: list[Any] | None = None
-            for i, item in enumerate(value):
-                new = self._walk(kind, rules, (*location, str(i)), item)
-                if new is not item:
-                    if items is None:
-                        items = list(value)
-                    items[i] = new
-            return value if items is None else items
-        return value
+            entries: Iterable[tuple[Any, Any]] = value.items()
+        elif isinstance(value, (list, tuple)):
+            entries = enumerate(value)
+        else:
+            return value
+        # Copied on the first change only: a value with nothing to redact is given back as is.
+        changed: Any = None
+        for key, item in entries:
+            new = self._walk(kind, rules, (*location, str(key)), item)
+            if new is not item:
+                if changed is None:
+                    changed = dict(value) if isinstance(value, dict) else list(value)
+                changed[key] = new
+        return value if changed is None else changed
 
     def _tool_calls(self, state: dict[str, Any]) -> dict[str, Any]:
         """A state's ``tool_calls`` with the tool paths applied to arguments and results."""

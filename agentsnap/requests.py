@@ -38,7 +38,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 
 from agentsnap.exceptions import (
     AnswerInvalid,
@@ -274,6 +274,35 @@ class HumanRequest:
         }
 
 
+class Settlement(TypedDict):
+    """How a request is closed: the keywords of
+    [`RequestLog.settle_request`][agentsnap.requests.RequestLog.settle_request] after the
+    status.
+    """  # noqa: D205
+
+    answer: JsonValue
+    """The answer (``None`` for none)."""
+    reason: str | None
+    """Why it was rejected or withdrawn, or the reason given with an approval."""
+    by: str | None
+    """Who closed it."""
+    at: datetime
+    """When."""
+
+
+def settled_fields(status: RequestStatus, settlement: Settlement) -> dict[str, Any]:
+    """The fields of a [`HumanRequest`][agentsnap.requests.HumanRequest] that closing it
+    with ``status`` and ``settlement`` sets, by name.
+    """  # noqa: D205
+    return {
+        "status": status,
+        "answer": settlement["answer"],
+        "reason": settlement["reason"],
+        "answered_by": settlement["by"],
+        "answered_at": settlement["at"],
+    }
+
+
 @typing.runtime_checkable
 class RequestLog(Protocol):
     """Where a run's requests to people are kept.
@@ -293,16 +322,12 @@ class RequestLog(Protocol):
         """The request with this id, or ``None``."""
 
     async def settle_request(
-        self,
-        request_id: str,
-        status: RequestStatus,
-        *,
-        answer: JsonValue,
-        reason: str | None,
-        by: str | None,
-        at: datetime,
+        self, request_id: str, status: RequestStatus, **settlement: Unpack[Settlement]
     ) -> bool:
         """Close a pending request: set its status, answer, reason, who and when.
+
+        The keywords are those of [`Settlement`][agentsnap.requests.Settlement], all
+        required; an implementation may spell them out: ``*, answer, reason, by, at``.
 
         Returns:
             Whether it was pending (and is now closed); ``False`` changes nothing.
@@ -323,6 +348,10 @@ class RequestLog(Protocol):
         """The requests of a run (of every run, with ``None``), oldest first; only the
         pending ones with ``pending``.
         """  # noqa: D205
+
+
+WITHDRAWN = "a rollback discarded the timeline it was asked on"
+"""The reason of a request that ``withdraw_requests`` closed."""
 
 
 # -- waking waiters in this process ----------------------------------------------------------

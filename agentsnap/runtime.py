@@ -40,7 +40,7 @@ from agentsnap._cadence import Cadence
 from agentsnap._closing import Closer, replay_spool
 from agentsnap._following import REPLAY_HOLDS, Following
 from agentsnap._phases import NOT_STARTED, WITHOUT_CUT, Phase, Phases
-from agentsnap._record import RunRecord, finished_error
+from agentsnap._record import RunParts, RunRecord, finished_error
 from agentsnap._recovery import Line, Recovery
 from agentsnap._team import Team
 from agentsnap.agents import Agent, Context
@@ -281,19 +281,12 @@ class Runtime:
         self._replay = (
             ReplayLog(record.append_replay, inputs, every=REPLAY_HOLDS) if replay else None
         )
+        parts = RunParts(
+            self.run_id, bus, coordinator, phases, record, ledger, self._replay, self._telemetry
+        )
         line = Line()  # the run's timeline, when no replay log keeps it
         self._recovery = recovery = Recovery(
-            self.run_id,
-            bus=bus,
-            coordinator=coordinator,
-            phases=phases,
-            record=record,
-            ledger=ledger,
-            policy=retry or RetryPolicy(),
-            inputs=inputs,
-            replay=self._replay,
-            line=line,
-            telemetry=self._telemetry,
+            parts, policy=retry or RetryPolicy(), inputs=inputs, line=line
         )
         self.failures: list[HandlerFailed] = recovery.failures
         # Outcomes of tool calls the ledger could not record yet: the team's calls keep them
@@ -317,35 +310,21 @@ class Runtime:
             Following(self.run_id, bus, team, self._replay) if self._replay is not None else None
         )
         self._cadence = cadence = Cadence(
-            snapshot_policy or SnapshotPolicy(),
-            bus=bus,
-            coordinator=coordinator,
-            team=team,
-            phases=phases,
-            record=record,
-            replay=self._replay,
-            failures=self.failures,
+            snapshot_policy or SnapshotPolicy(), parts, team=team, failures=self.failures
         )
         recovery.attach(team, cadence, self._following)
         record.interrupt = team.quiesce  # a cancelled run's handlers stop where they are
         self._closer = Closer(
-            self.run_id,
-            bus=bus,
-            coordinator=coordinator,
-            phases=phases,
-            record=record,
+            run=parts,
             cadence=cadence,
             agents=agents,
             failures=self.failures,
-            ledger=ledger,
             owns_ledger=owns_ledger,
             tools=self.tools,
             pending=pending,
             asking=team.asking,
             journal=self._journal,
-            replay=self._replay,
             following=self._following,
-            telemetry=self._telemetry,
             spool=spool,
         )
         tracing = self._telemetry if self._telemetry and self._telemetry.tracing else None
@@ -733,7 +712,7 @@ class Runtime:
     async def _resume(self, what: str, wait: float | None) -> Snapshot:
         """Put the run the store holds on its current cut, and take it over (``resume()``)."""
         record, recovery, phases = self._record, self._recovery, self._phases
-        await replay_spool(self.store, self.ledger, self.run_id, self._closer.spool_directory)
+        await replay_spool(self.store, self.ledger, self.run_id, self._closer.spool)
         try:
             run = await self.store.get_run(self.run_id)
         except NotFoundError:

@@ -140,8 +140,9 @@ from agentsnap.semconv import (
 )
 
 if TYPE_CHECKING:
-    from types import TracebackType
+    from contextvars import Token
 
+    from opentelemetry.context import Context as OtelContext
     from opentelemetry.sdk.metrics.export import MetricExporter
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, SpanContext
@@ -296,14 +297,7 @@ class Telemetry(BusObserver):
         span = self.tracer.start_span(
             f"{SPAN_SEND} {dst}",
             kind=SpanKind.PRODUCER,
-            attributes={
-                MESSAGING_SYSTEM: SCOPE,
-                DESTINATION_NAME: dst,
-                OPERATION_TYPE: "send",
-                MESSAGING_OPERATION_NAME: "send",
-                MESSAGE_ID: f"{src}>{dst}#{seq}",
-                MESSAGE_KIND: kind,
-            },
+            attributes=_messaging(dst, "send", "send", f"{src}>{dst}#{seq}", kind),
         )
         carrier = dict(headers)
         propagate.inject(carrier, context=trace.set_span_in_context(span))
@@ -542,16 +536,58 @@ class Telemetry(BusObserver):
         return _ToolCall(self, tool, key, side_effect, run_id, agent)
 
 
+def _messaging(
+    destination: str, operation: str, name: str, message_id: str, kind: str
+) -> dict[str, AttributeValue]:
+    """A send's or a delivery's span attributes, after OpenTelemetry's messaging conventions.
+
+    Args:
+        destination: The receiving agent.
+        operation: The operation's type (``"send"``, ``"process"``).
+        name: The operation's name (``"send"``, ``"deliver"``).
+        message_id: The message's id.
+        kind: The message's kind.
+    """
+    return {
+        MESSAGING_SYSTEM: SCOPE,
+        DESTINATION_NAME: destination,
+        OPERATION_TYPE: operation,
+        MESSAGING_OPERATION_NAME: name,
+        MESSAGE_ID: message_id,
+        MESSAGE_KIND: kind,
+    }
+
+
 def _metric_names(metric: str) -> tuple[str, str, str]:
     """Name, unit and description of a metric, from the table."""
     entry = next(n for n in NAMES if n.kind == "metric" and n.name == metric)
     return entry.name, entry.unit, entry.description
 
 
-class Handling:
+class _Current:
+    """Spans made current for a ``with`` block, ended with what the block raised.
+
+    Leaving the block makes the outer context current again before the spans end.
+    """
+
+    __slots__ = ("_token",)
+
+    _token: Token[OtelContext]
+    """What ``__enter__`` attached."""
+
+    def __exit__(self, *exc_info: object) -> None:
+        otel_context.detach(self._token)
+        exc = exc_info[1]  # (type, exception, traceback), as a with statement passes them
+        self._end(exc if isinstance(exc, BaseException) else None)
+
+    def _end(self, exc: BaseException | None) -> None:
+        raise NotImplementedError
+
+
+class Handling(_Current):
     """The spans of one delivery, made by ``Telemetry.handling``."""
 
-    __slots__ = ("_agent", "_deliver", "_invoke", "_message", "_run_id", "_telemetry", "_token")
+    __slots__ = ("_agent", "_deliver", "_invoke", "_message", "_run_id", "_telemetry")
 
     def __init__(self, telemetry: Telemetry, run_id: str, agent: str, message: Message) -> None:
         self._telemetry = telemetry
@@ -571,12 +607,7 @@ class Handling:
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes={
-                MESSAGING_SYSTEM: SCOPE,
-                DESTINATION_NAME: agent,
-                OPERATION_TYPE: "process",
-                MESSAGING_OPERATION_NAME: "deliver",
-                MESSAGE_ID: message.id,
-                MESSAGE_KIND: message.kind,
+                **_messaging(agent, "process", "deliver", message.id, message.kind),
                 CONVERSATION_ID: self._run_id,
             },
         )
@@ -593,13 +624,7 @@ class Handling:
         self._token = otel_context.attach(trace.set_span_in_context(invoke, parent))
         return invoke
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        otel_context.detach(self._token)
+    def _end(self, exc: BaseException | None) -> None:
         invoke = self._invoke
         deliver = self._deliver
         if isinstance(exc, OutputRejected):
@@ -632,12 +657,7 @@ class ToolCallSpan:
     def __enter__(self) -> ToolCallSpan:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         return None
 
     def deduplicated(self, replayed: bool) -> None:
@@ -647,8 +667,8 @@ class ToolCallSpan:
 _NO_TOOL_CALL: Final = ToolCallSpan()
 
 
-class _ToolCall(ToolCallSpan):
-    __slots__ = ("_agent", "_attributes", "_replayed", "_span", "_telemetry", "_token", "_tool")
+class _ToolCall(_Current, ToolCallSpan):
+    __slots__ = ("_agent", "_attributes", "_replayed", "_span", "_telemetry", "_tool")
 
     def __init__(  # noqa: PLR0917
         self,
@@ -685,13 +705,7 @@ class _ToolCall(ToolCallSpan):
     def deduplicated(self, replayed: bool) -> None:
         self._replayed = replayed
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        otel_context.detach(self._token)
+    def _end(self, exc: BaseException | None) -> None:
         span = self._span
         telemetry = self._telemetry
         replayed = self._replayed or (isinstance(exc, ToolFailed) and exc.replayed)

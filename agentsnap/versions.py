@@ -240,27 +240,19 @@ def upcast(
     if stored_version == current:
         return value
     name = model.__name__
+    # Every refusal names the same state: the agent, its class, both versions.
+    refused = functools.partial(StateNotReadable, agent, name, stored_version, current)
     if stored_version > current:
-        raise StateNotReadable(
-            agent,
-            name,
-            stored_version,
-            current,
+        raise refused(
             step=None,
             detail=f"it was written by a newer version of {name}, and a state is never downcast: "
             "read it with the code that wrote it",
         )
     if stored_version < 1:
-        raise StateNotReadable(
-            agent, name, stored_version, current, step=None, detail="a version is 1 or more"
-        )
+        raise refused(step=None, detail="a version is 1 or more")
     missing = versions.missing(stored_version)
     if missing is not None:
-        raise StateNotReadable(
-            agent,
-            name,
-            stored_version,
-            current,
+        raise refused(
             step=missing,
             detail=f"{name} has no upcaster from version {missing} to {missing + 1}: declare one "
             f"in its body with @upcaster(from_version={missing})",
@@ -271,20 +263,9 @@ def upcast(
         try:
             value = function(value)  # a JSON object, checked below
         except Exception as exc:
-            raise StateNotReadable(
-                agent,
-                name,
-                stored_version,
-                current,
-                step=step,
-                detail=f"{what} raised {type(exc).__name__}: {exc}",
-            ) from exc
+            raise refused(step=step, detail=f"{what} raised {type(exc).__name__}: {exc}") from exc
         if not isinstance(value, dict):
-            raise StateNotReadable(
-                agent,
-                name,
-                stored_version,
-                current,
+            raise refused(
                 step=step,
                 detail=f"{what} returned {type(value).__name__}, not a JSON object: return "
                 "the state",

@@ -17,7 +17,7 @@ the same (shared, noisy) machine:
   the journal on, as by default with a database). Each node holds a distinct state of about
   10 KB of JSON (memory, plan, tool calls) that every message changes, so each snapshot
   encodes and writes 6 new states. Reported as ``snapshot_overhead = 1 - with / without``.
-  The message count is calibrated at start-up so that each run lasts about a second (0.3 s
+  The message count is calibrated at start-up so that each run lasts about a second (also
   with ``--quick``); the program exits with status 1 if a run completed fewer than 5
   snapshots (2 with ``--quick``).
 * tracing without an SDK, counted in instructions: the default runtime, which has only the
@@ -87,7 +87,7 @@ CALLGRIND_PROCESSES = 2
 # name: (hand-off N, ping-pong N, repetitions, target seconds of one ring run, min snapshots)
 PROFILES: dict[str, tuple[int, int, int, float, int]] = {
     "full": (300_000, 100_000, 9, 1.0, 5),
-    "quick": (20_000, 10_000, 3, 0.3, 2),
+    "quick": (20_000, 10_000, 3, 1.0, 2),
 }
 # name: the two message counts whose difference gives the instructions per message
 # (the quick profile runs no callgrind)

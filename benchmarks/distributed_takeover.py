@@ -6,8 +6,9 @@ snapshot begun every tenth of a second. Its coordinator is a process of its own 
 with ``--coordinator``). Each round SIGKILLs the coordinator while the run is busy and times
 ``takeover_ms``: from the kill until the coordinator that took the run over stored its first
 complete snapshot (the run's lease taken, the run read back from PostgreSQL and the stream,
-every process rolled back to the last complete cut and resumed, a new snapshot's parts
-written, joined and stored).
+every process rolled back to the last complete cut and resumed on the run's timeline, the
+work after the cut redone in the order logged, a new snapshot's parts written, joined and
+stored).
 
 Two ways of taking over alternate, round by round:
 

@@ -103,15 +103,14 @@ async def after_the_deploy(store: SqlStore, run_id: str, cut_id: str) -> list[st
     report = await check_stored_states(store, models, run_id)
     for row in report:
         print(
-            f"stored states of {row['agent']}: version {row['stored_version']} -> "
-            f"{row['current_version']}, {row['readable']} readable, "
-            f"{row['unreadable']} not"
+            f"stored states of {row.agent}: version {row.stored_version} -> "
+            f"{row.current_version}, {row.readable} readable, {row.unreadable} not"
         )
-    if any(row["unreadable"] for row in report):
+    if any(row.unreadable for row in report):
         problems.append("the code cannot read some stored states")
 
     shown = await show_snapshot(store, cut_id, models=models)
-    print("the cut, as version 2 reads it:", shown["agents"]["cart"]["state"])
+    print("the cut, as version 2 reads it:", shown.agents["cart"].state)
 
     runtime = Runtime(store=store, run_id=run_id)
     cart = runtime.add(CartAgent("cart"))

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from distributed_teardown import Teardown
 from one_process_store import OneProcessDouble
 from postgres_db import postgres_url_or_skip
 
@@ -156,6 +157,18 @@ def empty_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'agentsnap.db'}"
     url: str = request.getfixturevalue("postgres_url")
     return url
+
+
+@pytest.fixture
+async def teardown() -> AsyncIterator[Teardown]:
+    """Closes what a test of a run spread over processes opened, in order, after the test
+    (see ``distributed_teardown.py``).
+    """
+    done = Teardown()
+    try:
+        yield done
+    finally:
+        await done.close()
 
 
 @pytest.fixture(autouse=True)

@@ -14,22 +14,31 @@ rollback or a crash. Money is only moved, so every consistent cut holds the init
 ``careful`` rejects them) until it learns better: until it got feedback, or saw a rollback;
 with ``BANK_STUBBORN=1`` it never learns.
 ``AGENTSNAP_EFFECTS_URL`` is the PostgreSQL database of ``bank_effects``.
+
+``BANK_OUTAGE`` (``"n:s"``) makes the database stop answering this process's ledger
+claims for ``s`` seconds from its ``n``-th attempt at a claim on: each fails as a connection
+refused, a transient fault the store retries until its deadline and then gives up on, so
+that a handler loses its work to the database.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 
 import psycopg
+from outside_world import execute
 from pydantic import BaseModel, Field
 
 from agentsnap import Agent, AgentState, Context, Message, RollbackInfo, Snapshot, tool
 from agentsnap.distributed import App
-from agentsnap.exceptions import ToolOutcomeUnknown
+from agentsnap.exceptions import StoreError, ToolOutcomeUnknown
+from agentsnap.ledger import LedgerEntry
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.rollback import RetryPolicy
+from agentsnap.store.sql_ledger import SqlLedger
 
 TELLERS = int(os.environ.get("BANK_TELLERS", "9"))
 BALANCE = 1_000
@@ -38,6 +47,42 @@ STUBBORN = os.environ.get("BANK_STUBBORN") == "1"
 DERIVED = os.environ.get("BANK_DERIVED") == "1"
 """Book the even-numbered chains under derived keys (safe where the run stays on its
 timeline: crashes, partitions, takeovers, moves; not after a rejected output)."""
+
+
+class Outage:
+    """The database away for this process's ledger claims, from one claim on, a while."""
+
+    def __init__(self, text: str) -> None:
+        first, _, seconds = text.partition(":")
+        self.first = int(first)
+        self.seconds = float(seconds)
+        self.claims = 0
+        self.until: float | None = None
+
+    def install(self) -> None:
+        """Make every claim of this process's ledgers go through ``away`` first."""
+        original = SqlLedger._claim_once
+        outage = self
+
+        async def claim_once(
+            ledger: SqlLedger, again: bool, entry: LedgerEntry
+        ) -> LedgerEntry | None:
+            if outage.away():
+                error = StoreError("the database is unavailable")
+                error.__cause__ = ConnectionRefusedError(errno.ECONNREFUSED, "refused")
+                raise error
+            return await original(ledger, again, entry)
+
+        SqlLedger._claim_once = claim_once  # type: ignore[method-assign,assignment]
+
+    def away(self) -> bool:
+        """Whether the database is away for this attempt at a claim (retries count)."""
+        now = asyncio.get_running_loop().time()
+        self.claims += 1
+        if self.until is None and self.claims >= self.first:
+            self.until = now + self.seconds
+            print(f"outage: the database stops answering claims for {self.seconds} s", flush=True)
+        return self.until is not None and now < self.until
 
 
 def poisoned() -> set[tuple[int, int]]:
@@ -67,20 +112,13 @@ async def _connect() -> psycopg.AsyncConnection[tuple[int]]:
     )
 
 
-_world: list[psycopg.AsyncConnection[tuple[int]]] = []  # this process's connection
-_lock = asyncio.Lock()
-
-
 @tool(side_effect=True)
 async def book(run: str, chain: int, hops: int, teller: str) -> int:
     """Record the transfer in the world: one row per call (nothing here deduplicates)."""
-    async with _lock:  # a call through the ledger is finished even when its handler is not
-        if not _world or _world[0].closed:
-            _world[:] = [await _connect()]
-        await _world[0].execute(
-            f"INSERT INTO {EFFECTS} (run_id, chain, hops, teller, pid) VALUES (%s, %s, %s, %s, %s)",
-            (run, chain, hops, teller, os.getpid()),
-        )
+    await execute(
+        f"INSERT INTO {EFFECTS} (run_id, chain, hops, teller, pid) VALUES (%s, %s, %s, %s, %s)",
+        (run, chain, hops, teller, os.getpid()),
+    )
     return 1
 
 
@@ -166,6 +204,9 @@ def make_app() -> App:
     )
     for name in everyone:
         app.check(name, kind="transfer", check=careful, name="careful")
+    outage = os.environ.get("BANK_OUTAGE")
+    if outage:
+        Outage(outage).install()
     return app
 
 

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import psycopg
+from outside_world import execute
 
 from agentsnap import (
     Agent,
@@ -47,24 +48,10 @@ WRITES = "sampled_writes"
 ASKS = "sampled_asks"
 WRITE_TOOLS = ("sw_notify", "sw_charge")
 
-_service: list[psycopg.AsyncConnection[tuple[Any, ...]]] = []  # this process's connection
-_lock = asyncio.Lock()
-
-
-async def _execute(sql: str, values: tuple[object, ...]) -> None:
-    async with _lock:  # a call through the ledger is finished even when its handler is not
-        if not _service or _service[0].closed:
-            _service[:] = [
-                await psycopg.AsyncConnection.connect(
-                    os.environ["AGENTSNAP_EFFECTS_URL"], autocommit=True
-                )
-            ]
-        await _service[0].execute(sql, values)
-
 
 async def perform(call: ToolCall, task: int, hop: int) -> None:
     """The outside service: records the write once per idempotency key."""
-    await _execute(
+    await execute(
         f"INSERT INTO {WRITES} (key, run_id, tool, task, hop, pid) "
         "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING",
         (call.key, call.run_id, call.tool, task, hop, os.getpid()),
@@ -101,7 +88,7 @@ def names(agents: int = AGENTS) -> list[str]:
 async def sampled_answer(request: ModelRequest) -> ModelResponse:
     """What a sampled model answers: other words, orders and next agent on every call."""
     prompt = str(request.messages[0].content)
-    await _execute(
+    await execute(
         f"INSERT INTO {ASKS} (prompt, pid, asked_at) VALUES (%s, %s, %s)",
         (prompt, os.getpid(), time.time()),
     )

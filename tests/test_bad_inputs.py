@@ -870,3 +870,21 @@ async def test_scripted_deliver_on_a_channel_that_does_not_exist() -> None:
 async def test_scripted_scheduler_not_attached() -> None:
     with pytest.raises(ScheduleError, match=r"not attached to a runtime"):
         await ScriptedScheduler().deliver("$env", "alice")
+
+
+def test_a_generic_subclass_of_agent_given_the_state_type_names_it() -> None:
+    S = TypeVar("S", bound=AgentState)
+
+    class Named(Agent[S]):
+        async def handle(self, message: Message, ctx: Context[S]) -> None:
+            pass
+
+    class Counting(Named[CountState]):
+        pass
+
+    assert Counting.state_type is CountState
+    assert isinstance(Counting("agent").state, CountState)
+    with pytest.raises(ConfigurationError, match=r"Wrong is declared as Named\[int\]"):
+
+        class Wrong(Named[int]):  # type: ignore[type-var]
+            pass

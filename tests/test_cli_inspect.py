@@ -241,7 +241,8 @@ def test_diff_states_compares_memory_plan_tool_calls_and_fields() -> None:
         "tool_calls": [{"tool": "pay", "key": "k1", "status": "replayed"}, {"tool": "log"}],
         "extra": [],
     }
-    diff = diff_states(old, new)
+    found = diff_states(old, new)
+    diff = found.model_dump(mode="json")
     assert diff["memory"] == {
         "added": {"fresh": True},
         "removed": {"gone": 2},
@@ -264,7 +265,8 @@ def test_diff_states_compares_memory_plan_tool_calls_and_fields() -> None:
     }
     assert diff["tool_calls"]["added"] == diff["tool_calls"]["removed"] == {}
     assert diff["fields"] == {"added": {"extra": []}, "removed": {"count": 1}, "changed": {}}
-    assert not is_empty_diff(diff)
+    assert not is_empty_diff(found)
+    assert not found.empty
     assert is_empty_diff(diff_states(new, new))
 
 

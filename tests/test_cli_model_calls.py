@@ -239,7 +239,7 @@ def test_export_holds_the_runs_model_calls(made: Made) -> None:
     assert document["model_calls"] == [
         {k: v for k, v in c.items() if k != "discarded"} for c in listed
     ]
-    assert list(document)[4:6] == ["tool_calls", "model_calls"]
+    assert list(document)[4:7] == ["owners", "tool_calls", "model_calls"]
     assert len(document["model_calls"]) == 9
 
 
@@ -248,11 +248,12 @@ async def test_the_queries_read_a_ledger_given_to_them() -> None:
     ledger = MemoryLedger()
     run = await make_model_call_run(store, ledger)
     doc = await model_calls_table(store, run.run_id, ledger=ledger)
-    assert identities(doc["calls"]) == CALLS
+    assert identities([c.model_dump() for c in doc.calls]) == CALLS
     without = await model_calls_table(store, run.run_id)
-    assert without["calls"] == [], "a memory store has no ledger of its own"
+    assert without.calls == [], "a memory store has no ledger of its own"
     shown = await show_snapshot(store, run.second, ledger=ledger)
-    assert identities(shown["agents"]["reviewer"]["model_calls"]) == CALLS[8:]
+    calls = shown.agents["reviewer"].model_calls
+    assert identities([c.model_dump() for c in calls]) == CALLS[8:]
 
 
 async def test_the_streamed_export_writes_the_model_calls_export_run_lists() -> None:

@@ -165,6 +165,7 @@ LISTS_OR_SHOWS = {
     "show",
     "diff",
     "history",
+    "owners",
     "rollbacks",
     "checkpoints",
     "fork",
@@ -388,6 +389,7 @@ READ_ONLY = [
     ["show", "abc"],
     ["diff", "abc", "def"],
     ["history", "abc", "--agent", "writer"],
+    ["owners", "abc"],
     ["rollbacks", "abc"],
     ["checkpoints", "abc"],
     ["export", "abc"],
@@ -613,6 +615,7 @@ EVERY_COMMAND = {
     "show",
     "diff",
     "history",
+    "owners",
     "rollbacks",
     "checkpoints",
     "fork",
@@ -650,6 +653,7 @@ PRINTS_TIMES = {
     "snapshots",  # STARTED
     "show",  # started
     "history",  # each snapshot's completion
+    "owners",  # ACQUIRED, ENDED, LAST SEEN
     "rollbacks",  # AT
     "checkpoints",  # CREATED
     "tools list",  # UPDATED

@@ -30,6 +30,7 @@ from agentsnap import (
 )
 from agentsnap.cli import main
 from agentsnap.inspect import (
+    SnapshotRow,
     agent_history_table,
     diff_snapshots,
     export_run,
@@ -125,7 +126,7 @@ def damage(db: str, *statements: str, **params: Any) -> None:
         engine.dispose()
 
 
-async def read(run: Run) -> list[dict[str, Any]]:
+async def read(run: Run) -> list[SnapshotRow]:
     store = SqlStore(run.db, create=False)
     try:
         return await snapshots_table(store, run.id)
@@ -144,10 +145,11 @@ async def cli(run: Run, *args: str) -> Result:
 async def the_damage(run: Run) -> tuple[str, list[str]]:
     """The second snapshot's reason and damaged agents; the first must be intact."""
     first, second = await read(run)
-    assert (first["status"], first["error"], first["damaged_agents"]) == ("complete", None, [])
-    assert second["status"] == "damaged"
-    assert "\n" not in second["error"]
-    return second["error"], second["damaged_agents"]
+    assert (first.status, first.error, first.damaged_agents) == ("complete", None, [])
+    assert second.status == "damaged"
+    assert second.error is not None
+    assert "\n" not in second.error
+    return second.error, second.damaged_agents
 
 
 # -- missing rows -----------------------------------------------------------------------------
@@ -194,15 +196,15 @@ async def test_a_deleted_agent_row_is_damage_everywhere_it_is_shown(run: Run) ->
     store = SqlStore(run.db, create=False)
     try:
         doc = await show_snapshot(store, run.second, "bob")
-        assert (doc["status"], doc["agents"], doc["damaged_agents"]) == ("damaged", {}, ["bob"])
+        assert (doc.status, doc.agents, doc.damaged_agents) == ("damaged", {}, ["bob"])
         history_rows = await agent_history_table(store, run.id, "bob")
-        assert [(r["seq"], r["damaged"], r["state"]) for r in history_rows] == [
+        assert [(r.seq, r.damaged, r.state) for r in history_rows] == [
             (1, None, {"count": 0, "memory": {}, "plan": [], "tool_calls": []}),
             (2, reason, None),
         ]
         changes = await diff_snapshots(store, run.first, run.second)
-        assert (changes["a_damaged"], changes["b_damaged"]) == (None, reason)
-        assert {e["agent"]: e["change"] for e in changes["agents"]}["bob"] == "damaged"
+        assert (changes.a_damaged, changes.b_damaged) == (None, reason)
+        assert {e.agent: e.change for e in changes.agents}["bob"] == "damaged"
         exported = await export_run(store, run.id)
     finally:
         await store.close()

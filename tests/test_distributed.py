@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+from distributed_teardown import Teardown
 from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
 from teller_app import Teller, bank, finished, money_in
 
@@ -167,11 +169,13 @@ def in_flight_between_hosts(snapshot: Snapshot, hosts: list[set[str]]) -> int:
     )
 
 
-async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url: str) -> None:
+async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(
+    nats_url: str, teardown: Teardown
+) -> None:
     store = MemoryStore()
     app = bank(6)
     hosts = [{"teller-0", "teller-1", "teller-2"}, {"teller-3", "teller-4", "teller-5"}]
-    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    links = await teardown.links(nats_url, 3)
     run = DistributedRun(
         links[0], store, app, policy=SnapshotPolicy(every_seconds=0.05), part_timeout=30
     )
@@ -179,37 +183,32 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(nats_url:
         Worker(link, store, run.run_id, bank(6), agents, name=f"w{i}")
         for i, (link, agents) in enumerate(zip(links[1:], hosts, strict=True))
     ]
-    try:
-        await run.start()
-        for worker in workers:
-            await worker.start()
-        for i in range(40):
-            run.send(f"teller-{i % 6}", {"hops": 30}, kind="go")
-        async with asyncio.timeout(PATIENCE):
-            last = await run.run_until_idle()
-        await run.close()
-        assert last.seq == max(s.seq for s in run.complete)
-        assert run.complete, "no snapshot completed"
-        for snapshot in run.complete:
-            assert cut_problems(snapshot) == []
-            assert money_in(snapshot) == 6_000
-            assert await store.load_snapshot(snapshot.id) == snapshot
-        crossing = [s for s in run.complete if in_flight_between_hosts(s, hosts)]
-        assert crossing, "no snapshot caught a transfer between hosts"
-        # The offsets of the channels between hosts say as much as the messages recorded.
-        for snapshot in crossing:
-            parts = await store.load_snapshot_parts(run.run_id, snapshot.seq)
-            offsets = [o for part in parts for o in part.offsets if o.count]
-            assert offsets
-            for o in offsets:
-                assert o.first_seq < o.end_seq
-                assert len(snapshot.in_flight(o.src, o.dst)) == o.count
-    finally:
-        for worker in workers:
-            await worker.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
+    teardown.workers(workers)
+    teardown.stream(run)
+    await run.start()
+    for worker in workers:
+        await worker.start()
+    for i in range(40):
+        run.send(f"teller-{i % 6}", {"hops": 30}, kind="go")
+    async with asyncio.timeout(PATIENCE):
+        last = await run.run_until_idle()
+    await run.close()
+    assert last.seq == max(s.seq for s in run.complete)
+    assert run.complete, "no snapshot completed"
+    for snapshot in run.complete:
+        assert cut_problems(snapshot) == []
+        assert money_in(snapshot) == 6_000
+        assert await store.load_snapshot(snapshot.id) == snapshot
+    crossing = [s for s in run.complete if in_flight_between_hosts(s, hosts)]
+    assert crossing, "no snapshot caught a transfer between hosts"
+    # The offsets of the channels between hosts say as much as the messages recorded.
+    for snapshot in crossing:
+        parts = await store.load_snapshot_parts(run.run_id, snapshot.seq)
+        offsets = [o for part in parts for o in part.offsets if o.count]
+        assert offsets
+        for o in offsets:
+            assert o.first_seq < o.end_seq
+            assert len(snapshot.in_flight(o.src, o.dst)) == o.count
 
 
 class _ReplayAway:
@@ -232,88 +231,92 @@ class _Away(StoreError):
 
 async def test_messages_leave_once_the_order_is_in_the_stream_and_a_recovery_copies_it(
     nats_url: str,
+    teardown: Teardown,
 ) -> None:
     """A worker's messages leave once its agents' delivery order is secured in the run's
     stream, not in the store; a recovery copies what the store lacks from the stream."""
     store = MemoryStore()
     app = bank(4)
     hosts = [["teller-0", "teller-1"], ["teller-2", "teller-3"]]
-    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    links = await teardown.links(nats_url, 3)
     run = DistributedRun(links[0], store, app)
     away = cast("Store", _ReplayAway(store))
     workers = [
         Worker(links[1], store, run.run_id, bank(4), hosts[0], name="w0"),
         Worker(links[2], away, run.run_id, bank(4), hosts[1], name="w1"),
     ]
-    try:
-        await run.start()
-        for worker in workers:
-            await worker.start()
-        for i in range(8):
-            run.send(f"teller-{i % 4}", {"hops": 12}, kind="go")
-        async with asyncio.timeout(PATIENCE):
-            last = await run.run_until_idle()
-        assert finished(last)
-        assert money_in(last) == 4_000
-        host = workers[1].host
-        taken = sum(ch.delivered for ch in host.bus.channels.values() if ch.dst in set(hosts[1]))
-        assert taken > 8, "w1's agents took messages from w0's"
-        cut = Snapshot(
-            id="start",
-            run_id=run.run_id,
-            seq=0,
-            initiator=ENVIRONMENT,
-            status=SnapshotStatus.COMPLETE,
-            started_at=utcnow(),
-        )
-        timeline = host.replay.timeline if host.replay is not None else 0
-        in_store = plan_replay(
-            await store.load_replay(run.run_id), cut, timeline=timeline, agents=hosts[1]
-        )
-        assert in_store.deliveries == 0, "w1's order never reached the store"
-        # A recovery on w0 (any worker may host w1's agents next) copies it from the stream:
-        # every delivery before a message w1 sent (the last ones may have had no effect).
-        workers[0].host.copied = 0
-        segments = await workers[0].host._copy_secured(await store.load_replay(run.run_id))
-        assert workers[0].host.copied > 0
-        secured = plan_replay(segments, cut, timeline=timeline, agents=hosts[1])
-        assert secured.deliveries > 0
-        assert await links[0].read(run.run_id, order_subjects(run.run_id)) == [], (
-            "the stream keeps no order the store holds"
-        )
-        # Secured to its last delivery, w1's whole order is in the stream.
-        assert host.replay is not None
-        await host.replay.secure()
-        segments = await workers[0].host._copy_secured(await store.load_replay(run.run_id))
-        plan = plan_replay(segments, cut, timeline=timeline, agents=hosts[1])
-        assert plan.deliveries == taken, "every delivery of w1's agents, from the stream"
-        for agent, order in secured.order.items():
-            assert list(order) == list(plan.order[agent])[: len(order)], "in the order taken"
-        stored = plan_replay(
-            await store.load_replay(run.run_id), cut, timeline=timeline, agents=hosts[1]
-        )
-        assert stored.order == plan.order, "written to the store"
-        # The order of w0, which reached the store, was trimmed from the stream as it did.
-        assert workers[0].host.replay is not None
-        assert workers[0].host.replay.pending() == 0
-    finally:
-        for worker in workers:
-            await worker.close()
-        await run.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
+    teardown.workers(workers)
+    teardown.run(run)
+    await run.start()
+    for worker in workers:
+        await worker.start()
+    for i in range(8):
+        run.send(f"teller-{i % 4}", {"hops": 12}, kind="go")
+    async with asyncio.timeout(PATIENCE):
+        last = await run.run_until_idle()
+    assert finished(last)
+    assert money_in(last) == 4_000
+    host = workers[1].host
+    taken = sum(ch.delivered for ch in host.bus.channels.values() if ch.dst in set(hosts[1]))
+    assert taken > 8, "w1's agents took messages from w0's"
+    cut = Snapshot(
+        id="start",
+        run_id=run.run_id,
+        seq=0,
+        initiator=ENVIRONMENT,
+        status=SnapshotStatus.COMPLETE,
+        started_at=utcnow(),
+    )
+    timeline = host.replay.timeline if host.replay is not None else 0
+    in_store = plan_replay(
+        await store.load_replay(run.run_id), cut, timeline=timeline, agents=hosts[1]
+    )
+    assert in_store.deliveries == 0, "w1's order never reached the store"
+    # A recovery on w0 (any worker may host w1's agents next) copies it from the stream:
+    # every delivery before a message w1 sent (the last ones may have had no effect).
+    workers[0].host.copied = 0
+    segments = await workers[0].host._copy_secured(await store.load_replay(run.run_id))
+    assert workers[0].host.copied > 0
+    secured = plan_replay(segments, cut, timeline=timeline, agents=hosts[1])
+    assert secured.deliveries > 0
+    assert await links[0].read(run.run_id, order_subjects(run.run_id)) == [], (
+        "the stream keeps no order the store holds"
+    )
+    # Secured to its last delivery, w1's whole order is in the stream.
+    assert host.replay is not None
+    await host.replay.secure()
+    segments = await workers[0].host._copy_secured(await store.load_replay(run.run_id))
+    plan = plan_replay(segments, cut, timeline=timeline, agents=hosts[1])
+    assert plan.deliveries == taken, "every delivery of w1's agents, from the stream"
+    for agent, order in secured.order.items():
+        assert list(order) == list(plan.order[agent])[: len(order)], "in the order taken"
+    stored = plan_replay(
+        await store.load_replay(run.run_id), cut, timeline=timeline, agents=hosts[1]
+    )
+    assert stored.order == plan.order, "written to the store"
+    # w0's order went to the store in the background, each piece it secured in the stream
+    # after it: once those writes are done, the store holds all of it but the last
+    # deliveries, which no message followed.
+    mine = workers[0].host
+    assert mine.replay is not None
+    await mine.replay.close()
+    assert not mine.replay.mirrored_at, "every piece w0 secured reached the store"
+    own = sum(ch.delivered for ch in mine.bus.channels.values() if ch.dst in set(hosts[0]))
+    kept = plan_replay(await store.load_replay(run.run_id), cut, timeline=timeline, agents=hosts[0])
+    assert kept.deliveries == own - mine.replay.pending() > 0
 
 
 async def test_a_cancelled_run_over_hosts_stops_in_every_worker_and_is_recorded_cancelled(
     nats_url: str,
+    teardown: Teardown,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """``agentsnap cancel`` (a request in the store) reaches the coordinator at a renewal of
     its lease: every worker stops delivering, the run is recorded ``cancelled``, and each
-    snapshot taken before is a consistent cut."""
+    snapshot taken before is a consistent cut. A cancel asked for is no error in any log."""
     store = MemoryStore()
     hosts = [{"teller-0", "teller-1", "teller-2"}, {"teller-3", "teller-4", "teller-5"}]
-    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    links = await teardown.links(nats_url, 3)
     run = DistributedRun(
         links[0], store, bank(6), policy=SnapshotPolicy(every_seconds=0.05), lease=0.6
     )
@@ -321,91 +324,81 @@ async def test_a_cancelled_run_over_hosts_stops_in_every_worker_and_is_recorded_
         Worker(link, store, run.run_id, bank(6), agents, name=f"w{i}")
         for i, (link, agents) in enumerate(zip(links[1:], hosts, strict=True))
     ]
-    try:
-        await run.start()
-        for worker in workers:
-            await worker.start()
-        for i in range(6):
-            run.send(f"teller-{i}", {"hops": 1_000_000}, kind="go")  # never idle
+    teardown.workers(workers)
+    teardown.stream(run)
+    await run.start()
+    for worker in workers:
+        await worker.start()
+    for i in range(6):
+        run.send(f"teller-{i}", {"hops": 1_000_000}, kind="go")  # never idle
+    async with asyncio.timeout(PATIENCE):
+        await run.snapshot().wait()  # a cut of the busy run
+    await store.request_cancel(run.run_id, "enough for today")
+    with pytest.raises(RunCancelled, match="enough for today"):
         async with asyncio.timeout(PATIENCE):
-            await run.snapshot().wait()  # a cut of the busy run
-        await store.request_cancel(run.run_id, "enough for today")
-        with pytest.raises(RunCancelled, match="enough for today"):
-            async with asyncio.timeout(PATIENCE):
-                await run.run_until_idle()
-        async with asyncio.timeout(PATIENCE):
-            for worker in workers:
-                await worker.stopped.wait()
-        await run.close()
-        info = await store.get_run(run.run_id)
-        assert info.status is RunStatus.CANCELLED
-        assert info.status_reason is not None
-        assert "enough for today" in info.status_reason
-        for snapshot in run.complete:
-            assert cut_problems(snapshot) == []
-            assert money_in(snapshot) == 6_000
-    finally:
+            await run.run_until_idle()
+    async with asyncio.timeout(PATIENCE):
         for worker in workers:
-            await worker.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
+            await worker.stopped.wait()
+    await run.close()
+    info = await store.get_run(run.run_id)
+    assert info.status is RunStatus.CANCELLED
+    assert info.status_reason is not None
+    assert "enough for today" in info.status_reason
+    for snapshot in run.complete:
+        assert cut_problems(snapshot) == []
+        assert money_in(snapshot) == 6_000
+    stops = [r for r in caplog.records if r.getMessage().startswith("worker w")]
+    stops = [r for r in stops if "the run stopped" in r.getMessage()]
+    assert {r.getMessage().partition(":")[0] for r in stops} == {"worker w0", "worker w1"}
+    assert {r.levelno for r in stops} == {logging.WARNING}
 
 
-async def test_waiting_for_a_run_to_be_idle_needs_a_started_run(nats_url: str) -> None:
-    link = await JetStreamLink.connect(nats_url)
+async def test_waiting_for_a_run_to_be_idle_needs_a_started_run(
+    nats_url: str, teardown: Teardown
+) -> None:
+    link = teardown.link(await JetStreamLink.connect(nats_url))
     run = DistributedRun(link, MemoryStore(), bank(2))
-    try:
-        with pytest.raises(ConfigurationError, match="needs a started run"):
-            await run.run_until_idle()
-        await run.start()
-        with pytest.raises(ConfigurationError, match="positive"):
-            await run.run_until_idle(every=0)
-        await run.close()
-        with pytest.raises(ConfigurationError, match="needs a started run"):
-            await run.run_until_idle()
-    finally:
-        await link.delete_stream(run.run_id)
-        await link.close()
+    teardown.stream(run)
+    with pytest.raises(ConfigurationError, match="needs a started run"):
+        await run.run_until_idle()
+    await run.start()
+    with pytest.raises(ConfigurationError, match="positive"):
+        await run.run_until_idle(every=0)
+    await run.close()
+    with pytest.raises(ConfigurationError, match="needs a started run"):
+        await run.run_until_idle()
 
 
-async def test_a_second_worker_for_an_agent_is_refused(nats_url: str) -> None:
+async def test_a_second_worker_for_an_agent_is_refused(nats_url: str, teardown: Teardown) -> None:
     store = MemoryStore()
-    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    links = await teardown.links(nats_url, 3)
     run = DistributedRun(links[0], store, bank(2))
     first = Worker(links[1], store, run.run_id, bank(2), ["teller-0"], name="first")
     second = Worker(links[2], store, run.run_id, bank(2), ["teller-0", "teller-1"], name="second")
-    try:
-        await run.start()
-        await first.start()
-        with pytest.raises(AgentsHeld, match="teller-0 by first"):
-            await second.start()
-        # Nothing was claimed by the refused worker: teller-1 is free.
-        assert await store.claim_agents(run.run_id, "third", ["teller-1"], _later()) == []
-    finally:
-        await first.close()
-        await run.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
+    teardown.worker(first)
+    teardown.run(run)
+    await run.start()
+    await first.start()
+    with pytest.raises(AgentsHeld, match="teller-0 by first"):
+        await second.start()
+    # Nothing was claimed by the refused worker: teller-1 is free.
+    assert await store.claim_agents(run.run_id, "third", ["teller-1"], _later()) == []
 
 
 async def test_a_snapshot_whose_worker_never_comes_fails_and_the_run_goes_on(
     nats_url: str,
+    teardown: Teardown,
 ) -> None:
     store = MemoryStore()
-    link = await JetStreamLink.connect(nats_url)
+    link = teardown.link(await JetStreamLink.connect(nats_url))
     run = DistributedRun(link, store, bank(2), part_timeout=0.5)
-    try:
-        await run.start()
-        with pytest.raises(SnapshotFailed, match=r"no part from teller-0, teller-1 within 0\.5 s"):
-            await run.snapshot()
-        stored = await store.list_snapshots(run.run_id)
-        assert [s.status for s in stored] == ["failed"]
-    finally:
-        await run.close()
-        await link.delete_stream(run.run_id)
-        await link.close()
+    teardown.run(run)
+    await run.start()
+    with pytest.raises(SnapshotFailed, match=r"no part from teller-0, teller-1 within 0\.5 s"):
+        await run.snapshot()
+    stored = await store.list_snapshots(run.run_id)
+    assert [s.status for s in stored] == ["failed"]
 
 
 def _later() -> datetime:
@@ -414,29 +407,25 @@ def _later() -> datetime:
 
 async def test_a_worker_asks_the_coordinator_for_a_snapshot_and_cannot_begin_one(
     nats_url: str,
+    teardown: Teardown,
 ) -> None:
     store = MemoryStore()
-    links = [await JetStreamLink.connect(nats_url) for _ in range(2)]
+    links = await teardown.links(nats_url, 2)
     run = DistributedRun(links[0], store, bank(2))
     worker = Worker(links[1], store, run.run_id, bank(2), ["teller-0", "teller-1"], name="w")
-    try:
-        await run.start()
-        await worker.start()
-        with pytest.raises(ConfigurationError, match="request_snapshot"):
-            worker.host.coordinator.begin(None)
-        await worker.request_snapshot()
-        for _ in range(int(PATIENCE / 0.05)):
-            if run.complete:
-                break
-            await asyncio.sleep(0.05)
-        assert [s.seq for s in run.complete] == [1]
-        assert set(run.complete[0].agents) == {ENVIRONMENT, "teller-0", "teller-1"}
-    finally:
-        await worker.close()
-        await run.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
+    teardown.worker(worker)
+    teardown.run(run)
+    await run.start()
+    await worker.start()
+    with pytest.raises(ConfigurationError, match="request_snapshot"):
+        worker.host.coordinator.begin(None)
+    await worker.request_snapshot()
+    for _ in range(int(PATIENCE / 0.05)):
+        if run.complete:
+            break
+        await asyncio.sleep(0.05)
+    assert [s.seq for s in run.complete] == [1]
+    assert set(run.complete[0].agents) == {ENVIRONMENT, "teller-0", "teller-1"}
 
 
 class Scribe(Agent[AgentState]):
@@ -460,53 +449,51 @@ def scribes() -> App:
 
 async def test_model_calls_of_a_run_over_hosts_are_recorded_on_the_runs_timeline(
     nats_url: str,
+    teardown: Teardown,
 ) -> None:
     store = MemoryStore()
-    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    links = await teardown.links(nats_url, 3)
     run = DistributedRun(links[0], store, scribes(), part_timeout=30)
     apps = [scribes(), scribes()]
     workers = [
         Worker(link, store, run.run_id, app, [name], name=f"w{i}")
         for i, (link, app, name) in enumerate(zip(links[1:], apps, ["s0", "s1"], strict=True))
     ]
-    try:
-        await run.start()
-        for worker in workers:
-            await worker.start()
-        for i in range(5):
-            run.send("s0", {"n": i}, kind="go")
-        async with asyncio.timeout(PATIENCE):
-            await run.run_until_idle()
-        for worker, app, name in zip(workers, apps, ["s0", "s1"], strict=True):
-            ledger = worker.host.ledger
-            assert isinstance(ledger, ModelCallLog)
-            calls = await ledger.list_model_calls(run.run_id)
-            (agent,) = [a for a in app.agents if a.name == name]
-            memory = agent.state.memory
-            assert len(memory) == 5
-            assert sorted(c.message_id for c in calls) == sorted(memory), (
-                "every handled message's model call is recorded"
-            )
-            assert {(c.agent, c.position, c.timeline) for c in calls} == {(name, 0, 0)}
-            for call in calls:
-                assert memory[call.message_id] == call.answer().text
-        await run.close()
-    finally:
-        for worker in workers:
-            await worker.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
+    teardown.workers(workers)
+    teardown.stream(run)
+    await run.start()
+    for worker in workers:
+        await worker.start()
+    for i in range(5):
+        run.send("s0", {"n": i}, kind="go")
+    async with asyncio.timeout(PATIENCE):
+        await run.run_until_idle()
+    for worker, app, name in zip(workers, apps, ["s0", "s1"], strict=True):
+        ledger = worker.host.ledger
+        assert isinstance(ledger, ModelCallLog)
+        calls = await ledger.list_model_calls(run.run_id)
+        (agent,) = [a for a in app.agents if a.name == name]
+        memory = agent.state.memory
+        assert len(memory) == 5
+        assert sorted(c.message_id for c in calls) == sorted(memory), (
+            "every handled message's model call is recorded"
+        )
+        assert {(c.agent, c.position, c.timeline) for c in calls} == {(name, 0, 0)}
+        for call in calls:
+            assert memory[call.message_id] == call.answer().text
+    await run.close()
 
 
-async def test_a_redacted_run_over_hosts_stores_only_markers(nats_url: str) -> None:
+async def test_a_redacted_run_over_hosts_stores_only_markers(
+    nats_url: str, teardown: Teardown
+) -> None:
     # The app's policy reaches the run's coordinator and a worker that takes it from the
     # app; another worker is given its own (the same one).
     policy = Redaction(state=["balance"], payload=["amount"], key="distributed key")
     store = MemoryStore()
     app = dataclasses.replace(bank(4), redact=policy)
     hosts = [{"teller-0", "teller-1"}, {"teller-2", "teller-3"}]
-    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
+    links = await teardown.links(nats_url, 3)
     run = DistributedRun(
         links[0], store, app, policy=SnapshotPolicy(every_seconds=0.05), part_timeout=30
     )
@@ -521,29 +508,24 @@ async def test_a_redacted_run_over_hosts_stores_only_markers(nats_url: str) -> N
         ),
         Worker(links[2], store, run.run_id, bank(4), hosts[1], name="w1", redact=policy),
     ]
-    try:
-        await run.start()
-        for worker in workers:
-            await worker.start()
-        for i in range(8):
-            run.send(f"teller-{i % 4}", {"hops": 10}, kind="go")
-        async with asyncio.timeout(PATIENCE):
-            await run.run_until_idle()
-        await run.close()
-        assert run.complete
-        for snapshot in run.complete:
-            stored = await store.load_snapshot(snapshot.id)
-            for name, cut in stored.agents.items():
-                if name != ENVIRONMENT:
-                    assert str(cut.state["balance"]).startswith("[redacted int hmac:"), name
-            for channel in stored.channels:
-                for message in channel.messages:
-                    payload = message.payload
-                    amount = payload.get("amount") if isinstance(payload, dict) else None
-                    assert amount is None or str(amount).startswith("[redacted int hmac:")
-    finally:
-        for worker in workers:
-            await worker.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
+    teardown.workers(workers)
+    teardown.stream(run)
+    await run.start()
+    for worker in workers:
+        await worker.start()
+    for i in range(8):
+        run.send(f"teller-{i % 4}", {"hops": 10}, kind="go")
+    async with asyncio.timeout(PATIENCE):
+        await run.run_until_idle()
+    await run.close()
+    assert run.complete
+    for snapshot in run.complete:
+        stored = await store.load_snapshot(snapshot.id)
+        for name, cut in stored.agents.items():
+            if name != ENVIRONMENT:
+                assert str(cut.state["balance"]).startswith("[redacted int hmac:"), name
+        for channel in stored.channels:
+            for message in channel.messages:
+                payload = message.payload
+                amount = payload.get("amount") if isinstance(payload, dict) else None
+                assert amount is None or str(amount).startswith("[redacted int hmac:")

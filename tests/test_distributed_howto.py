@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from distributed_teardown import Teardown
 from nats_server import SHARED_URL, reachable, unavailable
 
 from agentsnap.jetstream import JetStreamLink
@@ -53,7 +54,7 @@ async def line_with(stream: asyncio.StreamReader, prefix: str) -> str:
 
 
 async def test_the_howtos_coordinator_waits_for_the_run_to_be_idle_and_ends(
-    postgres_url: str, tmp_path: Path
+    postgres_url: str, tmp_path: Path, teardown: Teardown
 ) -> None:
     if not reachable(SHARED_URL):
         unavailable(f"no NATS server at {SHARED_URL}")
@@ -69,39 +70,30 @@ async def test_the_howtos_coordinator_waits_for_the_run_to_be_idle_and_ends(
         sys.executable, "-W", "error", "coordinator.py",
         cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
-    workers: list[asyncio.subprocess.Process] = []
-    run_id = ""
-    try:
-        assert coordinator.stdout is not None
-        async with asyncio.timeout(PATIENCE):
-            run_id = await line_with(coordinator.stdout, "run: ")
-        # The orders were sent before any worker started: they wait in the stream.
-        for group in ("0/2", "1/2"):
-            args = ["--nats", SHARED_URL, "--db", postgres_url, "--app", "bank:make_app"]
-            args += ["--run", run_id, "--group", group]
-            worker = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agentsnap", "worker", *args, cwd=tmp_path, env=env,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
-            workers.append(worker)
-        async with asyncio.timeout(PATIENCE):
-            rest = (await coordinator.stdout.read()).decode()
-            assert await coordinator.wait() == 0, rest
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(PATIENCE):
-            assert [await worker.wait() for worker in workers] == [0, 0]
-    finally:
-        for process in [coordinator, *workers]:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        if run_id:
-            link = await JetStreamLink.connect(SHARED_URL)
-            try:
-                await link.delete_stream(run_id)
-            finally:
-                await link.close()
+    workers = teardown.processes()
+    teardown.process(coordinator)
+    assert coordinator.stdout is not None
+    async with asyncio.timeout(PATIENCE):
+        run_id = await line_with(coordinator.stdout, "run: ")
+    teardown.link(await JetStreamLink.connect(SHARED_URL))
+    teardown.stream_of(run_id)
+    # The orders were sent before any worker started: they wait in the stream.
+    for group in ("0/2", "1/2"):
+        args = ["--nats", SHARED_URL, "--db", postgres_url, "--app", "bank:make_app"]
+        args += ["--run", run_id, "--group", group]
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentsnap", "worker", *args, cwd=tmp_path, env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        workers.append(worker)
+    async with asyncio.timeout(PATIENCE):
+        rest = (await coordinator.stdout.read()).decode()
+        assert await coordinator.wait() == 0, rest
+    for worker in workers:
+        worker.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(PATIENCE):
+        assert [await worker.wait() for worker in workers] == [0, 0]
+    await teardown.close()
 
     [last_line] = [line for line in rest.splitlines() if line.startswith("idle at snapshot ")]
     seq = int(last_line.split(":")[0].removeprefix("idle at snapshot "))

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
+from distributed_teardown import Teardown
 from nats.js.errors import NotFoundError
 from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
 from teller_app import BALANCE, Teller, TellerState, bank, money_in
@@ -131,55 +132,48 @@ def check_cuts(complete: list[Snapshot], tellers: int) -> None:
 
 
 async def test_random_transfers_across_worker_processes_skip_idle_channels(
-    nats_url: str, postgres_url: str, tmp_path: Path
+    nats_url: str, postgres_url: str, tmp_path: Path, teardown: Teardown
 ) -> None:
     tellers, groups = 12, 3
-    store = SqlStore(postgres_url)
-    link = await JetStreamLink.connect(nats_url)
+    store = teardown.store(SqlStore(postgres_url))
+    link = teardown.link(await JetStreamLink.connect(nats_url))
     app = bank(tellers, peers=PEERS)
     run = DistributedRun(
         link, store, app, policy=SnapshotPolicy(every_seconds=0.05), part_timeout=60
     )
-    workers: list[asyncio.subprocess.Process] = []
+    teardown.stream(run)
+    workers = teardown.processes()
     logs = [tmp_path / f"worker-{n}.log" for n in range(groups)]
-    try:
-        await run.start()
-        env = {**worker_env(tellers), "BANK_PEERS": str(PEERS)}
-        for n, log in enumerate(logs):
-            args = ["--nats", nats_url, "--db", postgres_url, "--app", "teller_app:make_app"]
-            args += ["--run", run.run_id, "--group", f"{n}/{groups}"]
-            with log.open("wb") as out:
-                workers.append(
-                    await asyncio.create_subprocess_exec(
-                        *worker_command(*args), env=env, stdout=out, stderr=out
-                    )
+    await run.start()
+    env = {**worker_env(tellers), "BANK_PEERS": str(PEERS)}
+    for n, log in enumerate(logs):
+        args = ["--nats", nats_url, "--db", postgres_url, "--app", "teller_app:make_app"]
+        args += ["--run", run.run_id, "--group", f"{n}/{groups}"]
+        with log.open("wb") as out:
+            workers.append(
+                await asyncio.create_subprocess_exec(
+                    *worker_command(*args), env=env, stdout=out, stderr=out
                 )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PATIENCE
-        while not all(" hosts " in log.read_text() for log in logs):
-            assert loop.time() < deadline, [log.read_text() for log in logs]
-            await asyncio.sleep(0.05)
-        for i in range(60):
-            run.send(f"teller-{i % tellers}", {"hops": 30}, kind="go")
-            await asyncio.sleep(0.005)
-        async with asyncio.timeout(PATIENCE):
-            await run.run_until_idle()
-            quiet = [await run.snapshot().wait() for _ in range(2)]
-        await run.close()
-        for process in workers:
-            process.send_signal(signal.SIGTERM)
-        for process, log in zip(workers, logs, strict=True):
-            assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, log.read_text()
-        traffic = await read_stream(link, run.run_id)
-    finally:
-        for process in workers:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        await link.delete_stream(run.run_id)
-        await link.close()
-        stored = await store.list_snapshots(run.run_id)
-        await store.close()
+            )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PATIENCE
+    while not all(" hosts " in log.read_text() for log in logs):
+        assert loop.time() < deadline, [log.read_text() for log in logs]
+        await asyncio.sleep(0.05)
+    for i in range(60):
+        run.send(f"teller-{i % tellers}", {"hops": 30}, kind="go")
+        await asyncio.sleep(0.005)
+    async with asyncio.timeout(PATIENCE):
+        await run.run_until_idle()
+        quiet = [await run.snapshot().wait() for _ in range(2)]
+    await run.close()
+    for process in workers:
+        process.send_signal(signal.SIGTERM)
+    for process, log in zip(workers, logs, strict=True):
+        assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, log.read_text()
+    traffic = await read_stream(link, run.run_id)
+    stored = await store.list_snapshots(run.run_id)
+    await teardown.close()
 
     complete = [s for s in stored if s.status is SnapshotStatus.COMPLETE]
     assert len(complete) >= 5, [(s.seq, s.status, s.error) for s in stored]
@@ -209,39 +203,36 @@ async def test_random_transfers_across_worker_processes_skip_idle_channels(
 
 async def test_markers_per_snapshot_grow_with_the_channels_that_carried_messages(
     nats_url: str,
+    teardown: Teardown,
 ) -> None:
     tellers = int(os.environ.get("AGENTSNAP_MARKERS_TELLERS", "30"))
     hosts = 3
     store = MemoryStore()
     app = bank(tellers, peers=PEERS)
     placed = [[n for n in app.names if group_of(n, hosts) == h] for h in range(hosts)]
-    links = [await JetStreamLink.connect(nats_url) for _ in range(hosts + 1)]
+    links = await teardown.links(nats_url, hosts + 1)
     run = DistributedRun(links[0], store, app, part_timeout=60)
     workers = [
         Worker(link, store, run.run_id, bank(tellers, peers=PEERS), agents, name=f"w{i}")
         for i, (link, agents) in enumerate(zip(links[1:], placed, strict=True))
     ]
-    try:
-        await run.start()
-        for worker in workers:
-            await worker.start()
-        busy: list[Snapshot] = []
-        async with asyncio.timeout(PATIENCE):
-            for round_ in range(3):
-                for i in range(tellers):
-                    run.send(f"teller-{i}", {"hops": 4 + round_}, kind="go")
-                busy.append(await run.snapshot().wait())
-            await run.run_until_idle()
-            quiet = await run.snapshot().wait()
-        await run.close()
-        traffic = await read_stream(links[0], run.run_id)
-        held = [len(worker.host.bus.channels) for worker in workers]
-    finally:
-        for worker in workers:
-            await worker.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
+    teardown.workers(workers)
+    teardown.stream(run)
+    await run.start()
+    for worker in workers:
+        await worker.start()
+    busy: list[Snapshot] = []
+    async with asyncio.timeout(PATIENCE):
+        for round_ in range(3):
+            for i in range(tellers):
+                run.send(f"teller-{i}", {"hops": 4 + round_}, kind="go")
+            busy.append(await run.snapshot().wait())
+        await run.run_until_idle()
+        quiet = await run.snapshot().wait()
+    await run.close()
+    traffic = await read_stream(links[0], run.run_id)
+    held = [len(worker.host.bus.channels) for worker in workers]
+    await teardown.close()
 
     check_cuts([*busy, quiet], tellers)
     # Channels are made on first use: a worker holds the environment's channel to every
@@ -283,12 +274,14 @@ def careful_bank(tellers: int) -> App:
     )
 
 
-async def test_a_message_held_back_at_a_recording_still_takes_its_marker(nats_url: str) -> None:
+async def test_a_message_held_back_at_a_recording_still_takes_its_marker(
+    nats_url: str, teardown: Teardown
+) -> None:
     tellers, hosts = 9, 3
     store = MemoryStore()
     app = careful_bank(tellers)
     placed = [[n for n in app.names if group_of(n, hosts) == h] for h in range(hosts)]
-    links = [await JetStreamLink.connect(nats_url) for _ in range(hosts + 1)]
+    links = await teardown.links(nats_url, hosts + 1)
     run = DistributedRun(
         links[0], store, app, policy=SnapshotPolicy(every_seconds=0.01), part_timeout=60
     )
@@ -296,22 +289,18 @@ async def test_a_message_held_back_at_a_recording_still_takes_its_marker(nats_ur
         Worker(link, store, run.run_id, careful_bank(tellers), agents, name=f"w{i}")
         for i, (link, agents) in enumerate(zip(links[1:], placed, strict=True))
     ]
-    try:
-        await run.start()
-        for worker in workers:
-            await worker.start()
-        for i in range(tellers * 3):
-            run.send(f"teller-{i % tellers}", {"hops": 12}, kind="go")
-        async with asyncio.timeout(PATIENCE):
-            await run.run_until_idle()
-        await run.close()
-        traffic = await read_stream(links[0], run.run_id)
-    finally:
-        for worker in workers:
-            await worker.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
+    teardown.workers(workers)
+    teardown.stream(run)
+    await run.start()
+    for worker in workers:
+        await worker.start()
+    for i in range(tellers * 3):
+        run.send(f"teller-{i % tellers}", {"hops": 12}, kind="go")
+    async with asyncio.timeout(PATIENCE):
+        await run.run_until_idle()
+    await run.close()
+    traffic = await read_stream(links[0], run.run_id)
+    await teardown.close()
 
     assert len(run.complete) >= 5
     check_cuts(run.complete, tellers)

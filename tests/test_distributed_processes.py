@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from distributed_teardown import Teardown
 from nats_server import SHARED_URL, reachable, unavailable
 from teller_app import BALANCE, make_app, money_in
 from worker_processes import worker_command, worker_env
@@ -60,43 +61,37 @@ async def until_up(logs: list[Path]) -> None:
 
 
 async def test_three_worker_processes_store_consistent_cuts_of_one_bank(
-    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path, teardown: Teardown
 ) -> None:
-    link = await JetStreamLink.connect(nats_url)
+    link = teardown.link(await JetStreamLink.connect(nats_url))
     run = DistributedRun(
         link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.1), part_timeout=60
     )
-    workers: list[asyncio.subprocess.Process] = []
+    workers = teardown.processes()
     logs = [tmp_path / f"worker-{n}.log" for n in range(GROUPS)]
-    try:
-        await run.start()
-        for n, log in enumerate(logs):
-            args = ["--nats", nats_url, "--db", postgres_url, "--app", "teller_app:make_app"]
-            args += ["--run", run.run_id, "--group", f"{n}/{GROUPS}"]
-            with log.open("wb") as out:
-                workers.append(
-                    await asyncio.create_subprocess_exec(
-                        *worker_command(*args), env=worker_env(TELLERS), stdout=out, stderr=out
-                    )
+    teardown.stream(run)
+    await run.start()
+    for n, log in enumerate(logs):
+        args = ["--nats", nats_url, "--db", postgres_url, "--app", "teller_app:make_app"]
+        args += ["--run", run.run_id, "--group", f"{n}/{GROUPS}"]
+        with log.open("wb") as out:
+            workers.append(
+                await asyncio.create_subprocess_exec(
+                    *worker_command(*args), env=worker_env(TELLERS), stdout=out, stderr=out
                 )
-        await until_up(logs)
-        for i in range(90):
-            run.send(f"teller-{i % TELLERS}", {"hops": 40}, kind="go")
-            await asyncio.sleep(0.01)
-        async with asyncio.timeout(PATIENCE):
-            await run.run_until_idle()
-        await run.close()
-        for process in workers:
-            process.send_signal(signal.SIGTERM)
-        for process, log in zip(workers, logs, strict=True):
-            assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, log.read_text()
-    finally:
-        for process in workers:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        await link.delete_stream(run.run_id)
-        await link.close()
+            )
+    await until_up(logs)
+    for i in range(90):
+        run.send(f"teller-{i % TELLERS}", {"hops": 40}, kind="go")
+        await asyncio.sleep(0.01)
+    async with asyncio.timeout(PATIENCE):
+        await run.run_until_idle()
+    await run.close()
+    for process in workers:
+        process.send_signal(signal.SIGTERM)
+    for process, log in zip(workers, logs, strict=True):
+        assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, log.read_text()
+    await teardown.close()
 
     stored = await store.list_snapshots(run.run_id)
     complete = [s for s in stored if s.status is SnapshotStatus.COMPLETE]

@@ -19,6 +19,11 @@ same keys. Then:
 * every hop of every task was handled, the run finished, and every complete snapshot is a
   consistent cut.
 
+After the kills, the run's coordinator is replaced in the same manner, while a batch is
+being handled: its lease is given up and another coordinator takes the run over. The
+takeover goes back to the last complete cut on the run's timeline as well: the same
+guarantees hold across it.
+
 ``AGENTSNAP_DISTRIBUTED_REPLAY_KILLS`` sets the kills (3 by default; 20 for a nightly run),
 ``AGENTSNAP_CRASH_SEED`` replays the kill moments.
 """
@@ -36,6 +41,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from distributed_teardown import Teardown
 from nats_server import SHARED_URL, reachable, unavailable
 from sampled_workers_app import ASKS, WRITE_TOOLS, WRITES, create_tables, make_app, names
 
@@ -243,47 +249,76 @@ def service_rows(
 
 
 async def test_workers_killed_mid_run_replay_recorded_answers_and_write_once(
-    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path, teardown: Teardown
 ) -> None:
     rng = random.Random(f"{SEED}:distributed-replay")
-    link = await JetStreamLink.connect(nats_url)
-    run = DistributedRun(
-        link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.2), part_timeout=60
-    )
+    link = teardown.link(await JetStreamLink.connect(nats_url))
+    policy = SnapshotPolicy(every_seconds=0.2)
+    run = DistributedRun(link, store, make_app(), policy=policy, part_timeout=60)
     workers = Workers(run.run_id, nats_url, postgres_url, tmp_path)
     tasks = 0
-    try:
-        await run.start()
-        logs = [await workers.start(group) for group in range(GROUPS)]
-        await until(lambda: all(" hosts " in log.read_text() for log in logs), "workers up")
-        for group in range(GROUPS):
-            await workers.spare(group)
-        await first_cut(run)
-        everyone = names(AGENTS)
-        for kill in range(KILLS):
-            await until(workers.ready, "a worker waiting to take over")
-            # The kill lands while the batch is being handled: after a random number of its
-            # questions were asked (never all), so some answers are recorded after the last
-            # cut and must be replayed, not asked again.
-            kill_at = await asks_count(postgres_url, run.run_id) + rng.randint(3, BATCH_ASKS - 3)
-            for _ in range(TASKS_PER_KILL):
-                run.send(everyone[tasks % AGENTS], {"task": tasks, "hops": HOPS}, kind="task")
-                tasks += 1
-            await until_asked(postgres_url, run.run_id, kill_at)
-            await asyncio.sleep(rng.uniform(0, 0.02))
-            recovered = len(run.rollbacks) + 1
-            group = rng.choice(workers.ready())
-            taking_over = await workers.kill(group)
-            await until(lambda n=recovered: len(run.rollbacks) >= n, f"recovery {kill}")
-            assert " hosts " in taking_over.read_text()
-            await workers.spare(group)
-        last = await until_finished(run, tasks * (HOPS + 1))
-        await run.close()
-        await workers.stop()
-    finally:
-        await workers.kill_all()
-        await link.delete_stream(run.run_id)
-        await link.close()
+    teardown.on_close(workers.kill_all)
+    teardown.stream(run)
+    successor_link = teardown.link(await JetStreamLink.connect(nats_url))
+    successor_store = teardown.store(SqlStore(postgres_url))
+    successor: DistributedRun | None = None
+    closed = False
+
+    async def close_successor() -> None:
+        if successor is not None and not closed:
+            await successor.close()
+
+    teardown.on_close(close_successor)
+    await run.start()
+    logs = [await workers.start(group) for group in range(GROUPS)]
+    await until(lambda: all(" hosts " in log.read_text() for log in logs), "workers up")
+    for group in range(GROUPS):
+        await workers.spare(group)
+    await first_cut(run)
+    everyone = names(AGENTS)
+    for kill in range(KILLS):
+        await until(workers.ready, "a worker waiting to take over")
+        # The kill lands while the batch is being handled: after a random number of its
+        # questions were asked (never all), so some answers are recorded after the last
+        # cut and must be replayed, not asked again.
+        kill_at = await asks_count(postgres_url, run.run_id) + rng.randint(3, BATCH_ASKS - 3)
+        for _ in range(TASKS_PER_KILL):
+            run.send(everyone[tasks % AGENTS], {"task": tasks, "hops": HOPS}, kind="task")
+            tasks += 1
+        await until_asked(postgres_url, run.run_id, kill_at)
+        await asyncio.sleep(rng.uniform(0, 0.02))
+        recovered = len(run.rollbacks) + 1
+        group = rng.choice(workers.ready())
+        taking_over = await workers.kill(group)
+        await until(lambda n=recovered: len(run.rollbacks) >= n, f"recovery {kill}")
+        assert " hosts " in taking_over.read_text()
+        await workers.spare(group)
+    # The coordinator gives up its lease while a batch is being handled, as one that died
+    # would stop renewing it: another takes the run over.
+    taken_at = await asks_count(postgres_url, run.run_id) + rng.randint(3, BATCH_ASKS - 3)
+    for _ in range(TASKS_PER_KILL):
+        run.send(everyone[tasks % AGENTS], {"task": tasks, "hops": HOPS}, kind="task")
+        tasks += 1
+    await run.flush()
+    await until_asked(postgres_url, run.run_id, taken_at)
+    lease = await successor_store.get_lease(run.run_id)
+    assert lease is not None
+    await successor_store.release_lease(run.run_id, lease.token)
+    successor = new = DistributedRun.take_over(
+        successor_link, successor_store, make_app(), run.run_id, wait=10, policy=policy,
+        part_timeout=60,
+    )  # fmt: skip
+    await new.start()
+    await until(lambda: new.took_over is not None, "the takeover")
+    last = await until_finished(new, tasks * (HOPS + 1))
+    await run.close()  # fenced: records nothing
+    await new.close()
+    closed = True
+    await workers.stop()
+    await teardown.close()
+    assert successor is not None
+    assert successor.took_over is not None
+    rollbacks = successor.rollbacks
     logs_text = workers.text()
     context = f"seed {SEED}\n{logs_text}"
 
@@ -296,9 +331,11 @@ async def test_workers_killed_mid_run_replay_recorded_answers_and_write_once(
     for snapshot in complete:
         assert cut_problems(snapshot) == [], (snapshot.seq, context)
 
-    # Every recovery stayed on the run's timeline and redid the order the workers logged.
-    recoveries = [r for r in run.rollbacks if r.source == "recovery"]
-    assert len(recoveries) == len(run.rollbacks) >= KILLS, context
+    # Every recovery (the takeover's too) stayed on the run's timeline and redid the order
+    # the workers logged.
+    recoveries = [r for r in rollbacks if r.source == "recovery"]
+    assert len(recoveries) == len(rollbacks) >= KILLS + 1, context
+    assert successor.authority.timeline == 0, context
     assert "in the order logged" in logs_text, context
 
     # No write twice, none missing.

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from distributed_teardown import Teardown
 from test_distributed import PATIENCE, nats_url  # noqa: F401  # the fixture
 
 from agentsnap import Agent, AgentState, Context, Message, tool
 from agentsnap.distributed import App, DistributedRun, Worker
-from agentsnap.jetstream import JetStreamLink
 from agentsnap.store.sql import SqlStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,39 +79,33 @@ async def test_a_workers_request_is_answered_from_another_process(
     nats_url: str,  # noqa: F811
     tmp_path: Path,
     make_app: Callable[[], App],
+    teardown: Teardown,
 ) -> None:
     PAID.clear()
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    store = SqlStore(db)
-    links = [await JetStreamLink.connect(nats_url) for _ in range(2)]
+    store = teardown.store(SqlStore(db))
+    links = await teardown.links(nats_url, 2)
     run = DistributedRun(links[0], store, make_app(), part_timeout=30)
     app = make_app()
     worker = Worker(links[1], store, run.run_id, app, ["desk"], name="w0")
-    try:
-        await run.start()
-        await worker.start()
-        run.send("desk", {"order": "Z-9"}, kind="refund")
-        idle = asyncio.create_task(run.run_until_idle())
-        found: list[dict[str, Any]] = []
-        async with asyncio.timeout(PATIENCE):
-            while not found:
-                await asyncio.sleep(0.1)
-                out = await asyncio.to_thread(
-                    cli, db, "requests", run.run_id, "--pending", "--json"
-                )
-                found = json.loads(out)
-        (request,) = found
-        assert request["agent"] == "desk"
-        await asyncio.to_thread(cli, db, "answer", request["id"], "--approve", "--by", "ops")
-        async with asyncio.timeout(PATIENCE):
-            await idle
-        (desk,) = app.agents
-        assert desk.state.memory["outcome"] == "refunded Z-9"
-        assert PAID == ["Z-9"]
-        await run.close()
-    finally:
-        await worker.close()
-        await links[0].delete_stream(run.run_id)
-        for link in links:
-            await link.close()
-        await store.close()
+    teardown.worker(worker)
+    teardown.stream(run)
+    await run.start()
+    await worker.start()
+    run.send("desk", {"order": "Z-9"}, kind="refund")
+    idle = asyncio.create_task(run.run_until_idle())
+    found: list[dict[str, Any]] = []
+    async with asyncio.timeout(PATIENCE):
+        while not found:
+            await asyncio.sleep(0.1)
+            out = await asyncio.to_thread(cli, db, "requests", run.run_id, "--pending", "--json")
+            found = json.loads(out)
+    (request,) = found
+    assert request["agent"] == "desk"
+    await asyncio.to_thread(cli, db, "answer", request["id"], "--approve", "--by", "ops")
+    async with asyncio.timeout(PATIENCE):
+        await idle
+    (desk,) = app.agents
+    assert desk.state.memory["outcome"] == "refunded Z-9"
+    assert PAID == ["Z-9"]
+    await run.close()

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from distributed_teardown import Teardown
 from nats_server import OwnServer, server_binary, unavailable
 from teller_app import BALANCE, TellerState, make_app, money_in
 from worker_processes import worker_command, worker_env
@@ -82,54 +83,48 @@ def handled(snapshot: Snapshot) -> int:
 
 
 async def test_a_run_goes_on_after_its_nats_server_restarts(
-    server: OwnServer, postgres_url: str, store: SqlStore, tmp_path: Path
+    server: OwnServer, postgres_url: str, store: SqlStore, tmp_path: Path, teardown: Teardown
 ) -> None:
-    link = await JetStreamLink.connect(server.url)
+    link = teardown.link(await JetStreamLink.connect(server.url))
     run = DistributedRun(
         link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.1), part_timeout=8
     )
-    workers: list[asyncio.subprocess.Process] = []
+    workers = teardown.processes()
     logs = [tmp_path / f"worker-{n}.log" for n in range(GROUPS)]
-    try:
-        await run.start()
-        for n, log in enumerate(logs):
-            args = ["--nats", server.url, "--db", postgres_url]
-            args += ["--app", "teller_app:make_app", "--run", run.run_id]
-            args += ["--group", f"{n}/{GROUPS}", "--nats-patience", "120"]
-            with log.open("wb") as out:
-                workers.append(
-                    await asyncio.create_subprocess_exec(
-                        *worker_command(*args), env=worker_env(TELLERS), stdout=out, stderr=out
-                    )
+    teardown.stream(run)
+    await run.start()
+    for n, log in enumerate(logs):
+        args = ["--nats", server.url, "--db", postgres_url]
+        args += ["--app", "teller_app:make_app", "--run", run.run_id]
+        args += ["--group", f"{n}/{GROUPS}", "--nats-patience", "120"]
+        with log.open("wb") as out:
+            workers.append(
+                await asyncio.create_subprocess_exec(
+                    *worker_command(*args), env=worker_env(TELLERS), stdout=out, stderr=out
                 )
-        await until(lambda: all(" hosts " in log.read_text() for log in logs), "up")
-        for i in range(CHAINS):
-            run.send(f"teller-{i % TELLERS}", {"hops": HOPS}, kind="go")
-        await until(lambda: len(run.complete) >= 3, "three snapshots complete")
-        before = len(run.complete)
-        # The server goes away mid-run: the newest cut shows hops still to be handled.
-        assert handled(run.complete[-1]) < CHAINS * (HOPS + 1)
-        await asyncio.to_thread(server.stop)
-        await asyncio.sleep(3)  # snapshots are begun meanwhile, by the policy
-        down = run.snapshot()
-        await asyncio.to_thread(server.start)
-        with pytest.raises(SnapshotFailed):
-            await down  # its markers went nowhere for a while: it fails, and says why
-        async with asyncio.timeout(PATIENCE):
-            last = await run.run_until_idle()
-        await run.close()
-        assert link.reconnects >= 1
-        for process in workers:
-            process.send_signal(signal.SIGTERM)
-        for process, log in zip(workers, logs, strict=True):
-            assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, log.read_text()
-    finally:
-        for process in workers:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        await link.delete_stream(run.run_id)
-        await link.close()
+            )
+    await until(lambda: all(" hosts " in log.read_text() for log in logs), "up")
+    for i in range(CHAINS):
+        run.send(f"teller-{i % TELLERS}", {"hops": HOPS}, kind="go")
+    await until(lambda: len(run.complete) >= 3, "three snapshots complete")
+    before = len(run.complete)
+    # The server goes away mid-run: the newest cut shows hops still to be handled.
+    assert handled(run.complete[-1]) < CHAINS * (HOPS + 1)
+    await asyncio.to_thread(server.stop)
+    await asyncio.sleep(3)  # snapshots are begun meanwhile, by the policy
+    down = run.snapshot()
+    await asyncio.to_thread(server.start)
+    with pytest.raises(SnapshotFailed):
+        await down  # its markers went nowhere for a while: it fails, and says why
+    async with asyncio.timeout(PATIENCE):
+        last = await run.run_until_idle()
+    await run.close()
+    assert link.reconnects >= 1
+    for process in workers:
+        process.send_signal(signal.SIGTERM)
+    for process, log in zip(workers, logs, strict=True):
+        assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, log.read_text()
+    await teardown.close()
 
     # Every hop of every chain was handled once: nothing lost, nothing taken twice.
     assert handled(last) == CHAINS * (HOPS + 1)

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from distributed_teardown import Teardown
 from nats_server import SHARED_URL, OwnServer, free_port, reachable, server_binary, unavailable
 from teller_app import Transfer, bank, finished, money_in
 
@@ -64,21 +65,21 @@ async def run_the_bank(
     nats_url: str, store: MemoryStore, retention: StreamRetention | None
 ) -> tuple[DistributedRun, Snapshot]:
     """Run the bank on two workers to its end; its stream is left for the test to delete."""
-    links = [await JetStreamLink.connect(nats_url) for _ in range(3)]
-    run = DistributedRun(
-        links[0],
-        store,
-        bank(TELLERS),
-        policy=SnapshotPolicy(every_seconds=0.05),
-        part_timeout=30,
-        retention=retention,
-    )
-    hosts = [["teller-0", "teller-1", "teller-2"], ["teller-3", "teller-4", "teller-5"]]
-    workers = [
-        Worker(link, store, run.run_id, bank(TELLERS), agents, name=f"w{i}")
-        for i, (link, agents) in enumerate(zip(links[1:], hosts, strict=True))
-    ]
-    try:
+    async with Teardown() as opened:
+        links = await opened.links(nats_url, 3)
+        run = DistributedRun(
+            links[0],
+            store,
+            bank(TELLERS),
+            policy=SnapshotPolicy(every_seconds=0.05),
+            part_timeout=30,
+            retention=retention,
+        )
+        hosts = [["teller-0", "teller-1", "teller-2"], ["teller-3", "teller-4", "teller-5"]]
+        workers = opened.workers(
+            Worker(link, store, run.run_id, bank(TELLERS), agents, name=f"w{i}")
+            for i, (link, agents) in enumerate(zip(links[1:], hosts, strict=True))
+        )
         await run.start()
         for worker in workers:
             await worker.start()
@@ -87,11 +88,6 @@ async def run_the_bank(
         async with asyncio.timeout(PATIENCE):
             last = await run.run_until_idle()
         await run.close()
-    finally:
-        for worker in workers:
-            await worker.close()
-        for link in links:
-            await link.close()
     return run, last
 
 
@@ -105,72 +101,68 @@ async def link(nats_url: str) -> AsyncIterator[JetStreamLink]:
 
 
 async def test_the_coordinator_purges_as_snapshots_complete_and_the_run_goes_on(
-    nats_url: str, link: JetStreamLink
+    nats_url: str, link: JetStreamLink, teardown: Teardown
 ) -> None:
     store = MemoryStore()
     run, last = await run_the_bank(nats_url, store, StreamRetention(keep=2, every=3))
-    try:
-        assert run.retainer is not None
-        passes = run.retainer.passes
-        assert passes, f"no retention pass in {len(run.complete)} complete snapshots"
-        assert all(p.purged_below > 1 for p in passes)
-        assert sum(p.parts_deleted for p in passes) > 0
-        # The run finished whole: nothing a worker still had to take was purged.
-        assert finished(last)
-        for snapshot in run.complete:
-            assert cut_problems(snapshot) == []
-            assert money_in(snapshot) == TELLERS * 1_000
-        newest = passes[-1]
-        info = await link.js.stream_info(stream_name(run.run_id))
-        assert info.state.first_seq >= newest.purged_below
-        for seq in range(1, newest.oldest):
-            assert await store.load_snapshot_parts(run.run_id, seq) == []
-        for snapshot in run.complete:
-            if snapshot.seq >= newest.oldest:
-                assert await store.load_snapshot_parts(run.run_id, snapshot.seq)
-        # The snapshots themselves all stay.
-        stored = await store.list_snapshots(run.run_id)
-        assert {s.seq for s in run.complete} <= {s.seq for s in stored}
-    finally:
-        await link.delete_stream(run.run_id)
+    teardown.stream_of(run.run_id, link)
+    assert run.retainer is not None
+    passes = run.retainer.passes
+    assert passes, f"no retention pass in {len(run.complete)} complete snapshots"
+    assert all(p.purged_below > 1 for p in passes)
+    assert sum(p.parts_deleted for p in passes) > 0
+    # The run finished whole: nothing a worker still had to take was purged.
+    assert finished(last)
+    for snapshot in run.complete:
+        assert cut_problems(snapshot) == []
+        assert money_in(snapshot) == TELLERS * 1_000
+    newest = passes[-1]
+    info = await link.js.stream_info(stream_name(run.run_id))
+    assert info.state.first_seq >= newest.purged_below
+    for seq in range(1, newest.oldest):
+        assert await store.load_snapshot_parts(run.run_id, seq) == []
+    for snapshot in run.complete:
+        if snapshot.seq >= newest.oldest:
+            assert await store.load_snapshot_parts(run.run_id, snapshot.seq)
+    # The snapshots themselves all stay.
+    stored = await store.list_snapshots(run.run_id)
+    assert {s.seq for s in run.complete} <= {s.seq for s in stored}
 
 
 async def test_a_kept_snapshots_channels_are_still_in_the_stream_at_their_ranges(
-    nats_url: str, link: JetStreamLink
+    nats_url: str, link: JetStreamLink, teardown: Teardown
 ) -> None:
     store = MemoryStore()
     run, _ = await run_the_bank(nats_url, store, None)
-    try:
-        # The cut with the most messages in flight between the hosts, and not the first.
-        crossing = {
-            s.seq: sum(o.count for p in await store.load_snapshot_parts(run.run_id, s.seq)
-                       for o in p.offsets)
-            for s in run.complete[1:]
-        }  # fmt: skip
-        oldest = max(crossing, key=lambda seq: crossing[seq])
-        assert crossing[oldest] > 0, "no cut caught a message between the hosts"
-        parts = await store.load_snapshot_parts(run.run_id, oldest)
-        floor = min(o.first_seq for p in parts for o in p.offsets)
+    teardown.stream_of(run.run_id, link)
+    # The cut with the most messages in flight between the hosts, and not the first.
+    crossing = {
+        s.seq: sum(o.count for p in await store.load_snapshot_parts(run.run_id, s.seq)
+                   for o in p.offsets)
+        for s in run.complete[1:]
+    }  # fmt: skip
+    oldest = max(crossing, key=lambda seq: crossing[seq])
+    assert crossing[oldest] > 0, "no cut caught a message between the hosts"
+    parts = await store.load_snapshot_parts(run.run_id, oldest)
+    floor = min(o.first_seq for p in parts for o in p.offsets)
 
-        done = await retain(link, store, run.run_id, oldest)
+    done = await retain(link, store, run.run_id, oldest)
 
-        assert done.oldest == oldest
-        assert done.purged_below == floor > 1
-        info = await link.js.stream_info(stream_name(run.run_id))
-        assert info.state.first_seq == floor
-        for seq in range(1, oldest):
-            assert await store.load_snapshot_parts(run.run_id, seq) == []
-        assert await store.load_snapshot_parts(run.run_id, oldest) == parts
-        snapshot = next(s for s in run.complete if s.seq == oldest)
-        for offsets in (o for p in parts for o in p.offsets if o.count):
-            # The first message in flight is still in the stream, where the part says.
-            raw = await link.js.get_msg(stream_name(run.run_id), offsets.first_seq)
-            item = decode(raw.headers or {}, raw.data or b"").item
-            assert isinstance(item, Message)
-            assert item.id == snapshot.in_flight(offsets.src, offsets.dst)[0].id
-            Transfer.model_validate(item.payload)
-    finally:
-        await link.delete_stream(run.run_id)
+    assert done.oldest == oldest
+    assert done.purged_below == floor > 1
+    info = await link.js.stream_info(stream_name(run.run_id))
+    assert info.state.first_seq == floor
+    for seq in range(1, oldest):
+        assert await store.load_snapshot_parts(run.run_id, seq) == []
+    assert await store.load_snapshot_parts(run.run_id, oldest) == parts
+    snapshot = next(s for s in run.complete if s.seq == oldest)
+    for offsets in (o for p in parts for o in p.offsets if o.count):
+        # The first message in flight is still in the stream, where the part says.
+        raw = await link.js.get_msg(stream_name(run.run_id), offsets.first_seq)
+        item = decode(raw.headers or {}, raw.data or b"").item
+        assert isinstance(item, Message)
+        assert item.id == snapshot.in_flight(offsets.src, offsets.dst)[0].id
+        Transfer.model_validate(item.payload)
 
 
 # -- deleting runs deletes their streams ---------------------------------------------------

@@ -31,6 +31,7 @@ from distributed_effects import (
     money_in,
     route,
 )
+from distributed_teardown import Teardown
 from nats_server import SHARED_URL, reachable, unavailable
 
 from agentsnap import RollbackExhausted, Snapshot, SnapshotFailed
@@ -84,8 +85,10 @@ class Workers:
         self.logs: list[Path] = []
         self.started = 0
         self.stubborn = False
+        self.outage: dict[int, str] = {}
+        """Per group, the database's outage for its ledger claims (``BANK_OUTAGE``)."""
 
-    def env(self) -> dict[str, str]:
+    def env(self, group: int) -> dict[str, str]:
         path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
         return {
             **os.environ,
@@ -93,8 +96,10 @@ class Workers:
             "BANK_TELLERS": str(TELLERS),
             "BANK_POISON": self.poison,
             "BANK_STUBBORN": "1" if self.stubborn else "0",
-            # Derived keys for half of the effects where the run keeps its timeline: crashes.
+            # Derived keys for half of the effects where the run keeps its timeline: crashes,
+            # work lost to the database.
             "BANK_DERIVED": "0" if self.poison else "1",
+            "BANK_OUTAGE": self.outage.get(group, ""),
             "AGENTSNAP_EFFECTS_URL": self.postgres_url,
         }
 
@@ -108,7 +113,7 @@ class Workers:
         with log.open("wb") as out:
             self.processes[group] = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "agentsnap", "worker", *args,
-                env=self.env(), stdout=out, stderr=out,
+                env=self.env(group), stdout=out, stderr=out,
             )  # fmt: skip
         return log
 
@@ -199,26 +204,32 @@ async def check_the_run(
     return complete
 
 
-# -- a rejected output ----------------------------------------------------------------------
+# -- work lost to the database ---------------------------------------------------------------
 
 
-async def test_a_rejected_output_rolls_every_worker_process_back_to_the_last_cut(
+async def test_work_a_worker_lost_to_the_database_is_redone_on_the_same_timeline(
     nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
 ) -> None:
-    chains = dict.fromkeys(range(12), 24)
-    poisoned = sender_of(0, 24, 12)
+    """One worker's ledger claims fail for longer than its store retries (8 s against 5 s):
+    its handlers lose their work, and every process goes back to the last complete cut on
+    the run's timeline, the workers redoing their deliveries in the order they logged; the
+    transfers booked under derived keys (half of them) happen once, and none is lost.
+    """
+    chains = dict.fromkeys(range(12), 30)
     link = await JetStreamLink.connect(nats_url)
     run = DistributedRun(
         link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.1), part_timeout=60
     )
-    workers = Workers(run.run_id, nats_url, postgres_url, tmp_path, poison="0:12")
+    workers = Workers(run.run_id, nats_url, postgres_url, tmp_path, poison="")
+    workers.outage[1] = "20:8"
     try:
         await run.start()
         logs = [await workers.start(group) for group in range(GROUPS)]
         await workers.until_up(logs)
-        await run.snapshot()  # a cut before any input
+        await run.snapshot()
         for chain, hops in chains.items():
             run.send(chain_start(chain), {"chain": chain, "hops": hops}, kind="go")
+        await until(lambda: any(r.source == "database" for r in run.rollbacks), "a rollback")
         last = await until_finished(run)
         await run.close()
         await workers.stop()
@@ -226,6 +237,58 @@ async def test_a_rejected_output_rolls_every_worker_process_back_to_the_last_cut
         await workers.kill_all()
         await link.delete_stream(run.run_id)
         await link.close()
+
+    await check_the_run(store, postgres_url, run.run_id, chains, last)
+    assert "stops answering claims" in logs[1].read_text()
+    lost = [r for r in run.rollbacks if r.source == "database"]
+    assert lost
+    assert {r.source for r in run.rollbacks} == {"database"}
+    # No new timeline: every rollback kept the run on its first one, and the workers redid
+    # their deliveries after the cut in the order they logged.
+    assert run.authority.timeline == 0
+    redone = [
+        line
+        for log in logs
+        for line in log.read_text().splitlines()
+        if "rolled back to" in line and "deliveries to redo in the order logged" in line
+    ]
+    assert redone
+    assert all(", timeline 0, " in line for line in redone), redone
+    ledger = ledger_for(store)
+    assert ledger is not None
+    try:
+        calls = await ledger.list_calls(run.run_id)
+    finally:
+        await ledger.close()
+    assert len(calls) == sum(hops + 1 for hops in chains.values())
+    assert {call.status for call in calls} == {ToolCallStatus.SUCCEEDED}
+
+
+# -- a rejected output ----------------------------------------------------------------------
+
+
+async def test_a_rejected_output_rolls_every_worker_process_back_to_the_last_cut(
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path, teardown: Teardown
+) -> None:
+    chains = dict.fromkeys(range(12), 24)
+    poisoned = sender_of(0, 24, 12)
+    link = teardown.link(await JetStreamLink.connect(nats_url))
+    run = DistributedRun(
+        link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.1), part_timeout=60
+    )
+    workers = Workers(run.run_id, nats_url, postgres_url, tmp_path, poison="0:12")
+    teardown.on_close(workers.kill_all)
+    teardown.stream(run)
+    await run.start()
+    logs = [await workers.start(group) for group in range(GROUPS)]
+    await workers.until_up(logs)
+    await run.snapshot()  # a cut before any input
+    for chain, hops in chains.items():
+        run.send(chain_start(chain), {"chain": chain, "hops": hops}, kind="go")
+    last = await until_finished(run)
+    await run.close()
+    await workers.stop()
+    await teardown.close()
 
     complete = await check_the_run(store, postgres_url, run.run_id, chains, last)
     # One rollback, for the careless transfer, recorded as in one process.
@@ -247,31 +310,29 @@ async def test_a_rejected_output_rolls_every_worker_process_back_to_the_last_cut
 
 
 async def test_a_rollback_before_the_first_complete_snapshot_is_recorded_against_the_start(
-    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path, teardown: Teardown
 ) -> None:
     chains = dict.fromkeys(range(4), 6)
     poisoned = sender_of(0, 6, 3)
-    link = await JetStreamLink.connect(nats_url)
+    link = teardown.link(await JetStreamLink.connect(nats_url))
     # No snapshot is taken before the careless transfer: the run goes back to its start.
     run = DistributedRun(link, store, make_app(), part_timeout=60)
     workers = Workers(run.run_id, nats_url, postgres_url, tmp_path, poison="0:3")
-    try:
-        await run.start()
-        logs = [await workers.start(group) for group in range(GROUPS)]
-        await workers.until_up(logs)
-        for chain, hops in chains.items():
-            run.send(chain_start(chain), {"chain": chain, "hops": hops}, kind="go")
-        async with asyncio.timeout(PATIENCE):
-            # No snapshot before the rollback: run_until_idle begins its looks at once.
-            while not run.rollbacks:  # noqa: ASYNC110 - the run offers no event for it
-                await asyncio.sleep(0.01)
-            last = await run.run_until_idle()
-        await run.close()
-        await workers.stop()
-    finally:
-        await workers.kill_all()
-        await link.delete_stream(run.run_id)
-        await link.close()
+    teardown.on_close(workers.kill_all)
+    teardown.stream(run)
+    await run.start()
+    logs = [await workers.start(group) for group in range(GROUPS)]
+    await workers.until_up(logs)
+    for chain, hops in chains.items():
+        run.send(chain_start(chain), {"chain": chain, "hops": hops}, kind="go")
+    async with asyncio.timeout(PATIENCE):
+        # No snapshot before the rollback: run_until_idle begins its looks at once.
+        while not run.rollbacks:  # noqa: ASYNC110 - the run offers no event for it
+            await asyncio.sleep(0.01)
+        last = await run.run_until_idle()
+    await run.close()
+    await workers.stop()
+    await teardown.close()
 
     complete = await check_the_run(store, postgres_url, run.run_id, chains, last)
     # Recorded as in one process: against a complete snapshot, the cut it went back to.
@@ -295,7 +356,7 @@ async def test_a_rollback_before_the_first_complete_snapshot_is_recorded_against
 
 
 async def test_rejections_in_two_workers_at_once_become_one_rollback(
-    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path, teardown: Teardown
 ) -> None:
     # Two chains whose first transfer is careless, started on tellers of different workers.
     first = 0
@@ -304,7 +365,7 @@ async def test_rejections_in_two_workers_at_once_become_one_rollback(
         if group_of(chain_start(c), GROUPS) != group_of(chain_start(first), GROUPS)
     )  # fmt: skip
     chains = {first: 10, second: 10, **dict.fromkeys(range(10, 16), 10)}
-    link = await JetStreamLink.connect(nats_url)
+    link = teardown.link(await JetStreamLink.connect(nats_url))
     run = DistributedRun(
         link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.1), part_timeout=60
     )
@@ -316,24 +377,22 @@ async def test_rejections_in_two_workers_at_once_become_one_rollback(
     held: list[dict[str, object]] = []
     rejected = run.authority.rejected
     run.authority.rejected = held.append  # type: ignore[method-assign,assignment]
-    try:
-        await run.start()
-        logs = [await workers.start(group) for group in range(GROUPS)]
-        await workers.until_up(logs)
-        await run.snapshot()
-        for chain, hops in chains.items():
-            run.send(chain_start(chain), {"chain": chain, "hops": hops}, kind="go")
-        await until(lambda: len(held) == 2, "two rejections")
-        for report in held:
-            rejected(report)
-        run.authority.rejected = rejected  # type: ignore[method-assign]
-        last = await until_finished(run)
-        await run.close()
-        await workers.stop()
-    finally:
-        await workers.kill_all()
-        await link.delete_stream(run.run_id)
-        await link.close()
+    teardown.on_close(workers.kill_all)
+    teardown.stream(run)
+    await run.start()
+    logs = [await workers.start(group) for group in range(GROUPS)]
+    await workers.until_up(logs)
+    await run.snapshot()
+    for chain, hops in chains.items():
+        run.send(chain_start(chain), {"chain": chain, "hops": hops}, kind="go")
+    await until(lambda: len(held) == 2, "two rejections")
+    for report in held:
+        rejected(report)
+    run.authority.rejected = rejected  # type: ignore[method-assign]
+    last = await until_finished(run)
+    await run.close()
+    await workers.stop()
+    await teardown.close()
 
     await check_the_run(store, postgres_url, run.run_id, chains, last)
     agents = {report["rejected"]["agent"] for report in held}  # type: ignore[index]
@@ -346,30 +405,28 @@ async def test_rejections_in_two_workers_at_once_become_one_rollback(
 
 
 async def test_an_output_rejected_past_the_retry_policy_stops_every_process(
-    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path, teardown: Teardown
 ) -> None:
-    link = await JetStreamLink.connect(nats_url)
+    link = teardown.link(await JetStreamLink.connect(nats_url))
     run = DistributedRun(link, store, make_app(), part_timeout=60)
     workers = Workers(run.run_id, nats_url, postgres_url, tmp_path, poison="0:5")
     workers.stubborn = True
-    try:
-        await run.start()
-        logs = [await workers.start(group) for group in range(GROUPS)]
-        await workers.until_up(logs)
-        await run.snapshot()
-        run.send(chain_start(0), {"chain": 0, "hops": 5}, kind="go")
-        with pytest.raises(RollbackExhausted) as failed:
-            async with asyncio.timeout(PATIENCE):
-                await run.run_until_idle()
-        assert failed.value is run.exhausted
-        # Every worker stops delivering and ends by itself.
-        for group, process in workers.processes.items():
-            assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, group
-        await run.close()
-    finally:
-        await workers.kill_all()
-        await link.delete_stream(run.run_id)
-        await link.close()
+    teardown.on_close(workers.kill_all)
+    teardown.stream(run)
+    await run.start()
+    logs = [await workers.start(group) for group in range(GROUPS)]
+    await workers.until_up(logs)
+    await run.snapshot()
+    run.send(chain_start(0), {"chain": 0, "hops": 5}, kind="go")
+    with pytest.raises(RollbackExhausted) as failed:
+        async with asyncio.timeout(PATIENCE):
+            await run.run_until_idle()
+    assert failed.value is run.exhausted
+    # Every worker stops delivering and ends by itself.
+    for group, process in workers.processes.items():
+        assert await asyncio.wait_for(process.wait(), PATIENCE) == 0, group
+    await run.close()
+    await teardown.close()
 
     assert isinstance(run.exhausted, RollbackExhausted)
     assert run.exhausted.attempts == 3
@@ -386,13 +443,13 @@ async def test_an_output_rejected_past_the_retry_policy_stops_every_process(
 
 
 async def test_workers_killed_at_random_moments_lose_nothing_and_repeat_no_effect(
-    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path
+    nats_url: str, postgres_url: str, store: SqlStore, tmp_path: Path, teardown: Teardown
 ) -> None:
     rng = random.Random()
     kills = 20
     lease = 1.0
     chains: dict[int, int] = {}
-    link = await JetStreamLink.connect(nats_url)
+    link = teardown.link(await JetStreamLink.connect(nats_url))
     run = DistributedRun(
         link, store, make_app(), policy=SnapshotPolicy(every_seconds=0.1), part_timeout=60
     )
@@ -409,42 +466,43 @@ async def test_workers_killed_at_random_moments_lose_nothing_and_repeat_no_effec
     def ready() -> list[int]:
         return [group for group, (_, log) in spares.items() if "waits for" in log.read_text()]
 
-    try:
-        await run.start()
-        logs = [await workers.start(group, lease=lease) for group in range(GROUPS)]
-        await workers.until_up(logs)
-        for group in range(GROUPS):
-            await spare(group)
-        await run.snapshot()
-        for kill in range(kills):
-            for chain in range(len(chains), len(chains) + 2):
-                chains[chain] = 20
-                run.send(chain_start(chain), {"chain": chain, "hops": 20}, kind="go")
-            await asyncio.sleep(rng.uniform(0.05, 1.0))
-            await until(ready, "a worker waiting to take over")
-            group = rng.choice(ready())
-            victim = workers.processes[group]
-            victim.kill()
-            await victim.wait()
-            workers.processes[group], taking_over = spares.pop(group)
-            recovered = len(run.rollbacks) + 1
-            await until(lambda n=recovered: len(run.rollbacks) >= n, f"recovery {kill}")
-            assert " hosts " in taking_over.read_text()
-            await spare(group)
-        last = await until_finished(run)
-        await run.close()
-        for process, _ in spares.values():
-            process.kill()
-            await process.wait()
-        await workers.stop()
-    finally:
+    async def kill_spares() -> None:
         for process, _ in spares.values():
             if process.returncode is None:
                 process.kill()
                 await process.wait()
-        await workers.kill_all()
-        await link.delete_stream(run.run_id)
-        await link.close()
+
+    teardown.on_close(kill_spares)
+    teardown.on_close(workers.kill_all)
+    teardown.stream(run)
+    await run.start()
+    logs = [await workers.start(group, lease=lease) for group in range(GROUPS)]
+    await workers.until_up(logs)
+    for group in range(GROUPS):
+        await spare(group)
+    await run.snapshot()
+    for kill in range(kills):
+        for chain in range(len(chains), len(chains) + 2):
+            chains[chain] = 20
+            run.send(chain_start(chain), {"chain": chain, "hops": 20}, kind="go")
+        await asyncio.sleep(rng.uniform(0.05, 1.0))
+        await until(ready, "a worker waiting to take over")
+        group = rng.choice(ready())
+        victim = workers.processes[group]
+        victim.kill()
+        await victim.wait()
+        workers.processes[group], taking_over = spares.pop(group)
+        recovered = len(run.rollbacks) + 1
+        await until(lambda n=recovered: len(run.rollbacks) >= n, f"recovery {kill}")
+        assert " hosts " in taking_over.read_text()
+        await spare(group)
+    last = await until_finished(run)
+    await run.close()
+    for process, _ in spares.values():
+        process.kill()
+        await process.wait()
+    await workers.stop()
+    await teardown.close()
 
     await check_the_run(store, postgres_url, run.run_id, chains, last)
     # The ranges in flight between processes came back from the stream, none from the bodies.

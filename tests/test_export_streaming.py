@@ -194,6 +194,6 @@ async def test_listing_snapshots_builds_no_snapshot(store: Store) -> None:
 
     store.list_snapshots = refuse  # type: ignore[method-assign]
     rows = await snapshots_table(store, run_id)
-    assert [(r["id"], r["agents"], r["in_flight"], r["status"]) for r in rows] == [
-        (s.id, s.agents, s.in_flight, s.status.value) for s in expected
+    assert [(r.id, r.agents, r.in_flight, r.status) for r in rows] == [
+        (s.id, s.agents, s.in_flight, s.status) for s in expected
     ]

@@ -80,6 +80,7 @@ EXPECTED_ALL = [
     "RunInfo",
     "RunLease",
     "RunOwnedError",
+    "RunOwner",
     "RunOwnership",
     "RunStatus",
     "Runtime",

@@ -57,6 +57,8 @@ INTERNAL = {
     "agentsnap_rollbacks.id",
     "agentsnap_rollbacks.snapshot_id",
     "agentsnap_run_leases.owner",  # host:pid:token
+    "agentsnap_run_owners.owner",  # host:pid:token, as for the lease
+    "agentsnap_run_owners.ended",  # released or taken_over
     "agentsnap_tool_calls.message_id",  # src>dst#seq of two agent names
     "agentsnap_tool_calls.fingerprint",
     "agentsnap_tool_calls.status",

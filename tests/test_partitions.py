@@ -22,10 +22,10 @@ In the same manner, the run's coordinator, a process on a host of its own
 (``coordinator_process.py``), is SIGKILLed among the partitions, a standby coordinator
 taking the run over each time (two kills in CI, ``AGENTSNAP_PARTITIONS_KILLS`` at night).
 The even-numbered chains are booked under the keys agentsnap derives (``BANK_DERIVED=1``),
-half of the effects, in the runs without a coordinator killed (nightly's long partitions,
-which make handlers lose work to the database, included): a takeover starts a new
-timeline, on which a derived key names a call only while each agent takes its messages in
-the same order (see the how-to's *Limits*).
+half of the effects, in every run: nightly's long partitions make handlers lose work to the
+database, and the rollback that redoes it stays on the run's timeline; a coordinator that
+takes the run over stays on it too. On the run's timeline every worker redoes its agents'
+work after the cut in the order it logged, so a derived key names the same call again.
 
 A fault is a [`Fault`][]: one more kind of fault is one more ``Fault.kind`` applied in
 [`Nemesis.apply`][].
@@ -167,17 +167,12 @@ class Workers:
         self.tmp = tmp
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.logs: dict[int, Path] = {}
-        # The longer faults of a nightly run make handlers lose work to the database: the
-        # rollback that redoes it stays on the run's timeline, where derived keys name the
-        # same calls.
-        self.derived = True
-        """Whether half of the effects are booked under derived keys (``BANK_DERIVED``)."""
 
     def env(self) -> dict[str, str]:
         return {
             **worker_environment(),
             "BANK_TELLERS": str(TELLERS),
-            "BANK_DERIVED": "1" if self.derived else "0",
+            "BANK_DERIVED": "1",
             "BANK_POISON": "",
             "AGENTSNAP_EFFECTS_URL": self.hosts.postgres.url,
         }
@@ -562,7 +557,6 @@ async def test_partitions_and_coordinators_killed_in_the_same_run_lose_and_repea
     def completed() -> int:
         return sum(c.completed() for c in coordinators)
 
-    workers.derived = False
     current = first = await coordinator("new", str(CHAINS), str(KILL_HOPS), "0.3")
     standby: Coordinator | None = None
 

@@ -273,20 +273,21 @@ def test_a_version_1_snapshot_shows_and_diffs_under_version_2(db: str) -> None:
 
             models = {"adder": TallyV2}
             raw = await show_snapshot(store, kept)
-            assert raw["agents"]["adder"]["state_version"] == 1
-            assert raw["agents"]["adder"]["state"]["count"] == 5
+            assert raw.agents["adder"].state_version == 1
+            assert raw.agents["adder"].state["count"] == 5
+            assert "read_as" not in raw.model_dump(mode="json")["agents"]["adder"]
             shown = await show_snapshot(store, kept, models=models)
-            entry = shown["agents"]["adder"]
-            assert (entry["state_version"], entry["read_as"]) == (1, 2)
-            assert entry["state"]["total"] == 5
-            assert entry["state"]["limit"] == 50
+            entry = shown.agents["adder"]
+            assert (entry.state_version, entry.read_as) == (1, 2)
+            assert entry.state["total"] == 5
+            assert entry.state["limit"] == 50
 
             diffed = await diff_snapshots(store, kept, later.id, models=models)
-            (adder,) = [a for a in diffed["agents"] if a["agent"] == "adder"]
-            assert (adder["a_version"], adder["b_version"], adder["change"]) == (1, 2, "changed")
-            fields = adder["fields"]  # not count, nor limit: both read as version 2
-            assert (fields["added"], fields["removed"]) == ({}, {})
-            assert fields["changed"] == {
+            (adder,) = [a for a in diffed.agents if a.agent == "adder"]
+            assert (adder.a_version, adder.b_version, adder.change) == (1, 2, "changed")
+            fields = adder.fields  # not count, nor limit: both read as version 2
+            assert (fields.added, fields.removed) == ({}, {})
+            assert fields.model_dump()["changed"] == {
                 "total": {"old": 5, "new": 12},
                 "seen": {"old": [], "new": [7]},
             }
@@ -310,8 +311,8 @@ def test_an_unreadable_stored_state_stops_a_resume_with_the_clear_error(db: str)
             assert adder.state.total == 99  # left as it was
             rows = await check_stored_states(store, {"adder": TallyV3}, run_id)
             # Two states: the one the run started with, and the one at 5.
-            assert [(r["stored_version"], r["unreadable"]) for r in rows] == [(1, 2)]
-            assert "no upcaster from version 1 to 2" in rows[0]["error"]
+            assert [(r.stored_version, r.unreadable) for r in rows] == [(1, 2)]
+            assert "no upcaster from version 1 to 2" in (rows[0].error or "")
         finally:
             await store.close()
 

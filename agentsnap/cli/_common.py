@@ -1,7 +1,7 @@
-"""What the commands share: the ``--db``, ``--json`` and ``--app`` options, and the database.
+"""What the commands share: the ``--db``, ``--json``, ``--app`` and ``--wait`` kinds of options.
 
-A query or an action runs against the database in a store of its own, its errors said in one
-line (``guard``).
+And the database: a query or an action runs against the database in a store of its own,
+its errors said in one line (``guard``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import click
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
+Option = Callable[[Callable[..., object]], Callable[..., object]]
 
 # A command waits a few seconds for a database that does not answer, then says so.
 RETRY = StoreRetry(timeout=10.0, deadline=5.0)
@@ -40,15 +41,36 @@ DB = click.option(
 
 JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
-APP = click.option(
-    "--app",
-    "app_spec",
-    default=None,
-    metavar="MODULE:FACTORY",
-    help="Read the states as this app's state classes read them now, through their "
+
+def app_option(help: str, *, required: bool = False) -> Option:
+    """An ``--app MODULE:FACTORY`` option (``app_spec``), saying what the app is for."""
+    return click.option(
+        "--app", "app_spec", required=required, default=None, metavar="MODULE:FACTORY", help=help
+    )
+
+
+APP = app_option(
+    "Read the states as this app's state classes read them now, through their "
     "upcasters: a factory returning an agentsnap.distributed.App or a list of agents (the "
-    "current directory is importable).",
+    "current directory is importable)."
 )
+
+
+def seconds_option(
+    flag: str,
+    help: str,
+    *,
+    default: float | None,
+    least: float = 0.0,
+) -> Option:
+    """An option taking a number of seconds, at least ``least``; its default shown, if any."""
+    return click.option(
+        flag,
+        type=click.FloatRange(min=least),
+        default=default,
+        show_default=default is not None,
+        help=help,
+    )
 
 
 def importable_here() -> None:
@@ -74,48 +96,47 @@ def state_models(app_spec: str | None) -> dict[str, type[BaseModel]] | None:
     return None if app_spec is None else app_of(app_spec).state_models()
 
 
+class _Closing(Protocol):
+    async def close(self) -> None: ...
+
+
+Opened = TypeVar("Opened", bound=_Closing)
+
+
+def _on(opening: Callable[[], Opened], action: Callable[[Opened], Awaitable[T]]) -> T:
+    """Run ``action`` on what ``opening`` opens, closed after, its errors said in one line."""
+
+    async def go() -> T:
+        opened = opening()
+        try:
+            return await action(opened)
+        finally:
+            await opened.close()
+
+    return guard(lambda: asyncio.run(go()))
+
+
 def act(db: str, action: Callable[[SqlStore], Awaitable[T]], *, create: bool = False) -> T:
     """Run ``action`` with a store on ``db`` that writes (``create``: a database and its
     schema are created if there is none).
     """  # noqa: D205
     from agentsnap.store.sql import SqlStore  # noqa: PLC0415
 
-    async def go() -> T:
-        store = SqlStore(db, create=create)
-        try:
-            return await action(store)
-        finally:
-            await store.close()
-
-    return guard(lambda: asyncio.run(go()))
+    return _on(lambda: SqlStore(db, create=create), action)
 
 
 def with_ledger(db: str, action: Callable[[Ledger], Awaitable[T]]) -> T:
     """Run ``action`` against the ledger at ``db`` without creating anything there."""
     from agentsnap.store.sql_ledger import SqlLedger  # noqa: PLC0415
 
-    async def go() -> T:
-        ledger = SqlLedger(db, create=False, retry=RETRY)
-        try:
-            return await action(ledger)
-        finally:
-            await ledger.close()
-
-    return guard(lambda: asyncio.run(go()))
+    return _on(lambda: SqlLedger(db, create=False, retry=RETRY), action)
 
 
 def read(db: str, query: Callable[[SqlStore], Awaitable[T]]) -> T:
     """Run one query against the database at ``db`` without creating anything there."""
     from agentsnap.store.sql import SqlStore  # noqa: PLC0415
 
-    async def go() -> T:
-        store = SqlStore(db, create=False, retry=RETRY)
-        try:
-            return await query(store)
-        finally:
-            await store.close()
-
-    return guard(lambda: asyncio.run(go()))
+    return _on(lambda: SqlStore(db, create=False, retry=RETRY), query)
 
 
 def guard(action: Callable[[], T]) -> T:

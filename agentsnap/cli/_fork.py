@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from agentsnap.cli._common import DB, JSON, importable_here, read, state_models
+from agentsnap.cli._common import DB, JSON, app_option, importable_here, read, state_models
 from agentsnap.cli._format import diff_lines, print_json
 from agentsnap.cli._main import main
 from agentsnap.cli._results import Bisection, Forked, SnapshotRef
@@ -141,13 +141,9 @@ def _message_edits(
 )
 @click.option("--name", default=None, help="The new run's name.")
 @DB
-@click.option(
-    "--app",
-    "app_spec",
-    default=None,
-    metavar="MODULE:FACTORY",
-    help="Validate the --edit states against this app's state classes, as they are now "
-    "(else against the schemas stored with RUN); the current directory is importable.",
+@app_option(
+    "Validate the --edit states against this app's state classes, as they are now "
+    "(else against the schemas stored with RUN); the current directory is importable."
 )
 @JSON
 def fork(  # noqa: PLR0917
@@ -325,10 +321,10 @@ def bisect(run_id: str, predicate: str, db: str, as_json: bool) -> None:
     click.echo(f"last good:  snapshot {last_good.seq}  {last_good.id}")
     click.echo(f"checked {result.checked} of {result.snapshots} snapshots")
     click.echo("what changed from the last good to the first bad:")
-    changed = [a for a in result.diff["agents"] if a["change"] != "unchanged"]
+    changed = [a for a in result.diff.agents if a.change != "unchanged"]
     for agent in changed:
-        click.echo(f"  {agent['agent']} ({agent['change']})")
-        for line in diff_lines(agent):
+        click.echo(f"  {agent.agent} ({agent.change})")
+        for line in diff_lines(agent.diff):
             click.echo(f"    {line}")
     if not changed:
         click.echo("  no agent's state changed (only messages in flight)")

@@ -10,13 +10,16 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import click
 from pydantic import BaseModel
 
 from agentsnap import console
 from agentsnap.cli._main import UTC_KEY, WIDE_KEY
+
+if TYPE_CHECKING:
+    from agentsnap.inspect import StateDiff
 
 
 def jsonable(value: object) -> object:
@@ -33,35 +36,40 @@ def print_json(value: object) -> None:
     click.echo(json.dumps(jsonable(value), indent=2, ensure_ascii=False))
 
 
-Column = str | Callable[[dict[str, Any]], object]
-"""A table column: the row's key to show, or a function of the row."""
+Row = TypeVar("Row", bound="dict[str, Any] | BaseModel")
+
+Column: TypeAlias = str | Callable[[Row], object]
+"""A table column: the row's field (or key) to show, or a function of the row."""
 
 
 def print_rows(
-    rows: Sequence[dict[str, Any]] | Sequence[BaseModel],
+    rows: Sequence[Row],
     as_json: bool,
-    columns: dict[str, Column],
+    columns: dict[str, Column[Row]],
     *,
     kinds: dict[str, console.Kind] | None = None,
-    notes: Callable[[dict[str, Any]], str | None] | None = None,
+    notes: Callable[[Row], str | None] | None = None,
 ) -> None:
-    """Print ``rows`` as JSON, or as a table with one column per entry of ``columns``.
+    """Print ``rows`` (typed results, or JSON objects) as JSON, or as a table with one
+    column per entry of ``columns``.
 
     The table fits the terminal unless ``--wide`` is given (see ``agentsnap.console``);
     ``kinds`` says how columns give way, by header, where the header does not tell;
     ``notes`` gives the text to show on lines of its own under a row, if any.
-    """
-    documents = [jsonable(row) for row in rows] if rows and isinstance(rows[0], BaseModel) else rows
+    """  # noqa: D205
     if as_json:
-        print_json(documents)
+        print_json(list(rows))
         return
-    shown: list[Any] = list(documents)
     print_table(
         list(columns),
-        [[c(r) if callable(c) else r[c] for c in columns.values()] for r in shown],
+        [[c(r) if callable(c) else _field(r, c) for c in columns.values()] for r in rows],
         kinds=kinds,
-        notes=None if notes is None else [notes(r) for r in shown],
+        notes=None if notes is None else [notes(r) for r in rows],
     )
+
+
+def _field(row: dict[str, Any] | BaseModel, name: str) -> object:
+    return row[name] if isinstance(row, dict) else getattr(row, name)
 
 
 def print_table(
@@ -88,17 +96,21 @@ def print_table(
         click.echo(line)
 
 
-def when(moment: str | None) -> str:
-    """An ISO 8601 time as ``2026-11-24 21:05:03 +01:00``: local time, or UTC with ``--utc``.
+def when(moment: datetime | str | None) -> str:
+    """A time (or an ISO 8601 one) as ``2026-11-24 21:05:03 +01:00``: local time, or UTC
+    with ``--utc``.
 
     A time without an offset is taken to be UTC (as agentsnap stores them).
-    """
+    """  # noqa: D205
     if moment is None:
         return "-"
-    try:
-        parsed = datetime.fromisoformat(moment)
-    except ValueError:
-        return moment
+    if isinstance(moment, datetime):
+        parsed = moment
+    else:
+        try:
+            parsed = datetime.fromisoformat(moment)
+        except ValueError:
+            return moment
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     ctx = click.get_current_context(silent=True)
@@ -119,27 +131,27 @@ def clipped(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def diff_lines(diff: dict[str, Any]) -> list[str]:
+def diff_lines(diff: StateDiff) -> list[str]:
     """An agent's state diff (``diff_states``) as lines: ``+`` added, ``-`` removed, ``~``."""
     lines = []
-    for part in ("memory", "tool_calls", "fields"):
-        prefix = "" if part == "fields" else f"{part}."
-        changes = diff[part]
-        lines += [f"+ {prefix}{k}: {clipped(v)}" for k, v in changes["added"].items()]
-        lines += [f"- {prefix}{k}: {clipped(v)}" for k, v in changes["removed"].items()]
+    for prefix, changes in (
+        ("memory.", diff.memory),
+        ("tool_calls.", diff.tool_calls),
+        ("", diff.fields),
+    ):
+        lines += [f"+ {prefix}{k}: {clipped(v)}" for k, v in changes.added.items()]
+        lines += [f"- {prefix}{k}: {clipped(v)}" for k, v in changes.removed.items()]
         lines += [
-            f"~ {prefix}{k}: {clipped(v['old'])} -> {clipped(v['new'])}"
-            for k, v in changes["changed"].items()
+            f"~ {prefix}{k}: {clipped(v.old)} -> {clipped(v.new)}"
+            for k, v in changes.changed.items()
         ]
-    for step in diff["plan"]:
-        if step["change"] == "added":
-            lines.append(f"+ plan[{step['index']}]: {clipped(step['new'])}")
-        elif step["change"] == "removed":
-            lines.append(f"- plan[{step['index']}]: {clipped(step['old'])}")
+    for step in diff.plan:
+        if step.change == "added":
+            lines.append(f"+ plan[{step.index}]: {clipped(step.new)}")
+        elif step.change == "removed":
+            lines.append(f"- plan[{step.index}]: {clipped(step.old)}")
         else:
-            lines.append(
-                f"~ plan[{step['index']}]: {clipped(step['old'])} -> {clipped(step['new'])}"
-            )
+            lines.append(f"~ plan[{step.index}]: {clipped(step.old)} -> {clipped(step.new)}")
     return lines
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agentsnap.cli._common import DB, JSON, act, app_of, guard, read
+from agentsnap.cli._common import DB, JSON, act, app_of, app_option, guard, read, seconds_option
 from agentsnap.cli._format import print_json, print_rows, when
 from agentsnap.cli._main import main
 from agentsnap.cli._results import Cancelled, Outcome
@@ -70,13 +70,10 @@ def demo(db: str, model: str | None, exporter: Exporter | None) -> None:
 
 # -- acting on runs: run an app, resume, cancel; a run's history of handlers --------------
 
-_RUN_APP = click.option(
-    "--app",
-    "app_spec",
-    required=True,
-    metavar="MODULE:FACTORY",
-    help="The app: a factory returning an agentsnap.distributed.App (or a list of agents); "
+_RUN_APP = app_option(
+    "The app: a factory returning an agentsnap.distributed.App (or a list of agents); "
     "the current directory is importable.",
+    required=True,
 )
 
 
@@ -170,12 +167,11 @@ def run_command(  # noqa: PLR0917 - click passes the options positionally
 @main.command("resume")
 @click.argument("run_id")
 @_RUN_APP
-@click.option(
+@seconds_option(
     "--wait",
-    type=click.FloatRange(min=0.0),
-    default=None,
-    help="Seconds to wait for an owner on another host that stopped renewing its lease "
+    "Seconds to wait for an owner on another host that stopped renewing its lease "
     "(default: twice the lease); a live process of this host is refused at once.",
+    default=None,
 )
 @DB
 @JSON
@@ -204,13 +200,7 @@ def resume_command(run_id: str, app_spec: str, wait: float | None, db: str, as_j
 @main.command("cancel")
 @click.argument("run_id")
 @click.option("--reason", default="cancelled on request", show_default=True, help="Why.")
-@click.option(
-    "--wait",
-    type=click.FloatRange(min=0.0),
-    default=0.0,
-    show_default=True,
-    help="Seconds to wait for the run's process to stop it.",
-)
+@seconds_option("--wait", "Seconds to wait for the run's process to stop it.", default=0.0)
 @DB
 @JSON
 def cancel_command(run_id: str, reason: str, wait: float, db: str, as_json: bool) -> None:
@@ -257,17 +247,13 @@ def events(  # noqa: PLR0917 - click passes the options positionally
         as_json,
         {
             "#": "index",
-            "STARTED": lambda r: when(r["started_at"]),
+            "STARTED": lambda r: when(r.started_at),
             "AGENT": "agent",
-            "TOOK": lambda r: f"{r['message']} {r['kind']}" if r["kind"] else r["message"],
-            "SENT": lambda r: (
-                ", ".join(f"{m['to']}#{m['seq']} {m['kind']}" for m in r["sent"]) or "-"
-            ),
-            "TOOLS": lambda r: (
-                ", ".join(f"{c['tool']} {c['status']}" for c in r["tool_calls"]) or "-"
-            ),
-            "MODEL": lambda r: len(r["model_calls"]) or "-",
-            "MS": lambda r: "-" if r["duration_ms"] is None else f"{r['duration_ms']:.1f}",
+            "TOOK": lambda r: f"{r.message} {r.kind}" if r.kind else r.message,
+            "SENT": lambda r: ", ".join(f"{m.to}#{m.seq} {m.kind}" for m in r.sent) or "-",
+            "TOOLS": lambda r: ", ".join(f"{c.tool} {c.status}" for c in r.tool_calls) or "-",
+            "MODEL": lambda r: len(r.model_calls) or "-",
+            "MS": lambda r: "-" if r.duration_ms is None else f"{r.duration_ms:.1f}",
             "TL": "timeline",
         },
     )

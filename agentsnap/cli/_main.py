@@ -148,6 +148,7 @@ TABLES = frozenset(
     {
         "runs",
         "snapshots",
+        "owners",
         "rollbacks",
         "checkpoints",
         "tools list",
@@ -166,6 +167,7 @@ TIMES = frozenset(
         "snapshots",
         "show",
         "history",
+        "owners",
         "rollbacks",
         "checkpoints",
         "tools list",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,6 +10,9 @@ from agentsnap import console
 from agentsnap.cli._common import DB, read
 from agentsnap.cli._format import latency, many, print_json, print_table, when
 from agentsnap.cli._main import main
+
+if TYPE_CHECKING:
+    from agentsnap.inspect import CallTotals
 
 
 @main.command("model-calls")
@@ -35,29 +38,29 @@ def model_calls(run_id: str, db: str, agent: str | None, as_json: bool) -> None:
     if as_json:
         print_json(doc)
         return
-    calls = doc["calls"]
+    calls = doc.calls
     if not calls:
         who = f" of agent {agent}" if agent else ""
-        click.echo(f"run {doc['run_id']} recorded no model calls{who}")
+        click.echo(f"run {doc.run_id} recorded no model calls{who}")
         return
-    totals = doc["totals"]
+    totals = doc.totals
     rows: list[list[object]] = [
         [
-            "~" if c["discarded"] else " ",
-            c["agent"],
-            c["message"],
-            c["position"],
-            c["timeline"],
-            c["model"],
-            c["input_tokens"],
-            c["output_tokens"],
-            latency(c["latency_ms"]),
-            when(c["started_at"]),
-            c["replays"],
+            "~" if c.discarded else " ",
+            c.agent,
+            c.message,
+            c.position,
+            c.timeline,
+            c.model,
+            c.input_tokens,
+            c.output_tokens,
+            latency(c.latency_ms),
+            when(c.started_at),
+            c.replays,
         ]
         for c in calls
     ]
-    by_agent = totals["agents"] if len(totals["agents"]) > 1 else {}
+    by_agent = totals.agents if len(totals.agents) > 1 else {}
     footer = [_total_row(name, t) for name, t in by_agent.items()]
     footer.append(_total_row("total", totals))
     print_table(
@@ -65,11 +68,11 @@ def model_calls(run_id: str, db: str, agent: str | None, as_json: bool) -> None:
         [*rows, *footer],
         kinds={"MESSAGE": console.Kind.TEXT, "MODEL": console.Kind.TEXT},
     )
-    discarded = sum(c["discarded"] for c in calls)
+    discarded = sum(c.discarded for c in calls)
     if discarded:
         click.echo(
             f"~ {many(discarded, 'call')} of a discarded timeline (asked again after a "
-            f"rollback); the run's latest timeline is {doc['timeline']}"
+            f"rollback); the run's latest timeline is {doc.timeline}"
         )
 
 
@@ -88,8 +91,8 @@ _MODEL_CALL_HEADERS = [
 ]
 
 
-def _total_row(name: str, totals: dict[str, Any]) -> list[object]:
+def _total_row(name: str, totals: CallTotals) -> list[object]:
     """A footer line of ``model-calls``: how many calls, and their tokens in and out."""
-    calls = many(totals["calls"], "call")
-    tokens = [totals["input_tokens"], totals["output_tokens"]]
+    calls = many(totals.calls, "call")
+    tokens = [totals.input_tokens, totals.output_tokens]
     return [" ", name, calls, "", "", "", *tokens, "", "", ""]

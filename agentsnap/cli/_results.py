@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from agentsnap._views import IsoTime  # pydantic reads the annotations at run time
+# pydantic reads the annotations at run time
+from agentsnap._views import IsoTime, Picked, SnapshotDiff, picked
 from agentsnap.ledger import ToolCallStatus
 from agentsnap.records import RunStatus
 
 if TYPE_CHECKING:
-    from agentsnap.ledger import LedgerEntry
-    from agentsnap.records import RunInfo, Snapshot
+    from agentsnap.records import Snapshot
     from agentsnap.store.retention import DeleteReport
     from agentsnap.store.spool import ReplayReport, Spool
 
@@ -93,18 +93,13 @@ class Recovery(BaseModel):
         )
 
 
-class ResolvedCall(BaseModel):
+class ResolvedCall(Picked):
     """``tools resolve --json``: the call's outcome as now recorded."""
 
     key: str
     status: ToolCallStatus
     result: Any
     error: str | None
-
-    @classmethod
-    def of(cls, entry: LedgerEntry) -> ResolvedCall:
-        """The document of a settled ledger entry."""
-        return cls(key=entry.key, status=entry.status, result=entry.result, error=entry.error)
 
 
 class Removal(BaseModel):
@@ -122,38 +117,20 @@ class Removal(BaseModel):
     @classmethod
     def of(cls, report: DeleteReport, streams: list[str] | None) -> Removal:
         """The document of a delete report, with the streams ``--nats`` found."""
-        return cls(
-            dry_run=report.dry_run,
-            run_ids=report.run_ids,
-            rows=report.rows,
-            total_rows=report.total_rows,
-            skipped=report.skipped,
-            reclaimed_bytes=report.reclaimed_bytes,
-            streams=streams,
-        )
+        return picked(cls, report, streams=streams)
 
     def document(self) -> dict[str, Any]:
         """The JSON printed: without ``streams`` when ``--nats`` was not given."""
         return self.model_dump(mode="json", exclude={"streams"} if self.streams is None else None)
 
 
-class Forked(BaseModel):
+class Forked(Picked):
     """``fork --json``: the new run."""
 
     id: str
     name: str | None
     parent_run_id: str | None
     parent_snapshot_id: str | None
-
-    @classmethod
-    def of(cls, run: RunInfo) -> Forked:
-        """The document of the forked run."""
-        return cls(
-            id=run.id,
-            name=run.name,
-            parent_run_id=run.parent_run_id,
-            parent_snapshot_id=run.parent_snapshot_id,
-        )
 
 
 class SnapshotRef(BaseModel):
@@ -168,7 +145,7 @@ class SnapshotRef(BaseModel):
         """The reference to ``snapshot`` (``None`` for none)."""
         if snapshot is None:
             return None
-        return cls(id=snapshot.id, seq=snapshot.seq, completed_at=snapshot.completed_at)
+        return picked(cls, snapshot)
 
 
 class Bisection(BaseModel):
@@ -180,11 +157,11 @@ class Bisection(BaseModel):
     holds_at_first: bool
     checked: int
     snapshots: int
-    diff: dict[str, Any] | None
+    diff: SnapshotDiff | None
     fork_command: str | None
 
 
-class Outcome(BaseModel):
+class Outcome(Picked):
     """``run --json`` and ``resume --json``: how the run ended."""
 
     id: str
@@ -193,26 +170,10 @@ class Outcome(BaseModel):
     traceback: str | None
     finished_at: IsoTime | None
 
-    @classmethod
-    def of(cls, run: RunInfo) -> Outcome:
-        """The outcome of ``run``."""
-        return cls(
-            id=run.id,
-            status=run.status,
-            status_reason=run.status_reason,
-            traceback=run.traceback,
-            finished_at=run.finished_at,
-        )
 
-
-class Cancelled(BaseModel):
+class Cancelled(Picked):
     """``cancel --json``: where the run stands after the request."""
 
     id: str
     status: RunStatus
     status_reason: str | None
-
-    @classmethod
-    def of(cls, run: RunInfo) -> Cancelled:
-        """The document of the run asked to stop."""
-        return cls(id=run.id, status=run.status, status_reason=run.status_reason)

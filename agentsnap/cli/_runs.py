@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import click
 from click.core import ParameterSource
@@ -226,15 +226,15 @@ def runs(
             "ID": "id",
             "NAME": "name",
             "STATUS": "status",
-            "TAGS": lambda r: ",".join(f"{k}={v}" for k, v in sorted(r["tags"].items())) or None,
-            "CREATED": lambda r: when(r["created_at"]),
+            "TAGS": lambda r: ",".join(f"{k}={v}" for k, v in sorted(r.tags.items())) or None,
+            "CREATED": lambda r: when(r.created_at),
             "SNAPSHOTS": "snapshots",
             "PARENT": "parent_run_id",
         },
         # Under its row, whole: a reason is often longer than the rest of the row.
         notes=lambda r: (
-            f"why: {' '.join(r['status_reason'].split())}{_raised_at(r['traceback'])}"
-            if r["status_reason"]
+            f"why: {' '.join(r.status_reason.split())}{_raised_at(r.traceback)}"
+            if r.status_reason
             else None
         ),
     )
@@ -266,6 +266,16 @@ def _runs_db(ctx: click.Context, db: str) -> str:
     if ctx.get_parameter_source("db") is ParameterSource.COMMANDLINE:
         return db
     return str(ctx.meta.get(_RUNS_DB_KEY, db))
+
+
+class _Removal(TypedDict):
+    """The options ``_removal_options`` declares, as click passes them."""
+
+    yes: bool
+    dry_run: bool
+    vacuum: bool
+    as_json: bool
+    nats_url: str | None
 
 
 def _removal_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -354,11 +364,7 @@ def delete_runs_command(
     run_ids: tuple[str, ...],
     db: str,
     force: bool,
-    yes: bool,
-    dry_run: bool,
-    vacuum: bool,
-    as_json: bool,
-    nats_url: str | None,
+    **removal: Unpack[_Removal],
 ) -> None:
     """Delete runs and everything they hold; RUN is an id or a unique prefix of one.
 
@@ -380,14 +386,14 @@ def delete_runs_command(
     chosen = read(db, resolve)
     ids = [run.id for run in chosen]
     plan = _refusing(lambda: read(db, lambda s: delete_runs(s, ids, force=force, dry_run=True)))
-    streams = _streams_of(nats_url, plan.run_ids)
-    if dry_run:
-        _print_removal(plan, chosen, as_json, streams)
-        return
-    if not yes:
-        _confirm(plan, chosen)
-    report = _refusing(lambda: read(db, lambda s: delete_runs(s, ids, force=force, vacuum=vacuum)))
-    _print_removal(report, chosen, as_json, _delete_streams(nats_url, report.run_ids))
+    _remove(
+        plan,
+        chosen,
+        lambda vacuum: _refusing(
+            lambda: read(db, lambda s: delete_runs(s, ids, force=force, vacuum=vacuum))
+        ),
+        removal,
+    )
 
 
 @runs.command("prune", short_help="Delete old runs by a policy: --keep N, --older-than D.")
@@ -417,11 +423,7 @@ def prune_runs_command(
     statuses: tuple[str, ...],
     name: str | None,
     tags: dict[str, str],
-    yes: bool,
-    dry_run: bool,
-    vacuum: bool,
-    as_json: bool,
-    nats_url: str | None,
+    **removal: Unpack[_Removal],
 ) -> None:
     """Delete old runs: all but the newest N (--keep), or those older than a time, or both.
 
@@ -451,20 +453,37 @@ def prune_runs_command(
         ),
     )
     chosen = read(db, lambda store: _runs_of(store, [*plan.run_ids, *plan.skipped]))
-    streams = _streams_of(nats_url, plan.run_ids)
-    if dry_run or not plan.run_ids:
-        _print_removal(plan, chosen, as_json, streams)
+
+    def delete(vacuum: bool) -> DeleteReport:
+        report = read(
+            db, lambda store: delete_runs(store, plan.run_ids, skip_refused=True, vacuum=vacuum)
+        )
+        return replace(report, skipped={**plan.skipped, **report.skipped})
+
+    _remove(plan, chosen, delete, removal)
+
+
+def _remove(
+    plan: DeleteReport,
+    chosen: list[RunInfo],
+    delete: Callable[[bool], DeleteReport],
+    removal: _Removal,
+) -> None:
+    """Carry out a delete or prune whose dry run gave ``plan``, as ``removal`` says.
+
+    With ``--dry-run``, or when nothing goes, it only shows ``plan``; otherwise it asks
+    (unless ``--yes``), deletes with ``delete(vacuum)`` and shows what went. With
+    ``--nats``, the server must answer before anything is deleted.
+    """
+    streams = _streams_of(removal["nats_url"], plan.run_ids)
+    if removal["dry_run"] or not plan.run_ids:
+        _print_removal(plan, chosen, removal["as_json"], streams)
         return
-    if not yes:
+    if not removal["yes"]:
         _confirm(plan, chosen)
-    report = read(
-        db, lambda store: delete_runs(store, plan.run_ids, skip_refused=True, vacuum=vacuum)
-    )
+    report = delete(removal["vacuum"])
     _print_removal(
-        replace(report, skipped={**plan.skipped, **report.skipped}),
-        chosen,
-        as_json,
-        _delete_streams(nats_url, report.run_ids),
+        report, chosen, removal["as_json"], _delete_streams(removal["nats_url"], report.run_ids)
     )
 
 

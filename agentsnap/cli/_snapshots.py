@@ -1,11 +1,12 @@
 """A run's snapshots and what they hold: ``snapshots``, ``show``, ``diff``, ``history``, ...
 
-Also ``rollbacks`` and ``checkpoints`` (a run's LangGraph checkpoints).
+Also ``owners`` (who owned a run, when), ``rollbacks`` and ``checkpoints`` (a run's
+LangGraph checkpoints).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,6 +22,10 @@ from agentsnap.cli._format import (
     when,
 )
 from agentsnap.cli._main import main
+from agentsnap.records import SnapshotStatus
+
+if TYPE_CHECKING:
+    from agentsnap.inspect import CallSummary, PreviousSnapshot, SnapshotRow
 
 
 @main.command()
@@ -44,19 +49,22 @@ def snapshots(run_id: str, db: str, as_json: bool) -> None:
             "ID": "id",
             "STATUS": "status",
             "INITIATOR": "initiator",
-            "STARTED": lambda r: when(r["started_at"]),
-            "AGENTS": lambda r: ",".join(r["agents"]),
+            "STARTED": lambda r: when(r.started_at),
+            "AGENTS": lambda r: ",".join(r.agents),
             "IN-FLIGHT": "in_flight",
         },
     )
     if not as_json:
         for row in rows:
-            if row["status"] == "damaged":
-                click.echo(
-                    console.paint_warning(f"! snapshot {row['seq']} is damaged: {row['error']}")
-                )
-            elif row["status"] == "failed" and row["error"]:
-                click.echo(console.paint_warning(f"! snapshot {row['seq']} failed: {row['error']}"))
+            if problem := _problem(row):
+                click.echo(console.paint_warning(f"! snapshot {row.seq} {problem}: {row.error}"))
+
+
+def _problem(row: SnapshotRow) -> str | None:
+    """What the line under the table says of a snapshot, if anything."""
+    if row.status is SnapshotStatus.DAMAGED:
+        return "is damaged"
+    return "failed" if row.status is SnapshotStatus.FAILED and row.error else None
 
 
 @main.command()
@@ -83,56 +91,56 @@ def show(snapshot_id: str, db: str, agent: str | None, app_spec: str | None, as_
         print_json(doc)
         return
     click.echo(
-        f"snapshot {doc['id']}  run {doc['run_id']}  seq {doc['seq']}  {doc['status']}  "
-        f"by {doc['initiator']}  started {when(doc['started_at'])}"
+        f"snapshot {doc.id}  run {doc.run_id}  seq {doc.seq}  {doc.status.value}  "
+        f"by {doc.initiator}  started {when(doc.started_at)}"
     )
-    if doc["status"] == "damaged":
-        click.echo(f"damaged: {doc['error']}")
-        if doc["damaged_agents"]:
-            click.echo(f"missing or unreadable: {', '.join(doc['damaged_agents'])}")
-    elif doc["error"]:
-        click.echo(f"error: {doc['error']}")
-    run = doc["run"]
-    if run["status_reason"]:
-        click.echo(f"run {run['status']}: {run['status_reason']}")
-    if run["traceback"]:
-        click.echo(run["traceback"].rstrip())
-    for name, cut in doc["agents"].items():
+    if doc.status is SnapshotStatus.DAMAGED:
+        click.echo(f"damaged: {doc.error}")
+        if doc.damaged_agents:
+            click.echo(f"missing or unreadable: {', '.join(doc.damaged_agents)}")
+    elif doc.error:
+        click.echo(f"error: {doc.error}")
+    run = doc.run
+    if run.status_reason:
+        click.echo(f"run {run.status.value}: {run.status_reason}")
+    if run.traceback:
+        click.echo(run.traceback.rstrip())
+    for name, cut in doc.agents.items():
         # A state's version is shown once its class declares one (1 is the default).
-        version = f", version {cut['state_version']}" if cut["state_version"] != 1 else ""
-        if cut.get("read_as", cut["state_version"]) != cut["state_version"]:
-            version = f", version {cut['state_version']}, read as version {cut['read_as']}"
-        click.echo(f"agent {name}  (state {cut['state_hash'][:12]}{version})")
-        if "unreadable" in cut:
-            click.echo(console.paint_warning(f"  ! {cut['unreadable']}"))
-        click.echo(f"  sent: {counters(cut['sent'])}")
-        click.echo(f"  received: {counters(cut['received'])}")
-        for key, value in cut["state"].items():
+        version = f", version {cut.state_version}" if cut.state_version != 1 else ""
+        if cut.read_as is not None and cut.read_as != cut.state_version:
+            version = f", version {cut.state_version}, read as version {cut.read_as}"
+        click.echo(f"agent {name}  (state {cut.state_hash[:12]}{version})")
+        if cut.unreadable is not None:
+            click.echo(console.paint_warning(f"  ! {cut.unreadable}"))
+        click.echo(f"  sent: {counters(cut.sent)}")
+        click.echo(f"  received: {counters(cut.received)}")
+        for key, value in cut.state.items():
             click.echo(f"  {key}: {clipped(value)}")
-        _show_model_calls(cut["model_calls"], doc["previous"])
-    messages = [(c["src"], c["dst"], m) for c in doc["channels"] for m in c["messages"]]
+        _show_model_calls(cut.model_calls, doc.previous)
+    messages = [(c.src, c.dst, m) for c in doc.channels for m in c.messages]
     click.echo(f"in flight: {len(messages)}")
     for src, dst, m in messages:
-        click.echo(f"  {src} -> {dst} #{m['seq']} {m['kind']}: {clipped(m['payload'])}")
+        click.echo(f"  {src} -> {dst} #{m.seq} {m.kind}: {clipped(m.payload)}")
 
 
-def _show_model_calls(calls: list[dict[str, Any]], previous: dict[str, Any] | None) -> None:
+def _show_model_calls(calls: list[CallSummary], previous: PreviousSnapshot | None) -> None:
     """An agent's model calls since the previous cut, one line each, under a count."""
     if not calls:
         return
-    since = "the run began" if previous is None else f"snapshot {previous['seq']}"
-    tokens_in = sum(c["input_tokens"] for c in calls)
-    tokens_out = sum(c["output_tokens"] for c in calls)
+    since = "the run began" if previous is None else f"snapshot {previous.seq}"
+    tokens_in = sum(c.input_tokens for c in calls)
+    tokens_out = sum(c.output_tokens for c in calls)
     click.echo(
         f"  model calls since {since}: {len(calls)} ({tokens_in} tokens in, {tokens_out} out)"
     )
     for c in calls:
-        mark = "~" if c["discarded"] else " "
-        answer = c["answer"] if len(c["answer"]) <= 60 else c["answer"][:57] + "..."
+        mark = "~" if c.discarded else " "
+        answer = c.answer if len(c.answer) <= 60 else c.answer[:57] + "..."
         click.echo(
-            f"   {mark}{c['message']} #{c['position']} timeline {c['timeline']}  "
-            f"{c['model'] or '-'}  {c['input_tokens']}/{c['output_tokens']} tokens  "
-            f"{latency(c['latency_ms'])}: {answer}"
+            f"   {mark}{c.message} #{c.position} timeline {c.timeline}  "
+            f"{c.model or '-'}  {c.input_tokens}/{c.output_tokens} tokens  "
+            f"{latency(c.latency_ms)}: {answer}"
         )
 
 
@@ -166,18 +174,17 @@ def diff(  # noqa: PLR0917
     if as_json:
         print_json(doc)
         return
-    if doc["a_run_id"] == doc["b_run_id"]:
-        header = f"diff {doc['a']} -> {doc['b']}"
+    if doc.a_run_id == doc.b_run_id:
+        header = f"diff {doc.a} -> {doc.b}"
     else:  # snapshots of two runs (a fork and its parent, say): name both runs
-        header = f"diff {doc['a']} (run {doc['a_run_id']}) -> {doc['b']} (run {doc['b_run_id']})"
+        header = f"diff {doc.a} (run {doc.a_run_id}) -> {doc.b} (run {doc.b_run_id})"
     click.echo(console.paint_header(header))
-    for side in ("a", "b"):
-        if doc[f"{side}_damaged"]:
-            damaged = f"! snapshot {doc[side]} is damaged: {doc[f'{side}_damaged']}"
-            click.echo(console.paint_warning(damaged))
-    for entry in doc["agents"]:
-        click.echo(console.paint_header(f"agent {entry['agent']}: {entry['change']}"))
-        for line in diff_lines(entry):
+    for side, damage in ((doc.a, doc.a_damaged), (doc.b, doc.b_damaged)):
+        if damage:
+            click.echo(console.paint_warning(f"! snapshot {side} is damaged: {damage}"))
+    for entry in doc.agents:
+        click.echo(console.paint_header(f"agent {entry.agent}: {entry.change}"))
+        for line in diff_lines(entry.diff):
             click.echo(console.paint_diff_line(f"  {line}"))
 
 
@@ -198,24 +205,50 @@ def history(run_id: str, db: str, agent: str, as_json: bool) -> None:
         print_json(rows)
         return
     for row in rows:
-        state = "-" if row["state_hash"] is None else row["state_hash"][:12]
+        state = "-" if row.state_hash is None else row.state_hash[:12]
         click.echo(
             console.paint_header(
-                f"snapshot {row['seq']}  {row['snapshot_id']}  {when(row['completed_at'])}  "
-                f"state {state}"
+                f"snapshot {row.seq}  {row.snapshot_id}  {when(row.completed_at)}  state {state}"
             )
         )
-        if row["damaged"]:
-            click.echo(console.paint_warning(f"  ! damaged: {row['damaged']}"))
-        if row["state"] is None:
+        if row.damaged:
+            click.echo(console.paint_warning(f"  ! damaged: {row.damaged}"))
+        if row.state is None:
             continue
-        if row["changes"] is None:
-            for key, value in row["state"].items():
+        if row.changes is None:
+            for key, value in row.state.items():
                 click.echo(f"  {key}: {clipped(value)}")
         else:
-            lines = diff_lines(row["changes"])
+            lines = diff_lines(row.changes)
             for line in lines or ["(unchanged)"]:
                 click.echo(console.paint_diff_line(f"  {line}"))
+
+
+@main.command()
+@click.argument("run_id")
+@DB
+@JSON
+def owners(run_id: str, db: str, as_json: bool) -> None:
+    """List who owned run RUN_ID: each process that took its lease, when, and how it ended.
+
+    HOW is `released` (it stopped cleanly), `crashed` (it stopped without giving the run
+    back: the next owner took the run over; LAST SEEN is its last lease renewal) or
+    `holds`. Runs that started before the database kept owners list only later ones.
+    """
+    from agentsnap.inspect import owners_table  # noqa: PLC0415
+
+    print_rows(
+        read(db, lambda store: owners_table(store, run_id)),
+        as_json,
+        {
+            "TOKEN": "token",
+            "OWNER": "owner",
+            "ACQUIRED": lambda r: when(r.acquired_at),
+            "ENDED": lambda r: when(r.ended_at),
+            "HOW": "ended",
+            "LAST SEEN": lambda r: when(r.last_renewed_at),
+        },
+    )
 
 
 @main.command()
@@ -230,7 +263,7 @@ def rollbacks(run_id: str, db: str, as_json: bool) -> None:
         read(db, lambda store: rollbacks_table(store, run_id)),
         as_json,
         {
-            "AT": lambda r: when(r["at"]),
+            "AT": lambda r: when(r.at),
             "SNAPSHOT": "snapshot_id",
             "AGENT": "agent",
             "SOURCE": "source",
@@ -259,13 +292,13 @@ def checkpoints(run_id: str, db: str, agent: str | None, as_json: bool) -> None:
         as_json,
         {
             "AGENT": "agent",
-            "THREAD": lambda r: _thread(r["thread_id"]),
-            "CHECKPOINT": lambda r: _short(r["checkpoint_id"]),
-            "PARENT": lambda r: _short(r["parent_id"]),
+            "THREAD": lambda r: _thread(r.thread_id),
+            "CHECKPOINT": lambda r: _short(r.checkpoint_id),
+            "PARENT": lambda r: _short(r.parent_id),
             "STEP": "step",
             "SOURCE": "source",
-            "CREATED": lambda r: when(r["created_at"]),
-            "SNAPSHOTS": lambda r: ",".join(map(str, r["snapshots"])) or None,
+            "CREATED": lambda r: when(r.created_at),
+            "SNAPSHOTS": lambda r: ",".join(map(str, r.snapshots)) or None,
         },
     )
 

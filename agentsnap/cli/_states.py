@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from agentsnap.cli._common import DB, JSON, read, state_models
+from agentsnap.cli._common import DB, JSON, app_option, read, state_models
 from agentsnap.cli._format import print_rows
 from agentsnap.cli._main import main
 
@@ -17,13 +17,10 @@ def states() -> None:
 @states.command("check")
 @click.argument("run_id", required=False)
 @DB
-@click.option(
-    "--app",
-    "app_spec",
-    required=True,
-    metavar="MODULE:FACTORY",
-    help="The code to check against: a factory returning an agentsnap.distributed.App or a "
+@app_option(
+    "The code to check against: a factory returning an agentsnap.distributed.App or a "
     "list of agents (the current directory is importable).",
+    required=True,
 )
 @JSON
 def check(run_id: str | None, db: str, app_spec: str, as_json: bool) -> None:
@@ -39,7 +36,7 @@ def check(run_id: str | None, db: str, app_spec: str, as_json: bool) -> None:
     models = state_models(app_spec)
     assert models is not None
     rows = read(db, lambda store: check_stored_states(store, models, run_id))
-    bad = [row for row in rows if row["unreadable"]]
+    bad = [row for row in rows if row.unreadable]
     print_rows(
         rows,
         as_json,
@@ -47,12 +44,12 @@ def check(run_id: str | None, db: str, app_spec: str, as_json: bool) -> None:
             "RUN": "run_id",
             "AGENT": "agent",
             "STORED": "stored_version",
-            "NOW": lambda r: "-" if r["current_version"] is None else r["current_version"],
-            "SNAPSHOTS": lambda r: _seqs(r["snapshots"]),
+            "NOW": lambda r: "-" if r.current_version is None else r.current_version,
+            "SNAPSHOTS": lambda r: _seqs(r.snapshots),
             "READABLE": "readable",
             "UNREADABLE": "unreadable",
         },
-        notes=lambda r: None if r["error"] is None else f"! {r['error']}",
+        notes=lambda r: None if r.error is None else f"! {r.error}",
     )
     if not as_json:
         if not rows:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +15,7 @@ from agentsnap.cli._results import ResolvedCall
 from agentsnap.ledger import ToolCallStatus
 
 if TYPE_CHECKING:
+    from agentsnap.inspect import ToolCallRow
     from agentsnap.store.sql import SqlStore
 
 
@@ -72,29 +73,29 @@ def list_tool_calls(run_id: str | None, db: str, status: str | None, as_json: bo
     """
     from agentsnap.inspect import ledger_calls_table, resolve_run  # noqa: PLC0415
 
-    async def query(store: SqlStore) -> list[dict[str, Any]]:
+    async def query(store: SqlStore) -> list[ToolCallRow]:
         run = None if run_id is None else (await resolve_run(store, run_id)).id
         return await ledger_calls_table(store, run)
 
     rows = read(db, query)
-    rows = [row for row in rows if status is None or row["status"] == status]
+    rows = [row for row in rows if status is None or row.status == status]
     print_rows(
         rows,
         as_json,
         {
-            "": lambda r: "!" if r["unknown"] else " ",
+            "": lambda r: "!" if r.unknown else " ",
             "KEY": "key",
             "STATUS": "status",
             "TOOL": "tool",
             "ATTEMPTS": "attempts",
             "RUN": "run",
             "AGENT": "agent",
-            "UPDATED": lambda r: when(r["updated_at"]),
+            "UPDATED": lambda r: when(r.updated_at),
         },
     )
     if as_json:
         return
-    unknown = sum(r["unknown"] for r in rows)
+    unknown = sum(r.unknown for r in rows)
     if unknown:
         click.echo(
             console.paint_warning(

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from agentsnap.cli._common import DB, RETRY, app_of, guard
+from agentsnap.cli._common import DB, RETRY, app_of, app_option, guard, seconds_option
 from agentsnap.cli._main import main
 
 
@@ -17,40 +17,30 @@ from agentsnap.cli._main import main
     "--nats", "nats_url", required=True, metavar="URL", help="The NATS server (JetStream on)."
 )
 @DB
-@click.option(
-    "--app",
-    "app_spec",
-    required=True,
-    metavar="MODULE:FACTORY",
-    help="The run's app: a factory returning an agentsnap.distributed.App (the current "
+@app_option(
+    "The run's app: a factory returning an agentsnap.distributed.App (the current "
     "directory is importable).",
+    required=True,
 )
 @click.option("--run", "run_id", required=True, help="The run (its coordinator created it).")
 @click.option("--agents", "agent_names", metavar="A,B", help="Host these agents.")
 @click.option(
     "--group", metavar="N/M", help="Host the agents whose name hashes to group N of M (0 <= N < M)."
 )
-@click.option(
-    "--lease",
-    type=click.FloatRange(min=1.0),
-    default=10.0,
-    show_default=True,
-    help="Seconds the claim on the agents holds without renewal.",
+@seconds_option(
+    "--lease", "Seconds the claim on the agents holds without renewal.", default=10.0, least=1.0
 )
-@click.option(
+@seconds_option(
     "--nats-patience",
-    type=click.FloatRange(min=0.1),
+    "Seconds to wait for a lost NATS server to come back before giving up (exit status 1).",
     default=60.0,
-    show_default=True,
-    help="Seconds to wait for a lost NATS server to come back before giving up (exit status 1).",
+    least=0.1,
 )
-@click.option(
+@seconds_option(
     "--wait",
-    type=click.FloatRange(min=0.0),
-    default=0.0,
-    show_default=True,
-    help="Seconds to wait for agents another worker holds: to take over the agents of a "
+    "Seconds to wait for agents another worker holds: to take over the agents of a "
     "worker that stopped, once its leases expire.",
+    default=0.0,
 )
 @click.option(
     "--move",

@@ -6,6 +6,9 @@ coordinator started again for a run (``DistributedRun.take_over``) reads them ba
 
 - the complete snapshots, the rollbacks, and from them which snapshots lie on a timeline a
   rollback left (those are never a rollback's target again);
+- the run's timeline: the newest one its replay log marks (a coordinator marks each one it
+  starts there before ordering it, and a worker logs its order on it before any effect
+  depends on it), so that the takeover redoes the work after the cut on the same timeline;
 - the newest snapshot number any process may have seen: the highest stored, or carried by an
   item the environment published (a marker's snapshot, a message's epoch), since every
   snapshot begins at the environment;
@@ -28,7 +31,7 @@ from agentsnap.records import RollbackInfo, Snapshot, SnapshotStatus
 
 if TYPE_CHECKING:
     from agentsnap.jetstream import JetStreamLink
-    from agentsnap.store import RunStore
+    from agentsnap.store import DistributedStore
 
 __all__ = [
     "GENERATIONS_PER_COORDINATOR",
@@ -79,6 +82,7 @@ class StoredTimeline:
         left: Per rollback, the snapshot numbers ``(lo, hi]`` of the timeline it left: the
             snapshots after its target begun before it.
         last_seq: The highest snapshot number stored.
+        line: The run's timeline: the newest one its replay log marks (0: the first).
     """
 
     complete: list[Snapshot] = field(default_factory=list)
@@ -86,10 +90,11 @@ class StoredTimeline:
     rollbacks: list[RollbackInfo] = field(default_factory=list)
     left: list[tuple[int, int]] = field(default_factory=list)
     last_seq: int = 0
+    line: int = 0
 
     @classmethod
-    async def load(cls, store: RunStore, run_id: str) -> StoredTimeline:
-        """Read the run's snapshots and rollbacks."""
+    async def load(cls, store: DistributedStore, run_id: str) -> StoredTimeline:
+        """Read the run's snapshots, rollbacks and timeline."""
         snapshots = sorted(await store.list_snapshots(run_id), key=lambda s: s.seq)
         rollbacks = sorted(await store.list_rollbacks(run_id), key=lambda r: r.at)
         complete = [s for s in snapshots if s.status is SnapshotStatus.COMPLETE]
@@ -110,6 +115,7 @@ class StoredTimeline:
             rollbacks=rollbacks,
             left=left,
             last_seq=max((s.seq for s in snapshots), default=0),
+            line=max((segment.timeline for segment in await store.load_replay(run_id)), default=0),
         )
 
     def missing(self, upto: int) -> list[int]:

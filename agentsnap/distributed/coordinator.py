@@ -31,13 +31,16 @@ fences the dead coordinator's store out; it reads the run back (the complete sna
 rollbacks and the timelines they left, the snapshot numbering, and from the run's stream every
 message the environment sent); it stores the snapshots the dead one began and never
 completed as failed; and it rolls every process back to the last complete snapshot of the
-run's timeline, in a generation above any the dead one could have ordered. The workers never
-stopped serving: they carry out that rollback and go on. Whatever they reported while no
-coordinator listened (a rejected output, a rollback carried out, work lost to the database)
-belongs to the timeline the takeover leaves, and is done again from the cut if it still
-happens there. A coordinator that was replaced while it was away (suspended, or cut off from
-the database) finds out at its next write or renewal: the store refuses its writes, its
-workers ignore its orders (of an older generation), and it stops
+run's timeline, in a generation above any the dead one could have ordered, staying on that
+timeline (the newest one the run's replay log marks): every worker redoes its agents' work
+after the cut in the order it logged, with its recorded model answers, so that keys derived
+for side-effecting calls name the same calls. The workers never stopped serving: they
+carry out that rollback and go on. Whatever they reported while no coordinator listened (a
+rejected output, a rollback carried out, work lost to the database) belongs to a generation
+the takeover leaves, and is done again from the cut if it still happens there. A
+coordinator that was replaced while it was away (suspended, or cut off from the database)
+finds out at its next write or renewal: the store refuses its writes, its workers ignore its
+orders (of an older generation), and it stops
 ([`fenced`][agentsnap.distributed.DistributedRun.fenced]).
 """
 
@@ -323,7 +326,10 @@ class DistributedRun:
         4. rolls every process back to the last complete snapshot of the run's timeline (the
            run's start when there is none), recorded as a rollback whose source is
            ``recovery`` (``took_over``): the workers, which kept serving, carry it out, the
-           environment sends again what it had sent after that cut, and the run goes on.
+           environment sends again what it had sent after that cut, and the run goes on,
+           on the same timeline: each worker's agents take their messages after the cut in
+           the order the workers logged, and their model calls get the answers recorded, so
+           keys derived for side-effecting calls name the same calls as before.
 
         The retry policy's accounts start afresh, and the takeover's rollback spends none
         of them. Pass the app, policy and retention the stopped coordinator had.
@@ -454,6 +460,7 @@ class DistributedRun:
             history=timeline.rollbacks,
             left=timeline.left,
             hosted=[lease.agent for lease in leases],
+            timeline=timeline.line,
         )
         reason = (
             f"its coordinator stopped before it completed; coordinator {owner} took the run over"
@@ -744,6 +751,8 @@ class DistributedRun:
             self.authority.lost(request)
         elif "passed" in request:
             self.authority.passed(request)
+        elif "let_go" in request:
+            await self._let_go_again(request)
         elif "move" in request and msg.reply:
             task = asyncio.ensure_future(self._move(request, msg))
             self._failing.add(task)
@@ -784,6 +793,7 @@ class DistributedRun:
                 except (SnapshotFailed, TimeoutError) as exc:
                     logger.warning("run %s: the cut for a move failed: %r", self.run_id, exc)
             self.moves.append((names, worker))
+            self.authority.moving(names, worker)
             logger.warning(
                 "run %s: %s move to worker %s at snapshot %s",
                 self.run_id,
@@ -798,6 +808,24 @@ class DistributedRun:
             await msg.respond(orjson.dumps(answer))
         except Exception as exc:  # the worker gives up, saying so
             logger.warning("run %s: a move was not answered: %r", self.run_id, exc)
+
+    async def _let_go_again(self, request: dict[str, Any]) -> None:
+        """A worker moving agents to itself finds them still held: order the let-go again.
+
+        Only the latest move of those agents is ordered again, and only for the worker it
+        moves them to; a worker lets an agent go once (it no longer hosts it after).
+        """
+        worker = str(request.get("to"))
+        wanted = request.get("let_go")
+        names = {str(n) for n in wanted} if isinstance(wanted, list) else set()
+        latest = next((move for move in reversed(self.moves) if names.intersection(move[0])), None)
+        if latest is None or latest[1] != worker:
+            return  # no such move, or a later one took its place
+        body = orjson.dumps({"let_go": latest[0], "to": worker})
+        try:
+            await self._link.nc.publish(broadcast_subject(self.run_id), body)
+        except Exception as exc:  # the worker asks again
+            logger.warning("run %s: a let-go was not ordered again: %r", self.run_id, exc)
 
     # -- completion -------------------------------------------------------------------------
 

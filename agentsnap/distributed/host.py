@@ -321,6 +321,20 @@ class Host:
         if self.replay is not None:
             self.replay.timeline = timeline
 
+    async def mark_timeline(self, timeline: int) -> None:
+        """Mark in the run's replay log that the run goes on with ``timeline`` from here.
+
+        The run's coordinator marks each timeline it starts before it orders it: the mark
+        holds no delivery, and every worker's deliveries on that timeline come after it. A
+        coordinator that takes the run over goes on with the newest timeline marked, the
+        one the workers logged their order on and recorded their model calls on.
+
+        Raises:
+            StoreError: The store could not write it.
+            OwnershipLost: The store is fenced, and another coordinator took the run over.
+        """
+        await _append_shared(self.store, self.run_id, ReplaySegment.of(timeline))
+
     async def close(self, drain: float = 10.0) -> None:
         """Stop delivering; the snapshots in progress fail here; wait for the part writes.
 
@@ -682,6 +696,24 @@ class Host:
 
     # -- what the team reports (TeamEvents) ---------------------------------------------------
 
+    def _stop_to_report(self, generation: int, what: str) -> int | None:
+        """Stop delivering here, to report ``what`` happened on ``generation`` to the coordinator.
+
+        One report per timeline: the first stops the scheduler, and the coordinator's rollback
+        order (or its stop) follows.
+
+        Returns:
+            The timeline reported; ``None`` when ``generation`` is a discarded timeline's, or
+            this one was reported already (nothing to do).
+        """
+        if generation != self.team.generation or self._reported is not None:
+            logger.debug("%s: dropped %s of a discarded timeline", self.worker, what)
+            return None
+        reported = self._reported = self.transport.generation
+        # Stop here at once, before other handlers see what this one did.
+        self.scheduler.pause()
+        return reported
+
     def failed(self, failure: HandlerFailed) -> None:
         """A hosted handler (or ``on_rollback``) raised: the other agents go on."""
         self.failures.append(failure)
@@ -690,13 +722,9 @@ class Host:
         self, rejection: OutputRejected, generation: int, handling: Message | None
     ) -> None:
         """An output was rejected here: stop delivering, and tell the run's coordinator."""
-        if generation != self.team.generation or self._reported is not None:
-            logger.debug("%s: dropped a rejection of a discarded timeline", self.worker)
+        reported = self._stop_to_report(generation, "a rejection")
+        if reported is None:
             return
-        reported = self._reported = self.transport.generation
-        # Stop here at once, before other handlers see what this one did; the coordinator's
-        # rollback order (or its stop) follows.
-        self.scheduler.pause()
         logger.warning(
             "%s: output of %s rejected by %s: %s",
             self.worker,
@@ -711,11 +739,9 @@ class Host:
         """A handler here could not finish for a database fault: stop delivering, and tell the
         run's coordinator, which rolls every process back once the database answers.
         """  # noqa: D205
-        if generation != self.team.generation or self._reported is not None:
-            logger.debug("%s: dropped a database failure of a discarded timeline", self.worker)
+        reported = self._stop_to_report(generation, "a database failure")
+        if reported is None:
             return
-        reported = self._reported = self.transport.generation
-        self.scheduler.pause()
         logger.warning(
             "%s: agent %r could not finish %s: %s; the run goes back to its last cut once the "
             "database answers",

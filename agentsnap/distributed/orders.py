@@ -10,6 +10,7 @@ run's coordinator on the run's control subject
 | ``{"restored": g, "epoch": n, "worker": w, "agents": [...], "discarded": d}`` | ``w`` carried out rollback ``g`` (its agents are restored); ``n``: the newest snapshot number it saw |
 | ``{"passed": [src, dst, seq], "worker": w}`` | a message redone after a rejection was handled without one |
 | ``{"move": w, "agents": [...]}`` (a request) | ``w`` takes these agents from the workers hosting them: the coordinator takes a snapshot, tells every worker to let them go, and replies ``{"moving": [...], "snapshot": k}`` (or ``{"error": why}``) |
+| ``{"let_go": [...], "to": w}`` | ``w``, moving these agents to itself, finds them still held: the coordinator orders the latest move of them again |
 | ``{"hello": w, "agents": [...]}`` (a request) | ``w`` starts: the reply says the run's generation, timeline and snapshot number, and whether ``w`` is to wait for a rollback that restores its agents |
 
 The coordinator tells every process on the run's broadcast subject
@@ -20,7 +21,7 @@ The coordinator tells every process on the run's broadcast subject
 | ``{"rollback": {...}}`` | phase 1: stop, and go back to the cut (a [`RollbackOrder`][agentsnap.distributed.RollbackOrder]) |
 | ``{"resume": g, "epoch": n}`` | phase 2: every process carried out rollback ``g``: deliver again |
 | ``{"let_go": [...], "to": w}`` | the worker hosting these agents stops hosting them (``w`` takes them) and goes on with the others |
-| ``{"stop": reason}`` | the run stopped (its retry policy gave up): deliver nothing more |
+| ``{"stop": reason, "cancelled": c}`` | the run stopped (cancelled on request, or its retry policy gave up): deliver nothing more |
 """  # noqa: E501 - tables
 
 from __future__ import annotations
@@ -83,11 +84,12 @@ class RollbackOrder:
         redo: The messages being redone after rejected outputs: a worker says when one of
             them was handled without a rejection, which ends its episode.
         timeline: The timeline the run is on after the rollback (``None``: the
-            generation's). A rollback for a rejected output or for work lost to the database
-            starts a new one, numbered by its generation; a recovery (a worker restarted)
-            stays on the run's timeline, as one process resumed after a crash does: every
-            process then redoes its agents' deliveries after the cut in the order it logged,
-            and the handlers get the answers their model calls recorded.
+            generation's). A rollback for a rejected output starts a new one, numbered by
+            its generation; a recovery (a worker restarted, or a coordinator took the run
+            over) and a rollback for work lost to the database stay on the run's timeline,
+            as one process resumed after a crash does: every process then redoes its
+            agents' deliveries after the cut in the order it logged, and the handlers get
+            the answers their model calls recorded.
     """
 
     id: str

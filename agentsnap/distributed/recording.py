@@ -280,7 +280,10 @@ class PartCoordinator(SnapshotCoordinator):
         """Tell the other processes how many messages each agent here had sent at ``seq``.
 
         Per agent hosted here, the count of each channel to another process that ever
-        carried a message: any other channel from it had carried none.
+        carried a message: those it sent on from this worker, and those its cut counts
+        messages on, which a restore gave it (sent before the cut, maybe by another worker
+        that hosted it, or while the receiver ran here). Any other channel from it had
+        carried none.
         """
         self._untold.pop(seq, None)
         tell = self.tell
@@ -288,12 +291,15 @@ class PartCoordinator(SnapshotCoordinator):
             return
         transport = self.bus.transport
         used = transport.used if isinstance(transport, JetStreamTransport) else {}
+        local = self.local
         sent: dict[str, dict[str, int]] = {}
         for name, cut in progress.cuts.items():
             if name == ENVIRONMENT:
                 continue
             counts = cut.sent
-            sent[name] = {dst: counts.get(dst, 0) for dst in used.get(name, ())}
+            told = {dst: counts.get(dst, 0) for dst in used.get(name, ())}
+            told.update({dst: n for dst, n in counts.items() if n and dst not in local})
+            sent[name] = told
         tell({"cut": seq, "worker": self.worker, "sent": sent})
 
     def heard(self, notice: Mapping[str, Any]) -> None:

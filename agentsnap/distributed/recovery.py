@@ -29,14 +29,25 @@ stopped: the snapshots in progress fail (its part will never come), and none beg
 its agents are hosted again. A worker that starts asks the coordinator (``hello``) for the
 run's generation and snapshot number; when its agents were hosted before (a restarted
 worker, or another one given the agents of a stopped one), the whole run rolls back to the
-last complete snapshot as above, the new worker restoring its agents from it.
+last complete snapshot as above, the new worker restoring its agents from it. A worker that
+let some of its agents go to another (a move) and rejoins with the others waits for the
+recovery the other worker's ``hello`` begins: a move costs one rollback.
+
+**Timelines.** A rollback for a rejected output starts a new timeline, numbered by its
+generation; a recovery, a rollback for work lost to the database, and a takeover stay on the
+run's timeline. Before it orders a rollback that starts one, the coordinator marks the new
+timeline in the run's replay log (waiting for the database if it must), so the store always
+knows the timeline the workers are on.
 
 **Takeover.** A coordinator that takes the run over from one that stopped starts from what
 the store holds (``taken_over``): the rollbacks recorded, the timelines they left, the
-agents some worker hosted; and a generation above every one its predecessor could have
-ordered, even one whose rollback it never recorded. It then rolls every process back to the
-last complete snapshot of the run's timeline (``take_over``), as for a restarted worker. A
-coordinator that learns it was replaced is ``fence``d: it orders nothing more.
+agents some worker hosted, the run's timeline (the newest marked); and a generation above
+every one its predecessor could have ordered, even one whose rollback it never recorded. It
+then rolls every process back to the last complete snapshot of the run's timeline
+(``take_over``), as for a restarted worker, and on that timeline: every worker redoes its
+agents' deliveries after the cut in the order it logged, with the answers their model calls
+recorded, so derived keys name the same calls. A coordinator that learns it was replaced is
+``fence``d: it orders nothing more.
 """
 
 from __future__ import annotations
@@ -45,20 +56,20 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from agentsnap._team import until_answers
+from agentsnap._team import lost_to_database, until_answers
 from agentsnap.distributed.orders import (
     MessageKey,
     RollbackOrder,
     broadcast_subject,
     rejection_of,
 )
-from agentsnap.exceptions import RunCancelled
+from agentsnap.exceptions import OwnershipLost, RunCancelled, StoreError
 from agentsnap.records import RollbackInfo, Snapshot, utcnow
 from agentsnap.requests import withdraw_discarded
 from agentsnap.rollback import RetryBudget, RetryPolicy
@@ -143,9 +154,9 @@ class RollbackAuthority:
         self.generation = 0
         self.timeline = 0
         """The run's timeline: the generation of the last rollback for a rejected output (a
-        recovery, or a rollback for work lost to the database, redoes the timeline's work in
-        the order logged, with its recorded model answers)."""
-        self._timeline_known = True  # False after a takeover: the next rollback starts one
+        recovery, a rollback for work lost to the database, and a takeover redo the
+        timeline's work in the order logged, with its recorded model answers)."""
+        self._line_stored = 0  # the newest timeline the run's replay log holds a mark of
         self.history: list[RollbackInfo] = []
         self.exhausted: RunError | None = None
         self.fenced: str | None = None
@@ -169,6 +180,8 @@ class RollbackAuthority:
         self._live: set[str] = set()  # agents whose lease was live at the last look
         self._owners: dict[str, str] = {}  # agent -> the worker that said hello for it
         self._hello_at: dict[str, float] = {}  # agent -> loop time of that hello
+        self._holders: dict[str, str] = {}  # agent -> its lease's holder at the last look
+        self._moving: dict[str, str] = {}  # agent moving -> the worker letting it go
         self.restored_by: dict[str, list[str]] = {}
         """Per rollback id, the workers that carried it out (the coordinator not named)."""
         self.replays: dict[str, tuple[int, int]] = {}
@@ -201,6 +214,7 @@ class RollbackAuthority:
         history: list[RollbackInfo],
         left: list[tuple[int, int]],
         hosted: Collection[str],
+        timeline: int,
     ) -> None:
         """Start from where a stopped coordinator left the run, as its store says.
 
@@ -210,11 +224,15 @@ class RollbackAuthority:
             history: The rollbacks recorded, oldest first.
             left: The snapshot numbers ``(lo, hi]`` of each timeline a rollback left.
             hosted: The agents some worker claimed (their workers rejoin with a rollback).
+            timeline: The run's timeline: the newest one the run's replay log marks (a
+                coordinator marks each timeline it starts there before ordering it).
         """
         self.generation = max(self.generation, generation)
-        # The stopped coordinator's timeline is not stored: the takeover's rollback starts
-        # a new one, above every timeline the workers may have recorded model calls on.
-        self._timeline_known = False
+        # The takeover's rollback stays on the stopped coordinator's timeline: the workers
+        # redo their work after the cut in the order they logged on it, with the answers
+        # their model calls recorded on it, and so derive the same keys.
+        self.timeline = max(self.timeline, timeline)
+        self._line_stored = max(self._line_stored, timeline)
         self.history[:0] = history
         self._left[:0] = left
         self._hosted.update(name for name in hosted if name in self._names)
@@ -257,17 +275,11 @@ class RollbackAuthority:
         except (KeyError, TypeError, ValueError) as exc:
             logger.warning("run %s: a malformed rejection report was ignored: %r", self.run_id, exc)
             return
-        if generation != self.generation or self.busy:
-            self.dropped += 1
-            logger.info(
-                "run %s: rejection of %s's output (%s) joins the rollback under way",
-                self.run_id,
-                agent,
-                reason,
-            )
-            return
-        self._deciding = True
-        self._spawn(self._for_rejection(agent, reason, source, output, handling))
+        self._decide(
+            generation,
+            f"rejection of {agent}'s output ({reason})",
+            lambda: self._for_rejection(agent, reason, source, output, handling),
+        )
 
     def lost(self, report: dict[str, Any]) -> None:
         """A worker reports a handler's work lost to a database that did not answer.
@@ -283,16 +295,26 @@ class RollbackAuthority:
         except (KeyError, TypeError, ValueError) as exc:
             logger.warning("run %s: a malformed report was ignored: %r", self.run_id, exc)
             return
+        self._decide(
+            generation,
+            f"{agent}'s work lost to the database",
+            lambda: self._for_fault(agent, reason),
+        )
+
+    def _decide(
+        self, generation: int, what: str, deciding: Callable[[], Coroutine[Any, Any, None]]
+    ) -> None:
+        """Start ``deciding`` what a report of ``what`` on ``generation`` calls for.
+
+        A report that comes during a rollback, or from an older timeline, joins the rollback
+        under way instead: it is counted as dropped.
+        """
         if generation != self.generation or self.busy:
             self.dropped += 1
-            logger.info(
-                "run %s: %s's work lost to the database joins the rollback under way",
-                self.run_id,
-                agent,
-            )
+            logger.info("run %s: %s joins the rollback under way", self.run_id, what)
             return
         self._deciding = True
-        self._spawn(self._for_fault(agent, reason))
+        self._spawn(deciding())
 
     def restored(self, report: dict[str, Any]) -> None:
         """A worker carried out a rollback order."""
@@ -329,6 +351,13 @@ class RollbackAuthority:
         worker = str(report.get("hello"))
         agents = sorted(str(name) for name in report.get("agents", []))
         again = bool(self._hosted.intersection(agents)) or self._rolling is not None
+        for name in agents:
+            self._moving.pop(name, None)  # hosted again: its move is over
+        # A worker that let agents go to another, and rejoins with those it keeps, waits
+        # for the recovery the other worker's hello begins: a move costs one rollback.
+        # (While one is under way it needs one of its own: the order out already is of
+        # the generation it is told, which a worker takes for carried out.)
+        deferred = self._rolling is None and worker in self._moving.values()
         self._hosted.update(agents)
         now = asyncio.get_running_loop().time()
         for name in agents:
@@ -341,7 +370,15 @@ class RollbackAuthority:
             "epoch": self._host.coordinator.last_seq,
             "restore": again and self.exhausted is None,
         }
-        if again and self.exhausted is None:
+        if again and self.exhausted is None and deferred:
+            logger.warning(
+                "run %s: worker %s goes on with %s once %s are hosted again",
+                self.run_id,
+                worker,
+                ", ".join(agents),
+                ", ".join(sorted(self._moving)),
+            )
+        elif again and self.exhausted is None:
             reason = f"worker {worker} took over {', '.join(agents)}"
             logger.warning(
                 "run %s: %s; the run goes back to its last complete cut", self.run_id, reason
@@ -371,6 +408,7 @@ class RollbackAuthority:
         progress fail, as its part will never come.
         """  # noqa: D205
         self._live = set(live)
+        self._holders = dict(owners)
         for name in [name for name in self.down if name in live]:
             if owners.get(name) == self.down[name]:
                 del self.down[name]  # renewed late, by the same worker: it did not stop
@@ -391,6 +429,19 @@ class RollbackAuthority:
         )
         logger.warning("run %s: %s", self.run_id, reason)
         self._fail_pending(reason)
+
+    def moving(self, names: Collection[str], to: str) -> None:
+        """Agents move to worker ``to``: their workers are told to let them go.
+
+        A worker that lets some of its agents go and goes on with the others rejoins with
+        those (``hello``) before ``to`` says hello for the agents it takes. It is then told
+        to wait for a rollback, and none begins for it: the recovery that ``to``'s hello
+        begins takes every process back to the cut, so that a move costs one rollback.
+        """
+        for name in names:
+            holder = self._owners.get(name) or self._holders.get(name)
+            if holder is not None and holder != to:
+                self._moving[name] = holder
 
     # -- deciding ---------------------------------------------------------------------------
 
@@ -478,7 +529,9 @@ class RollbackAuthority:
             logger.error("run %s: %s", self.run_id, exhausted)
         self._fail_pending(f"the run stopped: {exhausted}")
         self._host.stop(str(exhausted))
-        await self._broadcast({"stop": str(exhausted)})
+        await self._broadcast(
+            {"stop": str(exhausted), "cancelled": isinstance(exhausted, RunCancelled)}
+        )
         self.stopped.set()
 
     # -- carrying out -----------------------------------------------------------------------
@@ -491,6 +544,39 @@ class RollbackAuthority:
         except Exception as exc:  # repeated while the rollback waits; else logged
             logger.warning("run %s: could not tell the workers: %r", self.run_id, exc)
 
+    async def _mark_line(self, timeline: int) -> bool:
+        """Mark in the run's replay log that the run is on ``timeline``, before any process
+        is told: a coordinator that takes the run over reads the run's timeline there.
+
+        Waits for a database that does not answer (the rollback waits with it); ``False``
+        when this coordinator was replaced meanwhile (the store refused the mark).
+        """  # noqa: D205
+        while self.fenced is None:
+            try:
+                await self._host.mark_timeline(timeline)
+            except OwnershipLost as exc:
+                self.fence(str(exc))
+                return False
+            except StoreError as exc:
+                if not lost_to_database(exc):
+                    raise
+                logger.warning(
+                    "run %s: the timeline %d could not be marked yet (%s); the rollback waits "
+                    "for the database",
+                    self.run_id,
+                    timeline,
+                    exc,
+                )
+                await until_answers(
+                    lambda: self._store.get_run(self.run_id),
+                    self.run_id,
+                    lambda: self.fenced is None,
+                )
+                continue
+            self._line_stored = max(self._line_stored, timeline)
+            return True
+        return False
+
     async def _roll_back(
         self,
         target: Snapshot | None,
@@ -502,9 +588,12 @@ class RollbackAuthority:
         """Carry out a rollback; its record, or ``None`` when a later one took its place."""
         self.generation += 1
         generation = self.generation
-        if source not in _SAME_TIMELINE or not self._timeline_known:
+        if source not in _SAME_TIMELINE:
             self.timeline = generation
-            self._timeline_known = True
+        if self.timeline > self._line_stored and not await self._mark_line(self.timeline):
+            return None  # replaced meanwhile: the coordinator that took over orders
+        if self.generation != generation:
+            return None  # a later rollback (a worker restarted meanwhile) took its place
         self._fail_pending("the run rolled back before the snapshot completed")
         epoch = self._host.coordinator.last_seq
         self._left.append((target.seq if target is not None else 0, epoch))

@@ -22,13 +22,15 @@ coordinator and carries out the rollbacks the coordinator orders (see
 **Moving agents.** A worker started with ``move`` (``agentsnap worker ... --agents a
 --move``) takes its agents from the workers hosting them without stopping the run: it asks
 the run's coordinator, which takes a snapshot (the cut the agents move at) and tells every
-worker to let them go. A worker told so stops delivering, lets its snapshot parts in
-progress fail, writes its agents' delivery order, ends its claim on those agents alone, and
-goes on with the agents it keeps (it stops when it keeps none). The new worker then claims
-them, and the run goes back to that cut as for a worker that restarted, on its timeline:
-every agent redoes its work after the cut in the order it logged, so handlers derive the
-same keys and effects happen once; the moved agents are restored from the cut by the worker
-that now hosts them.
+worker to let them go; the new worker asks for that order again every second while the
+agents are still held (plain NATS may lose it), and a worker carries it out once. A worker
+told so stops delivering, lets its snapshot parts in progress fail, writes its agents'
+delivery order, ends its claim on those agents alone, and goes on with the agents it keeps,
+delivering nothing to them until the run went back to the cut (it stops when it keeps
+none). The new worker then claims them, and the run goes back to that cut as for a worker
+that restarted, on its timeline, in one rollback: every agent redoes its work after the cut
+in the order it logged, so handlers derive the same keys and effects happen once; the moved
+agents are restored from the cut by the worker that now hosts them.
 
 A NATS server that goes away and comes back (a restart) is waited for: the worker publishes
 what it queued meanwhile and consumes from where it stopped. One that stays away longer than
@@ -83,6 +85,10 @@ finishes its handlers under way and writes what it queued first."""
 
 _MOVE_CUT = 30.0
 """Seconds the coordinator takes at most for the cut a move happens at."""
+
+_ASK_AGAIN = 1.0
+"""Seconds between two requests of a worker moving agents to itself, while they are held,
+that the coordinator send its let-go order again (plain NATS may lose it on the way)."""
 
 
 class AgentsHeld(ConfigurationError):
@@ -227,6 +233,7 @@ class Worker:
             await self._ask_move()
             wait = max(wait, _LET_GO)
         deadline = loop.time() + wait
+        asked = loop.time()
         waiting = False
         while True:
             try:
@@ -238,6 +245,9 @@ class Worker:
                 if not waiting:
                     waiting = True
                     logger.warning("worker %s waits for its agents: %s", self.name, exc)
+                if self.move and loop.time() - asked >= _ASK_AGAIN:
+                    asked = loop.time()
+                    await self._ask_let_go()
                 await asyncio.sleep(min(0.2, self.lease / 5))
             except StoreError as exc:
                 # The rows of the agents may be locked by a worker cut off in the middle of
@@ -313,6 +323,19 @@ class Worker:
             ", ".join(self.agents),
             answer.get("snapshot"),
         )
+
+    async def _ask_let_go(self) -> None:
+        """Ask the run's coordinator to send its order to let this worker's agents go again.
+
+        The order travels on plain NATS, which may lose it: the worker asks again as long as
+        the agents are held, and a worker carries the order out once (an agent it no longer
+        hosts is not let go twice).
+        """
+        body = orjson.dumps({"let_go": self.agents, "to": self.name})
+        try:
+            await self._link.nc.publish(control_subject(self.run_id), body)
+        except Exception as exc:  # asked again at the next look
+            logger.warning("worker %s: the let-go was not asked again: %r", self.name, exc)
 
     async def _let_go(self, names: Collection[str], to: str) -> None:
         """Stop hosting ``names`` (another worker takes them), going on with the others."""
@@ -415,7 +438,9 @@ class Worker:
             elif "let_go" in body:
                 await self._let_go([str(n) for n in body["let_go"]], str(body.get("to")))
             elif "stop" in body:
-                logger.error("worker %s: the run stopped: %s", self.name, body["stop"])
+                # A cancel is asked for; a retry policy that gave up is a failure.
+                level = logging.WARNING if body.get("cancelled") else logging.ERROR
+                logger.log(level, "worker %s: the run stopped: %s", self.name, body["stop"])
                 self.host.stop(str(body["stop"]))
                 self.stop()
         except Exception:

@@ -7,6 +7,10 @@ when the framework is missing.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 from agentsnap.exceptions import ConfigurationError
 
 __all__ = ["MissingExtraError"]
@@ -28,3 +32,40 @@ class MissingExtraError(ConfigurationError, ImportError):
         )
         self.extra = extra
         self.package = package
+
+
+@contextlib.contextmanager
+def needs_extra(extra: str, package: str) -> Iterator[None]:
+    """Import an integration's framework inside the block; missing, it raises `MissingExtraError`.
+
+    Each integration's ``__init__`` imports its framework in such a block before its own
+    modules, so the error names the extra to install instead of a module deep in the
+    framework.
+
+    Args:
+        extra: The agentsnap extra that installs the package.
+        package: The package the block imports.
+
+    Raises:
+        MissingExtraError: An import in the block failed.
+    """
+    try:
+        yield
+    except ImportError as exc:
+        raise MissingExtraError(extra, package) from exc
+
+
+def require_kind(value: object, kind: type[Any] | tuple[type[Any], ...], needs: str) -> None:
+    """Refuse what an integration was given when it is not the framework's object it takes.
+
+    Args:
+        value: What was given.
+        kind: The framework's class (or classes) it must be.
+        needs: What was expected, said in a sentence's start (``"agent 'a' needs ..."``); the
+            error adds what was given.
+
+    Raises:
+        ConfigurationError: ``value`` is not a ``kind``.
+    """
+    if not isinstance(value, kind):
+        raise ConfigurationError(f"{needs}, got {type(value).__name__}")

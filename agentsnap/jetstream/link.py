@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -60,20 +61,19 @@ class Published:
         self.duplicates = 0
 
 
+@dataclass(eq=False, slots=True)
 class _Entry:
     """One item on its way to the stream; retried as the same bytes until acknowledged."""
 
-    __slots__ = ("body", "headers", "order", "progress", "sent_at", "subject")
-
-    def __init__(
-        self, subject: str, headers: dict[str, str], body: bytes, progress: Published, order: int
-    ) -> None:
-        self.subject = subject
-        self.headers = headers
-        self.body = body
-        self.progress = progress
-        self.order = order
-        self.sent_at = 0.0
+    subject: str
+    headers: dict[str, str]
+    body: bytes
+    progress: Published
+    """The publishing of the channel it was appended to."""
+    order: int
+    """Its place among the link's items, in the order appended."""
+    sent_at: float = 0.0
+    """When (the event loop's clock) it was last published; 0 before."""
 
 
 class JetStreamLink:

@@ -53,7 +53,25 @@ class ChannelOffset(NamedTuple):
     after: str | None = None
 
 
-class OutgoingChannel:
+class _Ends:
+    """What every channel here is before its direction: its two ends and its counters.
+
+    The fields of a [`Channel`][agentsnap.bus.Channel]: ``sent`` and ``delivered`` start at
+    0; ``closed`` is the count its sender's last recording closed it at.
+    """
+
+    __slots__ = ("closed", "delivered", "dst", "receiver", "sent", "src")
+
+    def __init__(self, src: str, dst: str, receiver: Endpoint, closed: int) -> None:
+        self.src = src
+        self.dst = dst
+        self.receiver = receiver
+        self.sent = 0
+        self.delivered = 0
+        self.closed = closed
+
+
+class OutgoingChannel(_Ends):
     """A channel whose receiver is in another process: what is appended goes to the stream.
 
     ``append`` encodes the item at once (with the transport's current generation) and queues
@@ -66,20 +84,7 @@ class OutgoingChannel:
         used: A message was ever sent on it.
     """
 
-    __slots__ = (
-        "_last_seq",
-        "_prev",
-        "_transport",
-        "closed",
-        "delivered",
-        "dst",
-        "published",
-        "receiver",
-        "sent",
-        "src",
-        "subject",
-        "used",
-    )
+    __slots__ = ("_last_seq", "_prev", "_transport", "published", "subject", "used")
 
     in_process: ClassVar[bool] = False
     """Its receiver is in another process: its sender cannot see what it holds."""
@@ -87,12 +92,7 @@ class OutgoingChannel:
     def __init__(
         self, transport: JetStreamTransport, src: str, dst: str, receiver: Endpoint, closed: int
     ) -> None:
-        self.src = src
-        self.dst = dst
-        self.receiver = receiver
-        self.sent = 0
-        self.delivered = 0
-        self.closed = closed
+        super().__init__(src, dst, receiver, closed)
         self.published = Published()
         self._transport = transport
         self._prev: str | None = None
@@ -161,7 +161,7 @@ class OutgoingChannel:
         )
 
 
-class IncomingChannel:
+class IncomingChannel(_Ends):
     """A channel whose sender is in another process, fed from the stream.
 
     Items are appended as they arrive, each with its stream sequence beside it, and the
@@ -200,15 +200,9 @@ class IncomingChannel:
         "_marks",
         "_notify",
         "_transport",
-        "closed",
-        "delivered",
-        "dst",
         "duplicates",
         "generation",
         "received",
-        "receiver",
-        "sent",
-        "src",
         "stale",
         "taken",
         "took",
@@ -227,12 +221,7 @@ class IncomingChannel:
         closed: int,
         generation: int,
     ) -> None:
-        self.src = src
-        self.dst = dst
-        self.receiver = receiver
-        self.sent = 0
-        self.delivered = 0
-        self.closed = closed
+        super().__init__(src, dst, receiver, closed)
         self.generation = generation
         self.taken = 0
         self.took = 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -37,6 +37,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
+from agentsnap.exceptions import ConfigurationError
 from agentsnap.store.dialect import Dialect, dialect_of
 from agentsnap.store.graph import EMPTY, PRUNE_STRATEGIES, Load, written_value
 from agentsnap.store.tables import (
@@ -49,10 +50,13 @@ from agentsnap.store.tables import (
 __all__ = [
     "EMPTY",
     "PRUNE_STRATEGIES",
+    "HistoryRows",
     "Load",
     "Transaction",
+    "check_strategy",
     "copy_thread",
     "delete_runs",
+    "needed_ancestors",
     "prune_threads",
     "stored_values",
 ]
@@ -107,6 +111,40 @@ class Transaction:
             text, parameters = _sqlite_text(statement, None)
             return list(target.execute(text, parameters[0]).fetchall())
         return [tuple(row) for row in target.execute(statement)]
+
+    def checkpoint_row(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> Sequence[Any] | None:
+        """``HistoryRows.checkpoint_row``, read in this transaction."""
+        found = self.rows(
+            select(
+                _checkpoints.c.parent_checkpoint_id,
+                _checkpoints.c.checkpoint_type,
+                _checkpoints.c.checkpoint,
+                _checkpoints.c.meta_type,
+                _checkpoints.c.meta,
+            ).where(
+                _checkpoints.c.thread_id == thread_id,
+                _checkpoints.c.checkpoint_ns == checkpoint_ns,
+                _checkpoints.c.checkpoint_id == checkpoint_id,
+            )
+        )
+        return found[0] if found else None
+
+    def stored_versions(
+        self, thread_id: str, checkpoint_ns: str, wanted: set[tuple[str, str]]
+    ) -> set[tuple[str, str]]:
+        """``HistoryRows.stored_versions``, read in this transaction."""
+        found = self.rows(
+            select(_blobs.c.channel, _blobs.c.version).where(
+                _blobs.c.thread_id == thread_id,
+                _blobs.c.checkpoint_ns == checkpoint_ns,
+                _blobs.c.channel.in_(sorted({channel for channel, _ in wanted})),
+                _blobs.c.version.in_(sorted({version for _, version in wanted})),
+                _blobs.c.value_type != EMPTY,
+            )
+        )
+        return {(channel, version) for channel, version in found if (channel, version) in wanted}
 
     def run(self, statement: Executable, rows: Sequence[Mapping[str, Any]] | None = None) -> None:
         """Run a statement, once for each of ``rows`` (its bound values by name) if given."""
@@ -302,6 +340,15 @@ def stored_values(checkpoint: Mapping[str, Any]) -> set[tuple[str, str]]:
 # Pruning.
 
 
+def check_strategy(strategy: str) -> None:
+    """Raise ``ConfigurationError`` unless ``strategy`` is one of ``PRUNE_STRATEGIES``."""
+    if strategy not in PRUNE_STRATEGIES:
+        raise ConfigurationError(
+            f"unknown prune strategy {strategy!r}: use 'keep_latest' (keep each "
+            "namespace's newest checkpoint) or 'delete' (delete the threads)"
+        )
+
+
 def prune_threads(
     transaction: Transaction,
     thread_ids: Sequence[str],
@@ -313,7 +360,7 @@ def prune_threads(
 
     With ``"keep_latest"``, each namespace keeps its newest checkpoint with its task writes,
     and the ancestors that LangGraph's ``DeltaChannel`` needs to rebuild its values (see
-    ``_needed_ancestors``);
+    ``needed_ancestors``);
     every other checkpoint, task write and channel value of the thread is deleted.
     """
     for batch in _batches(list(dict.fromkeys(thread_ids))):
@@ -331,7 +378,7 @@ def prune_threads(
             .where(_checkpoints.c.thread_id.in_(batch))
             .group_by(_checkpoints.c.thread_id, _checkpoints.c.checkpoint_ns)
         ):
-            kept[thread_id][checkpoint_ns] = _needed_ancestors(
+            kept[thread_id][checkpoint_ns] = needed_ancestors(
                 transaction,
                 thread_id,
                 checkpoint_ns,
@@ -376,8 +423,26 @@ def _keep_only(
         )
 
 
-def _needed_ancestors(
-    transaction: Transaction,
+class HistoryRows(Protocol):
+    """The stored rows that ``needed_ancestors`` reads (``Transaction`` reads them in SQL)."""
+
+    def checkpoint_row(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> Sequence[Any] | None:
+        """A checkpoint's parent's id, checkpoint type, encoded checkpoint, metadata type
+        and encoded metadata, if it is stored.
+        """  # noqa: D205
+
+    def stored_versions(
+        self, thread_id: str, checkpoint_ns: str, wanted: set[tuple[str, str]]
+    ) -> set[tuple[str, str]]:
+        """Which of these ``(channel, version)`` pairs of a namespace have a stored value
+        that is not empty.
+        """  # noqa: D205
+
+
+def needed_ancestors(
+    rows: HistoryRows,
     thread_id: str,
     checkpoint_ns: str,
     newest: str,
@@ -393,9 +458,17 @@ def _needed_ancestors(
     the metadata's ``counters_since_delta_snapshot`` that have a version but no value in
     ``newest``; the ancestors are walked (by parent) until each has found a value, or the
     thread's first checkpoint is reached.
+
+    Args:
+        rows: Where the rows are read.
+        thread_id: The checkpoint's thread.
+        checkpoint_ns: Its namespace.
+        newest: The checkpoint's id.
+        load: Decodes a stored checkpoint.
+        load_metadata: Decodes stored metadata.
     """
     kept = {newest}
-    found = _checkpoint_row(transaction, thread_id, checkpoint_ns, newest)
+    found = rows.checkpoint_row(thread_id, checkpoint_ns, newest)
     if found is None:
         return kept
     parent, checkpoint_type, encoded, meta_type, meta = found
@@ -406,40 +479,20 @@ def _needed_ancestors(
     checkpoint = load(checkpoint_type, encoded)
     versions = checkpoint.get("channel_versions") or {}
     needed = {channel for channel in counters if channel in versions}
-    needed -= _with_values(transaction, thread_id, checkpoint_ns, checkpoint, needed)
+    needed -= _with_values(rows, thread_id, checkpoint_ns, checkpoint, needed)
     while needed and parent is not None and parent not in kept:
-        found = _checkpoint_row(transaction, thread_id, checkpoint_ns, parent)
+        found = rows.checkpoint_row(thread_id, checkpoint_ns, parent)
         if found is None:
             break
         kept.add(parent)
         ancestor = load(found[1], found[2])
-        needed -= _with_values(transaction, thread_id, checkpoint_ns, ancestor, needed)
+        needed -= _with_values(rows, thread_id, checkpoint_ns, ancestor, needed)
         parent = found[0]
     return kept
 
 
-def _checkpoint_row(
-    transaction: Transaction, thread_id: str, checkpoint_ns: str, checkpoint_id: str
-) -> Sequence[Any] | None:
-    """A checkpoint's parent, encoded checkpoint and encoded metadata, if it is stored."""
-    rows = transaction.rows(
-        select(
-            _checkpoints.c.parent_checkpoint_id,
-            _checkpoints.c.checkpoint_type,
-            _checkpoints.c.checkpoint,
-            _checkpoints.c.meta_type,
-            _checkpoints.c.meta,
-        ).where(
-            _checkpoints.c.thread_id == thread_id,
-            _checkpoints.c.checkpoint_ns == checkpoint_ns,
-            _checkpoints.c.checkpoint_id == checkpoint_id,
-        )
-    )
-    return rows[0] if rows else None
-
-
 def _with_values(
-    transaction: Transaction,
+    rows: HistoryRows,
     thread_id: str,
     checkpoint_ns: str,
     checkpoint: Mapping[str, Any],
@@ -453,14 +506,5 @@ def _with_values(
         (channel, str(versions[channel])) for channel in channels - found if channel in versions
     }
     if wanted:
-        rows = transaction.rows(
-            select(_blobs.c.channel, _blobs.c.version).where(
-                _blobs.c.thread_id == thread_id,
-                _blobs.c.checkpoint_ns == checkpoint_ns,
-                _blobs.c.channel.in_(sorted({channel for channel, _ in wanted})),
-                _blobs.c.version.in_(sorted({version for _, version in wanted})),
-                _blobs.c.value_type != EMPTY,
-            )
-        )
-        found |= {channel for channel, version in rows if (channel, version) in wanted}
+        found |= {channel for channel, _ in rows.stored_versions(thread_id, checkpoint_ns, wanted)}
     return found

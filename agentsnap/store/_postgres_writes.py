@@ -39,9 +39,13 @@ from agentsnap.store.tables import (
 )
 
 __all__ = [
+    "AGENT_COLUMNS",
+    "BLOB_COLUMNS",
     "JOURNAL",
     "JOURNAL_FENCED",
+    "MESSAGE_COLUMNS",
     "SNAPSHOT",
+    "SNAPSHOT_COLUMNS",
     "SNAPSHOT_FENCED",
     "journal_values",
     "snapshot_values",
@@ -78,7 +82,10 @@ def _arrays(table: Table, columns: list[str]) -> str:
 
 
 _JOURNAL_COLUMNS = ["src", "dst", "event", "first_seq", "last_seq", "entries"]
-_SNAPSHOT_COLUMNS = [
+# The columns of the rows a snapshot writes, in the order of the rows' values; the SQLite
+# statements (``agentsnap.store._sql_base``) take the same rows, an agent's and a message's
+# with the snapshot's id first.
+SNAPSHOT_COLUMNS = [
     "id",
     "run_id",
     "seq",
@@ -90,9 +97,9 @@ _SNAPSHOT_COLUMNS = [
     "base_id",
     "agent_rows",
 ]
-_BLOB_COLUMNS = ["hash", "state", "lists", "roots"]
-_AGENT_COLUMNS = ["agent", "state_hash", "sent", "received", "state_version"]
-_MESSAGE_COLUMNS = ["src", "dst", "seq", "kind", "payload", "headers", "epoch"]
+BLOB_COLUMNS = ["hash", "state", "lists", "roots"]
+AGENT_COLUMNS = ["agent", "state_hash", "sent", "received", "state_version"]
+MESSAGE_COLUMNS = ["src", "dst", "seq", "kind", "payload", "headers", "epoch"]
 _CHUNK_COLUMNS = ["hash", "height", "body"]
 
 # Table and column names below are the models' constants; values are bound.
@@ -129,24 +136,24 @@ def _snapshot_statement(*, fenced: bool) -> str:
     )
     only_held = " AND EXISTS (SELECT 1 FROM lease WHERE token = %s)" if fenced else ""
     read_lease = ", (SELECT owner FROM lease), (SELECT token FROM lease)" if fenced else ""
-    agents = ", ".join(_AGENT_COLUMNS)
-    messages = ", ".join(_MESSAGE_COLUMNS)
+    agents = ", ".join(AGENT_COLUMNS)
+    messages = ", ".join(MESSAGE_COLUMNS)
     # Every row waits for the snapshot's: a refused snapshot writes nothing. So does one
     # whose states rely on chunks that are gone (retention deleted them since).
     return (
         f"WITH {lease}"  # noqa: S608
         f"relied AS (SELECT count(*) = %s AS whole FROM {_chunks.name} "
         "WHERE hash = ANY(%b::text[])), "
-        f"snap AS (INSERT INTO {_snapshots.name} ({', '.join(_SNAPSHOT_COLUMNS)}) "
-        f"SELECT {_marks(_snapshots, _SNAPSHOT_COLUMNS)} "
+        f"snap AS (INSERT INTO {_snapshots.name} ({', '.join(SNAPSHOT_COLUMNS)}) "
+        f"SELECT {_marks(_snapshots, SNAPSHOT_COLUMNS)} "
         f"WHERE (SELECT whole FROM relied){only_held} RETURNING id), "
-        f"blobs AS (INSERT INTO {_blobs.name} ({', '.join(_BLOB_COLUMNS)}) "
-        f"SELECT * FROM {_arrays(_blobs, _BLOB_COLUMNS)} "
+        f"blobs AS (INSERT INTO {_blobs.name} ({', '.join(BLOB_COLUMNS)}) "
+        f"SELECT * FROM {_arrays(_blobs, BLOB_COLUMNS)} "
         "WHERE EXISTS (SELECT 1 FROM snap) ON CONFLICT (hash) DO NOTHING), "
         f"agents AS (INSERT INTO {_agents.name} (snapshot_id, {agents}) "
-        f"SELECT snap.id, a.* FROM snap, {_arrays(_agents, _AGENT_COLUMNS)} AS a({agents})), "
+        f"SELECT snap.id, a.* FROM snap, {_arrays(_agents, AGENT_COLUMNS)} AS a({agents})), "
         f"messages AS (INSERT INTO {_messages.name} (snapshot_id, {messages}) "
-        f"SELECT snap.id, m.* FROM snap, {_arrays(_messages, _MESSAGE_COLUMNS)} AS m({messages})), "
+        f"SELECT snap.id, m.* FROM snap, {_arrays(_messages, MESSAGE_COLUMNS)} AS m({messages})), "
         f"chunks AS (INSERT INTO {_chunks.name} ({', '.join(_CHUNK_COLUMNS)}) "
         f"SELECT * FROM {_arrays(_chunks, _CHUNK_COLUMNS)} "
         "WHERE EXISTS (SELECT 1 FROM snap) ON CONFLICT (hash) DO NOTHING) "
@@ -180,9 +187,9 @@ def snapshot_values(  # noqa: PLR0917 (a statement's parameters, in their order)
     ``chunks`` are the new chunks, ``relied`` the hashes of the stored ones the states need.
     """
     arrays = (
-        *_columns(blobs, len(_BLOB_COLUMNS), 0),
-        *_columns(agents, len(_AGENT_COLUMNS), 1),
-        *_columns(messages, len(_MESSAGE_COLUMNS), 1),
+        *_columns(blobs, len(BLOB_COLUMNS), 0),
+        *_columns(agents, len(AGENT_COLUMNS), 1),
+        *_columns(messages, len(MESSAGE_COLUMNS), 1),
         *_columns(chunks, len(_CHUNK_COLUMNS), 0),
     )
     if fence is None:

@@ -14,8 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from agentsnap.messages import JsonValue
-from agentsnap.requests import HumanRequest, RequestStatus
+from agentsnap.requests import WITHDRAWN, HumanRequest
 from agentsnap.store.dialect import PostgresDialect, SqliteDialect
 from agentsnap.store.tables import HumanRequestRow, table_of
 
@@ -58,20 +57,16 @@ def find(conn: Connection, request_id: str) -> HumanRequest | None:
     return None if row is None else request_of(row._mapping)
 
 
-def settle(  # noqa: PLR0917
-    conn: Connection,
-    request_id: str,
-    status: RequestStatus,
-    answer: JsonValue,
-    reason: str | None,
-    by: str | None,
-    at: datetime,
-) -> bool:
-    """Close the request if it is pending; whether it was."""
+def settle(conn: Connection, request_id: str, closed: Mapping[str, Any]) -> bool:
+    """Close the request if it is pending, setting the fields of ``closed``; whether it was.
+
+    ``closed`` maps the fields a close sets (``status``, ``answer``, ``reason``,
+    ``answered_by`` and ``answered_at``) to their values.
+    """
     changed = conn.execute(
         update(requests)
         .where(requests.c.id == request_id, requests.c.status == _PENDING)
-        .values(status=status, answer=answer, reason=reason, answered_by=by, answered_at=at)
+        .values(**{_RENAMED.get(field, field): value for field, value in closed.items()})
     )
     return changed.rowcount == 1
 
@@ -88,12 +83,7 @@ def withdraw(conn: Connection, run_id: str, before: int, by: str, at: datetime) 
         conn.execute(
             update(requests)
             .where(*where, requests.c.id.in_(ids))
-            .values(
-                status="withdrawn",
-                reason="a rollback discarded the timeline it was asked on",
-                answered_by=by,
-                answered_at=at,
-            )
+            .values(status="withdrawn", reason=WITHDRAWN, answered_by=by, answered_at=at)
         )
     return ids
 

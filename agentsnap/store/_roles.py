@@ -19,6 +19,7 @@ from agentsnap.records import (
     RollbackInfo,
     RunInfo,
     RunLease,
+    RunOwner,
     RunStatus,
     Snapshot,
     SnapshotPart,
@@ -233,6 +234,11 @@ class RunLeases(Protocol):
     that the run's lease still has that token; when it has not, nothing is written and
     [`OwnershipLost`][agentsnap.OwnershipLost] is raised. Writes for runs not fenced are
     made as they are.
+
+    **History of owners.** Each lease taken appends its owner to the run's history, in the
+    same transaction as the take; a takeover ends the replaced owner's entry (``taken_over``)
+    and a release ends the owner's own (``released``), each with the lease's last renewal.
+    [`list_run_owners`][agentsnap.store.RunQueries.list_run_owners] reads it.
     """  # noqa: D205
 
     async def get_lease(self, run_id: str) -> RunLease | None:
@@ -353,6 +359,18 @@ class RunQueries(Protocol):
 
         Runs without a snapshot are left out. This reads no snapshot, so listing runs costs
         the same whatever the runs hold.
+        """
+
+    async def list_run_owners(self, run_id: str) -> list[RunOwner]:
+        """Every owner the run's lease has had, by fencing token (oldest first).
+
+        Each lease taken appends one (see [`RunLeases`][agentsnap.store.RunLeases]); an owner
+        whose entry ended ``taken_over`` stopped without giving the run back (a crash). A run
+        that took its lease before the store kept this history lacks those owners (its first
+        entry's token is then above 1), and has none at all if it was not resumed since.
+
+        Raises:
+            NotFoundError: The store holds no such run.
         """
 
     async def agent_history(self, run_id: str, agent: str) -> list[AgentVersion]:

@@ -1,8 +1,8 @@
 """What ``Store.list_runs`` filters on, checked once for every store.
 
-Every store checks the filters the same way (``run_filter``) and matches a run the same way
-(``RunFilter.matches``); an SQL store also turns them into a query, so that only the runs
-asked for are read.
+Every store checks the filters the same way (``RunListing.list_runs``, which every store's
+``list_runs`` is) and matches a run the same way (``RunFilter.matches``); an SQL store also
+turns them into a query, so that only the runs asked for are read.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.records import RunInfo, RunStatus
 
-__all__ = ["RunFilter", "run_filter"]
+__all__ = ["RunFilter", "RunListing"]
 
 _STATUSES = ", ".join(status.value for status in RunStatus)
 
@@ -57,35 +57,48 @@ class RunFilter:
         return self.since is None or run.created_at >= self.since
 
 
+class RunListing:
+    """``list_runs`` for a store: the filters are checked here, once for every store, and
+    the store's ``_list_runs`` lists the runs that pass them.
+    """  # noqa: D205
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | str | Collection[RunStatus | str] | None = None,
+        name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[RunInfo]:
+        """The runs that pass every filter given (every run without one), oldest first.
+
+        See [`RunQueries.list_runs`][agentsnap.store.RunQueries.list_runs].
+
+        Raises:
+            ConfigurationError: A status is not a ``RunStatus`` (or one's value), the name is
+                empty, a tag is not a string, ``since`` has no time zone, or ``limit`` is not
+                a whole number of at least 1.
+        """
+        wanted = RunFilter(
+            statuses=None if status is None else _statuses(status),
+            name=_name(name),
+            tags=_tags(tags),
+            since=_since(since),
+            limit=_limit(limit),
+        )
+        return await self._list_runs(wanted)
+
+    async def _list_runs(self, wanted: RunFilter) -> list[RunInfo]:
+        raise NotImplementedError
+
+
 def name_matches(pattern: str, name: str) -> bool:
     """Whether ``name`` is ``pattern``, where each ``*`` stands for any characters."""
     if "*" not in pattern:
         return name == pattern
     regex = ".*".join(re.escape(part) for part in pattern.split("*"))
     return re.fullmatch(regex, name, flags=re.DOTALL) is not None
-
-
-def run_filter(
-    status: RunStatus | str | Collection[RunStatus | str] | None = None,
-    name: str | None = None,
-    tags: Mapping[str, str] | None = None,
-    since: datetime | None = None,
-    limit: int | None = None,
-) -> RunFilter:
-    """The filters of a ``list_runs`` call, checked.
-
-    Raises:
-        ConfigurationError: A status is not a ``RunStatus`` (or one's value), the name is
-            empty, a tag is not a string, ``since`` has no time zone, or ``limit`` is not a
-            whole number of at least 1.
-    """
-    return RunFilter(
-        statuses=None if status is None else _statuses(status),
-        name=_name(name),
-        tags=_tags(tags),
-        since=_since(since),
-        limit=_limit(limit),
-    )
 
 
 def _statuses(status: RunStatus | str | Collection[RunStatus | str]) -> frozenset[RunStatus]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
-from sqlalchemy import Insert, Table, event, literal, select
+from sqlalchemy import Column, Insert, Select, Table, event, literal, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -25,6 +25,7 @@ from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.liveness import lost, owner_gone, owner_is_live
 from agentsnap.records import AgentCut, RunInfo, RunLease, RunStatus
 from agentsnap.state import compact_json
+from agentsnap.store import _postgres_writes as one_statement
 from agentsnap.store._bases import Bases
 from agentsnap.store.chunks import SplitMemo
 from agentsnap.store.dialect import Dialect, async_url, dialect_of, sqlite_file, sqlite_setup
@@ -38,6 +39,7 @@ from agentsnap.store.tables import (
     ReplayRow,
     RollbackRow,
     RunLeaseRow,
+    RunOwnerRow,
     RunRow,
     RunTagRow,
     SnapshotAgentRow,
@@ -59,6 +61,14 @@ __all__ = [
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+_R = TypeVar("_R", bound=_Identified)
 
 _dumps = compact_json
 _KNOWN_BLOBS_MAX = 100_000
@@ -84,6 +94,7 @@ _journal = table_of(JournalRow)
 _rollbacks = table_of(RollbackRow)
 _lg_checkpoints = table_of(LangGraphCheckpointRow)
 _leases = table_of(RunLeaseRow)
+_owners = table_of(RunOwnerRow)
 _replay = table_of(ReplayRow)
 _schemas = table_of(StateSchemaRow)
 _parts = table_of(SnapshotPartRow)
@@ -198,6 +209,28 @@ class SqlBase:
         """  # noqa: D205
         return self.retry.call(what, operation, *args, where=self.where, bounded=self.bounded)
 
+    def _saving(
+        self,
+        what: str,
+        record: _R,
+        write: Callable[[_R], Awaitable[None]],
+        key: Column[str],
+    ) -> Coroutine[Any, Any, None]:
+        """``write(record)`` under the retry policy (see ``retrying``), named as ``what``.
+
+        A retry first looks for the row whose ``key`` is the record's id, and writes nothing
+        when it is there: the attempt before was committed, though its answer was lost.
+        """
+        return self.retrying(what, self._save_once, record, write, key)
+
+    async def _save_once(
+        self, again: bool, record: _R, write: Callable[[_R], Awaitable[None]], key: Column[str]
+    ) -> None:
+        await self._gate.wait()
+        if again and await self._stored(key == record.id):
+            return
+        await write(record)
+
     def _when(self, moment: datetime | None) -> datetime | str | None:
         """A timestamp as the driver takes it (SQLite: UTC text, as SQLAlchemy stores it)."""
         if moment is None or self._backend != "sqlite":
@@ -234,11 +267,7 @@ class SqlBase:
 
     async def _run_lease(self, run_id: str) -> RunLease | None:
         """The run's lease as it stands, read once (no retry)."""
-        await self._gate.wait()
-        async with self._engine.connect() as conn:
-            row = (
-                await conn.execute(select(_leases).where(_leases.c.run_id == run_id))
-            ).one_or_none()
+        row = await self._row(select(_leases).where(_leases.c.run_id == run_id))
         if row is None:
             return None
         return RunLease(
@@ -248,6 +277,24 @@ class SqlBase:
     async def _require_run(self, conn: AsyncConnection, run_id: str) -> None:
         if await conn.scalar(select(_runs.c.id).where(_runs.c.id == run_id)) is None:
             raise NotFoundError("run", run_id)
+
+    async def _run_rows(self, run_id: str, query: Select[Any]) -> Sequence[Any]:
+        """The rows of ``query``, read once the run is found (no retry).
+
+        Raises:
+            NotFoundError: The store holds no such run.
+        """
+        await self._gate.wait()
+        async with self._engine.connect() as conn:
+            await self._require_run(conn, run_id)
+            rows: Sequence[Any] = (await conn.execute(query)).all()
+        return rows
+
+    async def _row(self, query: Select[Any]) -> Any:
+        """The one row of ``query``, or ``None`` (no retry)."""
+        await self._gate.wait()
+        async with self._engine.connect() as conn:
+            return (await conn.execute(query)).one_or_none()
 
     async def _one_statement(
         self, sql: str, values: tuple[Any, ...]
@@ -307,28 +354,10 @@ def _statements(mark: str, dialect: Dialect) -> Statements:
     )
 
     return Statements(
-        snapshot=insert(
-            _snapshots,
-            [
-                "id",
-                "run_id",
-                "seq",
-                "initiator",
-                "status",
-                "started_at",
-                "completed_at",
-                "error",
-                "base_id",
-                "agent_rows",
-            ],
-        ),
-        blobs=insert(_blobs, ["hash", "state", "lists", "roots"], " ON CONFLICT (hash) DO NOTHING"),
-        agents=insert(
-            _agents, ["snapshot_id", "agent", "state_hash", "sent", "received", "state_version"]
-        ),
-        messages=insert(
-            _messages, ["snapshot_id", "src", "dst", "seq", "kind", "payload", "headers", "epoch"]
-        ),
+        snapshot=insert(_snapshots, one_statement.SNAPSHOT_COLUMNS),
+        blobs=insert(_blobs, one_statement.BLOB_COLUMNS, " ON CONFLICT (hash) DO NOTHING"),
+        agents=insert(_agents, ["snapshot_id", *one_statement.AGENT_COLUMNS]),
+        messages=insert(_messages, ["snapshot_id", *one_statement.MESSAGE_COLUMNS]),
         lease=f"SELECT owner, token FROM {_leases.name} WHERE run_id = {mark}{share}",  # noqa: S608
         replay=replay,
         replay_fenced=f"{replay} WHERE EXISTS ({holds})",
@@ -415,17 +444,7 @@ def _run(row: Any, now: datetime, tags: dict[str, str] | None = None) -> RunInfo
         if not owner_is_live(lease, now):
             status = RunStatus.INTERRUPTED
             reason = owner_gone(lease)
-    return RunInfo(
-        id=row["id"],
-        created_at=row["created_at"],
-        parent_run_id=row["parent_run_id"],
-        parent_snapshot_id=row["parent_snapshot_id"],
-        metadata=row["metadata"],
-        status=status,
-        finished_at=row["finished_at"],
-        name=row["name"],
-        tags=tags or {},
-        status_reason=reason,
-        traceback=row["traceback"],
-        cancel_requested=row["cancel_requested"],
+    # The run table's columns are the run's fields, by name; the lease's columns are not.
+    return RunInfo.model_validate(
+        {**row, "status": status, "status_reason": reason, "tags": tags or {}}
     )

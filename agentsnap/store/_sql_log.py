@@ -100,29 +100,24 @@ class SqlLog(SqlBase):
 
     @retried("load the journal")
     async def load_journal(self, run_id: str) -> list[JournalSegment]:
-        await self._gate.wait()
-        async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = await conn.execute(
-                select(*_SEGMENT).where(_journal.c.run_id == run_id).order_by(_journal.c.pos)
-            )
-            return [JournalSegment(*row) for row in rows]
+        rows = await self._run_rows(
+            run_id, select(*_SEGMENT).where(_journal.c.run_id == run_id).order_by(_journal.c.pos)
+        )
+        return [JournalSegment(*row) for row in rows]
 
     @retried("load the journal")
     async def load_journal_page(
         self, run_id: str, *, after: int = 0, limit: int = 1000
     ) -> list[tuple[int, JournalSegment]]:
         _check_limit(limit)
-        await self._gate.wait()
-        async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = await conn.execute(
-                select(_journal.c.pos, *_SEGMENT)
-                .where(_journal.c.run_id == run_id, _journal.c.pos > after)
-                .order_by(_journal.c.pos)
-                .limit(limit)
-            )
-            return [(row[0], JournalSegment(*row[1:])) for row in rows]
+        rows = await self._run_rows(
+            run_id,
+            select(_journal.c.pos, *_SEGMENT)
+            .where(_journal.c.run_id == run_id, _journal.c.pos > after)
+            .order_by(_journal.c.pos)
+            .limit(limit),
+        )
+        return [(row[0], JournalSegment(*row[1:])) for row in rows]
 
     async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:
         await self.retrying(
@@ -163,28 +158,23 @@ class SqlLog(SqlBase):
             raise lost(run_id, token, await self._holder(run_id))
 
     async def _last_replay(self, run_id: str) -> ReplaySegment | None:
-        async with self._engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(_replay.c.timeline, _replay.c.body)
-                    .where(_replay.c.run_id == run_id)
-                    .order_by(_replay.c.position.desc())
-                    .limit(1)
-                )
-            ).one_or_none()
+        row = await self._row(
+            select(_replay.c.timeline, _replay.c.body)
+            .where(_replay.c.run_id == run_id)
+            .order_by(_replay.c.position.desc())
+            .limit(1)
+        )
         return None if row is None else ReplaySegment(row.timeline, row.body)
 
     @retried("load the replay log")
     async def load_replay(self, run_id: str) -> list[ReplaySegment]:
-        await self._gate.wait()
-        async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = await conn.execute(
-                select(_replay.c.timeline, _replay.c.body)
-                .where(_replay.c.run_id == run_id)
-                .order_by(_replay.c.position)
-            )
-            return [ReplaySegment(row.timeline, row.body) for row in rows]
+        rows = await self._run_rows(
+            run_id,
+            select(_replay.c.timeline, _replay.c.body)
+            .where(_replay.c.run_id == run_id)
+            .order_by(_replay.c.position),
+        )
+        return [ReplaySegment(row.timeline, row.body) for row in rows]
 
     async def _holder(self, run_id: str) -> tuple[str, int] | None:
         """Who holds the run's lease now: whom a refused append names."""

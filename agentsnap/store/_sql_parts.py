@@ -52,27 +52,25 @@ class SqlParts(SqlBase):
 
     @retried("read the parts of a snapshot")
     async def load_snapshot_parts(self, run_id: str, seq: int) -> list[SnapshotPart]:
-        await self._gate.wait()
-        async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = await conn.execute(
-                select(_parts)
-                .where(_parts.c.run_id == run_id, _parts.c.seq == seq)
-                .order_by(_parts.c.worker)
+        rows = await self._run_rows(
+            run_id,
+            select(_parts)
+            .where(_parts.c.run_id == run_id, _parts.c.seq == seq)
+            .order_by(_parts.c.worker),
+        )
+        return [
+            SnapshotPart.model_validate(
+                {
+                    **row.body,
+                    "run_id": row.run_id,
+                    "seq": row.seq,
+                    "worker": row.worker,
+                    "error": row.error,
+                    "written_at": row.written_at,
+                }
             )
-            return [
-                SnapshotPart.model_validate(
-                    {
-                        **row.body,
-                        "run_id": row.run_id,
-                        "seq": row.seq,
-                        "worker": row.worker,
-                        "error": row.error,
-                        "written_at": row.written_at,
-                    }
-                )
-                for row in rows
-            ]
+            for row in rows
+        ]
 
     @retried("claim agents")
     async def claim_agents(

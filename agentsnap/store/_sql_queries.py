@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,13 +14,12 @@ from agentsnap.records import (
     AgentVersion,
     GraphCheckpoint,
     RunInfo,
-    RunStatus,
     Snapshot,
     SnapshotStatus,
     SnapshotSummary,
     utcnow,
 )
-from agentsnap.store._run_filter import run_filter
+from agentsnap.store._run_filter import RunFilter, RunListing
 from agentsnap.store._run_query import runs_query
 from agentsnap.store._sql_base import (
     _PAGE,
@@ -38,20 +36,11 @@ from agentsnap.store._sql_snapshots import SqlSnapshots
 __all__ = ["SqlQueries"]
 
 
-class SqlQueries(SqlSnapshots):
+class SqlQueries(SqlSnapshots, RunListing):
     """What listings read: the ``RunQueries`` role, and the LangGraph checkpoints of runs."""
 
     @retried("list runs")
-    async def list_runs(
-        self,
-        *,
-        status: RunStatus | str | Collection[RunStatus | str] | None = None,
-        name: str | None = None,
-        tags: Mapping[str, str] | None = None,
-        since: datetime | None = None,
-        limit: int | None = None,
-    ) -> list[RunInfo]:
-        wanted = run_filter(status, name, tags, since, limit)
+    async def _list_runs(self, wanted: RunFilter) -> list[RunInfo]:
         await self._gate.wait()
         now = utcnow()
         query = runs_query(_RUN_AND_LEASE, wanted, now, self._backend)
@@ -144,7 +133,6 @@ class SqlQueries(SqlSnapshots):
         Raises:
             NotFoundError: The store holds no such run.
         """
-        await self._gate.wait()
         table = _lg_checkpoints
         threads = table.c.thread_id.startswith(f"{run_id}:", autoescape=True)
         if agent is not None:
@@ -152,42 +140,41 @@ class SqlQueries(SqlSnapshots):
             threads = (table.c.thread_id == home) | table.c.thread_id.startswith(
                 f"{home}:", autoescape=True
             )
-        async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = await conn.execute(
-                select(
-                    table.c.thread_id,
-                    table.c.checkpoint_id,
-                    table.c.parent_checkpoint_id,
-                    table.c.meta_type,
-                    table.c.meta,
-                )
-                .where(table.c.checkpoint_ns == "", threads)
-                .order_by(table.c.checkpoint_id, table.c.thread_id)
+        rows = await self._run_rows(
+            run_id,
+            select(
+                table.c.thread_id,
+                table.c.checkpoint_id,
+                table.c.parent_checkpoint_id,
+                table.c.meta_type,
+                table.c.meta,
             )
-            found = []
-            for row in rows:
-                # Exactly (SQLite's LIKE ignores case), and only threads graph agents name.
-                name = _thread_agent(run_id, row.thread_id)
-                if name is None or (agent is not None and name != agent):
-                    continue
-                metadata = _json_metadata(row.meta_type, row.meta)
-                step = None if metadata is None else metadata.get("step")
-                source = None if metadata is None else metadata.get("source")
-                found.append(
-                    GraphCheckpoint(
-                        run_id=run_id,
-                        agent=name,
-                        thread_id=row.thread_id,
-                        checkpoint_id=row.checkpoint_id,
-                        parent_id=row.parent_checkpoint_id,
-                        step=step if type(step) is int else None,
-                        source=source if isinstance(source, str) else None,
-                        created_at=_uuid6_time(row.checkpoint_id),
-                        metadata=metadata,
-                    )
+            .where(table.c.checkpoint_ns == "", threads)
+            .order_by(table.c.checkpoint_id, table.c.thread_id),
+        )
+        found = []
+        for row in rows:
+            # Exactly (SQLite's LIKE ignores case), and only threads graph agents name.
+            name = _thread_agent(run_id, row.thread_id)
+            if name is None or (agent is not None and name != agent):
+                continue
+            metadata = _json_metadata(row.meta_type, row.meta)
+            step = None if metadata is None else metadata.get("step")
+            source = None if metadata is None else metadata.get("source")
+            found.append(
+                GraphCheckpoint(
+                    run_id=run_id,
+                    agent=name,
+                    thread_id=row.thread_id,
+                    checkpoint_id=row.checkpoint_id,
+                    parent_id=row.parent_checkpoint_id,
+                    step=step if type(step) is int else None,
+                    source=source if isinstance(source, str) else None,
+                    created_at=_uuid6_time(row.checkpoint_id),
+                    metadata=metadata,
                 )
-            return found
+            )
+        return found
 
 
 def _thread_agent(run_id: str, thread_id: str) -> str | None:

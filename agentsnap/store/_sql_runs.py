@@ -94,16 +94,9 @@ class SqlRuns(SqlSnapshots):
             await self._check_fence(conn, run_id)
 
     async def save_rollback(self, rollback: RollbackInfo) -> None:
-        await self.retrying(
-            "record rollback {0.id}",
-            self._save_rollback,
-            rollback,
-        )
+        await self._saving("record rollback {0.id}", rollback, self._save_rollback, _rollbacks.c.id)
 
-    async def _save_rollback(self, again: bool, rollback: RollbackInfo) -> None:
-        await self._gate.wait()
-        if again and await self._stored(_rollbacks.c.id == rollback.id):
-            return  # the attempt before was committed, though its answer was lost
+    async def _save_rollback(self, rollback: RollbackInfo) -> None:
         async with self._begin() as conn:
             await self._require_run(conn, rollback.run_id)
             found = await conn.scalar(
@@ -116,15 +109,13 @@ class SqlRuns(SqlSnapshots):
 
     @retried("read rollbacks")
     async def list_rollbacks(self, run_id: str) -> list[RollbackInfo]:
-        await self._gate.wait()
-        async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = await conn.execute(
-                select(_rollbacks)
-                .where(_rollbacks.c.run_id == run_id)
-                .order_by(_rollbacks.c.at, _rollbacks.c.id)
-            )
-            return [RollbackInfo.model_validate(dict(row._mapping)) for row in rows]
+        rows = await self._run_rows(
+            run_id,
+            select(_rollbacks)
+            .where(_rollbacks.c.run_id == run_id)
+            .order_by(_rollbacks.c.at, _rollbacks.c.id),
+        )
+        return [RollbackInfo.model_validate(dict(row._mapping)) for row in rows]
 
     @retried("record the state schemas of a run")
     async def save_state_schemas(
@@ -149,15 +140,13 @@ class SqlRuns(SqlSnapshots):
 
     @retried("read the state schemas of a run")
     async def load_state_schemas(self, run_id: str) -> dict[str, dict[str, JsonValue]]:
-        await self._gate.wait()
-        async with self._engine.connect() as conn:
-            await self._require_run(conn, run_id)
-            rows = await conn.execute(
-                select(_schemas.c.agent, _schemas.c.json_schema)
-                .where(_schemas.c.run_id == run_id)
-                .order_by(_schemas.c.agent)
-            )
-            return {row.agent: row.json_schema for row in rows}
+        rows = await self._run_rows(
+            run_id,
+            select(_schemas.c.agent, _schemas.c.json_schema)
+            .where(_schemas.c.run_id == run_id)
+            .order_by(_schemas.c.agent),
+        )
+        return {row.agent: row.json_schema for row in rows}
 
     @retried("read a run")
     async def get_run(self, run_id: str) -> RunInfo:

@@ -6,7 +6,17 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import CompoundSelect, Select, Text, literal_column, select, type_coerce, union_all
+from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
+    FromClause,
+    Select,
+    Text,
+    literal_column,
+    select,
+    type_coerce,
+    union_all,
+)
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -39,16 +49,14 @@ class SqlSnapshots(SqlBase):
     """Snapshots written whole and read back checked: the snapshot half of the ``RunStore`` role."""
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
-        await self.retrying(
+        await self._saving(
             "write snapshot {0.seq} of run {0.run_id}",
-            self._save_snapshot,
             snapshot,
+            self._save_snapshot,
+            _snapshots.c.id,
         )
 
-    async def _save_snapshot(self, again: bool, snapshot: Snapshot) -> None:
-        await self._gate.wait()
-        if again and await self._stored(_snapshots.c.id == snapshot.id):
-            return  # the attempt before was committed, though its answer was lost
+    async def _save_snapshot(self, snapshot: Snapshot) -> None:
         try:
             await self._write_snapshot(snapshot)
         except StoreError as exc:
@@ -278,13 +286,7 @@ class SqlSnapshots(SqlBase):
         states = states or StateLoader()
         ids = [row["id"] for row in rows]
         own = select(
-            _agents.c.snapshot_id,
-            _agents.c.agent,
-            _agents.c.state_hash,
-            type_coerce(_agents.c.sent, Text()).label("sent"),
-            type_coerce(_agents.c.received, Text()).label("received"),
-            _agents.c.state_version,
-            literal_column("1").label("own"),
+            _agents.c.snapshot_id, *_cut_columns(_agents), literal_column("1").label("own")
         ).where(_agents.c.snapshot_id.in_(ids))
         query: Select[Any] | CompoundSelect[Any] = own
         deltas = {row["id"]: row for row in rows if row["base_id"] is not None}
@@ -292,15 +294,7 @@ class SqlSnapshots(SqlBase):
             based = _agents.alias("based")
             kept = _agents.alias("kept")
             inherited = (
-                select(
-                    _snapshots.c.id,
-                    based.c.agent,
-                    based.c.state_hash,
-                    type_coerce(based.c.sent, Text()),
-                    type_coerce(based.c.received, Text()),
-                    based.c.state_version,
-                    literal_column("0"),
-                )
+                select(_snapshots.c.id, *_cut_columns(based), literal_column("0"))
                 .join(based, based.c.snapshot_id == _snapshots.c.base_id)
                 .where(
                     _snapshots.c.id.in_(list(deltas)),
@@ -356,3 +350,16 @@ class SqlSnapshots(SqlBase):
             reader.message(
                 m.snapshot_id, m.src, m.dst, m.seq, m.kind, m.payload, m.headers, m.epoch
             )
+
+
+def _cut_columns(agents: FromClause) -> list[ColumnElement[Any]]:
+    """The columns of an agent row (of ``agents``, the table or an alias of it) that make
+    its cut: the agent, its state's hash, its counters (as JSON text) and its state's version.
+    """  # noqa: D205
+    return [
+        agents.c.agent,
+        agents.c.state_hash,
+        type_coerce(agents.c.sent, Text()).label("sent"),
+        type_coerce(agents.c.received, Text()).label("received"),
+        agents.c.state_version,
+    ]

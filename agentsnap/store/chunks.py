@@ -66,10 +66,10 @@ from __future__ import annotations
 import json
 import json.decoder
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Column, Connection, Select, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentsnap.state import content_hash
@@ -622,42 +622,34 @@ class StateLoader:
 
     async def load(self, connection: AsyncConnection, hashes: Sequence[str]) -> LoadedStates:
         """The states of ``hashes`` (each at most once)."""
-        rows: list[Any] = []
-        for start in range(0, len(hashes), _BATCH):
-            found = await connection.execute(
-                _STATE_QUERY.where(_blobs.c.hash.in_(hashes[start : start + _BATCH]))
-            )
-            rows.extend(found)
-        wanted = self._roots(rows)
-        while wanted:
-            chunk_rows: list[Any] = []
-            for start in range(0, len(wanted), _BATCH):
-                found = await connection.execute(
-                    _CHUNK_QUERY.where(_chunks.c.hash.in_(wanted[start : start + _BATCH]))
-                )
-                chunk_rows.extend(found)
-            wanted = self._level(chunk_rows)
-        return self._result(rows)
+        reading = self._reading(hashes)
+        try:
+            query = next(reading)
+            while True:
+                query = reading.send(list(await connection.execute(query)))
+        except StopIteration as done:
+            loaded: LoadedStates = done.value
+            return loaded
 
     def load_sync(self, connection: Connection, hashes: Sequence[str]) -> LoadedStates:
         """As [`load`][agentsnap.store.chunks.StateLoader.load], on a synchronous connection."""
-        rows: list[Any] = []
-        for start in range(0, len(hashes), _BATCH):
-            rows.extend(
-                connection.execute(
-                    _STATE_QUERY.where(_blobs.c.hash.in_(hashes[start : start + _BATCH]))
-                )
-            )
+        reading = self._reading(hashes)
+        try:
+            query = next(reading)
+            while True:
+                query = reading.send(list(connection.execute(query)))
+        except StopIteration as done:
+            loaded: LoadedStates = done.value
+            return loaded
+
+    def _reading(self, hashes: Sequence[str]) -> Generator[Select[Any], list[Any], LoadedStates]:
+        """The reads of ``load``, without the connection: yields each query to run, is sent
+        its rows, and returns the states.
+        """  # noqa: D205
+        rows = yield from _batched(_STATE_QUERY, _blobs.c.hash, hashes)
         wanted = self._roots(rows)
         while wanted:
-            chunk_rows: list[Any] = []
-            for start in range(0, len(wanted), _BATCH):
-                chunk_rows.extend(
-                    connection.execute(
-                        _CHUNK_QUERY.where(_chunks.c.hash.in_(wanted[start : start + _BATCH]))
-                    )
-                )
-            wanted = self._level(chunk_rows)
+            wanted = self._level((yield from _batched(_CHUNK_QUERY, _chunks.c.hash, wanted)))
         return self._result(rows)
 
     def _roots(self, rows: Iterable[Any]) -> list[str]:
@@ -787,3 +779,13 @@ def delete_unreferenced_states(connection: Connection) -> int:
         )
     chunks = connection.execute(text(sweep)).rowcount
     return int(states) + int(chunks)
+
+
+def _batched(
+    query: Select[Any], column: Column[str], keys: Sequence[str]
+) -> Generator[Select[Any], list[Any], list[Any]]:
+    """The rows of ``query`` for each of ``keys`` in ``column``, read ``_BATCH`` keys at a time."""
+    rows: list[Any] = []
+    for start in range(0, len(keys), _BATCH):
+        rows.extend((yield query.where(column.in_(keys[start : start + _BATCH]))))
+    return rows

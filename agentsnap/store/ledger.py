@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Collection
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from agentsnap.ledger import Change, Ledger, LedgerEntry, ToolCallStatus
+from agentsnap.ledger import Change, Expected, Ledger, LedgerEntry
 from agentsnap.model_calls import ModelCallRecord
-from agentsnap.requests import HumanRequest, RequestStatus
+from agentsnap.requests import (
+    WITHDRAWN,
+    HumanRequest,
+    RequestStatus,
+    Settlement,
+    settled_fields,
+)
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -32,6 +38,8 @@ if TYPE_CHECKING:
     from agentsnap.store.sql_ledger import SqlLedger
 
 __all__ = ["MemoryLedger", "ledger_for"]
+
+_Held = TypeVar("_Held", LedgerEntry, HumanRequest)
 
 
 class MemoryLedger:
@@ -63,24 +71,21 @@ class MemoryLedger:
         return self._entries.get(key)
 
     async def update(  # noqa: D102
-        self,
-        key: str,
-        change: Change,
-        *,
-        statuses: Collection[ToolCallStatus],
-        owner: str | None = None,
-        attempts: int | None = None,
+        self, key: str, change: Change, **expected: Unpack[Expected]
     ) -> bool:
-        found = self._entries.get(key)
-        if (
-            found is None
-            or found.status not in statuses
-            or (owner is not None and found.owner != owner)
-            or (attempts is not None and found.attempts != attempts)
-        ):
-            return False
-        self._entries[key] = dataclasses.replace(found, **change)
-        return True
+        statuses = expected["statuses"]
+        owner = expected.get("owner")
+        attempts = expected.get("attempts")
+        return _replace_if(
+            self._entries,
+            key,
+            lambda found: (
+                found.status in statuses
+                and (owner is None or found.owner == owner)
+                and (attempts is None or found.attempts == attempts)
+            ),
+            change,
+        )
 
     def fence(self, run_id: str, token: int) -> None:
         """Do nothing: a memory ledger has no lease to check against.
@@ -143,22 +148,14 @@ class MemoryLedger:
         return self._requests.get(request_id)
 
     async def settle_request(  # noqa: D102
-        self,
-        request_id: str,
-        status: RequestStatus,
-        *,
-        answer: JsonValue,
-        reason: str | None,
-        by: str | None,
-        at: datetime,
+        self, request_id: str, status: RequestStatus, **settlement: Unpack[Settlement]
     ) -> bool:
-        found = self._requests.get(request_id)
-        if found is None or not found.pending:
-            return False
-        self._requests[request_id] = dataclasses.replace(
-            found, status=status, answer=answer, reason=reason, answered_by=by, answered_at=at
+        return _replace_if(
+            self._requests,
+            request_id,
+            lambda found: found.pending,
+            settled_fields(status, settlement),
         )
-        return True
 
     async def withdraw_requests(  # noqa: D102
         self, run_id: str, before_timeline: int, *, by: str, at: datetime
@@ -172,7 +169,7 @@ class MemoryLedger:
             self._requests[found] = dataclasses.replace(
                 self._requests[found],
                 status="withdrawn",
-                reason="a rollback discarded the timeline it was asked on",
+                reason=WITHDRAWN,
                 answered_by=by,
                 answered_at=at,
             )
@@ -190,6 +187,19 @@ class MemoryLedger:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+
+def _replace_if(
+    held: dict[str, _Held], key: str, test: Callable[[_Held], bool], changes: Mapping[str, Any]
+) -> bool:
+    """Replace the value ``held`` at ``key`` by one with ``changes`` if it passes ``test``
+    (compare and set); whether it did (``False`` also when there is none).
+    """  # noqa: D205
+    found = held.get(key)
+    if found is None or not test(found):
+        return False
+    held[key] = dataclasses.replace(found, **changes)
+    return True
 
 
 def ledger_for(store: object, *, create: bool = True) -> Ledger | None:

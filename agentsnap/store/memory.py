@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
 from agentsnap.exceptions import ConfigurationError, NotFoundError, StoreError
 from agentsnap.integrity import agent_versions
@@ -21,18 +21,21 @@ from agentsnap.records import (
     RollbackInfo,
     RunInfo,
     RunLease,
+    RunOwner,
     RunStatus,
     Snapshot,
     SnapshotPart,
     SnapshotSummary,
     utcnow,
 )
-from agentsnap.store._run_filter import run_filter
+from agentsnap.store._run_filter import RunFilter, RunListing
+
+_T = TypeVar("_T")
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore:
+class MemoryStore(RunListing):
     """Keeps runs and snapshots in dictionaries.
 
     Agent states are kept once per content hash, like the SQL store does, so a thousand
@@ -51,6 +54,8 @@ class MemoryStore:
         self._rollbacks: dict[str, list[RollbackInfo]] = {}
         self._replays: dict[str, list[ReplaySegment]] = {}
         self._leases: dict[str, RunLease] = {}
+        self._owners: dict[str, list[RunOwner]] = {}
+        self._renewed: dict[str, datetime] = {}
         self._fences: dict[str, int] = {}
         self._schemas: dict[str, dict[str, str]] = {}
         self._parts: dict[tuple[str, int], dict[str, SnapshotPart]] = {}
@@ -96,27 +101,23 @@ class MemoryStore:
         finished_at: datetime | None,
         reason: str | None = None,
     ) -> None:
-        run = self._run(run_id)
-        self._check_fence(run_id)
-        self._runs[run_id] = run.model_copy(
-            update={"status": status, "finished_at": finished_at, "status_reason": reason}
-        )
+        self._update_run(run_id, status=status, finished_at=finished_at, status_reason=reason)
 
     async def save_traceback(self, run_id: str, traceback: str | None) -> None:  # noqa: D102
-        run = self._run(run_id)
-        self._check_fence(run_id)
-        self._runs[run_id] = run.model_copy(update={"traceback": traceback})
+        self._update_run(run_id, traceback=traceback)
 
     async def request_cancel(self, run_id: str, reason: str | None) -> None:  # noqa: D102
-        run = self._run(run_id)
-        self._runs[run_id] = run.model_copy(update={"cancel_requested": reason})
+        # Not fenced: anyone may ask the owner to stop.
+        self._update_run(run_id, fenced=False, cancel_requested=reason)
 
     async def set_parent(self, run_id: str, parent_run_id: str, parent_snapshot_id: str) -> None:  # noqa: D102
+        self._update_run(run_id, parent_run_id=parent_run_id, parent_snapshot_id=parent_snapshot_id)
+
+    def _update_run(self, run_id: str, *, fenced: bool = True, **values: object) -> None:
         run = self._run(run_id)
-        self._check_fence(run_id)
-        self._runs[run_id] = run.model_copy(
-            update={"parent_run_id": parent_run_id, "parent_snapshot_id": parent_snapshot_id}
-        )
+        if fenced:
+            self._check_fence(run_id)
+        self._runs[run_id] = run.model_copy(update=values)
 
     async def save_rollback(self, rollback: RollbackInfo) -> None:  # noqa: D102
         self._run(rollback.run_id)
@@ -132,16 +133,7 @@ class MemoryStore:
     async def get_run(self, run_id: str) -> RunInfo:  # noqa: D102
         return self._as_seen(self._run(run_id), utcnow())
 
-    async def list_runs(  # noqa: D102
-        self,
-        *,
-        status: RunStatus | str | Collection[RunStatus | str] | None = None,
-        name: str | None = None,
-        tags: Mapping[str, str] | None = None,
-        since: datetime | None = None,
-        limit: int | None = None,
-    ) -> list[RunInfo]:
-        wanted = run_filter(status, name, tags, since, limit)
+    async def _list_runs(self, wanted: RunFilter) -> list[RunInfo]:
         now = utcnow()
         runs = sorted(self._runs.values(), key=lambda run: (run.created_at, run.id))
         found = [seen for seen in (self._as_seen(run, now) for run in runs) if wanted.matches(seen)]
@@ -217,21 +209,16 @@ class MemoryStore:
         return []
 
     async def append_journal(self, run_id: str, segments: Sequence[JournalSegment]) -> None:  # noqa: D102
-        if run_id not in self._runs:
-            raise NotFoundError("run", run_id)
-        self._check_fence(run_id)
-        self._journals.setdefault(run_id, []).extend(segments)
+        self._appending(self._journals, run_id).extend(segments)
 
     async def load_journal(self, run_id: str) -> list[JournalSegment]:  # noqa: D102
-        if run_id not in self._runs:
-            raise NotFoundError("run", run_id)
+        self._run(run_id)
         return list(self._journals.get(run_id, ()))
 
     async def load_journal_page(  # noqa: D102
         self, run_id: str, *, after: int = 0, limit: int = 1000
     ) -> list[tuple[int, JournalSegment]]:
-        if run_id not in self._runs:
-            raise NotFoundError("run", run_id)
+        self._run(run_id)
         _check_limit(limit)
         # A segment's position is its index in the journal, from 1.
         start = max(after, 0)
@@ -254,15 +241,17 @@ class MemoryStore:
         }
 
     async def append_replay(self, run_id: str, segment: ReplaySegment) -> None:  # noqa: D102
-        if run_id not in self._runs:
-            raise NotFoundError("run", run_id)
-        self._check_fence(run_id)
-        self._replays.setdefault(run_id, []).append(segment)
+        self._appending(self._replays, run_id).append(segment)
 
     async def load_replay(self, run_id: str) -> list[ReplaySegment]:  # noqa: D102
-        if run_id not in self._runs:
-            raise NotFoundError("run", run_id)
+        self._run(run_id)
         return list(self._replays.get(run_id, ()))
+
+    def _appending(self, logs: dict[str, list[_T]], run_id: str) -> list[_T]:
+        """The run's list in ``logs``, to append to: the run is there and not fenced off."""
+        self._run(run_id)
+        self._check_fence(run_id)
+        return logs.setdefault(run_id, [])
 
     # -- ownership ------------------------------------------------------------------------
 
@@ -330,20 +319,49 @@ class MemoryStore:
             token=1 if replacing is None else replacing + 1,
             expires_at=expires_at,
         )
+        now = utcnow()
+        if replacing is not None:
+            self._end_owner(run_id, replacing, "taken_over", now)
         self._leases[run_id] = lease
+        self._renewed[run_id] = now
+        self._owners.setdefault(run_id, []).append(
+            RunOwner(run_id=run_id, token=lease.token, owner=owner, acquired_at=now)
+        )
         return lease
+
+    def _end_owner(
+        self, run_id: str, token: int, how: Literal["released", "taken_over"], now: datetime
+    ) -> None:
+        owners = self._owners.get(run_id, [])
+        for i, found in enumerate(owners):
+            if found.token == token and found.ended_at is None:
+                owners[i] = found.model_copy(
+                    update={
+                        "ended_at": now,
+                        "ended": how,
+                        "last_renewed_at": self._renewed.get(run_id),
+                    }
+                )
 
     async def renew_lease(self, run_id: str, token: int, expires_at: datetime) -> bool:  # noqa: D102
         found = self._leases.get(run_id)
         if found is None or found.token != token:
             return False
         self._leases[run_id] = found.model_copy(update={"expires_at": expires_at})
+        self._renewed[run_id] = utcnow()
         return True
 
     async def release_lease(self, run_id: str, token: int) -> None:  # noqa: D102
         found = self._leases.get(run_id)
         if found is not None and found.token == token:
-            self._leases[run_id] = found.model_copy(update={"expires_at": utcnow()})
+            now = utcnow()
+            self._end_owner(run_id, token, "released", now)
+            self._leases[run_id] = found.model_copy(update={"expires_at": now})
+            self._renewed[run_id] = now
+
+    async def list_run_owners(self, run_id: str) -> list[RunOwner]:  # noqa: D102
+        self._run(run_id)
+        return list(self._owners.get(run_id, []))
 
     def fence(self, run_id: str, token: int) -> None:  # noqa: D102
         self._fences[run_id] = token

@@ -26,13 +26,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from agentsnap.exceptions import ConfigurationError
-from agentsnap.store._graph_history import stored_values
+from agentsnap.store._checkpoint_filter import CheckpointFilter
+from agentsnap.store._graph_history import check_strategy, needed_ancestors, stored_values
 from agentsnap.store.graph import (
     EMPTY,
-    PRUNE_STRATEGIES,
     GraphReader,
     Load,
     Merge,
@@ -76,19 +76,13 @@ class _Reader:
         before: str | None = None,
         limit: int | None = None,
     ) -> Iterator[StoredCheckpoint]:
+        where = CheckpointFilter(thread_id, checkpoint_ns, checkpoint_id, before, limit)
         with self._store.lock:
-            rows = [
-                row
-                for row in self._store.checkpoints.values()
-                if (thread_id is None or row.thread_id == thread_id)
-                and (checkpoint_ns is None or row.checkpoint_ns == checkpoint_ns)
-                and (not checkpoint_id or row.checkpoint_id == checkpoint_id)
-                and (not before or row.checkpoint_id < before)
-            ]
+            rows = [row for row in self._store.checkpoints.values() if where.matches(row)]
         # Newest first, then by thread and namespace, as the SQL stores order them.
         rows.sort(key=lambda row: (row.thread_id, row.checkpoint_ns))
         rows.sort(key=lambda row: row.checkpoint_id, reverse=True)
-        yield from rows if limit is None else rows[: max(limit, 0)]
+        yield from rows if where.limit is None else rows[: where.limit]
 
     def values(
         self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
@@ -271,11 +265,7 @@ class MemoryGraphStore:
         Raises:
             ConfigurationError: ``strategy`` is not one of ``PRUNE_STRATEGIES``.
         """
-        if strategy not in PRUNE_STRATEGIES:
-            raise ConfigurationError(
-                f"unknown prune strategy {strategy!r}: use 'keep_latest' (keep each "
-                "namespace's newest checkpoint) or 'delete' (delete the threads)"
-            )
+        check_strategy(strategy)
         with self.lock:
             for thread_id in dict.fromkeys(thread_ids):
                 if strategy == "delete":
@@ -288,8 +278,13 @@ class MemoryGraphStore:
                 kept = {
                     (thread_id, checkpoint_ns, kept_id)
                     for checkpoint_ns, checkpoint_id in newest.items()
-                    for kept_id in self._needed_ancestors(
-                        thread_id, checkpoint_ns, checkpoint_id, load, load_metadata
+                    for kept_id in needed_ancestors(
+                        _Rows(self),
+                        thread_id,
+                        checkpoint_ns,
+                        checkpoint_id,
+                        load=load,
+                        load_metadata=load_metadata,
                     )
                 }
                 # The rows of namespaces that have no checkpoint at all.
@@ -344,51 +339,25 @@ class MemoryGraphStore:
         for write_key in [k for k in self.writes if (k[0], k[1], k[2]) in checkpoints]:
             del self.writes[write_key]
 
-    def _needed_ancestors(
-        self,
-        thread_id: str,
-        checkpoint_ns: str,
-        newest: str,
-        load: Load,
-        load_metadata: Load,
-    ) -> set[str]:
-        """``newest`` and the ancestors its delta channels are rebuilt from (as SQL's)."""
-        kept = {newest}
-        row = self.checkpoints.get((thread_id, checkpoint_ns, newest))
-        if row is None:
-            return kept
-        metadata = load_metadata(row.meta_type, row.meta)
-        counters = (
-            metadata.get("counters_since_delta_snapshot") if isinstance(metadata, dict) else None
-        )
-        if not isinstance(counters, dict) or not counters:
-            return kept
-        checkpoint = load(row.checkpoint_type, row.checkpoint)
-        versions = checkpoint.get("channel_versions") or {}
-        needed = {channel for channel in counters if channel in versions}
-        needed -= self._with_values(thread_id, checkpoint_ns, checkpoint, needed)
-        parent = row.parent_checkpoint_id
-        while needed and parent is not None and parent not in kept:
-            row = self.checkpoints.get((thread_id, checkpoint_ns, parent))
-            if row is None:
-                break
-            kept.add(parent)
-            ancestor = load(row.checkpoint_type, row.checkpoint)
-            needed -= self._with_values(thread_id, checkpoint_ns, ancestor, needed)
-            parent = row.parent_checkpoint_id
-        return kept
 
-    def _with_values(
-        self, thread_id: str, checkpoint_ns: str, checkpoint: Mapping[str, Any], channels: set[str]
-    ) -> set[str]:
-        inline = checkpoint.get("channel_values") or {}
-        versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
-        found = {channel for channel in channels if channel in inline}
-        for channel in channels - found:
-            if channel in versions:
-                stored = self.values.get(
-                    (thread_id, checkpoint_ns, channel, str(versions[channel]))
-                )
-                if stored is not None and stored.value_type != EMPTY:
-                    found.add(channel)
+@dataclass(frozen=True)
+class _Rows:
+    """The store's rows as ``needed_ancestors`` reads them (under the store's lock)."""
+
+    store: MemoryGraphStore
+
+    def checkpoint_row(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> Sequence[Any] | None:
+        row = self.store.checkpoints.get((thread_id, checkpoint_ns, checkpoint_id))
+        return None if row is None else (row.parent_checkpoint_id, *row[4:8])
+
+    def stored_versions(
+        self, thread_id: str, checkpoint_ns: str, wanted: set[tuple[str, str]]
+    ) -> set[tuple[str, str]]:
+        found = set()
+        for channel, version in wanted:
+            value = self.store.values.get((thread_id, checkpoint_ns, channel, version))
+            if value is not None and value.value_type != EMPTY:
+                found.add((channel, version))
         return found

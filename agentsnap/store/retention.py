@@ -2,7 +2,7 @@
 
 [`delete_runs`][agentsnap.store.retention.delete_runs] removes runs from an SQL database with
 everything they own: their snapshots (agent states and counters, messages in flight), journal,
-replay log, rollbacks, lease and tags, their side-effecting tool calls in the ledger
+replay log, rollbacks, lease and owners, tags, their side-effecting tool calls in the ledger
 (``agentsnap_tool_calls`` rows filed under the run), their model calls and the messages of
 those calls' requests (``agentsnap_model_calls`` and ``agentsnap_model_bodies``), their
 requests to people (``agentsnap_requests``), the LangGraph
@@ -83,30 +83,33 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from agentsnap.exceptions import AgentsnapError, ConfigurationError, NotFoundError
 from agentsnap.liveness import owner_is_live
 from agentsnap.records import RunLease, RunStatus, utcnow
-from agentsnap.store._sql_base import engine_options
+from agentsnap.store._sql_base import (
+    _agent_leases,
+    _agents,
+    _blobs,
+    _journal,
+    _leases,
+    _messages,
+    _owners,
+    _parts,
+    _replay,
+    _rollbacks,
+    _runs,
+    _schemas,
+    _snapshots,
+    _tags,
+    engine_options,
+)
 from agentsnap.store.chunks import delete_unreferenced_states
 from agentsnap.store.dialect import async_url, sqlite_setup
 from agentsnap.store.langgraph import delete_run_threads
 from agentsnap.store.migrate import SchemaGate
 from agentsnap.store.sql import SqlStore
 from agentsnap.store.tables import (
-    AgentLeaseRow,
     Base,
     HumanRequestRow,
-    JournalRow,
     ModelBodyRow,
     ModelCallRow,
-    ReplayRow,
-    RollbackRow,
-    RunLeaseRow,
-    RunRow,
-    RunTagRow,
-    SnapshotAgentRow,
-    SnapshotMessageRow,
-    SnapshotPartRow,
-    SnapshotRow,
-    StateBlobRow,
-    StateSchemaRow,
     ToolCallRow,
     table_of,
 )
@@ -120,50 +123,19 @@ rows of the LangGraph saver's three tables together (checkpoints, channel values
 BATCH = 100
 """Runs deleted in one transaction."""
 
-_table = {
-    row: table_of(row)
-    for row in (
-        RunRow,
-        RunTagRow,
-        RunLeaseRow,
-        SnapshotRow,
-        SnapshotAgentRow,
-        SnapshotMessageRow,
-        RollbackRow,
-        JournalRow,
-        ReplayRow,
-        ToolCallRow,
-        ModelCallRow,
-        ModelBodyRow,
-        HumanRequestRow,
-        StateBlobRow,
-        StateSchemaRow,
-        SnapshotPartRow,
-        AgentLeaseRow,
-    )
-}
-_runs: Table = _table[RunRow]
-_leases: Table = _table[RunLeaseRow]
-_snapshots: Table = _table[SnapshotRow]
-_agents: Table = _table[SnapshotAgentRow]
-_messages: Table = _table[SnapshotMessageRow]
-_rollbacks: Table = _table[RollbackRow]
-_blobs: Table = _table[StateBlobRow]
-_BY_RUN: tuple[Table, ...] = tuple(
-    _table[row]
-    for row in (
-        JournalRow,
-        ReplayRow,
-        RunLeaseRow,
-        RunTagRow,
-        StateSchemaRow,
-        ToolCallRow,
-        ModelCallRow,
-        ModelBodyRow,
-        HumanRequestRow,
-        SnapshotPartRow,
-        AgentLeaseRow,
-    )
+_BY_RUN: tuple[Table, ...] = (
+    _tags,
+    _leases,
+    _owners,
+    _journal,
+    _replay,
+    _schemas,
+    table_of(ToolCallRow),
+    table_of(ModelCallRow),
+    table_of(ModelBodyRow),
+    table_of(HumanRequestRow),
+    _parts,
+    _agent_leases,
 )
 """Tables whose rows belong to the run named in their ``run_id``."""
 
@@ -501,27 +473,17 @@ class _Database:
             return max(0, before - await _file_size(conn))
 
 
+_SNAPSHOT_ROWS: tuple[Table, ...] = (_snapshots, _agents, _messages, _rollbacks)
+"""Tables whose rows belong to a run through its snapshots (deleted before the run's own)."""
+
 _REPORTED = (
     _runs.name,
-    RunTagRow.__tablename__,
-    RunLeaseRow.__tablename__,
-    _snapshots.name,
-    _agents.name,
-    _messages.name,
-    _rollbacks.name,
-    JournalRow.__tablename__,
-    ReplayRow.__tablename__,
-    StateSchemaRow.__tablename__,
-    ToolCallRow.__tablename__,
-    ModelCallRow.__tablename__,
-    ModelBodyRow.__tablename__,
-    HumanRequestRow.__tablename__,
-    SnapshotPartRow.__tablename__,
-    AgentLeaseRow.__tablename__,
+    *(table.name for table in _SNAPSHOT_ROWS),
+    *(table.name for table in _BY_RUN),
     LANGGRAPH_ROWS,
     _STATES,
 )
-"""The keys of ``DeleteReport.rows``."""
+"""The keys of ``DeleteReport.rows``: the run, its snapshots, its other rows, then the rest."""
 
 _VACUUMED = tuple(sorted(Base.metadata.tables))
 """The tables ``vacuum=True`` vacuums on PostgreSQL: every table of agentsnap's schema."""

@@ -37,9 +37,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from agentsnap.exceptions import ConfigurationError, StoreError
+from agentsnap.store._checkpoint_filter import CheckpointFilter
 from agentsnap.store._graph_history import (
     VALUES_WITH_WRITES,
     Transaction,
+    check_strategy,
     copy_thread,
     delete_runs,
     prune_threads,
@@ -54,7 +56,6 @@ from agentsnap.store.dialect import (
 from agentsnap.store.faults import Fault, classify
 from agentsnap.store.graph import (
     EMPTY,
-    PRUNE_STRATEGIES,
     AsyncGraphReader,
     GraphReader,
     Load,
@@ -244,38 +245,19 @@ def _batches(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
         yield items[start : start + _BATCH]
 
 
-def _checkpoint_query(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Select[Any]:
+def _checkpoints_query(where: CheckpointFilter) -> Select[Any]:
     query = select(_checkpoints).where(
-        _checkpoints.c.thread_id == thread_id, _checkpoints.c.checkpoint_ns == checkpoint_ns
+        *(_checkpoints.c[column] == value for column, value in where.equal().items())
     )
-    if checkpoint_id:
-        query = query.where(_checkpoints.c.checkpoint_id == checkpoint_id)
-    return query.order_by(_checkpoints.c.checkpoint_id.desc()).limit(1)
-
-
-def _checkpoints_query(
-    thread_id: str | None,
-    checkpoint_ns: str | None,
-    checkpoint_id: str | None,
-    before: str | None,
-    limit: int | None,
-) -> Select[Any]:
-    query = select(_checkpoints)
-    if thread_id is not None:
-        query = query.where(_checkpoints.c.thread_id == thread_id)
-    if checkpoint_ns is not None:
-        query = query.where(_checkpoints.c.checkpoint_ns == checkpoint_ns)
-    if checkpoint_id:
-        query = query.where(_checkpoints.c.checkpoint_id == checkpoint_id)
-    if before:
-        query = query.where(_checkpoints.c.checkpoint_id < before)
+    if where.before is not None:
+        query = query.where(_checkpoints.c.checkpoint_id < where.before)
     query = query.order_by(
         _checkpoints.c.checkpoint_id.desc(),
         _checkpoints.c.thread_id,
         _checkpoints.c.checkpoint_ns,
     )
-    if limit is not None:
-        query = query.limit(max(limit, 0))
+    if where.limit is not None:
+        query = query.limit(where.limit)
     return query
 
 
@@ -347,7 +329,9 @@ class _Reader:
     def checkpoint(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
     ) -> StoredCheckpoint | None:
-        query = _checkpoint_query(thread_id, checkpoint_ns, checkpoint_id)
+        query = _checkpoints_query(
+            CheckpointFilter(thread_id, checkpoint_ns, checkpoint_id, limit=1)
+        )
         row = self._connection.execute(query).first()
         return None if row is None else StoredCheckpoint(*row)
 
@@ -360,7 +344,8 @@ class _Reader:
         before: str | None = None,
         limit: int | None = None,
     ) -> Iterator[StoredCheckpoint]:
-        query = _checkpoints_query(thread_id, checkpoint_ns, checkpoint_id, before, limit)
+        where = CheckpointFilter(thread_id, checkpoint_ns, checkpoint_id, before, limit)
+        query = _checkpoints_query(where)
         for row in self._connection.execute(query):
             yield StoredCheckpoint(*row)
 
@@ -452,24 +437,20 @@ class _AsyncReader:
         before: str | None = None,
         limit: int | None = None,
     ) -> list[StoredCheckpoint]:
-        conditions: list[str] = []
-        parameters: list[Any] = []
-        for condition, value in (
-            ("thread_id = %s", thread_id),
-            ("checkpoint_ns = %s", checkpoint_ns),
-            ("checkpoint_id = %s", checkpoint_id or None),
-            ("checkpoint_id < %s", before or None),
-        ):
-            if value is not None:
-                conditions.append(condition)
-                parameters.append(value)
+        where = CheckpointFilter(thread_id, checkpoint_ns, checkpoint_id, before, limit)
+        equal = where.equal()
+        conditions = [f"{column} = %s" for column in equal]
+        parameters: list[Any] = list(equal.values())
+        if where.before is not None:
+            conditions.append("checkpoint_id < %s")
+            parameters.append(where.before)
         sql = _PG_SELECT_CHECKPOINTS
         if conditions:
             sql += " WHERE " + " AND ".join(conditions)
         sql += " ORDER BY checkpoint_id DESC, thread_id, checkpoint_ns"
-        if limit is not None:
+        if where.limit is not None:
             sql += " LIMIT %s"
-            parameters.append(max(limit, 0))
+            parameters.append(where.limit)
         return [StoredCheckpoint(*row) for row in await self._rows(sql, parameters)]
 
     async def values(
@@ -810,14 +791,7 @@ class SqlGraphStore:
     ) -> bool:
         """Store a task's writes, or merge them into the ones stored for its key.
 
-        Args:
-            key: Thread, namespace, checkpoint id and task id.
-            task_path: The task's path in the graph.
-            writes: The task's writes, packed.
-            merge: When the task has writes stored already, what to store instead.
-
-        Returns:
-            Whether ``writes`` went in as given (the task had none stored).
+        Arguments and result as for ``GraphCheckpointStore.put_task_writes``.
         """
         row = (*key, task_path, writes)
         if self._sqlite:
@@ -947,11 +921,7 @@ class SqlGraphStore:
             StoreError: On PostgreSQL, concurrent writes to the same threads aborted it each
                 time it was tried.
         """
-        if strategy not in PRUNE_STRATEGIES:
-            raise ConfigurationError(
-                f"unknown prune strategy {strategy!r}: use 'keep_latest' (keep each "
-                "namespace's newest checkpoint) or 'delete' (delete the threads)"
-            )
+        check_strategy(strategy)
         if thread_ids:
             ids = list(thread_ids)
             self._maintain(

@@ -78,7 +78,7 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from sqlalchemy import (
     Connection,
@@ -98,14 +98,20 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from agentsnap.exceptions import ConfigurationError, StoreError
-from agentsnap.ledger import Change, LedgerEntry, ToolCallStatus
+from agentsnap.ledger import Change, Expected, LedgerEntry, ToolCallStatus
 from agentsnap.liveness import lost
 from agentsnap.model_calls import ModelCallRecord
-from agentsnap.requests import HumanRequest, RequestStatus
+from agentsnap.requests import HumanRequest, RequestStatus, Settlement, settled_fields
 from agentsnap.store import _model_calls as model_rows
 from agentsnap.store import _requests as request_rows
 from agentsnap.store._sql_base import DEFAULT_URL, database_name, engine_options
-from agentsnap.store.dialect import async_url, connect_sqlite, sqlite_setup, sync_url
+from agentsnap.store.dialect import (
+    async_url,
+    connect_sqlite,
+    sqlite_file,
+    sqlite_setup,
+    sync_url,
+)
 from agentsnap.store.faults import StoreRetry
 from agentsnap.store.migrate import SchemaGate
 from agentsnap.store.tables import RunLeaseRow, ToolCallRow, table_of
@@ -193,13 +199,14 @@ class SqlLedger:
         if engine is not None:
             self._engine = engine
         elif parsed.get_backend_name() == "sqlite":
-            if parsed.database in {None, "", ":memory:"}:
+            path = sqlite_file(url)
+            if path is None:
                 raise ConfigurationError(
                     "the ledger needs an SQLite file (sqlite:///path.db): an in-memory database "
                     "is private to one connection"
                 )
             self._sqlite = _Sqlite(
-                url, str(parsed.database), durable=durable, echo=echo, timeout=self.retry.timeout
+                url, path, durable=durable, echo=echo, timeout=self.retry.timeout
             )
         else:
             # Every statement commits on its own, so a connection going back to the pool has
@@ -320,39 +327,20 @@ class SqlLedger:
         return None if found is None else _entry(found)
 
     async def update(  # noqa: D102
-        self,
-        key: str,
-        change: Change,
-        *,
-        statuses: Collection[ToolCallStatus],
-        owner: str | None = None,
-        attempts: int | None = None,
+        self, key: str, change: Change, **expected: Unpack[Expected]
     ) -> bool:
+        what = "update key {0!r}"
+        owner, attempts = expected.get("owner"), expected.get("attempts")
+        args = (key, change, expected["statuses"], owner, attempts)
         if self._sqlite is not None:  # the first attempt here: an outcome per tool call
             try:
-                return await self._update_once(False, key, change, statuses, owner, attempts)
+                return await self._update_once(False, *args)
             except Exception as exc:
                 return await self.retry.after(
-                    exc,
-                    "update key {0!r}",
-                    self._update_once,
-                    key,
-                    change,
-                    statuses,
-                    owner,
-                    attempts,
-                    where=self._where,
+                    exc, what, self._update_once, *args, where=self._where
                 )
         return await self.retry.call(
-            "update key {0!r}",
-            self._update_once,
-            key,
-            change,
-            statuses,
-            owner,
-            attempts,
-            where=self._where,
-            bounded=True,
+            what, self._update_once, *args, where=self._where, bounded=True
         )
 
     async def _update_once(  # noqa: PLR0917
@@ -587,14 +575,7 @@ class SqlLedger:
         return await self._retried("read request {1!r}", self._read, request_rows.find, request_id)
 
     async def settle_request(
-        self,
-        request_id: str,
-        status: RequestStatus,
-        *,
-        answer: JsonValue,
-        reason: str | None,
-        by: str | None,
-        at: datetime,
+        self, request_id: str, status: RequestStatus, **settlement: Unpack[Settlement]
     ) -> bool:
         """Close a pending request (see [`RequestLog`][agentsnap.requests.RequestLog]).
 
@@ -604,15 +585,15 @@ class SqlLedger:
         """
         operation = request_rows.settle
         what = f"answer request {request_id!r}"
+        closed = settled_fields(status, settlement)
+        at = settlement["at"]
 
         async def once(again: bool) -> bool:
             if again:
                 found = await self._run("read a request", request_rows.find, request_id)
                 if found is not None and not found.pending:
                     return found.status == status and found.answered_at == at
-            return await self._run(
-                "answer a request", operation, request_id, status, answer, reason, by, at
-            )
+            return await self._run("answer a request", operation, request_id, closed)
 
         return await self.retry.call(
             what, once, where=self._where, bounded=self._engine is not None
@@ -927,16 +908,8 @@ class _Sqlite:
             cursor = fast.execute(sql, values)
             changed = cursor.rowcount == 1
             cursor.close()
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF not in {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}:
-                raise StoreError(f"the ledger could not {what}: {exc}") from exc
-            # Nothing was written: do it where waiting for the lock blocks nobody.
-            try:
-                return await self.run(lambda _: self._write_waiting(sql, values))
-            except (SQLAlchemyError, sqlite3.Error) as waited:
-                raise StoreError(f"the ledger could not {what}: {waited}") from waited
         except sqlite3.Error as exc:
-            raise StoreError(f"the ledger could not {what}: {exc}") from exc
+            return await self._when_locked(what, exc, lambda _: self._write_waiting(sql, values))
         self._wrote()
         return changed
 
@@ -947,9 +920,7 @@ class _Sqlite:
         try:
             fast = self._fast or self._open_fast()
             row = fast.execute(sql, values).fetchone()
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF not in {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}:
-                raise StoreError(f"the ledger could not {what}: {exc}") from exc
+        except sqlite3.Error as exc:
 
             def waiting(conn: Connection) -> tuple[Any, ...] | None:
                 driver = conn.connection.driver_connection
@@ -957,12 +928,7 @@ class _Sqlite:
                 found = driver.execute(sql, values).fetchone()
                 return None if found is None else tuple(found)
 
-            try:
-                return await self.run(waiting)
-            except (SQLAlchemyError, sqlite3.Error) as waited:
-                raise StoreError(f"the ledger could not {what}: {waited}") from waited
-        except sqlite3.Error as exc:
-            raise StoreError(f"the ledger could not {what}: {exc}") from exc
+            return await self._when_locked(what, exc, waiting)
         return None if row is None else tuple(row)
 
     async def transaction(
@@ -981,24 +947,36 @@ class _Sqlite:
         try:
             fast = self._fast or self._open_fast()
             result = _in_transaction(fast, work, *args, **kw)
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF not in {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}:
-                raise StoreError(f"the ledger could not {what}: {exc}") from exc
+        except sqlite3.Error as exc:
 
             def waiting(conn: Connection) -> T:
                 driver = conn.connection.driver_connection
                 assert isinstance(driver, sqlite3.Connection)
                 return _in_transaction(driver, work, *args, **kw)
 
-            # Nothing was written: do it where waiting for the lock blocks nobody.
-            try:
-                return await self.run(waiting)
-            except (SQLAlchemyError, sqlite3.Error) as waited:
-                raise StoreError(f"the ledger could not {what}: {waited}") from waited
-        except sqlite3.Error as exc:
-            raise StoreError(f"the ledger could not {what}: {exc}") from exc
+            return await self._when_locked(what, exc, waiting)
         self._wrote()
         return result
+
+    async def _when_locked(
+        self, what: str, error: sqlite3.Error, waiting: Callable[[Connection], T]
+    ) -> T:
+        """Go on after the event loop's connection failed with ``error``: when the database
+        was locked, nothing was written, so run ``waiting`` in the thread, where waiting for
+        the lock blocks nobody; otherwise raise.
+
+        Raises:
+            StoreError: ``error`` was not a lock, or ``waiting`` failed too.
+        """  # noqa: D205
+        locked = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+        if not isinstance(error, sqlite3.OperationalError) or (
+            error.sqlite_errorcode & 0xFF not in locked
+        ):
+            raise StoreError(f"the ledger could not {what}: {error}") from error
+        try:
+            return await self.run(waiting)
+        except (SQLAlchemyError, sqlite3.Error) as waited:
+            raise StoreError(f"the ledger could not {what}: {waited}") from waited
 
     def _wrote(self) -> None:
         self._writes += 1

@@ -46,6 +46,7 @@ __all__ = [
     "ReplayRow",
     "RollbackRow",
     "RunLeaseRow",
+    "RunOwnerRow",
     "RunRow",
     "RunTagRow",
     "SnapshotAgentRow",
@@ -338,6 +339,27 @@ class RunLeaseRow(Base):
     renewed_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
+class RunOwnerRow(Base):
+    """A run's history of owners: one row each time its lease was taken, by fencing token.
+
+    Written in the transaction that takes the lease; the row of the owner it replaces is
+    ended there too (``taken_over``), and a release ends the owner's row (``released``).
+    See [`RunOwner`][agentsnap.RunOwner].
+    """
+
+    __tablename__ = "agentsnap_run_owners"
+
+    run_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("agentsnap_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    token: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    owner: Mapped[str] = mapped_column(String(255))
+    acquired_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    ended: Mapped[str | None] = mapped_column(String(16))
+    last_renewed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
 class SnapshotPartRow(Base):
     """One worker's part of a snapshot of a run spread over processes, written at once.
 
@@ -507,7 +529,16 @@ class HumanRequestRow(Base):
     answered_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
 
-class LangGraphCheckpointRow(Base):
+class _LangGraphThread:
+    """The columns every LangGraph row's key starts with: the thread, and the namespace of
+    its checkpoints within it (``""`` for the graph itself); first in the table too.
+    """  # noqa: D205
+
+    thread_id: Mapped[str] = mapped_column(Text, primary_key=True, sort_order=-1)
+    checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True, sort_order=-1)
+
+
+class LangGraphCheckpointRow(_LangGraphThread, Base):
     """A LangGraph checkpoint, without its channel values (those are in the blobs).
 
     ``checkpoint`` and ``meta`` are the checkpoint and its metadata as encoded by the saver's
@@ -529,8 +560,6 @@ class LangGraphCheckpointRow(Base):
         {"sqlite_with_rowid": False},
     )
 
-    thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
     checkpoint_id: Mapped[str] = mapped_column(Text, primary_key=True)
     parent_checkpoint_id: Mapped[str | None] = mapped_column(Text)
     checkpoint_type: Mapped[str] = mapped_column(String(32))
@@ -540,7 +569,7 @@ class LangGraphCheckpointRow(Base):
     run_id: Mapped[str | None] = mapped_column(Text)
 
 
-class LangGraphBlobRow(Base):
+class LangGraphBlobRow(_LangGraphThread, Base):
     """One LangGraph channel value, stored once per version of its channel.
 
     ``value_type`` is ``"empty"`` for a channel that had no value at that version. A value
@@ -553,8 +582,6 @@ class LangGraphBlobRow(Base):
     __tablename__ = "agentsnap_lg_blobs"
     __table_args__ = {"sqlite_with_rowid": False}  # noqa: RUF012 (SQLAlchemy's declaration)
 
-    thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
     channel: Mapped[str] = mapped_column(Text, primary_key=True)
     version: Mapped[str] = mapped_column(Text, primary_key=True)
     value_type: Mapped[str] = mapped_column(String(32))
@@ -564,7 +591,7 @@ class LangGraphBlobRow(Base):
     write_idx: Mapped[int | None] = mapped_column(Integer, autoincrement=False)
 
 
-class LangGraphTaskWritesRow(Base):
+class LangGraphTaskWritesRow(_LangGraphThread, Base):
     """The pending writes of one LangGraph task, recorded against the checkpoint they follow.
 
     One row per task rather than one per write: a super-step's task records its writes in one
@@ -578,8 +605,6 @@ class LangGraphTaskWritesRow(Base):
     __tablename__ = "agentsnap_lg_task_writes"
     __table_args__ = {"sqlite_with_rowid": False}  # noqa: RUF012 (SQLAlchemy's declaration)
 
-    thread_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    checkpoint_ns: Mapped[str] = mapped_column(Text, primary_key=True)
     checkpoint_id: Mapped[str] = mapped_column(Text, primary_key=True)
     task_id: Mapped[str] = mapped_column(Text, primary_key=True)
     task_path: Mapped[str] = mapped_column(Text)

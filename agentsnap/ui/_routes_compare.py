@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException
 
+from agentsnap._views import attributes
 from agentsnap.fork import tools_of
 from agentsnap.inspect import (
     call_summary,
     diff_states,
     discarded_calls,
-    is_empty_diff,
     ledger_calls,
     model_calls,
     resolve_run,
@@ -78,8 +78,8 @@ def _pair_cut(parent: Snapshot | None, fork: Snapshot | None) -> dict[str, Any]:
                 "agent": name,
                 "parent": None if old is None else old.state,
                 "fork": None if new is None else new.state,
-                "same": same or (old is not None and new is not None and is_empty_diff(diff)),
-                "diff": diff,
+                "same": same or (old is not None and new is not None and diff.empty),
+                "diff": diff.model_dump(mode="json"),
             }
         )
     return {"parent": _side(parent), "fork": _side(fork), "agents": agents}
@@ -108,11 +108,7 @@ def _pairs(
 
 def _tool_row(entry: LedgerEntry) -> dict[str, Any]:
     return {
-        "key": entry.key,
-        "tool": entry.tool,
-        "agent": entry.agent,
-        "arguments": entry.arguments,
-        "fingerprint": entry.fingerprint,
+        **attributes(entry, "key", "tool", "agent", "arguments", "fingerprint"),
         "status": entry.status.value,
         "result": entry.result,
         "error": entry.error,
@@ -178,11 +174,11 @@ def compare_router(
             ),
             "model_calls": _pairs(
                 [
-                    call_summary(r, d)
+                    call_summary(r, d).model_dump(mode="json")
                     for r, d in zip(parent_models, discarded_calls(parent_models), strict=True)
                 ],
                 [
-                    call_summary(r, d)
+                    call_summary(r, d).model_dump(mode="json")
                     for r, d in zip(fork_models, discarded_calls(fork_models), strict=True)
                 ],
                 lambda c: (c["agent"], c["message"], c["position"]),

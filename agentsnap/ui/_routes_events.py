@@ -32,6 +32,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from agentsnap.inspect import events_table, ledger_calls, resolve_run
 from agentsnap.records import SnapshotStatus
+from agentsnap.ui._wire import Offset
 from agentsnap.ui.queries import micros
 
 if TYPE_CHECKING:
@@ -166,12 +167,15 @@ def events_router(store: Store, *, ledger: Ledger | None = None) -> APIRouter:
             str | None, Query(description="Text in the row or in the agent's state after it.")
         ] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Offset = 0,
     ) -> dict[str, Any]:
         if status and status not in STATUSES:
             raise HTTPException(422, f"unknown status {status!r}: use one of {', '.join(STATUSES)}")
         found = await resolve_run(store, run)
-        rows = await events_table(store, found.id, ledger=ledger)
+        rows = [
+            row.model_dump(mode="json")
+            for row in await events_table(store, found.id, ledger=ledger)
+        ]
         # A claim whose owner stopped is reported unknown, as the tools view reports it.
         reported = {e.key: e.status.value for e in await ledger_calls(store, found.id, ledger)}
         for row in rows:

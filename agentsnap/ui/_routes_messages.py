@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
 from agentsnap.inspect import resolve_run
-from agentsnap.ui._wire import call_view, json_response
+from agentsnap.ui._wire import (
+    Axis,
+    SpanQuery,
+    WindowEnd,
+    WindowStart,
+    call_view,
+    json_response,
+)
 from agentsnap.ui.queries import micros
 
 if TYPE_CHECKING:
@@ -27,9 +34,10 @@ def messages_router(inspector: Inspector) -> APIRouter:
     async def messages(
         run: str,
         *,
-        axis: Literal["wall", "lamport"] = "wall",
-        low: Annotated[int | None, Query(alias="from")] = None,
-        high: Annotated[int | None, Query(alias="to")] = None,
+        # Spelled out, not a SpanQuery: FastAPI lists a dependency's parameters last.
+        axis: Axis = "wall",
+        low: WindowStart = None,
+        high: WindowEnd = None,
         agents: Annotated[str | None, Query(description="Comma-separated agent names.")] = None,
         limit: Annotated[int, Query(ge=1, le=_MAX_LIMIT)] = 5000,
         bins: Annotated[int, Query(ge=1, le=_MAX_BINS)] = _DEFAULT_BINS,
@@ -39,8 +47,8 @@ def messages_router(inspector: Inspector) -> APIRouter:
         if axis == "lamport":
             first, last = 0, index.lamport_max
         else:
-            span = index.span_us()
-            first, last = span if span else (micros(found.created_at),) * 2
+            whole = index.span_us()
+            first, last = whole if whole else (micros(found.created_at),) * 2
         low = first if low is None else low
         high = last if high is None else high
         if high < low:
@@ -94,17 +102,17 @@ def messages_router(inspector: Inspector) -> APIRouter:
     async def events(
         run: str,
         *,
-        axis: Literal["wall", "lamport"] = "wall",
-        low: Annotated[int | None, Query(alias="from")] = None,
-        high: Annotated[int | None, Query(alias="to")] = None,
+        span: SpanQuery,
     ) -> dict[str, Any]:
         found = await resolve_run(store, run)
         entry = await inspector.indexes.get(found)
         index = entry.index
 
         def inside(at_us: int, lc: int) -> bool:
-            where = lc if axis == "lamport" else at_us
-            return (low is None or where >= low) and (high is None or where <= high)
+            where = lc if span.axis == "lamport" else at_us
+            return (span.low is None or where >= span.low) and (
+                span.high is None or where <= span.high
+            )
 
         rollbacks = []
         for r in entry.rollbacks:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from agentsnap.inspect import RunRow, resolve_run, runs_table
 from agentsnap.messages import ENVIRONMENT
-from agentsnap.ui._wire import run_view
+from agentsnap.ui._wire import Offset, run_view
 from agentsnap.ui.queries import channel_counts, micros
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def runs_router(inspector: Inspector) -> APIRouter:
             str | None, Query(description="Only runs with this tag (KEY or KEY=VALUE).")
         ] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Offset = 0,
     ) -> dict[str, Any]:
         runs = await runs_table(store, status=status or None)
         runs.reverse()

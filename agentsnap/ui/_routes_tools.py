@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from agentsnap.inspect import resolve_run
 from agentsnap.ledger import ToolCallStatus
-from agentsnap.ui._wire import call_view, json_response
+from agentsnap.ui._wire import Offset, call_view, json_response
 from agentsnap.ui.queries import model_calls_view
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def tools_router(inspector: Inspector) -> APIRouter:
         tool: str | None = None,
         q: Annotated[str | None, Query(description="Part of the key, tool or agent.")] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Offset = 0,
     ) -> dict[str, Any]:
         found = await resolve_run(store, run)
         entries = await inspector.calls(found.id)

@@ -1,24 +1,55 @@
 """What the inspector's API returns: runs, snapshots, diffs, tool calls and requests as JSON.
 
+Also the query parameters its routes share (a window on a time axis, a listing's offset).
 Times are microseconds since the Unix epoch (``*_us``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
+from fastapi import Depends, Query
 from fastapi.responses import JSONResponse, Response
 
 from agentsnap.ledger import ToolCallStatus
 from agentsnap.ui.queries import micros
 
 if TYPE_CHECKING:
-    from agentsnap.inspect import RunRow
+    from agentsnap.inspect import RunRow, SnapshotDiff
     from agentsnap.ledger import LedgerEntry
     from agentsnap.records import Snapshot
     from agentsnap.requests import HumanRequest
     from agentsnap.ui.queries import RunIndex
+
+
+Axis = Literal["wall", "lamport"]
+"""A run's time axis: wall time (microseconds) or Lamport time."""
+WindowStart = Annotated[int | None, Query(alias="from")]
+"""Where a window on an axis starts (the parameter ``from``), by default the run's start."""
+WindowEnd = Annotated[int | None, Query(alias="to")]
+"""Where it ends (``to``), by default the run's end."""
+Offset = Annotated[int, Query(ge=0)]
+"""How many rows of a listing to skip."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """A window on a run's time axis, as a route's query gives it (``None``: open ended)."""
+
+    axis: Axis
+    low: int | None
+    high: int | None
+
+
+def span(axis: Axis = "wall", low: WindowStart = None, high: WindowEnd = None) -> Span:
+    """The window the query parameters ``axis``, ``from`` and ``to`` say."""
+    return Span(axis, low, high)
+
+
+SpanQuery = Annotated[Span, Depends(span)]
+"""A route's parameter taking its window from the query."""
 
 
 def json_response(document: Any) -> Response:
@@ -82,13 +113,13 @@ def snapshot_summary(snapshot: Snapshot) -> dict[str, Any]:
     }
 
 
-def diff_view(raw: dict[str, Any], a: Snapshot, b: Snapshot) -> dict[str, Any]:
+def diff_view(raw: SnapshotDiff, a: Snapshot, b: Snapshot) -> dict[str, Any]:
     """What changed from ``a`` to ``b``: agents, and channels' messages in flight."""
-    agents = {}
-    for entry in raw["agents"]:
-        if entry["change"] == "unchanged":
-            continue
-        agents[entry["agent"]] = {k: v for k, v in entry.items() if k != "agent"}
+    agents = {
+        entry.agent: entry.model_dump(mode="json", exclude={"agent"})
+        for entry in raw.agents
+        if entry.change != "unchanged"
+    }
     before = {(c.src, c.dst): {m.seq for m in c.messages} for c in a.channels}
     after = {(c.src, c.dst): {m.seq for m in c.messages} for c in b.channels}
     channels = {}

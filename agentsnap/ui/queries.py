@@ -34,6 +34,7 @@ from agentsnap.inspect import (
     following_snapshots,
     model_call_totals,
     model_calls,
+    previous_snapshot,
 )
 from agentsnap.journal import decode_segment
 from agentsnap.messages import ENVIRONMENT
@@ -151,6 +152,12 @@ class RunIndex:
 
         At equal times a delivery goes first (a handler's sends follow the delivery that
         started it); a delivery whose send has not had its clock yet waits for it.
+
+        The environment (``$env``, the runtime sending the program's input) receives nothing,
+        so its own clock would stay low and every cut, which records it too, would dip to it.
+        It is the runtime, which has seen every event so far, so each of its sends takes a
+        clock above every clock given yet: still a Lamport clock (no event gets a clock below
+        one that happened before it), whose input arrives at the run's present.
         """
         count = len(self.seq)
         sent = self.sent_us
@@ -167,6 +174,7 @@ class RunIndex:
         channel = self.channel
         waiting: set[int] = set()
         highest = 0
+        environment = self.agent_ids.get(ENVIRONMENT, -1)
         agent_times = self.agent_times
         agent_clocks = self.agent_clocks
 
@@ -193,7 +201,7 @@ class RunIndex:
             i = sends[s]
             s += 1
             agent = src_of[channel[i]]
-            clock = clocks[agent] = clocks[agent] + 1
+            clock = clocks[agent] = (highest if agent == environment else clocks[agent]) + 1
             sent_lc[i] = clock
             highest = max(highest, clock)
             when = sent[i]
@@ -438,8 +446,14 @@ class RunIndex:
         An agent recorded after the delivery numbered ``received[src]`` of each incoming
         channel and the send numbered ``sent[dst]`` of each outgoing one, and before the next
         ones; the earliest time those bounds and the snapshot's own times allow is taken. When
-        the journal does not bound it, the snapshot's start. Its Lamport clock is the clock of
-        the last of those events (0 when the cut holds none of the agent's events).
+        the journal does not bound it, the snapshot's start.
+
+        In Lamport time, a recording may sit anywhere after the last event the cut holds on
+        the agent's lane and before the next one. Every agent's is placed at one common
+        position, the clock of the latest event the cut holds on any lane, where its own
+        events allow it (else just before its next event): a consistent cut drawn as
+        straight as the clocks permit, and never crossing a later cut on a lane (the
+        positions grow with the events held).
         """
         start = micros(snapshot.started_at)
         end = max(micros(snapshot.completed_at or snapshot.started_at), start)
@@ -478,7 +492,21 @@ class RunIndex:
                     assert high is not None
                     when = high
             result[name] = {"at_us": when, "lc": clock}
+        common = max((place["lc"] for place in result.values()), default=0)
+        for name, place in result.items():
+            place["lc"] = max(place["lc"], min(common, self._next_clock(name, place["lc"]) - 1))
         return result
+
+    def _next_clock(self, agent: str, clock: int) -> int:
+        """The clock of the first event on ``agent``'s lane after ``clock`` (a lane's clocks
+        grow), or one past the run's highest clock when there is none.
+        """  # noqa: D205
+        number = self.agent_ids.get(agent)
+        if number is None:
+            return self.lamport_max + 1
+        clocks = self.agent_clocks[number]
+        at = bisect.bisect_right(clocks, clock)
+        return clocks[at] if at < len(clocks) else self.lamport_max + 1
 
 
 async def build_index(store: Store, run_id: str, rollbacks: list[RollbackInfo]) -> RunIndex:
@@ -598,17 +626,12 @@ async def model_calls_view(
     records = await model_calls(store, run_id, ledger=ledger)
     summaries = await store.list_snapshot_summaries(run_id) if records or snapshot else []
     cuts = following_snapshots(records, summaries)
-    previous = None
-    if snapshot is not None:
-        ordered = sorted(summaries, key=lambda s: (micros(s.started_at), s.seq))
-        mine = next((i for i, s in enumerate(ordered) if s.id == snapshot.id), 0)
-        if mine:
-            before = ordered[mine - 1]
-            previous = {
-                "id": before.id,
-                "seq": before.seq,
-                "started_at_us": micros(before.started_at),
-            }
+    before = None if snapshot is None else previous_snapshot(summaries, snapshot.id)
+    previous = (
+        None
+        if before is None
+        else {"id": before.id, "seq": before.seq, "started_at_us": micros(before.started_at)}
+    )
     rows = []
     kept = []
     for record, cut, discarded in zip(records, cuts, discarded_calls(records), strict=True):
@@ -641,7 +664,7 @@ async def model_calls_view(
         )
     return {
         "calls": rows,
-        "totals": model_call_totals(kept),
+        "totals": model_call_totals(kept).model_dump(mode="json"),
         "timeline": max((r.timeline for r in records), default=0),
         "previous": previous,
     }

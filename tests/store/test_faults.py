@@ -354,6 +354,7 @@ async def test_store_writes_whose_answer_was_lost_are_not_made_twice(empty_db: s
         assert lease is not None
         assert lease.owner == "me"
         assert lease.token == 1
+        assert [(o.owner, o.token) for o in await store.list_run_owners(run.id)] == [("me", 1)]
     finally:
         await store.close()
 

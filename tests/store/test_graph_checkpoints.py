@@ -147,7 +147,7 @@ async def test_every_agent_and_thread_of_the_run_without_an_agent(graph_run: Gra
 
 async def test_the_table_says_which_snapshots_hold_each_checkpoint(graph_run: GraphRun) -> None:
     rows = await graph_checkpoints_table(graph_run.store, graph_run.run_id[:8], "graph")
-    held = {row["checkpoint_id"]: row["snapshots"] for row in rows}
+    held = {row.checkpoint_id: row.snapshots for row in rows}
     assert graph_run.cut_seq in held[graph_run.restored]
     assert graph_run.final_seq in held[graph_run.final]
     # Each snapshot that recorded the graph's checkpoint is listed under exactly it.
@@ -158,7 +158,7 @@ async def test_the_table_says_which_snapshots_hold_each_checkpoint(graph_run: Gr
         if isinstance(named, str):
             expected.setdefault(named, []).append(snapshot.seq)
     assert {k: v for k, v in held.items() if v} == expected
-    assert set(rows[0]) == {
+    assert set(rows[0].model_dump(mode="json")) == {
         "agent",
         "thread_id",
         "checkpoint_id",
@@ -169,9 +169,9 @@ async def test_the_table_says_which_snapshots_hold_each_checkpoint(graph_run: Gr
         "snapshots",
         "metadata",
     }
-    assert rows[0]["created_at"] is not None
+    assert rows[0].created_at is not None
     every = await graph_checkpoints_table(graph_run.store, graph_run.run_id)
-    assert {row["agent"] for row in every} == {"graph", "other"}
+    assert {row.agent for row in every} == {"graph", "other"}
 
 
 async def test_an_unknown_run_is_not_found(store: Store) -> None:

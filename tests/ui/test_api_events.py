@@ -57,7 +57,7 @@ async def test_executions_are_the_events_table_with_their_cuts_and_filters(
             base = f"/api/runs/{runs.counters}/executions"
             body = (await client.get(base)).json()
             table = await events_table(store, runs.counters)
-            assert [r["message"] for r in body["executions"]] == [r["message"] for r in table]
+            assert [r["message"] for r in body["executions"]] == [r.message for r in table]
             assert body["agents"] == ["alpha", "beta"]
             assert body["kinds"] == ["echo", "work"]
             first = body["executions"][0]
@@ -262,6 +262,10 @@ async def test_a_killed_and_resumed_run_shows_its_stop_resume_and_new_owner(
     assert body["owner_changes"] == 1, "the resuming process took the lease over"
     assert body["owner"] is not None
     assert resume["owner"] == body["owner"], "the resuming process holds the lease"
+    assert resume["crashed"] is True, "the killed process never gave the run back"
+    (crash,) = body["crashes"]
+    assert crash["by"] == body["owner"]
+    assert crash["stopped_us"] == resume["stopped_us"]
     assert body["min_gap_us"] >= 1_000_000
 
 
@@ -303,3 +307,31 @@ async def test_lamport_cuts_sit_between_the_events_they_hold_and_never_cross(
                     assert m["delivered_lc"] <= lc, "a delivery the cut holds is before it"
                 else:
                     assert m["delivered_lc"] > lc, "a delivery it does not hold is after it"
+
+
+async def test_a_cut_taken_between_rounds_stands_at_one_lamport_position(
+    runs_db: tuple[str, Runs],
+) -> None:
+    """The environment, which only sends, keeps no low clock of its own to pull cuts to."""
+    url, runs = runs_db
+    store = SqlStore(url, create=False)
+    try:
+        async with client_for(store) as client:
+            snapshots = (await client.get(f"/api/runs/{runs.counters}/snapshots")).json()
+        rollbacks = await store.list_rollbacks(runs.counters)
+        started = {s.id: s.started_at for s in await store.list_snapshots(runs.counters)}
+    finally:
+        await store.close()
+    rolled = min(r.at for r in rollbacks)
+    # Each of these was taken once the run was idle: nothing is between its agents.
+    between_rounds = [
+        s for s in snapshots["snapshots"] if s["status"] == "complete" and started[s["id"]] < rolled
+    ]
+    assert len(between_rounds) >= 4
+    positions = []
+    for snapshot in between_rounds:
+        clocks = {agent: place["lc"] for agent, place in snapshot["recorded"].items()}
+        assert set(clocks) == {"$env", "alpha", "beta"}
+        assert len(set(clocks.values())) == 1, f"a straight cut, not a zig-zag: {clocks}"
+        positions.append(clocks["$env"])
+    assert positions == sorted(positions), "no cut is before the one taken before it"

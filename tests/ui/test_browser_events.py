@@ -290,7 +290,10 @@ def test_the_timeline_folds_idle_gaps_and_marks_a_stop_and_its_resume(
         (stopped,) = [m for m in marks if m["kind"] == "stopped"]
         (resume,) = [m for m in marks if m["kind"] == "resumed"]
         assert stopped["x"] <= resume["x"]
+        assert stopped["crashed"] is True
+        assert stopped["label"] == "✕ crashed"
         assert resume["label"].startswith("▶ resumed by pid ")
+        assert resume["owner"] == incidents["owner"]
         folds = [m for m in marks if m["kind"] == "fold"]
         assert len(folds) == len(incidents["gaps"])
         width = page.locator("canvas.st-canvas").bounding_box()

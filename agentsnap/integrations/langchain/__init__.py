@@ -33,13 +33,11 @@ Example:
 
 from __future__ import annotations
 
-from agentsnap.integrations import MissingExtraError
+from agentsnap.integrations import needs_extra
 
-try:
+with needs_extra("langchain", "langchain"):
     import langchain.agents  # noqa: F401
     import langchain_core  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised with langchain uninstalled
-    raise MissingExtraError("langchain", "langchain") from exc
 
 from agentsnap.integrations.langchain._agent import ConversationState, LangChainAgent
 from agentsnap.integrations.langchain._middleware import (

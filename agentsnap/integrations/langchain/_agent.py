@@ -22,6 +22,7 @@ from pydantic_core import to_jsonable_python
 from agentsnap._handler import engine_of
 from agentsnap.agents import Agent, Context, Feedback
 from agentsnap.exceptions import ConfigurationError
+from agentsnap.integrations import require_kind
 from agentsnap.integrations._running import handling
 from agentsnap.integrations.langgraph._agent import Outgoing
 from agentsnap.messages import ENVIRONMENT, JsonValue, Message
@@ -96,11 +97,9 @@ class LangChainAgent(Agent[ConversationState]):
         state: ConversationState | None = None,
     ) -> None:
         super().__init__(name, state)
-        if not isinstance(agent, Pregel):
-            raise ConfigurationError(
-                f"agent {name!r} needs what langchain.agents.create_agent() returns, got "
-                f"{type(agent).__name__}"
-            )
+        require_kind(
+            agent, Pregel, f"agent {name!r} needs what langchain.agents.create_agent() returns"
+        )
         if isinstance(agent.checkpointer, BaseCheckpointSaver):
             raise ConfigurationError(
                 f"the LangChain agent of {name!r} has a checkpointer; make it without one "

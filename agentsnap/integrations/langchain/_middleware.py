@@ -30,6 +30,7 @@ from pydantic_core import to_jsonable_python
 
 from agentsnap.agents import Context
 from agentsnap.exceptions import ConfigurationError, ToolArgumentsInvalid
+from agentsnap.integrations._records import json_of, offered, recorded_answer, tool_call
 from agentsnap.integrations._running import current
 from agentsnap.messages import JsonValue
 from agentsnap.models import (
@@ -38,7 +39,6 @@ from agentsnap.models import (
     ModelResponse,
     ModelToolCall,
     ToolSpec,
-    Usage,
 )
 from agentsnap.tools import OnDivergence, OnRedo, Tool
 
@@ -403,20 +403,13 @@ def _pending_calls(state: Any, call_id: str) -> tuple[str, ...]:
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 
 
-def _json(value: Any) -> Any:
-    return to_jsonable_python(value, fallback=repr)
-
-
 def chat_message(message: BaseMessage) -> ChatMessage:
     """A LangChain message as agentsnap's [`ChatMessage`][agentsnap.models.ChatMessage]."""
     role = _ROLES.get(message.type, "user")
     calls: tuple[ModelToolCall, ...] = ()
     if isinstance(message, AIMessage):
         calls = tuple(
-            ModelToolCall(
-                name=c["name"], arguments=_json(c.get("args") or {}), id=c.get("id") or ""
-            )
-            for c in message.tool_calls
+            tool_call(c["name"], c.get("args") or {}, c.get("id")) for c in message.tool_calls
         )
     return ChatMessage(
         role=role,
@@ -432,11 +425,10 @@ def _spec_of(lc_tool: BaseTool | Mapping[str, Any]) -> ToolSpec:
     except (KeyError, TypeError, ValueError, NotImplementedError):
         named = lc_tool if isinstance(lc_tool, Mapping) else {}
         return ToolSpec(name=str(named.get("name") or named.get("type") or "tool"))
-    parameters = _json(function.get("parameters") or {"type": "object", "properties": {}})
-    return ToolSpec(
-        name=str(function["name"]),
-        description=str(function.get("description") or ""),
-        parameters=parameters,
+    return offered(
+        str(function["name"]),
+        str(function.get("description") or ""),
+        function.get("parameters") or {"type": "object", "properties": {}},
     )
 
 
@@ -450,20 +442,20 @@ def request_of(request: LangChainRequest[Any]) -> ModelRequest:
     native: dict[str, Any] = {
         "messages": messages_to_dict(messages),
         "tools": [
-            _json(convert_to_openai_tool(t)) if isinstance(t, BaseTool) else _json(t)
+            json_of(convert_to_openai_tool(t)) if isinstance(t, BaseTool) else json_of(t)
             for t in request.tools
         ],
-        "tool_choice": _json(request.tool_choice),
+        "tool_choice": json_of(request.tool_choice),
         "model": str(name) if isinstance(name, str) else type(model).__name__,
-        "model_settings": _json(request.model_settings),
+        "model_settings": json_of(request.model_settings),
     }
     if request.response_format is not None:
         native["response_format"] = repr(request.response_format)
     return ModelRequest(
         messages=tuple(chat_message(m) for m in messages),
         tools=tuple(_spec_of(t) for t in request.tools),
-        settings=_json(request.model_settings),
-        native=_json(native),
+        settings=json_of(request.model_settings),
+        native=json_of(native),
     )
 
 
@@ -472,23 +464,21 @@ def response_of(response: LangChainResponse[Any]) -> ModelResponse:
     ai = next((m for m in response.result if isinstance(m, AIMessage)), None)
     native = {
         "result": messages_to_dict(response.result),
-        "structured_response": _json(response.structured_response),
+        "structured_response": json_of(response.structured_response),
     }
     if ai is None:
-        return ModelResponse(output=native["structured_response"], native=_json(native))
+        return ModelResponse(output=native["structured_response"], native=json_of(native))
     usage: Mapping[str, Any] = ai.usage_metadata or {}
     meta = ai.response_metadata or {}
     name = meta.get("model_name") or meta.get("model")
-    return ModelResponse(
-        text=ai.text,
-        tool_calls=chat_message(ai).tool_calls,
+    return recorded_answer(
+        ai.text,
+        chat_message(ai).tool_calls,
+        str(name) if name else None,
+        int(usage.get("input_tokens", 0)),
+        int(usage.get("output_tokens", 0)),
+        json_of(native),
         output=native["structured_response"],
-        model=str(name) if name else None,
-        usage=Usage(
-            input_tokens=int(usage.get("input_tokens", 0)),
-            output_tokens=int(usage.get("output_tokens", 0)),
-        ),
-        native=_json(native),
     )
 
 

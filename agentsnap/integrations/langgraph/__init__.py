@@ -35,13 +35,11 @@ Example:
 
 from __future__ import annotations
 
-from agentsnap.integrations import MissingExtraError
+from agentsnap.integrations import needs_extra
 
-try:
+with needs_extra("langgraph", "langgraph"):
     import langchain_core  # noqa: F401
     import langgraph  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised with langgraph uninstalled
-    raise MissingExtraError("langgraph", "langgraph") from exc
 
 from agentsnap.integrations.langgraph._agent import (
     CheckpointMissing,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from langchain_core.runnables import RunnableConfig
@@ -15,6 +16,7 @@ from pydantic_core import to_jsonable_python
 
 from agentsnap.agents import Agent, Context, Feedback
 from agentsnap.exceptions import ConfigurationError, RunError
+from agentsnap.integrations import require_kind
 from agentsnap.messages import ENVIRONMENT, JsonValue, Message
 from agentsnap.state import AgentState
 
@@ -49,6 +51,7 @@ def current_context() -> Context[Any]:
     return ctx
 
 
+@dataclass(eq=False, repr=False)
 class CheckpointMissing(RunError, LookupError):
     """A graph agent's state names a LangGraph checkpoint its checkpointer does not hold.
 
@@ -57,13 +60,15 @@ class CheckpointMissing(RunError, LookupError):
     [`AgentsnapSaver`][agentsnap.integrations.langgraph.AgentsnapSaver].
     """
 
-    def __init__(self, agent: str, thread_id: str, checkpoint_id: str) -> None:
-        self.agent = agent
-        self.thread_id = thread_id
-        self.checkpoint_id = checkpoint_id
+    agent: str
+    thread_id: str
+    checkpoint_id: str
+
+    def __post_init__(self) -> None:
         super().__init__(
-            f"graph agent {agent!r} was restored to LangGraph checkpoint {checkpoint_id!r} of "
-            f"thread {thread_id!r}, which its checkpointer does not hold; to resume or fork "
+            f"graph agent {self.agent!r} was restored to LangGraph checkpoint "
+            f"{self.checkpoint_id!r} of thread {self.thread_id!r}, which its checkpointer does "
+            "not hold; to resume or fork "
             "runs in another process, give the agent a persistent checkpointer "
             "(GraphAgent(..., checkpointer=AgentsnapSaver(url)))"
         )
@@ -152,11 +157,11 @@ class GraphAgent(Agent[GraphState]):
         state: GraphState | None = None,
     ) -> None:
         super().__init__(name, state)
-        if not isinstance(graph, Pregel):
-            raise ConfigurationError(
-                f"graph agent {name!r} needs a compiled LangGraph graph "
-                f"(builder.compile()), got {type(graph).__name__}"
-            )
+        require_kind(
+            graph,
+            Pregel,
+            f"graph agent {name!r} needs a compiled LangGraph graph (builder.compile())",
+        )
         saver: BaseCheckpointSaver[Any]
         if checkpointer is not None:
             saver = checkpointer

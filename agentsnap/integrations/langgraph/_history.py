@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -114,29 +115,32 @@ class DeltaWalk:
         return result
 
 
+def _sizes() -> Iterator[int]:
+    """1, 2, 4… up to ``_LARGEST_CHUNK``, then that for ever: a short walk reads little."""
+    size = 1
+    while True:
+        yield size
+        size = min(size * 2, _LARGEST_CHUNK)
+
+
 def chunks(rows: Iterator[StoredCheckpoint]) -> Iterator[list[StoredCheckpoint]]:
     """``rows`` in chunks of 1, 2, 4… up to ``_LARGEST_CHUNK``: a short walk reads little."""
-    size = 1
-    chunk: list[StoredCheckpoint] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-            size = min(size * 2, _LARGEST_CHUNK)
-    if chunk:
+    for size in _sizes():
+        chunk = list(itertools.islice(rows, size))
+        if not chunk:
+            return
         yield chunk
 
 
 async def achunks(rows: AsyncIterator[StoredCheckpoint]) -> AsyncIterator[list[StoredCheckpoint]]:
     """``chunks`` of an asynchronous iterator."""
-    size = 1
+    sizes = _sizes()
+    size = next(sizes)
     chunk: list[StoredCheckpoint] = []
     async for row in rows:
         chunk.append(row)
         if len(chunk) == size:
             yield chunk
-            chunk = []
-            size = min(size * 2, _LARGEST_CHUNK)
+            chunk, size = [], next(sizes)
     if chunk:
         yield chunk

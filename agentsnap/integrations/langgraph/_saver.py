@@ -180,13 +180,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         Returns:
             The checkpoint with its values, metadata, parent and pending writes, or ``None``.
         """
-        configurable = config["configurable"]
         with self._storage.reading() as reader:
-            row = reader.checkpoint(
-                configurable["thread_id"],
-                configurable.get("checkpoint_ns", ""),
-                get_checkpoint_id(config) or None,
-            )
+            row = reader.checkpoint(*_named(config))
             if row is None:
                 return None
             return self._tuple(reader, row)
@@ -212,16 +207,24 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             The matching checkpoint tuples.
         """
         where = _list_where(config, filter, before, limit)
-        found: builtins.list[CheckpointTuple] = []
         with self._storage.reading() as reader:
-            for row in reader.checkpoints(**where):
-                if limit is not None and len(found) >= limit:
-                    break
-                metadata = self._load_metadata(row.meta_type, row.meta)
-                if _filtered_out(metadata, filter):
-                    continue
-                found.append(self._tuple(reader, row, metadata))
+            rows = self._listed(reader.checkpoints(**where), filter, limit)
+            found = [self._tuple(reader, row, metadata) for row, metadata in rows]
         yield from found
+
+    def _listed(
+        self, rows: Iterable[StoredCheckpoint], filter: dict[str, Any] | None, limit: int | None
+    ) -> Iterator[tuple[StoredCheckpoint, Any]]:
+        """The rows whose metadata has the filter's values, with it decoded: at most ``limit``."""
+        count = 0
+        for row in rows:
+            if limit is not None and count >= limit:
+                break
+            metadata = self._load_metadata(row.meta_type, row.meta)
+            if _filtered_out(metadata, filter):
+                continue
+            count += 1
+            yield row, metadata
 
     def _tuple(
         self, reader: GraphReader, row: StoredCheckpoint, metadata: Any | None = None
@@ -267,11 +270,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         """
         if not channels:
             return {}
-        configurable = config["configurable"]
-        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        thread_id, checkpoint_ns, checkpoint_id = _named(config)
         walk = DeltaWalk(channels, self._decoded_versions)
         with self._storage.reading() as reader:
-            lineage = reader.lineage(thread_id, checkpoint_ns, get_checkpoint_id(config) or None)
+            lineage = reader.lineage(thread_id, checkpoint_ns, checkpoint_id)
             next(lineage, None)  # the checkpoint itself
             for ancestors in chunks(lineage):
                 walk.visit(reader.values_at(thread_id, checkpoint_ns, walk.wanted(ancestors)))
@@ -291,11 +293,10 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
             )
         if not channels:
             return {}
-        configurable = config["configurable"]
-        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        thread_id, checkpoint_ns, checkpoint_id = _named(config)
         walk = DeltaWalk(channels, self._decoded_versions)
         async with native.areading() as reader:
-            lineage = reader.lineage(thread_id, checkpoint_ns, get_checkpoint_id(config) or None)
+            lineage = reader.lineage(thread_id, checkpoint_ns, checkpoint_id)
             await anext(lineage, None)  # the checkpoint itself
             async for ancestors in achunks(lineage):
                 found = await reader.values_at(thread_id, checkpoint_ns, walk.wanted(ancestors))
@@ -618,13 +619,8 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         native = self._native()
         if native is None:
             return await asyncio.to_thread(self.get_tuple, config)
-        configurable = config["configurable"]
         async with native.areading() as reader:
-            row = await reader.checkpoint(
-                configurable["thread_id"],
-                configurable.get("checkpoint_ns", ""),
-                get_checkpoint_id(config) or None,
-            )
+            row = await reader.checkpoint(*_named(config))
             return None if row is None else await self._atuple(reader, row)
 
     async def alist(
@@ -647,12 +643,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         where = _list_where(config, filter, before, limit)
         tuples: builtins.list[CheckpointTuple] = []
         async with native.areading() as reader:
-            for row in await reader.checkpoints(**where):
-                if limit is not None and len(tuples) >= limit:
-                    break
-                metadata = self._load_metadata(row.meta_type, row.meta)
-                if _filtered_out(metadata, filter):
-                    continue
+            for row, metadata in self._listed(await reader.checkpoints(**where), filter, limit):
                 tuples.append(await self._atuple(reader, row, metadata))
         for item in tuples:
             yield item
@@ -1058,6 +1049,16 @@ def _parent_of(config: RunnableConfig) -> tuple[str, str, str]:
         configurable["thread_id"],
         configurable.get("checkpoint_ns", ""),
         configurable.get("checkpoint_id") or "",
+    )
+
+
+def _named(config: RunnableConfig) -> tuple[str, str, str | None]:
+    """The thread, namespace and checkpoint id ``config`` names (``None``: the newest)."""
+    configurable = config["configurable"]
+    return (
+        configurable["thread_id"],
+        configurable.get("checkpoint_ns", ""),
+        get_checkpoint_id(config) or None,
     )
 
 

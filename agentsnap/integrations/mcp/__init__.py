@@ -29,12 +29,10 @@ Example:
 
 from __future__ import annotations
 
-from agentsnap.integrations import MissingExtraError
+from agentsnap.integrations import needs_extra
 
-try:
+with needs_extra("mcp", "mcp"):
     import mcp  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised with mcp uninstalled
-    raise MissingExtraError("mcp", "mcp") from exc
 
 from agentsnap.integrations.mcp._results import McpToolError, result_json
 from agentsnap.integrations.mcp._server import mcp_server

@@ -32,12 +32,10 @@ Example:
 
 from __future__ import annotations
 
-from agentsnap.integrations import MissingExtraError
+from agentsnap.integrations import needs_extra
 
-try:
+with needs_extra("openai-agents", "openai-agents"):
     import agents  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised with the SDK uninstalled
-    raise MissingExtraError("openai-agents", "openai-agents") from exc
 
 from agentsnap.integrations.openai_agents._agent import (
     OnEvent,

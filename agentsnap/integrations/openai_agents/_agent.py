@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 from agentsnap.agents import Agent, Context, Feedback
 from agentsnap.bus import check_agent_name
 from agentsnap.exceptions import AgentsnapError, ConfigurationError
+from agentsnap.integrations import require_kind
 from agentsnap.integrations._running import handling
 from agentsnap.integrations.openai_agents._model import RecordedModel, as_json
 from agentsnap.integrations.openai_agents._session import AgentsnapSession
@@ -226,11 +227,9 @@ class OpenAIAgent(Agent[OpenAIAgentState]):
         on_event: OnEvent | None = None,
         state: OpenAIAgentState | None = None,
     ) -> None:
-        if not isinstance(agent, SDKAgent):
-            raise ConfigurationError(
-                f"OpenAIAgent takes an agent of the OpenAI Agents SDK (agents.Agent), got "
-                f"{type(agent).__name__}"
-            )
+        require_kind(
+            agent, SDKAgent, "OpenAIAgent takes an agent of the OpenAI Agents SDK (agents.Agent)"
+        )
         super().__init__(name if name is not None else agent_name(agent.name), state)
         self.sdk_agent = agent
         """The SDK agent, as given."""

@@ -31,14 +31,13 @@ from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from agentsnap.exceptions import ConfigurationError
+from agentsnap.integrations._records import offered, recorded_answer, tool_call
 from agentsnap.integrations._running import current
 from agentsnap.models import (
     ChatMessage,
     ModelRequest,
     ModelResponse,
     ModelToolCall,
-    ToolSpec,
-    Usage,
 )
 
 if TYPE_CHECKING:
@@ -430,20 +429,15 @@ def _response(answer: SDKResponse, model: str | None) -> ModelResponse:
                 if isinstance(part, Mapping)
             )
         elif kind == "function_call":
-            calls.append(
-                ModelToolCall(
-                    name=str(item.get("name", "")),
-                    arguments=_arguments(item.get("arguments")),
-                    id=str(item.get("call_id") or ""),
-                )
-            )
+            calls.append(_call(item))
     usage = answer.usage
-    return ModelResponse(
-        text="".join(texts),
-        tool_calls=tuple(calls),
-        model=model,
-        usage=Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens),
-        native={
+    return recorded_answer(
+        "".join(texts),
+        calls,
+        model,
+        usage.input_tokens,
+        usage.output_tokens,
+        {
             "sdk": "openai-agents",
             "output": output,
             "usage": _USAGE.dump_python(usage, mode="json"),
@@ -451,6 +445,13 @@ def _response(answer: SDKResponse, model: str | None) -> ModelResponse:
             "request_id": answer.request_id,
             "raw_usage": as_json(answer.raw_usage),
         },
+    )
+
+
+def _call(item: Mapping[str, Any]) -> ModelToolCall:
+    """A ``function_call`` item as the view's tool call."""
+    return tool_call(
+        str(item.get("name", "")), _arguments(item.get("arguments")), str(item.get("call_id") or "")
     )
 
 
@@ -477,20 +478,16 @@ def _request(  # noqa: PLR0917 - the SDK's call, field by field
     conversation_id: str | None,
 ) -> ModelRequest:
     """The SDK's request as agentsnap records it: messages and tools, and ``native``."""
-    offered = [
-        ToolSpec(
-            name=t.name,
-            description=t.description,
-            parameters=as_json(t.params_json_schema),
-        )
+    specs = [
+        offered(t.name, t.description, t.params_json_schema)
         for t in tools
         if isinstance(t, FunctionTool)
     ]
-    offered += [
-        ToolSpec(
-            name=h.tool_name,
-            description=h.tool_description,
-            parameters=as_json(h.input_json_schema) or {"type": "object", "properties": {}},
+    specs += [
+        offered(
+            h.tool_name,
+            h.tool_description,
+            as_json(h.input_json_schema) or {"type": "object", "properties": {}},
         )
         for h in handoffs
     ]
@@ -506,7 +503,7 @@ def _request(  # noqa: PLR0917 - the SDK's call, field by field
     messages += _messages(native_input)
     return ModelRequest(
         messages=tuple(messages),
-        tools=tuple(offered),
+        tools=tuple(specs),
         output_schema=schema,
         settings=as_json(model_settings.to_json_dict()),
         native={
@@ -534,12 +531,7 @@ def _messages(items: Any) -> list[ChatMessage]:
         kind = item.get("type")
         role = item.get("role")
         if kind == "function_call":
-            call = ModelToolCall(
-                name=str(item.get("name", "")),
-                arguments=_arguments(item.get("arguments")),
-                id=str(item.get("call_id") or ""),
-            )
-            messages.append(ChatMessage(role="assistant", tool_calls=(call,)))
+            messages.append(ChatMessage(role="assistant", tool_calls=(_call(item),)))
         elif kind == "function_call_output":
             output = item.get("output")
             messages.append(

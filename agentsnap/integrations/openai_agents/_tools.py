@@ -7,7 +7,7 @@ import json
 import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import Any, overload
+from typing import Any, TypedDict, overload
 
 from agents.strict_schema import ensure_strict_json_schema
 from agents.tool import FunctionTool
@@ -107,6 +107,32 @@ def _without_nulls(agentsnap_tool: Tool[Any], arguments: dict[str, Any]) -> dict
     return {k: v for k, v in arguments.items() if v is not None or k in required}
 
 
+class _Ledgering(TypedDict):
+    """The options of an agentsnap tool that ``function_tool`` and ``ledgered`` take, as given."""
+
+    side_effect: bool
+    key_from: Sequence[str] | None
+    on_redo: OnRedo
+    on_divergence: OnDivergence
+    rerun_if_unknown: bool
+
+
+def _ledgering(
+    side_effect: bool,
+    key_from: Sequence[str] | None,
+    on_redo: OnRedo,
+    on_divergence: OnDivergence,
+    rerun_if_unknown: bool,
+) -> _Ledgering:
+    return {
+        "side_effect": side_effect,
+        "key_from": key_from,
+        "on_redo": on_redo,
+        "on_divergence": on_divergence,
+        "rerun_if_unknown": rerun_if_unknown,
+    }
+
+
 @overload
 def function_tool(fn: Callable[..., Any], /) -> FunctionTool: ...
 @overload
@@ -173,17 +199,10 @@ def function_tool(
     Returns:
         An SDK ``FunctionTool`` (or a decorator making one, when called with options).
     """
+    options = _ledgering(side_effect, key_from, on_redo, on_divergence, rerun_if_unknown)
 
     def decorate(function: Callable[..., Any]) -> FunctionTool:
-        made = tool(
-            name=name,
-            description=description,
-            side_effect=side_effect,
-            key_from=key_from,
-            on_redo=on_redo,
-            on_divergence=on_divergence,
-            rerun_if_unknown=rerun_if_unknown,
-        )(function)
+        made = tool(name=name, description=description, **options)(function)
         return as_sdk_tool(made, strict=strict)
 
     return decorate(fn) if fn is not None else decorate
@@ -249,11 +268,7 @@ def ledgered(
         sdk_tool.params_json_schema,
         run_original,
         description=sdk_tool.description,
-        side_effect=side_effect,
-        key_from=key_from,
-        on_redo=on_redo,
-        on_divergence=on_divergence,
-        rerun_if_unknown=rerun_if_unknown,
+        **_ledgering(side_effect, key_from, on_redo, on_divergence, rerun_if_unknown),
     )
     through = as_sdk_tool(inner, strict=sdk_tool.strict_json_schema)
     return dataclasses.replace(

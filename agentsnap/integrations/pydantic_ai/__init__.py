@@ -48,12 +48,10 @@ Example:
 
 from __future__ import annotations
 
-from agentsnap.integrations import MissingExtraError
+from agentsnap.integrations import needs_extra
 
-try:
+with needs_extra("pydantic-ai", "pydantic-ai-slim"):
     import pydantic_ai  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised with pydantic-ai uninstalled
-    raise MissingExtraError("pydantic-ai", "pydantic-ai-slim") from exc
 
 from agentsnap.integrations._running import handling
 from agentsnap.integrations.pydantic_ai._agent import Outgoing, PydanticAIAgent, PydanticAIState

@@ -11,9 +11,10 @@ from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.capabilities import AbstractCapability
 
 from agentsnap.agents import Agent, Context, Feedback
-from agentsnap.exceptions import ConfigurationError
+from agentsnap.integrations import require_kind
+from agentsnap.integrations._records import json_of
 from agentsnap.integrations._running import handling
-from agentsnap.integrations.pydantic_ai._convert import as_json, messages_from_json, messages_json
+from agentsnap.integrations.pydantic_ai._convert import messages_from_json, messages_json
 from agentsnap.integrations.pydantic_ai._durability import AgentsnapDurability
 from agentsnap.messages import ENVIRONMENT, JsonValue, Message
 from agentsnap.state import AgentState
@@ -92,11 +93,9 @@ class PydanticAIAgent(Agent[PydanticAIState]):
         state: PydanticAIState | None = None,
     ) -> None:
         super().__init__(name, state)
-        if not isinstance(agent, AbstractAgent):
-            raise ConfigurationError(
-                f"agent {name!r} needs a pydantic-ai agent (pydantic_ai.Agent), got "
-                f"{type(agent).__name__}"
-            )
+        require_kind(
+            agent, AbstractAgent, f"agent {name!r} needs a pydantic-ai agent (pydantic_ai.Agent)"
+        )
         self.agent = agent
         """The pydantic-ai agent."""
         self.to = to
@@ -129,7 +128,7 @@ class PydanticAIAgent(Agent[PydanticAIState]):
                 **self.run_options(message, ctx),
             )
         state.messages = messages_json(result.all_messages())
-        state.output = as_json(result.output)
+        state.output = json_of(result.output)
         state.runs += 1
         state.feedback_seen = len(ctx.feedback)
         for outgoing in self.outputs(result.output, message, ctx):
@@ -197,7 +196,7 @@ class PydanticAIAgent(Agent[PydanticAIState]):
         to = self.to if self.to is not None else message.src
         if to == ENVIRONMENT:
             return ()
-        payload = output if isinstance(output, BaseModel) else as_json(output)
+        payload = output if isinstance(output, BaseModel) else json_of(output)
         return (Outgoing(to, payload, self.kind),)
 
 

@@ -15,28 +15,19 @@ from pydantic_ai import messages as pai
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition
-from pydantic_core import to_jsonable_python
 
+from agentsnap.integrations._records import json_of, offered, recorded_answer, tool_call
 from agentsnap.messages import JsonValue
 from agentsnap.models import (
     ChatMessage,
     ModelRequest,
     ModelResponse,
-    ModelToolCall,
     ToolSpec,
-    Usage,
 )
 
-__all__ = ["as_json", "rebuilt_response", "recorded_request", "recorded_response"]
+__all__ = ["rebuilt_response", "recorded_request", "recorded_response"]
 
 _PARAMETERS: TypeAdapter[ModelRequestParameters] = TypeAdapter(ModelRequestParameters)
-
-
-def as_json(value: Any) -> Any:
-    """``value`` as JSON data: pydantic models and dataclasses by their fields, the rest by
-    ``repr`` (for display and messages; never read back).
-    """  # noqa: D205
-    return to_jsonable_python(value, fallback=repr)
 
 
 def messages_json(messages: Sequence[pai.ModelMessage]) -> list[dict[str, JsonValue]]:
@@ -61,10 +52,10 @@ def recorded_request(
     try:
         parameters_json: Any = _PARAMETERS.dump_python(parameters, mode="json")
     except Exception:  # a native tool pydantic cannot dump: shown, not replayed
-        parameters_json = as_json(parameters)
+        parameters_json = json_of(parameters)
     native: dict[str, JsonValue] = {
         "messages": messages_json(messages),  # type: ignore[dict-item]
-        "model_settings": as_json(dict(settings or {})),
+        "model_settings": json_of(dict(settings or {})),
         "model_request_parameters": parameters_json,
     }
     tools = [*parameters.function_tools, *parameters.output_tools]
@@ -72,8 +63,8 @@ def recorded_request(
     return ModelRequest(
         messages=tuple(_chat_messages(messages)),
         tools=tuple(_spec(tool) for tool in tools),
-        output_schema=as_json(output_schema) if output_schema is not None else None,
-        settings=as_json(dict(settings or {})),
+        output_schema=json_of(output_schema) if output_schema is not None else None,
+        settings=json_of(dict(settings or {})),
         native=native,
     )
 
@@ -81,20 +72,17 @@ def recorded_request(
 def recorded_response(response: pai.ModelResponse) -> ModelResponse:
     """The answer as agentsnap records it: pydantic-ai's JSON in ``native``, and a view."""
     (native,) = messages_json([response])
-    return ModelResponse(
-        text="".join(part.content for part in response.parts if isinstance(part, pai.TextPart)),
-        tool_calls=tuple(
-            ModelToolCall(
-                name=part.tool_name, arguments=as_json(part.args_as_dict()), id=part.tool_call_id
-            )
+    return recorded_answer(
+        "".join(part.content for part in response.parts if isinstance(part, pai.TextPart)),
+        (
+            tool_call(part.tool_name, part.args_as_dict(), part.tool_call_id)
             for part in response.parts
             if isinstance(part, pai.ToolCallPart)
         ),
-        model=response.model_name,
-        usage=Usage(
-            input_tokens=response.usage.input_tokens, output_tokens=response.usage.output_tokens
-        ),
-        native=native,
+        response.model_name,
+        response.usage.input_tokens,
+        response.usage.output_tokens,
+        native,
     )
 
 
@@ -119,11 +107,7 @@ def rebuilt_response(recorded: ModelResponse) -> pai.ModelResponse:
 
 
 def _spec(tool: ToolDefinition) -> ToolSpec:
-    return ToolSpec(
-        name=tool.name,
-        description=tool.description or "",
-        parameters=as_json(tool.parameters_json_schema),
-    )
+    return offered(tool.name, tool.description, tool.parameters_json_schema)
 
 
 def _chat_messages(messages: Sequence[pai.ModelMessage]) -> list[ChatMessage]:

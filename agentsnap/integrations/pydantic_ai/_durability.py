@@ -46,9 +46,9 @@ from pydantic_ai.tools import (
 
 from agentsnap.agents import Context
 from agentsnap.exceptions import ApprovalDenied, ConfigurationError, RequestRejected, ToolFailed
+from agentsnap.integrations._records import json_of
 from agentsnap.integrations._running import current, running
 from agentsnap.integrations.pydantic_ai._convert import (
-    as_json,
     rebuilt_response,
     recorded_request,
     recorded_response,
@@ -174,7 +174,7 @@ async def _run_pending(arguments: dict[str, Any]) -> Any:
         )
     token = _KEY.set(key)
     try:
-        return as_json(await call())
+        return json_of(await call())
     finally:
         _KEY.reset(token)
 
@@ -412,7 +412,7 @@ class AgentsnapDurability(BaseDurabilityCapability[Any]):
             approval = approval_of(options.approval) or Approval()
             try:
                 await handler_ctx.approve_call(
-                    call.tool_name, as_json(call.args_as_dict()), None, approval
+                    call.tool_name, json_of(call.args_as_dict()), None, approval
                 )
             except ApprovalDenied as exc:
                 results.approvals[call.tool_call_id] = ToolDenied(
@@ -423,7 +423,7 @@ class AgentsnapDurability(BaseDurabilityCapability[Any]):
         for call in requests.calls:
             question: JsonValue = {
                 "tool": call.tool_name,
-                "arguments": as_json(call.args_as_dict()),
+                "arguments": json_of(call.args_as_dict()),
                 "kind": requests.kind(call.tool_call_id),
             }
             try:
@@ -461,7 +461,7 @@ class AgentsnapDurability(BaseDurabilityCapability[Any]):
 
         token = _PENDING.set(execute)
         try:
-            return await tool.run(handler_ctx, as_json(call.args_as_dict()))
+            return await tool.run(handler_ctx, json_of(call.args_as_dict()))
         except ToolFailed as exc:
             cause = exc.__cause__
             if isinstance(cause, Exception):  # failed now: pydantic-ai gets its own exception

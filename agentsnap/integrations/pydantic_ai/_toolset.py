@@ -9,8 +9,8 @@ from pydantic_ai.tools import Tool as PydanticTool
 from pydantic_ai.toolsets import FunctionToolset
 
 from agentsnap.exceptions import ConfigurationError, ToolArgumentsInvalid, ToolFailed
+from agentsnap.integrations._records import json_of
 from agentsnap.integrations._running import current
-from agentsnap.integrations.pydantic_ai._convert import as_json
 from agentsnap.tools import Tool
 
 __all__ = ["agentsnap_toolset"]
@@ -51,7 +51,7 @@ def _pydantic_tool(tool: Tool[Any]) -> PydanticTool[Any]:
             result = await tool.run(ctx, arguments)
         except (ToolArgumentsInvalid, ToolFailed) as exc:
             raise ModelRetry(str(exc)) from exc
-        return as_json(result)
+        return json_of(result)
 
     return PydanticTool.from_schema(
         call, tool.name, tool.description or None, tool.arguments_schema()

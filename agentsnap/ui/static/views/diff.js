@@ -3,6 +3,7 @@
 import { api, query, runPath } from "../api.js";
 import { clear, el, enc, excerptJson, put } from "../dom.js";
 import { jsonTree } from "../json_tree.js";
+import { filterForm } from "./filters.js";
 import { loadSnapshot, snapshotLabel } from "./snapshots.js";
 
 export function diffMarks(diff) {
@@ -72,16 +73,10 @@ export async function diffPanel(panel, run, params, signal) {
   const agent = params.get("agent") || "";
   const pick = (name, value) =>
     el("select", { name, "aria-label": name === "a" ? "Snapshot A" : "Snapshot B" }, snaps.map((s) => el("option", { value: s.id, text: snapshotLabel(s), selected: s.id === value })));
-  const form = el(
-    "form",
-    {
-      class: "filters",
-      onsubmit: (event) => {
-        event.preventDefault();
-        const data = new FormData(form);
-        location.hash = `#/runs/${id}/diff${query({ a: data.get("a"), b: data.get("b"), agent: data.get("agent") })}`;
-      },
-    },
+  const form = filterForm(
+    `/runs/${id}/diff`,
+    ["a", "b", "agent"],
+    "filters",
     pick("a", a),
     " → ",
     pick("b", b),

@@ -7,6 +7,7 @@
 import { api, query, runPath } from "../api.js";
 import { clear, el, enc, excerptJson, fmtTime, link, put, shortId } from "../dom.js";
 import { statusBadge } from "./common.js";
+import { choiceSelect, filterForm } from "./filters.js";
 
 const PAGE = 200;
 
@@ -53,18 +54,11 @@ export async function eventsPanel(panel, run, params, signal) {
   const offset = Number(params.get("offset") || 0);
   const body = await api(`${runPath(run.detail.id)}/executions${query({ agent, kind, status, q, limit: PAGE, offset })}`, { signal });
   if (signal.aborted) return;
-  const choice = (name, label, values, chosen) =>
-    el("select", { name, "aria-label": label }, ["", ...values].map((v) => el("option", { value: v, text: v || `any ${name}`, selected: v === chosen })));
-  const form = el(
-    "form",
-    {
-      class: "filters events-filters",
-      onsubmit: (event) => {
-        event.preventDefault();
-        const data = new FormData(form);
-        location.hash = `#/runs/${id}/events${query({ agent: data.get("agent"), kind: data.get("kind"), status: data.get("status"), q: data.get("q") })}`;
-      },
-    },
+  const choice = (name, label, values, chosen) => choiceSelect(name, label, values, chosen, `any ${name}`);
+  const form = filterForm(
+    `/runs/${id}/events`,
+    ["agent", "kind", "status", "q"],
+    "filters events-filters",
     choice("agent", "Agent", body.agents, agent),
     choice("kind", "Kind", body.kinds, kind),
     choice("status", "Status", body.statuses, status),

@@ -1,5 +1,6 @@
 // What the space-time view marks besides messages and cuts, from `/api/runs/RUN/incidents`:
-// where the run's process stopped and where a process resumed it (with the new owner), and
+// where each owner of the run stopped (a crash in red, a clean stop in grey) and where the
+// next took its lease (with the new owner), and
 // its long idle gaps, folded to a narrow band that says how long they were, so that a run
 // stopped for an hour does not squash its minutes of work to a line.
 
@@ -94,21 +95,24 @@ export function drawIncidents(timeline, ctx, height) {
     labels.place(label, (x0 + x1) / 2);
     marks.push({ kind: "fold", x0, x1, label, from_us: f.a, to_us: f.b });
   }
+  const stop = (at, crashed, who) => {
+    const x = timeline.x(at);
+    if (x < -2 || x > width + 2) return;
+    // A crash (the owner stopped without giving the run back) in red; a clean stop in grey.
+    const colour = crashed === false ? "#778" : "#c33";
+    const label = crashed === false ? "■ stopped" : crashed ? "✕ crashed" : "✕ stopped";
+    ctx.strokeStyle = colour;
+    ctx.setLineDash([4, 3]);
+    ctx.beginPath();
+    ctx.moveTo(x, TOP - 14);
+    ctx.lineTo(x, bottom);
+    ctx.stroke();
+    ctx.fillStyle = colour;
+    labels.place(label, x - ctx.measureText(label).width / 2 - 6);
+    marks.push({ kind: "stopped", x, label, at_us: at, crashed, owner: who ?? null });
+  };
   for (const r of body.resumes) {
-    if (r.stopped_us !== null && r.stopped_us !== undefined) {
-      const x = timeline.x(r.stopped_us);
-      if (x >= -2 && x <= width + 2) {
-        ctx.strokeStyle = "#c33";
-        ctx.setLineDash([4, 3]);
-        ctx.beginPath();
-        ctx.moveTo(x, TOP - 14);
-        ctx.lineTo(x, bottom);
-        ctx.stroke();
-        ctx.fillStyle = "#c33";
-        labels.place("✕ stopped", x - ctx.measureText("✕ stopped").width / 2 - 6);
-        marks.push({ kind: "stopped", x, label: "✕ stopped", at_us: r.stopped_us });
-      }
-    }
+    if (r.stopped_us !== null && r.stopped_us !== undefined) stop(r.stopped_us, r.crashed ?? null, null);
     const x = timeline.x(r.at_us);
     if (x >= -2 && x <= width + 2) {
       ctx.strokeStyle = "#2a8a3e";
@@ -122,8 +126,12 @@ export function drawIncidents(timeline, ctx, height) {
       ctx.fillStyle = "#2a8a3e";
       const label = r.owner ? `▶ resumed by ${owner(r.owner)}` : "▶ resumed";
       labels.place(label, x, "left");
-      marks.push({ kind: "resumed", x, label, at_us: r.at_us });
+      marks.push({ kind: "resumed", x, label, at_us: r.at_us, owner: r.owner ?? null, token: r.token ?? null });
     }
+  }
+  // An owner that died and that nobody took over yet: no resume carries its stop.
+  for (const c of body.crashes || []) {
+    if (c.by === null && c.stopped_us !== null) stop(c.stopped_us, true, c.owner);
   }
   ctx.restore();
   timeline.canvas.dataset.folds = String(marks.filter((m) => m.kind === "fold").length);

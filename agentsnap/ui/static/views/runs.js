@@ -3,6 +3,7 @@
 import { api, query } from "../api.js";
 import { clear, el, enc, fmtTime, link, put, shortId } from "../dom.js";
 import { state, statusBadge, tags } from "./common.js";
+import { choiceSelect, filterForm } from "./filters.js";
 
 export async function runsView(main, params, signal) {
   const q = params.get("q") || "";
@@ -15,25 +16,13 @@ export async function runsView(main, params, signal) {
   ]);
   const pendingByRun = new Map();
   for (const r of (waiting && waiting.requests) || []) pendingByRun.set(r.run_id, (pendingByRun.get(r.run_id) || 0) + 1);
-  const form = el(
-    "form",
-    {
-      class: "filters",
-      onsubmit: (event) => {
-        event.preventDefault();
-        const data = new FormData(form);
-        location.hash = `#/runs${query({ q: data.get("q"), status: data.get("status"), tag: data.get("tag") })}`;
-      },
-    },
+  const form = filterForm(
+    "/runs",
+    ["q", "status", "tag"],
+    "filters",
     el("input", { name: "q", type: "search", placeholder: "id prefix or name", value: q, "aria-label": "Search runs" }),
-    el(
-      "select",
-      { name: "status", "aria-label": "Status" },
-      // The values of agentsnap.RunStatus, which the API's status filter takes.
-      ["", "running", "succeeded", "failed", "interrupted", "cancelled", "created"].map((s) =>
-        el("option", { value: s, text: s || "any status", selected: s === status }),
-      ),
-    ),
+    // The values of agentsnap.RunStatus, which the API's status filter takes.
+    choiceSelect("status", "Status", ["running", "succeeded", "failed", "interrupted", "cancelled", "created"], status, "any status"),
     el("input", { name: "tag", placeholder: "tag (key or key=value)", value: tag, "aria-label": "Tag" }),
     el("button", { type: "submit", text: "Filter" }),
   );

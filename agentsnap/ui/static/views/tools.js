@@ -4,6 +4,7 @@ import { api, query, runPath } from "../api.js";
 import { clear, el, enc, fmtTime, link, put } from "../dom.js";
 import { jsonTree } from "../json_tree.js";
 import { statusBadge } from "./common.js";
+import { choiceSelect, filterForm } from "./filters.js";
 import { resolveControl } from "./resolve.js";
 
 export async function toolsPanel(panel, run, params, signal) {
@@ -14,23 +15,13 @@ export async function toolsPanel(panel, run, params, signal) {
   const offset = Number(params.get("offset") || 0);
   const body = await api(`${runPath(run.detail.id)}/tools${query({ status, tool, q, limit: 200, offset })}`, { signal });
   if (signal.aborted) return;
-  const form = el(
-    "form",
-    {
-      class: "filters",
-      onsubmit: (event) => {
-        event.preventDefault();
-        const data = new FormData(form);
-        location.hash = `#/runs/${id}/tools${query({ status: data.get("status"), tool: data.get("tool"), q: data.get("q") })}`;
-      },
-    },
+  const form = filterForm(
+    `/runs/${id}/tools`,
+    ["status", "tool", "q"],
+    "filters",
     el("input", { name: "q", type: "search", placeholder: "key, tool or agent", value: q, "aria-label": "Search tool calls" }),
     el("input", { name: "tool", placeholder: "tool", value: tool, "aria-label": "Tool" }),
-    el(
-      "select",
-      { name: "status", "aria-label": "Status" },
-      ["", "succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating", "compensated", "compensation_failed", "dry"].map((s) => el("option", { value: s, text: s || "any status", selected: s === status })),
-    ),
+    choiceSelect("status", "Status", ["succeeded", "failed", "in_progress", "retryable", "unknown", "abandoned", "compensating", "compensated", "compensation_failed", "dry"], status, "any status"),
     el("button", { type: "submit", text: "Filter" }),
   );
   const rows = body.calls.map((c) =>
