@@ -745,7 +745,10 @@ class AsyncioScheduler:
         # that a delivery updates one number; the deliveries under way are this less the
         # items in the inboxes, counted only when a replay plan may be stuck.
         self._work = 0
+        # Whether nothing is delivered: asked for by pause(), or by a hold still in place.
         self._paused = False
+        self._pause_asked = False
+        self._holds: set[str] = set()
         self._idle: asyncio.Future[None] | None = None
         self._started = False
         self._endpoints: list[Endpoint] = []
@@ -918,9 +921,34 @@ class AsyncioScheduler:
             raise self._error
 
     def pause(self) -> None:  # noqa: D102
-        self._paused = True
+        self._pause_asked = self._paused = True
 
     def resume(self) -> None:  # noqa: D102
+        self._pause_asked = False
+        self._go_on()
+
+    def hold(self, reason: str) -> None:
+        """Start no new delivery while the hold named ``reason`` is in place.
+
+        Holds stand apart from ``pause``: ``resume`` delivers again only once every hold
+        was released, and ``release`` only once ``resume`` was called after a ``pause``.
+        A distributed worker holds delivery while its claim on its agents is not renewed.
+        """
+        self._holds.add(reason)
+        self._paused = True
+
+    def release(self, reason: str) -> None:
+        """Take back the hold named ``reason`` (nothing happens if there is none)."""
+        self._holds.discard(reason)
+        self._go_on()
+
+    def held(self) -> frozenset[str]:
+        """The holds in place."""
+        return frozenset(self._holds)
+
+    def _go_on(self) -> None:
+        if self._pause_asked or self._holds:
+            return
         self._paused = False
         self._wake_all()
         if not self._work:

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import orjson
 import pytest
 from distributed_teardown import Teardown
 from nats_server import SHARED_URL, OwnServer, reachable, server_binary, unavailable
@@ -45,6 +46,7 @@ from agentsnap.distributed import (
     parse_group,
     place,
 )
+from agentsnap.distributed.orders import control_subject
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
 from agentsnap.jetstream.codec import order_subjects
@@ -56,6 +58,8 @@ from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.testing import SampledModel
 
 if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
     from agentsnap.store import Store
 
 HERE = Path(__file__).resolve().parent
@@ -384,6 +388,121 @@ async def test_a_second_worker_for_an_agent_is_refused(nats_url: str, teardown: 
         await second.start()
     # Nothing was claimed by the refused worker: teller-1 is free.
     assert await store.claim_agents(run.run_id, "third", ["teller-1"], _later()) == []
+
+
+class _CutOff:
+    """A store a worker is cut off from: claims fail while ``claims`` is clear, and loads
+    wait for ``loads``; everything else goes to ``store``."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self.claims = asyncio.Event()
+        self.loads = asyncio.Event()
+        self.claims.set()
+        self.loads.set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def claim_agents(self, *args: Any) -> Any:
+        if not self.claims.is_set():
+            raise _Away("the store is away")
+        return await self._store.claim_agents(*args)
+
+    async def load_snapshot(self, snapshot_id: str) -> Snapshot:
+        await self.loads.wait()
+        return await self._store.load_snapshot(snapshot_id)
+
+
+async def test_a_worker_replaced_while_away_stops_at_the_rollback_instead_of_restoring(
+    nats_url: str, teardown: Teardown
+) -> None:
+    """The rollback that a replacement's start orders reaches the worker it replaced too,
+    which restores nothing once the store answers: its agents run elsewhere now."""
+    store = MemoryStore()
+    links = await teardown.links(nats_url, 5)
+    run = DistributedRun(links[0], store, bank(4), policy=SnapshotPolicy(every_seconds=0.1))
+    away = _CutOff(store)
+    old = Worker(
+        links[1], cast("Store", away), run.run_id, bank(4), ["teller-0", "teller-1"], name="old",
+        lease=1.0,
+    )  # fmt: skip
+    other = Worker(links[2], store, run.run_id, bank(4), ["teller-2", "teller-3"], name="other")
+    teardown.workers([old, other])
+    teardown.run(run)
+    await run.start()
+    await old.start()
+    await other.start()
+    for i in range(4):
+        run.send(f"teller-{i}", {"hops": 6}, kind="go")
+    async with asyncio.timeout(PATIENCE):
+        await run.run_until_idle()
+    reports: list[dict[str, Any]] = []
+
+    async def heard(msg: Msg) -> None:
+        reports.append(orjson.loads(msg.data))
+
+    await links[4].nc.subscribe(control_subject(run.run_id), cb=heard)
+    away.claims.clear()
+    away.loads.clear()
+    await asyncio.sleep(1.5)  # the old worker's claim runs out
+    new = Worker(
+        links[3], store, run.run_id, bank(4), ["teller-0", "teller-1"], name="new", wait=10
+    )
+    teardown.worker(new)
+    await new.start()
+    assert new.rejoined
+    async with asyncio.timeout(PATIENCE):
+        while not run.rollbacks:  # noqa: ASYNC110 - a list the coordinator fills
+            await asyncio.sleep(0.05)
+    away.loads.set()  # the store answers the old worker's load, not yet its claim
+    await asyncio.sleep(1.0)
+    away.claims.set()
+    await asyncio.wait_for(old.stopped.wait(), 10)
+    assert [r for r in reports if "restored" in r and r.get("worker") == "old"] == []
+    assert {r.get("worker") for r in reports if "restored" in r} == {"new", "other"}
+    run.send("teller-0", {"hops": 6}, kind="go")
+    async with asyncio.timeout(PATIENCE):
+        last = await run.run_until_idle()
+    assert money_in(last) == 4_000
+    assert finished(last)
+
+
+async def test_a_worker_whose_claim_ran_out_unrenewed_delivers_nothing_until_it_renews_it(
+    nats_url: str, teardown: Teardown
+) -> None:
+    """Another worker may take over agents whose claim ran out at any moment: the worker
+    cut off from the store starts no delivery until its claim is renewed."""
+    store = MemoryStore()
+    links = await teardown.links(nats_url, 3)
+    run = DistributedRun(links[0], store, bank(4))
+    away = _CutOff(store)
+    mine = ["teller-0", "teller-1"]
+    cut = Worker(links[1], cast("Store", away), run.run_id, bank(4), mine, name="cut", lease=1.0)
+    other = Worker(links[2], store, run.run_id, bank(4), ["teller-2", "teller-3"], name="other")
+    teardown.workers([cut, other])
+    teardown.run(run)
+    await run.start()
+    await cut.start()
+    await other.start()
+
+    def delivered() -> int:
+        return sum(ch.delivered for ch in cut.host.bus.channels.values() if ch.dst in mine)
+
+    away.claims.clear()
+    await asyncio.sleep(1.5)
+    assert cut.host.scheduler.held()
+    before = delivered()
+    run.send("teller-0", {"hops": 6}, kind="go")
+    await asyncio.sleep(1.0)
+    assert delivered() == before, "delivered with a claim that ran out"
+    away.claims.set()
+    async with asyncio.timeout(PATIENCE):
+        last = await run.run_until_idle()
+    assert not cut.host.scheduler.held()
+    assert delivered() > before
+    assert finished(last)
+    assert money_in(last) == 4_000
 
 
 async def test_a_snapshot_whose_worker_never_comes_fails_and_the_run_goes_on(

@@ -86,6 +86,9 @@ finishes its handlers under way and writes what it queued first."""
 _MOVE_CUT = 30.0
 """Seconds the coordinator takes at most for the cut a move happens at."""
 
+_LAPSED = "claim-lapsed"
+"""The hold on a worker's deliveries while its claim on the agents ran out unrenewed."""
+
 _ASK_AGAIN = 1.0
 """Seconds between two requests of a worker moving agents to itself, while they are held,
 that the coordinator send its let-go order again (plain NATS may lose it on the way)."""
@@ -179,6 +182,8 @@ class Worker:
         self._orders: Subscription | None = None
         self._applied = 0  # the generation of the latest rollback carried out here
         self._order: RollbackOrder | None = None  # carried out, not resumed yet
+        self._held_until = 0.0  # loop time at which the last claim made runs out
+        self._lapse: asyncio.TimerHandle | None = None  # holds delivery at _held_until
         self._sending: set[asyncio.Task[None]] = set()
         self.stopped = asyncio.Event()
         """Set when the worker stops (asked to, or its claim on the agents was lost)."""
@@ -206,8 +211,11 @@ class Worker:
 
     async def _claim(self) -> None:
         async with self._claiming:
+            asked = asyncio.get_running_loop().time()
             expires = utcnow() + timedelta(seconds=self.lease)
             held = await self.store.claim_agents(self.run_id, self.name, self.agents, expires)
+            if not held:
+                self._renewed(asked + self.lease)
         if held:
             described = ", ".join(f"{lease.agent} by {lease.owner}" for lease in held)
             raise AgentsHeld(
@@ -365,6 +373,8 @@ class Worker:
             return
         # The agents kept go back to the cut with the others once the new worker started.
         self.host = self._make_host(keep)
+        if self._lapse is None:  # the claim ran out unrenewed: the new host waits as well
+            self.host.scheduler.hold(_LAPSED)
         await self._join(self.host)
 
     async def _hello(self) -> dict[str, Any] | None:
@@ -459,6 +469,8 @@ class Worker:
                 snapshot = await self.store.load_snapshot(order.snapshot_id)
                 parts = await self.store.load_snapshot_parts(self.run_id, snapshot.seq)
                 offsets = [o for part in parts for o in part.offsets]
+            if not await self._still_hosting():
+                return  # replaced while away: its agents run elsewhere
             discarded = await self.host.roll_back(order, snapshot, offsets)
             self._applied = order.generation
             self._order = order
@@ -474,14 +486,71 @@ class Worker:
             }
         )
 
+    def _renewed(self, until: float) -> None:
+        """The claim holds until loop time ``until``: deliver until then, and after it only
+        once it is renewed.
+
+        A worker whose claim ran out without renewal (the store does not answer) may be
+        replaced by another at any moment: it starts no delivery until it renews the claim,
+        or learns that another worker took its agents and stops.
+        """  # noqa: D205
+        self._held_until = until
+        if self._lapse is not None:
+            self._lapse.cancel()
+        self._lapse = asyncio.get_running_loop().call_at(until, self._lapsed)
+        scheduler = self.host.scheduler
+        if _LAPSED in scheduler.held():
+            logger.warning("worker %s renewed its claim: it delivers again", self.name)
+            scheduler.release(_LAPSED)
+
+    def _lapsed(self) -> None:
+        self._lapse = None
+        logger.warning(
+            "worker %s: the claim on %s ran out without renewal; it delivers nothing until "
+            "the store answers",
+            self.name,
+            ", ".join(self.agents),
+        )
+        self.host.scheduler.hold(_LAPSED)
+
+    async def _still_hosting(self) -> bool:
+        """Whether the claim on the agents is still this worker's, renewed now.
+
+        A worker cut off from the store past its lease may have been replaced meanwhile: the
+        rollback its replacement's start ordered reaches it too, once the store answers
+        again, and restoring its agents then would run them in two places. It stops instead.
+        While the store does not answer, the claim is taken for held until its lease ran out
+        since the last renewal; after that, the store is asked until it answers.
+        """
+        loop = asyncio.get_running_loop()
+        while not self.stopped.is_set():
+            try:
+                await self._claim()
+            except AgentsHeld as exc:
+                self._lost_agents(exc)
+                return False
+            except Exception as exc:
+                if loop.time() < self._held_until:
+                    return True  # the claim holds a while yet
+                logger.warning("worker %s could not renew its claim: %r", self.name, exc)
+                await asyncio.sleep(min(1.0, self.lease / 5))
+            else:
+                return True
+        return False
+
+    def _lost_agents(self, exc: AgentsHeld) -> None:
+        """Another worker holds the agents now: deliver nothing more, and stop."""
+        logger.error("worker %s lost its agents: %s", self.name, exc)
+        self.host.scheduler.pause()
+        self.stopped.set()
+
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(self.lease / 3)
             try:
                 await self._claim()
             except AgentsHeld as exc:
-                logger.error("worker %s lost its agents: %s", self.name, exc)
-                self.stopped.set()
+                self._lost_agents(exc)
                 return
             except Exception as exc:  # the store is away: the claim holds a while yet
                 logger.warning("worker %s could not renew its claim: %r", self.name, exc)
@@ -526,6 +595,9 @@ class Worker:
 
     async def close(self) -> None:
         """Stop delivering, let the snapshots in progress fail here, release the agents."""
+        if self._lapse is not None:
+            self._lapse.cancel()
+            self._lapse = None
         for task in (self._heartbeat, self._watchdog):
             if task is not None:
                 task.cancel()
