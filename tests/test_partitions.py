@@ -34,6 +34,7 @@ A fault is a [`Fault`][]: one more kind of fault is one more ``Fault.kind`` appl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -63,7 +64,7 @@ from agentsnap.distributed import DistributedRun
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
 from agentsnap.ledger import ToolCallStatus
-from agentsnap.records import SnapshotStatus
+from agentsnap.records import RunStatus, SnapshotStatus
 from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.store.ledger import ledger_for
 from agentsnap.store.sql import SqlStore
@@ -356,6 +357,7 @@ async def run_bank(
         link, store, make_bank(), policy=SnapshotPolicy(every_seconds=0.2), part_timeout=10
     )
     workers = Workers(hosts, run.run_id, tmp_path)
+    closed = False
     try:
         await run.start()
         for group in range(GROUPS):
@@ -374,9 +376,14 @@ async def run_bank(
             notes = getattr(exc, "__notes__", [])
             raise AssertionError(f"the run did not finish: {notes}\n{workers.text()}") from exc
         await run.close()
+        closed = True
         await workers.stop()
     finally:
         hosts.heal()
+        if not closed:  # the run's tasks hold connections: end them with the test
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(PATIENCE):
+                    await run.close(RunStatus.FAILED)
         await workers.kill()
         await link.delete_stream(run.run_id)
         await link.close()

@@ -557,8 +557,10 @@ def test_the_topology_shows_who_talks_to_whom_and_filters_the_lanes(
     assert graph.locator(".topology-agent").count() == len(topology["agents"])
     edge = graph.locator(".topology-edge[data-src='alpha'][data-dst='beta']")
     assert f"{counts[('alpha', 'beta')]} message(s)" in (edge.locator("title").text_content() or "")
+    wait_drawn(page)  # every lane is laid out
     lanes = page.locator(".lane-label")
     every = lanes.count()
+    assert every > 2
     edge.dispatch_event("click")
     page.wait_for_function("() => document.querySelectorAll('.lane-label').length === 2")
     assert sorted(lanes.all_inner_texts()) == ["alpha", "beta"]
