@@ -431,6 +431,11 @@ class DistributedRun:
         self._subscription = await self._link.nc.subscribe(
             control_subject(self.run_id), cb=self._on_control
         )
+        try:
+            # Once the server has the subscription, a worker started next finds this one.
+            await self._link.nc.flush()
+        except Exception as exc:  # the workers ask again, or learn of it by their leases
+            logger.warning("run %s: the control subscription not confirmed: %r", self.run_id, exc)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch(), name="agentsnap:parts-watch"))
         if self.policy.every_seconds is not None:

@@ -350,7 +350,14 @@ class RollbackAuthority:
         """A worker starts: what it needs to know, and a rollback if its agents ran before."""
         worker = str(report.get("hello"))
         agents = sorted(str(name) for name in report.get("agents", []))
-        again = bool(self._hosted.intersection(agents)) or self._rolling is not None
+        # Hosted before: by a worker that said hello, or by one whose lease the store showed
+        # (a worker that started while no coordinator answered says no hello).
+        again = (
+            any(
+                name in self._hosted or self._holders.get(name, worker) != worker for name in agents
+            )
+            or self._rolling is not None
+        )
         for name in agents:
             self._moving.pop(name, None)  # hosted again: its move is over
         # A worker that let agents go to another, and rejoins with those it keeps, waits
