@@ -8,7 +8,7 @@ when the framework is missing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from agentsnap.exceptions import ConfigurationError
@@ -69,3 +69,22 @@ def require_kind(value: object, kind: type[Any] | tuple[type[Any], ...], needs: 
     """
     if not isinstance(value, kind):
         raise ConfigurationError(f"{needs}, got {type(value).__name__}")
+
+
+def require_keywords(function: str, given: Collection[str], known: Collection[str]) -> None:
+    """Refuse keyword arguments a function taking ``**options`` does not know, as Python does.
+
+    Args:
+        function: The function, as the error names it (``"team()"``).
+        given: The names of the keyword arguments given.
+        known: The names it takes.
+
+    Raises:
+        TypeError: A name in ``given`` is not in ``known``.
+    """
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise TypeError(
+            f"{function} got an unexpected keyword argument {unknown[0]!r} "
+            f"(it takes {', '.join(sorted(known))})"
+        )

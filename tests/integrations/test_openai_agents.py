@@ -18,13 +18,23 @@ from agents import RunConfig, function_tool
 from agents.testing import assistant_message, function_call
 from click.testing import CliRunner
 
-from agentsnap import Agent, AgentState, Context, Message, Runtime, SnapshotStatus, ToolCall
+from agentsnap import (
+    Agent,
+    AgentState,
+    Context,
+    MemoryStore,
+    Message,
+    Runtime,
+    SnapshotStatus,
+    ToolCall,
+)
 from agentsnap.cli import main
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.integrations.openai_agents import (
     AgentsnapRunner,
     OpenAIAgent,
     OpenAIAgentState,
+    RecordedModel,
     agent_name,
     ledgered,
     team,
@@ -276,6 +286,50 @@ def test_names_and_mistakes() -> None:
         ledgered(object())  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="OpenAI Agents SDK"):
         OpenAIAgent("x", object())  # type: ignore[arg-type]
+
+
+async def test_options_reach_every_agent_and_unknown_keywords_are_refused_by_name() -> None:
+    sdk_agent = SDKAgent(name="a", model=FunctionSDKModel(lambda items: reply("x")))
+    runtime = Runtime()
+    made = team(runtime, sdk_agent, max_turns=3, reply_to="sink")
+    assert (made["a"].max_turns, made["a"].reply_to) == (3, "sink")
+    assert made["a"].snapshot_at_handoff  # the default, kept by OpenAIAgent
+    assert made["a"].on_event is None
+    with pytest.raises(TypeError, match=r"^team\(\) got an unexpected keyword argument 'max_turn'"):
+        team(Runtime(), sdk_agent, max_turn=3)  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError, match=r"\(it takes chain_responses, context, max_turns, on_event, "
+    ):
+        team(Runtime(), sdk_agent, turns=3)  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError, match=r"^AgentsnapRunner\.run\(\) got an unexpected keyword argument 'reply_to'"
+    ):
+        await AgentsnapRunner.run(sdk_agent, "hi", reply_to="x")  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError, match=r"^AgentsnapRunner\.run_streamed\(\) got .* argument 'on_event'"
+    ):
+        AgentsnapRunner.run_streamed(sdk_agent, "hi", on_event=print)  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError, match=r"^AgentsnapRunner\.resume\(\) got .* argument 'snapshot_at_handoff'"
+    ):
+        await AgentsnapRunner.resume(
+            sdk_agent,
+            store=MemoryStore(),
+            run_id="r",
+            snapshot_at_handoff=False,  # type: ignore[call-arg]
+        )
+    with pytest.raises(TypeError, match=r"^function_tool\(\) got .* argument 'side_effects'"):
+        durable_tool(side_effects=False)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match=r"^ledgered\(\) got .* argument 'key'"):
+        ledgered(answer_tool, key=["x"])  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        await RecordedModel("m").get_response("", "hi", bogus=1)
+
+
+@function_tool
+def answer_tool(x: int) -> int:
+    """Give ``x`` back."""
+    return x
 
 
 def test_importing_without_the_sdk_names_the_extra() -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import typing
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from agents import Agent as SDKAgent
 from agents import RunConfig
@@ -15,6 +16,7 @@ from agents.stream_events import StreamEvent
 
 from agentsnap.agents import Agent, Context
 from agentsnap.exceptions import ConfigurationError
+from agentsnap.integrations import require_keywords
 from agentsnap.integrations.openai_agents._agent import OnEvent, OpenAIAgent, agent_name
 from agentsnap.integrations.openai_agents._model import as_json
 from agentsnap.messages import JsonValue, Message
@@ -55,18 +57,67 @@ class TeamResult:
     """How many rollbacks the run made in this process."""
 
 
+class _AgentOptions(TypedDict, total=False):
+    """How every SDK agent of a team runs: options of
+    [`OpenAIAgent`][agentsnap.integrations.openai_agents.OpenAIAgent], which keeps their
+    defaults.
+    """  # noqa: D205
+
+    read_only: Collection[str]
+    """Names of function tools that do not change the world, in any of the agents."""
+    run_config: RunConfig | None
+    """The SDK's run configuration, for every agent."""
+    max_turns: int
+    """The SDK's bound on model calls per message."""
+    context: Any
+    """The SDK's run context object."""
+    chain_responses: bool
+    """Keep the conversations at the provider, chained by response ids."""
+
+
+class _TeamOptions(_AgentOptions, total=False):
+    """The keyword arguments of [`team`][agentsnap.integrations.openai_agents.team]."""
+
+    reply_to: str | None
+    """Where the final outputs go by default."""
+    snapshot_at_handoff: bool
+    """Start a snapshot as each handoff is sent."""
+    on_event: OnEvent | None
+    """Run every agent streamed, handing its stream events here."""
+
+
+class _RunOptions(_AgentOptions, total=False):
+    """The keyword arguments of
+    [`AgentsnapRunner.resume`][agentsnap.integrations.openai_agents.AgentsnapRunner.resume]
+    after ``store`` and ``run_id``.
+    """  # noqa: D205
+
+    retry: RetryPolicy | None
+    """The bound on rollbacks."""
+    setup: Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None
+    """Called with the runtime and the team before the run goes on."""
+
+
+class _StartOptions(_RunOptions, total=False):
+    """The keyword arguments of
+    [`AgentsnapRunner.run`][agentsnap.integrations.openai_agents.AgentsnapRunner.run] and
+    ``run_streamed``.
+    """  # noqa: D205
+
+    store: Store | None
+    """Where the run is kept; in memory by default."""
+    run_id: str | None
+    """The run's id; a new one by default."""
+
+
+def _agent_options(options: _StartOptions) -> _AgentOptions:
+    """The options every agent of the team takes, without the run's own."""
+    given = {k: v for k, v in options.items() if k in _AgentOptions.__optional_keys__}
+    return typing.cast("_AgentOptions", given)
+
+
 def team(
-    runtime: Runtime,
-    starting_agent: SDKAgent[Any],
-    *,
-    reply_to: str | None = None,
-    read_only: Collection[str] = (),
-    run_config: RunConfig | None = None,
-    max_turns: int = 10,
-    context: Any = None,
-    snapshot_at_handoff: bool = True,
-    chain_responses: bool = False,
-    on_event: OnEvent | None = None,
+    runtime: Runtime, starting_agent: SDKAgent[Any], **options: Unpack[_TeamOptions]
 ) -> dict[str, OpenAIAgent]:
     """Register an SDK agent and every SDK agent it can hand off to, each as an agent.
 
@@ -74,28 +125,38 @@ def team(
     named [`agent_name`][agentsnap.integrations.openai_agents.agent_name] of its name, so
     that handoffs between them travel on the run's channels. Targets are found through the
     agents' ``handoffs``: SDK agents, and ``handoff(agent)`` objects whose agent is alive.
+    The keyword arguments are options of ``OpenAIAgent``, given to every agent.
 
     Args:
         runtime: The runtime to register them in.
         starting_agent: The SDK agent that takes the input.
-        reply_to: Where the final outputs go by default.
-        read_only: Names of function tools that do not change the world, in any of the
-            agents; every other function tool is ledger-backed.
-        run_config: The SDK's run configuration, for every agent.
-        max_turns: The SDK's bound on model calls per message.
-        context: The SDK's run context object.
-        snapshot_at_handoff: Start a snapshot as each handoff is sent (the default).
-        chain_responses: Keep each agent's conversation at the provider, chained by
+        **options: The keyword arguments below, each optional.
+
+    Keyword Args:
+        reply_to (str | None): Where the final outputs go by default (``None``: back to the
+            agent that asked).
+        read_only (Collection[str]): Names of function tools that do not change the world,
+            in any of the agents; every other function tool is ledger-backed (none by
+            default).
+        run_config (RunConfig | None): The SDK's run configuration, for every agent.
+        max_turns (int): The SDK's bound on model calls per message (10 by default).
+        context (Any): The SDK's run context object.
+        snapshot_at_handoff (bool): Start a snapshot as each handoff is sent (``True`` by
+            default).
+        chain_responses (bool): Keep each agent's conversation at the provider, chained by
             response ids kept in its state (see
-            [`OpenAIAgent`][agentsnap.integrations.openai_agents.OpenAIAgent]).
-        on_event: Run every agent streamed, handing its stream events here.
+            [`OpenAIAgent`][agentsnap.integrations.openai_agents.OpenAIAgent]; ``False`` by
+            default).
+        on_event (OnEvent | None): Run every agent streamed, handing its stream events here.
 
     Returns:
         The registered agents, by agentsnap name (the starting agent's first).
 
     Raises:
+        TypeError: A keyword argument is not one of those above.
         ConfigurationError: Two SDK agents have the same name.
     """
+    require_keywords("team()", options, _TeamOptions.__optional_keys__)
     found: dict[str, SDKAgent[Any]] = {}
     waiting = [starting_agent]
     while waiting:
@@ -110,23 +171,12 @@ def team(
             continue
         found[name] = sdk_agent
         waiting.extend(_targets(sdk_agent))
+    read_only = options.get("read_only", ())
     made: dict[str, OpenAIAgent] = {}
     for name, sdk_agent in found.items():
         names = {getattr(t, "name", None) for t in sdk_agent.tools}
-        made[name] = runtime.add(
-            OpenAIAgent(
-                name,
-                sdk_agent,
-                read_only=[n for n in read_only if n in names],
-                reply_to=reply_to,
-                run_config=run_config,
-                max_turns=max_turns,
-                context=context,
-                snapshot_at_handoff=snapshot_at_handoff,
-                chain_responses=chain_responses,
-                on_event=on_event,
-            )
-        )
+        own: _TeamOptions = {**options, "read_only": [n for n in read_only if n in names]}
+        made[name] = runtime.add(OpenAIAgent(name, sdk_agent, **own))
     return made
 
 
@@ -216,70 +266,44 @@ class AgentsnapRunner:
 
     @classmethod
     async def run(
-        cls,
-        starting_agent: SDKAgent[Any],
-        input: str | list[Any],
-        *,
-        store: Store | None = None,
-        run_id: str | None = None,
-        retry: RetryPolicy | None = None,
-        read_only: Collection[str] = (),
-        run_config: RunConfig | None = None,
-        max_turns: int = 10,
-        context: Any = None,
-        chain_responses: bool = False,
-        setup: Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None = None,
+        cls, starting_agent: SDKAgent[Any], input: str | list[Any], **options: Unpack[_StartOptions]
     ) -> TeamResult:
         """Run ``starting_agent`` on ``input`` until its team is idle.
 
         Args:
             starting_agent: The SDK agent that takes the input.
             input: A string, or a list of the SDK's input items.
-            store: Where the run is kept (``SqlStore(url)`` to resume it elsewhere);
-                in memory by default.
-            run_id: The run's id (a new one by default).
-            retry: The bound on rollbacks, as for [`Runtime`][agentsnap.Runtime].
-            read_only: Names of function tools that do not change the world (every other
-                function tool is ledger-backed).
-            run_config: The SDK's run configuration.
-            max_turns: The SDK's bound on model calls per message.
-            context: The SDK's run context object.
-            chain_responses: Keep the conversations at the provider, chained by response
-                ids kept in the agents' states.
-            setup: Called with the runtime and the team before the input is sent: declare
-                checks (``runtime.check(name, kind="output", check=...)``), add critics.
+            **options: The keyword arguments below, each optional.
+
+        Keyword Args:
+            store (Store | None): Where the run is kept (``SqlStore(url)`` to resume it
+                elsewhere); in memory by default.
+            run_id (str | None): The run's id (a new one by default).
+            retry (RetryPolicy | None): The bound on rollbacks, as for
+                [`Runtime`][agentsnap.Runtime].
+            read_only (Collection[str]): Names of function tools that do not change the world
+                (every other function tool is ledger-backed; none by default).
+            run_config (RunConfig | None): The SDK's run configuration.
+            max_turns (int): The SDK's bound on model calls per message (10 by default).
+            context (Any): The SDK's run context object.
+            chain_responses (bool): Keep the conversations at the provider, chained by
+                response ids kept in the agents' states (``False`` by default).
+            setup (Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None): Called with
+                the runtime and the team before the input is sent: declare checks
+                (``runtime.check(name, kind="output", check=...)``), add critics.
 
         Returns:
             What the run came to.
+
+        Raises:
+            TypeError: A keyword argument is not one of those above.
         """
-        return await cls._team_run(
-            starting_agent,
-            input,
-            (store, run_id, retry),
-            read_only,
-            run_config,
-            max_turns,
-            context,
-            chain_responses,
-            setup,
-            None,
-        )
+        require_keywords("AgentsnapRunner.run()", options, _StartOptions.__optional_keys__)
+        return await cls._team_run(starting_agent, options, input)
 
     @classmethod
     def run_streamed(
-        cls,
-        starting_agent: SDKAgent[Any],
-        input: str | list[Any],
-        *,
-        store: Store | None = None,
-        run_id: str | None = None,
-        retry: RetryPolicy | None = None,
-        read_only: Collection[str] = (),
-        run_config: RunConfig | None = None,
-        max_turns: int = 10,
-        context: Any = None,
-        chain_responses: bool = False,
-        setup: Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None = None,
+        cls, starting_agent: SDKAgent[Any], input: str | list[Any], **options: Unpack[_StartOptions]
     ) -> TeamStream:
         """Run ``starting_agent`` on ``input`` streamed: the SDK's ``Runner.run_streamed``.
 
@@ -293,70 +317,28 @@ class AgentsnapRunner:
         Args:
             starting_agent: The SDK agent that takes the input.
             input: A string, or a list of the SDK's input items.
-            store: Where the run is kept; in memory by default.
-            run_id: The run's id (a new one by default).
-            retry: The bound on rollbacks.
-            read_only: Names of function tools that do not change the world.
-            run_config: The SDK's run configuration.
-            max_turns: The SDK's bound on model calls per message.
-            context: The SDK's run context object.
-            chain_responses: As for ``run``.
-            setup: As for ``run``.
+            **options: The keyword arguments of ``run``, each optional.
+
+        Keyword Args:
+            store (Store | None): Where the run is kept; in memory by default.
+            run_id (str | None): The run's id; a new one by default.
+            retry (RetryPolicy | None): The bound on rollbacks.
+            read_only (Collection[str]): The function tools that change nothing, by name.
+            run_config (RunConfig | None): The configuration the SDK runs with.
+            max_turns (int): At most this many model calls per message (10 by default).
+            context (Any): The object the SDK passes to every run as its context.
+            chain_responses (bool): As for ``run``.
+            setup (Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None): As for
+                ``run``.
 
         Returns:
             The streamed run.
+
+        Raises:
+            TypeError: A keyword argument is not one of those above.
         """
-
-        async def go(on_event: OnEvent) -> TeamResult:
-            return await cls._team_run(
-                starting_agent,
-                input,
-                (store, run_id, retry),
-                read_only,
-                run_config,
-                max_turns,
-                context,
-                chain_responses,
-                setup,
-                on_event,
-            )
-
-        return TeamStream(go)
-
-    @classmethod
-    async def _team_run(  # noqa: PLR0917
-        cls,
-        starting_agent: SDKAgent[Any],
-        input: str | list[Any],
-        where: tuple[Store | None, str | None, RetryPolicy | None],
-        read_only: Collection[str],
-        run_config: RunConfig | None,
-        max_turns: int,
-        context: Any,
-        chain_responses: bool,
-        setup: Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None,
-        on_event: OnEvent | None,
-    ) -> TeamResult:
-        """Run the team on ``input`` to its end: what ``run`` and ``run_streamed`` share."""
-        store, run_id, retry = where
-        runtime = Runtime(store=store, run_id=run_id, retry=retry)
-        async with runtime:
-            agents = cls._register(
-                runtime,
-                starting_agent,
-                read_only,
-                run_config,
-                max_turns,
-                context,
-                chain_responses,
-                on_event,
-            )
-            if setup is not None:
-                setup(runtime, agents)
-            first = next(iter(agents))
-            runtime.send(first, {"input": as_json(input), "reply_to": OUTPUTS}, kind="input")
-            await runtime.run_until_idle()
-            return cls._result(runtime)
+        require_keywords("AgentsnapRunner.run_streamed()", options, _StartOptions.__optional_keys__)
+        return TeamStream(lambda on_event: cls._team_run(starting_agent, options, input, on_event))
 
     @classmethod
     async def resume(
@@ -365,13 +347,7 @@ class AgentsnapRunner:
         *,
         store: Store,
         run_id: str,
-        retry: RetryPolicy | None = None,
-        read_only: Collection[str] = (),
-        run_config: RunConfig | None = None,
-        max_turns: int = 10,
-        context: Any = None,
-        chain_responses: bool = False,
-        setup: Callable[[Runtime, Mapping[str, OpenAIAgent]], None] | None = None,
+        **options: Unpack[_RunOptions],
     ) -> TeamResult:
         """Continue a stored run of ``starting_agent``'s team, after a crash.
 
@@ -383,64 +359,50 @@ class AgentsnapRunner:
             starting_agent: The SDK agent the run started with.
             store: The store holding the run.
             run_id: The run's id.
-            retry: The bound on rollbacks.
-            read_only: Names of function tools that do not change the world (every other
-                function tool is ledger-backed).
-            run_config: The SDK's run configuration.
-            max_turns: The SDK's bound on model calls per message.
-            context: The SDK's run context object.
-            chain_responses: As for ``run``.
-            setup: As for ``run``.
+            **options: The options the run was started with, as ``run`` takes them and
+                each optional: ``retry``, ``read_only``, ``run_config``, ``max_turns``,
+                ``context``, ``chain_responses`` and ``setup``. Give the same, so that the
+                team is registered as it was.
 
         Returns:
             What the run came to.
+
+        Raises:
+            TypeError: A keyword argument is not one of those named above.
         """
-        runtime = Runtime(store=store, run_id=run_id, retry=retry)
+        require_keywords("AgentsnapRunner.resume()", options, _RunOptions.__optional_keys__)
+        return await cls._team_run(starting_agent, {**options, "store": store, "run_id": run_id})
+
+    @classmethod
+    async def _team_run(
+        cls,
+        starting_agent: SDKAgent[Any],
+        options: _StartOptions,
+        input: str | list[Any] | None = None,
+        on_event: OnEvent | None = None,
+    ) -> TeamResult:
+        """Run the team to its end: on ``input``, or resuming the stored run when ``None``."""
+        runtime = Runtime(
+            store=options.get("store"), run_id=options.get("run_id"), retry=options.get("retry")
+        )
         async with runtime:
-            agents = cls._register(
-                runtime,
-                starting_agent,
-                read_only,
-                run_config,
-                max_turns,
-                context,
-                chain_responses,
-                None,
-            )
+            agents = team(runtime, starting_agent, on_event=on_event, **_agent_options(options))
+            if OUTPUTS in agents:
+                raise ConfigurationError(
+                    f"an SDK agent is named {OUTPUTS!r}, the name of the agent that keeps the "
+                    "outputs; rename it"
+                )
+            runtime.add(_Outputs(OUTPUTS))
+            setup = options.get("setup")
             if setup is not None:
                 setup(runtime, agents)
-            await runtime.resume()
+            if input is None:
+                await runtime.resume()
+            else:
+                first = next(iter(agents))
+                runtime.send(first, {"input": as_json(input), "reply_to": OUTPUTS}, kind="input")
             await runtime.run_until_idle()
             return cls._result(runtime)
-
-    @staticmethod
-    def _register(  # noqa: PLR0917
-        runtime: Runtime,
-        starting_agent: SDKAgent[Any],
-        read_only: Collection[str],
-        run_config: RunConfig | None,
-        max_turns: int,
-        context: Any,
-        chain_responses: bool,
-        on_event: OnEvent | None,
-    ) -> dict[str, OpenAIAgent]:
-        agents = team(
-            runtime,
-            starting_agent,
-            read_only=read_only,
-            run_config=run_config,
-            max_turns=max_turns,
-            context=context,
-            chain_responses=chain_responses,
-            on_event=on_event,
-        )
-        if OUTPUTS in agents:
-            raise ConfigurationError(
-                f"an SDK agent is named {OUTPUTS!r}, the name of the agent that keeps the "
-                "outputs; rename it"
-            )
-        runtime.add(_Outputs(OUTPUTS))
-        return agents
 
     @staticmethod
     def _result(runtime: Runtime) -> TeamResult:

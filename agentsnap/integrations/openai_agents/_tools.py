@@ -7,13 +7,14 @@ import json
 import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import Any, TypedDict, overload
+from typing import Any, TypedDict, Unpack, overload
 
 from agents.strict_schema import ensure_strict_json_schema
 from agents.tool import FunctionTool
 from agents.tool_context import ToolContext
 
 from agentsnap.exceptions import ConfigurationError, ToolArgumentsInvalid, ToolFailed
+from agentsnap.integrations import require_keywords
 from agentsnap.integrations._running import current
 from agentsnap.integrations.openai_agents._model import as_json
 from agentsnap.tools import OnDivergence, OnRedo, Tool, tool
@@ -107,30 +108,29 @@ def _without_nulls(agentsnap_tool: Tool[Any], arguments: dict[str, Any]) -> dict
     return {k: v for k, v in arguments.items() if v is not None or k in required}
 
 
-class _Ledgering(TypedDict):
-    """The options of an agentsnap tool that ``function_tool`` and ``ledgered`` take, as given."""
+class _Ledgering(TypedDict, total=False):
+    """The options of an agentsnap tool that ``function_tool`` and ``ledgered`` take."""
 
     side_effect: bool
+    """The tool changes the world (``True`` by default here, unlike ``tool``)."""
     key_from: Sequence[str] | None
+    """The arguments that name the effect."""
     on_redo: OnRedo
+    """What a redo after a rollback does with other arguments at the same place."""
     on_divergence: OnDivergence
+    """What a re-execution after a crash does with other arguments."""
     rerun_if_unknown: bool
+    """Running again after an unknown outcome is safe."""
 
 
-def _ledgering(
-    side_effect: bool,
-    key_from: Sequence[str] | None,
-    on_redo: OnRedo,
-    on_divergence: OnDivergence,
-    rerun_if_unknown: bool,
-) -> _Ledgering:
-    return {
-        "side_effect": side_effect,
-        "key_from": key_from,
-        "on_redo": on_redo,
-        "on_divergence": on_divergence,
-        "rerun_if_unknown": rerun_if_unknown,
-    }
+def _ledgering(function: str, options: _Ledgering) -> _Ledgering:
+    """The options given to ``function``, side-effecting unless they say otherwise.
+
+    Raises:
+        TypeError: An option is not one of ``_Ledgering``'s.
+    """
+    require_keywords(function, options, _Ledgering.__optional_keys__)
+    return {"side_effect": True, **options}
 
 
 @overload
@@ -140,12 +140,8 @@ def function_tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    side_effect: bool = True,
-    key_from: Sequence[str] | None = None,
-    on_redo: OnRedo = "recorded",
-    on_divergence: OnDivergence = "raise",
-    rerun_if_unknown: bool = False,
     strict: bool = True,
+    **options: Unpack[_Ledgering],
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 def function_tool(
     fn: Callable[..., Any] | None = None,
@@ -153,12 +149,8 @@ def function_tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    side_effect: bool = True,
-    key_from: Sequence[str] | None = None,
-    on_redo: OnRedo = "recorded",
-    on_divergence: OnDivergence = "raise",
-    rerun_if_unknown: bool = False,
     strict: bool = True,
+    **options: Unpack[_Ledgering],
 ) -> Any:
     """Make a function an SDK tool whose calls go through agentsnap and, for effects, the ledger.
 
@@ -188,35 +180,38 @@ def function_tool(
         fn: The function (when used as ``@function_tool`` without parentheses).
         name: The tool's name (default: the function's).
         description: What the model is told it does (default: the docstring).
-        side_effect: The tool changes the world: its calls go through the ledger (the
-            default, the safe choice); ``False`` declares it read-only, run again on a redo.
-        key_from: The arguments that name the effect, as for [`tool`][agentsnap.tool].
-        on_redo: What a redo after a rollback does with other arguments at the same place.
-        on_divergence: What a re-execution after a crash does with other arguments.
-        rerun_if_unknown: Running again after an unknown outcome is safe.
-        strict: Offer the schema in the SDK's strict mode.
+        strict: Offer the schema in the SDK's strict mode (the default).
+        **options: The ledger's options below, each optional.
+
+    Keyword Args:
+        side_effect (bool): The tool changes the world: its calls go through the ledger
+            (``True``, the default and the safe choice); ``False`` declares it read-only,
+            run again on a redo.
+        key_from (Sequence[str] | None): The arguments that name the effect, as for
+            [`tool`][agentsnap.tool] (``None`` by default).
+        on_redo (OnRedo): What a redo after a rollback does with other arguments at the
+            same place (``"recorded"`` by default).
+        on_divergence (OnDivergence): What a re-execution after a crash does with other
+            arguments (``"raise"`` by default).
+        rerun_if_unknown (bool): Running again after an unknown outcome is safe (``False``
+            by default).
 
     Returns:
         An SDK ``FunctionTool`` (or a decorator making one, when called with options).
+
+    Raises:
+        TypeError: A keyword argument is not one of those above.
     """
-    options = _ledgering(side_effect, key_from, on_redo, on_divergence, rerun_if_unknown)
+    ledgering = _ledgering("function_tool()", options)
 
     def decorate(function: Callable[..., Any]) -> FunctionTool:
-        made = tool(name=name, description=description, **options)(function)
+        made = tool(name=name, description=description, **ledgering)(function)
         return as_sdk_tool(made, strict=strict)
 
     return decorate(fn) if fn is not None else decorate
 
 
-def ledgered(
-    sdk_tool: FunctionTool,
-    *,
-    side_effect: bool = True,
-    key_from: Sequence[str] | None = None,
-    on_redo: OnRedo = "recorded",
-    on_divergence: OnDivergence = "raise",
-    rerun_if_unknown: bool = False,
-) -> FunctionTool:
+def ledgered(sdk_tool: FunctionTool, **options: Unpack[_Ledgering]) -> FunctionTool:
     """An SDK ``FunctionTool`` made elsewhere, its calls through agentsnap and the ledger.
 
     For a tool made with the SDK's ``@function_tool``: its calls are recorded in the agent's
@@ -233,19 +228,21 @@ def ledgered(
 
     Args:
         sdk_tool: The SDK tool.
-        side_effect: The tool changes the world (the reason to call this).
-        key_from: The arguments that name the effect, as for [`tool`][agentsnap.tool].
-        on_redo: What a redo after a rollback does with other arguments at the same place.
-        on_divergence: What a re-execution after a crash does with other arguments.
-        rerun_if_unknown: Running again after an unknown outcome is safe.
+        **options: The ledger's options of
+            [`function_tool`][agentsnap.integrations.openai_agents.function_tool], each optional:
+            ``side_effect`` (``True`` by default: the tool changes the world, the reason to
+            call this), ``key_from``, ``on_redo``, ``on_divergence`` and
+            ``rerun_if_unknown``, with the same defaults and meanings.
 
     Returns:
         A copy of the tool whose calls go through agentsnap.
 
     Raises:
+        TypeError: A keyword argument is not one of those named above.
         ConfigurationError: ``sdk_tool`` is not a ``FunctionTool``, or goes through
             agentsnap already.
     """
+    ledgering = _ledgering("ledgered()", options)
     if not isinstance(sdk_tool, FunctionTool):
         raise ConfigurationError(
             f"ledgered() takes an SDK FunctionTool, got {type(sdk_tool).__name__}; hosted "
@@ -268,7 +265,7 @@ def ledgered(
         sdk_tool.params_json_schema,
         run_original,
         description=sdk_tool.description,
-        **_ledgering(side_effect, key_from, on_redo, on_divergence, rerun_if_unknown),
+        **ledgering,
     )
     through = as_sdk_tool(inner, strict=sdk_tool.strict_json_schema)
     return dataclasses.replace(
