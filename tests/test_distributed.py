@@ -143,6 +143,20 @@ def test_an_app_refuses_two_agents_of_one_name() -> None:
         App(agents=[Teller("a", ["b"]), Teller("a", ["b"])])
 
 
+def test_an_apps_check_takes_the_options_runtime_check_takes() -> None:
+    app = App(agents=[Teller("a", ["b"])])
+    app.check("a", "transfer", check=lambda message: True, name="always")
+    [declared] = app.checks_of("a")
+    assert (declared.kind, declared.name, declared.schema) == ("transfer", "always", None)
+    with pytest.raises(ConfigurationError, match=r"App\.check\(\) needs a schema="):
+        app.check("a", name="nothing")
+    with pytest.raises(
+        TypeError, match=r"App\.check\(\) got an unexpected keyword argument 'shema'"
+    ):
+        app.check("a", shema=dict)  # type: ignore[call-arg]
+    assert len(app.checks_of("a")) == 1
+
+
 # -- recording across hosts -----------------------------------------------------------------
 
 
