@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict, Unpack
 
 from pydantic import BaseModel, ValidationError
 
@@ -25,6 +25,7 @@ from agentsnap.messages import Message
 
 __all__ = [
     "Check",
+    "CheckOptions",
     "CheckResult",
     "Guard",
     "OutputCheck",
@@ -135,20 +136,41 @@ class OutputCheck:
         return None
 
 
+class CheckOptions(TypedDict, total=False):
+    """How a check is declared: the keywords of [`Runtime.check`][agentsnap.Runtime.check]
+    and [`App.check`][agentsnap.distributed.App.check] after the agent and the kind.
+
+    At least one of ``schema`` and ``check`` is given.
+    """  # noqa: D205
+
+    schema: type[BaseModel] | None
+    """A pydantic model the payload must validate against."""
+    check: Check | None
+    """A callable given the message; returns ``True``/``None`` to pass, or ``False``, a
+    reason string or ``Verdict.failed(reason)`` to fail."""
+    name: str | None
+    """How the check is called in feedback and in the store (default: ``"schema"`` for a
+    schema, the callable's name for a check)."""
+
+
 def declare_check(
-    kind: str | None,
-    *,
-    schema: type[BaseModel] | None = None,
-    check: Check | None = None,
-    name: str | None = None,
-    where: str = "Runtime.check()",
+    kind: str | None, *, where: str = "Runtime.check()", **options: Unpack[CheckOptions]
 ) -> OutputCheck:
     """A check declared with a schema, a callable or both (``where`` names the caller).
 
     Raises:
+        TypeError: ``options`` holds a keyword that is not one of
+            [`CheckOptions`][agentsnap.checks.CheckOptions].
         ConfigurationError: Neither ``schema`` nor ``check`` is given, ``schema`` is not a
             pydantic model, or the name or kind cannot be stored.
     """
+    unknown = sorted(set(options) - CheckOptions.__optional_keys__)
+    if unknown:
+        known = ", ".join(f"{key}=" for key in sorted(CheckOptions.__optional_keys__))
+        raise TypeError(
+            f"{where} got an unexpected keyword argument {unknown[0]!r} (it takes {known})"
+        )
+    schema, check, name = options.get("schema"), options.get("check"), options.get("name")
     if schema is None and check is None:
         raise ConfigurationError(f"{where} needs a schema=, a check=, or both")
     if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):

@@ -202,11 +202,10 @@ class ChannelRecord(BaseModel):
     receiver's, oldest first."""
 
 
-class Snapshot(BaseModel):
-    """A consistent cut of a run.
-
-    Every process's state and counters, plus every channel's in-flight messages.
-    """
+class _SnapshotHead(BaseModel):
+    """What a snapshot and its summary both show, in this order: which snapshot it is and
+    how it ended.
+    """  # noqa: D205
 
     model_config = ConfigDict(frozen=True)
 
@@ -227,6 +226,14 @@ class Snapshot(BaseModel):
     error: str | None = None
     """Why it failed, for a failed snapshot; what is wrong with it, in one line, for a
     damaged one."""
+
+
+class Snapshot(_SnapshotHead):
+    """A consistent cut of a run.
+
+    Every process's state and counters, plus every channel's in-flight messages.
+    """
+
     agents: dict[str, AgentCut] = Field(default_factory=dict)
     """Each process's cut, by name (the environment included, as ``$env``); for a damaged
     snapshot, the cuts that could be read intact."""
@@ -321,7 +328,7 @@ class AgentLease(BaseModel):
     """Until when the lease holds without renewal."""
 
 
-class SnapshotSummary(BaseModel):
+class SnapshotSummary(_SnapshotHead):
     """A snapshot as a listing shows it: what it is and how much it holds, without its states.
 
     A store lists these (``list_snapshot_summaries``) without building the snapshots: its
@@ -329,24 +336,6 @@ class SnapshotSummary(BaseModel):
     ``error`` and ``damaged_agents``).
     """
 
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    """Snapshot id."""
-    run_id: str
-    """The run the snapshot belongs to."""
-    seq: int
-    """Number of the snapshot within its run."""
-    initiator: str
-    """Who started it."""
-    status: SnapshotStatus
-    """Complete, failed, or damaged."""
-    started_at: datetime
-    """When it was initiated."""
-    completed_at: datetime | None = None
-    """When the last channel was recorded."""
-    error: str | None = None
-    """Why it failed, or what is wrong with it (as ``Snapshot.error``)."""
     agents: list[str] = Field(default_factory=list)
     """The processes whose part it holds (read intact), sorted."""
     in_flight: int = 0

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
 
 from pydantic import BaseModel
 
@@ -45,7 +45,7 @@ from agentsnap._recovery import Line, Recovery
 from agentsnap._team import Team
 from agentsnap.agents import Agent, Context
 from agentsnap.bus import AsyncioScheduler, Bus, Scheduler, Transport
-from agentsnap.checks import Check, declare_check
+from agentsnap.checks import CheckOptions, declare_check
 from agentsnap.exceptions import (
     ConfigurationError,
     DuplicateAgentError,
@@ -403,15 +403,7 @@ class Runtime:
             self.context(name)  # refuses an unknown name
         self._snapshots.mark_changed(*agents)
 
-    def check(
-        self,
-        agent: str,
-        kind: str | None = None,
-        *,
-        schema: type[BaseModel] | None = None,
-        check: Check | None = None,
-        name: str | None = None,
-    ) -> None:
+    def check(self, agent: str, kind: str | None = None, **options: Unpack[CheckOptions]) -> None:
         """Declare a check on what ``agent`` sends: a failing message makes the run roll back.
 
         Checks run as the message is sent, in the order declared. Declare them after adding
@@ -423,19 +415,21 @@ class Runtime:
         Args:
             agent: The agent whose messages are checked.
             kind: Only messages of this kind (default: every message the agent sends).
-            schema: A pydantic model the payload must validate against.
-            check: A callable given the message; returns ``True``/``None`` to pass, or
-                ``False``, a reason string or ``Verdict.failed(reason)`` to fail.
-            name: How the check is called in feedback and in the store (default: ``"schema"``
-                for a schema, the callable's name for a check).
+            **options: The [`CheckOptions`][agentsnap.checks.CheckOptions]: ``schema=``, a
+                pydantic model the payload must validate against; ``check=``, a callable
+                given the message, returning ``True``/``None`` to pass, or ``False``, a
+                reason string or ``Verdict.failed(reason)`` to fail; ``name=``, how the
+                check is called in feedback and in the store (default: ``"schema"`` for a
+                schema, the callable's name for a check).
 
         Raises:
+            TypeError: A keyword other than ``schema``, ``check`` and ``name`` is given.
             ConfigurationError: Neither ``schema`` nor ``check`` is given, or ``schema`` is not
                 a pydantic model, or the name or the kind is longer than 128 characters (the
                 longest every store can hold; the name is recorded with each rollback).
             UnknownAgentError: ``agent`` is not registered and the run already took input.
         """
-        declared = declare_check(kind, schema=schema, check=check, name=name)
+        declared = declare_check(kind, **options)
         if agent not in self._agents and self._phases.now not in WITHOUT_CUT:
             raise _unknown_checked([agent], self._agents)
         self._team.check(agent, declared)

@@ -47,6 +47,7 @@ from agentsnap.distributed import (
     place,
 )
 from agentsnap.distributed.orders import control_subject
+from agentsnap.distributed.recovery import RollbackAuthority
 from agentsnap.integrity import cut_problems
 from agentsnap.jetstream import JetStreamLink
 from agentsnap.jetstream.codec import order_subjects
@@ -54,6 +55,7 @@ from agentsnap.messages import ENVIRONMENT
 from agentsnap.model_calls import ModelCallLog
 from agentsnap.records import ReplaySegment, RunStatus, SnapshotStatus, utcnow
 from agentsnap.replay import plan_replay
+from agentsnap.rollback import RetryPolicy
 from agentsnap.snapshot import SnapshotPolicy
 from agentsnap.testing import SampledModel
 
@@ -141,6 +143,54 @@ def test_a_bad_app_is_a_clear_error(spec: str, says: str) -> None:
 def test_an_app_refuses_two_agents_of_one_name() -> None:
     with pytest.raises(ConfigurationError, match="twice"):
         App(agents=[Teller("a", ["b"]), Teller("a", ["b"])])
+
+
+def test_an_apps_check_takes_the_options_runtime_check_takes() -> None:
+    app = App(agents=[Teller("a", ["b"])])
+    app.check("a", "transfer", check=lambda message: True, name="always")
+    [declared] = app.checks_of("a")
+    assert (declared.kind, declared.name, declared.schema) == ("transfer", "always", None)
+    with pytest.raises(ConfigurationError, match=r"App\.check\(\) needs a schema="):
+        app.check("a", name="nothing")
+    with pytest.raises(
+        TypeError, match=r"App\.check\(\) got an unexpected keyword argument 'shema'"
+    ):
+        app.check("a", shema=dict)  # type: ignore[call-arg]
+    assert len(app.checks_of("a")) == 1
+
+
+def test_a_coordinator_ignores_a_malformed_report_and_drops_one_of_an_older_timeline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def no_cut(seq: int) -> Snapshot:
+        raise AssertionError("no rollback is decided here")
+
+    authority = RollbackAuthority(
+        "run",
+        cast("Any", None),
+        cast("Any", None),
+        cast("Any", None),
+        ["a"],
+        policy=RetryPolicy(),
+        targets=list,
+        fail_pending=print,
+        start_cut=no_cut,
+        completed=print,
+    )
+    with caplog.at_level(logging.WARNING, logger="agentsnap.distributed"):
+        authority.rejected({"generation": 0, "rejected": {"agent": "a"}})  # no reason
+        authority.rejected({"rejected": {"agent": "a", "reason": "r", "source": "s"}})
+        authority.lost({"lost": "database down", "generation": "first"})
+    assert [record.getMessage() for record in caplog.records] == [
+        "run run: a malformed rejection report was ignored: KeyError('reason')",
+        "run run: a malformed rejection report was ignored: KeyError('generation')",
+        'run run: a malformed report was ignored: ValueError("invalid literal for int() with '
+        "base 10: 'first'\")",
+    ]
+    rejected = {"agent": "a", "reason": "too long", "source": "check"}
+    authority.rejected({"generation": 1, "rejected": rejected})
+    authority.lost({"lost": "database down", "agent": "a", "generation": 2})
+    assert (authority.dropped, authority.busy) == (2, False)
 
 
 # -- recording across hosts -----------------------------------------------------------------

@@ -1548,6 +1548,12 @@ async def test_check_needs_a_schema_or_a_check() -> None:
         runtime.check("writer", schema=dict)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"for a function, use check="):
         runtime.check("writer", schema=Draft(title="t", body="b"))  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError,
+        match=r"Runtime\.check\(\) got an unexpected keyword argument 'shema' "
+        r"\(it takes check=, name=, schema=\)",
+    ):
+        runtime.check("writer", shema=Draft)  # type: ignore[call-arg]
     with pytest.raises(ConfigurationError, match="at least 1 attempt"):
         RetryPolicy.attempts(0)
     await runtime.close()

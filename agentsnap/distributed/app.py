@@ -22,12 +22,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from pydantic import BaseModel
 
 from agentsnap.agents import Agent
-from agentsnap.checks import Check, OutputCheck, declare_check
+from agentsnap.checks import CheckOptions, OutputCheck, declare_check
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.messages import ENVIRONMENT
 from agentsnap.records import RunInfo, RunStatus
@@ -87,15 +87,7 @@ class App:
         """The agents' names, in the app's order."""
         return [agent.name for agent in self.agents]
 
-    def check(
-        self,
-        agent: str,
-        kind: str | None = None,
-        *,
-        schema: type[BaseModel] | None = None,
-        check: Check | None = None,
-        name: str | None = None,
-    ) -> None:
+    def check(self, agent: str, kind: str | None = None, **options: Unpack[CheckOptions]) -> None:
         """Declare a check on what ``agent`` sends, as ``Runtime.check`` does.
 
         A message failing it is not sent: the worker hosting the agent tells the run's
@@ -112,9 +104,7 @@ class App:
                 f"App.check() names {agent!r}, which is not an agent of the app (its agents: "
                 f"{known}); fix the name, or add the agent to the app first"
             )
-        self.checks.append(
-            (agent, declare_check(kind, schema=schema, check=check, name=name, where="App.check()"))
-        )
+        self.checks.append((agent, declare_check(kind, where="App.check()", **options)))
 
     def state_models(self) -> dict[str, type[BaseModel]]:
         """Each agent's state class, by agent name: what reads the run's stored states.

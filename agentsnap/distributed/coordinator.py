@@ -115,6 +115,31 @@ _NOTHING = StateBlob("{}")
 """The environment's state in every cut."""
 
 
+def _environment_snapshot(
+    run_id: str,
+    seq: int,
+    at: datetime,
+    *,
+    agents: dict[str, AgentCut] | None = None,
+    error: str | None = None,
+) -> Snapshot:
+    """Snapshot ``seq`` of the run, begun by the environment at ``at`` under a new id: failed
+    with ``error`` when one is given, else complete at once with the cuts ``agents``.
+    """  # noqa: D205
+    failed = error is not None
+    return Snapshot(
+        id=uuid.uuid4().hex,
+        run_id=run_id,
+        seq=seq,
+        initiator=ENVIRONMENT,
+        status=SnapshotStatus.FAILED if failed else SnapshotStatus.COMPLETE,
+        started_at=at,
+        completed_at=None if failed else at,
+        error=error,
+        agents=agents or {},
+    )
+
+
 @dataclass
 class _Pending:
     handle: SnapshotHandle
@@ -472,15 +497,7 @@ class DistributedRun:
         )
         now = utcnow()
         for seq in timeline.missing(epoch):
-            snapshot = Snapshot(
-                id=uuid.uuid4().hex,
-                run_id=self.run_id,
-                seq=seq,
-                initiator=ENVIRONMENT,
-                status=SnapshotStatus.FAILED,
-                started_at=now,
-                error=reason,
-            )
+            snapshot = _environment_snapshot(self.run_id, seq, now, error=reason)
             await self.store.save_snapshot(snapshot)
             self.failed.append(snapshot)
         logger.warning(
@@ -918,16 +935,7 @@ class DistributedRun:
                 state_hash=blob.hash,
                 state_version=state_version(type(agent.state)),
             )
-        return Snapshot(
-            id=uuid.uuid4().hex,
-            run_id=self.run_id,
-            seq=seq,
-            initiator=ENVIRONMENT,
-            status=SnapshotStatus.COMPLETE,
-            started_at=now,
-            completed_at=now,
-            agents=dict(sorted(agents.items())),
-        )
+        return _environment_snapshot(self.run_id, seq, now, agents=dict(sorted(agents.items())))
 
     def _fail_all(self, reason: str) -> None:
         """Fail every snapshot in progress now (stored as failed in the background)."""

@@ -88,6 +88,9 @@ _REPEAT = 2.0
 """Seconds between repeats of a rollback order some process has not carried out yet."""
 
 
+_Deciding = Callable[[], Coroutine[Any, Any, None]]
+"""What decides on a worker's report: starts the rollback or the retry it calls for."""
+
 _SAME_TIMELINE = frozenset({"recovery", "database"})
 """Rollbacks that keep the run on its timeline: nothing was rejected, so the work they throw
 away is redone as it was (the same deliveries in the order the workers logged, the answers
@@ -269,17 +272,15 @@ class RollbackAuthority:
 
     def rejected(self, report: dict[str, Any]) -> None:
         """A worker reports a rejected output."""
-        try:
+
+        def read() -> tuple[str, _Deciding]:
             agent, reason, source, output, handling = rejection_of(report["rejected"])
-            generation = int(report["generation"])
-        except (KeyError, TypeError, ValueError) as exc:
-            logger.warning("run %s: a malformed rejection report was ignored: %r", self.run_id, exc)
-            return
-        self._decide(
-            generation,
-            f"rejection of {agent}'s output ({reason})",
-            lambda: self._for_rejection(agent, reason, source, output, handling),
-        )
+            return (
+                f"rejection of {agent}'s output ({reason})",
+                lambda: self._for_rejection(agent, reason, source, output, handling),
+            )
+
+        self._decide(report, "rejection report", read)
 
     def lost(self, report: dict[str, Any]) -> None:
         """A worker reports a handler's work lost to a database that did not answer.
@@ -288,27 +289,31 @@ class RollbackAuthority:
         the work from there; the ledger makes its effects happen once. No retry budget is
         used: a database that is away is no fault of the agent's.
         """
-        try:
+
+        def read() -> tuple[str, _Deciding]:
             reason = str(report["lost"])
             agent = str(report.get("agent", "?"))
-            generation = int(report["generation"])
-        except (KeyError, TypeError, ValueError) as exc:
-            logger.warning("run %s: a malformed report was ignored: %r", self.run_id, exc)
-            return
-        self._decide(
-            generation,
-            f"{agent}'s work lost to the database",
-            lambda: self._for_fault(agent, reason),
-        )
+            return f"{agent}'s work lost to the database", lambda: self._for_fault(agent, reason)
+
+        self._decide(report, "report", read)
 
     def _decide(
-        self, generation: int, what: str, deciding: Callable[[], Coroutine[Any, Any, None]]
+        self, report: dict[str, Any], kind: str, read: Callable[[], tuple[str, _Deciding]]
     ) -> None:
-        """Start ``deciding`` what a report of ``what`` on ``generation`` calls for.
+        """Start deciding what a worker's ``report`` (a ``kind``) calls for.
 
-        A report that comes during a rollback, or from an older timeline, joins the rollback
-        under way instead: it is counted as dropped.
+        ``read`` reads the report's own fields: it returns what the report tells, for the
+        log, and what decides on it; the report's ``generation`` is read here. A report with
+        a field missing or of the wrong type is logged and ignored. A report that comes
+        during a rollback, or from an older timeline, joins the rollback under way instead:
+        it is counted as dropped.
         """
+        try:
+            what, deciding = read()
+            generation = int(report["generation"])
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("run %s: a malformed %s was ignored: %r", self.run_id, kind, exc)
+            return
         if generation != self.generation or self.busy:
             self.dropped += 1
             logger.info("run %s: %s joins the rollback under way", self.run_id, what)
