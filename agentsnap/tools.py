@@ -52,7 +52,17 @@ import logging
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    overload,
+)
 
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
@@ -244,6 +254,59 @@ Compensation = Callable[[LedgerEntry], Any]
 """A compensating action: takes the abandoned entry, returns JSON (or an awaitable of it)."""
 
 
+class _SchemaToolOptions(TypedDict, total=False):
+    """The options [`Tool.from_schema`][agentsnap.Tool.from_schema] takes, as keywords."""
+
+    description: str | None
+    side_effect: bool
+    key_from: Sequence[str] | None
+    on_redo: OnRedo
+    on_divergence: OnDivergence
+    rerun_if_unknown: bool
+    lease: float
+    wait: float
+    approval: ApprovalPolicy
+
+
+class _ToolOptions(_SchemaToolOptions, total=False):
+    """The options [`tool`][agentsnap.tool] takes, as keywords (``Tool``'s parameters)."""
+
+    name: str | None
+    transient: tuple[type[BaseException], ...]
+    retry: ToolRetry | None
+    compensate: Compensation | None
+    dry_run: DryRun
+
+
+def _known_options(caller: str, options: Mapping[str, object], known: frozenset[str]) -> None:
+    """Refuse a keyword ``caller`` does not take, as Python does for a spelled-out one.
+
+    Raises:
+        TypeError: ``options`` holds a keyword not in ``known``.
+    """
+    for keyword in options:
+        if keyword not in known:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {keyword!r}")
+
+
+@dataclass(slots=True)
+class _Ledgered:
+    """A side-effecting call on its way through the ledger: what every path of it passes on.
+
+    ``arguments`` are as the ledger records them (redacted, when the run redacts); ``values``
+    are what the tool itself gets.
+    """
+
+    ledger: Ledger
+    info: ToolCall
+    values: dict[str, Any]
+    arguments: dict[str, JsonValue]
+    printed: str
+    timeline: int | None = None
+    redaction: Redaction | None = None
+    pending: PendingOutcomes | None = None
+
+
 class Tool(Generic[R]):
     """A function agents call as a tool; made by the [`tool`][agentsnap.tool] decorator.
 
@@ -379,16 +442,7 @@ class Tool(Generic[R]):
         name: str,
         parameters: Mapping[str, Any],
         fn: Callable[..., Awaitable[Any]],
-        *,
-        description: str = "",
-        side_effect: bool = False,
-        key_from: Sequence[str] | None = None,
-        on_redo: OnRedo = "recorded",
-        on_divergence: OnDivergence = "raise",
-        rerun_if_unknown: bool = False,
-        lease: float = 60.0,
-        wait: float = 10.0,
-        approval: ApprovalPolicy = False,
+        **options: Unpack[_SchemaToolOptions],
     ) -> Tool[Any]:
         """A tool that comes as a name, a JSON Schema of its arguments and a function.
 
@@ -402,24 +456,21 @@ class Tool(Generic[R]):
         checked against the schema's ``required`` and, when it forbids others,
         ``properties``; the rest of the schema is for whoever defined the tool to enforce.
 
+        Args:
+            name: Name of the tool.
+            parameters: JSON Schema of its arguments (an ``object`` schema).
+            fn: The async function running a call.
+            **options: ``description`` (default ``""``), ``side_effect``, ``key_from``,
+                ``on_redo``, ``on_divergence``, ``rerun_if_unknown``, ``lease``, ``wait``
+                and ``approval``, as [`tool`][agentsnap.tool] takes them, with its defaults.
+
         Raises:
             ConfigurationError: ``parameters`` is not an ``object`` schema, ``fn`` is not
                 an async function, or an option is wrong as for [`tool`][agentsnap.tool].
+            TypeError: An option is not one of these.
         """
-        return _SchemaTool(
-            name,
-            parameters,
-            fn,
-            description=description,
-            side_effect=side_effect,
-            key_from=key_from,
-            on_redo=on_redo,
-            on_divergence=on_divergence,
-            rerun_if_unknown=rerun_if_unknown,
-            lease=lease,
-            wait=wait,
-            approval=approval,
-        )
+        _known_options("from_schema", options, _SchemaToolOptions.__optional_keys__)
+        return _SchemaTool(name, parameters, fn, **options)
 
     def __repr__(self) -> str:
         where = f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
@@ -543,9 +594,20 @@ class Tool(Generic[R]):
         )
         try:
             with traced:
-                if ledger is not None and engine.dry_tools:
-                    assert key is not None
-                    outcome = await self._dry(ledger, info, recorded, printed, timeline)
+                ledgered = None
+                if ledger is not None:
+                    ledgered = _Ledgered(
+                        ledger,
+                        info,
+                        values,
+                        recorded,
+                        printed,
+                        timeline,
+                        redaction,
+                        engine.pending,
+                    )
+                if ledgered is not None and engine.dry_tools:
+                    outcome = await self._dry(ledgered)
                     record.status = "dry"
                     record.attempts = 0
                     record.replayed = outcome.replayed
@@ -556,24 +618,12 @@ class Tool(Generic[R]):
                     if approval is not None:
                         # Before the claim: a denied call leaves its key free.
                         await ctx.approve_call(self.name, args_json, key, approval)
-                if ledger is not None:
-                    assert key is not None
+                if ledgered is not None:
                     replay = engine.replay
                     if replay is not None and replay.pending():
                         # What this call depends on is durable before it can have an effect.
                         await replay.flush()
-                    outcome = await self._bound_once(
-                        ledger,
-                        info,
-                        values,
-                        recorded,
-                        printed,
-                        place,
-                        timeline,
-                        record,
-                        redaction,
-                        engine.pending,
-                    )
+                    outcome = await self._bound_once(ledgered, place, record)
                 else:
                     outcome = await self._run(values, info, 1)
                 traced.deduplicated(outcome.replayed)
@@ -641,24 +691,18 @@ class Tool(Generic[R]):
         if ledger is None:
             raise ConfigurationError(f"side-effecting tool {self.name!r} needs a ledger")
         check_key(key)
-        outcome = await self._once(ledger, info, values, args_json, printed)
+        outcome = await self._once(_Ledgered(ledger, info, values, args_json, printed))
         return typing.cast("R", outcome.value)
 
-    async def _dry(
-        self,
-        ledger: Ledger,
-        info: ToolCall,
-        arguments: dict[str, JsonValue],
-        printed: str,
-        timeline: int | None,
-    ) -> Outcome:
+    async def _dry(self, call: _Ledgered) -> Outcome:
         """Record the call as one that would have run, and return the tool's stand-in.
 
         The entry takes the call's key, so that a re-executed call (after a crash, in the
         same run) gets the stand-in it got before.
         """
+        info = call.info
         assert info.key is not None
-        stand_in = self.dry_run(dict(arguments)) if callable(self.dry_run) else self.dry_run
+        stand_in = self.dry_run(dict(call.arguments)) if callable(self.dry_run) else self.dry_run
         try:
             canonical_json(stand_in)
         except (TypeError, ValueError) as exc:
@@ -670,8 +714,8 @@ class Tool(Generic[R]):
         entry = LedgerEntry(
             key=info.key,
             tool=self.name,
-            fingerprint=printed,
-            arguments=arguments,
+            fingerprint=call.printed,
+            arguments=call.arguments,
             status=ToolCallStatus.DRY,
             created_at=now,
             updated_at=now,
@@ -680,9 +724,9 @@ class Tool(Generic[R]):
             message_id=info.message_id,
             attempts=0,
             result=stand_in,
-            timeline=timeline,
+            timeline=call.timeline,
         )
-        found = await ledger.claim(entry)
+        found = await call.ledger.claim(entry)
         if found is None:
             return Outcome(self._loaded(stand_in), stand_in, 0)
         if found.status is not ToolCallStatus.DRY:
@@ -715,18 +759,8 @@ class Tool(Generic[R]):
             "@tool(side_effect=True) if it touches the outside world"
         )
 
-    async def _bound_once(  # noqa: PLR0917
-        self,
-        ledger: Ledger,
-        info: ToolCall,
-        values: dict[str, Any],
-        args_json: dict[str, JsonValue],
-        printed: str,
-        place: int | dict[str, JsonValue] | None,
-        timeline: int,
-        record: ToolCallRecord,
-        redaction: Redaction | None = None,
-        pending: PendingOutcomes | None = None,
+    async def _bound_once(
+        self, call: _Ledgered, place: int | dict[str, JsonValue] | None, record: ToolCallRecord
     ) -> Outcome:
         """Run a handler's call through the ledger under its key.
 
@@ -734,39 +768,22 @@ class Tool(Generic[R]):
         hold it with other arguments, and ``on_redo``/``on_divergence`` decide.
         """
         if place is None:  # an explicit key keeps its meaning: other arguments conflict
-            return await self._uninterrupted(
-                self._once(
-                    ledger,
-                    info,
-                    values,
-                    args_json,
-                    printed,
-                    timeline,
-                    redaction=redaction,
-                    pending=pending,
-                )
-            )
-        diverged = self._diverged(ledger, args_json, timeline)
+            return await self._uninterrupted(self._once(call))
+        assert call.timeline is not None
+        diverged = self._diverged(call.ledger, call.arguments, call.timeline)
         try:
-            return await self._uninterrupted(
-                self._once(
-                    ledger, info, values, args_json, printed, timeline, diverged, redaction, pending
-                )
-            )
+            return await self._uninterrupted(self._once(call, diverged))
         except _NewEffect:
             pass
         # The redo's call is an effect of its own, once for each set of arguments.
+        info = call.info
         assert info.run_id is not None
         assert info.agent is not None
         assert info.message_id is not None
-        key = call_key(info.run_id, info.agent, info.message_id, self.name, place, printed)
-        info = dataclasses.replace(info, key=key)
+        key = call_key(info.run_id, info.agent, info.message_id, self.name, place, call.printed)
         record.key = key
-        return await self._uninterrupted(
-            self._once(
-                ledger, info, values, args_json, printed, timeline, diverged, redaction, pending
-            )
-        )
+        redo = dataclasses.replace(call, info=dataclasses.replace(info, key=key))
+        return await self._uninterrupted(self._once(redo, diverged))
 
     def _diverged(self, ledger: Ledger, arguments: dict[str, JsonValue], timeline: int) -> Diverged:
         """What to do when the ledger holds this call's key with other arguments."""
@@ -805,34 +822,24 @@ class Tool(Generic[R]):
 
         return decide
 
-    async def _once(  # noqa: PLR0917
-        self,
-        ledger: Ledger,
-        info: ToolCall,
-        values: dict[str, Any],
-        args_json: dict[str, JsonValue],
-        printed: str,
-        timeline: int | None = None,
-        diverged: Diverged | None = None,
-        redaction: Redaction | None = None,
-        pending: PendingOutcomes | None = None,
-    ) -> Outcome:
+    async def _once(self, call: _Ledgered, diverged: Diverged | None = None) -> Outcome:
         """Run the call through the ledger, at most once for its key.
 
         With a ``redaction`` the result is recorded redacted (the caller gets the real one);
         a recorded result holding markers gets their values from its ``secret`` provider.
         """
+        info, redaction = call.info, call.redaction
         assert info.key is not None
-        call: Callable[[int], Awaitable[Outcome]] = functools.partial(self._run, values, info)
+        run: Callable[[int], Awaitable[Outcome]] = functools.partial(self._run, call.values, info)
         if redaction is not None:
-            call = functools.partial(_redacted_outcome, call, redaction, self.name)
+            run = functools.partial(_redacted_outcome, run, redaction, self.name)
         return await run_once(
-            ledger,
+            call.ledger,
             info.key,
             tool=self.name,
-            arguments=args_json,
-            call=call,
-            fingerprint=printed,
+            arguments=call.arguments,
+            call=run,
+            fingerprint=call.printed,
             load=functools.partial(_restored_result, self.name, redaction, self._load),
             run_id=info.run_id,
             agent=info.agent,
@@ -840,9 +847,9 @@ class Tool(Generic[R]):
             lease=self.lease,
             wait=self.wait,
             rerun_if_unknown=self.rerun_if_unknown,
-            timeline=timeline,
+            timeline=call.timeline,
             diverged=diverged,
-            pending=pending,
+            pending=call.pending,
         )
 
     async def _uninterrupted(self, call: Coroutine[Any, Any, Outcome]) -> Outcome:
@@ -984,9 +991,7 @@ class _SchemaTool(Tool[Any]):
         name: str,
         parameters: Mapping[str, Any],
         fn: Callable[..., Awaitable[Any]],
-        *,
-        key_from: Sequence[str] | None,
-        **options: Any,
+        **options: Unpack[_SchemaToolOptions],
     ) -> None:
         if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
@@ -1004,6 +1009,9 @@ class _SchemaTool(Tool[Any]):
         async def arguments() -> None:  # the signature of the base: none of its own
             """Stands in for ``fn``, whose arguments the schema describes."""
 
+        key_from = options.pop("key_from", None)
+        if options.get("description") is None:
+            options["description"] = ""  # not the stand-in's docstring
         super().__init__(arguments, name=name, **options)
         properties = schema.get("properties") or {}
         self.fn = fn
@@ -1198,42 +1206,8 @@ def tool(fn: Callable[..., Awaitable[R]], /) -> Tool[R]: ...
 @overload
 def tool(fn: Callable[..., R], /) -> Tool[R]: ...
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    side_effect: bool = False,
-    transient: tuple[type[BaseException], ...] = (),
-    retry: ToolRetry | None = None,
-    rerun_if_unknown: bool = False,
-    compensate: Compensation | None = None,
-    lease: float = 60.0,
-    wait: float = 10.0,
-    key_from: Sequence[str] | None = None,
-    on_redo: OnRedo = "recorded",
-    on_divergence: OnDivergence = "raise",
-    description: str | None = None,
-    approval: ApprovalPolicy = False,
-    dry_run: DryRun = None,
-) -> _Decorator: ...
-def tool(
-    fn: Callable[..., Any] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    side_effect: bool = False,
-    transient: tuple[type[BaseException], ...] = (),
-    retry: ToolRetry | None = None,
-    rerun_if_unknown: bool = False,
-    compensate: Compensation | None = None,
-    lease: float = 60.0,
-    wait: float = 10.0,
-    key_from: Sequence[str] | None = None,
-    on_redo: OnRedo = "recorded",
-    on_divergence: OnDivergence = "raise",
-    description: str | None = None,
-    approval: ApprovalPolicy = False,
-    dry_run: DryRun = None,
-) -> Any:
+def tool(**options: Unpack[_ToolOptions]) -> _Decorator: ...
+def tool(fn: Callable[..., Any] | None = None, /, **options: Unpack[_ToolOptions]) -> Any:
     """Make a function (sync or async) a tool agents call from their handlers.
 
     Its parameters become the tool's keyword arguments, validated by pydantic; a first
@@ -1241,6 +1215,9 @@ def tool(
     instead. Its return value must be JSON (or a pydantic model, with the return type
     annotated, so that a replayed result comes back as the same type). Sync functions run in
     a worker thread.
+
+    The options are keywords, each with the default of [`Tool`][agentsnap.Tool]'s
+    parameter of that name.
 
     Args:
         fn: The function (when used as ``@tool`` without parentheses).
@@ -1294,23 +1271,9 @@ def tool(
         ConfigurationError: The function cannot be a tool (``*args``, a parameter named
             ``key``, annotations that cannot be resolved, a name longer than 128 characters);
             the message says why.
+        TypeError: An option is not one of these.
     """
-    options: dict[str, Any] = {
-        "name": name,
-        "side_effect": side_effect,
-        "transient": transient,
-        "retry": retry,
-        "rerun_if_unknown": rerun_if_unknown,
-        "compensate": compensate,
-        "lease": lease,
-        "wait": wait,
-        "key_from": key_from,
-        "on_redo": on_redo,
-        "on_divergence": on_divergence,
-        "description": description,
-        "approval": approval,
-        "dry_run": dry_run,
-    }
+    _known_options("tool", options, _ToolOptions.__optional_keys__)
     if fn is not None:
         return Tool(fn, **options)
 
