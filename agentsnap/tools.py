@@ -306,6 +306,19 @@ class _Ledgered:
     redaction: Redaction | None = None
     pending: PendingOutcomes | None = None
 
+    def filed(self) -> _Filed:
+        """What the ledger files the call under: its run, agent and message."""
+        info = self.info
+        return {"run_id": info.run_id, "agent": info.agent, "message_id": info.message_id}
+
+
+class _Filed(TypedDict):
+    """The keywords naming where a call is filed, as ``LedgerEntry`` and ``run_once`` take them."""
+
+    run_id: str | None
+    agent: str | None
+    message_id: str | None
+
 
 class Tool(Generic[R]):
     """A function agents call as a tool; made by the [`tool`][agentsnap.tool] decorator.
@@ -719,12 +732,10 @@ class Tool(Generic[R]):
             status=ToolCallStatus.DRY,
             created_at=now,
             updated_at=now,
-            run_id=info.run_id,
-            agent=info.agent,
-            message_id=info.message_id,
             attempts=0,
             result=stand_in,
             timeline=call.timeline,
+            **call.filed(),
         )
         found = await call.ledger.claim(entry)
         if found is None:
@@ -841,15 +852,13 @@ class Tool(Generic[R]):
             call=run,
             fingerprint=call.printed,
             load=functools.partial(_restored_result, self.name, redaction, self._load),
-            run_id=info.run_id,
-            agent=info.agent,
-            message_id=info.message_id,
             lease=self.lease,
             wait=self.wait,
             rerun_if_unknown=self.rerun_if_unknown,
             timeline=call.timeline,
             diverged=diverged,
             pending=call.pending,
+            **call.filed(),
         )
 
     async def _uninterrupted(self, call: Coroutine[Any, Any, Outcome]) -> Outcome:
@@ -1216,51 +1225,59 @@ def tool(fn: Callable[..., Any] | None = None, /, **options: Unpack[_ToolOptions
     annotated, so that a replayed result comes back as the same type). Sync functions run in
     a worker thread.
 
-    The options are keywords, each with the default of [`Tool`][agentsnap.Tool]'s
-    parameter of that name.
-
     Args:
         fn: The function (when used as ``@tool`` without parentheses).
-        name: Name in the ledger and in agent states (default: the function's name), 1 to
-            128 characters. Keep it stable: derived keys and compensation depend on it.
-        side_effect: The tool touches the outside world: every call is claimed in the ledger
-            under an idempotency key before it runs, and its outcome recorded.
-        transient: Exceptions meaning "the effect did not happen, try again": retried under
-            the same key as ``retry`` says, and never cached.
-        retry: How transient errors are retried (default: 3 attempts, exponential wait).
-        rerun_if_unknown: Running the tool again after an unknown outcome (its owner crashed
-            mid-call) is safe, because it passes its key to the service, which deduplicates.
-            Without it such a call raises [`ToolOutcomeUnknown`][agentsnap.ToolOutcomeUnknown].
-        compensate: Undoes the effect of a call that a rollback abandoned: called once with
-            the [`LedgerEntry`][agentsnap.ledger.LedgerEntry] (arguments, result, key) when the
-            run ends; its JSON result (or error) is recorded.
-        lease: Seconds a claim holds. A call still in progress after its lease, or whose
-            owning process on this host has died, has an unknown outcome.
-        wait: Seconds a call waits for the same key in progress elsewhere before it raises
-            [`ToolInProgress`][agentsnap.ToolInProgress].
-        key_from: The arguments that name the effect (``("reservation_id",)``): a derived
-            key is made of them instead of the call's place in the handler, so that other
+
+    Other Parameters:
+        name (str | None): Name in the ledger and in agent states (default: the function's
+            name), 1 to 128 characters. Keep it stable: derived keys and compensation depend
+            on it.
+        side_effect (bool): The tool touches the outside world: every call is claimed in the
+            ledger under an idempotency key before it runs, and its outcome recorded (default
+            ``False``).
+        transient (tuple[type[BaseException], ...]): Exceptions meaning "the effect did not
+            happen, try again": retried under the same key as ``retry`` says, and never
+            cached (default: none).
+        retry (ToolRetry | None): How transient errors are retried (default: 3 attempts,
+            exponential wait).
+        rerun_if_unknown (bool): Running the tool again after an unknown outcome (its owner
+            crashed mid-call) is safe, because it passes its key to the service, which
+            deduplicates. Without it (the default) such a call raises
+            [`ToolOutcomeUnknown`][agentsnap.ToolOutcomeUnknown].
+        compensate (Compensation | None): Undoes the effect of a call that a rollback
+            abandoned: called once with the [`LedgerEntry`][agentsnap.ledger.LedgerEntry]
+            (arguments, result, key) when the run ends; its JSON result (or error) is
+            recorded (default: none).
+        lease (float): Seconds a claim holds (default 60). A call still in progress after its
+            lease, or whose owning process on this host has died, has an unknown outcome.
+        wait (float): Seconds a call waits for the same key in progress elsewhere before it
+            raises [`ToolInProgress`][agentsnap.ToolInProgress] (default 10).
+        key_from (Sequence[str] | None): The arguments that name the effect
+            (``("reservation_id",)``): a derived key is made of them instead of the call's
+            place in the handler (the default, with ``None``), so that other
             calls made first, or their order, never make a new effect, and the other
             arguments are wording: a re-executed call that words them otherwise (after a
             rollback or a resume) gets the recorded outcome, neither a new effect nor a
             divergence.
-        on_redo: What a redo after a rollback does when it calls the tool where the undone
+        on_redo (OnRedo): What a redo after a rollback does when it calls the tool where the undone
             path did, with other arguments: see [`OnRedo`][agentsnap.tools.OnRedo]
             (default ``"recorded"``: the effect that happened stands).
-        on_divergence: What a re-execution after a crash does when it calls the tool where
-            it had before, with other arguments: see
+        on_divergence (OnDivergence): What a re-execution after a crash does when it calls
+            the tool where it had before, with other arguments: see
             [`OnDivergence`][agentsnap.tools.OnDivergence] (default ``"raise"``).
-        description: What the tool does, as a model is told (default: the docstring).
-        approval: A call from a handler waits for a person's approval before it is claimed
-            in the ledger: ``True``, a predicate on the call's arguments (as JSON), or an
-            [`Approval`][agentsnap.requests.Approval] (who, deadline and its outcome). A
-            denial raises [`ApprovalDenied`][agentsnap.ApprovalDenied], a ``ToolFailed``
-            the agent sees; nothing is claimed. Each call asks on its own, so each answer
-            binds to one call (see [Ask a person before acting](../how-to/ask-a-person.md)).
-            Only for side-effecting tools.
-        dry_run: What a call returns in a run whose tools are dry (a what-if fork made
-            with ``tools="dry"``), where the tool does not run and the call is recorded in
-            the ledger as ``dry`` with its arguments: a JSON value, or a function of the
+        description (str | None): What the tool does, as a model is told (default: the
+            docstring).
+        approval (ApprovalPolicy): A call from a handler waits for a person's approval before
+            it is claimed in the ledger (default: none): ``True``, a predicate on the call's
+            arguments (as JSON), or an [`Approval`][agentsnap.requests.Approval] (who,
+            deadline and its outcome). A denial raises
+            [`ApprovalDenied`][agentsnap.ApprovalDenied], a ``ToolFailed`` the agent sees;
+            nothing is claimed. Each call asks on its own, so each answer binds to one call
+            (see [Ask a person before acting](../how-to/ask-a-person.md)). Only for
+            side-effecting tools.
+        dry_run (DryRun): What a call returns in a run whose tools are dry (a what-if fork
+            made with ``tools="dry"``), where the tool does not run and the call is recorded
+            in the ledger as ``dry`` with its arguments: a JSON value, or a function of the
             arguments (as JSON) returning one (default ``None``). Only for side-effecting
             tools.
 
