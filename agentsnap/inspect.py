@@ -33,7 +33,7 @@ import dataclasses
 import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack
 
 from agentsnap._views import (
     AgentChange,
@@ -83,12 +83,13 @@ from agentsnap.model_calls import ModelCallLog
 from agentsnap.records import RunInfo, RunStatus, SnapshotStatus, utcnow
 from agentsnap.requests import HumanRequest, RequestLog, answer_request, carry_requests
 from agentsnap.store import KeptInDatabase
+from agentsnap.store._run_filter import RunFilter
 from agentsnap.store.graph import GraphCheckpointIndex
 from agentsnap.store.ledger import ledger_for
 from agentsnap.versions import check_state, read_state_json, state_version
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Collection, Mapping
+    from collections.abc import Awaitable, Callable, Mapping
     from datetime import datetime
 
     from pydantic import BaseModel
@@ -106,6 +107,7 @@ if TYPE_CHECKING:
     )
     from agentsnap.runtime import Runtime
     from agentsnap.store import InspectedStore, OneProcessStore, RunStore
+    from agentsnap.store._run_filter import RunFilters
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -544,15 +546,7 @@ async def _one(store: RunStore, kind: Literal["run", "snapshot"], prefix: str) -
     return matches[0]
 
 
-async def runs_table(
-    store: InspectedStore,
-    *,
-    status: RunStatus | str | Collection[RunStatus | str] | None = None,
-    name: str | None = None,
-    tags: Mapping[str, str] | None = None,
-    since: datetime | None = None,
-    limit: int | None = None,
-) -> list[RunRow]:
+async def runs_table(store: InspectedStore, **filters: Unpack[RunFilters]) -> list[RunRow]:
     """The runs the filters select (every run without one), oldest first.
 
     Each row ([`RunRow`][agentsnap.inspect.RunRow]) has the run's ``id``, ``name``,
@@ -566,8 +560,10 @@ async def runs_table(
 
     Raises:
         ConfigurationError: A filter is invalid.
+        TypeError: A keyword is not one of the filters.
     """
-    runs = await store.list_runs(status=status, name=name, tags=tags, since=since, limit=limit)
+    RunFilter.of("runs_table", filters)  # a wrong keyword is named as this function's
+    runs = await store.list_runs(**filters)
     counts = await store.snapshot_counts() if runs else {}
     return [RunRow.of(run, counts.get(run.id, 0)) for run in runs]
 

@@ -52,7 +52,17 @@ import logging
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    overload,
+)
 
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
@@ -244,6 +254,72 @@ Compensation = Callable[[LedgerEntry], Any]
 """A compensating action: takes the abandoned entry, returns JSON (or an awaitable of it)."""
 
 
+class _SchemaToolOptions(TypedDict, total=False):
+    """The options [`Tool.from_schema`][agentsnap.Tool.from_schema] takes, as keywords."""
+
+    description: str | None
+    side_effect: bool
+    key_from: Sequence[str] | None
+    on_redo: OnRedo
+    on_divergence: OnDivergence
+    rerun_if_unknown: bool
+    lease: float
+    wait: float
+    approval: ApprovalPolicy
+
+
+class _ToolOptions(_SchemaToolOptions, total=False):
+    """The options [`tool`][agentsnap.tool] takes, as keywords (``Tool``'s parameters)."""
+
+    name: str | None
+    transient: tuple[type[BaseException], ...]
+    retry: ToolRetry | None
+    compensate: Compensation | None
+    dry_run: DryRun
+
+
+def _known_options(caller: str, options: Mapping[str, object], known: frozenset[str]) -> None:
+    """Refuse a keyword ``caller`` does not take, as Python does for a spelled-out one.
+
+    Raises:
+        TypeError: ``options`` holds a keyword not in ``known``.
+    """
+    for keyword in options:
+        if keyword not in known:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {keyword!r}")
+
+
+@dataclass(slots=True)
+class _Ledgered:
+    """A side-effecting call on its way through the ledger: what every path of it passes on.
+
+    ``arguments`` are as the ledger records them (redacted, when the run redacts); ``values``
+    are what the tool itself gets.
+    """
+
+    ledger: Ledger
+    info: ToolCall
+    values: dict[str, Any]
+    arguments: dict[str, JsonValue]
+    printed: str
+    timeline: int | None = None
+    redaction: Redaction | None = None
+    pending: PendingOutcomes | None = None
+
+    def filed(self) -> _Filed:
+        """What the ledger files the call under: its run, agent and message."""
+        info = self.info
+        return {"run_id": info.run_id, "agent": info.agent, "message_id": info.message_id}
+
+
+class _Filed(TypedDict):
+    """The keywords naming where a call is filed, as ``LedgerEntry`` and ``run_once`` take them."""
+
+    run_id: str | None
+    agent: str | None
+    message_id: str | None
+
+
 class Tool(Generic[R]):
     """A function agents call as a tool; made by the [`tool`][agentsnap.tool] decorator.
 
@@ -379,16 +455,7 @@ class Tool(Generic[R]):
         name: str,
         parameters: Mapping[str, Any],
         fn: Callable[..., Awaitable[Any]],
-        *,
-        description: str = "",
-        side_effect: bool = False,
-        key_from: Sequence[str] | None = None,
-        on_redo: OnRedo = "recorded",
-        on_divergence: OnDivergence = "raise",
-        rerun_if_unknown: bool = False,
-        lease: float = 60.0,
-        wait: float = 10.0,
-        approval: ApprovalPolicy = False,
+        **options: Unpack[_SchemaToolOptions],
     ) -> Tool[Any]:
         """A tool that comes as a name, a JSON Schema of its arguments and a function.
 
@@ -402,24 +469,21 @@ class Tool(Generic[R]):
         checked against the schema's ``required`` and, when it forbids others,
         ``properties``; the rest of the schema is for whoever defined the tool to enforce.
 
+        Args:
+            name: Name of the tool.
+            parameters: JSON Schema of its arguments (an ``object`` schema).
+            fn: The async function running a call.
+            **options: ``description`` (default ``""``), ``side_effect``, ``key_from``,
+                ``on_redo``, ``on_divergence``, ``rerun_if_unknown``, ``lease``, ``wait``
+                and ``approval``, as [`tool`][agentsnap.tool] takes them, with its defaults.
+
         Raises:
             ConfigurationError: ``parameters`` is not an ``object`` schema, ``fn`` is not
                 an async function, or an option is wrong as for [`tool`][agentsnap.tool].
+            TypeError: An option is not one of these.
         """
-        return _SchemaTool(
-            name,
-            parameters,
-            fn,
-            description=description,
-            side_effect=side_effect,
-            key_from=key_from,
-            on_redo=on_redo,
-            on_divergence=on_divergence,
-            rerun_if_unknown=rerun_if_unknown,
-            lease=lease,
-            wait=wait,
-            approval=approval,
-        )
+        _known_options("from_schema", options, _SchemaToolOptions.__optional_keys__)
+        return _SchemaTool(name, parameters, fn, **options)
 
     def __repr__(self) -> str:
         where = f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
@@ -543,9 +607,20 @@ class Tool(Generic[R]):
         )
         try:
             with traced:
-                if ledger is not None and engine.dry_tools:
-                    assert key is not None
-                    outcome = await self._dry(ledger, info, recorded, printed, timeline)
+                ledgered = None
+                if ledger is not None:
+                    ledgered = _Ledgered(
+                        ledger,
+                        info,
+                        values,
+                        recorded,
+                        printed,
+                        timeline,
+                        redaction,
+                        engine.pending,
+                    )
+                if ledgered is not None and engine.dry_tools:
+                    outcome = await self._dry(ledgered)
                     record.status = "dry"
                     record.attempts = 0
                     record.replayed = outcome.replayed
@@ -556,24 +631,12 @@ class Tool(Generic[R]):
                     if approval is not None:
                         # Before the claim: a denied call leaves its key free.
                         await ctx.approve_call(self.name, args_json, key, approval)
-                if ledger is not None:
-                    assert key is not None
+                if ledgered is not None:
                     replay = engine.replay
                     if replay is not None and replay.pending():
                         # What this call depends on is durable before it can have an effect.
                         await replay.flush()
-                    outcome = await self._bound_once(
-                        ledger,
-                        info,
-                        values,
-                        recorded,
-                        printed,
-                        place,
-                        timeline,
-                        record,
-                        redaction,
-                        engine.pending,
-                    )
+                    outcome = await self._bound_once(ledgered, place, record)
                 else:
                     outcome = await self._run(values, info, 1)
                 traced.deduplicated(outcome.replayed)
@@ -641,24 +704,18 @@ class Tool(Generic[R]):
         if ledger is None:
             raise ConfigurationError(f"side-effecting tool {self.name!r} needs a ledger")
         check_key(key)
-        outcome = await self._once(ledger, info, values, args_json, printed)
+        outcome = await self._once(_Ledgered(ledger, info, values, args_json, printed))
         return typing.cast("R", outcome.value)
 
-    async def _dry(
-        self,
-        ledger: Ledger,
-        info: ToolCall,
-        arguments: dict[str, JsonValue],
-        printed: str,
-        timeline: int | None,
-    ) -> Outcome:
+    async def _dry(self, call: _Ledgered) -> Outcome:
         """Record the call as one that would have run, and return the tool's stand-in.
 
         The entry takes the call's key, so that a re-executed call (after a crash, in the
         same run) gets the stand-in it got before.
         """
+        info = call.info
         assert info.key is not None
-        stand_in = self.dry_run(dict(arguments)) if callable(self.dry_run) else self.dry_run
+        stand_in = self.dry_run(dict(call.arguments)) if callable(self.dry_run) else self.dry_run
         try:
             canonical_json(stand_in)
         except (TypeError, ValueError) as exc:
@@ -670,19 +727,17 @@ class Tool(Generic[R]):
         entry = LedgerEntry(
             key=info.key,
             tool=self.name,
-            fingerprint=printed,
-            arguments=arguments,
+            fingerprint=call.printed,
+            arguments=call.arguments,
             status=ToolCallStatus.DRY,
             created_at=now,
             updated_at=now,
-            run_id=info.run_id,
-            agent=info.agent,
-            message_id=info.message_id,
             attempts=0,
             result=stand_in,
-            timeline=timeline,
+            timeline=call.timeline,
+            **call.filed(),
         )
-        found = await ledger.claim(entry)
+        found = await call.ledger.claim(entry)
         if found is None:
             return Outcome(self._loaded(stand_in), stand_in, 0)
         if found.status is not ToolCallStatus.DRY:
@@ -715,18 +770,8 @@ class Tool(Generic[R]):
             "@tool(side_effect=True) if it touches the outside world"
         )
 
-    async def _bound_once(  # noqa: PLR0917
-        self,
-        ledger: Ledger,
-        info: ToolCall,
-        values: dict[str, Any],
-        args_json: dict[str, JsonValue],
-        printed: str,
-        place: int | dict[str, JsonValue] | None,
-        timeline: int,
-        record: ToolCallRecord,
-        redaction: Redaction | None = None,
-        pending: PendingOutcomes | None = None,
+    async def _bound_once(
+        self, call: _Ledgered, place: int | dict[str, JsonValue] | None, record: ToolCallRecord
     ) -> Outcome:
         """Run a handler's call through the ledger under its key.
 
@@ -734,39 +779,22 @@ class Tool(Generic[R]):
         hold it with other arguments, and ``on_redo``/``on_divergence`` decide.
         """
         if place is None:  # an explicit key keeps its meaning: other arguments conflict
-            return await self._uninterrupted(
-                self._once(
-                    ledger,
-                    info,
-                    values,
-                    args_json,
-                    printed,
-                    timeline,
-                    redaction=redaction,
-                    pending=pending,
-                )
-            )
-        diverged = self._diverged(ledger, args_json, timeline)
+            return await self._uninterrupted(self._once(call))
+        assert call.timeline is not None
+        diverged = self._diverged(call.ledger, call.arguments, call.timeline)
         try:
-            return await self._uninterrupted(
-                self._once(
-                    ledger, info, values, args_json, printed, timeline, diverged, redaction, pending
-                )
-            )
+            return await self._uninterrupted(self._once(call, diverged))
         except _NewEffect:
             pass
         # The redo's call is an effect of its own, once for each set of arguments.
+        info = call.info
         assert info.run_id is not None
         assert info.agent is not None
         assert info.message_id is not None
-        key = call_key(info.run_id, info.agent, info.message_id, self.name, place, printed)
-        info = dataclasses.replace(info, key=key)
+        key = call_key(info.run_id, info.agent, info.message_id, self.name, place, call.printed)
         record.key = key
-        return await self._uninterrupted(
-            self._once(
-                ledger, info, values, args_json, printed, timeline, diverged, redaction, pending
-            )
-        )
+        redo = dataclasses.replace(call, info=dataclasses.replace(info, key=key))
+        return await self._uninterrupted(self._once(redo, diverged))
 
     def _diverged(self, ledger: Ledger, arguments: dict[str, JsonValue], timeline: int) -> Diverged:
         """What to do when the ledger holds this call's key with other arguments."""
@@ -805,44 +833,32 @@ class Tool(Generic[R]):
 
         return decide
 
-    async def _once(  # noqa: PLR0917
-        self,
-        ledger: Ledger,
-        info: ToolCall,
-        values: dict[str, Any],
-        args_json: dict[str, JsonValue],
-        printed: str,
-        timeline: int | None = None,
-        diverged: Diverged | None = None,
-        redaction: Redaction | None = None,
-        pending: PendingOutcomes | None = None,
-    ) -> Outcome:
+    async def _once(self, call: _Ledgered, diverged: Diverged | None = None) -> Outcome:
         """Run the call through the ledger, at most once for its key.
 
         With a ``redaction`` the result is recorded redacted (the caller gets the real one);
         a recorded result holding markers gets their values from its ``secret`` provider.
         """
+        info, redaction = call.info, call.redaction
         assert info.key is not None
-        call: Callable[[int], Awaitable[Outcome]] = functools.partial(self._run, values, info)
+        run: Callable[[int], Awaitable[Outcome]] = functools.partial(self._run, call.values, info)
         if redaction is not None:
-            call = functools.partial(_redacted_outcome, call, redaction, self.name)
+            run = functools.partial(_redacted_outcome, run, redaction, self.name)
         return await run_once(
-            ledger,
+            call.ledger,
             info.key,
             tool=self.name,
-            arguments=args_json,
-            call=call,
-            fingerprint=printed,
+            arguments=call.arguments,
+            call=run,
+            fingerprint=call.printed,
             load=functools.partial(_restored_result, self.name, redaction, self._load),
-            run_id=info.run_id,
-            agent=info.agent,
-            message_id=info.message_id,
             lease=self.lease,
             wait=self.wait,
             rerun_if_unknown=self.rerun_if_unknown,
-            timeline=timeline,
+            timeline=call.timeline,
             diverged=diverged,
-            pending=pending,
+            pending=call.pending,
+            **call.filed(),
         )
 
     async def _uninterrupted(self, call: Coroutine[Any, Any, Outcome]) -> Outcome:
@@ -984,9 +1000,7 @@ class _SchemaTool(Tool[Any]):
         name: str,
         parameters: Mapping[str, Any],
         fn: Callable[..., Awaitable[Any]],
-        *,
-        key_from: Sequence[str] | None,
-        **options: Any,
+        **options: Unpack[_SchemaToolOptions],
     ) -> None:
         if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
@@ -1004,6 +1018,9 @@ class _SchemaTool(Tool[Any]):
         async def arguments() -> None:  # the signature of the base: none of its own
             """Stands in for ``fn``, whose arguments the schema describes."""
 
+        key_from = options.pop("key_from", None)
+        if options.get("description") is None:
+            options["description"] = ""  # not the stand-in's docstring
         super().__init__(arguments, name=name, **options)
         properties = schema.get("properties") or {}
         self.fn = fn
@@ -1198,42 +1215,8 @@ def tool(fn: Callable[..., Awaitable[R]], /) -> Tool[R]: ...
 @overload
 def tool(fn: Callable[..., R], /) -> Tool[R]: ...
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    side_effect: bool = False,
-    transient: tuple[type[BaseException], ...] = (),
-    retry: ToolRetry | None = None,
-    rerun_if_unknown: bool = False,
-    compensate: Compensation | None = None,
-    lease: float = 60.0,
-    wait: float = 10.0,
-    key_from: Sequence[str] | None = None,
-    on_redo: OnRedo = "recorded",
-    on_divergence: OnDivergence = "raise",
-    description: str | None = None,
-    approval: ApprovalPolicy = False,
-    dry_run: DryRun = None,
-) -> _Decorator: ...
-def tool(
-    fn: Callable[..., Any] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    side_effect: bool = False,
-    transient: tuple[type[BaseException], ...] = (),
-    retry: ToolRetry | None = None,
-    rerun_if_unknown: bool = False,
-    compensate: Compensation | None = None,
-    lease: float = 60.0,
-    wait: float = 10.0,
-    key_from: Sequence[str] | None = None,
-    on_redo: OnRedo = "recorded",
-    on_divergence: OnDivergence = "raise",
-    description: str | None = None,
-    approval: ApprovalPolicy = False,
-    dry_run: DryRun = None,
-) -> Any:
+def tool(**options: Unpack[_ToolOptions]) -> _Decorator: ...
+def tool(fn: Callable[..., Any] | None = None, /, **options: Unpack[_ToolOptions]) -> Any:
     """Make a function (sync or async) a tool agents call from their handlers.
 
     Its parameters become the tool's keyword arguments, validated by pydantic; a first
@@ -1244,46 +1227,57 @@ def tool(
 
     Args:
         fn: The function (when used as ``@tool`` without parentheses).
-        name: Name in the ledger and in agent states (default: the function's name), 1 to
-            128 characters. Keep it stable: derived keys and compensation depend on it.
-        side_effect: The tool touches the outside world: every call is claimed in the ledger
-            under an idempotency key before it runs, and its outcome recorded.
-        transient: Exceptions meaning "the effect did not happen, try again": retried under
-            the same key as ``retry`` says, and never cached.
-        retry: How transient errors are retried (default: 3 attempts, exponential wait).
-        rerun_if_unknown: Running the tool again after an unknown outcome (its owner crashed
-            mid-call) is safe, because it passes its key to the service, which deduplicates.
-            Without it such a call raises [`ToolOutcomeUnknown`][agentsnap.ToolOutcomeUnknown].
-        compensate: Undoes the effect of a call that a rollback abandoned: called once with
-            the [`LedgerEntry`][agentsnap.ledger.LedgerEntry] (arguments, result, key) when the
-            run ends; its JSON result (or error) is recorded.
-        lease: Seconds a claim holds. A call still in progress after its lease, or whose
-            owning process on this host has died, has an unknown outcome.
-        wait: Seconds a call waits for the same key in progress elsewhere before it raises
-            [`ToolInProgress`][agentsnap.ToolInProgress].
-        key_from: The arguments that name the effect (``("reservation_id",)``): a derived
-            key is made of them instead of the call's place in the handler, so that other
+
+    Other Parameters:
+        name (str | None): Name in the ledger and in agent states (default: the function's
+            name), 1 to 128 characters. Keep it stable: derived keys and compensation depend
+            on it.
+        side_effect (bool): The tool touches the outside world: every call is claimed in the
+            ledger under an idempotency key before it runs, and its outcome recorded (default
+            ``False``).
+        transient (tuple[type[BaseException], ...]): Exceptions meaning "the effect did not
+            happen, try again": retried under the same key as ``retry`` says, and never
+            cached (default: none).
+        retry (ToolRetry | None): How transient errors are retried (default: 3 attempts,
+            exponential wait).
+        rerun_if_unknown (bool): Running the tool again after an unknown outcome (its owner
+            crashed mid-call) is safe, because it passes its key to the service, which
+            deduplicates. Without it (the default) such a call raises
+            [`ToolOutcomeUnknown`][agentsnap.ToolOutcomeUnknown].
+        compensate (Compensation | None): Undoes the effect of a call that a rollback
+            abandoned: called once with the [`LedgerEntry`][agentsnap.ledger.LedgerEntry]
+            (arguments, result, key) when the run ends; its JSON result (or error) is
+            recorded (default: none).
+        lease (float): Seconds a claim holds (default 60). A call still in progress after its
+            lease, or whose owning process on this host has died, has an unknown outcome.
+        wait (float): Seconds a call waits for the same key in progress elsewhere before it
+            raises [`ToolInProgress`][agentsnap.ToolInProgress] (default 10).
+        key_from (Sequence[str] | None): The arguments that name the effect
+            (``("reservation_id",)``): a derived key is made of them instead of the call's
+            place in the handler (the default, with ``None``), so that other
             calls made first, or their order, never make a new effect, and the other
             arguments are wording: a re-executed call that words them otherwise (after a
             rollback or a resume) gets the recorded outcome, neither a new effect nor a
             divergence.
-        on_redo: What a redo after a rollback does when it calls the tool where the undone
+        on_redo (OnRedo): What a redo after a rollback does when it calls the tool where the undone
             path did, with other arguments: see [`OnRedo`][agentsnap.tools.OnRedo]
             (default ``"recorded"``: the effect that happened stands).
-        on_divergence: What a re-execution after a crash does when it calls the tool where
-            it had before, with other arguments: see
+        on_divergence (OnDivergence): What a re-execution after a crash does when it calls
+            the tool where it had before, with other arguments: see
             [`OnDivergence`][agentsnap.tools.OnDivergence] (default ``"raise"``).
-        description: What the tool does, as a model is told (default: the docstring).
-        approval: A call from a handler waits for a person's approval before it is claimed
-            in the ledger: ``True``, a predicate on the call's arguments (as JSON), or an
-            [`Approval`][agentsnap.requests.Approval] (who, deadline and its outcome). A
-            denial raises [`ApprovalDenied`][agentsnap.ApprovalDenied], a ``ToolFailed``
-            the agent sees; nothing is claimed. Each call asks on its own, so each answer
-            binds to one call (see [Ask a person before acting](../how-to/ask-a-person.md)).
-            Only for side-effecting tools.
-        dry_run: What a call returns in a run whose tools are dry (a what-if fork made
-            with ``tools="dry"``), where the tool does not run and the call is recorded in
-            the ledger as ``dry`` with its arguments: a JSON value, or a function of the
+        description (str | None): What the tool does, as a model is told (default: the
+            docstring).
+        approval (ApprovalPolicy): A call from a handler waits for a person's approval before
+            it is claimed in the ledger (default: none): ``True``, a predicate on the call's
+            arguments (as JSON), or an [`Approval`][agentsnap.requests.Approval] (who,
+            deadline and its outcome). A denial raises
+            [`ApprovalDenied`][agentsnap.ApprovalDenied], a ``ToolFailed`` the agent sees;
+            nothing is claimed. Each call asks on its own, so each answer binds to one call
+            (see [Ask a person before acting](../how-to/ask-a-person.md)). Only for
+            side-effecting tools.
+        dry_run (DryRun): What a call returns in a run whose tools are dry (a what-if fork
+            made with ``tools="dry"``), where the tool does not run and the call is recorded
+            in the ledger as ``dry`` with its arguments: a JSON value, or a function of the
             arguments (as JSON) returning one (default ``None``). Only for side-effecting
             tools.
 
@@ -1294,23 +1288,9 @@ def tool(
         ConfigurationError: The function cannot be a tool (``*args``, a parameter named
             ``key``, annotations that cannot be resolved, a name longer than 128 characters);
             the message says why.
+        TypeError: An option is not one of these.
     """
-    options: dict[str, Any] = {
-        "name": name,
-        "side_effect": side_effect,
-        "transient": transient,
-        "retry": retry,
-        "rerun_if_unknown": rerun_if_unknown,
-        "compensate": compensate,
-        "lease": lease,
-        "wait": wait,
-        "key_from": key_from,
-        "on_redo": on_redo,
-        "on_divergence": on_divergence,
-        "description": description,
-        "approval": approval,
-        "dry_run": dry_run,
-    }
+    _known_options("tool", options, _ToolOptions.__optional_keys__)
     if fn is not None:
         return Tool(fn, **options)
 

@@ -134,6 +134,17 @@ async def test_listing_runs_reads_no_snapshot() -> None:
     assert [(row.id, row.snapshots) for row in rows] == [(run.id, 1)]
 
 
+async def test_runs_table_takes_the_filters_of_list_runs_and_no_other_keyword() -> None:
+    store = MemoryStore()
+    await store.create_run(RunInfo(id="a" * 32, name="nightly-1", tags={"team": "billing"}))
+    await store.create_run(RunInfo(id="b" * 32, name="adhoc"))
+    rows = await runs_table(store, name="nightly-*", tags={"team": "billing"}, limit=5)
+    assert [row.id for row in rows] == ["a" * 32]
+    assert [row.id for row in await runs_table(store, since=None)] == ["a" * 32, "b" * 32]
+    with pytest.raises(TypeError, match=r"runs_table\(\) got an unexpected keyword argument 'tag'"):
+        await runs_table(store, tag={"team": "billing"})  # type: ignore[call-arg]
+
+
 def test_snapshots_lists_a_runs_snapshots_by_prefix(demo: Demo) -> None:
     rows = as_json(demo, "snapshots", demo.run_id[:6])
     assert [(r["seq"], r["id"], r["initiator"], r["in_flight"]) for r in rows] == [

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from agentsnap.cli._common import DB, guard, read
+from agentsnap.cli._common import DB, Option, guard, read
 from agentsnap.cli._format import Steps
 from agentsnap.cli._main import main
 
@@ -14,15 +14,18 @@ if TYPE_CHECKING:
     from agentsnap.store.sql import SqlStore
 
 
+def _output(help: str, **settings: Any) -> Option:
+    """The ``-o/--output`` option (``output``): where the command writes what it makes."""
+    return click.option("-o", "--output", help=help, **settings)
+
+
 @main.command()
 @click.argument("run_id")
 @DB
-@click.option(
-    "-o",
-    "--output",
+@_output(
+    "Write the document to this file instead of standard output.",
     type=click.File("w", encoding="utf-8"),
     default="-",
-    help="Write the document to this file instead of standard output.",
 )
 @click.option("--indent", type=click.IntRange(min=0), default=None, help="Pretty-print.")
 def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
@@ -50,12 +53,10 @@ def export(run_id: str, db: str, output: IO[str], indent: int | None) -> None:
 @main.command()
 @click.argument("run_id")
 @DB
-@click.option(
-    "-o",
-    "--output",
+@_output(
+    "The file to write: .svg, or .html for a page that zooms, pans and shows details.",
     required=True,
     type=click.Path(dir_okay=False),
-    help="The file to write: .svg, or .html for a page that zooms, pans and shows details.",
 )
 def timeline(run_id: str, db: str, output: str) -> None:
     """Draw run RUN_ID as a space-time diagram: agents, messages, cuts and rollbacks."""

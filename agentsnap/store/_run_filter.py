@@ -11,13 +11,26 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypedDict, Unpack
 
 from agentsnap.exceptions import ConfigurationError
 from agentsnap.records import RunInfo, RunStatus
 
-__all__ = ["RunFilter", "RunListing"]
+__all__ = ["RunFilter", "RunFilters", "RunListing"]
 
 _STATUSES = ", ".join(status.value for status in RunStatus)
+
+
+class RunFilters(TypedDict, total=False):
+    """The filters ``list_runs`` takes, as keywords; see
+    [`RunQueries.list_runs`][agentsnap.store.RunQueries.list_runs].
+    """  # noqa: D205
+
+    status: RunStatus | str | Collection[RunStatus | str] | None
+    name: str | None
+    tags: Mapping[str, str] | None
+    since: datetime | None
+    limit: int | None
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,26 @@ class RunFilter:
     """Only runs created at or after this time."""
     limit: int | None = None
     """At most this many runs: the newest."""
+
+    @classmethod
+    def of(cls, caller: str, filters: RunFilters) -> RunFilter:
+        """The filters given to ``caller`` as keywords, checked.
+
+        Raises:
+            ConfigurationError: A filter's value is invalid.
+            TypeError: A keyword is not one of the filters.
+        """
+        for keyword in filters:
+            if keyword not in RunFilters.__optional_keys__:
+                raise TypeError(f"{caller}() got an unexpected keyword argument {keyword!r}")
+        status = filters.get("status")
+        return cls(
+            statuses=None if status is None else _statuses(status),
+            name=_name(filters.get("name")),
+            tags=_tags(filters.get("tags")),
+            since=_since(filters.get("since")),
+            limit=_limit(filters.get("limit")),
+        )
 
     @property
     def selects_all(self) -> bool:
@@ -62,15 +95,7 @@ class RunListing:
     the store's ``_list_runs`` lists the runs that pass them.
     """  # noqa: D205
 
-    async def list_runs(
-        self,
-        *,
-        status: RunStatus | str | Collection[RunStatus | str] | None = None,
-        name: str | None = None,
-        tags: Mapping[str, str] | None = None,
-        since: datetime | None = None,
-        limit: int | None = None,
-    ) -> list[RunInfo]:
+    async def list_runs(self, **filters: Unpack[RunFilters]) -> list[RunInfo]:
         """The runs that pass every filter given (every run without one), oldest first.
 
         See [`RunQueries.list_runs`][agentsnap.store.RunQueries.list_runs].
@@ -79,15 +104,9 @@ class RunListing:
             ConfigurationError: A status is not a ``RunStatus`` (or one's value), the name is
                 empty, a tag is not a string, ``since`` has no time zone, or ``limit`` is not
                 a whole number of at least 1.
+            TypeError: A keyword is not one of the filters.
         """
-        wanted = RunFilter(
-            statuses=None if status is None else _statuses(status),
-            name=_name(name),
-            tags=_tags(tags),
-            since=_since(since),
-            limit=_limit(limit),
-        )
-        return await self._list_runs(wanted)
+        return await self._list_runs(RunFilter.of("list_runs", filters))
 
     async def _list_runs(self, wanted: RunFilter) -> list[RunInfo]:
         raise NotImplementedError

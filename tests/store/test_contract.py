@@ -472,6 +472,13 @@ async def test_list_runs_refuses_filters_that_mean_nothing(
         await store.list_runs(**filters)
 
 
+@pytest.mark.store_roles("queries")
+async def test_list_runs_names_a_keyword_that_is_not_a_filter(store: Store) -> None:
+    with pytest.raises(TypeError, match=r"list_runs\(\) got an unexpected keyword argument 'tag'"):
+        await store.list_runs(tag={"team": "billing"})  # type: ignore[call-arg]
+    assert await store.list_runs(status=None, name=None, tags=None, since=None, limit=None) == []
+
+
 @pytest.mark.store_roles("runs", "leases")
 async def test_unknown_run_is_not_found(store: Store) -> None:
     await stored_run(store)

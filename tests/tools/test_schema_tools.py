@@ -141,3 +141,23 @@ async def test_a_schema_tool_taking_the_call_is_handed_its_idempotency_key() -> 
         await runtime.run_until_idle()
         entries = await runtime.ledger.list_calls(runtime.run_id)
     assert keys == [entries[0].key]
+
+
+def test_schema_tool_options_keep_their_defaults_and_refuse_unknown_keywords() -> None:
+    async def send(arguments: dict[str, Any]) -> str:
+        return "sent"
+
+    made = Tool.from_schema("send", SCHEMA, send)
+    assert (made.description, made.side_effect, made.lease, made.wait) == ("", False, 60.0, 10.0)
+    assert (made.on_redo, made.on_divergence, made.key_from, made.approval) == (
+        "recorded",
+        "raise",
+        None,
+        None,
+    )
+    keyed = Tool.from_schema("send", SCHEMA, send, side_effect=True, key_from=["to"], wait=1.0)
+    assert (keyed.key_from, keyed.wait) == (("to",), 1.0)
+    with pytest.raises(
+        TypeError, match=r"from_schema\(\) got an unexpected keyword argument 'transient'"
+    ):
+        Tool.from_schema("send", SCHEMA, send, transient=(OSError,))  # type: ignore[call-arg]

@@ -280,3 +280,37 @@ async def test_a_call_cut_short_by_closing_the_runtime_is_not_left_running() -> 
     assert (call.status, call.error) == ("error", "CancelledError")
     (entry,) = await runtime.ledger.list_calls()
     assert entry.status == "unknown", "whether it had its effect is not known"
+
+
+def test_tool_options_keep_their_defaults_and_refuse_unknown_keywords() -> None:
+    @tool
+    def plain(x: int) -> int:
+        return x
+
+    @tool(side_effect=True, lease=5.0, on_redo="new", description="Charges.")
+    def charged(x: int) -> int:
+        return x
+
+    assert (plain.name, plain.side_effect, plain.transient, plain.lease, plain.wait) == (
+        "plain",
+        False,
+        (),
+        60.0,
+        10.0,
+    )
+    assert (plain.on_redo, plain.on_divergence, plain.key_from, plain.dry_run) == (
+        "recorded",
+        "raise",
+        None,
+        None,
+    )
+    assert (charged.side_effect, charged.lease, charged.on_redo, charged.description) == (
+        True,
+        5.0,
+        "new",
+        "Charges.",
+    )
+    with pytest.raises(TypeError, match=r"tool\(\) got an unexpected keyword argument 'leese'"):
+        tool(leese=5.0)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'side_effects'"):
+        tool(plain.fn, side_effects=True)  # type: ignore[call-overload]
