@@ -29,10 +29,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from agentsnap.store._checkpoint_filter import CheckpointFilter
 from agentsnap.store._graph_history import check_strategy, needed_ancestors, stored_values
 from agentsnap.store.graph import (
     EMPTY,
+    CheckpointFilter,
     GraphReader,
     Load,
     Merge,
@@ -48,41 +48,16 @@ _Key3 = tuple[str, str, str]
 _Key4 = tuple[str, str, str, str]
 
 
-class _Reader:
+class _Reader(GraphReader):
     """A ``GraphReader`` on the store's dictionaries (each read under the store's lock)."""
 
     def __init__(self, store: MemoryGraphStore) -> None:
         self._store = store
 
-    def checkpoint(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
-    ) -> StoredCheckpoint | None:
-        found = list(
-            self.checkpoints(
-                thread_id=thread_id,
-                checkpoint_ns=checkpoint_ns,
-                checkpoint_id=checkpoint_id,
-                limit=1,
-            )
-        )
-        return found[0] if found else None
-
-    def checkpoints(
-        self,
-        *,
-        thread_id: str | None = None,
-        checkpoint_ns: str | None = None,
-        checkpoint_id: str | None = None,
-        before: str | None = None,
-        limit: int | None = None,
-    ) -> Iterator[StoredCheckpoint]:
-        where = CheckpointFilter(thread_id, checkpoint_ns, checkpoint_id, before, limit)
+    def checkpoints(self, where: CheckpointFilter) -> Iterator[StoredCheckpoint]:
         with self._store.lock:
-            rows = [row for row in self._store.checkpoints.values() if where.matches(row)]
-        # Newest first, then by thread and namespace, as the SQL stores order them.
-        rows.sort(key=lambda row: (row.thread_id, row.checkpoint_ns))
-        rows.sort(key=lambda row: row.checkpoint_id, reverse=True)
-        yield from rows if where.limit is None else rows[: where.limit]
+            rows = where.apply(self._store.checkpoints.values())
+        yield from rows
 
     def values(
         self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]

@@ -43,6 +43,7 @@ from agentsnap.integrations.langgraph._rows import (
 from agentsnap.store.dialect import redacted_url
 from agentsnap.store.graph import (
     AsyncGraphReader,
+    CheckpointFilter,
     GraphCheckpointStore,
     GraphReader,
     Merge,
@@ -208,7 +209,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         """
         where = _list_where(config, filter, before, limit)
         with self._storage.reading() as reader:
-            rows = self._listed(reader.checkpoints(**where), filter, limit)
+            rows = self._listed(reader.checkpoints(where), filter, limit)
             found = [self._tuple(reader, row, metadata) for row, metadata in rows]
         yield from found
 
@@ -643,7 +644,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         where = _list_where(config, filter, before, limit)
         tuples: builtins.list[CheckpointTuple] = []
         async with native.areading() as reader:
-            for row, metadata in self._listed(await reader.checkpoints(**where), filter, limit):
+            for row, metadata in self._listed(await reader.checkpoints(where), filter, limit):
                 tuples.append(await self._atuple(reader, row, metadata))
         for item in tuples:
             yield item
@@ -1067,19 +1068,21 @@ def _list_where(
     filter: dict[str, Any] | None,
     before: RunnableConfig | None,
     limit: int | None,
-) -> dict[str, Any]:
-    """The storage's filters for ``list``'s arguments (the metadata filter is applied after)."""
-    where: dict[str, Any] = {}
+) -> CheckpointFilter:
+    """The storage's filter for ``list``'s arguments (the metadata filter is applied after)."""
+    thread_id = checkpoint_ns = checkpoint_id = None
     if config is not None:
         configurable = config["configurable"]
-        where["thread_id"] = configurable["thread_id"]
-        where["checkpoint_ns"] = configurable.get("checkpoint_ns")
-        where["checkpoint_id"] = get_checkpoint_id(config) or None
-    if before is not None:
-        where["before"] = get_checkpoint_id(before) or None
-    if limit is not None and not filter:
-        where["limit"] = limit
-    return where
+        thread_id = configurable["thread_id"]
+        checkpoint_ns = configurable.get("checkpoint_ns")
+        checkpoint_id = get_checkpoint_id(config)
+    return CheckpointFilter(
+        thread_id,
+        checkpoint_ns,
+        checkpoint_id,
+        before=None if before is None else get_checkpoint_id(before),
+        limit=None if filter else limit,
+    )
 
 
 def _filtered_out(metadata: Any, filter: dict[str, Any] | None) -> bool:
