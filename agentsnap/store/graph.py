@@ -43,15 +43,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import (
-    AsyncIterator,
-    Callable,
-    Collection,
-    Iterable,
-    Iterator,
-    Mapping,
-    Sequence,
-)
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -71,6 +63,7 @@ __all__ = [
     "Merge",
     "StoredCheckpoint",
     "StoredValue",
+    "TaskKey",
     "TaskWrites",
     "WriteEntry",
     "pack_writes",
@@ -154,6 +147,9 @@ class TaskWrites(NamedTuple):
     writes: bytes
     """The writes, packed by the checkpointer."""
 
+
+TaskKey = tuple[str, str, str, str]
+"""The key of a task's writes: thread, namespace, checkpoint id and task id."""
 
 Merge = Callable[[str, bytes], tuple[str, bytes]]
 """Given a task's stored path and packed writes, the path and writes to store instead."""
@@ -270,7 +266,7 @@ class CheckpointFilter:
             return False
         return self.before is None or row.checkpoint_id < self.before
 
-    def apply(self, rows: Iterable[StoredCheckpoint]) -> list[StoredCheckpoint]:
+    def apply(self, rows: Collection[StoredCheckpoint]) -> list[StoredCheckpoint]:
         """The rows that pass, newest first, then by thread and namespace, up to the limit."""
         found = [row for row in rows if self.matches(row)]
         found.sort(key=lambda row: (row.thread_id, row.checkpoint_ns))
@@ -401,13 +397,7 @@ class GraphCheckpointStore(Protocol):
     def put_checkpoint(self, checkpoint: StoredCheckpoint, values: Sequence[StoredValue]) -> None:
         """Store a checkpoint (replacing one with its key) and new values (kept if present)."""
 
-    def put_task_writes(
-        self,
-        key: tuple[str, str, str, str],
-        task_path: str,
-        writes: bytes,
-        merge: Merge,
-    ) -> bool:
+    def put_task_writes(self, key: TaskKey, task_path: str, writes: bytes, merge: Merge) -> bool:
         """Store a task's writes, or merge them into the ones stored for its key.
 
         Args:

@@ -38,6 +38,7 @@ from agentsnap.store.graph import (
     Merge,
     StoredCheckpoint,
     StoredValue,
+    TaskKey,
     TaskWrites,
     written_value,
 )
@@ -135,7 +136,7 @@ class MemoryGraphStore:
         """The checkpoints, by thread, namespace and id."""
         self.values: dict[_Key4, StoredValue] = {}
         """The channel values, by thread, namespace, channel and version."""
-        self.writes: dict[_Key4, tuple[str, bytes]] = {}
+        self.writes: dict[TaskKey, tuple[str, bytes]] = {}
         """Each task's path and packed writes, by thread, namespace, checkpoint and task."""
 
     def __repr__(self) -> str:
@@ -170,13 +171,7 @@ class MemoryGraphStore:
                 checkpoint.thread_id, checkpoint.checkpoint_ns, checkpoint.checkpoint_id
             ] = checkpoint
 
-    def put_task_writes(
-        self,
-        key: tuple[str, str, str, str],
-        task_path: str,
-        writes: bytes,
-        merge: Merge,
-    ) -> bool:
+    def put_task_writes(self, key: TaskKey, task_path: str, writes: bytes, merge: Merge) -> bool:
         """Store a task's writes, or merge them into the ones stored for its key.
 
         Returns:

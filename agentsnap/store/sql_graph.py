@@ -62,6 +62,7 @@ from agentsnap.store.graph import (
     Merge,
     StoredCheckpoint,
     StoredValue,
+    TaskKey,
     TaskWrites,
     written_value,
 )
@@ -745,13 +746,7 @@ class SqlGraphStore:
             raw.execute(_SQLITE_PUT_CHECKPOINT, checkpoint)
             return stored
 
-    def put_task_writes(
-        self,
-        key: tuple[str, str, str, str],
-        task_path: str,
-        writes: bytes,
-        merge: Merge,
-    ) -> bool:
+    def put_task_writes(self, key: TaskKey, task_path: str, writes: bytes, merge: Merge) -> bool:
         """Store a task's writes, or merge them into the ones stored for its key.
 
         Arguments and result as for ``GraphCheckpointStore.put_task_writes``.
@@ -815,11 +810,7 @@ class SqlGraphStore:
             return stored
 
     async def aput_task_writes(
-        self,
-        key: tuple[str, str, str, str],
-        task_path: str,
-        writes: bytes,
-        merge: Merge,
+        self, key: TaskKey, task_path: str, writes: bytes, merge: Merge
     ) -> bool:
         """``put_task_writes`` on the asyncio driver (PostgreSQL)."""
         row = (*key, task_path, writes)
@@ -982,7 +973,7 @@ class SqlGraphStore:
                     ) from exc
 
 
-CarriedWrites = tuple[tuple[str, str, str, str], str, bytes]
+CarriedWrites = tuple[TaskKey, str, bytes]
 """A task's writes stored with a checkpoint: thread, namespace, checkpoint id and task id,
 the task's path, and its writes, packed."""
 
@@ -1009,7 +1000,7 @@ def _pg_checkpoint_rows(
     for value in values:
         if value.value is not None and value.write_idx is not None:
             key = cast(
-                tuple[str, str, str, str],
+                TaskKey,
                 (
                     value.thread_id,
                     value.checkpoint_ns,

@@ -49,6 +49,7 @@ from agentsnap.store.graph import (
     Merge,
     StoredCheckpoint,
     StoredValue,
+    TaskKey,
     TaskWrites,
 )
 from agentsnap.store.sql import DEFAULT_URL
@@ -112,8 +113,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         echo: Log every SQL statement.
 
     Raises:
-        ConfigurationError: The URL is not SQLite or PostgreSQL, or is an in-memory SQLite
-            database (each connection would see its own).
+        ConfigurationError: [`SqlGraphStore`][agentsnap.store.sql_graph.SqlGraphStore], the
+            saver's storage, refuses the URL (neither SQLite nor PostgreSQL, or an in-memory
+            SQLite database, which each connection would see on its own).
     """
 
     def __init__(
@@ -788,17 +790,13 @@ class _Written:
         ] = {}
         self._offers: dict[tuple[str, str, str], builtins.list[_Offer]] = {}
 
-    def begin(
-        self, key: tuple[str, str, str, str], pending: _Pending, entries: Iterable[WriteEntry]
-    ) -> None:
+    def begin(self, key: TaskKey, pending: _Pending, entries: Iterable[WriteEntry]) -> None:
         """Note that a task's writes (``entries``) are being stored under ``key``."""
         channels = frozenset(entry[1] for entry in entries if entry[0] >= 0)
         with self._lock:
             self._pending.setdefault(key[:3], []).append((pending, channels))
 
-    def end(
-        self, key: tuple[str, str, str, str], pending: _Pending, stored: Iterable[WriteEntry]
-    ) -> None:
+    def end(self, key: TaskKey, pending: _Pending, stored: Iterable[WriteEntry]) -> None:
         """Note that a task's writes are stored (``stored``: the entries stored as given)."""
         checkpoint = key[:3]
         # A special channel's write (negative index) may be replaced later: never referred to.
@@ -977,7 +975,7 @@ class _Signal:
         return True
 
 
-_WritesArgs = tuple[tuple[str, str, str, str], str, bytes, Merge]
+_WritesArgs = tuple[TaskKey, str, bytes, Merge]
 """A task's writes as the storage takes them: key, task path, packed writes, merge."""
 
 _LINGER = 0.005
