@@ -45,15 +45,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from agentsnap.exceptions import StoreError
+from agentsnap.exceptions import ConfigurationError, StoreError
 from agentsnap.records import GraphCheckpoint
 
 __all__ = [
     "EMPTY",
     "PRUNE_STRATEGIES",
     "AsyncGraphReader",
+    "CheckpointFilter",
     "GraphCheckpointIndex",
     "GraphCheckpointStore",
     "GraphReader",
@@ -61,6 +63,7 @@ __all__ = [
     "Merge",
     "StoredCheckpoint",
     "StoredValue",
+    "TaskKey",
     "TaskWrites",
     "WriteEntry",
     "pack_writes",
@@ -145,6 +148,9 @@ class TaskWrites(NamedTuple):
     """The writes, packed by the checkpointer."""
 
 
+TaskKey = tuple[str, str, str, str]
+"""The key of a task's writes: thread, namespace, checkpoint id and task id."""
+
 Merge = Callable[[str, bytes], tuple[str, bytes]]
 """Given a task's stored path and packed writes, the path and writes to store instead."""
 
@@ -206,32 +212,85 @@ def _msgpack() -> Any:
     return ormsgpack
 
 
+@dataclass(frozen=True)
+class CheckpointFilter:
+    """Which checkpoints [`GraphReader.checkpoints`][agentsnap.store.graph.GraphReader.checkpoints] lists.
+
+    A thread or namespace given as ``None`` is no filter; a checkpoint id or ``before``
+    bound that is ``None`` or empty is none either (LangGraph passes ``""`` for "no
+    checkpoint"); a negative limit lists nothing. Every store reads its checkpoints through
+    one of these, so the rules hold the same in each.
+
+    Raises:
+        ConfigurationError: ``limit`` is not a whole number.
+    """  # noqa: E501
+
+    thread_id: str | None = None
+    """Only this thread's."""
+    checkpoint_ns: str | None = None
+    """Only this namespace's."""
+    checkpoint_id: str | None = None
+    """Only the checkpoint with this id (``None`` once normalised when empty)."""
+    before: str | None = None
+    """Only checkpoints with a smaller id (``None`` once normalised when empty)."""
+    limit: int | None = None
+    """At most this many (never below 0)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checkpoint_id", self.checkpoint_id or None)
+        object.__setattr__(self, "before", self.before or None)
+        if self.limit is not None:
+            if isinstance(self.limit, bool) or not isinstance(self.limit, int):
+                raise ConfigurationError(
+                    f"a checkpoint limit is a whole number or None, not {self.limit!r}"
+                )
+            object.__setattr__(self, "limit", max(self.limit, 0))
+
+    @classmethod
+    def one(cls, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> CheckpointFilter:
+        """The checkpoint with this id, or the namespace's newest one when ``None``."""
+        return cls(thread_id, checkpoint_ns, checkpoint_id, limit=1)
+
+    def equal(self) -> dict[str, str]:
+        """The columns that must equal a value, by column name."""
+        given = {
+            "thread_id": self.thread_id,
+            "checkpoint_ns": self.checkpoint_ns,
+            "checkpoint_id": self.checkpoint_id,
+        }
+        return {column: value for column, value in given.items() if value is not None}
+
+    def matches(self, row: StoredCheckpoint) -> bool:
+        """Whether ``row`` passes every filter (the limit aside)."""
+        if any(getattr(row, column) != value for column, value in self.equal().items()):
+            return False
+        return self.before is None or row.checkpoint_id < self.before
+
+    def apply(self, rows: Collection[StoredCheckpoint]) -> list[StoredCheckpoint]:
+        """The rows that pass, newest first, then by thread and namespace, up to the limit."""
+        found = [row for row in rows if self.matches(row)]
+        found.sort(key=lambda row: (row.thread_id, row.checkpoint_ns))
+        found.sort(key=lambda row: row.checkpoint_id, reverse=True)
+        return found if self.limit is None else found[: self.limit]
+
+
 class GraphReader(Protocol):
-    """Reads of graph checkpoints, all in one connection (see ``GraphCheckpointStore``)."""
+    """Reads of graph checkpoints, all in one connection (see ``GraphCheckpointStore``).
+
+    A store's reader may subclass it to inherit ``checkpoint``, read through ``checkpoints``.
+    """
 
     def checkpoint(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
     ) -> StoredCheckpoint | None:
         """The checkpoint with this id, or the namespace's newest one when ``None``."""
+        found = list(
+            self.checkpoints(CheckpointFilter.one(thread_id, checkpoint_ns, checkpoint_id))
+        )
+        return found[0] if found else None
 
-    def checkpoints(
-        self,
-        *,
-        thread_id: str | None = None,
-        checkpoint_ns: str | None = None,
-        checkpoint_id: str | None = None,
-        before: str | None = None,
-        limit: int | None = None,
-    ) -> Iterator[StoredCheckpoint]:
-        """The checkpoints that match every filter given, newest first.
-
-        Args:
-            thread_id: Only this thread's.
-            checkpoint_ns: Only this namespace's.
-            checkpoint_id: Only the checkpoint with this id.
-            before: Only checkpoints with a smaller id.
-            limit: At most this many.
-        """
+    def checkpoints(self, where: CheckpointFilter) -> Iterator[StoredCheckpoint]:
+        """The checkpoints that pass ``where``, newest first."""
 
     def values(
         self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
@@ -283,23 +342,22 @@ class GraphReader(Protocol):
 
 
 class AsyncGraphReader(Protocol):
-    """``GraphReader``'s reads on an asyncio driver, all in one connection."""
+    """``GraphReader``'s reads on an asyncio driver, all in one connection.
+
+    A store's reader may subclass it to inherit ``checkpoint``, read through ``checkpoints``.
+    """
 
     async def checkpoint(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
     ) -> StoredCheckpoint | None:
         """The checkpoint with this id, or the namespace's newest one when ``None``."""
+        found = await self.checkpoints(
+            CheckpointFilter.one(thread_id, checkpoint_ns, checkpoint_id)
+        )
+        return found[0] if found else None
 
-    async def checkpoints(
-        self,
-        *,
-        thread_id: str | None = None,
-        checkpoint_ns: str | None = None,
-        checkpoint_id: str | None = None,
-        before: str | None = None,
-        limit: int | None = None,
-    ) -> list[StoredCheckpoint]:
-        """The checkpoints that match every filter given, newest first."""
+    async def checkpoints(self, where: CheckpointFilter) -> list[StoredCheckpoint]:
+        """The checkpoints that pass ``where``, newest first."""
 
     async def values(
         self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
@@ -339,13 +397,7 @@ class GraphCheckpointStore(Protocol):
     def put_checkpoint(self, checkpoint: StoredCheckpoint, values: Sequence[StoredValue]) -> None:
         """Store a checkpoint (replacing one with its key) and new values (kept if present)."""
 
-    def put_task_writes(
-        self,
-        key: tuple[str, str, str, str],
-        task_path: str,
-        writes: bytes,
-        merge: Merge,
-    ) -> bool:
+    def put_task_writes(self, key: TaskKey, task_path: str, writes: bytes, merge: Merge) -> bool:
         """Store a task's writes, or merge them into the ones stored for its key.
 
         Args:

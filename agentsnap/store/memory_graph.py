@@ -29,15 +29,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from agentsnap.store._checkpoint_filter import CheckpointFilter
 from agentsnap.store._graph_history import check_strategy, needed_ancestors, stored_values
 from agentsnap.store.graph import (
     EMPTY,
+    CheckpointFilter,
     GraphReader,
     Load,
     Merge,
     StoredCheckpoint,
     StoredValue,
+    TaskKey,
     TaskWrites,
     written_value,
 )
@@ -48,41 +49,16 @@ _Key3 = tuple[str, str, str]
 _Key4 = tuple[str, str, str, str]
 
 
-class _Reader:
+class _Reader(GraphReader):
     """A ``GraphReader`` on the store's dictionaries (each read under the store's lock)."""
 
     def __init__(self, store: MemoryGraphStore) -> None:
         self._store = store
 
-    def checkpoint(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
-    ) -> StoredCheckpoint | None:
-        found = list(
-            self.checkpoints(
-                thread_id=thread_id,
-                checkpoint_ns=checkpoint_ns,
-                checkpoint_id=checkpoint_id,
-                limit=1,
-            )
-        )
-        return found[0] if found else None
-
-    def checkpoints(
-        self,
-        *,
-        thread_id: str | None = None,
-        checkpoint_ns: str | None = None,
-        checkpoint_id: str | None = None,
-        before: str | None = None,
-        limit: int | None = None,
-    ) -> Iterator[StoredCheckpoint]:
-        where = CheckpointFilter(thread_id, checkpoint_ns, checkpoint_id, before, limit)
+    def checkpoints(self, where: CheckpointFilter) -> Iterator[StoredCheckpoint]:
         with self._store.lock:
-            rows = [row for row in self._store.checkpoints.values() if where.matches(row)]
-        # Newest first, then by thread and namespace, as the SQL stores order them.
-        rows.sort(key=lambda row: (row.thread_id, row.checkpoint_ns))
-        rows.sort(key=lambda row: row.checkpoint_id, reverse=True)
-        yield from rows if where.limit is None else rows[: where.limit]
+            rows = where.apply(self._store.checkpoints.values())
+        yield from rows
 
     def values(
         self, thread_id: str, checkpoint_ns: str, versions: Mapping[str, str]
@@ -160,7 +136,7 @@ class MemoryGraphStore:
         """The checkpoints, by thread, namespace and id."""
         self.values: dict[_Key4, StoredValue] = {}
         """The channel values, by thread, namespace, channel and version."""
-        self.writes: dict[_Key4, tuple[str, bytes]] = {}
+        self.writes: dict[TaskKey, tuple[str, bytes]] = {}
         """Each task's path and packed writes, by thread, namespace, checkpoint and task."""
 
     def __repr__(self) -> str:
@@ -195,13 +171,7 @@ class MemoryGraphStore:
                 checkpoint.thread_id, checkpoint.checkpoint_ns, checkpoint.checkpoint_id
             ] = checkpoint
 
-    def put_task_writes(
-        self,
-        key: tuple[str, str, str, str],
-        task_path: str,
-        writes: bytes,
-        merge: Merge,
-    ) -> bool:
+    def put_task_writes(self, key: TaskKey, task_path: str, writes: bytes, merge: Merge) -> bool:
         """Store a task's writes, or merge them into the ones stored for its key.
 
         Returns:

@@ -37,7 +37,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from agentsnap.exceptions import ConfigurationError, StoreError
-from agentsnap.store._checkpoint_filter import CheckpointFilter
 from agentsnap.store._graph_history import (
     VALUES_WITH_WRITES,
     Transaction,
@@ -57,11 +56,13 @@ from agentsnap.store.faults import Fault, classify
 from agentsnap.store.graph import (
     EMPTY,
     AsyncGraphReader,
+    CheckpointFilter,
     GraphReader,
     Load,
     Merge,
     StoredCheckpoint,
     StoredValue,
+    TaskKey,
     TaskWrites,
     written_value,
 )
@@ -154,8 +155,6 @@ _PG_GET_WRITES = (
 _PG_SET_WRITES = _SQLITE_SET_WRITES.replace("?", "%s")
 
 # The PostgreSQL asyncio reads, on psycopg's async connection.
-_PG_CHECKPOINT_COLUMNS = ", ".join(column.name for column in _checkpoints.columns)
-_PG_SELECT_CHECKPOINTS = f"SELECT {_PG_CHECKPOINT_COLUMNS} FROM {_checkpoints.name}"  # noqa: S608
 _PG_SELECT_VALUES = (
     "SELECT b.channel, b.version, b.value_type, b.value, b.write_idx, w.writes "  # noqa: S608
     f"FROM {_blobs.name} b LEFT JOIN {_writes.name} w "
@@ -199,8 +198,16 @@ def _lineage_sql(placeholder: Callable[[str], str]) -> str:
     )
 
 
-_LINEAGE = text(_lineage_sql(lambda name: f":{name}"))
-_PG_LINEAGE = _lineage_sql(lambda name: f"%({name})s")
+def _sqlalchemy_parameter(name: str) -> str:
+    return f":{name}"
+
+
+def _psycopg_parameter(name: str) -> str:
+    return f"%({name})s"
+
+
+_LINEAGE = text(_lineage_sql(_sqlalchemy_parameter))
+_PG_LINEAGE = _lineage_sql(_psycopg_parameter)
 _LINEAGE_PAGES = (8, 32, 128, 512)
 """Checkpoints read per page of a lineage: growing, so a short walk reads little."""
 
@@ -245,20 +252,27 @@ def _batches(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
         yield items[start : start + _BATCH]
 
 
-def _checkpoints_query(where: CheckpointFilter) -> Select[Any]:
-    query = select(_checkpoints).where(
-        *(_checkpoints.c[column] == value for column, value in where.equal().items())
-    )
+def _checkpoints_sql(
+    where: CheckpointFilter, placeholder: Callable[[str], str]
+) -> tuple[str, dict[str, Any]]:
+    """The query of the checkpoints that pass ``where``, newest first, and its parameters.
+
+    ``placeholder`` spells a named parameter for the driver.
+    """
+    parameters: dict[str, Any] = dict(where.equal())
+    conditions = [f"{column} = {placeholder(column)}" for column in parameters]
     if where.before is not None:
-        query = query.where(_checkpoints.c.checkpoint_id < where.before)
-    query = query.order_by(
-        _checkpoints.c.checkpoint_id.desc(),
-        _checkpoints.c.thread_id,
-        _checkpoints.c.checkpoint_ns,
-    )
+        conditions.append(f"checkpoint_id < {placeholder('before')}")
+        parameters["before"] = where.before
+    columns = ", ".join(column.name for column in _checkpoints.columns)
+    sql = f"SELECT {columns} FROM {_checkpoints.name}"  # noqa: S608 (names of ours)
+    if conditions:
+        sql += " WHERE " + " AND ".join(conditions)
+    sql += " ORDER BY checkpoint_id DESC, thread_id, checkpoint_ns"
     if where.limit is not None:
-        query = query.limit(where.limit)
-    return query
+        sql += f" LIMIT {placeholder('limit')}"
+        parameters["limit"] = where.limit
+    return sql, parameters
 
 
 def _values_query(
@@ -320,33 +334,15 @@ def _task_writes_query(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -
     )
 
 
-class _Reader:
+class _Reader(GraphReader):
     """A ``GraphReader`` on one SQLAlchemy connection."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
 
-    def checkpoint(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
-    ) -> StoredCheckpoint | None:
-        query = _checkpoints_query(
-            CheckpointFilter(thread_id, checkpoint_ns, checkpoint_id, limit=1)
-        )
-        row = self._connection.execute(query).first()
-        return None if row is None else StoredCheckpoint(*row)
-
-    def checkpoints(
-        self,
-        *,
-        thread_id: str | None = None,
-        checkpoint_ns: str | None = None,
-        checkpoint_id: str | None = None,
-        before: str | None = None,
-        limit: int | None = None,
-    ) -> Iterator[StoredCheckpoint]:
-        where = CheckpointFilter(thread_id, checkpoint_ns, checkpoint_id, before, limit)
-        query = _checkpoints_query(where)
-        for row in self._connection.execute(query):
+    def checkpoints(self, where: CheckpointFilter) -> Iterator[StoredCheckpoint]:
+        sql, parameters = _checkpoints_sql(where, _sqlalchemy_parameter)
+        for row in self._connection.execute(text(sql), parameters):
             yield StoredCheckpoint(*row)
 
     def values(
@@ -406,7 +402,7 @@ class _Reader:
         return found
 
 
-class _AsyncReader:
+class _AsyncReader(AsyncGraphReader):
     """An ``AsyncGraphReader`` on one of psycopg's async connections (PostgreSQL)."""
 
     def __init__(self, connection: Any) -> None:
@@ -417,40 +413,8 @@ class _AsyncReader:
             await cursor.execute(sql, parameters)
             return cast(list[Any], await cursor.fetchall())
 
-    async def checkpoint(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
-    ) -> StoredCheckpoint | None:
-        rows = await self.checkpoints(
-            thread_id=thread_id,
-            checkpoint_ns=checkpoint_ns,
-            checkpoint_id=checkpoint_id,
-            limit=1,
-        )
-        return rows[0] if rows else None
-
-    async def checkpoints(
-        self,
-        *,
-        thread_id: str | None = None,
-        checkpoint_ns: str | None = None,
-        checkpoint_id: str | None = None,
-        before: str | None = None,
-        limit: int | None = None,
-    ) -> list[StoredCheckpoint]:
-        where = CheckpointFilter(thread_id, checkpoint_ns, checkpoint_id, before, limit)
-        equal = where.equal()
-        conditions = [f"{column} = %s" for column in equal]
-        parameters: list[Any] = list(equal.values())
-        if where.before is not None:
-            conditions.append("checkpoint_id < %s")
-            parameters.append(where.before)
-        sql = _PG_SELECT_CHECKPOINTS
-        if conditions:
-            sql += " WHERE " + " AND ".join(conditions)
-        sql += " ORDER BY checkpoint_id DESC, thread_id, checkpoint_ns"
-        if where.limit is not None:
-            sql += " LIMIT %s"
-            parameters.append(where.limit)
+    async def checkpoints(self, where: CheckpointFilter) -> list[StoredCheckpoint]:
+        sql, parameters = _checkpoints_sql(where, _psycopg_parameter)
         return [StoredCheckpoint(*row) for row in await self._rows(sql, parameters)]
 
     async def values(
@@ -782,13 +746,7 @@ class SqlGraphStore:
             raw.execute(_SQLITE_PUT_CHECKPOINT, checkpoint)
             return stored
 
-    def put_task_writes(
-        self,
-        key: tuple[str, str, str, str],
-        task_path: str,
-        writes: bytes,
-        merge: Merge,
-    ) -> bool:
+    def put_task_writes(self, key: TaskKey, task_path: str, writes: bytes, merge: Merge) -> bool:
         """Store a task's writes, or merge them into the ones stored for its key.
 
         Arguments and result as for ``GraphCheckpointStore.put_task_writes``.
@@ -852,11 +810,7 @@ class SqlGraphStore:
             return stored
 
     async def aput_task_writes(
-        self,
-        key: tuple[str, str, str, str],
-        task_path: str,
-        writes: bytes,
-        merge: Merge,
+        self, key: TaskKey, task_path: str, writes: bytes, merge: Merge
     ) -> bool:
         """``put_task_writes`` on the asyncio driver (PostgreSQL)."""
         row = (*key, task_path, writes)
@@ -1019,7 +973,7 @@ class SqlGraphStore:
                     ) from exc
 
 
-CarriedWrites = tuple[tuple[str, str, str, str], str, bytes]
+CarriedWrites = tuple[TaskKey, str, bytes]
 """A task's writes stored with a checkpoint: thread, namespace, checkpoint id and task id,
 the task's path, and its writes, packed."""
 
@@ -1046,7 +1000,7 @@ def _pg_checkpoint_rows(
     for value in values:
         if value.value is not None and value.write_idx is not None:
             key = cast(
-                tuple[str, str, str, str],
+                TaskKey,
                 (
                     value.thread_id,
                     value.checkpoint_ns,

@@ -13,8 +13,10 @@ import pytest
 from postgres_db import postgres_url_or_skip
 
 from agentsnap import MemoryStore, Store
+from agentsnap.exceptions import ConfigurationError
 from agentsnap.store.graph import (
     EMPTY,
+    CheckpointFilter,
     GraphCheckpointIndex,
     GraphCheckpointStore,
     Load,
@@ -90,15 +92,38 @@ def test_checkpoints_are_listed_newest_first_with_their_filters(
         for number in "123":
             graphs.put_checkpoint(_checkpoint(number, thread=thread), [])
     with graphs.reading() as reader:
-        ids = [(c.thread_id, c.checkpoint_id) for c in reader.checkpoints()]
+        ids = [(c.thread_id, c.checkpoint_id) for c in reader.checkpoints(CheckpointFilter())]
         assert ids == [("t", "3"), ("u", "3"), ("t", "2"), ("u", "2"), ("t", "1"), ("u", "1")]
-        assert [c.checkpoint_id for c in reader.checkpoints(thread_id="u", before="3")] == [
+        assert [
+            c.checkpoint_id for c in reader.checkpoints(CheckpointFilter(thread_id="u", before="3"))
+        ] == [
             "2",
             "1",
         ]
-        assert len(list(reader.checkpoints(thread_id="t", limit=2))) == 2
-        assert [c.checkpoint_id for c in reader.checkpoints(checkpoint_id="2")] == ["2", "2"]
-        assert list(reader.checkpoints(checkpoint_ns="sub")) == []
+        assert len(list(reader.checkpoints(CheckpointFilter(thread_id="t", limit=2)))) == 2
+        assert [
+            c.checkpoint_id for c in reader.checkpoints(CheckpointFilter(checkpoint_id="2"))
+        ] == ["2", "2"]
+        assert list(reader.checkpoints(CheckpointFilter(checkpoint_ns="sub"))) == []
+
+
+def test_an_empty_id_or_bound_is_no_filter_and_a_negative_limit_lists_nothing(
+    graphs: GraphCheckpointStore,
+) -> None:
+    for number in "12":
+        graphs.put_checkpoint(_checkpoint(number, thread="t"), [])
+    with graphs.reading() as reader:
+        everything = CheckpointFilter(checkpoint_id="", before="")
+        assert [c.checkpoint_id for c in reader.checkpoints(everything)] == ["2", "1"]
+        assert list(reader.checkpoints(CheckpointFilter(limit=-1))) == []
+        assert list(reader.checkpoints(CheckpointFilter(limit=0))) == []
+        assert reader.checkpoint("t", "", "") == _checkpoint("2")
+
+
+@pytest.mark.parametrize("limit", ["3", 2.5, True])
+def test_a_limit_that_is_not_a_whole_number_is_refused(limit: object) -> None:
+    with pytest.raises(ConfigurationError, match="whole number or None, not"):
+        CheckpointFilter(limit=limit)  # type: ignore[arg-type]
 
 
 def test_task_writes_are_stored_then_merged_by_the_caller(graphs: GraphCheckpointStore) -> None:
@@ -144,7 +169,9 @@ def test_pruning_keeps_the_newest_checkpoint_and_the_values_it_uses(
 
     graphs.prune(["t"], "keep_latest", load, lambda meta_type, meta: {})
     with graphs.reading() as reader:
-        assert [c.checkpoint_id for c in reader.checkpoints(thread_id="t")] == ["2"]
+        assert [c.checkpoint_id for c in reader.checkpoints(CheckpointFilter(thread_id="t"))] == [
+            "2"
+        ]
         assert reader.values("t", "", {"a": "v1"}) == []
         assert reader.values("t", "", {"a": "v2"}) == [("a", "bytes", b"two")]
 
@@ -230,7 +257,9 @@ def test_pruning_the_write_a_kept_value_refers_to_keeps_the_value(
     load = _load_versions({"1": {"a": "v1"}, "2": {"a": "v2"}})
     graphs.prune(["t"], "keep_latest", load, lambda meta_type, meta: {})
     with graphs.reading() as reader:
-        assert [c.checkpoint_id for c in reader.checkpoints(thread_id="t")] == ["2"]
+        assert [c.checkpoint_id for c in reader.checkpoints(CheckpointFilter(thread_id="t"))] == [
+            "2"
+        ]
         assert reader.task_writes("t", "", "1") == []  # the write went with its checkpoint
         assert reader.values("t", "", {"a": "v2"}) == [("a", "bytes", b"two")]
         assert reader.values("t", "", {"a": "v1"}) == []
@@ -244,14 +273,16 @@ def test_deleting_the_run_of_a_referred_write_keeps_the_value(
     load = _load_versions({"1": {"a": "v1"}, "2": {"a": "v2"}})
     graphs.delete_for_runs(["first"], load)
     with graphs.reading() as reader:
-        assert [c.checkpoint_id for c in reader.checkpoints(thread_id="t")] == ["2"]
+        assert [c.checkpoint_id for c in reader.checkpoints(CheckpointFilter(thread_id="t"))] == [
+            "2"
+        ]
         assert reader.task_writes("t", "", "1") == []
         assert reader.values("t", "", {"a": "v2"}) == [("a", "bytes", b"two")]
         assert reader.values("t", "", {"a": "v1"}) == []
     # Deleting the run of the checkpoint that refers to it leaves nothing behind.
     graphs.delete_for_runs(["second"], load)
     with graphs.reading() as reader:
-        assert list(reader.checkpoints(thread_id="t")) == []
+        assert list(reader.checkpoints(CheckpointFilter(thread_id="t"))) == []
         assert reader.values("t", "", {"a": "v2"}) == []
 
 
@@ -279,7 +310,7 @@ def test_deleting_a_thread_deletes_values_and_the_writes_they_refer_to(
     load = _load_versions({"1": {"a": "v1"}, "2": {"a": "v2"}})
     graphs.prune(["t"], "delete", load, lambda meta_type, meta: {})
     with graphs.reading() as reader:
-        assert list(reader.checkpoints(thread_id="t")) == []
+        assert list(reader.checkpoints(CheckpointFilter(thread_id="t"))) == []
         assert reader.values("t", "", {"a": "v1"}) == []
         assert reader.values("t", "", {"a": "v2"}) == []
         assert reader.task_writes("t", "", "1") == []

@@ -43,11 +43,13 @@ from agentsnap.integrations.langgraph._rows import (
 from agentsnap.store.dialect import redacted_url
 from agentsnap.store.graph import (
     AsyncGraphReader,
+    CheckpointFilter,
     GraphCheckpointStore,
     GraphReader,
     Merge,
     StoredCheckpoint,
     StoredValue,
+    TaskKey,
     TaskWrites,
 )
 from agentsnap.store.sql import DEFAULT_URL
@@ -111,8 +113,9 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         echo: Log every SQL statement.
 
     Raises:
-        ConfigurationError: The URL is not SQLite or PostgreSQL, or is an in-memory SQLite
-            database (each connection would see its own).
+        ConfigurationError: [`SqlGraphStore`][agentsnap.store.sql_graph.SqlGraphStore], the
+            saver's storage, refuses the URL (neither SQLite nor PostgreSQL, or an in-memory
+            SQLite database, which each connection would see on its own).
     """
 
     def __init__(
@@ -208,7 +211,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         """
         where = _list_where(config, filter, before, limit)
         with self._storage.reading() as reader:
-            rows = self._listed(reader.checkpoints(**where), filter, limit)
+            rows = self._listed(reader.checkpoints(where), filter, limit)
             found = [self._tuple(reader, row, metadata) for row, metadata in rows]
         yield from found
 
@@ -643,7 +646,7 @@ class AgentsnapSaver(BaseCheckpointSaver[str]):
         where = _list_where(config, filter, before, limit)
         tuples: builtins.list[CheckpointTuple] = []
         async with native.areading() as reader:
-            for row, metadata in self._listed(await reader.checkpoints(**where), filter, limit):
+            for row, metadata in self._listed(await reader.checkpoints(where), filter, limit):
                 tuples.append(await self._atuple(reader, row, metadata))
         for item in tuples:
             yield item
@@ -787,17 +790,13 @@ class _Written:
         ] = {}
         self._offers: dict[tuple[str, str, str], builtins.list[_Offer]] = {}
 
-    def begin(
-        self, key: tuple[str, str, str, str], pending: _Pending, entries: Iterable[WriteEntry]
-    ) -> None:
+    def begin(self, key: TaskKey, pending: _Pending, entries: Iterable[WriteEntry]) -> None:
         """Note that a task's writes (``entries``) are being stored under ``key``."""
         channels = frozenset(entry[1] for entry in entries if entry[0] >= 0)
         with self._lock:
             self._pending.setdefault(key[:3], []).append((pending, channels))
 
-    def end(
-        self, key: tuple[str, str, str, str], pending: _Pending, stored: Iterable[WriteEntry]
-    ) -> None:
+    def end(self, key: TaskKey, pending: _Pending, stored: Iterable[WriteEntry]) -> None:
         """Note that a task's writes are stored (``stored``: the entries stored as given)."""
         checkpoint = key[:3]
         # A special channel's write (negative index) may be replaced later: never referred to.
@@ -976,7 +975,7 @@ class _Signal:
         return True
 
 
-_WritesArgs = tuple[tuple[str, str, str, str], str, bytes, Merge]
+_WritesArgs = tuple[TaskKey, str, bytes, Merge]
 """A task's writes as the storage takes them: key, task path, packed writes, merge."""
 
 _LINGER = 0.005
@@ -1067,19 +1066,21 @@ def _list_where(
     filter: dict[str, Any] | None,
     before: RunnableConfig | None,
     limit: int | None,
-) -> dict[str, Any]:
-    """The storage's filters for ``list``'s arguments (the metadata filter is applied after)."""
-    where: dict[str, Any] = {}
+) -> CheckpointFilter:
+    """The storage's filter for ``list``'s arguments (the metadata filter is applied after)."""
+    thread_id = checkpoint_ns = checkpoint_id = None
     if config is not None:
         configurable = config["configurable"]
-        where["thread_id"] = configurable["thread_id"]
-        where["checkpoint_ns"] = configurable.get("checkpoint_ns")
-        where["checkpoint_id"] = get_checkpoint_id(config) or None
-    if before is not None:
-        where["before"] = get_checkpoint_id(before) or None
-    if limit is not None and not filter:
-        where["limit"] = limit
-    return where
+        thread_id = configurable["thread_id"]
+        checkpoint_ns = configurable.get("checkpoint_ns")
+        checkpoint_id = get_checkpoint_id(config)
+    return CheckpointFilter(
+        thread_id,
+        checkpoint_ns,
+        checkpoint_id,
+        before=None if before is None else get_checkpoint_id(before),
+        limit=None if filter else limit,
+    )
 
 
 def _filtered_out(metadata: Any, filter: dict[str, Any] | None) -> bool:
