@@ -87,6 +87,7 @@ export class SpaceTime {
     this.data = null; // the window data drawn
     this.pending = null;
     this.timer = 0;
+    this.due = false; // a fetch is scheduled and has not started
     this.frame = 0;
     this.hover = null;
     this.stats = { draws: 0, lastDrawMs: 0, firstDataDrawAt: null, fetches: 0 };
@@ -393,15 +394,31 @@ export class SpaceTime {
     return (data.to - data.from) / span > 6; // density bins too coarse for this zoom
   }
 
+  // ``data-loading`` is on the canvas from the moment a fetch is due until its data came:
+  // a page (or a test) that waits for it to go sees the window it asked for drawn.
   scheduleFetch() {
     clearTimeout(this.timer);
-    if (!this.needsFetch()) return;
+    this.due = false;
+    if (!this.needsFetch()) {
+      this.loaded();
+      return;
+    }
+    this.due = true;
+    this.canvas.dataset.loading = "true";
     const delay = this.data ? 120 : 0;
     this.timer = setTimeout(() => this.fetchWindow(), delay);
   }
 
+  loaded() {
+    if (!this.due && !this.pending) delete this.canvas.dataset.loading;
+  }
+
   async fetchWindow() {
-    if (!this.needsFetch()) return;
+    this.due = false;
+    if (!this.needsFetch()) {
+      this.loaded();
+      return;
+    }
     const { from, to } = this.tile();
     if (this.pending) this.pending.abort();
     const controller = new AbortController();
@@ -419,7 +436,7 @@ export class SpaceTime {
     } finally {
       if (this.pending === controller) {
         this.pending = null;
-        delete this.canvas.dataset.loading;
+        this.loaded();
       }
     }
   }
