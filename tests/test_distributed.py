@@ -223,6 +223,21 @@ def in_flight_between_hosts(snapshot: Snapshot, hosts: list[set[str]]) -> int:
     )
 
 
+async def start(run: DistributedRun, *workers: Worker) -> None:
+    """Start the run, then its workers one after the other."""
+    await run.start()
+    for worker in workers:
+        await worker.start()
+
+
+async def transfers(run: DistributedRun, tellers: int, chains: int, hops: int) -> Snapshot:
+    """Start ``chains`` chains of ``hops`` transfers over the tellers; the cut once idle."""
+    for i in range(chains):
+        run.send(f"teller-{i % tellers}", {"hops": hops}, kind="go")
+    async with asyncio.timeout(PATIENCE):
+        return await run.run_until_idle()
+
+
 async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(
     nats_url: str, teardown: Teardown
 ) -> None:
@@ -239,13 +254,8 @@ async def test_parts_recorded_on_three_hosts_join_into_consistent_cuts(
     ]
     teardown.workers(workers)
     teardown.stream(run)
-    await run.start()
-    for worker in workers:
-        await worker.start()
-    for i in range(40):
-        run.send(f"teller-{i % 6}", {"hops": 30}, kind="go")
-    async with asyncio.timeout(PATIENCE):
-        last = await run.run_until_idle()
+    await start(run, *workers)
+    last = await transfers(run, 6, 40, 30)
     await run.close()
     assert last.seq == max(s.seq for s in run.complete)
     assert run.complete, "no snapshot completed"
@@ -301,13 +311,8 @@ async def test_messages_leave_once_the_order_is_in_the_stream_and_a_recovery_cop
     ]
     teardown.workers(workers)
     teardown.run(run)
-    await run.start()
-    for worker in workers:
-        await worker.start()
-    for i in range(8):
-        run.send(f"teller-{i % 4}", {"hops": 12}, kind="go")
-    async with asyncio.timeout(PATIENCE):
-        last = await run.run_until_idle()
+    await start(run, *workers)
+    last = await transfers(run, 4, 8, 12)
     assert finished(last)
     assert money_in(last) == 4_000
     host = workers[1].host
@@ -380,9 +385,7 @@ async def test_a_cancelled_run_over_hosts_stops_in_every_worker_and_is_recorded_
     ]
     teardown.workers(workers)
     teardown.stream(run)
-    await run.start()
-    for worker in workers:
-        await worker.start()
+    await start(run, *workers)
     for i in range(6):
         run.send(f"teller-{i}", {"hops": 1_000_000}, kind="go")  # never idle
     async with asyncio.timeout(PATIENCE):
@@ -464,6 +467,18 @@ class _CutOff:
         return await self._store.load_snapshot(snapshot_id)
 
 
+def cut_off_pair(
+    links: list[JetStreamLink], store: MemoryStore, run: DistributedRun, name: str
+) -> tuple[Worker, Worker, _CutOff]:
+    """A worker for teller-0 and teller-1 on a store it can be cut off from (a claim of 1 s),
+    and one for teller-2 and teller-3 on ``store``."""
+    away = _CutOff(store)
+    mine = ["teller-0", "teller-1"]
+    cut = Worker(links[1], cast("Store", away), run.run_id, bank(4), mine, name=name, lease=1.0)
+    other = Worker(links[2], store, run.run_id, bank(4), ["teller-2", "teller-3"], name="other")
+    return cut, other, away
+
+
 async def test_a_worker_replaced_while_away_stops_at_the_rollback_instead_of_restoring(
     nats_url: str, teardown: Teardown
 ) -> None:
@@ -472,21 +487,11 @@ async def test_a_worker_replaced_while_away_stops_at_the_rollback_instead_of_res
     store = MemoryStore()
     links = await teardown.links(nats_url, 5)
     run = DistributedRun(links[0], store, bank(4), policy=SnapshotPolicy(every_seconds=0.1))
-    away = _CutOff(store)
-    old = Worker(
-        links[1], cast("Store", away), run.run_id, bank(4), ["teller-0", "teller-1"], name="old",
-        lease=1.0,
-    )  # fmt: skip
-    other = Worker(links[2], store, run.run_id, bank(4), ["teller-2", "teller-3"], name="other")
+    old, other, away = cut_off_pair(links, store, run, "old")
     teardown.workers([old, other])
     teardown.run(run)
-    await run.start()
-    await old.start()
-    await other.start()
-    for i in range(4):
-        run.send(f"teller-{i}", {"hops": 6}, kind="go")
-    async with asyncio.timeout(PATIENCE):
-        await run.run_until_idle()
+    await start(run, old, other)
+    await transfers(run, 4, 4, 6)
     reports: list[dict[str, Any]] = []
 
     async def heard(msg: Msg) -> None:
@@ -511,9 +516,7 @@ async def test_a_worker_replaced_while_away_stops_at_the_rollback_instead_of_res
     await asyncio.wait_for(old.stopped.wait(), 10)
     assert [r for r in reports if "restored" in r and r.get("worker") == "old"] == []
     assert {r.get("worker") for r in reports if "restored" in r} == {"new", "other"}
-    run.send("teller-0", {"hops": 6}, kind="go")
-    async with asyncio.timeout(PATIENCE):
-        last = await run.run_until_idle()
+    last = await transfers(run, 4, 1, 6)
     assert money_in(last) == 4_000
     assert finished(last)
 
@@ -526,15 +529,11 @@ async def test_a_worker_whose_claim_ran_out_unrenewed_delivers_nothing_until_it_
     store = MemoryStore()
     links = await teardown.links(nats_url, 3)
     run = DistributedRun(links[0], store, bank(4))
-    away = _CutOff(store)
-    mine = ["teller-0", "teller-1"]
-    cut = Worker(links[1], cast("Store", away), run.run_id, bank(4), mine, name="cut", lease=1.0)
-    other = Worker(links[2], store, run.run_id, bank(4), ["teller-2", "teller-3"], name="other")
+    cut, other, away = cut_off_pair(links, store, run, "cut")
+    mine = cut.agents
     teardown.workers([cut, other])
     teardown.run(run)
-    await run.start()
-    await cut.start()
-    await other.start()
+    await start(run, cut, other)
 
     def delivered() -> int:
         return sum(ch.delivered for ch in cut.host.bus.channels.values() if ch.dst in mine)
@@ -630,9 +629,7 @@ async def test_model_calls_of_a_run_over_hosts_are_recorded_on_the_runs_timeline
     ]
     teardown.workers(workers)
     teardown.stream(run)
-    await run.start()
-    for worker in workers:
-        await worker.start()
+    await start(run, *workers)
     for i in range(5):
         run.send("s0", {"n": i}, kind="go")
     async with asyncio.timeout(PATIENCE):
@@ -679,13 +676,8 @@ async def test_a_redacted_run_over_hosts_stores_only_markers(
     ]
     teardown.workers(workers)
     teardown.stream(run)
-    await run.start()
-    for worker in workers:
-        await worker.start()
-    for i in range(8):
-        run.send(f"teller-{i % 4}", {"hops": 10}, kind="go")
-    async with asyncio.timeout(PATIENCE):
-        await run.run_until_idle()
+    await start(run, *workers)
+    await transfers(run, 4, 8, 10)
     await run.close()
     assert run.complete
     for snapshot in run.complete:
